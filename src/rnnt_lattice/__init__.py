@@ -1,0 +1,10 @@
+"""rnnt_lattice: exact, fast RNN-Transducer loss and lattice tools for PyTorch.
+
+Importing this package needs torch and numpy only; Numba and Triton load on first use.
+"""
+from .functional import rnnt_loss
+from .modules import RNNTLoss
+
+__version__ = "0.1.0"
+
+__all__ = ["rnnt_loss", "RNNTLoss", "__version__"]

@@ -1,0 +1,142 @@
+"""Argument checks shared by every public entry point.
+
+Every failure is a ``ValueError`` that names the argument and the shapes or values
+involved. Checks that need to read tensor *values* (length ranges, target ids) run only
+for CPU tensors: on CUDA they would force a host synchronisation on the hot path, so
+there the kernels treat out-of-range values as documented in ``rnnt_loss``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_REDUCTIONS = ("none", "sum", "mean")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Normalised arguments: int64 contiguous targets/lengths, a non-negative blank id."""
+
+    logits: torch.Tensor          # (B, T, U+1, V), float32 or float64, contiguous
+    targets: torch.Tensor         # (B, U), int64, contiguous
+    logit_lengths: torch.Tensor   # (B,), int64
+    target_lengths: torch.Tensor  # (B,), int64
+    blank: int                    # in [0, V)
+    input_dtype: torch.dtype      # dtype of the logits the user passed
+
+
+def _shape(x: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in x.shape) + ")"
+
+
+def check_lattice_args(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+) -> Checked:
+    """Validate the lattice inputs and return them normalised (see :class:`Checked`)."""
+    for name, x in (("logits", logits), ("targets", targets),
+                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+    if logits.dim() != 4:
+        raise ValueError(
+            f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
+    if targets.dim() != 2:
+        raise ValueError(
+            f"targets must have 2 dims (B, U), got {targets.dim()} dims with shape {_shape(targets)}")
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if x.dim() != 1:
+            raise ValueError(f"{name} must have 1 dim (B,), got shape {_shape(x)}")
+
+    if logits.dtype not in _FLOATS:
+        raise ValueError(
+            f"logits must be float16, bfloat16, float32 or float64, got {logits.dtype}")
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be int32 or int64, got {x.dtype}")
+
+    B, T, U1, V = logits.shape
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.shape[0] != B:
+            raise ValueError(
+                f"batch sizes differ: logits {_shape(logits)} has B={B} but {name} has shape {_shape(x)}")
+    if targets.shape[1] != U1 - 1:
+        raise ValueError(
+            f"targets {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to match logits {_shape(logits)}")
+    if V < 1:
+        raise ValueError(f"logits {_shape(logits)} must have a vocabulary V >= 1")
+
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.device != logits.device:
+            raise ValueError(
+                f"tensors on different devices: logits on {logits.device}, {name} on {x.device}")
+
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise ValueError(f"blank must be an int, got {blank!r}")
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits {_shape(logits)}")
+    blank = blank % V
+
+    targets = targets.to(torch.int64).contiguous()
+    logit_lengths = logit_lengths.to(torch.int64).contiguous()
+    target_lengths = target_lengths.to(torch.int64).contiguous()
+
+    if logits.device.type == "cpu":
+        _check_values(logits, targets, logit_lengths, target_lengths, blank)
+
+    return Checked(logits, targets, logit_lengths, target_lengths, blank, logits.dtype)
+
+
+def _check_values(logits, targets, logit_lengths, target_lengths, blank) -> None:
+    B, T, U1, V = logits.shape
+    U = U1 - 1
+    if B == 0:
+        return
+    for name, x, hi, dim in (("logit_lengths", logit_lengths, T, "T"),
+                             ("target_lengths", target_lengths, U, "U")):
+        lo_v, hi_v = int(x.min()), int(x.max())
+        if lo_v < 0:
+            b = int(torch.argmin(x))
+            raise ValueError(f"{name} must be >= 0, got {name}[{b}] = {lo_v}")
+        if hi_v > hi:
+            b = int(torch.argmax(x))
+            raise ValueError(
+                f"{name}[{b}] = {hi_v} exceeds the padded size {dim} = {hi} of logits {_shape(logits)}")
+    if U > 0:
+        valid = torch.arange(U, device=targets.device)[None, :] < target_lengths[:, None]
+        bad = valid & ((targets < 0) | (targets >= V))
+        if bool(bad.any()):
+            b, u = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"targets[{b}, {u}] = {int(targets[b, u])} is outside [0, V) = [0, {V})")
+        bad = valid & (targets == blank)
+        if bool(bad.any()):
+            b, u = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
+
+
+def check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def check_float(name: str, value, *, minimum: float | None = None) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if value != value:
+        raise ValueError(f"{name} must not be NaN")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
