@@ -1,0 +1,127 @@
+"""CPU backend: Numba kernels (``kernels.py``) behind a private autograd Function.
+
+Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
+compile on first use and are cached on disk (``_config.CACHE``).
+
+Memory: the forward pass of a loss that needs a gradient allocates one buffer the size
+of the logits and fills it with ``exp(logits - rowmax)``; the backward pass turns that
+buffer into the gradient in place and hands it to autograd (one exp and one multiply per
+element in total). Everything else is O(B*T*(U+1)). The buffer is handed over once: a
+second backward of the same graph (``retain_graph=True``) recomputes the exps from the
+saved logits with the same code, so it returns a bit-identical gradient; the saved
+logits are never modified.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._types import Lattice
+from . import kernels
+
+__all__ = ["rnnt_costs", "compute_lattice", "costs_and_grad"]
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().numpy()
+
+
+def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store):
+    """Passes 1-2: row statistics (+ stored exps) and the lattice. NumPy state out."""
+    B, T, U1, V = logits.shape
+    x = _np(logits)
+    buf = torch.empty_like(logits) if store else None
+    shift = np.empty((B, T, U1), dtype=x.dtype)
+    inv_sum = np.empty((B, T, U1))
+    lpb = np.empty((B, T, U1))
+    lpl = np.empty((B, T, U1))
+    tg, tl, ul = _np(targets), _np(logit_lengths), _np(target_lengths)
+    kernels.row_pass(x, tg, tl, ul, blank, fused, store,
+                     _np(buf) if store else np.empty((0, 0, 0, 0), dtype=x.dtype),
+                     shift, inv_sum, lpb, lpl)
+    alpha = np.full((B, T, U1), -np.inf)
+    beta = np.full((B, T, U1), -np.inf)
+    log_like = np.empty(B)
+    gamma_blank = np.zeros((B, T, U1))
+    gamma_label = np.zeros((B, T, U1))
+    kernels.lattice(lpb, lpl, tl, ul, alpha, beta, log_like, gamma_blank, gamma_label)
+    return buf, shift, inv_sum, Lattice(*(torch.from_numpy(a) for a in
+                                          (alpha, beta, log_like, gamma_blank, gamma_label)))
+
+
+def _gradient(dst, src, from_logits, targets, logit_lengths, target_lengths, blank, fused,
+              shift, inv_sum, lat: Lattice, fastemit_lambda, clamp, upstream: np.ndarray):
+    # FastEmit (math.md section 6): label arcs get (1 + lambda) times their gradient.
+    gamma_label = lat.gamma_label.numpy()
+    if fastemit_lambda != 0.0:
+        gamma_label = gamma_label * (1.0 + fastemit_lambda)
+    kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
+                      _np(target_lengths), blank, fused, shift, inv_sum,
+                      lat.gamma_blank.numpy(), gamma_label, upstream, float(clamp))
+    return dst
+
+
+class _NumbaRNNT(torch.autograd.Function):
+    """Per-sequence costs (B,) with the fused gradient of section 4 of math.md."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda):
+        need_grad = ctx.needs_input_grad[0]
+        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
+                                            blank, fused, store=need_grad and fused)
+        if need_grad:
+            ctx.save_for_backward(logits, targets, logit_lengths, target_lengths)
+            ctx.buf = buf
+            ctx.state = (shift, inv_sum, lat)
+            ctx.opts = (blank, fused, fastemit_lambda, clamp)
+        return (-lat.log_like).to(logits.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_costs):
+        logits, targets, logit_lengths, target_lengths = ctx.saved_tensors
+        shift, inv_sum, lat = ctx.state
+        blank, fused, fastemit_lambda, clamp = ctx.opts
+        if not fused:
+            dst, from_logits = torch.zeros_like(logits), False
+        elif ctx.buf is not None:
+            # Hand the forward's exp buffer over: no reference stays here, so autograd can
+            # adopt it as .grad without a copy.
+            dst, from_logits = ctx.buf, False
+            ctx.buf = None
+        else:
+            dst, from_logits = torch.empty_like(logits), True
+        upstream = grad_costs.detach().to(torch.float64).contiguous().numpy()
+        _gradient(dst, logits, from_logits, targets, logit_lengths, target_lengths, blank, fused,
+                  shift, inv_sum, lat, fastemit_lambda, clamp, upstream)
+        return dst, None, None, None, None, None, None, None
+
+
+def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda):
+    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached."""
+    return _NumbaRNNT.apply(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
+                            fastemit_lambda)
+
+
+def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
+                   fastemit_lambda, need_grad):
+    """Costs (B,) and, if ``need_grad``, the per-sequence gradient before the upstream
+    factor (for the torch.library custom op); no autograd involved."""
+    with torch.no_grad():
+        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
+                                            blank, fused, store=need_grad and fused)
+        costs = (-lat.log_like).to(logits.dtype)
+        if not need_grad:
+            return costs, None
+        dst = buf if fused else torch.zeros_like(logits)
+        ones = np.ones(logits.shape[0])
+        _gradient(dst, logits, False, targets, logit_lengths, target_lengths, blank, fused,
+                  shift, inv_sum, lat, fastemit_lambda, clamp, ones)
+        return costs, dst
+
+
+def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
+    """The lattice (alpha, beta, occupations) without any gradient work."""
+    with torch.no_grad():
+        return _forward(logits.contiguous(), targets, logit_lengths, target_lengths, blank, fused,
+                        store=False)[3]

@@ -1,0 +1,303 @@
+"""Numba kernels of the CPU backend. NumPy arrays in, NumPy arrays out.
+
+Three passes, as in docs/math.md:
+
+1. ``row_pass`` — over the ``(B, T, U+1, V)`` logits, parallel over rows ``(b, t)``:
+   per node the row max ``m``, ``exp(logits - m)`` (stored in the gradient buffer when a
+   gradient is wanted), ``1 / sum``, and the blank/label log-probs ``b(t,u)``, ``e(t,u)``.
+2. ``lattice`` — per sequence (parallel over the batch): alpha, beta, log P and the arc
+   occupations ``gamma_blank``, ``gamma_label``, all in float64.
+3. ``grad_rows`` — over the buffer again: turns the stored exps into the gradient with one
+   multiply per element (clamp and FastEmit fused), scaled by the upstream gradient.
+
+One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
+vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from ._config import FASTMATH, JIT, PJIT
+
+NEG_INF = -np.inf
+
+
+# --------------------------------------------------------------------------- exp
+def exp_nonpos(x):
+    """exp(x) for x <= 0 (NaN in -> NaN out). Python stub; see the Numba overload."""
+    return math.exp(x)
+
+
+@overload(exp_nonpos, jit_options=dict(fastmath=FASTMATH))
+def _exp_nonpos_impl(x):
+    if x == types.float32:
+        # exp(x) = 2^n * exp(r),  n = round(x / ln 2),  r = x - n ln 2 in [-ln2/2, ln2/2].
+        # exp(r) by the Cephes expf minimax polynomial (relative error < 1.2e-7 over the
+        # range: float32 rounding), 2^n by adding n to the exponent bits. Below -87
+        # exp(x) < 2^-125 is flushed to 0 (it cannot move a row sum that is >= 1), which
+        # also keeps 2^n a normal number and makes exp(-inf) exactly 0.
+        def impl(x):
+            n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+            r = x - n * np.float32(0.693359375)          # ln 2 split into hi + lo parts so
+            r = r + n * np.float32(2.12194440e-4)        # that n * ln2_hi is exact
+            p = np.float32(1.9875691500e-4)
+            p = p * r + np.float32(1.3981999507e-3)
+            p = p * r + np.float32(8.3334519073e-3)
+            p = p * r + np.float32(4.1665795894e-2)
+            p = p * r + np.float32(1.6666665459e-1)
+            p = p * r + np.float32(5.0000001201e-1)
+            p = p * r * r + r + np.float32(1.0)
+            # NaN x: p is NaN and int32(n) is 0 or INT_MIN, whose shift by 23 is 0: stays NaN.
+            bits = np.int32(np.float32(p).view(np.int32) + (np.int32(n) << np.int32(23)))
+            y = np.int32(bits).view(np.float32)
+            return np.float32(0.0) if x < np.float32(-87.0) else y
+        return impl
+    if isinstance(x, types.Float):
+        def impl(x):
+            return math.exp(x)
+        return impl
+
+
+def cast_like(arr, x):
+    """x converted to the element type of ``arr``. Python stub; see the Numba overload."""
+    return arr.dtype.type(x)
+
+
+@overload(cast_like)
+def _cast_like_impl(arr, x):
+    dtype = arr.dtype
+    def impl(arr, x):
+        return dtype(x)
+    return impl
+
+
+# --------------------------------------------------------------------------- row helpers
+@njit(**JIT)
+def _row_max(row):
+    # A select, not max(): LLVM vectorises it without assuming "no NaN"; a NaN element is
+    # skipped here and reappears through exp(NaN - m) in the row sum.
+    m = row[0]
+    for v in range(1, row.shape[0]):
+        xv = row[v]
+        m = xv if xv > m else m
+    return m
+
+
+@njit(**JIT)
+def _exp_sum(row, m):
+    s = 0.0
+    for v in range(row.shape[0]):
+        s += exp_nonpos(row[v] - m)
+    return s
+
+
+@njit(**JIT)
+def _exp_store(row, m, out):
+    """out[v] = exp(row[v] - m); returns the sum (accumulated in float64)."""
+    s = 0.0
+    for v in range(row.shape[0]):
+        e = exp_nonpos(row[v] - m)
+        out[v] = e
+        s += e
+    return s
+
+
+@njit(**JIT)
+def _lae(a, b):
+    """log(exp(a) + exp(b)); -inf if both are -inf; NaN propagates."""
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(**JIT)
+def _clip(g, clamp):
+    if clamp > 0.0:
+        return min(max(g, -clamp), clamp)
+    return g
+
+
+# --------------------------------------------------------------------------- pass 1
+@njit(**PJIT)
+def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store,
+             buf, shift, inv_sum, lpb, lpl):
+    """Row statistics and arc log-probs (math.md section 1).
+
+    Args:
+        logits: (B, T, U+1, V) float32/float64, C-contiguous.
+        targets: (B, U) int64. logit_lengths, target_lengths: (B,) int64.
+        blank: blank id in [0, V). fused: logits are raw scores (else log-probs).
+        store: write exp(logits - m) into ``buf`` (and zeros into its padding rows).
+        buf: (B, T, U+1, V) like logits (unused unless ``store``).
+    Outputs (B, T, U+1), written on every node (padding: shift 0, inv_sum 0, arcs -inf):
+        shift: row max m (dtype of logits); inv_sum: 1 / sum_v exp(logits - m) (float64);
+        lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice.
+    """
+    B, T, U1, V = logits.shape
+    for bt in prange(B * T):
+        b = bt // T
+        t = bt - b * T
+        T_b = logit_lengths[b]
+        U_b = target_lengths[b]
+        for u in range(U1):
+            shift[b, t, u] = 0.0
+            inv_sum[b, t, u] = 0.0
+            lpb[b, t, u] = NEG_INF
+            lpl[b, t, u] = NEG_INF
+            if t >= T_b or u > U_b:                  # padding: never read, gradient 0
+                if store:
+                    buf[b, t, u, :] = 0.0
+                continue
+            row = logits[b, t, u]
+            lse = 0.0                                 # log-prob mode: rows are normalised
+            if fused:
+                m = _row_max(row)
+                if m == NEG_INF:                      # every class masked: no arc leaves
+                    if store:
+                        buf[b, t, u, :] = 0.0
+                    continue
+                if store:
+                    s = _exp_store(row, m, buf[b, t, u])
+                else:
+                    s = _exp_sum(row, m)
+                shift[b, t, u] = m
+                inv_sum[b, t, u] = 1.0 / s
+                lse = np.float64(m) + math.log(s)
+            lpb[b, t, u] = np.float64(row[blank]) - lse
+            if u < U_b:
+                lpl[b, t, u] = np.float64(row[targets[b, u]]) - lse
+
+
+# --------------------------------------------------------------------------- pass 2
+@njit(**PJIT)
+def lattice(lpb, lpl, logit_lengths, target_lengths, alpha, beta, log_like, gamma_blank, gamma_label):
+    """Forward/backward recursion and occupations, one sequence per thread (math.md 2-3).
+
+        alpha(t,u) = lae(alpha(t-1,u) + b(t-1,u), alpha(t,u-1) + e(t,u-1))
+        beta(t,u)  = lae(beta(t+1,u) + b(t,u),    beta(t,u+1) + e(t,u)),  beta(T_b-1,U_b) = b(T_b-1,U_b)
+        gamma_blank(t,u) = exp(alpha(t,u) + b(t,u) + beta(t+1,u) - log P)
+        gamma_label(t,u) = exp(alpha(t,u) + e(t,u) + beta(t,u+1) - log P)
+
+    alpha/beta must come in filled with -inf and the gammas with 0: only the nodes of each
+    sequence's lattice are written. Rows are swept in order (t outer, u inner), which
+    respects both dependencies; parallelism is over the batch.
+    """
+    B = lpb.shape[0]
+    for b in prange(B):
+        T_b = logit_lengths[b]
+        U_b = target_lengths[b]
+        if T_b == 0:                                  # no frame, no path
+            log_like[b] = NEG_INF
+            continue
+        alpha[b, 0, 0] = 0.0
+        for t in range(T_b):
+            for u in range(U_b + 1):
+                if t == 0 and u == 0:
+                    continue
+                a = NEG_INF
+                if t > 0:
+                    a = alpha[b, t - 1, u] + lpb[b, t - 1, u]
+                if u > 0:
+                    a = _lae(a, alpha[b, t, u - 1] + lpl[b, t, u - 1])
+                alpha[b, t, u] = a
+        for t in range(T_b - 1, -1, -1):
+            for u in range(U_b, -1, -1):
+                if t == T_b - 1:
+                    z = lpb[b, t, u] if u == U_b else NEG_INF   # only the final blank ends a path
+                else:
+                    z = beta[b, t + 1, u] + lpb[b, t, u]
+                if u < U_b:
+                    z = _lae(z, beta[b, t, u + 1] + lpl[b, t, u])
+                beta[b, t, u] = z
+        ll = beta[b, 0, 0]
+        log_like[b] = ll
+        if ll == NEG_INF:                             # impossible: no occupation, no gradient
+            continue
+        for t in range(T_b):
+            for u in range(U_b + 1):
+                a = alpha[b, t, u]
+                if t < T_b - 1:
+                    nb = beta[b, t + 1, u]
+                else:
+                    nb = 0.0 if u == U_b else NEG_INF  # beta(T_b, U_b) = 0 past the final blank
+                gamma_blank[b, t, u] = math.exp(a + lpb[b, t, u] + nb - ll)
+                if u < U_b:
+                    gamma_label[b, t, u] = math.exp(a + lpl[b, t, u] + beta[b, t, u + 1] - ll)
+
+
+# --------------------------------------------------------------------------- pass 3
+@njit(**JIT)
+def _finish_row(row, blank, y, has_label, gb, gl, inv_s, w, clamp, fused):
+    """Turn one row of exp(logits - m) into w * clip(d loss / d logits) in place.
+
+    fused:   d/dz_v = p_v (gb + gl) - [v=blank] gb - [v=y] gl,   p_v = row[v] * inv_s
+    log-prob: d/dlogp_v = -[v=blank] gb - [v=y] gl   (row holds zeros on entry)
+    gl already carries the FastEmit factor (1 + lambda).
+    """
+    if fused:
+        c = (gb + gl) * inv_s
+        e_blank = np.float64(row[blank])
+        e_label = np.float64(row[y]) if has_label else 0.0
+        if clamp > 0.0:
+            # p_v (gb + gl) >= 0, so only the upper bound can bind off the two arcs.
+            c32 = cast_like(row, c)
+            hi = cast_like(row, clamp)
+            w32 = cast_like(row, w)
+            for v in range(row.shape[0]):
+                row[v] = min(row[v] * c32, hi) * w32
+        else:
+            cw = cast_like(row, c * w)
+            for v in range(row.shape[0]):
+                row[v] = row[v] * cw
+        # The two arc entries in float64: p * (gb + gl) - gb cancels when p ~ 1.
+        row[blank] = _clip(e_blank * c - gb, clamp) * w
+        if has_label:
+            row[y] = _clip(e_label * c - gl, clamp) * w
+    else:
+        row[blank] = _clip(-gb, clamp) * w
+        if has_label:
+            row[y] = _clip(-gl, clamp) * w
+
+
+@njit(**PJIT)
+def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, blank, fused,
+              shift, inv_sum, gamma_blank, gamma_label, upstream, clamp):
+    """Write ``upstream[b] * clip(d loss_b / d logits)`` into ``dst`` (B, T, U+1, V).
+
+    fused and not from_logits: ``dst`` holds the exps that ``row_pass`` stored (src is
+        dst); padding rows are already 0.
+    fused and from_logits: the exps are recomputed from ``src`` = logits with the same
+        code and shifts as ``row_pass`` (bit-identical result), padding rows zeroed.
+    log-prob mode: ``dst`` comes in zero-filled; two entries per node are written.
+    ``gamma_label`` must already include the FastEmit factor (1 + lambda).
+    """
+    B, T, U1, V = dst.shape
+    for bt in prange(B * T):
+        b = bt // T
+        t = bt - b * T
+        T_b = logit_lengths[b]
+        U_b = target_lengths[b]
+        w = upstream[b]
+        for u in range(U1):
+            if t >= T_b or u > U_b:
+                if fused and from_logits:
+                    dst[b, t, u, :] = 0.0
+                continue
+            row = dst[b, t, u]
+            if fused and from_logits:
+                if inv_sum[b, t, u] == 0.0:           # all -inf row (see row_pass)
+                    row[:] = 0.0
+                    continue
+                _exp_store(src[b, t, u], shift[b, t, u], row)
+            has_label = u < U_b
+            y = targets[b, u] if has_label else 0
+            _finish_row(row, blank, y, has_label, gamma_blank[b, t, u], gamma_label[b, t, u],
+                        inv_sum[b, t, u], w, clamp, fused)
