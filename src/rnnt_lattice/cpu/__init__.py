@@ -36,7 +36,7 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store
     lpb = np.empty((B, T, U1))
     lpl = np.empty((B, T, U1))
     tg, tl, ul = _np(targets), _np(logit_lengths), _np(target_lengths)
-    kernels.row_pass(x, tg, tl, ul, blank, fused, store,
+    kernels.row_pass(x, tg, tl, ul, blank, fused, store, kernels.spread_stride(B * T),
                      _np(buf) if store else np.empty((0, 0, 0, 0), dtype=x.dtype),
                      shift, inv_sum, lpb, lpl)
     alpha = np.full((B, T, U1), -np.inf)
@@ -55,8 +55,9 @@ def _gradient(dst, src, from_logits, targets, logit_lengths, target_lengths, bla
     gamma_label = lat.gamma_label.numpy()
     if fastemit_lambda != 0.0:
         gamma_label = gamma_label * (1.0 + fastemit_lambda)
+    B, T = dst.shape[:2]
     kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
-                      _np(target_lengths), blank, fused, shift, inv_sum,
+                      _np(target_lengths), blank, fused, kernels.spread_stride(B * T), shift, inv_sum,
                       lat.gamma_blank.numpy(), gamma_label, upstream, float(clamp))
     return dst
 

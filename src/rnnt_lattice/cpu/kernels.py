@@ -139,9 +139,21 @@ def _clip(g, clamp):
     return g
 
 
+def spread_stride(n: int) -> int:
+    """A stride coprime to ``n`` near n / golden ratio. prange hands each thread one
+    contiguous block of iterations; visiting rows (b, t) in the order ``i * stride mod n``
+    gives every thread a similar mix of long and short (ragged, padded) sequences."""
+    if n <= 2:
+        return 1
+    p = max(1, int(n * 0.6180339887498949)) | 1
+    while math.gcd(p, n) != 1:
+        p += 2
+    return p
+
+
 # --------------------------------------------------------------------------- pass 1
 @njit(**PJIT)
-def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store,
+def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store, spread,
              buf, shift, inv_sum, lpb, lpl):
     """Row statistics and arc log-probs (math.md section 1).
 
@@ -150,13 +162,16 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
         targets: (B, U) int64. logit_lengths, target_lengths: (B,) int64.
         blank: blank id in [0, V). fused: logits are raw scores (else log-probs).
         store: write exp(logits - m) into ``buf`` (and zeros into its padding rows).
+        spread: an int coprime to B*T (see ``spread_stride``).
         buf: (B, T, U+1, V) like logits (unused unless ``store``).
     Outputs (B, T, U+1), written on every node (padding: shift 0, inv_sum 0, arcs -inf):
         shift: row max m (dtype of logits); inv_sum: 1 / sum_v exp(logits - m) (float64);
         lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice.
     """
     B, T, U1, V = logits.shape
-    for bt in prange(B * T):
+    BT = B * T
+    for i in prange(BT):
+        bt = (i * spread) % BT
         b = bt // T
         t = bt - b * T
         T_b = logit_lengths[b]
@@ -282,7 +297,7 @@ def _finish_row(row, blank, y, has_label, gb, gl, inv_s, w, clamp, fused):
 
 
 @njit(**PJIT)
-def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, blank, fused,
+def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, blank, fused, spread,
               shift, inv_sum, gamma_blank, gamma_label, upstream, clamp):
     """Write ``upstream[b] * clip(d loss_b / d logits)`` into ``dst`` (B, T, U+1, V).
 
@@ -294,7 +309,9 @@ def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, bla
     ``gamma_label`` must already include the FastEmit factor (1 + lambda).
     """
     B, T, U1, V = dst.shape
-    for bt in prange(B * T):
+    BT = B * T
+    for i in prange(BT):
+        bt = (i * spread) % BT
         b = bt // T
         t = bt - b * T
         T_b = logit_lengths[b]
