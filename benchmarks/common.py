@@ -1,0 +1,249 @@
+"""What every benchmark script shares: thread pinning, the timer, the exp floor, memory
+measurement in a fresh subprocess, machine/version metadata, and result files.
+
+Import this module *before* torch (it sets OMP_NUM_THREADS & co., which OpenMP reads
+once at start-up). The thread count is ``RNNT_BENCH_THREADS`` (default 2: the size of
+every machine of this project).
+"""
+from __future__ import annotations
+
+import os
+
+THREADS = int(os.environ.get("RNNT_BENCH_THREADS", "2"))
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_var] = str(THREADS)
+
+import csv                      # noqa: E402
+import datetime as _dt          # noqa: E402
+import importlib.metadata as _md  # noqa: E402
+import json                     # noqa: E402
+import platform                 # noqa: E402
+import statistics               # noqa: E402
+import subprocess               # noqa: E402
+import sys                      # noqa: E402
+import time                     # noqa: E402
+from pathlib import Path        # noqa: E402
+
+import torch                    # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+# Distributions whose versions go into every result file (absent ones are recorded as such).
+PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "rnnt-lattice", "torchaudio",
+            "warprnnt-numba", "nemo-toolkit", "fast_rnnt", "optimized_transducer")
+
+
+def apply_threads() -> int:
+    """Fix intra-op threads for torch and numba to THREADS (the env vars are set at import)."""
+    torch.set_num_threads(THREADS)
+    try:
+        import numba
+        numba.set_num_threads(min(THREADS, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+    return THREADS
+
+
+# --------------------------------------------------------------------------- timing
+
+def time_calls(fn, *, warmup: int = 1, reps: int = 5, cap_s: float = float("inf"),
+               min_time_s: float = 0.3, max_reps: int = 200) -> dict:
+    """Median wall time of ``fn()`` after ``warmup`` untimed calls.
+
+    At least ``reps`` samples, and more (up to ``max_reps``) until the samples add up to
+    ``min_time_s``: a median of 3 sub-millisecond calls on a shared machine is mostly
+    scheduler noise. The cap bounds the whole measurement: if the warm-up already shows that
+    ``reps`` calls would overrun ``cap_s``, fewer are taken (at least one), and ``capped``
+    says so.
+    """
+    spent = 0.0
+    first = None
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        spent += dt
+        first = dt if first is None else first
+    n = reps
+    if first is not None and first * reps > cap_s - spent:
+        n = max(1, int((cap_s - spent) // max(first, 1e-9)))
+    samples = []
+    while len(samples) < n or (sum(samples) < min_time_s and len(samples) < max_reps
+                               and spent + sum(samples) < cap_s):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return {"median": statistics.median(samples), "min": min(samples), "reps": len(samples),
+            "samples": samples, "capped": n < reps}
+
+
+def fwd_bwd(fn, x, logits: torch.Tensor):
+    """One training step of a provider ``fn`` (peers.py signature) on inputs ``x``
+    (shapes.Inputs) with ``logits`` the leaf to differentiate: forward, then backward of the
+    summed per-sequence losses. The gradient lands in a fresh ``logits.grad``, as in training."""
+    logits.grad = None
+    costs = fn(logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
+    costs.sum().backward()
+    return costs
+
+
+def fwd(fn, x):
+    """Forward only (no graph, logits not requiring grad)."""
+    with torch.no_grad():
+        return fn(x.logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
+
+
+def exp_floor(logits: torch.Tensor, reps: int = 5) -> dict:
+    """The machine's floor for one pass over the logits, on the same tensor in the same run:
+    ``torch.exp(logits, out=buf)`` (buffer reused: pure read+exp+write) and
+    ``torch.exp(logits)`` (a fresh output each time: adds the page faults of a new buffer,
+    which any loss returning a new gradient tensor also pays)."""
+    x = logits.detach()
+    buf = torch.empty_like(x)
+    out = time_calls(lambda: torch.exp(x, out=buf), warmup=1, reps=reps)
+    fresh = time_calls(lambda: torch.exp(x), warmup=1, reps=reps)
+    return {"exp_out_s": out["median"], "exp_fresh_s": fresh["median"]}
+
+
+# --------------------------------------------------------------------------- memory
+
+def peak_rss_extra(script: Path, args: list, timeout: float = 600.0) -> dict:
+    """Peak RSS of a fresh subprocess doing one fwd+bwd, minus that of a baseline subprocess
+    that does everything else (imports, the provider's JIT warm-up, making the inputs).
+    Both children reset their high-water mark after that common part (``reset_peak_rss``),
+    so the difference is the call's own peak: its outputs, gradient and workspaces.
+
+    ``script`` must accept ``--mem-child MODE ...args`` with MODE in {baseline, run} and print
+    one JSON line with ``maxrss_kb`` last.
+    """
+    res = {}
+    for mode in ("baseline", "run"):
+        cmd = [sys.executable, str(script), "--mem-child", mode, *map(str, args)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+            return {"error": f"{mode} child failed: {tail[:200]}"}
+        res[mode] = json.loads(p.stdout.strip().splitlines()[-1])["maxrss_kb"]
+    return {"baseline_mb": res["baseline"] / 1024, "run_mb": res["run"] / 1024,
+            "extra_mb": (res["run"] - res["baseline"]) / 1024}
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's RSS high-water mark (Linux >= 4.0: ``5 > /proc/self/clear_refs``),
+    so that imports and JIT compilation before it do not mask a smaller peak after it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def maxrss_kb() -> int:
+    """Peak RSS in KiB since start or since :func:`reset_peak_rss` (VmHWM), else ru_maxrss."""
+    for line in _read("/proc/self/status").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux
+
+
+# --------------------------------------------------------------------------- metadata
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return "n/a"
+
+
+def cpu_model() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = _md.version(name)
+        except _md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "n/a"
+    except (OSError, subprocess.SubprocessError):
+        return "n/a"
+
+
+def machine_info() -> dict:
+    mem_kb = next((int(l.split()[1]) for l in _read("/proc/meminfo").splitlines()
+                   if l.startswith("MemTotal")), 0)
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "cpu_model": cpu_model(),
+        "cpus_online": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "mem_gib": round(mem_kb / 2**20, 1),
+        "kernel": platform.release(),
+        "loadavg_at_start": os.getloadavg(),
+        "threads": THREADS,
+        "thp_enabled": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
+        "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+        "torch_num_threads": torch.get_num_threads(),
+        "python_executable": sys.executable,
+        "git_commit": git_commit(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "versions": versions(),
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+def write_results(stem: str, meta: dict, rows: list, markdown: str, out_dir: Path = RESULTS) -> dict:
+    """Write ``<stem>.csv``, ``<stem>.json`` (meta + rows) and ``<stem>.md``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("csv", "json", "md")}
+    cols = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _fmt_csv(r.get(k)) for k in cols})
+    with open(paths["json"], "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    head = (f"Machine: {meta['cpu_model']}, {meta['cpus_usable']} cores, {meta['mem_gib']} GiB; "
+            f"threads {meta['threads']}; load average at start {tuple(round(x, 2) for x in meta['loadavg_at_start'])}; "
+            f"THP {meta['thp_enabled']}, THP_MEM_ALLOC_ENABLE={meta['THP_MEM_ALLOC_ENABLE']}.  \n"
+            f"Date (UTC): {meta['date_utc']}; commit {meta['git_commit']}; command: `{meta['command']}`.  \n"
+            "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v) + "\n\n")
+    paths["md"].write_text(head + markdown)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _fmt_csv(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+def fmt_s(x) -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    if x >= 0.1:
+        return f"{x:.3f} s"
+    return f"{x * 1e3:.2f} ms" if x >= 1e-3 else f"{x * 1e6:.0f} us"
+
+
+def md_table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""Provider adapters: one function per RNN-T loss implementation, all with one signature.
+
+    fn(logits, targets, logit_lengths, target_lengths, blank) -> costs (B,)
+
+``logits`` is ``(B, T, U+1, V)`` float32 (float64 at shape s1_f64: a provider that
+rejects it shows up as an error row),
+``targets`` ``(B, U)`` int32, the lengths ``(B,)`` int32, all as made by
+:func:`shapes.make_inputs`. ``costs`` are the per-sequence ``-log P(y|x)``, differentiable
+w.r.t. ``logits`` (the runner calls ``costs.sum().backward()``); a provider that cannot
+return them per sequence (optimized_transducer) returns their sum as a 0-d tensor. Each adapter does the
+conversions its library needs (dtype of the ids, packing, boundary tensors) inside the
+call, so they are timed: they are what a user of that library pays too.
+
+Peers are optional: a provider whose import fails is reported as unavailable with the
+reason, never an error. Peers live in ``benchmarks/.venv-peers`` (``setup_peers.sh``).
+
+``python benchmarks/peers.py --list`` prints which providers import here.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class Provider:
+    name: str
+    dist: Optional[str]              # distribution name, for the version column
+    load: Callable[[], Callable]     # -> the adapter; raises ImportError if unavailable
+    note: str = ""
+    default: bool = True             # part of the default provider set
+    _fn: Optional[Callable] = field(default=None, repr=False)
+    _err: Optional[str] = field(default=None, repr=False)
+
+    def get(self) -> Callable:
+        """The adapter, loaded once; raises ImportError with the reason if unavailable."""
+        if self._fn is None and self._err is None:
+            try:
+                self._fn = self.load()
+            except Exception as err:      # an optional peer may fail in any way on import
+                self._err = f"{type(err).__name__}: {err}"
+        if self._err is not None:
+            raise ImportError(self._err)
+        return self._fn
+
+
+# --------------------------------------------------------------------------- ours
+
+def _ours(backend: str):
+    def load():
+        import rnnt_lattice
+
+        def fn(logits, targets, logit_lengths, target_lengths, blank):
+            return rnnt_lattice.rnnt_loss(logits, targets, logit_lengths, target_lengths,
+                                          blank=blank, reduction="none", backend=backend)
+        if backend == "numba":
+            importlib.import_module("rnnt_lattice.cpu")   # fail here, not at the first call
+        return fn
+    return load
+
+
+# --------------------------------------------------------------------------- peers
+
+def _torchaudio():
+    import warnings
+
+    import torchaudio.functional as F
+    # 2.9 warns on every call that rnnt_loss is deprecated (it still works).
+    warnings.filterwarnings("ignore", message=r".*rnnt_loss has been deprecated", category=UserWarning)
+
+    def fn(logits, targets, logit_lengths, target_lengths, blank):
+        return F.rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=blank,
+                           reduction="none")
+    return fn
+
+
+def _warprnnt_numba():
+    from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss
+
+    def fn(logits, targets, logit_lengths, target_lengths, blank):
+        # CPU path: an explicit log_softmax (autograd) feeds its Numba kernel.
+        return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=blank,
+                         reduction="none", clamp=0.0)
+    return fn
+
+
+def _import_nemo_rnnt_loss():
+    """Import ``nemo.collections.asr.parts.numba.rnnt_loss`` without running the parents'
+    ``__init__``: ``nemo.collections.asr`` imports the whole ASR collection (hydra,
+    lightning, lhotse, ...). The parents are registered as bare namespace modules over the
+    installed directories, so the loss module itself is NeMo's code, unchanged."""
+    name = "nemo.collections.asr.parts.numba.rnnt_loss"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec("nemo")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("nemo-toolkit is not installed")
+    root = Path(list(spec.submodule_search_locations)[0])
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        pkg = ".".join(parts[:i])
+        if pkg not in sys.modules:
+            mod = types.ModuleType(pkg)
+            mod.__path__ = [str(root.joinpath(*parts[1:i]))]
+            sys.modules[pkg] = mod
+    return importlib.import_module(name)
+
+
+def _nemo_numba():
+    _import_nemo_rnnt_loss()
+    from nemo.collections.asr.parts.numba.rnnt_loss.rnnt_pytorch import rnnt_loss
+
+    def fn(logits, targets, logit_lengths, target_lengths, blank):
+        # NeMo's CPU path checks for int64 labels and lengths.
+        return rnnt_loss(logits, targets.long(), logit_lengths.long(), target_lengths.long(),
+                         blank=blank, reduction="none", clamp=0.0)
+    return fn
+
+
+def _fast_rnnt():
+    import fast_rnnt
+
+    def fn(logits, targets, logit_lengths, target_lengths, blank):
+        B = logits.shape[0]
+        boundary = torch.zeros(B, 4, dtype=torch.int64)
+        boundary[:, 2] = target_lengths
+        boundary[:, 3] = logit_lengths
+        return fast_rnnt.rnnt_loss(logits, targets.long(), termination_symbol=blank,
+                                   boundary=boundary, rnnt_type="regular", reduction="none")
+    return fn
+
+
+def _optimized_transducer():
+    import optimized_transducer
+
+    def fn(logits, targets, logit_lengths, target_lengths, blank):
+        # It takes logits packed as (sum_b T_b (U_b+1), V) and, when they need a gradient,
+        # overwrites them with it: the packing copy (through autograd, so the gradient reaches
+        # the padded tensor) is part of its cost here. A joiner written for it would emit
+        # the packed layout directly and skip this copy.
+        T_b, U_b = logit_lengths.tolist(), target_lengths.tolist()
+        V = logits.shape[-1]
+        packed = torch.cat([logits[b, :t, :u + 1].reshape(-1, V)
+                            for b, (t, u) in enumerate(zip(T_b, U_b))])
+        # Only "sum" and "mean" exist: this provider returns the batch sum (a 0-d tensor),
+        # so the runner checks its summed loss (and the full gradient).
+        return optimized_transducer.transducer_loss(
+            packed, targets, logit_lengths, target_lengths, blank=blank,
+            from_log_softmax=False, reduction="sum")
+    return fn
+
+
+PROVIDERS = {p.name: p for p in (
+    Provider("rnnt_lattice", "rnnt-lattice", _ours("numba"), "backend='numba'"),
+    Provider("rnnt_lattice_torch", "rnnt-lattice", _ours("torch"),
+             "backend='torch' (pure-PyTorch reference)"),
+    Provider("torchaudio", "torchaudio", _torchaudio, "torchaudio.functional.rnnt_loss"),
+    Provider("warprnnt_numba", "warprnnt-numba", _warprnnt_numba,
+             "CPU: autograd log_softmax + Numba kernel"),
+    Provider("nemo_numba", "nemo-toolkit", _nemo_numba,
+             "nemo...numba.rnnt_loss (CPU: log_softmax + Numba kernel)"),
+    Provider("fast_rnnt", "fast_rnnt", _fast_rnnt, "fast_rnnt.rnnt_loss, rnnt_type='regular'"),
+    Provider("optimized_transducer", "optimized_transducer", _optimized_transducer,
+             "transducer_loss on packed logits (packing copy included; batch sum only)"),
+)}
+
+
+def available() -> dict:
+    """name -> None if importable, else the reason."""
+    out = {}
+    for name, p in PROVIDERS.items():
+        try:
+            p.get()
+            out[name] = None
+        except ImportError as err:
+            out[name] = str(err)
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="print which providers import here")
+    args = ap.parse_args()
+    for name, why in available().items():
+        print(f"{name:22s} {'ok' if why is None else 'unavailable: ' + why}")
