@@ -28,7 +28,7 @@ class Checked:
 
 
 def _shape(x: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in x.shape) + ")"
+    return str(tuple(x.shape))
 
 
 def check_lattice_args(

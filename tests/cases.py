@@ -1,0 +1,73 @@
+"""Named lattice cases and input factories shared by the test files.
+
+A case is ``(B, T, U, V)`` padded sizes plus per-sequence lengths and the blank id. The
+inputs it makes have NaN-poisoned padding (logits outside each sequence's lattice) and
+garbage targets past each target length, so any kernel that reads padding fails loudly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    T_lens: tuple          # (B,) frames per sequence; max <= T
+    U_lens: tuple          # (B,) labels per sequence; max <= U
+    V: int
+    blank: int
+    T: int | None = None   # padded sizes (default: the longest sequence)
+    U: int | None = None
+
+    @property
+    def B(self) -> int:
+        return len(self.T_lens)
+
+    @property
+    def shape(self):
+        T = self.T if self.T is not None else max(self.T_lens)
+        U = self.U if self.U is not None else max(self.U_lens)
+        return self.B, T, U, self.V
+
+
+# Tiny lattices: brute-force enumeration stays cheap (T_b - 1 + U_b <= 8).
+TINY = [
+    Case("single", (3,), (2,), 5, 0),
+    Case("ragged_blank0", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
+    Case("ragged_blank_last", (3, 4, 1), (3, 1, 2), 5, -1),
+    Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
+    Case("T1", (1, 1), (0, 3), 4, 0),
+    Case("U0", (5, 2), (0, 0), 3, 1),
+    Case("V1_U0", (3,), (0,), 1, 0),
+    Case("longer", (5, 6), (3, 2), 4, 2),
+]
+
+
+def make_inputs(case: Case, dtype=torch.float64, seed: int = 0, scale: float = 1.0,
+                poison: bool = True):
+    """``(logits (B, T, U+1, V), targets (B, U), logit_lengths (B,), target_lengths (B,),
+    blank)`` for ``case``; padding poisoned with NaN (logits) and out-of-range ids (targets)."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, U, V = case.shape
+    blank = case.blank % V
+    logits = (scale * torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)).to(dtype)
+    # Labels: any id but the blank.
+    others = torch.tensor([v for v in range(V) if v != blank] or [0], dtype=torch.int64)
+    targets = others[torch.randint(len(others), (B, U), generator=g)]
+    logit_lengths = torch.tensor(case.T_lens, dtype=torch.int64)
+    target_lengths = torch.tensor(case.U_lens, dtype=torch.int64)
+    if poison:
+        t = torch.arange(T)[None, :, None]
+        u = torch.arange(U + 1)[None, None, :]
+        pad = (t >= logit_lengths[:, None, None]) | (u > target_lengths[:, None, None])
+        logits = logits.masked_fill(pad[..., None], float("nan"))
+        tpad = torch.arange(U)[None, :] >= target_lengths[:, None]
+        targets = targets.masked_fill(tpad, -7)
+    return logits, targets, logit_lengths, target_lengths, case.blank
+
+
+def upstream_weights(B: int, dtype=torch.float64) -> torch.Tensor:
+    """Signed, distinct per-sequence upstream gradients."""
+    return torch.tensor([(-1.0) ** b * (0.5 + 0.75 * b) for b in range(B)], dtype=dtype)

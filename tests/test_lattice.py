@@ -1,0 +1,65 @@
+"""The lattice itself (alpha, beta, log P, occupations) of every CPU backend: math.md
+sections 2-3 against enumeration, and the occupation invariants."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rnnt_lattice import _backends
+from cases import TINY, Case, make_inputs
+from oracle import occupations
+
+BACKENDS = ["numba", "torch"]
+
+
+def lattice_of(backend, logits, targets, tl, ul, blank, fused=True):
+    impl = _backends.resolve(backend, logits.device)
+    return impl.compute_lattice(logits, targets, tl, ul, blank % logits.shape[-1], fused)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", TINY, ids=lambda c: c.name)
+def test_occupations_match_enumeration(case, backend):
+    logits, targets, tl, ul, blank = make_inputs(case)
+    lat = lattice_of(backend, logits, targets, tl, ul, blank)
+    for b in range(case.B):
+        T_b, U_b = int(tl[b]), int(ul[b])
+        gb, gl = occupations(logits[b, :T_b, :U_b + 1], targets[b, :U_b], blank % case.V, True)
+        torch.testing.assert_close(lat.gamma_blank[b, :T_b, :U_b + 1], gb, rtol=0, atol=1e-12)
+        torch.testing.assert_close(lat.gamma_label[b, :T_b, :U_b + 1], gl, rtol=0, atol=1e-12)
+        # Padding: zero occupation, -inf alpha/beta.
+        assert (lat.gamma_blank[b, T_b:] == 0).all() and (lat.gamma_blank[b, :, U_b + 1:] == 0).all()
+        assert (lat.alpha[b, T_b:] == -math.inf).all() and (lat.beta[b, :, U_b + 1:] == -math.inf).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invariants_and_self_check(backend):
+    """For each frame sum_u gamma_blank = 1; for each label sum_t gamma_label = 1; occ in
+    [0, 1]; log P from alpha equals log P from beta (math.md sections 2-3)."""
+    case = Case("inv", (30, 17, 25, 1), (9, 12, 0, 4), 11, 4, T=31, U=13)
+    logits, targets, tl, ul, blank = make_inputs(case, scale=2.0)
+    lat = lattice_of(backend, logits, targets, tl, ul, blank)
+    occ = lat.gamma_blank + lat.gamma_label
+    assert ((occ >= 0) & (occ <= 1 + 1e-12)).all()
+    for b in range(case.B):
+        T_b, U_b = int(tl[b]), int(ul[b])
+        torch.testing.assert_close(lat.gamma_blank[b, :T_b].sum(1), torch.ones(T_b, dtype=torch.float64))
+        torch.testing.assert_close(lat.gamma_label[b, :T_b, :U_b].sum(0), torch.ones(U_b, dtype=torch.float64))
+        # alpha(T_b-1, U_b) + b(T_b-1, U_b) = beta(0, 0) = log P
+        lp = torch.log_softmax(logits[b, T_b - 1, U_b], -1)[blank % case.V]
+        assert (lat.alpha[b, T_b - 1, U_b] + lp).item() == pytest.approx(lat.log_like[b].item(), abs=1e-10)
+        assert lat.beta[b, 0, 0].item() == pytest.approx(lat.log_like[b].item(), abs=1e-12)
+        # node occupancy = exp(alpha + beta - log P)
+        node = torch.exp(lat.alpha[b, :T_b, :U_b + 1] + lat.beta[b, :T_b, :U_b + 1] - lat.log_like[b])
+        torch.testing.assert_close(node, occ[b, :T_b, :U_b + 1])
+
+
+def test_backends_agree_on_the_lattice():
+    case = Case("agree", (40, 33), (20, 7), 50, 0)
+    logits, targets, tl, ul, blank = make_inputs(case, torch.float32, scale=3.0)
+    a = lattice_of("numba", logits, targets, tl, ul, blank)
+    r = lattice_of("torch", logits.double(), targets, tl, ul, blank)
+    for f in ("alpha", "beta", "log_like", "gamma_blank", "gamma_label"):
+        torch.testing.assert_close(getattr(a, f), getattr(r, f), rtol=1e-6, atol=1e-6, msg=f)

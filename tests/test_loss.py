@@ -1,0 +1,299 @@
+"""rnnt_loss against the brute-force oracle (tiny lattices) and the pure-PyTorch reference
+(larger ones), for every CPU backend: losses and gradients, ragged lengths with
+NaN-poisoned padding, signed per-sequence upstream gradients, blank first/last/middle,
+T=1, U=0, clamp, FastEmit, reductions, dtypes, non-contiguous inputs, U > 1024."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import rnnt_lattice
+from cases import TINY, Case, make_inputs, upstream_weights
+from oracle import batch_grad
+
+BACKENDS = ["numba", "torch"]
+
+# Relative tolerance per dtype of the logits: errors are measured against the float64
+# oracle on the same (rounded) input values, relative to the largest loss / gradient.
+# float32: the lattice runs in float64, so only the float32 row sums and the gradient's
+# rounding remain (a few eps); half types are computed in float32 and rounded back.
+TOL = {torch.float64: 1e-10, torch.float32: 4 * 2.0**-23 * 8, torch.float16: 2.0**-10 * 4,
+       torch.bfloat16: 2.0**-7 * 4}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().to(torch.float64), want.to(torch.float64)
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite), f"non-finite mismatch: {got} vs {want}"
+    if not finite.any():
+        return 0.0
+    scale = max(1.0, want[finite].abs().max().item())
+    return (got[finite] - want[finite]).abs().max().item() / scale
+
+
+def run(backend, logits, targets, logit_lengths, target_lengths, blank, weights=None, **kw):
+    """Losses (B,) and the gradient of sum(weights * losses) w.r.t. the logits."""
+    x = logits.detach().clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(x, targets, logit_lengths, target_lengths, blank,
+                                   reduction="none", backend=backend, **kw)
+    w = torch.ones(len(costs)) if weights is None else weights
+    (costs * w.to(costs.dtype)).sum().backward()
+    return costs.detach(), x.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", TINY, ids=lambda c: c.name)
+def test_matches_brute_force(case, dtype, fused, backend):
+    logits, targets, tl, ul, blank = make_inputs(case, dtype)
+    if not fused:    # log-prob mode takes log-probabilities (NaN padding kept)
+        logits = torch.log_softmax(logits.double(), -1).to(dtype)
+    w = upstream_weights(case.B)
+    want_loss, want_grad = batch_grad(logits, targets, tl, ul, blank, fused)
+    loss, grad = run(backend, logits, targets, tl, ul, blank, w, fused_log_softmax=fused)
+    assert loss.dtype == dtype and grad.dtype == dtype
+    assert rel_err(loss, want_loss) <= TOL[dtype]
+    assert rel_err(grad, want_grad * w[:, None, None, None]) <= TOL[dtype]
+    assert not torch.isnan(grad).any(), "NaN padding leaked into the gradient"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+@pytest.mark.parametrize("clamp", [-1.0, 0.05, 0.3])
+@pytest.mark.parametrize("fastemit_lambda", [0.0, 0.01, 0.5])
+def test_clamp_and_fastemit(fastemit_lambda, clamp, fused, backend):
+    case = Case("clamp_fe", (4, 3, 2), (2, 3, 1), 6, 2)
+    logits, targets, tl, ul, blank = make_inputs(case, seed=3, scale=2.0)
+    if not fused:
+        logits = torch.log_softmax(logits, -1)
+    w = upstream_weights(case.B)
+    want_loss, want_grad = batch_grad(logits, targets, tl, ul, blank, fused, clamp, fastemit_lambda)
+    loss, grad = run(backend, logits, targets, tl, ul, blank, w, fused_log_softmax=fused,
+                     clamp=clamp, fastemit_lambda=fastemit_lambda)
+    # The reported loss is the plain -log P whatever lambda is (math.md section 6).
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    assert rel_err(grad, want_grad * w[:, None, None, None]) <= TOL[torch.float64]
+    if clamp > 0:
+        assert (grad.abs() <= clamp * w.abs().max() + 1e-12).all()
+
+
+def test_clamp_binds_both_bounds():
+    """The clamp must clip the positive side too (one popular CUDA kernel loses it)."""
+    case = Case("peaked", (3,), (1,), 4, 0)
+    logits, targets, tl, ul, blank = make_inputs(case, poison=False)
+    logits[0, :, :, 3] = 6.0                    # a class that is neither blank nor label
+    targets[0, 0] = 1
+    for backend in BACKENDS:
+        _, g = run(backend, logits, targets, tl, ul, blank)
+        assert g.max() > 0.5 and g.min() < -0.5
+        _, gc = run(backend, logits, targets, tl, ul, blank, clamp=0.25)
+        assert gc.max().item() == pytest.approx(0.25) and gc.min().item() == pytest.approx(-0.25)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_reductions(reduction, backend):
+    case = TINY[1]
+    logits, targets, tl, ul, blank = make_inputs(case)
+    want_loss, want_grad = batch_grad(logits, targets, tl, ul, blank, True)
+    x = logits.clone().requires_grad_()
+    out = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction=reduction, backend=backend)
+    up = {"none": upstream_weights(case.B), "sum": torch.tensor(-1.5, dtype=torch.float64),
+          "mean": torch.tensor(2.5, dtype=torch.float64)}[reduction]
+    out.backward(up)
+    if reduction == "none":
+        want, scale = want_loss, up[:, None, None, None]
+    elif reduction == "sum":
+        want, scale = want_loss.sum(), up
+    else:
+        want, scale = want_loss.mean(), up / case.B
+    assert out.shape == want.shape
+    assert rel_err(out, want) <= TOL[torch.float64]
+    assert rel_err(x.grad, want_grad * scale) <= TOL[torch.float64]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_impossible_and_zero_infinity(backend):
+    """logit_lengths 0 has no path: +inf loss, zero gradient; zero_infinity zeroes the loss."""
+    case = Case("empty", (0, 3, 0), (0, 2, 2), 5, 0, T=3)
+    logits, targets, tl, ul, blank = make_inputs(case)
+    loss, grad = run(backend, logits, targets, tl, ul, blank, upstream_weights(3))
+    assert loss[0] == math.inf and loss[2] == math.inf and math.isfinite(loss[1])
+    assert torch.equal(grad[0], torch.zeros_like(grad[0])) and torch.equal(grad[2], torch.zeros_like(grad[2]))
+    assert grad[1].abs().sum() > 0
+    loss_z, grad_z = run(backend, logits, targets, tl, ul, blank, upstream_weights(3), zero_infinity=True)
+    assert loss_z[0] == 0 and loss_z[2] == 0 and loss_z[1] == loss[1]
+    assert torch.equal(grad_z, grad)
+    x = logits.clone().requires_grad_()
+    total = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, backend=backend, zero_infinity=True)
+    total.backward()
+    assert math.isfinite(total.item()) and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_classes_and_nan_isolation(backend):
+    """-inf logits are legal (masked classes); a NaN inside one sequence's lattice makes that
+    sequence's loss NaN and leaves the other sequences exact."""
+    case = Case("mask", (3, 4), (2, 2), 6, 0)
+    logits, targets, tl, ul, blank = make_inputs(case)
+    masked = targets[0, 0].item()
+    free = next(v for v in range(1, 6) if v not in targets[:, :2].flatten().tolist())
+    logits[:, :, :, free] = -math.inf
+    want_loss, want_grad = batch_grad(logits, targets, tl, ul, blank, True)
+    loss, grad = run(backend, logits, targets, tl, ul, blank)
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    assert rel_err(grad, want_grad) <= TOL[torch.float64]
+    assert (grad[..., free] == 0).all()
+    # A fully masked label column makes that sequence impossible: +inf, zero gradient.
+    lg = logits.clone()
+    lg[0, :, :, masked] = -math.inf
+    loss, grad = run(backend, lg, targets, tl, ul, blank)
+    assert loss[0] == math.inf and torch.equal(grad[0], torch.zeros_like(grad[0]))
+    assert rel_err(loss[1:], want_loss[1:]) <= TOL[torch.float64]
+    # NaN inside sequence 0's lattice.
+    lg = logits.clone()
+    lg[0, 1, 1, 2] = float("nan")
+    costs = rnnt_lattice.rnnt_loss(lg, targets, tl, ul, blank, reduction="none", backend=backend)
+    assert math.isnan(costs[0].item())
+    assert rel_err(costs[1:], want_loss[1:]) <= TOL[torch.float64]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck(backend):
+    case = Case("gradcheck", (3, 2), (2, 1), 4, 1)
+    logits, targets, tl, ul, blank = make_inputs(case, poison=False)
+    for fused in (True, False):
+        for fe in (0.0,):
+            fn = lambda x: rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none",
+                                                  fused_log_softmax=fused, backend=backend)
+            x = logits.clone() if fused else torch.log_softmax(logits, -1)
+            assert torch.autograd.gradcheck(fn, (x.requires_grad_(),), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retain_graph_and_no_mutation(backend):
+    case = TINY[2]
+    logits, targets, tl, ul, blank = make_inputs(case)
+    x = logits.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none", backend=backend)
+    w = upstream_weights(case.B)
+    (costs * w).sum().backward(retain_graph=True)
+    g1 = x.grad.clone()
+    x.grad = None
+    (costs * -w).sum().backward()
+    assert torch.equal(x.grad, -g1), "a second backward must give the (negated) same gradient"
+    assert torch.equal(torch.isnan(x.detach()), torch.isnan(logits))
+    torch.testing.assert_close(x.detach().nan_to_num(), logits.nan_to_num(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+def test_inplace_grad(fused, backend):
+    """inplace_grad=True writes the same gradient over the logits buffer."""
+    case = TINY[1]
+    logits, targets, tl, ul, blank = make_inputs(case, torch.float32)
+    if not fused:
+        logits = torch.log_softmax(logits, -1)
+    w = upstream_weights(case.B)
+    want_loss, want_grad = run(backend, logits, targets, tl, ul, blank, w, fused_log_softmax=fused)
+    x = logits.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none", fused_log_softmax=fused,
+                                   backend=backend, inplace_grad=True)
+    (costs * w).sum().backward()
+    assert torch.equal(costs.detach(), want_loss)
+    torch.testing.assert_close(x.grad, want_grad, rtol=0, atol=TOL[torch.float32])
+    assert x.grad.data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_half_precision(dtype, backend):
+    case = TINY[1]
+    logits, targets, tl, ul, blank = make_inputs(case, dtype)
+    w = upstream_weights(case.B)
+    want_loss, want_grad = batch_grad(logits.double(), targets, tl, ul, blank, True)
+    loss, grad = run(backend, logits, targets, tl, ul, blank, w)
+    assert grad.dtype == dtype
+    assert rel_err(loss, want_loss) <= TOL[torch.float32]
+    assert rel_err(grad, want_grad * w[:, None, None, None]) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_and_int32(backend):
+    case = TINY[3]
+    logits, targets, tl, ul, blank = make_inputs(case)
+    want_loss, want_grad = batch_grad(logits, targets, tl, ul, blank, True)
+    # Store (B, V, T, U+1) and permute: a non-contiguous (B, T, U+1, V) view.
+    base = logits.permute(0, 3, 1, 2).contiguous().requires_grad_()
+    x = base.permute(0, 2, 3, 1)
+    assert not x.is_contiguous()
+    t32 = torch.stack([targets, targets], -1)[..., 0]   # a non-contiguous view of the targets
+    assert not t32.is_contiguous()
+    costs = rnnt_lattice.rnnt_loss(x, t32.to(torch.int32), tl.to(torch.int32), ul.to(torch.int32),
+                                   blank, reduction="none", backend=backend)
+    costs.sum().backward()
+    assert rel_err(costs, want_loss) <= TOL[torch.float64]
+    assert rel_err(base.grad.permute(0, 2, 3, 1), want_grad) <= TOL[torch.float64]
+
+
+def test_module_matches_function():
+    case = TINY[1]
+    logits, targets, tl, ul, blank = make_inputs(case)
+    crit = rnnt_lattice.RNNTLoss(blank=blank, reduction="sum", clamp=0.5, fastemit_lambda=0.1)
+    assert "fastemit_lambda=0.1" in repr(crit)
+    a = crit(logits, targets, tl, ul)
+    b = rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank, 0.5, "sum", fastemit_lambda=0.1)
+    assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- larger lattices
+LARGE = [
+    # name, (B, T range, U range, V), blank, dtype
+    ("b8_t200_u60_v512_f32", (8, (120, 200), (30, 60), 512), 0, torch.float32),
+    ("b4_t80_u30_v300_f64", (4, (40, 80), (10, 30), 300), -1, torch.float64),
+    ("b3_t50_u20_v1000_f32_blank_mid", (3, (20, 50), (5, 20), 1000), 500, torch.float32),
+]
+
+
+def random_case(B, T_range, U_range, V, blank, seed):
+    g = torch.Generator().manual_seed(seed)
+    T_lens = tuple(int(v) for v in torch.randint(T_range[0], T_range[1] + 1, (B,), generator=g))
+    U_lens = tuple(int(v) for v in torch.randint(U_range[0], U_range[1] + 1, (B,), generator=g))
+    return Case("random", T_lens, U_lens, V, blank, T=T_range[1], U=U_range[1])
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+@pytest.mark.parametrize("name,dims,blank,dtype", LARGE, ids=[c[0] for c in LARGE])
+def test_numba_matches_reference(name, dims, blank, dtype, fused):
+    """The Numba kernels against the pure-PyTorch dynamic program run in float64 on the
+    same input values, with clamp and FastEmit on."""
+    case = random_case(*dims, blank, seed=len(name))
+    logits, targets, tl, ul, blank = make_inputs(case, dtype, scale=3.0)
+    if not fused:
+        logits = torch.log_softmax(logits.double(), -1).to(dtype)
+    w = upstream_weights(case.B)
+    kw = dict(fused_log_softmax=fused, clamp=0.7, fastemit_lambda=0.02)
+    want_loss, want_grad = run("torch", logits.double(), targets, tl, ul, blank, w.double(), **kw)
+    loss, grad = run("numba", logits, targets, tl, ul, blank, w, **kw)
+    assert rel_err(loss, want_loss) <= TOL[dtype]
+    assert rel_err(grad, want_grad) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_targets(backend):
+    """U > 1024 (no 1024-lane cap anywhere)."""
+    case = Case("long_u", (4, 3), (1100, 1030), 6, 0)
+    logits, targets, tl, ul, blank = make_inputs(case, scale=0.5)
+    want_loss, want_grad = run("torch", logits, targets, tl, ul, blank)
+    loss, grad = run(backend, logits, targets, tl, ul, blank)
+    assert torch.isfinite(loss).all()
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    assert rel_err(grad, want_grad) <= TOL[torch.float64]
+    # Each label is emitted exactly once: the label occupations of a column sum to 1, so
+    # the gradient on the label entries sums to -(1 - sum p) ... checked via the lattice:
+    lat = rnnt_lattice._backends.resolve(backend, logits.device).compute_lattice(
+        logits, targets, tl, ul, blank % case.V, True)
+    torch.testing.assert_close(lat.gamma_label[0, :, :1100].sum(0), torch.ones(1100, dtype=torch.float64))
