@@ -25,6 +25,7 @@ import subprocess               # noqa: E402
 import sys                      # noqa: E402
 
 import peers                    # noqa: E402
+from rnnt_lattice import bench  # noqa: E402
 import shapes                   # noqa: E402
 
 TARGET_X_EXP = 1.5
@@ -37,19 +38,11 @@ ISSUE_TORCHAUDIO_S = {"s3": 0.87, "s4": 5.7, "s5": 22.6}
 
 def measure_shape(shape: shapes.Shape, provider: str, reps: int, warmup: int, cap: float,
                   seed: int) -> dict:
-    fn = peers.PROVIDERS[provider].get()
-    x = shapes.make_inputs(shape, seed=seed)
-    floor = common.exp_floor(x.logits, reps=max(3, reps))
-    lg = x.logits.detach().clone().requires_grad_()
-    fb = common.time_calls(lambda: common.fwd_bwd(fn, x, lg), warmup=warmup, reps=reps, cap_s=cap)
-    fw = common.time_calls(lambda: common.fwd(fn, x), warmup=warmup, reps=reps, cap_s=cap)
-    return {"shape": shape.name, "shape_desc": shape.describe(), "provider": provider,
-            "logits_mb": x.nbytes / 2**20, **floor,
-            "fwd_bwd_s": fb["median"], "fwd_bwd_min_s": fb["min"], "fwd_bwd_reps": fb["reps"],
-            "fwd_s": fw["median"], "fwd_reps": fw["reps"],
-            "x_exp": fb["median"] / floor["exp_out_s"],
-            "x_exp_fresh": fb["median"] / floor["exp_fresh_s"],
-            "fwd_x_exp": fw["median"] / floor["exp_out_s"]}
+    backend = {"rnnt_lattice": "numba", "rnnt_lattice_torch": "torch"}[provider]
+    r = bench.measure(shape, backend, reps=reps, warmup=warmup, cap_s=cap, seed=seed)
+    r["provider"] = provider
+    r["fwd_x_exp"] = r["fwd_s"] / r["exp_out_s"]
+    return r
 
 
 def child(argv):

@@ -18,10 +18,8 @@ import datetime as _dt          # noqa: E402
 import importlib.metadata as _md  # noqa: E402
 import json                     # noqa: E402
 import platform                 # noqa: E402
-import statistics               # noqa: E402
 import subprocess               # noqa: E402
 import sys                      # noqa: E402
-import time                     # noqa: E402
 from pathlib import Path        # noqa: E402
 
 import torch                    # noqa: E402
@@ -46,64 +44,9 @@ def apply_threads() -> int:
 
 
 # --------------------------------------------------------------------------- timing
-
-def time_calls(fn, *, warmup: int = 1, reps: int = 5, cap_s: float = float("inf"),
-               min_time_s: float = 0.3, max_reps: int = 200) -> dict:
-    """Median wall time of ``fn()`` after ``warmup`` untimed calls.
-
-    At least ``reps`` samples, and more (up to ``max_reps``) until the samples add up to
-    ``min_time_s``: a median of 3 sub-millisecond calls on a shared machine is mostly
-    scheduler noise. The cap bounds the whole measurement: if the warm-up already shows that
-    ``reps`` calls would overrun ``cap_s``, fewer are taken (at least one), and ``capped``
-    says so.
-    """
-    spent = 0.0
-    first = None
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        spent += dt
-        first = dt if first is None else first
-    n = reps
-    if first is not None and first * reps > cap_s - spent:
-        n = max(1, int((cap_s - spent) // max(first, 1e-9)))
-    samples = []
-    while len(samples) < n or (sum(samples) < min_time_s and len(samples) < max_reps
-                               and spent + sum(samples) < cap_s):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return {"median": statistics.median(samples), "min": min(samples), "reps": len(samples),
-            "samples": samples, "capped": n < reps}
-
-
-def fwd_bwd(fn, x, logits: torch.Tensor):
-    """One training step of a provider ``fn`` (peers.py signature) on inputs ``x``
-    (shapes.Inputs) with ``logits`` the leaf to differentiate: forward, then backward of the
-    summed per-sequence losses. The gradient lands in a fresh ``logits.grad``, as in training."""
-    logits.grad = None
-    costs = fn(logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
-    costs.sum().backward()
-    return costs
-
-
-def fwd(fn, x):
-    """Forward only (no graph, logits not requiring grad)."""
-    with torch.no_grad():
-        return fn(x.logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
-
-
-def exp_floor(logits: torch.Tensor, reps: int = 5) -> dict:
-    """The machine's floor for one pass over the logits, on the same tensor in the same run:
-    ``torch.exp(logits, out=buf)`` (buffer reused: pure read+exp+write) and
-    ``torch.exp(logits)`` (a fresh output each time: adds the page faults of a new buffer,
-    which any loss returning a new gradient tensor also pays)."""
-    x = logits.detach()
-    buf = torch.empty_like(x)
-    out = time_calls(lambda: torch.exp(x, out=buf), warmup=1, reps=reps)
-    fresh = time_calls(lambda: torch.exp(x), warmup=1, reps=reps)
-    return {"exp_out_s": out["median"], "exp_fresh_s": fresh["median"]}
+# One timer, one training-step body and one exp floor for the package's `rnnt-lattice bench`
+# and these scripts.
+from rnnt_lattice.bench import exp_floor, fmt_s, fwd, fwd_bwd, time_calls  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- memory
@@ -233,14 +176,6 @@ def _fmt_csv(v):
     if isinstance(v, float):
         return f"{v:.6g}"
     return v
-
-
-def fmt_s(x) -> str:
-    if x is None or (isinstance(x, float) and x != x):
-        return "-"
-    if x >= 0.1:
-        return f"{x:.3f} s"
-    return f"{x * 1e3:.2f} ms" if x >= 1e-3 else f"{x * 1e6:.0f} us"
 
 
 def md_table(header: list, rows: list) -> str:

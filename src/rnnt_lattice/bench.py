@@ -1,0 +1,303 @@
+"""The benchmark shape registry, its seeded input factory, the timer and the exp floor, and
+``rnnt-lattice bench``: rnnt_lattice against the machine's own exp throughput.
+
+This module is the one source of the benchmark cases: ``benchmarks/`` (the side-by-side
+suite with the peers, see docs/benchmarks.md) imports it, and so does the command line.
+Shapes are ``(B, T, U, V)``: logits ``(B, T, U+1, V)``, targets ``(B, U)``.
+
+    >>> from rnnt_lattice.bench import SHAPES, make_inputs
+    >>> x = make_inputs(SHAPES["s2"], seed=0)
+    >>> tuple(x.logits.shape)
+    (4, 100, 21, 128)
+
+Command line (``rnnt-lattice bench --help``)::
+
+    rnnt-lattice bench                      # quick: s1 s2, numba backend, 2 threads
+    rnnt-lattice bench --shapes core        # s2 s3 s4 s5 ragged (the issue's target shapes)
+    rnnt-lattice bench --backends numba torch --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+# Every provider is called with the same blank. 0 is the id all peers accept, and targets
+# are drawn from 1..V-1 so they never hit it.
+BLANK = 0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark case. ``T_range``/``U_range`` make it ragged: per-sequence lengths
+    are drawn uniformly (inclusive) and the batch is padded to the longest drawn length,
+    as a real data loader would."""
+    name: str
+    B: int
+    T: int
+    U: int
+    V: int
+    dtype: torch.dtype = torch.float32
+    T_range: Optional[Tuple[int, int]] = None
+    U_range: Optional[Tuple[int, int]] = None
+
+    @property
+    def ragged(self) -> bool:
+        return self.T_range is not None
+
+    def describe(self) -> str:
+        t = f"{self.T_range[0]}..{self.T_range[1]}" if self.T_range else str(self.T)
+        u = f"{self.U_range[0]}..{self.U_range[1]}" if self.U_range else str(self.U)
+        d = "" if self.dtype == torch.float32 else f" {str(self.dtype).replace('torch.', '')}"
+        return f"B={self.B} T={t} U={u} V={self.V}{d}"
+
+    @property
+    def elements(self) -> int:
+        """Logit elements of the padded ``(B, T, U+1, V)`` tensor (upper bound for ragged)."""
+        return self.B * self.T * (self.U + 1) * self.V
+
+
+SHAPES = {s.name: s for s in (
+    Shape("s1", 1, 50, 10, 30),
+    Shape("s2", 4, 100, 20, 128),
+    Shape("s3", 8, 150, 40, 256),
+    Shape("s4", 16, 200, 50, 512),
+    Shape("s5", 8, 400, 80, 1024),
+    # T and U are the padded maxima; the drawn lengths fix the actual padding.
+    Shape("ragged", 8, 300, 60, 500, T_range=(150, 300), U_range=(30, 60)),
+    Shape("s1_f64", 1, 50, 10, 30, dtype=torch.float64),
+)}
+
+# Named groups of shapes for the command-line tools.
+GROUPS = {
+    "quick": ["s1", "s2"],
+    "core": ["s2", "s3", "s4", "s5", "ragged"],       # the core issue's target shapes
+    "all": ["s1", "s2", "s3", "s4", "s5", "ragged", "s1_f64"],
+}
+
+
+@dataclass
+class Inputs:
+    logits: torch.Tensor          # (B, T, U+1, V) float, contiguous
+    targets: torch.Tensor         # (B, U) int32, values in 1..V-1
+    logit_lengths: torch.Tensor   # (B,) int32
+    target_lengths: torch.Tensor  # (B,) int32
+    blank: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.logits.numel() * self.logits.element_size()
+
+
+def resolve(names) -> list:
+    """Shape names or group names -> list of :class:`Shape` (order kept, no repeats)."""
+    out = []
+    for n in names:
+        for m in GROUPS.get(n, [n]):
+            if m not in SHAPES:
+                raise ValueError(f"unknown shape {m!r}; known: {sorted(SHAPES)} and groups {sorted(GROUPS)}")
+            if SHAPES[m] not in out:
+                out.append(SHAPES[m])
+    return out
+
+
+def make_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0) -> Inputs:
+    """Seeded inputs for ``shape``. ``dtype`` overrides the shape's dtype (the agreement
+    check makes float32 inputs and upcasts them itself, so both see the same numbers).
+
+    Logits are standard normal: joiner outputs at initialisation look like this, and it is
+    the hardest case for the lattice (no path dominates). The generator is local, so the
+    caller's global RNG state is untouched.
+    """
+    dtype = dtype or shape.dtype
+    g = torch.Generator().manual_seed(seed)
+    B, V = shape.B, shape.V
+    if shape.ragged:
+        lo, hi = shape.T_range
+        logit_lengths = torch.randint(lo, hi + 1, (B,), generator=g, dtype=torch.int32)
+        lo, hi = shape.U_range
+        target_lengths = torch.randint(lo, hi + 1, (B,), generator=g, dtype=torch.int32)
+        T, U = int(logit_lengths.max()), int(target_lengths.max())
+    else:
+        T, U = shape.T, shape.U
+        logit_lengths = torch.full((B,), T, dtype=torch.int32)
+        target_lengths = torch.full((B,), U, dtype=torch.int32)
+    # Labels 1..V-1 everywhere (also past target_lengths: some peers read the padding).
+    targets = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32)
+    logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float32).to(dtype)
+    return Inputs(logits, targets, logit_lengths, target_lengths, BLANK)
+
+
+# --------------------------------------------------------------------------- timing
+def time_calls(fn, *, warmup: int = 1, reps: int = 5, cap_s: float = float("inf"),
+               min_time_s: float = 0.3, max_reps: int = 200) -> dict:
+    """Median wall time of ``fn()`` after ``warmup`` untimed calls.
+
+    At least ``reps`` samples, and more (up to ``max_reps``) until the samples add up to
+    ``min_time_s``: a median of 3 sub-millisecond calls on a shared machine is mostly
+    scheduler noise. The cap bounds the whole measurement: if the warm-up already shows that
+    ``reps`` calls would overrun ``cap_s``, fewer are taken (at least one), and ``capped``
+    says so.
+    """
+    spent = 0.0
+    first = None
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        spent += dt
+        first = dt if first is None else first
+    n = reps
+    if first is not None and first * reps > cap_s - spent:
+        n = max(1, int((cap_s - spent) // max(first, 1e-9)))
+    samples = []
+    while len(samples) < n or (sum(samples) < min_time_s and len(samples) < max_reps
+                               and spent + sum(samples) < cap_s):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return {"median": statistics.median(samples), "min": min(samples), "reps": len(samples),
+            "samples": samples, "capped": n < reps}
+
+
+def fwd_bwd(fn, x: Inputs, logits: torch.Tensor):
+    """One training step of a provider ``fn(logits, targets, logit_lengths, target_lengths,
+    blank) -> (B,)`` on inputs ``x`` with ``logits`` the leaf to differentiate: forward,
+    then backward of the summed per-sequence losses, into a fresh ``logits.grad`` (as in
+    training)."""
+    logits.grad = None
+    costs = fn(logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
+    costs.sum().backward()
+    return costs
+
+
+def fwd(fn, x: Inputs):
+    """Forward only (no graph, logits not requiring grad)."""
+    with torch.no_grad():
+        return fn(x.logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
+
+
+def exp_floor(logits: torch.Tensor, reps: int = 5) -> dict:
+    """The machine's floor for one pass over the logits, on the same tensor in the same run:
+    ``torch.exp(logits, out=buf)`` (buffer reused: pure read + exp + write) and
+    ``torch.exp(logits)`` (a fresh output each time: adds the page faults of a new buffer,
+    which any loss returning a new gradient tensor also pays)."""
+    x = logits.detach()
+    buf = torch.empty_like(x)
+    out = time_calls(lambda: torch.exp(x, out=buf), warmup=1, reps=reps)
+    fresh = time_calls(lambda: torch.exp(x), warmup=1, reps=reps)
+    return {"exp_out_s": out["median"], "exp_fresh_s": fresh["median"]}
+
+
+def loss_fn(backend: str):
+    """Our loss in the providers' signature (per-sequence costs)."""
+    from .functional import rnnt_loss
+
+    def fn(logits, targets, logit_lengths, target_lengths, blank):
+        return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=blank,
+                         reduction="none", backend=backend)
+    return fn
+
+
+def measure(shape: Shape, backend: str = "numba", *, reps: int = 5, warmup: int = 1,
+            cap_s: float = 60.0, seed: int = 0) -> dict:
+    """fwd+bwd and forward-only medians of our loss at ``shape``, with the exp floor of
+    the same tensor measured in the same run, and their ratio ``x_exp``."""
+    fn = loss_fn(backend)
+    x = make_inputs(shape, seed=seed)
+    floor = exp_floor(x.logits, reps=max(3, reps))
+    lg = x.logits.detach().clone().requires_grad_()
+    fb = time_calls(lambda: fwd_bwd(fn, x, lg), warmup=warmup, reps=reps, cap_s=cap_s)
+    fw = time_calls(lambda: fwd(fn, x), warmup=warmup, reps=reps, cap_s=cap_s)
+    return {"shape": shape.name, "shape_desc": shape.describe(), "backend": backend,
+            "logits_mb": x.nbytes / 2**20, **floor,
+            "fwd_bwd_s": fb["median"], "fwd_bwd_min_s": fb["min"], "fwd_bwd_reps": fb["reps"],
+            "fwd_s": fw["median"], "fwd_reps": fw["reps"],
+            "x_exp": fb["median"] / floor["exp_out_s"],
+            "x_exp_fresh": fb["median"] / floor["exp_fresh_s"]}
+
+
+def fmt_s(x) -> str:
+    """Seconds for a table: us below 1 ms, ms below 0.1 s, else s."""
+    if x is None or x != x:
+        return "-"
+    if x < 1e-3:
+        return f"{x * 1e6:.0f} us"
+    if x < 0.1:
+        return f"{x * 1e3:.2f} ms"
+    return f"{x:.3f} s"
+
+
+def set_threads(n: int) -> None:
+    """Intra-op threads for torch and, if it is installed, Numba."""
+    torch.set_num_threads(n)
+    try:
+        import numba
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+
+
+# --------------------------------------------------------------------------- command line
+def main(argv=None) -> int:
+    """``rnnt-lattice bench``: time our loss against the exp floor; returns an exit code."""
+    ap = argparse.ArgumentParser(
+        prog="rnnt-lattice bench",
+        description="Time rnnt_lattice's forward+backward against torch.exp over the same "
+                    "logits (the machine's floor), at the benchmark registry's shapes. The "
+                    "side-by-side comparison with other libraries is benchmarks/run.py in "
+                    "the repository (docs/benchmarks.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["quick"],
+                    help=f"shape or group names; shapes {sorted(SHAPES)}, groups "
+                         + ", ".join(f"{k}={'+'.join(v)}" for k, v in GROUPS.items()))
+    ap.add_argument("--backends", nargs="+", default=["numba"], choices=["numba", "torch", "triton"])
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("RNNT_BENCH_THREADS", 2)))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--cap", type=float, default=60.0, help="seconds per shape, backend and mode")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="FILE", help="also write the rows and the machine as JSON")
+    args = ap.parse_args(argv)
+    try:
+        shapes = resolve(args.shapes)
+    except ValueError as err:
+        ap.error(str(err))
+    set_threads(args.threads)
+    from . import __version__
+    meta = {"rnnt_lattice": __version__, "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "threads": args.threads, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print(f"# rnnt_lattice {meta['rnnt_lattice']}, torch {meta['torch']}, {meta['cpus']} CPUs, "
+          f"{args.threads} threads", flush=True)
+    rows = []
+    for backend in args.backends:
+        w = make_inputs(SHAPES["s1"])                      # compile / warm up, untimed
+        try:
+            fwd_bwd(loss_fn(backend), w, w.logits.requires_grad_())
+        except (ValueError, ImportError) as err:
+            print(f"{backend}: not available here ({err})", file=sys.stderr)
+            continue
+        for s in shapes:
+            r = measure(s, backend, reps=args.reps, warmup=args.warmup, cap_s=args.cap, seed=args.seed)
+            rows.append(r)
+            print(f"{backend:6s} {s.name:7s} {s.describe():34s} fwd+bwd {fmt_s(r['fwd_bwd_s']):>10s}  "
+                  f"fwd {fmt_s(r['fwd_s']):>10s}  exp(out=buf) {fmt_s(r['exp_out_s']):>10s}  "
+                  f"exp() {fmt_s(r['exp_fresh_s']):>10s}  fwd+bwd/exp {r['x_exp']:5.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
