@@ -10,6 +10,15 @@ element in total). Everything else is O(B*T*(U+1)). The buffer is handed over on
 second backward of the same graph (``retain_graph=True``) recomputes the exps from the
 saved logits with the same code, so it returns a bit-identical gradient; the saved
 logits are never modified.
+
+With ``inplace_grad=True`` the logits buffer itself takes the exps and then the gradient:
+no allocation at all, but the logits are gone after the forward pass (and a second
+backward cannot recompute them: it raises).
+
+The buffer comes from NumPy rather than ``torch.empty``: NumPy asks the kernel for
+transparent huge pages (``madvise(MADV_HUGEPAGE)``) on large allocations, and a fresh
+gradient buffer touched in 4 KiB pages costs as much in page faults as the exp pass itself
+(see docs/benchmarks.md, "Page faults").
 """
 from __future__ import annotations
 
@@ -19,18 +28,31 @@ import torch
 from .._types import Lattice
 from . import kernels
 
-__all__ = ["rnnt_costs", "compute_lattice", "costs_and_grad"]
+__all__ = ["rnnt_costs", "compute_lattice", "costs_and_grad", "viterbi"]
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().numpy()
 
 
-def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store):
-    """Passes 1-2: row statistics (+ stored exps) and the lattice. NumPy state out."""
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised CPU tensor like ``x`` (contiguous), backed by huge pages when large."""
+    return torch.from_numpy(np.empty(tuple(x.shape), dtype=_np(x[:0]).dtype))
+
+
+def _zeros_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.zeros(tuple(x.shape), dtype=_np(x[:0]).dtype))
+
+
+def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store, into=None):
+    """Passes 1-2: row statistics (+ exps stored in ``into`` or a new buffer) and the lattice.
+
+    ``into`` may be ``logits`` itself (in-place mode): each row is read completely (max,
+    then exp) before its exps overwrite it, so the row pass is safe in place.
+    """
     B, T, U1, V = logits.shape
     x = _np(logits)
-    buf = torch.empty_like(logits) if store else None
+    buf = (_empty_like(logits) if into is None else into) if store else None
     shift = np.empty((B, T, U1), dtype=x.dtype)
     inv_sum = np.empty((B, T, U1))
     lpb = np.empty((B, T, U1))
@@ -66,13 +88,23 @@ class _NumbaRNNT(torch.autograd.Function):
     """Per-sequence costs (B,) with the fused gradient of section 4 of math.md."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda):
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
+                fastemit_lambda, inplace_grad):
         need_grad = ctx.needs_input_grad[0]
+        inplace = need_grad and inplace_grad
         buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
-                                            blank, fused, store=need_grad and fused)
+                                            blank, fused, store=need_grad and fused,
+                                            into=logits if inplace else None)
+        if inplace:
+            # The logits now hold exps: any other autograd user of them must fail loudly
+            # ("modified by an inplace operation") rather than read them silently.
+            torch.autograd.graph.increment_version(logits)
         if need_grad:
-            ctx.save_for_backward(logits, targets, logit_lengths, target_lengths)
-            ctx.buf = buf
+            # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
+            ctx.save_for_backward(targets, logit_lengths, target_lengths,
+                                  *(() if inplace else (logits,)))
+            ctx.inplace = inplace
+            ctx.buf = logits if inplace else buf
             ctx.state = (shift, inv_sum, lat)
             ctx.opts = (blank, fused, fastemit_lambda, clamp)
         return (-lat.log_like).to(logits.dtype)
@@ -80,28 +112,40 @@ class _NumbaRNNT(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_costs):
-        logits, targets, logit_lengths, target_lengths = ctx.saved_tensors
+        targets, logit_lengths, target_lengths, *saved = ctx.saved_tensors
+        logits = saved[0] if saved else None
         shift, inv_sum, lat = ctx.state
         blank, fused, fastemit_lambda, clamp = ctx.opts
-        if not fused:
-            dst, from_logits = torch.zeros_like(logits), False
+        if ctx.inplace and ctx.buf is None:
+            raise RuntimeError(
+                "rnnt_loss(inplace_grad=True): the logits buffer already holds the gradient of "
+                "the first backward; a second backward (retain_graph=True) is not possible")
+        if ctx.inplace and not fused:
+            dst, from_logits = ctx.buf, False
+            _np(dst).fill(0)
+            ctx.buf = None
+        elif not fused:
+            dst, from_logits = _zeros_like(logits), False
         elif ctx.buf is not None:
             # Hand the forward's exp buffer over: no reference stays here, so autograd can
             # adopt it as .grad without a copy.
             dst, from_logits = ctx.buf, False
             ctx.buf = None
         else:
-            dst, from_logits = torch.empty_like(logits), True
+            dst, from_logits = _empty_like(logits), True
         upstream = grad_costs.detach().to(torch.float64).contiguous().numpy()
-        _gradient(dst, logits, from_logits, targets, logit_lengths, target_lengths, blank, fused,
-                  shift, inv_sum, lat, fastemit_lambda, clamp, upstream)
-        return dst, None, None, None, None, None, None, None
+        _gradient(dst, dst if logits is None else logits, from_logits, targets, logit_lengths,
+                  target_lengths, blank, fused, shift, inv_sum, lat, fastemit_lambda, clamp, upstream)
+        # A plain tensor over the same memory: in in-place mode dst is the logits leaf itself.
+        return torch.from_numpy(_np(dst)), None, None, None, None, None, None, None, None
 
 
-def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda):
-    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached."""
+def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
+               inplace_grad=False):
+    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached.
+    ``inplace_grad``: the gradient is written over ``logits`` (which must be contiguous)."""
     return _NumbaRNNT.apply(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                            fastemit_lambda)
+                            fastemit_lambda, bool(inplace_grad))
 
 
 def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
@@ -114,7 +158,7 @@ def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp,
         costs = (-lat.log_like).to(logits.dtype)
         if not need_grad:
             return costs, None
-        dst = buf if fused else torch.zeros_like(logits)
+        dst = buf if fused else _zeros_like(logits)
         ones = np.ones(logits.shape[0])
         _gradient(dst, logits, False, targets, logit_lengths, target_lengths, blank, fused,
                   shift, inv_sum, lat, fastemit_lambda, clamp, ones)
@@ -126,3 +170,25 @@ def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused
     with torch.no_grad():
         return _forward(logits.contiguous(), targets, logit_lengths, target_lengths, blank, fused,
                         store=False)[3]
+
+
+def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
+    """Max-plus forward pass: ``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` float64.
+
+    The arc log-probs come from the same ``row_pass`` as the loss (no exps stored) and
+    alpha from the same recursion in the max-plus semiring (``kernels.viterbi_alpha``);
+    the backtracking is shared by every backend (``rnnt_lattice.lattice.alignment``).
+    """
+    with torch.no_grad():
+        logits = logits.contiguous()
+        B, T, U1, V = logits.shape
+        x = _np(logits)
+        lpb = np.empty((B, T, U1))
+        lpl = np.empty((B, T, U1))
+        tg, tl, ul = _np(targets), _np(logit_lengths), _np(target_lengths)
+        kernels.row_pass(x, tg, tl, ul, blank, fused, False, kernels.spread_stride(B * T),
+                         np.empty((0, 0, 0, 0), dtype=x.dtype),
+                         np.empty((B, T, U1), dtype=x.dtype), np.empty((B, T, U1)), lpb, lpl)
+        alpha = np.full((B, T, U1), -np.inf)
+        kernels.viterbi_alpha(lpb, lpl, tl, ul, alpha)
+        return torch.from_numpy(alpha), torch.from_numpy(lpb), torch.from_numpy(lpl)
