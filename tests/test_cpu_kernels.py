@@ -1,0 +1,57 @@
+"""The Numba helpers the CPU kernels are built from: the vectorised exp and the row max."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+from rnnt_lattice.cpu import kernels as K  # noqa: E402
+
+
+@numba.njit(cache=False)
+def _apply_exp(x, out):
+    for i in range(x.shape[0]):
+        out[i] = K.exp_nonpos(x[i])
+
+
+@numba.njit(cache=False)
+def _row_maxes(x, out):
+    for i in range(x.shape[0]):
+        out[i] = K._row_max(x[i])
+
+
+# Relative error bound of exp_nonpos per dtype (a couple of units in the last place).
+EXP_TOL = {np.float32: 2 * np.finfo(np.float32).eps, np.float64: 4 * np.finfo(np.float64).eps}
+# Below these, exp is flushed to 0 (it cannot move a row sum that is >= 1).
+FLUSH = {np.float32: -87.0, np.float64: -708.0}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_exp_nonpos_accuracy_and_specials(dtype):
+    x = np.concatenate([-np.logspace(-12, np.log10(-FLUSH[dtype]), 100_000), [0.0, -0.0]]).astype(dtype)
+    out = np.empty_like(x)
+    _apply_exp(x, out)
+    ref = np.exp(x.astype(np.float64))
+    rel = np.abs(out.astype(np.float64) - ref) / ref
+    assert rel.max() <= EXP_TOL[dtype], rel.max()
+    special = np.array([-np.inf, np.nan, FLUSH[dtype] - 0.5, -1e30], dtype=dtype)
+    out = np.empty_like(special)
+    _apply_exp(special, out)
+    assert out[0] == 0 and np.isnan(out[1]) and out[2] == 0 and out[3] == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_row_max(dtype):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 37)).astype(dtype) * 100
+    x[1] = -np.inf                               # a fully masked row
+    x[2, 5:] = -np.inf
+    x[3] = -np.abs(x[3])                         # all negative
+    x[4, 7] = -0.0
+    x[4, :7] = x[4, 8:] = -1.0
+    x[5, 3] = np.inf
+    x[6, 9] = np.nan                             # NaN wins: that sequence's loss is NaN
+    out = np.empty(8, dtype=dtype)
+    _row_maxes(x, out)
+    want = x.max(axis=1)
+    assert np.array_equal(out, want, equal_nan=True)
