@@ -1,11 +1,18 @@
 """Backend selection. Backends are loaded only when first used, so importing rnnt_lattice
 needs torch and numpy only.
 
-Every backend module provides the same two functions:
+Every backend module provides the same functions:
 
-    rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda)
-        -> (B,) per-sequence -log P, differentiable w.r.t. logits (float32/float64 logits)
+    rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
+               inplace_grad=False)
+        -> (B,) per-sequence -log P, differentiable w.r.t. logits (float32/float64 logits;
+           also float16/bfloat16 where the module sets NATIVE_LOW_PRECISION = True)
+    costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
+                   fastemit_lambda, need_grad)
+        -> (costs, per-sequence gradient or None), no autograd (behind the torch.compile op)
     compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice
+    viterbi(logits, targets, logit_lengths, target_lengths, blank, fused)
+        -> (alpha_max, lpb, lpl), each (B, T, U+1): max-plus alpha and the arc log-probs
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Every failure is a ``ValueError`` that names the argument and the shapes or values
 involved. Checks that need to read tensor *values* (length ranges, target ids) run only
 for CPU tensors: on CUDA they would force a host synchronisation on the hot path, so
-there the kernels treat out-of-range values as documented in ``rnnt_loss``.
+there the kernels treat out-of-range values as documented in ``rnnt_loss``. Under
+``torch.compile`` they are skipped too (reading a tensor value would break the graph).
 """
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def check_lattice_args(
     logit_lengths = logit_lengths.to(torch.int64).contiguous()
     target_lengths = target_lengths.to(torch.int64).contiguous()
 
-    if logits.device.type == "cpu":
+    # Under torch.compile the value checks are skipped: reading a value is a graph break.
+    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_values(logits, targets, logit_lengths, target_lengths, blank)
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank, logits.dtype)

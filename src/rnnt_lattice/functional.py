@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backends
+from . import _backends, _ops
 from ._validate import check_float, check_lattice_args, check_reduction
 
 __all__ = ["rnnt_loss"]
@@ -22,6 +22,7 @@ def rnnt_loss(
     fastemit_lambda: float = 0.0,
     zero_infinity: bool = False,
     backend: str = "auto",
+    inplace_grad: bool = False,
 ) -> torch.Tensor:
     r"""RNN-Transducer loss ``-log P(y|x)`` with its exact gradient.
 
@@ -73,7 +74,19 @@ def rnnt_loss(
             ``T_b = 0``) and their gradients are set to 0. Otherwise they give ``+inf``
             with zero gradient.
         backend: ``"auto"`` (Numba on CPU, Triton on CUDA, PyTorch elsewhere),
-            ``"numba"``, ``"torch"`` (the vectorised pure-PyTorch reference) or ``"triton"``.
+            ``"numba"``, ``"torch"`` (the vectorised pure-PyTorch reference) or ``"triton"``
+            (CUDA tensors; CPU tensors only under the Triton interpreter, ``TRITON_INTERPRET=1``
+            set before the first use).
+        inplace_grad: if ``True``, the gradient is written over the logits buffer: no
+            gradient-sized allocation, but *the user gives up the logits* (their values are
+            gone once the gradient is computed: after the forward pass with Numba, after the
+            backward pass otherwise), and ``logits.grad`` (or the gradient flowing into the
+            joiner) shares their memory. ``logits`` must be contiguous and float32 or float64
+            (also float16/bfloat16 with the Triton backend, which computes them natively),
+            else ``ValueError``: any copy would defeat the purpose. Autograd refuses, rather
+            than silently misusing, any other use of the overwritten logits (their version
+            counter is bumped), including a second backward. No effect when no gradient is
+            needed, nor under ``torch.compile`` (the compiled graph owns its buffers).
 
     Returns:
         The reduced loss (a scalar), or ``(B,)`` per-sequence losses for ``"none"``.
@@ -84,6 +97,10 @@ def rnnt_loss(
             to keep the CUDA path free of host synchronisation.
 
     Notes:
+        Under ``torch.compile`` the loss is the custom op ``rnnt_lattice::rnnt_costs_and_grad``
+        (``fullgraph=True`` works, on CPU too), float16/bfloat16 logits are upcast to
+        float32 first, and the value checks are skipped (see Raises).
+
         The Numba backend returns, as the gradient, a buffer its forward pass filled with
         ``exp(logits - max)``: one exp per logit element in total. The gradient is an
         ``once_differentiable`` function (no double backward).
@@ -92,13 +109,29 @@ def rnnt_loss(
     clamp = check_float("clamp", clamp)
     fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda)
     chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank)
-    impl = _backends.resolve(backend, logits.device)
 
-    x = chk.logits
-    if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()                      # autograd casts the gradient back
-    costs = impl.rnnt_costs(x.contiguous(), chk.targets, chk.logit_lengths, chk.target_lengths,
-                            chk.blank, clamp, bool(fused_log_softmax), fastemit_lambda)
+    if torch.compiler.is_compiling():
+        # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
+        # the op runs, outside the trace.
+        if backend not in _backends.BACKENDS:
+            raise ValueError(f"backend must be one of {_backends.BACKENDS}, got {backend!r}")
+        x = chk.logits
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
+        costs = _ops.rnnt_costs(x.contiguous(), chk.targets, chk.logit_lengths,
+                                chk.target_lengths, chk.blank, clamp, bool(fused_log_softmax),
+                                fastemit_lambda, backend)
+    else:
+        impl = _backends.resolve(backend, logits.device)
+        native_low = getattr(impl, "NATIVE_LOW_PRECISION", False)
+        if inplace_grad:
+            _check_inplace(chk.logits, native_low)
+        x = chk.logits
+        if x.dtype in (torch.float16, torch.bfloat16) and not native_low:
+            x = x.float()                      # autograd casts the gradient back
+        costs = impl.rnnt_costs(x.contiguous(), chk.targets, chk.logit_lengths,
+                                chk.target_lengths, chk.blank, clamp, bool(fused_log_softmax),
+                                fastemit_lambda, inplace_grad=bool(inplace_grad))
     if zero_infinity:
         # torch.where's gradient is 0 for the replaced entries: no host sync, no NaN.
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
@@ -107,3 +140,20 @@ def rnnt_loss(
     if reduction == "sum":
         return costs.sum()
     return costs.mean()
+
+
+def _check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:
+    """``inplace_grad=True`` writes the gradient over ``logits``: refuse inputs that would
+    be copied first (the gradient would land in the copy)."""
+    dtypes = (torch.float32, torch.float64)
+    if native_low_precision:
+        dtypes += (torch.float16, torch.bfloat16)
+    if logits.dtype not in dtypes:
+        raise ValueError(
+            f"inplace_grad=True needs logits of dtype {' or '.join(str(d) for d in dtypes)} with "
+            f"this backend (any other dtype is copied first), got {logits.dtype} logits of shape "
+            f"{tuple(logits.shape)}")
+    if not logits.is_contiguous():
+        raise ValueError(
+            f"inplace_grad=True needs contiguous logits (a non-contiguous tensor is copied first), "
+            f"got logits of shape {tuple(logits.shape)} with strides {logits.stride()}")

@@ -26,7 +26,7 @@ class RNNTLoss(torch.nn.Module):
 
     def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
                  fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-                 zero_infinity: bool = False, backend: str = "auto"):
+                 zero_infinity: bool = False, backend: str = "auto", inplace_grad: bool = False):
         super().__init__()
         self.blank = blank
         self.clamp = clamp
@@ -35,14 +35,16 @@ class RNNTLoss(torch.nn.Module):
         self.fastemit_lambda = fastemit_lambda
         self.zero_infinity = zero_infinity
         self.backend = backend
+        self.inplace_grad = inplace_grad
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         return rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank, self.clamp,
                          self.reduction, self.fused_log_softmax,
                          fastemit_lambda=self.fastemit_lambda, zero_infinity=self.zero_infinity,
-                         backend=self.backend)
+                         backend=self.backend, inplace_grad=self.inplace_grad)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
                 f"fused_log_softmax={self.fused_log_softmax}, fastemit_lambda={self.fastemit_lambda}, "
-                f"zero_infinity={self.zero_infinity}, backend={self.backend!r}")
+                f"zero_infinity={self.zero_infinity}, backend={self.backend!r}, "
+                f"inplace_grad={self.inplace_grad}")

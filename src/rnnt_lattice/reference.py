@@ -76,6 +76,29 @@ def _diagonal(d: int, T: int, U1: int, device) -> tuple[torch.Tensor, torch.Tens
     return t, d - t
 
 
+def forward_alpha(lpb: torch.Tensor, lpl: torch.Tensor, max_plus: bool = False) -> torch.Tensor:
+    """alpha ``(B, T, U+1)`` swept along anti-diagonals ``d = t + u`` (math.md section 2).
+
+    The semiring switch: ``max_plus=False`` combines the two incoming arcs with ``lae``
+    (the forward variable, log-sum over paths); ``max_plus=True`` with ``max`` (the Viterbi
+    score, log-probability of the best path into the node). Nodes off the lattice may hold
+    finite values (they are never read through a finite arc).
+    """
+    B, T, U1 = lpb.shape
+    dev, dt = lpb.device, lpb.dtype
+    combine = torch.maximum if max_plus else torch.logaddexp
+    alpha = torch.full((B, T, U1), NEG_INF, dtype=dt, device=dev)
+    if T > 0:
+        alpha[:, 0, 0] = 0.0
+    for d in range(1, T + U1 - 1):
+        t, u = _diagonal(d, T, U1, dev)
+        tm1, um1 = (t - 1).clamp(min=0), (u - 1).clamp(min=0)
+        from_blank = torch.where(t > 0, alpha[:, tm1, u] + lpb[:, tm1, u], NEG_INF)
+        from_label = torch.where(u > 0, alpha[:, t, um1] + lpl[:, t, um1], NEG_INF)
+        alpha[:, t, u] = combine(from_blank, from_label)
+    return alpha
+
+
 def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths) -> Lattice:
     """alpha, beta, log P and arc occupations (math.md sections 2-3) from arc log-probs.
 
@@ -87,16 +110,7 @@ def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths)
     dev, dt = lpb.device, lpb.dtype
     bidx = torch.arange(B, device=dev)
 
-    # alpha, swept along anti-diagonals d = t + u.
-    alpha = torch.full((B, T, U1), NEG_INF, dtype=dt, device=dev)
-    if T > 0:
-        alpha[:, 0, 0] = 0.0
-    for d in range(1, T + U1 - 1):
-        t, u = _diagonal(d, T, U1, dev)
-        tm1, um1 = (t - 1).clamp(min=0), (u - 1).clamp(min=0)
-        from_blank = torch.where(t > 0, alpha[:, tm1, u] + lpb[:, tm1, u], NEG_INF)
-        from_label = torch.where(u > 0, alpha[:, t, um1] + lpl[:, t, um1], NEG_INF)
-        alpha[:, t, u] = torch.logaddexp(from_blank, from_label)
+    alpha = forward_alpha(lpb, lpl)
 
     # beta on a grid extended by one frame and one label position, so that the final
     # blank (T_b-1, U_b) -> (T_b, U_b) lands on a terminal cell with beta = 0.
@@ -119,6 +133,9 @@ def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths)
     gamma_blank = torch.where(possible, torch.exp(alpha + lpb + beta[:, 1:, :U1] - ll), 0.0)
     gamma_label = torch.where(possible, torch.exp(alpha + lpl + beta[:, :T, 1:] - ll), 0.0)
     beta_nodes = torch.where(terminal[:, :T, :U1], NEG_INF, beta[:, :T, :U1])
+    # The sweep also fills padding cells past T_b (reached by blanks out of the last
+    # frame); the Lattice contract is -inf off each sequence's lattice.
+    alpha = torch.where(node_mask(logit_lengths, target_lengths, T, U1), alpha, NEG_INF)
     return Lattice(alpha, beta_nodes, log_like, gamma_blank, gamma_label)
 
 
@@ -154,7 +171,8 @@ class _TorchRNNT(torch.autograd.Function):
     """Per-sequence RNN-T costs with the gradient computed in the forward pass."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda):
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
+                fastemit_lambda, inplace_grad):
         ldt = lattice_dtype(logits.device)
         lse, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
         lat = lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
@@ -162,20 +180,47 @@ class _TorchRNNT(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad = logit_grad(logits, lse, lat, targets, logit_lengths, target_lengths, blank,
                               fused, clamp, fastemit_lambda)
-            ctx.save_for_backward(grad)
+            ctx.save_for_backward(grad, *((logits,) if inplace_grad else ()))
         return costs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_costs):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_costs.to(grad.dtype)[:, None, None, None], None, None, None, None, None, None, None
+        grad, *into = ctx.saved_tensors
+        upstream = grad_costs.to(grad.dtype)[:, None, None, None]
+        if into:
+            # inplace_grad: the gradient goes into the logits' storage. out= bumps their
+            # version counter, so autograd refuses any later use of the overwritten logits
+            # (a second backward, or another node that saved them).
+            (logits,) = into
+            torch.mul(grad, upstream, out=logits)
+            dst = logits.detach()      # a new tensor over the same memory, not the leaf itself
+        else:
+            dst = grad * upstream
+        return dst, None, None, None, None, None, None, None, None
 
 
-def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda):
-    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached."""
+def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
+               inplace_grad=False):
+    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached.
+    ``inplace_grad``: the backward pass writes the gradient over ``logits``."""
     return _TorchRNNT.apply(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                            fastemit_lambda)
+                            fastemit_lambda, bool(inplace_grad))
+
+
+def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
+                   fastemit_lambda, need_grad):
+    """Costs (B,) and, if ``need_grad``, the per-sequence gradient before the upstream
+    factor (for the torch.library custom op); no autograd involved."""
+    with torch.no_grad():
+        ldt = lattice_dtype(logits.device)
+        lse, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
+        lat = lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
+        costs = (-lat.log_like).to(logits.dtype)
+        if not need_grad:
+            return costs, None
+        return costs, logit_grad(logits, lse, lat, targets, logit_lengths, target_lengths, blank,
+                                 fused, clamp, fastemit_lambda)
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
@@ -184,3 +229,18 @@ def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused
         _, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
         ldt = lattice_dtype(logits.device)
         return lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
+
+
+def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
+    """Max-plus forward pass: ``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` in the lattice
+    dtype. ``alpha_max(t,u)`` is the log-probability of the best path from (0,0) to (t,u);
+    ``lpb``/``lpl`` are the arc log-probs (``-inf`` off the lattice). The backtracking is
+    shared by every backend (``rnnt_lattice.lattice.alignment``)."""
+    with torch.no_grad():
+        _, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
+        ldt = lattice_dtype(logits.device)
+        lpb, lpl = lpb.to(ldt), lpl.to(ldt)
+        alpha_max = forward_alpha(lpb, lpl, max_plus=True)
+        B, T, U1 = lpb.shape
+        alpha_max = torch.where(node_mask(logit_lengths, target_lengths, T, U1), alpha_max, NEG_INF)
+        return alpha_max, lpb, lpl

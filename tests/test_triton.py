@@ -1,0 +1,476 @@
+"""The Triton backend, run on CPU tensors through the Triton interpreter.
+
+Every kernel (row pass, alpha/beta wavefront in both semirings, occupations, fused
+gradient) is compared with the float64 pure-PyTorch reference and with the Numba CPU
+path. Lattices are tiny (the interpreter runs each program in Python) and the tile sizes
+are lowered (``BLOCK_U = 2``, ``BLOCK_V = 4``) so that they still span several blocks.
+
+``TRITON_INTERPRET`` is read by Triton when a kernel is *decorated*, i.e. when
+``rnnt_lattice.gpu.kernels`` is first imported, so it is set here before anything imports
+that module. pytest imports every test module at collection, so the variable is set for
+the whole session; it only changes how ``@triton.jit`` functions are built (no other test
+module uses Triton: torch.compile on CPU generates C++). On a CUDA machine the interpreter
+would also run these tests (it copies CUDA tensors to the host); ``test_cuda_native``
+runs the compiled kernels in a subprocess without the variable.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+import rnnt_lattice  # noqa: E402
+from rnnt_lattice import gpu, reference  # noqa: E402
+
+if not gpu.INTERPRETED:                                             # pragma: no cover
+    raise RuntimeError("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1 was set: "
+                       "its kernels are not interpreted, so they cannot run on CPU tensors")
+
+# The interpreter evaluates with NumPy, which warns on exp/log of -inf and on -inf - -inf
+# in lanes that the kernels then mask out.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+NEG_INF = float("-inf")
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(gpu, "BLOCK_U", 2)
+    monkeypatch.setattr(gpu, "BLOCK_V", 4)
+    monkeypatch.setattr(gpu, "BLOCK_NODES", 8)
+
+
+# --------------------------------------------------------------------------- cases
+@dataclass(frozen=True)
+class Case:
+    """A ragged batch: per-sequence frames ``T_b`` and labels ``U_b``, padded by ``pad``
+    extra frames and label positions beyond the longest (padding is NaN-poisoned)."""
+    name: str
+    T_b: tuple
+    U_b: tuple
+    V: int
+    blank: int = 0
+    pad: int = 1
+    masked: bool = False       # some -inf logits, and one row entirely -inf
+
+
+CASES = {c.name: c for c in (
+    Case("ragged", (5, 3, 2), (4, 2, 0), V=7),
+    Case("u_blocks", (3,), (7,), V=5),                 # U+1 = 8: four lane blocks of 2
+    Case("v_chunks", (3, 2), (2, 1), V=11),            # three chunks of 4, the last partial
+    Case("v_one_chunk", (3,), (2,), V=3, pad=0),       # V < BLOCK_V, no padding at all
+    Case("blank_last", (4, 3), (2, 3), V=6, blank=-1),
+    Case("blank_middle", (4,), (3,), V=6, blank=3),
+    Case("t1", (1, 1), (0, 2), V=4),                   # one frame: all labels, then a blank
+    Case("u0", (4, 2), (0, 0), V=5, pad=0),            # targets of shape (B, 0)
+    Case("no_frames", (3, 0), (2, 1), V=5),            # T_b = 0: loss +inf, gradient 0
+    Case("masked", (4, 3), (3, 2), V=6, masked=True),
+)}
+
+OPTIONS = {
+    "plain": dict(),
+    "clamp": dict(clamp=0.05),
+    "fastemit": dict(fastemit_lambda=0.3),
+    "logprob": dict(fused=False),
+    "logprob_clamp_fastemit": dict(fused=False, clamp=0.2, fastemit_lambda=0.5),
+}
+
+
+@dataclass
+class Batch:
+    logits: torch.Tensor          # (B, T, U+1, V) float64, padding NaN
+    targets: torch.Tensor         # (B, U) int32
+    logit_lengths: torch.Tensor   # (B,) int32
+    target_lengths: torch.Tensor  # (B,) int32
+    blank: int
+    padding: torch.Tensor         # (B, T, U+1) bool
+    weights: torch.Tensor         # (B,) signed upstream gradient, float64
+
+
+def make_batch(case: Case, fused: bool = True, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    B, V = len(case.T_b), case.V
+    T, U = max(case.T_b) + case.pad, max(case.U_b) + case.pad
+    x = 2.0 * torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    blank = case.blank % V
+    r = torch.randint(0, V - 1, (B, U), generator=g)
+    targets = (r + (r >= blank)).to(torch.int32)                     # never the blank
+    if case.masked:
+        classes = torch.arange(V)
+        drop = (torch.rand(B, T, U + 1, V, generator=g) < 0.3) & (classes != blank)
+        drop &= classes != torch.nn.functional.pad(targets, (0, 1)).long()[:, None, :, None]
+        x = x.masked_fill(drop, NEG_INF)
+        x[0, 1, 1, :] = NEG_INF                                        # a dead node mid-lattice
+    if not fused:
+        x = torch.log_softmax(x, dim=-1).nan_to_num(nan=NEG_INF)       # the dead row stays -inf
+    tl = torch.tensor(case.T_b, dtype=torch.int32)
+    ul = torch.tensor(case.U_b, dtype=torch.int32)
+    padding = ~reference.node_mask(tl.long(), ul.long(), T, U + 1)
+    x = x.masked_fill(padding[..., None], float("nan"))
+    weights = torch.tensor([1.0, -0.5, 2.0, -1.5][:B], dtype=torch.float64)
+    return Batch(x, targets, tl, ul, case.blank, padding, weights)
+
+
+def run(batch: Batch, dtype, backend, *, fused=True, clamp=-1.0, fastemit_lambda=0.0,
+        inplace_grad=False):
+    """Per-sequence costs and the gradient of ``sum_b weights[b] * costs[b]``."""
+    leaf = batch.logits.to(dtype).requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(
+        leaf, batch.targets, batch.logit_lengths, batch.target_lengths, batch.blank, clamp,
+        "none", fused, fastemit_lambda=fastemit_lambda, backend=backend, inplace_grad=inplace_grad)
+    (costs * batch.weights.to(costs.dtype)).sum().backward()
+    return costs.detach(), leaf.grad, leaf
+
+
+def reference64(batch: Batch, dtype, **opts):
+    """The float64 reference on the same numbers the kernels see (``logits`` rounded to
+    ``dtype`` first)."""
+    b64 = Batch(batch.logits.to(dtype).double(), *(getattr(batch, f) for f in
+                ("targets", "logit_lengths", "target_lengths", "blank", "padding", "weights")))
+    return run(b64, torch.float64, "torch", **opts)[:2]
+
+
+def tolerance(dtype, costs_ref) -> float:
+    """Relative error allowed for a float32 recursion (the kernels' accumulation dtype for
+    every input but float64): the lattice carries an absolute error of order eps * |L|,
+    which the loss and the occupations (hence the gradient) inherit."""
+    eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    finite = costs_ref[torch.isfinite(costs_ref)]
+    scale = float(finite.abs().max()) if finite.numel() else 1.0
+    return 8 * eps * max(1.0, scale)
+
+
+def errors(costs, grad, costs_ref, grad_ref):
+    """(relative loss error, relative gradient error); +inf costs must match exactly."""
+    costs, grad = costs.double(), grad.double()
+    assert torch.equal(torch.isinf(costs), torch.isinf(costs_ref)), (costs, costs_ref)
+    fin = torch.isfinite(costs_ref)
+    loss_scale = max(float(costs_ref[fin].abs().max()) if fin.any() else 1.0, 1e-30)
+    loss_err = float((costs[fin] - costs_ref[fin]).abs().max()) / loss_scale if fin.any() else 0.0
+    grad_scale = max(float(grad_ref.abs().max()), 1e-30)
+    return loss_err, float((grad - grad_ref).abs().max()) / grad_scale
+
+
+def check_padding(batch: Batch, grad: torch.Tensor):
+    """Padding nodes and impossible sequences get exactly zero gradient, never NaN."""
+    assert torch.isfinite(grad).all()
+    assert (grad[batch.padding] == 0).all()
+    dead = batch.logit_lengths == 0
+    assert (grad[dead] == 0).all()
+
+
+# --------------------------------------------------------------------------- loss + gradient
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("case", CASES)
+def test_loss_and_gradient_float32(case, option):
+    opts = OPTIONS[option]
+    batch = make_batch(CASES[case], fused=opts.get("fused", True))
+    costs, grad, _ = run(batch, torch.float32, "triton", **opts)
+    costs_ref, grad_ref = reference64(batch, torch.float32, **opts)
+    costs_cpu, grad_cpu, _ = run(batch, torch.float32, "numba", **opts)
+    tol = tolerance(torch.float32, costs_ref)
+    assert costs.dtype == torch.float32 and grad.dtype == torch.float32
+    loss_err, grad_err = errors(costs, grad, costs_ref, grad_ref)
+    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err, tol)
+    loss_err, grad_err = errors(costs, grad, costs_cpu.double(), grad_cpu.double())
+    assert loss_err <= tol and grad_err <= tol, ("vs numba", loss_err, grad_err, tol)
+    check_padding(batch, grad)
+    if opts.get("clamp", -1.0) > 0:
+        # both bounds, before the upstream factor
+        w = batch.weights.abs().to(grad.dtype)[:, None, None, None]
+        assert (grad.abs() <= opts["clamp"] * w * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("option", ["plain", "logprob_clamp_fastemit"])
+@pytest.mark.parametrize("case", ["ragged", "u_blocks", "v_chunks", "masked"])
+def test_loss_and_gradient_float64(case, option):
+    """float64 logits are accumulated in float64: agreement to float64 rounding."""
+    opts = OPTIONS[option]
+    batch = make_batch(CASES[case], fused=opts.get("fused", True), seed=1)
+    costs, grad, _ = run(batch, torch.float64, "triton", **opts)
+    costs_ref, grad_ref = reference64(batch, torch.float64, **opts)
+    assert costs.dtype == torch.float64 and grad.dtype == torch.float64
+    loss_err, grad_err = errors(costs, grad, costs_ref, grad_ref)
+    tol = tolerance(torch.float64, costs_ref)
+    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err, tol)
+    check_padding(batch, grad)
+
+
+def reference_lowp(batch: Batch, dtype, fused=True):
+    """The torch reference recursion run entirely in ``dtype`` (row pass, alpha/beta and
+    gradient): the yardstick of the low-precision criterion."""
+    x = batch.logits.to(dtype)
+    args = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
+    lse, lpb, lpl = reference.arc_log_probs(x, *args, batch.blank, fused)
+    lat = reference.lattice(lpb, lpl, *args[1:])
+    grad = reference.logit_grad(x, lse, lat, *args, batch.blank, fused, -1.0, 0.0)
+    return -lat.log_like, grad * batch.weights.to(dtype)[:, None, None, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["ragged", "v_chunks", "blank_last"])
+def test_low_precision(case, dtype):
+    """Passes when the error against the float64 reference (on the same rounded logits) is
+    at most 2x that of the reference recursion run in ``dtype`` itself."""
+    batch = make_batch(CASES[case])
+    costs, grad, _ = run(batch, dtype, "triton")
+    assert grad.dtype == dtype and costs.dtype == torch.float32
+    costs_ref, grad_ref = reference64(batch, dtype)
+    costs_low, grad_low = reference_lowp(batch, dtype)
+    loss_err, grad_err = errors(costs, grad, costs_ref, grad_ref)
+    loss_err_low, grad_err_low = errors(costs_low, grad_low, costs_ref, grad_ref)
+    assert loss_err <= 2 * loss_err_low and grad_err <= 2 * grad_err_low, \
+        (loss_err, loss_err_low, grad_err, grad_err_low)
+    check_padding(batch, grad)
+
+
+# --------------------------------------------------------------------------- in-place gradient
+@pytest.mark.parametrize("backend", ["triton", "torch", "numba"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+def test_inplace_grad(backend, fused):
+    """inplace_grad=True gives the same gradient, stored in the logits' own memory."""
+    batch = make_batch(CASES["ragged"], fused=fused)
+    costs, grad, _ = run(batch, torch.float32, backend, fused=fused)
+    costs_ip, grad_ip, leaf = run(batch, torch.float32, backend, fused=fused, inplace_grad=True)
+    assert torch.equal(costs, costs_ip)
+    torch.testing.assert_close(grad_ip, grad, rtol=1e-6, atol=1e-7)
+    assert grad_ip.data_ptr() == leaf.data_ptr()
+    check_padding(batch, grad_ip)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_inplace_grad_refuses_second_backward(backend):
+    batch = make_batch(CASES["ragged"])
+    leaf = batch.logits.float().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(leaf, batch.targets, batch.logit_lengths, batch.target_lengths,
+                                   0, reduction="none", backend=backend, inplace_grad=True)
+    costs[0].backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        costs[0].backward()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "numba"])
+def test_inplace_grad_validation(backend):
+    batch = make_batch(CASES["ragged"])
+    args = (batch.targets, batch.logit_lengths, batch.target_lengths, 0)
+    strided = batch.logits.float().transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        rnnt_lattice.rnnt_loss(strided.requires_grad_(), *args, backend=backend, inplace_grad=True)
+    half = batch.logits.half().requires_grad_()
+    if backend == "triton":
+        # Triton reads float16 natively: the gradient lands in the float16 logits.
+        rnnt_lattice.rnnt_loss(half, *args, backend=backend, inplace_grad=True).backward()
+        assert half.grad.data_ptr() == half.data_ptr()
+    else:
+        # The others would compute on a float32 copy.
+        with pytest.raises(ValueError, match="inplace_grad=True needs logits of dtype"):
+            rnnt_lattice.rnnt_loss(half, *args, backend=backend, inplace_grad=True)
+
+
+def test_repeated_backward_negated():
+    """A second backward through the same graph with the negated upstream gradient gives
+    exactly the negated gradient (the backward pass never mutates saved state)."""
+    batch = make_batch(CASES["ragged"])
+    leaf = batch.logits.float().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(leaf, batch.targets, batch.logit_lengths, batch.target_lengths,
+                                   0, reduction="none", backend="triton")
+    w = batch.weights.float()
+    (g1,) = torch.autograd.grad(costs, leaf, w, retain_graph=True)
+    (g2,) = torch.autograd.grad(costs, leaf, -w)
+    assert torch.equal(g2, -g1)
+
+
+def test_noncontiguous_inputs():
+    """Any strides and int32 ids: the same numbers as contiguous inputs, gradient included."""
+    batch = make_batch(CASES["ragged"])
+    costs, grad, _ = run(batch, torch.float32, "triton")
+    strided = batch.logits.float().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    assert not strided.is_contiguous()
+    costs_s = rnnt_lattice.rnnt_loss(strided, batch.targets, batch.logit_lengths,
+                                     batch.target_lengths, batch.blank, reduction="none",
+                                     backend="triton")
+    (costs_s * batch.weights.float()).sum().backward()
+    assert torch.equal(costs_s.detach(), costs) and torch.equal(strided.grad, grad)
+    lat = gpu.compute_lattice(strided.detach(), batch.targets, batch.logit_lengths,
+                              batch.target_lengths, batch.blank, True)
+    assert torch.equal(-lat.log_like, costs)
+
+
+# --------------------------------------------------------------------------- lattice, viterbi
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", ["ragged", "u_blocks", "masked", "no_frames"])
+def test_compute_lattice(case, dtype):
+    batch = make_batch(CASES[case])
+    x = batch.logits.to(dtype)
+    args = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long(),
+            batch.blank % x.shape[-1], True)
+    lat = gpu.compute_lattice(x, *args)
+    ref = reference.compute_lattice(x.double(), *args)
+    tol = tolerance(dtype, -ref.log_like)
+    for field in ("alpha", "beta", "log_like", "gamma_blank", "gamma_label"):
+        got, want = getattr(lat, field).double(), getattr(ref, field)
+        assert got.dtype == torch.float64 or getattr(lat, field).dtype == torch.float32
+        assert torch.equal(torch.isneginf(got), torch.isneginf(want)), field
+        fin = torch.isfinite(want)
+        assert torch.isfinite(got[fin]).all(), field
+        scale = max(1.0, float(want[fin].abs().max())) if fin.any() else 1.0
+        err = float((got[fin] - want[fin]).abs().max()) if fin.any() else 0.0
+        assert err <= tol * scale, (field, err, tol * scale)
+    # Invariants of math.md section 3 on the kernels' own occupations.
+    for b, (T_b, U_b) in enumerate(zip(batch.logit_lengths.tolist(), batch.target_lengths.tolist())):
+        if T_b == 0:
+            assert lat.log_like[b] == NEG_INF
+            continue
+        ones = torch.ones(T_b, dtype=torch.float64)
+        torch.testing.assert_close(lat.gamma_blank[b, :T_b].double().sum(1), ones,
+                                   rtol=0, atol=64 * torch.finfo(dtype).eps * (T_b + U_b))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+@pytest.mark.parametrize("case", ["ragged", "u_blocks", "masked"])
+def test_viterbi(case, fused):
+    """The max-plus sweep (same kernel, MAX_SEMIRING=True) against the reference's."""
+    batch = make_batch(CASES[case], fused=fused)
+    x = batch.logits.float()
+    args = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long(),
+            batch.blank % x.shape[-1], fused)
+    alpha_max, lpb, lpl = gpu.viterbi(x, *args)
+    ref_alpha, ref_lpb, ref_lpl = reference.viterbi(x.double(), *args)
+    nodes = ~batch.padding
+    assert alpha_max.dtype == lpb.dtype == lpl.dtype == torch.float32
+    assert torch.isneginf(alpha_max[batch.padding]).all()        # -inf off the lattice
+    for got, want in ((alpha_max, ref_alpha), (lpb, ref_lpb), (lpl, ref_lpl)):
+        got, want = got.double()[nodes], want[nodes]
+        assert torch.equal(torch.isneginf(got), torch.isneginf(want))
+        fin = torch.isfinite(want)
+        torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+    # The max-plus alpha is a lower bound of the log-sum alpha, and the best path is one of
+    # the paths: alpha_max <= alpha on every node.
+    lat = gpu.compute_lattice(x, *args)
+    fin = torch.isfinite(lat.alpha)
+    assert (alpha_max[fin] <= lat.alpha[fin] + 1e-5).all()
+
+
+# --------------------------------------------------------------------------- devices
+def test_cpu_without_interpreter_is_a_value_error():
+    script = textwrap.dedent("""
+        import torch, rnnt_lattice
+        x = torch.randn(1, 2, 2, 3)
+        try:
+            rnnt_lattice.rnnt_loss(x, torch.tensor([[1]]), torch.tensor([2]), torch.tensor([1]),
+                                   blank=0, backend="triton")
+        except ValueError as err:
+            print("ValueError:", err)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert "ValueError:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
+
+
+COMPILE_SCRIPT = """
+import inspect, itertools, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rnnt_lattice.gpu import kernels
+
+# Pointer types by naming convention: logits/gradient in the input dtype, ids and lengths
+# int64, every other pointer in the accumulation dtype; other plain arguments are int32.
+INPUT_PTRS = {"logits_ptr", "grad_ptr"}
+INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
+CONSTEXPRS = {
+    "_row_kernel": dict(FUSED=(True, False), BLOCK_V=(1024,)),
+    "_grad_kernel": dict(FUSED=(True, False), CLAMP=(True, False), BLOCK_V=(1024,)),
+    "_lattice_kernel": dict(MAX_SEMIRING=(False, True), BETA=(True, False), BLOCK_U=(256,)),
+    "_gamma_kernel": dict(BLOCK=(512,)),
+}
+INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}
+ACC = {"fp32": tl.float32, "fp64": tl.float64}
+n = 0
+for sm in map(int, sys.argv[1:]):
+    target = GPUTarget("cuda", sm, 32)
+    for name, choices in CONSTEXPRS.items():
+        fn = getattr(kernels, name)
+        params = list(inspect.signature(fn.fn).parameters)
+        for x, acc in INPUTS.items():
+            if name in ("_lattice_kernel", "_gamma_kernel") and x in ("fp16", "bf16"):
+                continue                      # these see only accumulation-dtype tensors
+            for combo in itertools.product(*choices.values()):
+                const = dict(zip(choices, combo))
+                if "ACC" in params:
+                    const["ACC"] = ACC[acc]
+                sig = {}
+                for p in params:
+                    if p in const:
+                        sig[p] = "constexpr"
+                    elif p in INPUT_PTRS:
+                        sig[p] = "*" + x
+                    elif p in INT_PTRS:
+                        sig[p] = "*i64"
+                    elif p.endswith("_ptr"):
+                        sig[p] = "*" + acc
+                    else:
+                        sig[p] = "i32"
+                compiled = triton.compile(ASTSource(fn, sig, const), target=target)
+                assert compiled.asm["cubin"], (name, sm, x, const)
+                n += 1
+print("compiled", n)
+"""
+
+
+def test_kernels_compile_for_cuda():
+    """The interpreter accepts code that the compiler rejects (e.g. a non-constexpr global
+    inside a kernel): compile every kernel variant to a cubin for Turing, Ampere and Hopper
+    (Triton bundles ptxas; no GPU needed), in a subprocess without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    out = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, "75", "80", "90"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "compiled" in out.stdout, out.stdout + out.stderr[-4000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_native():                                               # pragma: no cover
+    """The compiled kernels on CUDA (a subprocess: this one runs the interpreter) against the
+    float64 reference, at default tile sizes with U+1 and V beyond one tile, with host
+    synchronisation turned into an error."""
+    script = textwrap.dedent("""
+        import torch, rnnt_lattice
+        torch.manual_seed(0)
+        for (B, T, U, V) in [(3, 40, 300, 1500), (4, 17, 5, 33)]:
+            x = torch.randn(B, T, U + 1, V, device="cuda")
+            y = torch.randint(1, V, (B, U), device="cuda", dtype=torch.int32)
+            tl = torch.tensor([T, T - 3, 1, 0][:B], device="cuda", dtype=torch.int32)
+            ul = torch.tensor([U, U // 2, 0, 2][:B], device="cuda", dtype=torch.int32)
+            w = torch.randn(B, device="cuda")
+            leaf = x.clone().requires_grad_()
+            torch.cuda.set_sync_debug_mode("error")
+            costs = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, reduction="none",
+                                           backend="triton", clamp=0.5, fastemit_lambda=0.1)
+            (costs * w).sum().backward()
+            torch.cuda.set_sync_debug_mode("default")
+            ref = x.double().requires_grad_()
+            rc = rnnt_lattice.rnnt_loss(ref, y, tl, ul, blank=0, reduction="none",
+                                        backend="torch", clamp=0.5, fastemit_lambda=0.1)
+            (rc * w.double()).sum().backward()
+            fin = torch.isfinite(rc)
+            scale = max(1.0, rc[fin].abs().max().item())
+            tol = 32 * torch.finfo(torch.float32).eps * scale
+            assert torch.equal(torch.isinf(costs), torch.isinf(rc))
+            assert (costs.double() - rc)[fin].abs().max().item() <= tol
+            assert (leaf.grad.double() - ref.grad).abs().max().item() <= tol * ref.grad.abs().max().item()
+        print("OK")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.stdout.strip().endswith("OK"), out.stdout + out.stderr
