@@ -203,6 +203,14 @@ def spread_stride(n: int) -> int:
     return p
 
 
+@njit(**JIT)
+def _spread_row(i, spread, B, T):
+    """The row ``(b, t)`` that prange iteration ``i`` visits (see ``spread_stride``)."""
+    bt = (i * spread) % (B * T)
+    b = bt // T
+    return b, bt - b * T
+
+
 # --------------------------------------------------------------------------- pass 1
 @njit(**PJIT)
 def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store, spread,
@@ -222,11 +230,8 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
         lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice.
     """
     B, T, U1, V = logits.shape
-    BT = B * T
-    for i in prange(BT):
-        bt = (i * spread) % BT
-        b = bt // T
-        t = bt - b * T
+    for i in prange(B * T):
+        b, t = _spread_row(i, spread, B, T)
         T_b = logit_lengths[b]
         U_b = target_lengths[b]
         for u in range(U1):
@@ -401,11 +406,8 @@ def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, bla
     ``gamma_label`` must already include the FastEmit factor (1 + lambda).
     """
     B, T, U1, V = dst.shape
-    BT = B * T
-    for i in prange(BT):
-        bt = (i * spread) % BT
-        b = bt // T
-        t = bt - b * T
+    for i in prange(B * T):
+        b, t = _spread_row(i, spread, B, T)
         T_b = logit_lengths[b]
         U_b = target_lengths[b]
         w = upstream[b]
