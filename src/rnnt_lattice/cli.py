@@ -1,0 +1,180 @@
+"""The ``rnnt-lattice`` command (also ``python -m rnnt_lattice``).
+
+    rnnt-lattice demo  [--steps N] [--out DIR] [--device D] [--threads N] [--seed S]
+    rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
+    rnnt-lattice bench [ARGS...]        (forwarded to rnnt_lattice.bench.main)
+
+Errors in the user's input print one line ``rnnt-lattice: error: ...`` and exit with
+status 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+PLOT_FILE_HELP = """\
+FILE is a torch.save'd dict with the keys:
+  logits          (B, T, U+1, V) or (T, U+1, V) float tensor: joiner output
+                  (raw scores; with --log-probs: log-probabilities)
+  targets         (B, U) or (U,) int tensor of label ids
+  logit_lengths   optional (B,) int tensor (default: all T)
+  target_lengths  optional (B,) int tensor (default: all U)
+  blank           optional int blank id (default -1, the last class; --blank overrides)
+  labels          optional list of V strings naming the classes (tick text)
+"""
+
+
+class UserError(Exception):
+    """A problem with the user's input: reported as one line, no traceback."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    p = argparse.ArgumentParser(
+        prog="rnnt-lattice",
+        description="RNN-T lattice tools: a training demo, lattice pictures, benchmarks.")
+    p.add_argument("--version", action="version", version=f"rnnt-lattice {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="train a small transducer on a synthetic task (~1 min on 2 cores) "
+                                    "and write lattice pictures, coverage table, loss curve, metrics",
+                       description="Train a small transducer on synthetic spoken digits with "
+                                   "rnnt_lattice.rnnt_loss; write pictures and metrics to --out.")
+    from .demo import add_arguments
+    add_arguments(d)
+
+    pl = sub.add_parser("plot", help="draw node occupancy and the best path of saved logits",
+                        description="Draw node occupancy and the best path for logits and "
+                                    "targets saved with torch.save.",
+                        epilog=PLOT_FILE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl.add_argument("file", help="a .pt file written by torch.save (see below)")
+    pl.add_argument("--out", default=None, help="output .png or .svg (default: FILE with .png)")
+    pl.add_argument("--index", type=int, default=0, help="which sequence of the batch (default 0)")
+    pl.add_argument("--blank", type=int, default=None, help="blank id (overrides the file's)")
+    pl.add_argument("--log-probs", action="store_true",
+                    help="logits are already log-probabilities (fused_log_softmax=False)")
+
+    b = sub.add_parser("bench", help="run the benchmark registry (quick mode by default)",
+                       add_help=False)
+    b.add_argument("bench_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _load_plot_input(path: str) -> dict:
+    import torch
+    if not os.path.exists(path):
+        raise UserError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected a file written by torch.save")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:   # torch raises several types for a non-torch file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path}: not a file written by torch.save ({first})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a dict with keys 'logits' and 'targets', "
+                        f"got a {type(data).__name__}")
+    missing = [k for k in ("logits", "targets") if k not in data]
+    if missing:
+        raise UserError(f"{path}: missing key(s) {', '.join(repr(k) for k in missing)}; "
+                        f"found {sorted(map(str, data))}. See 'rnnt-lattice plot --help'.")
+    return data
+
+
+def _plot_inputs(data: dict, blank_override):
+    import torch
+    logits, targets = data["logits"], data["targets"]
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise UserError("'logits' must be a float tensor of shape (B, T, U+1, V) or (T, U+1, V)")
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
+        raise UserError("'targets' must be an int tensor of shape (B, U) or (U,)")
+    if logits.dim() == 3 and targets.dim() == 1:
+        logits, targets = logits[None], targets[None]
+    if logits.dim() != 4 or targets.dim() != 2:
+        raise UserError(f"'logits' {tuple(logits.shape)} and 'targets' {tuple(targets.shape)} must "
+                        f"be (B, T, U+1, V) and (B, U), or (T, U+1, V) and (U,)")
+    B, T, U1, V = logits.shape
+    lengths = {}
+    for key, default in (("logit_lengths", T), ("target_lengths", U1 - 1)):
+        x = data.get(key)
+        if x is None:
+            x = torch.full((B,), default, dtype=torch.int64)
+        elif not isinstance(x, torch.Tensor):
+            x = torch.as_tensor(x).reshape(-1)
+        lengths[key] = x.reshape(-1) if x.dim() == 0 else x
+    blank = blank_override if blank_override is not None else data.get("blank", -1)
+    if isinstance(blank, torch.Tensor):
+        blank = int(blank)
+    labels = data.get("labels")
+    if labels is not None and len(labels) != V:
+        raise UserError(f"'labels' has {len(labels)} names but logits have V = {V} classes")
+    return logits, targets.to(torch.int64), lengths["logit_lengths"], lengths["target_lengths"], blank, labels
+
+
+def _cmd_plot(args) -> int:
+    data = _load_plot_input(args.file)
+    logits, targets, tl, ul, blank, labels = _plot_inputs(data, args.blank)
+    if not 0 <= args.index < logits.shape[0]:
+        raise UserError(f"--index {args.index} is outside the batch of {logits.shape[0]} "
+                        f"sequence(s) in {args.file}")
+    out = args.out or os.path.splitext(args.file)[0] + ".png"
+    if os.path.splitext(out)[1].lower() not in (".png", ".svg"):
+        raise UserError(f"--out must end in .png or .svg, got {out!r}")
+    import rnnt_lattice
+
+    from .plot import plot_occupancy, save
+    fused = not args.log_probs
+    try:
+        occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank, fused)
+        ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, blank, fused)
+        names = None
+        if labels is not None:
+            names = [str(labels[int(k)]) for k in targets[args.index, : int(ul[args.index])]]
+        ll = float(occ.log_likelihood[args.index])
+        fig, _ = plot_occupancy(occ, args.index, ali, labels=names,
+                                title=f"{os.path.basename(args.file)}[{args.index}]: log P = {ll:.3f}")
+    except ValueError as err:
+        raise UserError(f"{args.file}: {err}") from None
+    save(fig, out)
+    print(f"wrote {out}  (log P = {ll:.4f}, best path log-prob = {float(ali.log_prob[args.index]):.4f})")
+    return 0
+
+
+def _cmd_bench(rest: list[str]) -> int:
+    try:
+        from . import bench
+    except ImportError as err:
+        raise UserError(f"the benchmark runner is not available in this install ({err})") from None
+    return int(bench.main(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    try:
+        if argv[:1] == ["bench"]:
+            # Everything after "bench" belongs to the benchmark runner (its own --help too);
+            # argparse's REMAINDER would reject leading options, so forward by hand.
+            return _cmd_bench(argv[1:])
+        args = parser.parse_args(argv)
+        if args.command == "demo":
+            from .demo import main_from_args
+            return main_from_args(args)
+        if args.command == "plot":
+            return _cmd_plot(args)
+        parser.print_help()
+        return 2
+    except (UserError, ValueError) as err:
+        print(f"rnnt-lattice: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rnnt-lattice: interrupted", file=sys.stderr)
+        return 130
+    except ImportError as err:
+        print(f"rnnt-lattice: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":   # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""``rnnt-lattice demo``: train a small transducer on a synthetic task and look at its lattice.
+
+Everything is made in memory (nothing is downloaded):
+
+* **Task** — "spoken digits": an utterance is 2-6 digits; each digit is rendered as a
+  spectrogram-like pattern of ``N_BINS`` frequency bins (two formant ridges whose
+  positions depend on the digit, one of them gliding over the digit's 3-7 frames), with
+  1-3 frames of silence between digits, random loudness and Gaussian noise.
+* **Model** — a transducer: a convolutional encoder over frames, a stateless prediction
+  network (embedding of the previous label, as in stateless transducers), and a joiner
+  ``Linear(tanh(enc + pred))`` giving logits ``(B, T, U+1, V)`` for
+  :func:`rnnt_lattice.rnnt_loss`.
+* **Output folder** — occupancy pictures of the same held-out utterances at
+  initialisation and after training (best path drawn), the prune coverage table
+  (CSV and markdown), the loss curve, and ``metrics.json``.
+
+Greedy decoding gives the held-out token error rate (TER = edit distance / reference
+tokens); ``chance_ter`` in the metrics is the TER of random digit strings of the right
+length, the score of a model that learned nothing about the audio.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+N_DIGITS = 10          # labels 1..10 are the digits 0..9
+BLANK = 0
+VOCAB = N_DIGITS + 1
+N_BINS = 24            # frequency bins per frame
+DIGIT_FRAMES = (3, 7)  # frames per digit (inclusive range)
+GAP_FRAMES = (1, 3)    # silence between digits: >= 1 so that "3 3" is two events
+DIGITS_PER_UTT = (2, 6)
+NOISE = 0.5
+
+
+@dataclass
+class Config:
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 3e-3
+    hidden: int = 96
+    seed: int = 0
+    eval_every: int = 200
+    n_heldout: int = 256
+    threads: int = 2
+    device: str = "cpu"
+
+
+# --------------------------------------------------------------------------- data
+def _formants(g: torch.Generator):
+    """Per digit: start/end bin of a gliding ridge and a fixed second ridge."""
+    perm = torch.randperm(N_BINS - 4, generator=g)[:N_DIGITS].float() + 2
+    glide = (torch.rand(N_DIGITS, generator=g) - 0.5) * 8
+    second = (torch.randperm(N_BINS - 4, generator=g)[:N_DIGITS].float() + 2)
+    return perm, perm + glide, second
+
+
+def make_batch(n: int, g: torch.Generator, formants):
+    """``n`` utterances: features ``(n, T, N_BINS)``, lengths ``(n,)``, targets ``(n, U)``
+    (labels 1..10, padded with 0), target lengths ``(n,)``."""
+    start, end, second = formants
+    bins = torch.arange(N_BINS).float()
+    feats, targets = [], []
+    for _ in range(n):
+        k = int(torch.randint(DIGITS_PER_UTT[0], DIGITS_PER_UTT[1] + 1, (1,), generator=g))
+        digits = torch.randint(0, N_DIGITS, (k,), generator=g)
+        frames = [torch.zeros(int(torch.randint(*GAP_FRAMES, (1,), generator=g)) + 1, N_BINS)]
+        for d in digits.tolist():
+            dur = int(torch.randint(DIGIT_FRAMES[0], DIGIT_FRAMES[1] + 1, (1,), generator=g))
+            pos = torch.linspace(float(start[d]), float(end[d]), dur)[:, None]
+            gain = 0.7 + 0.6 * float(torch.rand(1, generator=g))
+            spec = torch.exp(-0.5 * (bins[None] - pos) ** 2) + 0.7 * torch.exp(
+                -0.5 * ((bins[None] - second[d]) / 1.5) ** 2)
+            frames.append(gain * spec)
+            frames.append(torch.zeros(int(torch.randint(GAP_FRAMES[0], GAP_FRAMES[1] + 1, (1,),
+                                                        generator=g)), N_BINS))
+        x = torch.cat(frames)
+        feats.append(x + NOISE * torch.randn(x.shape, generator=g))
+        targets.append(digits + 1)
+    T = torch.tensor([len(f) for f in feats])
+    U = torch.tensor([len(y) for y in targets])
+    X = torch.zeros(n, int(T.max()), N_BINS)
+    Y = torch.zeros(n, int(U.max()), dtype=torch.int64)
+    for i, (f, y) in enumerate(zip(feats, targets)):
+        X[i, : len(f)] = f
+        Y[i, : len(y)] = y
+    return X, T, Y, U
+
+
+# --------------------------------------------------------------------------- model
+class Transducer(nn.Module):
+    """Encoder ``(B, T, F) -> (B, T, H)``, prediction ``(B, U+1) -> (B, U+1, H)``,
+    joiner ``-> (B, T, U+1, V)``."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Conv1d(N_BINS, hidden, 5, padding=2), nn.ReLU(),
+            nn.Conv1d(hidden, hidden, 5, padding=2), nn.ReLU(),
+            nn.Conv1d(hidden, hidden, 5, padding=2))
+        self.embed = nn.Embedding(VOCAB, hidden)          # previous label (blank = start)
+        self.out = nn.Linear(hidden, VOCAB)
+
+    def encode(self, x):
+        return self.encoder(x.transpose(1, 2)).transpose(1, 2)        # (B, T, H)
+
+    def predict(self, prev):
+        return self.embed(prev)                                        # (B, U+1, H)
+
+    def join(self, enc, pred):
+        return self.out(torch.tanh(enc + pred))
+
+    def forward(self, x, y):
+        prev = nn.functional.pad(y, (1, 0), value=BLANK)               # (B, U+1)
+        enc, pred = self.encode(x), self.predict(prev)
+        return self.join(enc[:, :, None, :], pred[:, None, :, :])      # (B, T, U+1, V)
+
+    @torch.no_grad()
+    def greedy(self, x, lengths, max_symbols: int = 3) -> list[list[int]]:
+        """Greedy decoding, batched: at each frame emit up to ``max_symbols`` labels."""
+        enc = self.encode(x)
+        B, T, _ = enc.shape
+        prev = torch.full((B,), BLANK, dtype=torch.int64, device=x.device)
+        hyps: list[list[int]] = [[] for _ in range(B)]
+        for t in range(T):
+            active = lengths > t
+            for _ in range(max_symbols):
+                k = self.join(enc[:, t], self.predict(prev)).argmax(-1)
+                emit = active & (k != BLANK)
+                if not bool(emit.any()):
+                    break
+                for b in emit.nonzero().flatten().tolist():
+                    hyps[b].append(int(k[b]))
+                prev = torch.where(emit, k, prev)
+                active = emit
+        return hyps
+
+
+def edit_distance(a, b) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def token_error_rate(hyps, Y, U) -> float:
+    refs = [Y[i, : int(U[i])].tolist() for i in range(len(hyps))]
+    return sum(edit_distance(h, r) for h, r in zip(hyps, refs)) / max(1, int(U.sum()))
+
+
+# --------------------------------------------------------------------------- progress
+class Progress:
+    """A small progress bar on stderr: redrawn in place on a terminal, a line every 10%
+    otherwise (CI logs)."""
+
+    def __init__(self, total: int, stream=None, width: int = 30):
+        self.total, self.width = max(1, total), width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.perf_counter()
+        self.last_draw = 0.0
+        self.last_decile = -1
+        self.suffix = ""
+
+    def update(self, done: int, suffix: str = "") -> None:
+        self.suffix = suffix or self.suffix
+        now = time.perf_counter()
+        elapsed = now - self.start
+        eta = elapsed / done * (self.total - done) if done else float("nan")
+        frac = done / self.total
+        if self.tty:
+            if now - self.last_draw < 0.1 and done < self.total:
+                return
+            self.last_draw = now
+            bar = "#" * int(frac * self.width)
+            self.stream.write(f"\r[{bar:<{self.width}}] {done}/{self.total} {elapsed:5.1f}s "
+                              f"eta {eta:4.0f}s {self.suffix}\033[K")
+            if done >= self.total:
+                self.stream.write("\n")
+        else:
+            decile = int(frac * 10)
+            if decile == self.last_decile:
+                return
+            self.last_decile = decile
+            self.stream.write(f"progress {done}/{self.total} ({100 * frac:3.0f}%) "
+                              f"{elapsed:.1f}s {self.suffix}\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------- pictures
+def _lattice_views(model, X, T, Y, U, blank=BLANK):
+    import rnnt_lattice
+    with torch.no_grad():
+        logits = model(X, Y)
+    args = (logits, Y, T, U)
+    return (rnnt_lattice.occupancy(*args, blank=blank), rnnt_lattice.best_alignment(*args, blank=blank))
+
+
+def _occupancy_figure(occ, ali, Y, U, title, path):
+    from matplotlib.figure import Figure
+
+    from .plot import plot_occupancy, save
+    n = occ.node.shape[0]
+    fig = Figure(figsize=(6.4, 2.6 * n), dpi=100)
+    for i in range(n):
+        ax = fig.add_subplot(n, 1, i + 1)
+        labels = [str(int(d) - 1) for d in Y[i, : int(U[i])]]
+        plot_occupancy(occ, i, ali, labels=labels, ax=ax,
+                       title=f"{title}: utterance {i} ({' '.join(labels)})")
+    fig.tight_layout()
+    save(fig, path)
+
+
+def _loss_figure(history, evals, path):
+    from matplotlib.figure import Figure
+
+    from .plot import save
+    fig = Figure(figsize=(6.4, 3.6), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    steps = [h[0] for h in history]
+    loss = [h[1] for h in history]
+    k = max(1, len(loss) // 50)                    # running mean over ~2% of the run
+    smooth = [sum(loss[max(0, i - k + 1): i + 1]) / len(loss[max(0, i - k + 1): i + 1])
+              for i in range(len(loss))]
+    ax.plot(steps, loss, color="0.8", linewidth=0.8, label="train loss per token")
+    ax.plot(steps, smooth, color="C0", label="(running mean)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("RNN-T loss / token")
+    ax.set_yscale("log")
+    ax2 = ax.twinx()
+    # An untrained model emits on every frame (TER >> 1): the axis stops at 1.
+    ax2.plot([e["step"] for e in evals], [min(e["ter"], 1.0) for e in evals], "o-", color="C3",
+             label="held-out TER (clipped at 1)")
+    ax2.set_ylabel("held-out token error rate")
+    ax2.set_ylim(0, 1.02)
+    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize="small")
+    fig.tight_layout()
+    save(fig, path)
+
+
+# --------------------------------------------------------------------------- run
+def _set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    try:
+        import numba
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+
+
+def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
+    """Train and write the outputs to ``out``; returns the metrics (also in metrics.json)."""
+    import rnnt_lattice
+
+    t_start = time.perf_counter()
+    device = torch.device(cfg.device)
+    _set_threads(cfg.threads)
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    g_task = torch.Generator().manual_seed(12345)          # the task itself never changes
+    formants = _formants(g_task)
+    g_train = torch.Generator().manual_seed(cfg.seed)
+    g_test = torch.Generator().manual_seed(10_000 + cfg.seed)
+    Xh, Th, Yh, Uh = (a.to(device) for a in make_batch(cfg.n_heldout, g_test, formants))
+    # The pictures show the same two held-out utterances of 4-5 digits before and after.
+    show = torch.nonzero((Uh >= 4) & (Uh <= 5)).flatten()[:2]
+
+    model = Transducer(cfg.hidden).to(device)
+    init_model = copy.deepcopy(model)                      # for the coverage table
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(cfg.steps, 1),
+                                                pct_start=0.1)
+
+    g_rand = torch.Generator().manual_seed(cfg.seed + 1)
+    rand_hyps = [torch.randint(1, VOCAB, (int(u),), generator=g_rand).tolist() for u in Uh.cpu()]
+    chance_ter = token_error_rate(rand_hyps, Yh.cpu(), Uh.cpu())
+
+    def evaluate(step):
+        model.eval()
+        with torch.no_grad():
+            hyps = model.greedy(Xh, Th)
+            loss = rnnt_lattice.rnnt_loss(model(Xh, Yh), Yh, Th, Uh, blank=BLANK, reduction="sum")
+        model.train()
+        ter = token_error_rate(hyps, Yh.cpu(), Uh.cpu())
+        return {"step": step, "ter": ter, "loss_per_token": float(loss) / float(Uh.sum())}
+
+    try:
+        import matplotlib  # noqa: F401  (the optional extra "plot")
+        pictures = True
+    except ImportError:
+        pictures = False
+        log("note: matplotlib is not installed, so no pictures will be drawn "
+            "(pip install rnnt-lattice[plot]); training, metrics and tables still run")
+    occ0, ali0 = _lattice_views(model, Xh[show], Th[show], Yh[show], Uh[show])
+    evals = [evaluate(0)]
+    log(f"held-out TER at initialisation {evals[0]['ter']:.3f} (chance {chance_ter:.3f}); "
+        f"training {cfg.steps} steps on {cfg.device} with {cfg.threads} thread(s)")
+    history = []
+    bar = Progress(cfg.steps, progress_stream)
+    for step in range(1, cfg.steps + 1):
+        X, T, Y, U = (a.to(device) for a in make_batch(cfg.batch_size, g_train, formants))
+        loss = rnnt_lattice.rnnt_loss(model(X, Y), Y, T, U, blank=BLANK, reduction="sum") / U.sum()
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        sched.step()
+        history.append((step, loss.item()))
+        bar.update(step, f"loss {history[-1][1]:.3f}")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            e = evaluate(step)
+            evals.append(e)
+            log(f"step {step:5d}/{cfg.steps}  train loss/token {history[-1][1]:.3f}  "
+                f"held-out loss/token {e['loss_per_token']:.3f}  held-out TER {e['ter']:.3f}")
+    train_seconds = time.perf_counter() - t_start
+
+    occ1, ali1 = _lattice_views(model, Xh[show], Th[show], Yh[show], Uh[show])
+    if pictures:
+        _occupancy_figure(occ0, ali0, Yh[show], Uh[show], "at initialisation",
+                          os.path.join(out, "occupancy_init.png"))
+        _occupancy_figure(occ1, ali1, Yh[show], Uh[show], "after training",
+                          os.path.join(out, "occupancy_trained.png"))
+        _loss_figure(history, evals, os.path.join(out, "loss_curve.png"))
+
+    # Prune coverage on a held-out batch, before and after training.
+    sub = slice(0, min(64, cfg.n_heldout))
+    max_window = 6
+    covs = {}
+    for name, m in (("init", init_model), ("trained", model)):
+        occ, _ = _lattice_views(m, Xh[sub], Th[sub], Yh[sub], Uh[sub])
+        covs[name] = rnnt_lattice.prune_coverage(occ, max_window=max_window).rows()
+    with open(os.path.join(out, "prune_coverage.csv"), "w") as f:
+        f.write("R,coverage_init,coverage_trained\n")
+        for (r, c0), (_, c1) in zip(covs["init"], covs["trained"]):
+            f.write(f"{r},{c0:.6f},{c1:.6f}\n")
+    with open(os.path.join(out, "prune_coverage.md"), "w") as f:
+        f.write("| window R | occupancy mass covered, init | after training |\n|---:|---:|---:|\n")
+        for (r, c0), (_, c1) in zip(covs["init"], covs["trained"]):
+            f.write(f"| {r} | {100 * c0:.1f}% | {100 * c1:.1f}% |\n")
+
+    metrics = {
+        "config": asdict(cfg),
+        "heldout_ter": evals[-1]["ter"],
+        "heldout_ter_init": evals[0]["ter"],
+        "chance_ter": chance_ter,
+        "heldout_loss_per_token": evals[-1]["loss_per_token"],
+        "evals": evals,
+        "train_loss_final": history[-1][1] if history else None,
+        "train_seconds": round(train_seconds, 2),
+        "prune_coverage": {"window": [r for r, _ in covs["trained"]],
+                           "init": [c for _, c in covs["init"]],
+                           "trained": [c for _, c in covs["trained"]]},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "rnnt_lattice": rnnt_lattice.__version__},
+        "files": sorted(["prune_coverage.csv", "prune_coverage.md", "metrics.json"]
+                        + (["occupancy_init.png", "occupancy_trained.png", "loss_curve.png"]
+                           if pictures else [])),
+    }
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    log(f"held-out TER {metrics['heldout_ter']:.3f} (at initialisation "
+        f"{metrics['heldout_ter_init']:.3f}, chance {chance_ter:.3f}); "
+        f"{train_seconds:.0f} s; wrote {out}/")
+    return metrics
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = Config()
+    p.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
+    p.add_argument("--out", default="rnnt_lattice_demo",
+                   help="output folder (default ./rnnt_lattice_demo)")
+    p.add_argument("--device", default=d.device, help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch and numba (default: min(2, cores))")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+
+
+def main_from_args(args) -> int:
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    threads = args.threads if args.threads is not None else min(2, os.cpu_count() or 1)
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {args.device!r} is not a torch device: {err}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    cfg = Config(steps=args.steps, seed=args.seed, threads=threads, device=args.device,
+                 eval_every=max(1, min(Config.eval_every, math.ceil(args.steps / 4))))
+    run(cfg, args.out, log=lambda s: print(s, flush=True))
+    return 0

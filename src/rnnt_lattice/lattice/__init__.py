@@ -1,0 +1,13 @@
+"""Lattice tools built on the loss's own recursion (no second implementation).
+
+* :func:`occupancy` — node and arc occupation probabilities (math.md section 3);
+* :func:`best_alignment` — the Viterbi path (same recursion in the max-plus semiring);
+* :func:`prune_coverage` — how much occupancy mass monotone windows of R label positions
+  per frame hold (the observation behind pruned RNN-T, math.md section 7).
+"""
+from .alignment import Alignment, best_alignment
+from .occupancy import Occupancy, occupancy
+from .pruning import PruneCoverage, prune_coverage
+
+__all__ = ["Occupancy", "occupancy", "Alignment", "best_alignment", "PruneCoverage",
+           "prune_coverage"]

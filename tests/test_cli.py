@@ -1,0 +1,184 @@
+"""The rnnt-lattice command: demo, plot and bench subcommands."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rnnt_lattice import cli
+from rnnt_lattice.demo import Config, run
+
+pytest.importorskip("matplotlib")
+
+DEMO_FILES = ["occupancy_init.png", "occupancy_trained.png", "loss_curve.png",
+              "prune_coverage.csv", "prune_coverage.md", "metrics.json"]
+# (width, height) in pixels: figure size (inches) x dpi 100 as set in demo.py / plot.py
+PNG_SIZES = {"occupancy_init.png": (640, 520), "occupancy_trained.png": (640, 520),
+             "loss_curve.png": (640, 360)}
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def _run_cli(*args, cwd=None):
+    """The program as a user runs it (``python -m rnnt_lattice``), in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "rnnt_lattice", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+# --------------------------------------------------------------------------- demo
+def test_demo_smoke_writes_every_file(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--steps", "3", "--out", str(out), "--threads", "1"]) == 0
+    printed = capsys.readouterr()
+    assert "held-out TER" in printed.out
+    assert "progress 3/3" in printed.err                     # not a TTY: plain progress lines
+    assert sorted(os.listdir(out)) == sorted(DEMO_FILES)
+    for name in DEMO_FILES:
+        assert (out / name).stat().st_size > 0
+    for name, size in PNG_SIZES.items():
+        assert _png_size(out / name) == size
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["steps"] == 3 and metrics["config"]["threads"] == 1
+    assert sorted(metrics["files"]) == sorted(DEMO_FILES)
+    assert 0 < metrics["chance_ter"] <= 1
+    assert [e["step"] for e in metrics["evals"]][-1] == 3
+    csv = (out / "prune_coverage.csv").read_text().splitlines()
+    assert csv[0] == "R,coverage_init,coverage_trained" and len(csv) == 1 + 6
+    cov = [float(line.split(",")[2]) for line in csv[1:]]
+    assert cov == sorted(cov) and cov[-1] <= 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps"),
+    (["--threads", "0"], "--threads"),
+    (["--device", "nosuchdevice"], "--device"),
+])
+def test_demo_bad_options_give_clear_errors(tmp_path, capsys, args, message):
+    assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rnnt-lattice: error:") and message in err
+
+
+def test_default_demo_learns(tmp_path):
+    """The default configuration (what ``rnnt-lattice demo`` runs): held-out TER clearly
+    below chance (random digit strings of the right length)."""
+    metrics = run(Config(), str(tmp_path), log=lambda s: None, progress_stream=open(os.devnull, "w"))
+    assert metrics["heldout_ter"] < 0.5 * metrics["chance_ter"]
+    assert metrics["heldout_ter"] < 0.3
+    assert metrics["heldout_loss_per_token"] < metrics["evals"][0]["loss_per_token"] / 3
+
+
+# --------------------------------------------------------------------------- plot
+def _save_example(path, **over):
+    g = torch.Generator().manual_seed(0)
+    data = {"logits": torch.randn(2, 9, 4, 5, generator=g), "targets": torch.tensor([[1, 2, 3], [4, 4, 0]]),
+            "logit_lengths": torch.tensor([9, 6]), "target_lengths": torch.tensor([3, 2]),
+            "blank": 0, "labels": ["_", "a", "b", "c", "d"]}
+    data.update(over)
+    data = {k: v for k, v in data.items() if v is not None}
+    torch.save(data, path)
+    return path
+
+
+def test_plot_writes_png_of_expected_size(tmp_path, capsys):
+    f = _save_example(tmp_path / "lat.pt")
+    assert cli.main(["plot", str(f), "--index", "1"]) == 0
+    assert _png_size(tmp_path / "lat.png") == (640, 360)
+    assert "wrote" in capsys.readouterr().out
+    assert cli.main(["plot", str(f), "--out", str(tmp_path / "x.svg")]) == 0
+    assert (tmp_path / "x.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_plot_accepts_single_sequence_and_log_probs(tmp_path):
+    lp = torch.log_softmax(torch.randn(7, 3, 4), -1)
+    f = _save_example(tmp_path / "one.pt", logits=lp, targets=torch.tensor([1, 2]),
+                      logit_lengths=None, target_lengths=None, labels=None, blank=None)
+    assert cli.main(["plot", str(f), "--log-probs", "--blank", "0"]) == 0
+    assert _png_size(tmp_path / "one.png") == (640, 360)
+
+
+def _write(path, content):
+    path.write_bytes(content) if isinstance(content, bytes) else torch.save(content, path)
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    ("missing", "no such file"),
+    ("text", "not a file written by torch.save"),
+    ("list", "expected a dict"),
+    ("no_targets", "missing key(s) 'targets'"),
+    ("bad_shape", "must be (B, T, U+1, V) and (B, U)"),
+    ("bad_length", "target_lengths"),
+    ("bad_labels", "'labels' has 2 names"),
+    ("bad_index", "--index 5 is outside the batch"),
+])
+def test_plot_bad_input_is_a_clear_error(tmp_path, make, message):
+    f = tmp_path / "in.pt"
+    if make == "text":
+        f.write_text("hello, not a tensor\n")
+    elif make == "list":
+        torch.save([torch.zeros(2)], f)
+    elif make == "no_targets":
+        torch.save({"logits": torch.zeros(1, 2, 2, 3)}, f)
+    elif make == "bad_shape":
+        torch.save({"logits": torch.zeros(2, 3, 3), "targets": torch.tensor([[1, 2]])}, f)
+    elif make == "bad_length":
+        _save_example(f, target_lengths=torch.tensor([3, 5]))
+    elif make == "bad_labels":
+        _save_example(f, labels=["x", "y"])
+    elif make == "bad_index":
+        _save_example(f)
+    r = _run_cli("plot", str(f), *(["--index", "5"] if make == "bad_index" else []))
+    assert r.returncode == 2
+    assert r.stderr.startswith("rnnt-lattice: error:"), r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_help_and_entry_points():
+    r = _run_cli("--help")
+    assert r.returncode == 0 and "demo" in r.stdout and "plot" in r.stdout and "bench" in r.stdout
+    r = _run_cli("plot", "--help")
+    assert r.returncode == 0 and "logit_lengths" in r.stdout
+    assert _run_cli().returncode == 2                          # no command: help, non-zero
+
+
+# --------------------------------------------------------------------------- bench
+@pytest.mark.skipif(importlib.util.find_spec("rnnt_lattice.bench") is None,
+                    reason="rnnt_lattice.bench (benchmarks issue) is not in this tree yet")
+def test_bench_forwards_arguments(monkeypatch):
+    import rnnt_lattice.bench as bench
+    seen = []
+    monkeypatch.setattr(bench, "main", lambda argv=None: seen.append(argv) or 0)
+    assert cli.main(["bench", "--quick", "--shapes", "x"]) == 0
+    assert seen == [["--quick", "--shapes", "x"]]
+
+
+def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
+    import io
+
+    from rnnt_lattice.demo import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Tty(), io.StringIO()
+    for stream in (tty, log):
+        bar = Progress(50, stream)
+        for i in range(1, 51):
+            bar.update(i, "loss 1.0")
+    assert "\r[" in tty.getvalue() and tty.getvalue().endswith("\n") and "50/50" in tty.getvalue()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 11 and lines[-1].startswith("progress 50/50")
