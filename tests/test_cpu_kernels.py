@@ -55,3 +55,63 @@ def test_row_max(dtype):
     _row_maxes(x, out)
     want = x.max(axis=1)
     assert np.array_equal(out, want, equal_nan=True)
+
+
+# --------------------------------------------------------------------------- buffer reuse
+import torch  # noqa: E402
+
+import rnnt_lattice  # noqa: E402
+from rnnt_lattice import cpu  # noqa: E402
+from cases import Case, make_inputs  # noqa: E402
+
+# 2 * 64 * 33 * 256 float32 = 4.3 MB: above the cache's MIN_BYTES.
+BIG = Case("big", (64, 50), (32, 20), 256, 0)
+
+
+def _step(logits, targets, tl, ul, blank):
+    x = logits.clone().requires_grad_()
+    rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, backend="numba").backward()
+    return x.grad
+
+
+def test_gradient_buffer_is_reused_only_when_free():
+    logits, targets, tl, ul, blank = make_inputs(BIG, torch.float32, poison=False)
+    assert logits.numel() * 4 >= cpu._BufferCache.MIN_BYTES
+    rnnt_lattice.empty_cache()
+    g1 = _step(logits, targets, tl, ul, blank)
+    want = g1.clone()
+    g2 = _step(logits, targets, tl, ul, blank)          # g1 still held: a new buffer
+    assert g2.data_ptr() != g1.data_ptr()
+    assert torch.equal(g1, want) and torch.equal(g2, want)
+    ptr = g2.data_ptr()
+    del g1, g2
+    g3 = _step(logits, targets, tl, ul, blank)          # the kept buffer is free again
+    assert g3.data_ptr() == ptr and torch.equal(g3, want)
+    del g3
+    rnnt_lattice.empty_cache()
+    assert cpu._buffers.array is None
+
+
+def test_gradient_buffer_reused_through_a_joiner():
+    """In training the gradient of the logits is consumed by the joiner's backward and
+    dropped: the next step reuses the buffer with no user action."""
+    logits, targets, tl, ul, blank = make_inputs(BIG, torch.float32, poison=False)
+    joiner = torch.nn.Linear(256, 256)
+    rnnt_lattice.empty_cache()
+    ptrs, grads = [], []
+    for _ in range(3):
+        joiner.zero_grad()
+        out = joiner(logits)
+        rnnt_lattice.rnnt_loss(out, targets, tl, ul, blank, backend="numba").backward()
+        ptrs.append(cpu._buffers.array.ctypes.data)
+        grads.append(joiner.weight.grad.clone())
+    assert ptrs[0] == ptrs[1] == ptrs[2]
+    assert torch.equal(grads[0], grads[2])
+
+
+def test_gradient_buffer_reuse_can_be_turned_off(monkeypatch):
+    logits, targets, tl, ul, blank = make_inputs(BIG, torch.float32, poison=False)
+    monkeypatch.setattr(cpu._config, "CACHE_GRAD", False)
+    rnnt_lattice.empty_cache()
+    g = _step(logits, targets, tl, ul, blank)
+    assert cpu._buffers.array is None and torch.isfinite(g).all()

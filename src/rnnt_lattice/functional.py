@@ -6,7 +6,7 @@ import torch
 from . import _backends, _ops
 from ._validate import check_float, check_lattice_args, check_reduction
 
-__all__ = ["rnnt_loss"]
+__all__ = ["rnnt_loss", "empty_cache"]
 
 
 def rnnt_loss(
@@ -157,3 +157,21 @@ def _check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:
         raise ValueError(
             f"inplace_grad=True needs contiguous logits (a non-contiguous tensor is copied first), "
             f"got logits of shape {tuple(logits.shape)} with strides {logits.stride()}")
+
+
+def empty_cache() -> None:
+    """Release the gradient buffer that the CPU backend keeps for reuse.
+
+    The Numba backend hands the same large gradient buffer out again once nothing uses it
+    any more, so a training loop does not pay the page faults of a fresh buffer in every
+    step (like PyTorch's CUDA caching allocator). Between steps that buffer stays
+    allocated: call this to return it to the system (it is freed as soon as no tensor
+    uses it), or set ``RNNT_LATTICE_CACHE_GRAD=0`` before the first call to turn the reuse
+    off. Safe to call at any time; a no-op when the CPU backend was never used.
+    """
+    import sys
+
+    cpu = sys.modules.get(f"{__package__}.cpu")
+    if cpu is not None:
+        cpu.empty_cache()
+

@@ -15,33 +15,80 @@ With ``inplace_grad=True`` the logits buffer itself takes the exps and then the 
 no allocation at all, but the logits are gone after the forward pass (and a second
 backward cannot recompute them: it raises).
 
-The buffer comes from NumPy rather than ``torch.empty``: NumPy asks the kernel for
-transparent huge pages (``madvise(MADV_HUGEPAGE)``) on large allocations, and a fresh
-gradient buffer touched in 4 KiB pages costs as much in page faults as the exp pass itself
-(see docs/benchmarks.md, "Page faults").
+Where the buffer comes from (see docs/benchmarks.md, "Page faults"): a fresh gradient
+buffer touched in 4 KiB pages costs as much in page faults as the exp pass itself. So
+(1) it is a NumPy allocation, which asks the kernel for transparent huge pages
+(``madvise(MADV_HUGEPAGE)``) when large, and (2) the last large buffer is kept and handed
+out again once nothing references it any more (autograd and the joiner's backward have
+dropped it, the user kept no ``.grad``): a training loop then reuses one buffer instead
+of faulting a new one in every step. That buffer stays allocated between calls, like a
+block of PyTorch's CUDA caching allocator; ``rnnt_lattice.empty_cache()`` releases it and
+``RNNT_LATTICE_CACHE_GRAD=0`` turns the reuse off (``_config``).
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import torch
 
 from .._types import Lattice
-from . import kernels
+from . import _config, kernels
 
-__all__ = ["rnnt_costs", "compute_lattice", "costs_and_grad", "viterbi"]
+__all__ = ["rnnt_costs", "compute_lattice", "costs_and_grad", "viterbi", "empty_cache"]
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().numpy()
 
 
+class _BufferCache:
+    """One reusable NumPy array for gradient buffers (see the module docstring).
+
+    ``torch.from_numpy`` makes the tensor's storage hold a reference to the array (through
+    the view handed out), so the array is free exactly when its reference count is back
+    to the cache's own one: no tensor, view or NumPy alias of it is alive anywhere.
+    """
+
+    MIN_BYTES = 4 << 20          # smaller buffers fault in little time: not worth keeping
+
+    def __init__(self):
+        self.array = None
+
+    def empty(self, shape, dtype: np.dtype) -> torch.Tensor:
+        n = int(np.prod(shape))
+        nbytes = n * np.dtype(dtype).itemsize
+        if not _config.CACHE_GRAD or nbytes < self.MIN_BYTES:
+            return torch.from_numpy(np.empty(shape, dtype=dtype))
+        # getrefcount sees the attribute and its own argument: 2 means nobody else.
+        if self.array is not None and (self.array.dtype != dtype or self.array.size < n
+                                       or sys.getrefcount(self.array) > 2):
+            self.array = None                        # busy or unfit: its users keep it alive
+        if self.array is None:
+            self.array = np.empty(n, dtype=dtype)
+        return torch.from_numpy(self.array[:n].reshape(shape))
+
+    def clear(self) -> None:
+        self.array = None
+
+
+_buffers = _BufferCache()
+
+
+def empty_cache() -> None:
+    """Release the kept gradient buffer (its memory returns once no tensor uses it)."""
+    _buffers.clear()
+
+
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
-    """An uninitialised CPU tensor like ``x`` (contiguous), backed by huge pages when large."""
-    return torch.from_numpy(np.empty(tuple(x.shape), dtype=_np(x[:0]).dtype))
+    """An uninitialised contiguous CPU tensor like ``x``, from the buffer cache."""
+    return _buffers.empty(tuple(x.shape), _np(x[:0]).dtype)
 
 
 def _zeros_like(x: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(np.zeros(tuple(x.shape), dtype=_np(x[:0]).dtype))
+    out = _empty_like(x)
+    _np(out).fill(0)
+    return out
 
 
 def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store, into=None):

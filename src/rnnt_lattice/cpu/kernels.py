@@ -106,18 +106,35 @@ def max_key(row):
     raise NotImplementedError
 
 
+def key_to_float(row, k):
+    """The float of ``row``'s dtype whose key is ``k``. Python stub; see the overload."""
+    raise NotImplementedError
+
+
+def _key_types(dtype):
+    if dtype == types.float32:
+        return np.int32, np.float32, np.int32(31), np.int32(0x7FFFFFFF)
+    return np.int64, np.float64, np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF)
+
+
 @overload(max_key)
 def _max_key_impl(row):
     # IEEE floats compare like sign-magnitude integers: flipping the magnitude bits of the
     # negative ones gives two's-complement integers in the same order (-inf < ... < -0 <
     # +0 < ... < +inf < +NaN). The map is its own inverse.
-    if row.dtype == types.float32:
-        ity, sh, mask = np.int32, np.int32(31), np.int32(0x7FFFFFFF)
-    else:
-        ity, sh, mask = np.int64, np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF)
+    ity, _, sh, mask = _key_types(row.dtype)
 
     def impl(row):
         return row.view(ity), sh, mask
+    return impl
+
+
+@overload(key_to_float)
+def _key_to_float_impl(row, k):
+    ity, fty, sh, mask = _key_types(row.dtype)
+
+    def impl(row, k):
+        return ity(ity(k) ^ ((ity(k) >> sh) & mask)).view(fty)
     return impl
 
 
@@ -132,9 +149,7 @@ def _row_max(row):
     for v in range(bits.shape[0]):
         k = bits[v] ^ ((bits[v] >> sh) & mask)
         m = k if k > m else m
-    out = np.empty(1, dtype=row.dtype)
-    out.view(bits.dtype)[0] = m ^ ((m >> sh) & mask)
-    return out[0]
+    return key_to_float(row, m)
 
 
 # Row sums: float32 partial sums over blocks of _SUM_BLOCK elements (16-wide AVX-512
@@ -345,16 +360,19 @@ def lattice(lpb, lpl, logit_lengths, target_lengths, alpha, beta, log_like, gamm
         log_like[b] = ll
         if ll == NEG_INF:                             # impossible: no occupation, no gradient
             continue
+        # Occupations row by row, over slices so that the loops vectorise (see the row
+        # helpers); the exponents are <= 0 up to rounding (occupations are <= 1).
         for t in range(T_b):
-            for u in range(U_b + 1):
-                a = alpha[b, t, u]
-                if t < T_b - 1:
-                    nb = beta[b, t + 1, u]
-                else:
-                    nb = 0.0 if u == U_b else NEG_INF  # beta(T_b, U_b) = 0 past the final blank
-                gamma_blank[b, t, u] = math.exp(a + lpb[b, t, u] + nb - ll)
-                if u < U_b:
-                    gamma_label[b, t, u] = math.exp(a + lpl[b, t, u] + beta[b, t, u + 1] - ll)
+            a_row = alpha[b, t, :U_b + 1]
+            if t < T_b - 1:
+                pb, nb, gb = lpb[b, t, :U_b + 1], beta[b, t + 1, :U_b + 1], gamma_blank[b, t, :U_b + 1]
+                for u in range(U_b + 1):
+                    gb[u] = exp_nonpos(a_row[u] + pb[u] + nb[u] - ll)
+            else:                                     # only the final blank leaves the last frame:
+                gamma_blank[b, t, U_b] = exp_nonpos(a_row[U_b] + lpb[b, t, U_b] - ll)  # beta(T_b, U_b) = 0
+            pl, nl, gl = lpl[b, t, :U_b], beta[b, t, 1:U_b + 1], gamma_label[b, t, :U_b]
+            for u in range(U_b):
+                gl[u] = exp_nonpos(a_row[u] + pl[u] + nl[u] - ll)
 
 
 # --------------------------------------------------------------------------- pass 3
