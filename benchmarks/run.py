@@ -87,6 +87,10 @@ def measure(prov: peers.Provider, x: shapes.Inputs, args, ref=None, skip_reason=
         return row
     fn = prov.get()
     lg = x.logits.detach().clone().requires_grad_()
+    # Process-wide thread counts are not the providers' to keep: warprnnt-numba and NeMo set
+    # Numba's to 1 on every call (num_threads=0 in their functional API), which would leave
+    # every Numba provider timed after them single-threaded.
+    common.apply_threads()
     try:
         t0 = time.perf_counter()
         costs = _fwd_bwd(fn, x, lg)                    # warm-up call 1, and the agreement sample
@@ -126,6 +130,7 @@ def mem_child(argv):
     w = shapes.make_inputs(shapes.SHAPES["s1"], seed=seed)
     _fwd_bwd(fn, w, w.logits.requires_grad_())
     del w
+    common.apply_threads()                       # see measure()
     x = shapes.make_inputs(shapes.SHAPES[shape_name], seed=seed)
     lg = x.logits.requires_grad_()
     common.reset_peak_rss()
