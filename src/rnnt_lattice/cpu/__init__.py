@@ -91,6 +91,20 @@ def _zeros_like(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, buf=None):
+    """Pass 1 (``kernels.row_pass``): ``(shift, inv_sum, lpb, lpl)``, each ``(B, T, U+1)``;
+    the exps go into ``buf`` when one is given."""
+    B, T, U1, V = logits.shape
+    x = _np(logits)
+    shift = np.empty((B, T, U1), dtype=x.dtype)
+    inv_sum, lpb, lpl = (np.empty((B, T, U1)) for _ in range(3))
+    kernels.row_pass(x, _np(targets), _np(logit_lengths), _np(target_lengths), blank, fused,
+                     buf is not None, kernels.spread_stride(B * T),
+                     np.empty((0, 0, 0, 0), dtype=x.dtype) if buf is None else _np(buf),
+                     shift, inv_sum, lpb, lpl)
+    return shift, inv_sum, lpb, lpl
+
+
 def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store, into=None):
     """Passes 1-2: row statistics (+ exps stored in ``into`` or a new buffer) and the lattice.
 
@@ -98,16 +112,10 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store
     then exp) before its exps overwrite it, so the row pass is safe in place.
     """
     B, T, U1, V = logits.shape
-    x = _np(logits)
     buf = (_empty_like(logits) if into is None else into) if store else None
-    shift = np.empty((B, T, U1), dtype=x.dtype)
-    inv_sum = np.empty((B, T, U1))
-    lpb = np.empty((B, T, U1))
-    lpl = np.empty((B, T, U1))
-    tg, tl, ul = _np(targets), _np(logit_lengths), _np(target_lengths)
-    kernels.row_pass(x, tg, tl, ul, blank, fused, store, kernels.spread_stride(B * T),
-                     _np(buf) if store else np.empty((0, 0, 0, 0), dtype=x.dtype),
-                     shift, inv_sum, lpb, lpl)
+    shift, inv_sum, lpb, lpl = _row_pass(logits, targets, logit_lengths, target_lengths, blank,
+                                         fused, buf)
+    tl, ul = _np(logit_lengths), _np(target_lengths)
     alpha = np.full((B, T, U1), -np.inf)
     beta = np.full((B, T, U1), -np.inf)
     log_like = np.empty(B)
@@ -228,14 +236,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
     """
     with torch.no_grad():
         logits = logits.contiguous()
-        B, T, U1, V = logits.shape
-        x = _np(logits)
-        lpb = np.empty((B, T, U1))
-        lpl = np.empty((B, T, U1))
-        tg, tl, ul = _np(targets), _np(logit_lengths), _np(target_lengths)
-        kernels.row_pass(x, tg, tl, ul, blank, fused, False, kernels.spread_stride(B * T),
-                         np.empty((0, 0, 0, 0), dtype=x.dtype),
-                         np.empty((B, T, U1), dtype=x.dtype), np.empty((B, T, U1)), lpb, lpl)
-        alpha = np.full((B, T, U1), -np.inf)
-        kernels.viterbi_alpha(lpb, lpl, tl, ul, alpha)
+        _, _, lpb, lpl = _row_pass(logits, targets, logit_lengths, target_lengths, blank, fused)
+        alpha = np.full(lpb.shape, -np.inf)
+        kernels.viterbi_alpha(lpb, lpl, _np(logit_lengths), _np(target_lengths), alpha)
         return torch.from_numpy(alpha), torch.from_numpy(lpb), torch.from_numpy(lpl)
