@@ -294,26 +294,46 @@ def _max2(a, b):
 
 
 @njit(**JIT)
-def _alpha_sweep(lpb, lpl, b, T_b, U_b, alpha, max_plus):
-    """alpha of sequence ``b`` (T_b >= 1), rows in order (t outer, u inner):
+def _alpha_node(lpb, lpl, b, t, u, alpha, max_plus):
+    """One cell of the forward recursion (t + u > 0):
 
-        alpha(t,u) = (+)(alpha(t-1,u) + b(t-1,u), alpha(t,u-1) + e(t,u-1)),  alpha(0,0) = 0
+        alpha(t,u) = (+)(alpha(t-1,u) + b(t-1,u), alpha(t,u-1) + e(t,u-1))
 
     with (+) = ``lae`` (sum over paths) or, for ``max_plus``, ``max`` (the Viterbi score):
     the one recursion behind both the loss and ``best_alignment``.
     """
+    a = NEG_INF
+    if t > 0:
+        a = alpha[b, t - 1, u] + lpb[b, t - 1, u]
+    if u > 0:
+        x = alpha[b, t, u - 1] + lpl[b, t, u - 1]
+        a = _max2(a, x) if max_plus else _lae(a, x)
+    alpha[b, t, u] = a
+
+
+@njit(**JIT)
+def _beta_node(lpb, lpl, b, t, u, T_b, U_b, beta):
+    """One cell of the backward recursion:
+
+        beta(t,u) = lae(beta(t+1,u) + b(t,u), beta(t,u+1) + e(t,u)),  beta(T_b-1,U_b) = b(T_b-1,U_b)
+    """
+    if t == T_b - 1:
+        z = lpb[b, t, u] if u == U_b else NEG_INF    # only the final blank ends a path
+    else:
+        z = beta[b, t + 1, u] + lpb[b, t, u]
+    if u < U_b:
+        z = _lae(z, beta[b, t, u + 1] + lpl[b, t, u])
+    beta[b, t, u] = z
+
+
+@njit(**JIT)
+def _alpha_sweep(lpb, lpl, b, T_b, U_b, alpha, max_plus):
+    """alpha of sequence ``b`` (T_b >= 1), rows in order (t outer, u inner)."""
     alpha[b, 0, 0] = 0.0
     for t in range(T_b):
         for u in range(U_b + 1):
-            if t == 0 and u == 0:
-                continue
-            a = NEG_INF
-            if t > 0:
-                a = alpha[b, t - 1, u] + lpb[b, t - 1, u]
-            if u > 0:
-                x = alpha[b, t, u - 1] + lpl[b, t, u - 1]
-                a = _max2(a, x) if max_plus else _lae(a, x)
-            alpha[b, t, u] = a
+            if t > 0 or u > 0:
+                _alpha_node(lpb, lpl, b, t, u, alpha, max_plus)
 
 
 @njit(**PJIT)
@@ -346,16 +366,15 @@ def lattice(lpb, lpl, logit_lengths, target_lengths, alpha, beta, log_like, gamm
         if T_b == 0:                                  # no frame, no path
             log_like[b] = NEG_INF
             continue
-        _alpha_sweep(lpb, lpl, b, T_b, U_b, alpha, False)
-        for t in range(T_b - 1, -1, -1):
-            for u in range(U_b, -1, -1):
-                if t == T_b - 1:
-                    z = lpb[b, t, u] if u == U_b else NEG_INF   # only the final blank ends a path
-                else:
-                    z = beta[b, t + 1, u] + lpb[b, t, u]
-                if u < U_b:
-                    z = _lae(z, beta[b, t, u + 1] + lpl[b, t, u])
-                beta[b, t, u] = z
+        # alpha (rows ascending) and beta (rows descending) in one loop: the two are
+        # independent, and each is a chain of dependent logaddexps (latency-bound), so
+        # interleaving them lets the CPU overlap the two chains.
+        alpha[b, 0, 0] = 0.0
+        for i in range(T_b):
+            for j in range(U_b + 1):
+                if i > 0 or j > 0:
+                    _alpha_node(lpb, lpl, b, i, j, alpha, False)
+                _beta_node(lpb, lpl, b, T_b - 1 - i, U_b - j, T_b, U_b, beta)
         ll = beta[b, 0, 0]
         log_like[b] = ll
         if ll == NEG_INF:                             # impossible: no occupation, no gradient
