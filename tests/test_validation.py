@@ -94,3 +94,11 @@ def test_importing_loads_no_optional_dependency():
             "bad = [m for m in ('numba', 'triton', 'matplotlib') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_public_name_is_documented():
+    """docs/api.md lists everything in rnnt_lattice.__all__ (the README links to it)."""
+    import pathlib
+    api = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    missing = [n for n in rnnt_lattice.__all__ if n != "__version__" and f"`{n}" not in api]
+    assert not missing, f"not in docs/api.md: {missing}"
