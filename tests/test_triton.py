@@ -24,6 +24,7 @@ from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.utils._python_dispatch  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -45,6 +46,7 @@ NEG_INF = float("-inf")
 def small_tiles(monkeypatch):
     monkeypatch.setattr(gpu, "BLOCK_U", 2)
     monkeypatch.setattr(gpu, "BLOCK_V", 4)
+    monkeypatch.setattr(gpu, "ROW_TILE", 8)         # 2 rows per program; node counts are odd
     monkeypatch.setattr(gpu, "BLOCK_NODES", 8)
 
 
@@ -139,9 +141,8 @@ def reference64(batch: Batch, dtype, **opts):
 
 
 def tolerance(dtype, costs_ref) -> float:
-    """Relative error allowed for a float32 recursion (the kernels' accumulation dtype for
-    every input but float64): the lattice carries an absolute error of order eps * |L|,
-    which the loss and the occupations (hence the gradient) inherit."""
+    """Relative error allowed: rounding of the logits' own dtype (float32 rows, exps and
+    output for every input but float64) times the loss scale; the lattice itself is float64."""
     eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
     finite = costs_ref[torch.isfinite(costs_ref)]
     scale = float(finite.abs().max()) if finite.numel() else 1.0
@@ -202,6 +203,97 @@ def test_loss_and_gradient_float64(case, option):
     tol = tolerance(torch.float64, costs_ref)
     assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err, tol)
     check_padding(batch, grad)
+
+
+def test_float64_lattice_long_labels(monkeypatch):
+    """The lattice is float64 whatever the logits' dtype: on a long, peaked lattice
+    ((1, 12, 80, 4), logits x4) a float32 lattice gave a gradient error of 4e-5 of its
+    scale; float64 brings it to float32 rounding of the rows (the Numba path gives 1e-7)."""
+    monkeypatch.setattr(gpu, "BLOCK_U", 128)          # one lane block per diagonal: quick
+    monkeypatch.setattr(gpu, "ROW_TILE", 4096)
+    g = torch.Generator().manual_seed(3)
+    x = 4.0 * torch.randn(1, 12, 81, 4, generator=g)
+    targets = torch.randint(1, 4, (1, 80), generator=g)
+    lengths = (torch.tensor([12]), torch.tensor([80]))
+    grads = {}
+    for backend, dtype in (("triton", torch.float32), ("numba", torch.float32),
+                           ("torch", torch.float64)):
+        leaf = x.to(dtype).clone().requires_grad_()
+        rnnt_lattice.rnnt_loss(leaf, targets, *lengths, blank=0, backend=backend).backward()
+        grads[backend] = leaf.grad.double()
+    scale = float(grads["torch"].abs().max())
+    err = float((grads["triton"] - grads["torch"]).abs().max()) / scale
+    err_numba = float((grads["numba"] - grads["torch"]).abs().max()) / scale
+    assert err <= max(1e-6, 4 * err_numba), (err, err_numba)
+
+
+# Operations that synchronise a CUDA device with the host (a tensor value read on the host,
+# a tensor built from Python values and copied over, data-dependent output sizes).
+SYNCING_OPS = ("_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "_unique",
+               "is_nonzero", "equal", "item")
+
+
+class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _syncing(ops):
+    return sorted({op for op in ops if any(f"aten.{name}" in op for name in SYNCING_OPS)})
+
+
+@pytest.mark.parametrize("option", ["plain", "clamp_fastemit_sum", "logprob_none",
+                                    "zero_infinity", "inplace", "bfloat16"])
+def test_hot_path_never_synchronises(monkeypatch, option):
+    """Structural check of what ``torch.cuda.set_sync_debug_mode("error")`` checks on a GPU
+    (``cuda_checks.py``): every aten op of forward+backward is recorded, and none of them
+    reads a value on the host or builds a tensor from Python values. The CPU-only value
+    checks of ``_validate`` (which never run on CUDA) are switched off to see the CUDA path."""
+    monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
+    batch = make_batch(CASES["ragged"], fused=option != "logprob_none")
+    kw = dict(plain=dict(), clamp_fastemit_sum=dict(clamp=0.1, fastemit_lambda=0.2, reduction="sum"),
+              logprob_none=dict(fused_log_softmax=False, reduction="none"),
+              zero_infinity=dict(zero_infinity=True), inplace=dict(inplace_grad=True),
+              bfloat16=dict())[option]
+    dtype = torch.bfloat16 if option == "bfloat16" else torch.float32
+    leaf = batch.logits.nan_to_num(0.0).to(dtype).requires_grad_()
+    with _RecordOps() as rec:
+        loss = rnnt_lattice.rnnt_loss(leaf, batch.targets, batch.logit_lengths,
+                                      batch.target_lengths, batch.blank, backend="triton", **kw)
+        loss.backward(torch.ones_like(loss))
+    assert leaf.grad is not None and rec.ops
+    assert not _syncing(rec.ops), _syncing(rec.ops)
+
+
+def test_lattice_tools_never_synchronise(monkeypatch):
+    """occupancy and best_alignment: their tensor outputs come without a host read
+    (``Alignment.frame_labels``, Python lists, are built on first access only)."""
+    monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
+    batch = make_batch(CASES["ragged"])
+    args = (batch.logits.float(), batch.targets, batch.logit_lengths, batch.target_lengths,
+            batch.blank)
+    with _RecordOps() as rec:
+        occ = rnnt_lattice.occupancy(*args, backend="triton")
+        ali = rnnt_lattice.best_alignment(*args, backend="triton")
+    assert occ.node.dtype == torch.float64 and ali.emit_frames.dtype == torch.int64
+    assert not _syncing(rec.ops), _syncing(rec.ops)
+    with _RecordOps() as rec:
+        ali.frame_labels                                              # noqa: B018
+    assert _syncing(rec.ops)      # the check sees host reads where there are some
+
+
+def test_sync_check_catches_python_values():
+    """The recorder behind the two tests above sees the patterns that synchronise."""
+    x = torch.zeros(3)
+    with _RecordOps() as rec:
+        x[1] = 1.5                                  # a Python number into a (device) tensor
+        float(x.sum())                              # a host read
+    assert {"aten.lift_fresh.default", "aten._local_scalar_dense.default"} <= set(_syncing(rec.ops))
 
 
 def reference_lowp(batch: Batch, dtype, fused=True):
@@ -301,7 +393,7 @@ def test_noncontiguous_inputs():
     assert torch.equal(costs_s.detach(), costs) and torch.equal(strided.grad, grad)
     lat = gpu.compute_lattice(strided.detach(), batch.targets, batch.logit_lengths,
                               batch.target_lengths, batch.blank, True)
-    assert torch.equal(-lat.log_like, costs)
+    assert torch.equal((-lat.log_like).to(costs.dtype), costs)
 
 
 # --------------------------------------------------------------------------- lattice, viterbi
@@ -316,8 +408,8 @@ def test_compute_lattice(case, dtype):
     ref = reference.compute_lattice(x.double(), *args)
     tol = tolerance(dtype, -ref.log_like)
     for field in ("alpha", "beta", "log_like", "gamma_blank", "gamma_label"):
-        got, want = getattr(lat, field).double(), getattr(ref, field)
-        assert got.dtype == torch.float64 or getattr(lat, field).dtype == torch.float32
+        assert getattr(lat, field).dtype == torch.float64, field      # a float64 lattice
+        got, want = getattr(lat, field), getattr(ref, field)
         assert torch.equal(torch.isneginf(got), torch.isneginf(want)), field
         fin = torch.isfinite(want)
         assert torch.isfinite(got[fin]).all(), field
@@ -345,7 +437,7 @@ def test_viterbi(case, fused):
     alpha_max, lpb, lpl = gpu.viterbi(x, *args)
     ref_alpha, ref_lpb, ref_lpl = reference.viterbi(x.double(), *args)
     nodes = ~batch.padding
-    assert alpha_max.dtype == lpb.dtype == lpl.dtype == torch.float32
+    assert alpha_max.dtype == lpb.dtype == lpl.dtype == torch.float64
     assert torch.isneginf(alpha_max[batch.padding]).all()        # -inf off the lattice
     for got, want in ((alpha_max, ref_alpha), (lpb, ref_lpb), (lpl, ref_lpl)):
         got, want = got.double()[nodes], want[nodes]
@@ -384,16 +476,19 @@ from triton.compiler import ASTSource
 from rnnt_lattice.gpu import kernels
 
 # Pointer types by naming convention: logits/gradient in the input dtype, ids and lengths
-# int64, every other pointer in the accumulation dtype; other plain arguments are int32.
+# int64, costs and upstream gradient in the costs' dtype, every other pointer (the
+# lattice) float64; the options' float32 parts "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
+COST_PTRS = {"costs_ptr", "upstream_ptr"}
+FLOATS = {"clamp_hi", "clamp_mid", "clamp_lo", "scale_hi", "scale_mid", "scale_lo"}
 CONSTEXPRS = {
-    "_row_kernel": dict(FUSED=(True, False), BLOCK_V=(1024,)),
-    "_grad_kernel": dict(FUSED=(True, False), CLAMP=(True, False), BLOCK_V=(1024,)),
-    "_lattice_kernel": dict(MAX_SEMIRING=(False, True), BETA=(True, False), BLOCK_U=(256,)),
+    "_row_kernel": dict(FUSED=(True, False), ROWS=(4,), BLOCK_V=(1024,)),
+    "_grad_kernel": dict(FUSED=(True, False), CLAMP=(True, False), ROWS=(4,), BLOCK_V=(1024,)),
+    "_lattice_kernel": dict(MAX_SEMIRING=(False, True), BLOCK_U=(256,)),
     "_gamma_kernel": dict(BLOCK=(512,)),
 }
-INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}
+INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
 ACC = {"fp32": tl.float32, "fp64": tl.float64}
 n = 0
 for sm in map(int, sys.argv[1:]):
@@ -401,13 +496,13 @@ for sm in map(int, sys.argv[1:]):
     for name, choices in CONSTEXPRS.items():
         fn = getattr(kernels, name)
         params = list(inspect.signature(fn.fn).parameters)
-        for x, acc in INPUTS.items():
-            if name in ("_lattice_kernel", "_gamma_kernel") and x in ("fp16", "bf16"):
-                continue                      # these see only accumulation-dtype tensors
+        for x, costs in INPUTS.items():
+            if "logits_ptr" not in params and x in ("fp16", "bf16"):
+                continue                      # these see no logits: fp32 covers them
             for combo in itertools.product(*choices.values()):
                 const = dict(zip(choices, combo))
                 if "ACC" in params:
-                    const["ACC"] = ACC[acc]
+                    const["ACC"] = ACC[costs]
                 sig = {}
                 for p in params:
                     if p in const:
@@ -416,8 +511,12 @@ for sm in map(int, sys.argv[1:]):
                         sig[p] = "*" + x
                     elif p in INT_PTRS:
                         sig[p] = "*i64"
+                    elif p in COST_PTRS:
+                        sig[p] = "*" + costs
                     elif p.endswith("_ptr"):
-                        sig[p] = "*" + acc
+                        sig[p] = "*fp64"
+                    elif p in FLOATS:
+                        sig[p] = "fp32"
                     else:
                         sig[p] = "i32"
                 compiled = triton.compile(ASTSource(fn, sig, const), target=target)

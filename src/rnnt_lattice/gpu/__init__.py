@@ -5,24 +5,34 @@ CUDA tensors, and on CPU tensors through the Triton interpreter, which is how th
 run it: ``TRITON_INTERPRET=1`` must be set before this module is first imported (Triton
 reads it when the kernels are decorated).
 
-No host synchronisation: nothing here reads a tensor value on the host (no ``.item()``,
-``.tolist()``, ``bool(tensor)``, no host-side max of the lengths); grid sizes come from
-tensor shapes only. The value checks of ``_validate`` (lengths in range, target ids) run
-for CPU inputs only; on CUDA, out-of-range lengths or targets are undefined behaviour.
+No host synchronisation, CUDA-graph capturable: nothing here reads a tensor value on the
+host (no ``.item()``, ``.tolist()``, ``bool(tensor)``, no host-side max of the lengths),
+creates a tensor from Python values, or writes a Python number into a device tensor. Grid
+sizes come from tensor shapes only, options are plain kernel arguments, and the upstream
+gradient is read through its stride (the gradient of a mean is an expanded scalar: no copy).
+The value checks of ``_validate`` (lengths in range, target ids) run for CPU inputs only;
+on CUDA, out-of-range lengths or targets are undefined behaviour.
 
-Memory: the forward pass keeps O(B*T*(U+1)) state (lse, b, e, alpha, beta) and the
-logits; the backward pass writes the gradient in one pass over the logits, with the
-upstream gradient, clamp and FastEmit fused: one new buffer the size of the logits, or
-none with ``inplace_grad=True`` (the gradient is written over the logits).
+Launches and allocations of ``rnnt_loss`` forward+backward: the row pass, the lattice
+(alpha and beta in parallel programs; the alpha programs also write the costs), the
+gradient pass — three kernels — and three allocations: one float64 workspace for the
+lattice state, the costs, and the gradient (none with ``inplace_grad=True``).
 
-Precision: float16, bfloat16 and float32 logits are read in their own dtype and every
-computation runs in float32 (float64 for float64 logits); the gradient is written in the
-dtype of the logits, the costs are float32 (float64 for float64 logits).
+Memory: the forward pass keeps ``6 x B*T*(U+1)`` float64 values (lse, b, e, alpha, beta,
+and log P) besides the logits; the backward pass writes the gradient in one pass over the
+logits, with the upstream gradient, clamp and FastEmit fused.
+
+Precision: the lattice is float64 for every input dtype (``kernels``); float16, bfloat16
+and float32 logits are read in their own dtype and the passes over V compute in float32
+(float64 for float64 logits); the gradient is written in the dtype of the logits, the costs
+are float32 (float64 for float64 logits).
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -41,8 +51,12 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
 BLOCK_V = 1024     # chunk of the vocabulary per step of the row and gradient passes
+ROW_TILE = 4096    # logits per program and step of the V passes: ROWS = ROW_TILE // BLOCK_V
+               # nodes per program, so a small V still gives each program enough bytes
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel
 NUM_WARPS_LATTICE = 4
+
+LATTICE_DTYPE = torch.float64
 
 
 def _pow2(n: int, cap: int) -> int:
@@ -50,8 +64,26 @@ def _pow2(n: int, cap: int) -> int:
 
 
 def _acc(dtype: torch.dtype):
-    """(torch, triton) accumulation dtype for logits of ``dtype``."""
-    return (torch.float64, tl.float64) if dtype == torch.float64 else (torch.float32, tl.float32)
+    """Triton compute dtype of the passes over V for logits of ``dtype``."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _tiles(V: int, elem_bytes: int):
+    """``(ROWS, BLOCK_V, num_warps)`` of the V passes: a chunk of up to ``BLOCK_V``
+    classes, and as many rows per program as fit ``ROW_TILE`` elements."""
+    block_v = _pow2(V, BLOCK_V)
+    rows = max(1, ROW_TILE // block_v)
+    tile = rows * block_v
+    num_warps = 8 if tile * elem_bytes >= 16384 else 4
+    return rows, block_v, num_warps
+
+
+def _f64_parts(x: float) -> tuple[float, float, float]:
+    """``x`` as three float32 values whose float64 sum is ``x`` (``kernels._f64``)."""
+    hi = float(np.float32(x))
+    mid = float(np.float32(x - hi))
+    lo = float(np.float32(x - hi - mid))
+    return hi, mid, lo
 
 
 def check_device(logits: torch.Tensor) -> None:
@@ -72,59 +104,90 @@ def _device(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
+@dataclass(frozen=True)
+class _Options:
+    """What the backward pass needs besides tensors."""
+    blank: int
+    fused: bool
+    clamp: float
+    fastemit_lambda: float
+    inplace_grad: bool
+
+
+# --------------------------------------------------------------------------- state
+@dataclass
+class _State:
+    """The float64 lattice state of a batch: views of one workspace allocation."""
+    lse: torch.Tensor        # (B, T, U+1)
+    lpb: torch.Tensor        # (B, T, U+1)
+    lpl: torch.Tensor        # (B, T, U+1)
+    alpha: torch.Tensor      # (B, T, U+1), unwritten off the lattice unless filled
+    beta: torch.Tensor       # (B, T, U+1), idem
+    log_like: torch.Tensor   # (B,)
+    workspace: torch.Tensor  # the allocation behind all of them
+
+    @classmethod
+    def new(cls, B: int, T: int, U1: int, device, fill_padding: bool = False) -> "_State":
+        n = B * T * U1
+        ws = torch.empty(5 * n + B, dtype=LATTICE_DTYPE, device=device)
+        if fill_padding:
+            ws.fill_(float("-inf"))              # alpha/beta of padding, for users to see
+        views = [ws[i * n:(i + 1) * n].view(B, T, U1) for i in range(5)]
+        return cls(*views, ws[5 * n:], ws)
+
+    @classmethod
+    def of(cls, ws: torch.Tensor, B: int, T: int, U1: int) -> "_State":
+        n = B * T * U1
+        views = [ws[i * n:(i + 1) * n].view(B, T, U1) for i in range(5)]
+        return cls(*views, ws[5 * n:], ws)
+
+
 # --------------------------------------------------------------------------- passes
-def _arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fused: bool):
-    """Pass 1: ``(lse, lpb, lpl)``, each ``(B, T, U+1)`` in the accumulation dtype."""
+def _forward(logits, targets, logit_lengths, target_lengths, blank: int, fused: bool, *,
+             beta: bool, max_semiring: bool = False, fill_padding: bool = False):
+    """Passes 1-2: ``(state, costs)``; costs ``(B,)`` = -log P in the costs' dtype."""
     B, T, U1, V = logits.shape
-    acc, acc_tl = _acc(logits.dtype)
-    lse, lpb, lpl = (torch.empty((B, T, U1), dtype=acc, device=logits.device) for _ in range(3))
+    st = _State.new(B, T, U1, logits.device, fill_padding)
+    costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
     n_nodes = B * T * U1
-    if n_nodes:
-        with _device(logits):
-            kernels._row_kernel[(n_nodes,)](
-                logits, _nonempty(targets), logit_lengths, target_lengths, lse, lpb, lpl,
-                T, U1, V, blank,
-                FUSED=fused, ACC=acc_tl, BLOCK_V=_pow2(V, BLOCK_V))
-    return lse, lpb, lpl
-
-
-def _recursion(lpb, lpl, logit_lengths, target_lengths, *, beta: bool, max_semiring: bool = False):
-    """Pass 2: ``(alpha, beta or None, log_like)``; alpha/beta ``(B, T, U+1)``, -inf off
-    the lattice; log_like ``(B,)``, -inf when no path exists (T_b = 0)."""
-    B, T, U1 = lpb.shape
-    alpha = torch.full_like(lpb, float("-inf"))
-    beta_t = torch.full_like(lpb, float("-inf")) if beta else None
-    log_like = torch.full((B,), float("-inf"), dtype=lpb.dtype, device=lpb.device)
-    if B and T:
-        with _device(lpb):
-            kernels._lattice_kernel[(B,)](
-                lpb, lpl, logit_lengths, target_lengths, alpha,
-                beta_t if beta else alpha, log_like, T, U1,
-                MAX_SEMIRING=max_semiring, BETA=beta, BLOCK_U=_pow2(U1, BLOCK_U),
+    with _device(logits):
+        if n_nodes:
+            rows, block_v, num_warps = _tiles(V, logits.element_size())
+            kernels._row_kernel[(triton.cdiv(n_nodes, rows),)](
+                logits, _nonempty(targets, logit_lengths), logit_lengths, target_lengths,
+                st.lse, st.lpb, st.lpl,
+                n_nodes, T, U1, V, blank,
+                FUSED=fused, ACC=_acc(logits.dtype), ROWS=rows, BLOCK_V=block_v,
+                num_warps=num_warps)
+        if B:
+            # T = 0: the kernel writes log P = -inf and cost +inf without touching a node.
+            kernels._lattice_kernel[(B, 2 if beta else 1)](
+                st.lpb, st.lpl, logit_lengths, target_lengths,
+                st.alpha, st.beta, st.log_like, costs, T, U1,
+                MAX_SEMIRING=max_semiring, BLOCK_U=_pow2(U1, BLOCK_U),
                 # num_stages=1: no software pipelining, so no load is issued ahead of the
                 # barrier that makes the previous diagonal visible.
                 num_warps=NUM_WARPS_LATTICE, num_stages=1)
-    return alpha, beta_t, log_like
+    return st, costs
 
 
-def _gradient(dst, logits, targets, logit_lengths, target_lengths, blank, fused, clamp,
-              fastemit_lambda, lse, alpha, beta, lpb, lpl, log_like, upstream):
-    """Pass 3: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst`` may be ``logits``."""
+def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
+              opts: _Options, upstream: torch.Tensor):
+    """Pass 3: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst`` may be ``logits``.
+    ``upstream`` is any ``(B,)`` tensor (strides included)."""
     B, T, U1, V = logits.shape
     n_nodes = B * T * U1
     if n_nodes == 0:
         return dst
-    acc, acc_tl = _acc(logits.dtype)
-    # Filled on the device (fill kernels take the scalar as an argument): torch.tensor([...])
-    # would be a host-to-device copy, which synchronises for pageable memory.
-    opts = torch.full((2,), clamp, dtype=acc, device=logits.device)
-    opts[1] = 1.0 + fastemit_lambda
+    rows, block_v, num_warps = _tiles(V, logits.element_size())
     with _device(logits):
-        kernels._grad_kernel[(n_nodes,)](
-            logits, dst, _nonempty(targets), logit_lengths, target_lengths,
-            lse, alpha, beta, lpb, lpl, log_like, upstream.to(acc).contiguous(),
-            T, U1, V, blank, opts,
-            FUSED=fused, CLAMP=clamp > 0, ACC=acc_tl, BLOCK_V=_pow2(V, BLOCK_V))
+        kernels._grad_kernel[(triton.cdiv(n_nodes, rows),)](
+            logits, dst, _nonempty(targets, logit_lengths), logit_lengths, target_lengths,
+            st.lse, st.alpha, st.beta, st.lpb, st.lpl, st.log_like, upstream,
+            n_nodes, T, U1, V, opts.blank, upstream.stride(0),
+            *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
+            FUSED=opts.fused, CLAMP=opts.clamp > 0, ACC=_acc(logits.dtype), ROWS=rows,
+            BLOCK_V=block_v, num_warps=num_warps)
     return dst
 
 
@@ -136,9 +199,10 @@ def _prepare(logits, targets, logit_lengths, target_lengths):
                                           for x in (targets, logit_lengths, target_lengths))
 
 
-def _nonempty(x: torch.Tensor) -> torch.Tensor:
-    """A kernel argument must have storage; U = 0 gives an empty targets tensor (never read)."""
-    return x if x.numel() else torch.zeros(1, dtype=x.dtype, device=x.device)
+def _nonempty(targets: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """A kernel argument must have storage; U = 0 gives an empty targets tensor, which is
+    never read: pass another int64 tensor in its place (no allocation)."""
+    return targets if targets.numel() else other
 
 
 def _costs_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -151,27 +215,25 @@ class _TritonRNNT(torch.autograd.Function):
     scaled by the upstream gradient, in one pass over the logits."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                fastemit_lambda, inplace_grad):
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, opts: _Options):
         logits, targets, logit_lengths, target_lengths = _prepare(
             logits, targets, logit_lengths, target_lengths)
         need_grad = ctx.needs_input_grad[0]
-        lse, lpb, lpl = _arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
         # beta is only needed for the occupations: a forward without gradient skips it.
-        alpha, beta, log_like = _recursion(lpb, lpl, logit_lengths, target_lengths, beta=need_grad)
+        st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts.blank,
+                             opts.fused, beta=need_grad)
         if need_grad:
-            ctx.save_for_backward(logits, targets, logit_lengths, target_lengths,
-                                  lse, alpha, beta, lpb, lpl, log_like)
-            ctx.opts = (blank, fused, clamp, fastemit_lambda, inplace_grad)
-        return (-log_like).to(_costs_dtype(logits.dtype))
+            ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, st.workspace)
+            ctx.opts = opts
+        return costs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_costs):
-        logits, targets, logit_lengths, target_lengths, lse, alpha, beta, lpb, lpl, log_like = \
-            ctx.saved_tensors
-        blank, fused, clamp, fastemit_lambda, inplace_grad = ctx.opts
-        if inplace_grad:
+        logits, targets, logit_lengths, target_lengths, ws = ctx.saved_tensors
+        opts: _Options = ctx.opts
+        B, T, U1, _ = logits.shape
+        if opts.inplace_grad:
             # The logits' storage becomes the gradient. Bumping the version counter makes
             # autograd refuse (instead of silently using overwritten values) any later use
             # of these logits saved by another node, or a second backward through this one.
@@ -179,19 +241,20 @@ class _TritonRNNT(torch.autograd.Function):
             torch.autograd.graph.increment_version(logits)
         else:
             dst = torch.empty_like(logits)
-        _gradient(dst, logits, targets, logit_lengths, target_lengths, blank, fused, clamp,
-                  fastemit_lambda, lse, alpha, beta, lpb, lpl, log_like, grad_costs)
-        if inplace_grad:
+        _gradient(dst, logits, targets, logit_lengths, target_lengths,
+                  _State.of(ws, B, T, U1), opts, grad_costs)
+        if opts.inplace_grad:
             dst = dst.detach()     # a new tensor over the same memory, not the leaf itself
-        return dst, None, None, None, None, None, None, None, None
+        return dst, None, None, None, None
 
 
 def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
                fastemit_lambda, inplace_grad=False):
     """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached.
     ``inplace_grad``: the backward pass writes the gradient over ``logits``."""
-    return _TritonRNNT.apply(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                             fastemit_lambda, inplace_grad)
+    opts = _Options(int(blank), bool(fused), float(clamp), float(fastemit_lambda),
+                    bool(inplace_grad))
+    return _TritonRNNT.apply(logits, targets, logit_lengths, target_lengths, opts)
 
 
 def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
@@ -200,47 +263,47 @@ def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp,
     factor (for the torch.library custom op); no autograd involved."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
+    opts = _Options(int(blank), bool(fused), float(clamp), float(fastemit_lambda), False)
     with torch.no_grad():
-        lse, lpb, lpl = _arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
-        alpha, beta, log_like = _recursion(lpb, lpl, logit_lengths, target_lengths, beta=need_grad)
-        costs = (-log_like).to(_costs_dtype(logits.dtype))
+        st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts.blank,
+                             opts.fused, beta=need_grad)
         if not need_grad:
             return costs, None
-        ones = torch.ones(logits.shape[0], dtype=lse.dtype, device=logits.device)
-        grad = _gradient(torch.empty_like(logits), logits, targets, logit_lengths, target_lengths,
-                         blank, fused, clamp, fastemit_lambda, lse, alpha, beta, lpb, lpl,
-                         log_like, ones)
+        # Upstream factor 1 for every sequence: the costs' own storage is not it, so use
+        # a one-element tensor read with stride 0.
+        ones = torch.ones(1, dtype=costs.dtype, device=costs.device).expand(logits.shape[0])
+        grad = _gradient(torch.empty_like(logits), logits, targets, logit_lengths,
+                         target_lengths, st, opts, ones)
         return costs, grad
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
-    """The lattice (alpha, beta, occupations) in the accumulation dtype, no gradient work."""
+    """The float64 lattice (alpha, beta, occupations) without any gradient work; -inf off
+    the lattice."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
     with torch.no_grad():
-        _, lpb, lpl = _arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
-        alpha, beta, log_like = _recursion(lpb, lpl, logit_lengths, target_lengths, beta=True)
-        gamma_blank = torch.empty_like(alpha)
-        gamma_label = torch.empty_like(alpha)
-        B, T, U1 = alpha.shape
+        st, _ = _forward(logits, targets, logit_lengths, target_lengths, blank, fused,
+                         beta=True, fill_padding=True)
+        B, T, U1 = st.alpha.shape
+        gammas = torch.empty((2, B, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
         n_nodes = B * T * U1
         if n_nodes:
             block = _pow2(n_nodes, BLOCK_NODES)
-            with _device(alpha):
+            with _device(logits):
                 kernels._gamma_kernel[(triton.cdiv(n_nodes, block),)](
-                    alpha, beta, lpb, lpl, log_like, logit_lengths, target_lengths,
-                    gamma_blank, gamma_label, n_nodes, T, U1, BLOCK=block)
-        return Lattice(alpha, beta, log_like, gamma_blank, gamma_label)
+                    st.alpha, st.beta, st.lpb, st.lpl, st.log_like, logit_lengths,
+                    target_lengths, gammas[0], gammas[1], n_nodes, T, U1, BLOCK=block)
+        return Lattice(st.alpha, st.beta, st.log_like, gammas[0], gammas[1])
 
 
 def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
-    """``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` in the accumulation dtype: alpha in
-    the max-plus semiring (the same wavefront kernel as the loss, ``MAX_SEMIRING=True``)
-    and the arc log-probs b, e; -inf off the lattice."""
+    """``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` float64: alpha in the max-plus
+    semiring (the same wavefront kernel as the loss, ``MAX_SEMIRING=True``) and the arc
+    log-probs b, e; -inf off the lattice."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
     with torch.no_grad():
-        _, lpb, lpl = _arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
-        alpha_max, _, _ = _recursion(lpb, lpl, logit_lengths, target_lengths, beta=False,
-                                     max_semiring=True)
-        return alpha_max, lpb, lpl
+        st, _ = _forward(logits, targets, logit_lengths, target_lengths, blank, fused,
+                         beta=False, max_semiring=True, fill_padding=True)
+        return st.alpha, st.lpb, st.lpl

@@ -3,6 +3,7 @@ backtracking pass written once, in torch, for every backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -23,15 +24,23 @@ class Alignment:
             NaN for NaN logits); always ``<=`` the log-likelihood, which sums over all paths.
         frame_labels: ``B`` lists of ``T_b`` lists: ``frame_labels[b][t]`` holds the label
             ids emitted at frame ``t`` in order (empty list: only the blank). Empty lists
-            for a sequence with no path.
+            for a sequence with no path. Python lists, built on first access (for CUDA
+            tensors that access copies to the host; the tensor fields never do).
         logit_lengths, target_lengths: ``(B,)`` int64.
+        targets: ``(B, U)`` int64, the label ids the lattice was built with.
     """
 
     emit_frames: torch.Tensor
     log_prob: torch.Tensor
-    frame_labels: list
     logit_lengths: torch.Tensor
     target_lengths: torch.Tensor
+    targets: torch.Tensor
+
+    @cached_property
+    def frame_labels(self) -> list:
+        return _frame_labels(self.emit_frames.cpu(), self.targets.cpu(),
+                             self.logit_lengths.cpu(), self.target_lengths.cpu(),
+                             (self.log_prob > NEG_INF).cpu())
 
     def path(self, b: int) -> list[tuple[int, int]]:
         """Nodes ``(t, u)`` visited by sequence ``b``'s path, from ``(0, 0)`` to
@@ -80,8 +89,10 @@ def backtrack(alpha_max, lpb, lpl, logit_lengths, target_lengths):
     log_prob = torch.where(Tl > 0, log_prob, NEG_INF)
     ok = log_prob > NEG_INF                              # False for -inf and NaN
     log_prob = torch.where(torch.isnan(log_prob) | ok, log_prob, NEG_INF)
-    steps = int((t + u).max())                            # every path has T_b - 1 + U_b arcs before the final blank
-    for _ in range(steps):
+    # Every path has T_b - 1 + U_b arcs before the final blank; the padded sizes bound that
+    # without reading the lengths on the host (no device synchronisation). Finished
+    # sequences stand still.
+    for _ in range(T - 1 + U1 - 1):
         active = ok & ((t > 0) | (u > 0))
         tm1, um1 = (t - 1).clamp(min=0), (u - 1).clamp(min=0)
         from_blank = torch.where(t > 0, alpha_max[bidx, tm1, u] + lpb[bidx, tm1, u], NEG_INF)
@@ -136,9 +147,7 @@ def best_alignment(
         alpha_max, lpb, lpl = impl.viterbi(chk.logits, chk.targets, chk.logit_lengths,
                                            chk.target_lengths, chk.blank, bool(fused_log_softmax))
         emit, log_prob = backtrack(alpha_max, lpb, lpl, chk.logit_lengths, chk.target_lengths)
-    frame_labels = _frame_labels(emit.cpu(), chk.targets.cpu(), chk.logit_lengths.cpu(),
-                                 chk.target_lengths.cpu(), (log_prob > NEG_INF).cpu())
-    return Alignment(emit, log_prob, frame_labels, chk.logit_lengths, chk.target_lengths)
+    return Alignment(emit, log_prob, chk.logit_lengths, chk.target_lengths, chk.targets)
 
 
 def _frame_labels(emit, targets, logit_lengths, target_lengths, ok) -> list:
