@@ -24,10 +24,16 @@ dropped it, the user kept no ``.grad``): a training loop then reuses one buffer 
 of faulting a new one in every step. That buffer stays allocated between calls, like a
 block of PyTorch's CUDA caching allocator; ``rnnt_lattice.empty_cache()`` releases it and
 ``RNNT_LATTICE_CACHE_GRAD=0`` turns the reuse off (``_config``).
+
+Threads: the buffer is checked and claimed under a lock, so two threads are never handed
+the same one; the kernels release the GIL. How the parallel kernels behave under threads
+and in forked children is ``_config``'s business (docs/api.md, "Reliability").
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -48,31 +54,42 @@ class _BufferCache:
     ``torch.from_numpy`` makes the tensor's storage hold a reference to the array (through
     the view handed out), so the array is free exactly when its reference count is back
     to the cache's own one: no tensor, view or NumPy alias of it is alive anywhere.
+
+    The check and the claim (the view handed out, which holds a reference to the array)
+    happen under one lock: a second caller, in any thread, sees the array busy.
     """
 
     MIN_BYTES = 4 << 20          # smaller buffers fault in little time: not worth keeping
 
     def __init__(self):
         self.array = None
+        self.lock = threading.Lock()
 
     def empty(self, shape, dtype: np.dtype) -> torch.Tensor:
         n = int(np.prod(shape))
         nbytes = n * np.dtype(dtype).itemsize
         if not _config.CACHE_GRAD or nbytes < self.MIN_BYTES:
             return torch.from_numpy(np.empty(shape, dtype=dtype))
-        # getrefcount sees the attribute and its own argument: 2 means nobody else.
-        if self.array is not None and (self.array.dtype != dtype or self.array.size < n
-                                       or sys.getrefcount(self.array) > 2):
-            self.array = None                        # busy or unfit: its users keep it alive
-        if self.array is None:
-            self.array = np.empty(n, dtype=dtype)
-        return torch.from_numpy(self.array[:n].reshape(shape))
+        with self.lock:
+            # getrefcount sees the attribute and its own argument: 2 means nobody else.
+            if self.array is not None and (self.array.dtype != dtype or self.array.size < n
+                                           or sys.getrefcount(self.array) > 2):
+                self.array = None                    # busy or unfit: its users keep it alive
+            if self.array is None:
+                self.array = np.empty(n, dtype=dtype)
+            return torch.from_numpy(self.array[:n].reshape(shape))   # claimed: refcount 3
 
     def clear(self) -> None:
-        self.array = None
+        with self.lock:
+            self.array = None
+
+    def _after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()    # another thread of the parent may have held it
 
 
 _buffers = _BufferCache()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_buffers._after_fork_in_child)
 
 
 def empty_cache() -> None:

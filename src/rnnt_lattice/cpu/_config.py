@@ -1,21 +1,65 @@
-"""Numba settings for every CPU kernel, in one place.
+"""Numba settings for every CPU kernel, in one place, and how the kernels are compiled.
 
 Environment overrides (read once, at first use of the CPU backend):
     RNNT_LATTICE_NUMBA_CACHE=0     do not cache compiled kernels on disk
-    RNNT_LATTICE_NUMBA_PARALLEL=0  compile without prange threading
+    RNNT_LATTICE_NUMBA_PARALLEL=0  run the serial (no prange threading) variant of each kernel
     RNNT_LATTICE_CACHE_GRAD=0      allocate every gradient buffer anew (no reuse, see cpu/__init__)
 The thread count is Numba's: ``numba.set_num_threads`` or ``NUMBA_NUM_THREADS``.
+
+Reliability (docs/api.md, "Reliability"):
+
+- Every prange kernel is compiled as two separate functions (``ParallelKernel``): a
+  parallel and a serial variant, each with its own on-disk cache file, so that
+  ``RNNT_LATTICE_NUMBA_PARALLEL`` picks the variant at call time and a cached build of one
+  can never be loaded for the other (Numba's cache does not key on ``parallel=``).
+- Parallel launches are serialised by a lock when the threading layer Numba picked is not
+  thread-safe (``workqueue``); with ``omp`` and ``tbb`` threads launch concurrently.
+- A forked child process runs the serial variants: GNU OpenMP (Numba's ``omp`` layer on
+  Linux, and PyTorch's own) cannot run a parallel region in a child forked from a process
+  that has used it, and the child gets one thread of its parent anyway.
+- When no cache directory is writable (read-only install, no writable HOME), the kernels
+  are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
 """
 import os
+import threading
+import types
+import warnings
+
+from numba import njit
 
 
 def _flag(name: str, default: bool) -> bool:
     return os.environ.get(name, "1" if default else "0").strip().lower() not in ("0", "false", "no", "")
 
 
-# Compiled kernels go to __pycache__ (or Numba's user cache dir when that is read-only),
-# so a second process does not recompile.
-CACHE = _flag("RNNT_LATTICE_NUMBA_CACHE", True)
+def _cache_usable() -> bool:
+    """Whether Numba finds a writable cache location for the kernels of this package.
+
+    Numba looks for one when a ``cache=True`` function is created: ``NUMBA_CACHE_DIR`` if
+    set, then ``__pycache__`` next to the source, then the user cache dir
+    (``~/.cache/numba`` on Linux), and raises ``RuntimeError("cannot cache function ...:
+    no locator available")`` when none is writable. This probe is a function of this file, which lives next to ``kernels.py``:
+    same directory, same answer. Nothing is compiled.
+    """
+    def _probe():                                   # pragma: no cover - never compiled
+        return 0
+    try:
+        njit(cache=True)(_probe)
+    except RuntimeError as err:
+        warnings.warn(
+            f"rnnt_lattice: Numba cannot write its on-disk cache for the CPU kernels ({err}); "
+            f"compiling them without the cache (every new process compiles them again). "
+            f"Set NUMBA_CACHE_DIR to a writable directory to keep them, or "
+            f"RNNT_LATTICE_NUMBA_CACHE=0 to silence this warning.",
+            RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+# Compiled kernels go to NUMBA_CACHE_DIR if set, else __pycache__ next to kernels.py, else
+# Numba's user cache dir (~/.cache/numba), so a second process does not recompile; without
+# any writable place they are compiled in memory only (one RuntimeWarning).
+CACHE = _flag("RNNT_LATTICE_NUMBA_CACHE", True) and _cache_usable()
 PARALLEL = _flag("RNNT_LATTICE_NUMBA_PARALLEL", True)
 CACHE_GRAD = _flag("RNNT_LATTICE_CACHE_GRAD", True)
 
@@ -26,4 +70,82 @@ CACHE_GRAD = _flag("RNNT_LATTICE_CACHE_GRAD", True)
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
 JIT = dict(nogil=True, cache=CACHE, fastmath=FASTMATH)
-PJIT = dict(JIT, parallel=PARALLEL)
+
+
+# --------------------------------------------------------------------------- threads, fork
+# Set in a forked child (os.register_at_fork below): run the serial variants there.
+FORKED = False
+
+# Serialises parallel launches while the threading layer is unknown (before the first
+# launch has started it) and for good when it is one that is not thread-safe.
+_launch_lock = threading.Lock()
+_launch_serialised = None          # None: not known yet; then True (workqueue) or False
+
+
+def _layer_thread_safe():
+    """True/False for the threading layer Numba started, None if none is started yet."""
+    import numba
+    try:
+        layer = numba.threading_layer()
+    except ValueError:
+        return None
+    return layer in ("tbb", "omp")  # Numba's docs: workqueue is not thread-safe
+
+
+def _after_fork_in_child() -> None:
+    global FORKED, _launch_lock
+    FORKED = True
+    _launch_lock = threading.Lock()  # another thread of the parent may have held it
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _launch(kernel, args):
+    global _launch_serialised
+    if _launch_serialised is False:
+        return kernel(*args)
+    with _launch_lock:
+        out = kernel(*args)
+        safe = _layer_thread_safe()
+        if safe is not None:
+            _launch_serialised = not safe
+        return out
+
+
+def _variant(fn, suffix: str):
+    """A copy of ``fn`` with its own qualified name: Numba names the cache files of a
+    function after its module and qualname, so each variant gets its own files."""
+    g = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                           fn.__closure__)
+    g.__kwdefaults__ = fn.__kwdefaults__
+    g.__qualname__ = f"{fn.__qualname__}__{suffix}"
+    g.__doc__, g.__module__ = fn.__doc__, fn.__module__
+    return g
+
+
+class ParallelKernel:
+    """A prange kernel compiled as two Numba functions: ``parallel`` (prange threads) and
+    ``serial`` (prange as range), with separate cache files. A call runs the parallel one
+    unless ``RNNT_LATTICE_NUMBA_PARALLEL=0`` or the process is a forked child."""
+
+    def __init__(self, fn):
+        self.py_func = fn
+        self.parallel = njit(**JIT, parallel=True)(_variant(fn, "parallel"))
+        self.serial = njit(**JIT, parallel=False)(_variant(fn, "serial"))
+        self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
+        self.__doc__, self.__module__ = fn.__doc__, fn.__module__
+
+    def __call__(self, *args):
+        if not PARALLEL or FORKED:
+            return self.serial(*args)
+        return _launch(self.parallel, args)
+
+    def __repr__(self):
+        return f"<ParallelKernel {self.__module__}.{self.__qualname__}>"
+
+
+def pjit(fn):
+    """Decorator of the prange kernels (see ``ParallelKernel``)."""
+    return ParallelKernel(fn)

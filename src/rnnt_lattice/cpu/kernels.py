@@ -12,6 +12,11 @@ Three passes, as in docs/math.md:
 
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
 vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).
+
+Compilation: the four prange kernels are ``@pjit`` (``_config.ParallelKernel``): each is
+compiled as a parallel and a serial variant with separate cache files, and every call
+picks one (the serial one under ``RNNT_LATTICE_NUMBA_PARALLEL=0`` and in forked children).
+The helpers are ``@njit(**JIT)`` and get compiled into both.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._config import FASTMATH, JIT, PJIT
+from ._config import FASTMATH, JIT, pjit
 
 NEG_INF = -np.inf
 
@@ -227,7 +232,7 @@ def _spread_row(i, spread, B, T):
 
 
 # --------------------------------------------------------------------------- pass 1
-@njit(**PJIT)
+@pjit
 def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store, spread,
              buf, shift, inv_sum, lpb, lpl):
     """Row statistics and arc log-probs (math.md section 1).
@@ -336,7 +341,7 @@ def _alpha_sweep(lpb, lpl, b, T_b, U_b, alpha, max_plus):
                 _alpha_node(lpb, lpl, b, t, u, alpha, max_plus)
 
 
-@njit(**PJIT)
+@pjit
 def viterbi_alpha(lpb, lpl, logit_lengths, target_lengths, alpha):
     """Max-plus alpha (B, T, U+1), one sequence per thread; ``alpha`` comes in filled
     with -inf and only each sequence's nodes are written (see ``_alpha_sweep``)."""
@@ -346,7 +351,7 @@ def viterbi_alpha(lpb, lpl, logit_lengths, target_lengths, alpha):
             _alpha_sweep(lpb, lpl, b, logit_lengths[b], target_lengths[b], alpha, True)
 
 
-@njit(**PJIT)
+@pjit
 def lattice(lpb, lpl, logit_lengths, target_lengths, alpha, beta, log_like, gamma_blank, gamma_label):
     """Forward/backward recursion and occupations, one sequence per thread (math.md 2-3).
 
@@ -430,7 +435,7 @@ def _finish_row(row, blank, y, has_label, gb, gl, inv_s, w, clamp, fused):
             row[y] = _clip(-gl, clamp) * w
 
 
-@njit(**PJIT)
+@pjit
 def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, blank, fused, spread,
               shift, inv_sum, gamma_blank, gamma_label, upstream, clamp):
     """Write ``upstream[b] * clip(d loss_b / d logits)`` into ``dst`` (B, T, U+1, V).

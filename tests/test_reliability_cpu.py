@@ -1,0 +1,331 @@
+"""Reliability of the CPU (Numba) backend: threads, fork, the kernel cache (issue 11, items 1-4).
+
+docs/api.md, "Reliability", states what these tests hold the backend to. The fork, thread
+layer, cache and read-only cases run in subprocesses with timeouts; they reuse the warm
+kernel cache of the package under test where they can, so each takes seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+import rnnt_lattice  # noqa: E402
+from rnnt_lattice import cpu  # noqa: E402
+from rnnt_lattice.cpu import _config  # noqa: E402
+
+PKG = Path(rnnt_lattice.__file__).resolve().parent       # the package under test
+SRC = PKG.parent
+
+# A small problem that runs every CPU kernel of the loss (row pass, lattice, gradient).
+PROBLEM = """
+import torch, rnnt_lattice
+def problem(seed, V=7):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 5, 4, V, generator=g)
+    y = torch.randint(1, V, (2, 3), generator=g)
+    return x, y, torch.tensor([5, 4]), torch.tensor([3, 2])
+def loss_and_grad(seed, backend="numba"):
+    x, y, tl, ul = problem(seed)
+    x.requires_grad_()
+    loss = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="sum", backend=backend)
+    loss.backward()
+    return loss.detach(), x.grad
+"""
+
+
+def _env(pythonpath: Path, drop_cache_dir: bool = False, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RNNT_LATTICE_") and k != "NUMBA_THREADING_LAYER"
+           and not (drop_cache_dir and k == "NUMBA_CACHE_DIR")}
+    env["PYTHONPATH"] = str(pythonpath)
+    env.update(extra)
+    return env
+
+
+def _run(script: str, env: dict, timeout: float, prefix=()) -> subprocess.CompletedProcess:
+    code = PROBLEM + textwrap.dedent(script)
+    try:
+        return subprocess.run([*prefix, sys.executable, "-c", code], env=env, timeout=timeout,
+                              capture_output=True, text=True)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"subprocess did not finish in {timeout} s (hung?):\n{err.stderr}")
+
+
+def _last_json(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def warm_kernels():
+    """Compile (or load) both variants of the kernels in this process, so that the
+    subprocesses below find them in the on-disk cache instead of compiling."""
+    ns = {}
+    exec(PROBLEM, ns)
+    ns["loss_and_grad"](0)
+    saved = _config.PARALLEL
+    _config.PARALLEL = False
+    try:
+        ns["loss_and_grad"](0)
+    finally:
+        _config.PARALLEL = saved
+    return ns
+
+
+# --------------------------------------------------------------------------- item 1: threads
+def test_gradient_buffer_check_and_claim_is_atomic():
+    """Thread A is stopped at each line of ``_BufferCache.empty`` in turn while thread B
+    takes a buffer from the same cache; the two buffers handed out must never share
+    memory. (Before the fix, stopping A between the reference-count check and the claim
+    handed B the same array as A.)"""
+    cache = cpu._BufferCache()
+    shape, dtype = (cache.MIN_BYTES // 4,), np.float32
+    cache.empty(shape, dtype)                 # a free array now sits in the cache
+    code = cpu._BufferCache.empty.__code__
+
+    def count_lines():
+        n = [0]
+
+        def tracer(frame, event, arg):
+            if frame.f_code is not code:
+                return None
+
+            def local(frame, event, arg):
+                n[0] += event == "line"
+                return local
+            return local
+        old = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            t = cache.empty(shape, dtype)
+        finally:
+            sys.settrace(old)
+        del t
+        return n[0]
+
+    n_lines = count_lines()
+    assert n_lines >= 3
+    for stop_at in range(1, n_lines + 1):
+        got = {}
+        b = threading.Thread(target=lambda: got.setdefault("b", cache.empty(shape, dtype)))
+        seen = [0]
+
+        def tracer(frame, event, arg):
+            if frame.f_code is not code:
+                return None
+
+            def local(frame, event, arg):
+                if event == "line":
+                    seen[0] += 1
+                    if seen[0] == stop_at:
+                        b.start()
+                        b.join(0.2)             # B blocks here if A holds a lock: fine
+                return local
+            return local
+        old = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            a = cache.empty(shape, dtype)
+        finally:
+            sys.settrace(old)
+        b.join(10)
+        assert not b.is_alive()
+        a_np, b_np = a.numpy(), got["b"].numpy()
+        assert not np.shares_memory(a_np, b_np), f"same buffer handed out twice (stop at line {stop_at})"
+        del a, got, a_np, b_np
+
+
+def test_threads_get_their_own_gradients(monkeypatch, warm_kernels):
+    """4 threads, each with its own inputs, fast thread switching, every buffer size
+    cached: every gradient equals the one computed alone (bounded to ~3 s)."""
+    monkeypatch.setattr(cpu._BufferCache, "MIN_BYTES", 0)
+    rnnt_lattice.empty_cache()
+    step = warm_kernels["loss_and_grad"]
+    want = [step(seed) for seed in range(4)]
+    errors, counts = [], [0] * 4
+    deadline = time.monotonic() + 3.0
+
+    def worker(i):
+        try:
+            while time.monotonic() < deadline:
+                loss, grad = step(i)
+                if not (torch.equal(loss, want[i][0]) and torch.equal(grad, want[i][1])):
+                    errors.append((i, float((grad - want[i][1]).abs().max())))
+                counts[i] += 1
+        except BaseException as err:          # noqa: BLE001 - reported below
+            errors.append((i, repr(err)))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+        rnnt_lattice.empty_cache()
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[:5]
+    assert min(counts) > 0
+
+
+def test_concurrent_calls_under_the_workqueue_layer(warm_kernels):
+    """Numba's workqueue layer is not thread-safe: concurrent parallel launches abort the
+    process ("Concurrent access has been detected") unless they are serialised."""
+    script = """
+    import sys, threading, numba
+    want = [loss_and_grad(i) for i in range(3)]
+    assert numba.threading_layer() == "workqueue", numba.threading_layer()
+    bad = []
+    def worker(i):
+        for _ in range(40):
+            loss, grad = loss_and_grad(i)
+            if not (torch.equal(loss, want[i][0]) and torch.equal(grad, want[i][1])):
+                bad.append(i)
+    sys.setswitchinterval(5e-6)
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    import json; print(json.dumps({"bad": len(bad)}))
+    """
+    out = _last_json(_run(script, _env(SRC, NUMBA_THREADING_LAYER="workqueue"), timeout=120))
+    assert out["bad"] == 0
+
+
+# --------------------------------------------------------------------------- item 2: fork
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
+def test_loss_in_forked_dataloader_worker(warm_kernels):
+    """The parent runs the (parallel) loss, then a DataLoader worker started by fork runs
+    it too: it must return the parent's numbers, not die (GNU OpenMP aborts a parallel
+    region in a forked child) or hang."""
+    script = """
+    import json, numba
+    from torch.utils.data import DataLoader, Dataset
+    want = loss_and_grad(1)
+    layer = numba.threading_layer()          # the parent has started its thread pool
+
+    class Losses(Dataset):
+        def __len__(self):
+            return 2
+        def __getitem__(self, i):
+            return loss_and_grad(1)
+
+    dl = DataLoader(Losses(), batch_size=None, num_workers=1, multiprocessing_context="fork",
+                    timeout=60)
+    # The child runs the serial kernels: the same arithmetic, equal up to rounding.
+    ok = [bool(torch.allclose(l, want[0], rtol=1e-5, atol=0)
+               and torch.allclose(g, want[1], rtol=1e-5, atol=1e-7)) for l, g in dl]
+    print(json.dumps({"ok": ok, "layer": layer}))
+    """
+    out = _last_json(_run(script, _env(SRC), timeout=120))
+    assert out["ok"] == [True, True]
+
+
+# --------------------------------------------------------------------------- item 3: parallel flag
+def _copy_package(dst: Path, with_cache: bool) -> Path:
+    """A copy of the package under ``dst``/src; ``copy2`` keeps the source timestamps, so
+    Numba's cache index (keyed on them) stays valid for the copied ``__pycache__``."""
+    ignore = None if with_cache else shutil.ignore_patterns("__pycache__")
+    shutil.copytree(PKG, dst / "src" / PKG.name, ignore=ignore)
+    return dst / "src"
+
+
+def test_parallel_flag_is_honoured_whatever_the_cache_holds(warm_kernels, tmp_path):
+    """RNNT_LATTICE_NUMBA_PARALLEL=0 then =1, one process each, sharing one on-disk kernel
+    cache: the first must never start Numba's thread pool, the second must. (Numba's cache
+    does not key on ``parallel=``: a shared entry ran the first build in both.)"""
+    src = _copy_package(tmp_path, with_cache=True)
+    script = """
+    import json, numba
+    from rnnt_lattice.cpu import kernels
+    assert kernels.__file__.startswith(%r), kernels.__file__
+    loss, grad = loss_and_grad(0)
+    try:
+        started = numba.threading_layer()
+    except ValueError:
+        started = None
+    print(json.dumps({"layer": started, "loss": float(loss)}))
+    """ % str(src)
+    serial = _last_json(_run(script, _env(src, True, RNNT_LATTICE_NUMBA_PARALLEL="0"), 120))
+    parallel = _last_json(_run(script, _env(src, True, RNNT_LATTICE_NUMBA_PARALLEL="1"), 120))
+    assert serial["layer"] is None, "RNNT_LATTICE_NUMBA_PARALLEL=0 ran a parallel kernel"
+    assert parallel["layer"] is not None, "RNNT_LATTICE_NUMBA_PARALLEL=1 ran serial kernels only"
+    assert serial["loss"] == pytest.approx(parallel["loss"], rel=1e-5)
+
+
+# --------------------------------------------------------------------------- item 4: read-only
+def _unwritable_prefix():
+    """The command prefix under which permission bits apply: none for a normal user; for
+    root (who ignores them) a user namespace (``unshare -U``), where the process has no
+    capability over the host's files."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return ()
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-U", "true"], capture_output=True).returncode == 0:
+        return (unshare, "-U")
+    pytest.skip("running as root without user namespaces: no way to make a path read-only")
+
+
+def test_read_only_install_without_writable_home(tmp_path):
+    """Package on a read-only path, HOME read-only, no NUMBA_CACHE_DIR: the loss works
+    (``backend="auto"`` and ``"numba"``), with one RuntimeWarning about the cache.
+
+    Nothing can be cached, so the subprocess compiles from scratch: it runs the serial
+    kernels (RNNT_LATTICE_NUMBA_PARALLEL=0, several times cheaper to compile) and no
+    backward pass. As root the permission bits are enforced through ``unshare -U``."""
+    prefix = _unwritable_prefix()
+    src = _copy_package(tmp_path, with_cache=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    paths = [home, *src.rglob("*"), src]
+    for p in paths:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    script = """
+    import json, os, warnings
+    pkg = os.path.join(%r, "rnnt_lattice", "cpu")
+    try:                                      # the condition under test must be real
+        open(os.path.join(pkg, "probe"), "w").close()
+        writable = True
+    except OSError:
+        writable = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, y, tl, ul = problem(0)
+        auto = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none")
+        numba_ = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none", backend="numba")
+        ref = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none", backend="torch")
+    from rnnt_lattice.cpu import kernels
+    print(json.dumps({
+        "writable": writable, "file": kernels.__file__,
+        "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+        "auto_ok": bool(torch.allclose(auto, ref)), "numba_ok": bool(torch.allclose(numba_, ref))}))
+    """ % str(src)
+    env = _env(src, drop_cache_dir=True, HOME=str(home), RNNT_LATTICE_NUMBA_PARALLEL="0")
+    env.pop("XDG_CACHE_HOME", None)
+    try:
+        out = _last_json(_run(script, env, timeout=150, prefix=prefix))
+    finally:
+        for p in paths:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    assert not out["writable"], "could not make the package read-only"
+    assert out["file"].startswith(str(src))
+    assert out["auto_ok"] and out["numba_ok"]
+    cache_warnings = [w for w in out["warnings"] if "cache" in w]
+    assert len(cache_warnings) == 1, out["warnings"]
+    assert cache_warnings[0].startswith("RuntimeWarning") and "NUMBA_CACHE_DIR" in cache_warnings[0]
