@@ -81,7 +81,16 @@ def _torchaudio():
     return fn
 
 
+def _numpy2_aliases():
+    """NeMo's and warprnnt-numba's Numba code call ``np.row_stack``, which NumPy 2 removed
+    (it was an alias of ``np.vstack``): restore the alias before importing them."""
+    import numpy as np
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
 def _warprnnt_numba():
+    _numpy2_aliases()
     from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss
 
     def fn(logits, targets, logit_lengths, target_lengths, blank):
@@ -114,6 +123,7 @@ def _import_nemo_rnnt_loss():
 
 
 def _nemo_numba():
+    _numpy2_aliases()
     _import_nemo_rnnt_loss()
     from nemo.collections.asr.parts.numba.rnnt_loss.rnnt_pytorch import rnnt_loss
 
@@ -129,7 +139,7 @@ def _fast_rnnt():
 
     def fn(logits, targets, logit_lengths, target_lengths, blank):
         B = logits.shape[0]
-        boundary = torch.zeros(B, 4, dtype=torch.int64)
+        boundary = torch.zeros(B, 4, dtype=torch.int64, device=logits.device)
         boundary[:, 2] = target_lengths
         boundary[:, 3] = logit_lengths
         return fast_rnnt.rnnt_loss(logits, targets.long(), termination_symbol=blank,

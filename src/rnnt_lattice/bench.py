@@ -74,6 +74,9 @@ SHAPES = {s.name: s for s in (
     # T and U are the padded maxima; the drawn lengths fix the actual padding.
     Shape("ragged", 8, 300, 60, 500, T_range=(150, 300), U_range=(30, 60)),
     Shape("s1_f64", 1, 50, 10, 30, dtype=torch.float64),
+    # GPU-sized: a large ragged training batch, and a large vocabulary.
+    Shape("big", 32, 400, 100, 1024, T_range=(200, 400), U_range=(50, 100)),
+    Shape("v5000", 8, 300, 60, 5000, T_range=(150, 300), U_range=(30, 60)),
 )}
 
 # Named groups of shapes for the command-line tools.
@@ -81,6 +84,7 @@ GROUPS = {
     "quick": ["s1", "s2"],
     "core": ["s2", "s3", "s4", "s5", "ragged"],       # the core issue's target shapes
     "all": ["s1", "s2", "s3", "s4", "s5", "ragged", "s1_f64"],
+    "gpu": ["s3", "s4", "s5", "ragged", "big", "v5000"],   # benchmarks/gpu_bench.py
 }
 
 

@@ -1,0 +1,194 @@
+"""Checks of the Triton backend on a CUDA device, compiled (not interpreted).
+
+Run by ``tests/test_triton.py::test_cuda_native`` in a subprocess without
+``TRITON_INTERPRET`` (that test module sets it for its own process), or by hand on a GPU
+machine: ``python tests/cuda_checks.py`` (add ``--big`` for the > 2**31-element case,
+about 27 GB of GPU memory). ``--smoke`` runs the exactness part on tiny lattices on the
+CPU through the Triton interpreter (set ``TRITON_INTERPRET=1``), which checks this
+script itself without a GPU.
+
+1. Exactness against the float64 pure-PyTorch reference on the same (rounded) numbers, at
+   the benchmark's shapes, U > 1024 and (``--big``) a lattice whose offsets pass 2**31:
+   gradient error <= 1e-5 of its scale for float32 logits (the lattice is float64), and
+   a few units of the dtype's rounding for float16/bfloat16.
+2. No host synchronisation (``torch.cuda.set_sync_debug_mode("error")``) in forward and
+   backward for every option, and in ``occupancy`` / ``best_alignment``.
+3. Forward+backward captured in a CUDA graph and replayed on new logits in the same
+   buffers gives bit-identical losses and gradients to eager calls.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import rnnt_lattice
+
+OPTION_SETS = {
+    "plain": dict(),
+    "clamp_fastemit": dict(clamp=0.5, fastemit_lambda=0.1),
+    "logprob": dict(fused_log_softmax=False),
+}
+
+
+def inputs(B, T, U, V, dtype, device, seed=0, ragged=True):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(B, T, U + 1, V, generator=g).to(dtype)
+    y = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32)
+    if ragged and B > 1:
+        tl = torch.randint(max(1, T // 2), T + 1, (B,), generator=g, dtype=torch.int32)
+        ul = torch.randint(0, U + 1, (B,), generator=g, dtype=torch.int32)
+        tl[0], ul[0] = T, U
+    else:
+        tl = torch.full((B,), T, dtype=torch.int32)
+        ul = torch.full((B,), U, dtype=torch.int32)
+    w = torch.tensor([(-1.0) ** b * (0.5 + 0.25 * b) for b in range(B)])
+    return x.to(device), y.to(device), tl.to(device), ul.to(device), w.to(device)
+
+
+def losses_and_grad(x, y, tl, ul, w, backend, **opts):
+    leaf = x.detach().clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, reduction="none", backend=backend,
+                                   **opts)
+    (costs * w.to(costs.dtype)).sum().backward()
+    return costs.detach(), leaf.grad
+
+
+def check_exact(name, B, T, U, V, dtype, device, opts):
+    x, y, tl, ul, w = inputs(B, T, U, V, dtype, device)
+    if not opts.get("fused_log_softmax", True):
+        x = torch.log_softmax(x.double(), -1).to(dtype)      # both sides see these numbers
+    costs, grad = losses_and_grad(x, y, tl, ul, w, "triton", **dict(opts))
+    ref_costs, ref_grad = losses_and_grad(x.double(), y, tl, ul, w.double(), "torch", **dict(opts))
+    fin = torch.isfinite(ref_costs)
+    assert torch.equal(torch.isinf(costs), torch.isinf(ref_costs)), name
+    loss_err = ((costs.double() - ref_costs)[fin].abs().max()
+                / ref_costs[fin].abs().max().clamp_min(1.0)).item()
+    grad_err = ((grad.double() - ref_grad).abs().max() / ref_grad.abs().max()).item()
+    if dtype in (torch.float32, torch.float64):
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+    else:
+        tol = 4 * torch.finfo(dtype).eps        # the gradient is written in this dtype
+    print(f"{name:34s} loss err {loss_err:.1e}  grad err {grad_err:.1e}  (tol {tol:.0e})", flush=True)
+    assert loss_err <= max(tol, 1e-6) and grad_err <= tol, (name, loss_err, grad_err)
+
+
+def exactness(device, smoke):
+    shapes = ([("tiny", 3, 6, 4, 7), ("u_blocks", 1, 5, 9, 5)] if smoke else
+              [("s3", 8, 150, 40, 256), ("s5", 8, 400, 80, 1024), ("ragged", 8, 300, 60, 500),
+               ("U1500", 2, 40, 1500, 64), ("v5000", 4, 120, 30, 5000)])
+    for name, B, T, U, V in shapes:
+        for oname, opts in OPTION_SETS.items():
+            check_exact(f"{name} float32 {oname}", B, T, U, V, torch.float32, device, opts)
+        for dtype in (torch.float16, torch.bfloat16, torch.float64):
+            check_exact(f"{name} {str(dtype)[6:]}", B, T, U, V, dtype, device, {})
+
+
+def big_offsets(device):
+    """(3, 1100, 1000, 1000) float32: 3.3e9 elements; the last sequence's rows lie past
+    2**31 elements. Short sequences keep the reference small: it runs on their slices."""
+    B, T, U1, V = 3, 1100, 1000, 1000
+    x = torch.empty(B, T, U1, V, device=device)
+    x.normal_(generator=torch.Generator(device=device).manual_seed(0))
+    lens = [(60, 25), (7, 3), (80, 40)]
+    tl = torch.tensor([t for t, _ in lens], device=device)
+    ul = torch.tensor([u for _, u in lens], device=device)
+    y = torch.randint(1, V, (B, U1 - 1), device=device)
+    w = torch.tensor([1.0, -0.5, 2.0], device=device)
+    costs, grad = losses_and_grad(x, y, tl, ul, w, "triton")
+    for b, (T_b, U_b) in enumerate(lens):
+        xs = x[b:b + 1, :T_b, :U_b + 1].double()
+        rc, rg = losses_and_grad(xs, y[b:b + 1, :U_b], tl[b:b + 1], ul[b:b + 1], w[b:b + 1].double(),
+                                 "torch")
+        err = ((grad[b, :T_b, :U_b + 1].double() - rg[0]).abs().max() / rg.abs().max()).item()
+        print(f"offsets > 2**31, sequence {b}: loss {costs[b].item():.6g} vs {rc[0].item():.6g}, "
+              f"grad err {err:.1e}", flush=True)
+        assert abs(costs[b].item() - rc[0].item()) <= 1e-5 * abs(rc[0].item()) and err <= 1e-5
+    del x, grad
+    torch.cuda.empty_cache()
+
+
+def sync_free(device):
+    x, y, tl, ul, w = inputs(4, 30, 8, 40, torch.float32, device)
+    cases = [dict(reduction=r) for r in ("none", "sum", "mean")] + [
+        dict(clamp=0.5), dict(fastemit_lambda=0.2), dict(fused_log_softmax=False),
+        dict(zero_infinity=True), dict(inplace_grad=True),
+        dict(dtype=torch.float16), dict(dtype=torch.bfloat16, clamp=1.0, fastemit_lambda=0.1)]
+    for opts in cases:
+        opts = dict(opts)
+        dtype = opts.pop("dtype", torch.float32)
+        leaf = x.to(dtype).clone().requires_grad_()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, **opts)
+            loss.backward(torch.ones_like(loss))
+            occ = rnnt_lattice.occupancy(x, y, tl, ul, blank=0)
+            ali = rnnt_lattice.best_alignment(x, y, tl, ul, blank=0)
+            _ = (occ.node, ali.emit_frames, ali.log_prob)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        print(f"no host sync: {opts or 'plain'} {str(dtype)[6:]}", flush=True)
+
+
+def cuda_graph(device):
+    B, T, U, V = 4, 50, 12, 64
+    _, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, device)
+    opts = dict(blank=0, clamp=0.5, fastemit_lambda=0.1)
+    static_x = torch.randn(B, T, U + 1, V, device=device, requires_grad=True)
+
+    def step():
+        static_x.grad = None
+        loss = rnnt_lattice.rnnt_loss(static_x, y, tl, ul, **opts)
+        loss.backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                     # warm-up: compile the kernels
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    static_x.grad = None
+    with torch.cuda.graph(graph):
+        static_loss = rnnt_lattice.rnnt_loss(static_x, y, tl, ul, **opts)
+        static_loss.backward()
+    static_grad = static_x.grad
+    for seed in (1, 2, 3):
+        new = torch.randn(B, T, U + 1, V, device=device,
+                          generator=torch.Generator(device=device).manual_seed(seed))
+        with torch.no_grad():
+            static_x.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = new.clone().requires_grad_()
+        eager_loss = rnnt_lattice.rnnt_loss(eager, y, tl, ul, **opts)
+        eager_loss.backward()
+        assert torch.equal(static_loss, eager_loss), (static_loss, eager_loss)
+        assert torch.equal(static_grad, eager.grad)
+    print("CUDA graph: replays equal eager", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--big", action="store_true", help="also the > 2**31-element lattice")
+    ap.add_argument("--smoke", action="store_true", help="tiny exactness checks on the CPU "
+                    "through the Triton interpreter (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    if args.smoke:
+        exactness("cpu", smoke=True)
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("cuda_checks.py needs a CUDA device (or --smoke)")
+        sync_free("cuda")
+        cuda_graph("cuda")
+        exactness("cuda", smoke=False)
+        if args.big:
+            big_offsets("cuda")
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
