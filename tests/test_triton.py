@@ -476,7 +476,7 @@ from triton.compiler import ASTSource
 from rnnt_lattice.gpu import kernels
 
 # Pointer types by naming convention: logits/gradient in the input dtype, ids and lengths
-# int64, costs and upstream gradient in the costs' dtype, every other pointer (the
+# int64 or int32, costs and upstream gradient in the costs' dtype, every other pointer (the
 # lattice) float64; the options' float32 parts "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
@@ -499,7 +499,9 @@ for sm in map(int, sys.argv[1:]):
         for x, costs in INPUTS.items():
             if "logits_ptr" not in params and x in ("fp16", "bf16"):
                 continue                      # these see no logits: fp32 covers them
-            for combo in itertools.product(*choices.values()):
+            # int32 ids and lengths are read as they are (NATIVE_INT32_IDS): one dtype suffices
+            ids = ("i64", "i32") if x == "fp32" else ("i64",)
+            for idt, combo in itertools.product(ids, itertools.product(*choices.values())):
                 const = dict(zip(choices, combo))
                 if "ACC" in params:
                     const["ACC"] = ACC[costs]
@@ -510,7 +512,7 @@ for sm in map(int, sys.argv[1:]):
                     elif p in INPUT_PTRS:
                         sig[p] = "*" + x
                     elif p in INT_PTRS:
-                        sig[p] = "*i64"
+                        sig[p] = "*" + idt
                     elif p in COST_PTRS:
                         sig[p] = "*" + costs
                     elif p.endswith("_ptr"):

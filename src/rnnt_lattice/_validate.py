@@ -21,9 +21,9 @@ class Checked:
     """Normalised arguments: int64 contiguous targets/lengths, a non-negative blank id."""
 
     logits: torch.Tensor          # (B, T, U+1, V), float32 or float64, contiguous
-    targets: torch.Tensor         # (B, U), int64, contiguous
-    logit_lengths: torch.Tensor   # (B,), int64
-    target_lengths: torch.Tensor  # (B,), int64
+    targets: torch.Tensor         # (B, U), int64 (int32 kept with int64_ids=False), contiguous
+    logit_lengths: torch.Tensor   # (B,), idem
+    target_lengths: torch.Tensor  # (B,), idem
     blank: int                    # in [0, V)
     input_dtype: torch.dtype      # dtype of the logits the user passed
 
@@ -38,8 +38,12 @@ def check_lattice_args(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     blank: int,
+    *,
+    int64_ids: bool = True,
 ) -> Checked:
-    """Validate the lattice inputs and return them normalised (see :class:`Checked`)."""
+    """Validate the lattice inputs and return them normalised (see :class:`Checked`).
+    ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
+    whose kernels read either, which saves a conversion per tensor on every call."""
     for name, x in (("logits", logits), ("targets", targets),
                     ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
@@ -87,9 +91,11 @@ def check_lattice_args(
         raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits {_shape(logits)}")
     blank = blank % V
 
-    targets = targets.to(torch.int64).contiguous()
-    logit_lengths = logit_lengths.to(torch.int64).contiguous()
-    target_lengths = target_lengths.to(torch.int64).contiguous()
+    if int64_ids:
+        targets, logit_lengths, target_lengths = (
+            x.to(torch.int64) for x in (targets, logit_lengths, target_lengths))
+    targets, logit_lengths, target_lengths = (
+        x.contiguous() for x in (targets, logit_lengths, target_lengths))
 
     # Under torch.compile the value checks are skipped: reading a value is a graph break.
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():

@@ -108,9 +108,13 @@ def rnnt_loss(
     check_reduction(reduction)
     clamp = check_float("clamp", clamp)
     fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda)
-    chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank)
+    compiling = torch.compiler.is_compiling()
+    # Eager: the backend first, so that one whose kernels read int32 ids keeps them.
+    impl = None if compiling else _backends.resolve(backend, logits.device)
+    chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
+                             int64_ids=not getattr(impl, "NATIVE_INT32_IDS", False))
 
-    if torch.compiler.is_compiling():
+    if compiling:
         # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
         # the op runs, outside the trace.
         if backend not in _backends.BACKENDS:
@@ -122,7 +126,6 @@ def rnnt_loss(
                                 chk.target_lengths, chk.blank, clamp, bool(fused_log_softmax),
                                 fastemit_lambda, backend)
     else:
-        impl = _backends.resolve(backend, logits.device)
         native_low = getattr(impl, "NATIVE_LOW_PRECISION", False)
         if inplace_grad:
             _check_inplace(chk.logits, native_low)

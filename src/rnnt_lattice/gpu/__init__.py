@@ -42,8 +42,10 @@ from . import kernels
 
 __all__ = ["rnnt_costs", "costs_and_grad", "compute_lattice", "viterbi"]
 
-# The kernels read float16/bfloat16 logits directly: the public layer need not upcast them.
+# The kernels read float16/bfloat16 logits and int32 ids/lengths directly: the public layer
+# need not convert them (each conversion would be a launch of its own).
 NATIVE_LOW_PRECISION = True
+NATIVE_INT32_IDS = True
 
 # Decorated as interpreted functions iff TRITON_INTERPRET=1 was set at import.
 INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
@@ -128,18 +130,15 @@ class _State:
 
     @classmethod
     def new(cls, B: int, T: int, U1: int, device, fill_padding: bool = False) -> "_State":
-        n = B * T * U1
-        ws = torch.empty(5 * n + B, dtype=LATTICE_DTYPE, device=device)
+        ws = torch.empty(5 * B * T * U1 + B, dtype=LATTICE_DTYPE, device=device)
         if fill_padding:
             ws.fill_(float("-inf"))              # alpha/beta of padding, for users to see
-        views = [ws[i * n:(i + 1) * n].view(B, T, U1) for i in range(5)]
-        return cls(*views, ws[5 * n:], ws)
+        return cls.of(ws, B, T, U1)
 
     @classmethod
     def of(cls, ws: torch.Tensor, B: int, T: int, U1: int) -> "_State":
-        n = B * T * U1
-        views = [ws[i * n:(i + 1) * n].view(B, T, U1) for i in range(5)]
-        return cls(*views, ws[5 * n:], ws)
+        n = 5 * B * T * U1                       # few Python-level ops: this is host time
+        return cls(*ws[:n].view(5, B, T, U1).unbind(0), ws[n:], ws)
 
 
 # --------------------------------------------------------------------------- passes
@@ -191,17 +190,21 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
     return dst
 
 
+_INT_IDS = (torch.int32, torch.int64)
+
+
 def _prepare(logits, targets, logit_lengths, target_lengths):
-    """The layouts the kernels index: contiguous logits, contiguous int64 ids and lengths
-    (no-ops for what ``rnnt_loss`` passes)."""
+    """The layouts the kernels index: contiguous logits, contiguous int32 or int64 ids and
+    lengths (no-ops for what ``rnnt_loss`` passes)."""
     check_device(logits)
-    return (logits.contiguous(),) + tuple(x.to(torch.int64).contiguous()
-                                          for x in (targets, logit_lengths, target_lengths))
+    return (logits.contiguous(),) + tuple(
+        (x if x.dtype in _INT_IDS else x.to(torch.int64)).contiguous()
+        for x in (targets, logit_lengths, target_lengths))
 
 
 def _nonempty(targets: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """A kernel argument must have storage; U = 0 gives an empty targets tensor, which is
-    never read: pass another int64 tensor in its place (no allocation)."""
+    never read: pass another integer tensor in its place (no allocation)."""
     return targets if targets.numel() else other
 
 
