@@ -58,8 +58,8 @@ def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fu
     Returns:
         ``(lse, lpb, lpl)``, each ``(B, T, U+1)``: the row log-normaliser (0 in log-prob
         mode), ``b(t,u)`` and ``e(t,u)`` of math.md section 1, ``-inf`` off the lattice
-        (padding, ``e`` in the last valid column, ``b`` out of the last frame but for the
-        final blank).
+        (padding, and ``e`` in the last valid column). ``b`` is also given on the last
+        frame's nodes ``u < U_b``, where no blank arc leaves (``lattice`` ignores it).
 
     NaN and infinities (math.md section 8): a row whose max is NaN or +inf has NaN arcs
     (and ``lse`` NaN); an all ``-inf`` row has ``-inf`` arcs; in log-prob mode a ``+inf``
@@ -86,9 +86,11 @@ def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fu
     lpl = label_x - lse
     # A row whose logits are all -inf has lse = -inf; its arcs are impossible, not NaN.
     dead_row = lse == NEG_INF
-    blank_arcs, label_arcs = arc_masks(logit_lengths, target_lengths, T, U1)
-    lpb = torch.where(blank_arcs & ~dead_row, lpb, NEG_INF)
-    lpl = torch.where(label_arcs & ~dead_row, lpl, NEG_INF)
+    nodes = node_mask(logit_lengths, target_lengths, T, U1)
+    u = torch.arange(U1, device=x.device)
+    label_nodes = nodes & (u[None, None, :] < target_lengths[:, None, None])
+    lpb = torch.where(nodes & ~dead_row, lpb, NEG_INF)
+    lpl = torch.where(label_nodes & ~dead_row, lpl, NEG_INF)
     return lse, lpb, lpl
 
 
@@ -131,6 +133,11 @@ def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths)
     B, T, U1 = lpb.shape
     dev, dt = lpb.device, lpb.dtype
     bidx = torch.arange(B, device=dev)
+    # Only real arcs are read: no blank leaves the last frame but the final one (in
+    # log-prob mode a NaN there must change nothing, math.md section 8.1).
+    blank_arcs, label_arcs = arc_masks(logit_lengths, target_lengths, T, U1)
+    lpb = torch.where(blank_arcs, lpb, NEG_INF)
+    lpl = torch.where(label_arcs, lpl, NEG_INF)
 
     alpha = forward_alpha(lpb, lpl)
 
@@ -151,7 +158,6 @@ def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths)
 
     # Occupations (math.md section 3) on the arcs of each lattice; an impossible sequence
     # (log P = -inf) has none, a NaN one (log P = NaN) has NaN on every arc.
-    blank_arcs, label_arcs = arc_masks(logit_lengths, target_lengths, T, U1)
     possible = (log_like != NEG_INF)[:, None, None]
     ll = torch.where(possible, log_like[:, None, None], 0.0)
     gamma_blank = torch.where(possible & blank_arcs,

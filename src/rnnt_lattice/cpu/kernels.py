@@ -249,8 +249,8 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
         buf: (B, T, U+1, V) like logits (unused unless ``store``).
     Outputs (B, T, U+1), written on every node (padding: shift 0, inv_sum 0, arcs -inf):
         shift: row max m (dtype of logits); inv_sum: 1 / sum_v exp(logits - m) (float64);
-        lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice (padding, the label arc
-            of u = U_b, the blank arcs out of the last frame but the final one).
+        lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice (padding, and e at
+            u = U_b); b on the last frame's nodes u < U_b is never read (no arc there).
     NaN and infinities (math.md section 8), decided per row on the row max: all -inf ->
     dead row (arcs -inf, inv_sum 0); NaN or +inf -> NaN arcs (inv_sum NaN, exps stored as 0);
     in log-prob mode a +inf arc entry is read as NaN.
@@ -284,8 +284,7 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
                 if not m < np.inf:                    # a NaN or +inf in the row: its softmax
                     shift[b, t, u] = m                # is undefined, both arcs are NaN
                     inv_sum[b, t, u] = np.nan         # (math.md section 8)
-                    if t < T_b - 1 or u == U_b:
-                        lpb[b, t, u] = np.nan
+                    lpb[b, t, u] = np.nan
                     if u < U_b:
                         lpl[b, t, u] = np.nan
                     if store:
@@ -301,8 +300,7 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
             else:                                     # a log-prob of +inf is invalid: NaN
                 x_blank = np.nan if x_blank == np.inf else x_blank
                 x_label = np.nan if x_label == np.inf else x_label
-            if t < T_b - 1 or u == U_b:               # no blank arc leaves the last frame
-                lpb[b, t, u] = x_blank - lse          # but the final one
+            lpb[b, t, u] = x_blank - lse
             if u < U_b:
                 lpl[b, t, u] = x_label - lse
 
