@@ -182,3 +182,105 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
     assert "\r[" in tty.getvalue() and tty.getvalue().endswith("\n") and "50/50" in tty.getvalue()
     lines = log.getvalue().splitlines()
     assert "\r" not in log.getvalue() and len(lines) == 11 and lines[-1].startswith("progress 50/50")
+
+
+# --------------------------------------------------------------------------- one-line errors
+def _one_line_error(capsys, argv, message):
+    """``argv`` fails with exit status 2 and exactly one line ``rnnt-lattice: error: ...``
+    naming ``message`` on stderr (in process: any traceback would fail the test)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rnnt-lattice: error:") and err.count("\n") == 1, err
+    assert message in err, err
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"logit_lengths": "abc"}, "'logit_lengths' must be an int tensor"),
+    ({"target_lengths": [1.5, 2.0]}, "'target_lengths' must be an int tensor"),
+    ({"logit_lengths": torch.tensor([9.0, 6.0])}, "'logit_lengths' must be an int tensor"),
+    ({"labels": 5}, "'labels' must be a list of V = 5 names"),
+    ({"blank": torch.tensor([0, 1])}, "'blank' must be an int or a one-element int tensor"),
+    ({"blank": "0"}, "'blank' must be an int"),
+    ({"targets": torch.tensor([[1, 2, 3], [4, 4, 0]]).bool()}, "'targets' must be an int tensor"),
+], ids=["lengths_str", "lengths_floats", "lengths_float_tensor", "labels_int", "blank_tensor",
+        "blank_str", "bool_targets"])
+def test_plot_bad_file_contents_are_one_line_errors(tmp_path, capsys, edit, message):
+    f = _save_example(tmp_path / "in.pt", **edit)
+    _one_line_error(capsys, ["plot", str(f)], message)
+
+
+def test_plot_accepts_lengths_as_ints_and_lists(tmp_path):
+    f = _save_example(tmp_path / "in.pt", logit_lengths=[9, 6], target_lengths=(3, 2), blank=torch.tensor(0))
+    assert cli.main(["plot", str(f), "--out", str(tmp_path / "ok.png")]) == 0
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/x.png", "does not exist"),
+    ("afile/x.png", "is a file, not a directory"),
+    ("afile/deeper/x.png", "is a file, not a directory"),
+    ("adir", "must end in .png"),
+])
+def test_plot_out_that_cannot_be_written(tmp_path, capsys, where, message):
+    f = _save_example(tmp_path / "in.pt")
+    (tmp_path / "afile").write_text("x")
+    _one_line_error(capsys, ["plot", str(f), "--out", str(tmp_path / where)], message)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
+                    reason="needs POSIX permissions that bind (root writes anywhere)")
+def test_plot_out_into_read_only_folder(tmp_path, capsys):
+    f = _save_example(tmp_path / "in.pt")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        _one_line_error(capsys, ["plot", str(f), "--out", str(ro / "x.png")], "not writable")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_plot_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    """Whatever the file system refuses when the picture is written (read-only mounts,
+    a full disk, permissions that the up-front check cannot see, as for root)."""
+    import rnnt_lattice.plot
+
+    def refuse(fig, path, dpi=None):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(rnnt_lattice.plot, "save", refuse)
+    f = _save_example(tmp_path / "in.pt")
+    _one_line_error(capsys, ["plot", str(f), "--out", str(tmp_path / "x.png")], "Permission denied")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rnnt_lattice.bench") is None,
+                    reason="rnnt_lattice.bench is not in this tree")
+@pytest.mark.parametrize("args, message", [
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--threads", "-1"], "--threads must be >= 1, got -1"),
+    (["--reps", "0"], "--reps must be >= 1"),
+    (["--json", "{tmp}/missing/out.json"], "does not exist"),
+    (["--json", "{tmp}"], "is a directory"),
+    (["--shapes", "nosuchshape"], "unknown shape 'nosuchshape'"),
+])
+def test_bench_bad_options_fail_before_running(tmp_path, capsys, monkeypatch, args, message):
+    import rnnt_lattice.bench as bench
+    timed = []
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: timed.append(a) or {})
+    monkeypatch.setattr(bench, "fwd_bwd", lambda *a, **k: timed.append(a))
+    _one_line_error(capsys, ["bench", "--shapes", "s1", *(a.format(tmp=tmp_path) for a in args)],
+                    message)
+    assert not timed, "the benchmark ran before the bad option was reported"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "meta"], "--device meta"),
+    (["--out", "{tmp}/afile"], "is an existing file"),
+    (["--out", "{tmp}/afile/sub"], "cannot create the folder"),
+])
+def test_demo_bad_device_or_out_fail_before_training(tmp_path, capsys, monkeypatch, args, message):
+    import rnnt_lattice.demo as demo
+    trained = []
+    monkeypatch.setattr(demo, "run", lambda *a, **k: trained.append(a))
+    (tmp_path / "afile").write_text("x")
+    _one_line_error(capsys, ["demo", "--steps", "1", "--out", str(tmp_path / "out"),
+                             *(a.format(tmp=tmp_path) for a in args)], message)
+    assert not trained, "training started before the bad option was reported"

@@ -44,6 +44,12 @@ BAD = [
     ("blank_not_int", {"blank": 1.0}, ["blank", "1.0"]),
     ("clamp_not_number", {"clamp": "big"}, ["clamp", "'big'"]),
     ("fastemit_nan", {"fastemit_lambda": float("nan")}, ["fastemit_lambda", "NaN"]),
+    ("fastemit_inf", {"fastemit_lambda": float("inf")}, ["fastemit_lambda", "finite", "inf"]),
+    ("fastemit_neg_inf", {"fastemit_lambda": -float("inf")}, ["fastemit_lambda", "finite", "-inf"]),
+    ("clamp_tensor", {"clamp": torch.tensor([0.1, 0.2])}, ["clamp", "(2,)"]),
+    ("blank_tensor", {"blank": torch.tensor([0, 1])}, ["blank", "tensor of shape (2,)"]),
+    ("bool_targets", lambda a: a.update(targets=a["targets"].bool()), ["targets", "torch.bool"]),
+    ("bool_lengths", lambda a: a.update(logit_lengths=a["logit_lengths"].bool()), ["logit_lengths", "torch.bool"]),
     ("backend", {"backend": "cuda"}, ["backend", "'cuda'"]),
 ]
 
@@ -102,3 +108,20 @@ def test_every_public_name_is_documented():
     api = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
     missing = [n for n in rnnt_lattice.__all__ if n != "__version__" and f"`{n}" not in api]
     assert not missing, f"not in docs/api.md: {missing}"
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_empty_batch(backend, reduction):
+    """B = 0: "mean" is 0 (not 0/0 = NaN), like "sum"; the gradient is empty, hence zero."""
+    x = torch.randn(0, T, U + 1, V, requires_grad=True)
+    out = rnnt_lattice.rnnt_loss(x, torch.zeros(0, U, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                                 torch.zeros(0, dtype=torch.int64), blank=0, reduction=reduction,
+                                 backend=backend)
+    if reduction == "none":
+        assert out.shape == (0,)
+        out.sum().backward()
+    else:
+        assert out.shape == () and out.item() == 0.0
+        out.backward()
+    assert x.grad is not None and x.grad.shape == x.shape

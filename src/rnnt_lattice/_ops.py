@@ -56,8 +56,10 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_costs, _grad_of_grad):
     (grad,) = ctx.saved_tensors
-    # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b).
-    return (grad * grad_costs.to(grad.dtype)[:, None, None, None],
+    # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b); an upstream
+    # of exactly 0 gives exactly 0, even where the gradient is NaN (math.md section 8).
+    from .reference import scale_upstream
+    return (scale_upstream(grad, grad_costs.to(grad.dtype)[:, None, None, None]),
             None, None, None, None, None, None, None, None, None)
 
 

@@ -85,6 +85,8 @@ def check_lattice_args(
             raise ValueError(
                 f"tensors on different devices: logits on {logits.device}, {name} on {x.device}")
 
+    if isinstance(blank, torch.Tensor):
+        raise ValueError(f"blank must be an int, got a {blank.dtype} tensor of shape {_shape(blank)}")
     if isinstance(blank, bool) or not isinstance(blank, int):
         raise ValueError(f"blank must be an int, got {blank!r}")
     if not -V <= blank < V:
@@ -138,13 +140,17 @@ def check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
-def check_float(name: str, value, *, minimum: float | None = None) -> float:
+def check_float(name: str, value, *, minimum: float | None = None, finite: bool = False) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise ValueError(f"{name} must be a number, got a tensor of shape {_shape(value)}")
     try:
         value = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
     if value != value:
         raise ValueError(f"{name} must not be NaN")
+    if finite and value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value

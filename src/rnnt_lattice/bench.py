@@ -251,6 +251,22 @@ def set_threads(n: int) -> None:
 
 
 # --------------------------------------------------------------------------- command line
+def _check_args(args) -> list:
+    """The shapes to run; ``ValueError`` (one line from ``rnnt-lattice``) for bad options,
+    before anything is timed."""
+    shapes = resolve(args.shapes)
+    for opt, value, low in (("--threads", args.threads, 1), ("--reps", args.reps, 1),
+                            ("--warmup", args.warmup, 0)):
+        if value < low:
+            raise ValueError(f"{opt} must be >= {low}, got {value}")
+    if not args.cap > 0:
+        raise ValueError(f"--cap must be > 0 seconds, got {args.cap}")
+    if args.json:
+        from .cli import check_output_file
+        check_output_file(args.json, "--json")
+    return shapes
+
+
 def main(argv=None) -> int:
     """``rnnt-lattice bench``: time our loss against the exp floor; returns an exit code."""
     ap = argparse.ArgumentParser(
@@ -271,10 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="also write the rows and the machine as JSON")
     args = ap.parse_args(argv)
-    try:
-        shapes = resolve(args.shapes)
-    except ValueError as err:
-        ap.error(str(err))
+    shapes = _check_args(args)
     set_threads(args.threads)
     from . import __version__
     meta = {"rnnt_lattice": __version__, "torch": torch.__version__, "python": platform.python_version(),
@@ -304,4 +317,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError as err:
+        print(f"rnnt-lattice bench: error: {err}", file=sys.stderr)
+        sys.exit(2)

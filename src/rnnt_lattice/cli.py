@@ -29,6 +29,38 @@ class UserError(Exception):
     """A problem with the user's input: reported as one line, no traceback."""
 
 
+def check_output_file(path: str, option: str) -> None:
+    """Raise ``ValueError`` (one line for the user) unless a file can be written at ``path``:
+    checked before any work is done, so that a long run does not fail at its very end."""
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is a directory, expected a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        ancestor = parent
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise ValueError(f"{option} {path!r}: {ancestor!r} is a file, not a directory")
+        raise ValueError(f"{option} {path!r}: the directory {parent!r} does not exist")
+    if not os.path.isdir(parent):
+        raise ValueError(f"{option} {path!r}: {parent!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path!r}: the directory {parent!r} is not writable")
+
+
+def check_output_dir(path: str, option: str) -> None:
+    """Raise ``ValueError`` unless ``path`` is, or can be created as, a writable folder
+    (creates it)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is an existing file, expected a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{option} {path!r}: cannot create the folder ({err.strerror or err})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path!r}: the folder is not writable")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(
@@ -82,31 +114,62 @@ def _load_plot_input(path: str) -> dict:
     return data
 
 
+def _describe(x) -> str:
+    import torch
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"{type(x).__name__} {x!r}" if isinstance(x, (int, float, str)) else type(x).__name__
+
+
+def _is_int_tensor(x) -> bool:
+    import torch
+    return (isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex()
+            and x.dtype != torch.bool)
+
+
+def _lengths(key: str, x, B: int, default: int):
+    """The optional ``(B,)`` lengths ``key`` of the file: an int tensor, an int or a list of ints."""
+    import torch
+    if x is None:
+        return torch.full((B,), default, dtype=torch.int64)
+    if not isinstance(x, torch.Tensor):
+        ok = (isinstance(x, int) and not isinstance(x, bool)) or (
+            isinstance(x, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in x))
+        if not ok:
+            raise UserError(f"'{key}' must be an int tensor of shape ({B},) or a list of ints, "
+                            f"got {_describe(x)}")
+        x = torch.tensor(x, dtype=torch.int64)
+    if not _is_int_tensor(x):
+        raise UserError(f"'{key}' must be an int tensor of shape ({B},), got {_describe(x)}")
+    return x.reshape(-1) if x.dim() == 0 else x
+
+
 def _plot_inputs(data: dict, blank_override):
     import torch
     logits, targets = data["logits"], data["targets"]
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise UserError("'logits' must be a float tensor of shape (B, T, U+1, V) or (T, U+1, V)")
-    if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
-        raise UserError("'targets' must be an int tensor of shape (B, U) or (U,)")
+        raise UserError("'logits' must be a float tensor of shape (B, T, U+1, V) or (T, U+1, V), "
+                        f"got {_describe(logits)}")
+    if not _is_int_tensor(targets):
+        raise UserError(f"'targets' must be an int tensor of shape (B, U) or (U,), got {_describe(targets)}")
     if logits.dim() == 3 and targets.dim() == 1:
         logits, targets = logits[None], targets[None]
     if logits.dim() != 4 or targets.dim() != 2:
         raise UserError(f"'logits' {tuple(logits.shape)} and 'targets' {tuple(targets.shape)} must "
                         f"be (B, T, U+1, V) and (B, U), or (T, U+1, V) and (U,)")
     B, T, U1, V = logits.shape
-    lengths = {}
-    for key, default in (("logit_lengths", T), ("target_lengths", U1 - 1)):
-        x = data.get(key)
-        if x is None:
-            x = torch.full((B,), default, dtype=torch.int64)
-        elif not isinstance(x, torch.Tensor):
-            x = torch.as_tensor(x).reshape(-1)
-        lengths[key] = x.reshape(-1) if x.dim() == 0 else x
+    lengths = {key: _lengths(key, data.get(key), B, default)
+               for key, default in (("logit_lengths", T), ("target_lengths", U1 - 1))}
     blank = blank_override if blank_override is not None else data.get("blank", -1)
     if isinstance(blank, torch.Tensor):
+        if not _is_int_tensor(blank) or blank.numel() != 1:
+            raise UserError(f"'blank' must be an int or a one-element int tensor, got {_describe(blank)}")
         blank = int(blank)
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise UserError(f"'blank' must be an int, got {_describe(blank)}")
     labels = data.get("labels")
+    if labels is not None and not isinstance(labels, (list, tuple)):
+        raise UserError(f"'labels' must be a list of V = {V} names, got {_describe(labels)}")
     if labels is not None and len(labels) != V:
         raise UserError(f"'labels' has {len(labels)} names but logits have V = {V} classes")
     return logits, targets.to(torch.int64), lengths["logit_lengths"], lengths["target_lengths"], blank, labels
@@ -121,6 +184,7 @@ def _cmd_plot(args) -> int:
     out = args.out or os.path.splitext(args.file)[0] + ".png"
     if os.path.splitext(out)[1].lower() not in (".png", ".svg"):
         raise UserError(f"--out must end in .png or .svg, got {out!r}")
+    check_output_file(out, "--out")
     import rnnt_lattice
 
     from .plot import plot_occupancy, save
@@ -136,7 +200,10 @@ def _cmd_plot(args) -> int:
                                 title=f"{os.path.basename(args.file)}[{args.index}]: log P = {ll:.3f}")
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
-    save(fig, out)
+    try:
+        save(fig, out)
+    except OSError as err:
+        raise UserError(f"--out {out!r}: cannot write ({err.strerror or err})") from None
     print(f"wrote {out}  (log P = {ll:.4f}, best path log-prob = {float(ali.log_prob[args.index]):.4f})")
     return 0
 
@@ -172,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         print("rnnt-lattice: interrupted", file=sys.stderr)
         return 130
     except ImportError as err:
+        print(f"rnnt-lattice: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:       # a file the user named could not be written or read
         print(f"rnnt-lattice: error: {err}", file=sys.stderr)
         return 2
 

@@ -400,6 +400,16 @@ def main_from_args(args) -> int:
         raise ValueError(f"--device {args.device!r} is not a torch device: {err}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    if dev.type == "meta":
+        raise ValueError("--device meta holds no data, so nothing can be trained on it; "
+                         "use cpu or an accelerator")
+    try:
+        torch.zeros(2, device=dev).nonzero()
+    except Exception as err:   # a device type torch knows but cannot use here
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"--device {args.device!r} cannot be used here: {first}") from None
+    from .cli import check_output_dir
+    check_output_dir(args.out, "--out")
     cfg = Config(steps=args.steps, seed=args.seed, threads=threads, device=args.device,
                  eval_every=max(1, min(Config.eval_every, math.ceil(args.steps / 4))))
     run(cfg, args.out, log=lambda s: print(s, flush=True))

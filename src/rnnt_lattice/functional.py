@@ -64,15 +64,19 @@ def rnnt_loss(
         clamp: if ``> 0``, every element of the per-sequence gradient (w.r.t. logits, or
             w.r.t. log-probs when ``fused_log_softmax=False``) is clipped to
             ``[-clamp, clamp]`` before the upstream gradient is applied.
-        reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` (sum / B, as torchaudio).
+        reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` (sum / B, as torchaudio;
+            0 with a zero gradient for an empty batch, B = 0).
         fused_log_softmax: ``True``: ``logits`` are raw scores and log-softmax is fused in.
             ``False``: ``logits`` already are log-probabilities.
-        fastemit_lambda: FastEmit regularisation (Yu et al. 2021). It changes the
+        fastemit_lambda: FastEmit regularisation (Yu et al. 2021), a finite number. It changes the
             *gradient*: label arcs get their gradient scaled by ``1 + fastemit_lambda``.
             The returned loss stays the plain ``-log P`` (comparable across lambdas).
         zero_infinity: if ``True``, infinite losses (impossible alignments, e.g.
             ``T_b = 0``) and their gradients are set to 0. Otherwise they give ``+inf``
-            with zero gradient.
+            with zero gradient. NaN and ``+inf`` logits inside a sequence's lattice make
+            that sequence's loss (and gradient) NaN, ``-inf`` logits are masked classes,
+            and a sequence whose upstream gradient is 0 gets an exactly zero gradient
+            (docs/math.md section 8.1).
         backend: ``"auto"`` (Numba on CPU, Triton on CUDA, PyTorch elsewhere),
             ``"numba"``, ``"torch"`` (the vectorised pure-PyTorch reference) or ``"triton"``
             (CUDA tensors; CPU tensors only under the Triton interpreter, ``TRITON_INTERPRET=1``
@@ -107,7 +111,7 @@ def rnnt_loss(
     """
     check_reduction(reduction)
     clamp = check_float("clamp", clamp)
-    fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda)
+    fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda, finite=True)
     compiling = torch.compiler.is_compiling()
     # Eager: the backend first, so that one whose kernels read int32 ids keeps them.
     impl = None if compiling else _backends.resolve(backend, logits.device)
@@ -140,8 +144,8 @@ def rnnt_loss(
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
     if reduction == "none":
         return costs
-    if reduction == "sum":
-        return costs.sum()
+    if reduction == "sum" or costs.shape[0] == 0:
+        return costs.sum()             # an empty batch: "mean" is 0, like "sum", not 0/0
     return costs.mean()
 
 

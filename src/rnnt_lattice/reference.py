@@ -33,6 +33,18 @@ def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
     return (t[None, :, None] < logit_lengths[:, None, None]) & (u[None, None, :] <= target_lengths[:, None, None])
 
 
+def arc_masks(logit_lengths, target_lengths, T: int, U1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, U+1) bool masks of the nodes with a blank arc (``t < T_b - 1``, or the final
+    blank at ``(T_b-1, U_b)``) and of those with a label arc (``t < T_b, u < U_b``)."""
+    nodes = node_mask(logit_lengths, target_lengths, T, U1)
+    t = torch.arange(T, device=logit_lengths.device)[None, :, None]
+    u = torch.arange(U1, device=logit_lengths.device)[None, None, :]
+    last_frame = t == (logit_lengths[:, None, None] - 1)
+    blank_arcs = nodes & (~last_frame | (u == target_lengths[:, None, None]))
+    label_arcs = nodes & (u < target_lengths[:, None, None])
+    return blank_arcs, label_arcs
+
+
 def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fused: bool,
                   dtype: torch.dtype | None = None):
     """Blank and label log-probabilities of every lattice arc.
@@ -46,19 +58,31 @@ def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fu
     Returns:
         ``(lse, lpb, lpl)``, each ``(B, T, U+1)``: the row log-normaliser (0 in log-prob
         mode), ``b(t,u)`` and ``e(t,u)`` of math.md section 1, ``-inf`` off the lattice
-        (padding, and ``e`` in the last valid column).
+        (padding, and ``e`` in the last valid column). ``b`` is also given on the last
+        frame's nodes ``u < U_b``, where no blank arc leaves (``lattice`` ignores it).
+
+    NaN and infinities (math.md section 8): a row whose max is NaN or +inf has NaN arcs
+    (and ``lse`` NaN); an all ``-inf`` row has ``-inf`` arcs; in log-prob mode a ``+inf``
+    arc entry reads as NaN.
     """
     B, T, U1, V = logits.shape
     x = logits if dtype is None else logits.to(dtype)
     if fused:
         lse = torch.logsumexp(x, dim=-1)                                  # (B, T, U+1)
+        row_max = x.amax(dim=-1)                                          # NaN if any NaN
+        bad_row = torch.isnan(row_max) | (row_max == float("inf"))
+        lse = torch.where(bad_row, float("nan"), lse)
     else:
         lse = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     safe_targets = targets.clamp(0, V - 1)                                # padding may hold anything
     label_x = torch.gather(x[:, :, : U1 - 1, :], 3,
                            safe_targets[:, None, :, None].expand(B, T, U1 - 1, 1)).squeeze(-1)
     label_x = torch.nn.functional.pad(label_x, (0, 1), value=NEG_INF)    # (B, T, U+1)
-    lpb = x[..., blank] - lse
+    blank_x = x[..., blank]
+    if not fused:                       # a log-probability of +inf is invalid: read as NaN
+        blank_x = torch.where(blank_x == float("inf"), float("nan"), blank_x)
+        label_x = torch.where(label_x == float("inf"), float("nan"), label_x)
+    lpb = blank_x - lse
     lpl = label_x - lse
     # A row whose logits are all -inf has lse = -inf; its arcs are impossible, not NaN.
     dead_row = lse == NEG_INF
@@ -109,6 +133,11 @@ def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths)
     B, T, U1 = lpb.shape
     dev, dt = lpb.device, lpb.dtype
     bidx = torch.arange(B, device=dev)
+    # Only real arcs are read: no blank leaves the last frame but the final one (in
+    # log-prob mode a NaN there must change nothing, math.md section 8.1).
+    blank_arcs, label_arcs = arc_masks(logit_lengths, target_lengths, T, U1)
+    lpb = torch.where(blank_arcs, lpb, NEG_INF)
+    lpl = torch.where(label_arcs, lpl, NEG_INF)
 
     alpha = forward_alpha(lpb, lpl)
 
@@ -127,11 +156,14 @@ def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths)
     log_like = torch.where(logit_lengths > 0, beta[:, 0, 0], NEG_INF) if T > 0 else \
         torch.full((B,), NEG_INF, dtype=dt, device=dev)
 
-    # Occupations (math.md section 3); an impossible sequence (log P = -inf) has none.
-    possible = (log_like > NEG_INF)[:, None, None]
+    # Occupations (math.md section 3) on the arcs of each lattice; an impossible sequence
+    # (log P = -inf) has none, a NaN one (log P = NaN) has NaN on every arc.
+    possible = (log_like != NEG_INF)[:, None, None]
     ll = torch.where(possible, log_like[:, None, None], 0.0)
-    gamma_blank = torch.where(possible, torch.exp(alpha + lpb + beta[:, 1:, :U1] - ll), 0.0)
-    gamma_label = torch.where(possible, torch.exp(alpha + lpl + beta[:, :T, 1:] - ll), 0.0)
+    gamma_blank = torch.where(possible & blank_arcs,
+                              torch.exp(alpha + lpb + beta[:, 1:, :U1] - ll), 0.0)
+    gamma_label = torch.where(possible & label_arcs,
+                              torch.exp(alpha + lpl + beta[:, :T, 1:] - ll), 0.0)
     beta_nodes = torch.where(terminal[:, :T, :U1], NEG_INF, beta[:, :T, :U1])
     # The sweep also fills padding cells past T_b (reached by blanks out of the last
     # frame); the Lattice contract is -inf off each sequence's lattice.
@@ -159,12 +191,21 @@ def logit_grad(logits, lse, lat: Lattice, targets, logit_lengths, target_lengths
     label_idx = torch.nn.functional.pad(safe_targets, (0, 1), value=0)  # (B, U+1); last column has gl = 0
     grad.scatter_add_(3, label_idx[:, None, :, None].expand(B, T, U1, 1), -gl[..., None])
     nodes = node_mask(logit_lengths, target_lengths, T, U1)
-    # Padding (possibly NaN-poisoned) and impossible sequences get exactly zero.
-    keep = nodes & (lat.log_like > NEG_INF)[:, None, None]
+    # Padding (possibly NaN-poisoned) and impossible sequences get exactly zero; a NaN
+    # sequence keeps its NaN rows (log-prob mode: NaN on its arc entries).
+    keep = nodes & (lat.log_like != NEG_INF)[:, None, None]
     grad = torch.where(keep[..., None], grad, 0.0)
     if clamp > 0:
         grad = grad.clamp(-clamp, clamp)
     return grad
+
+
+def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
+    """``upstream * grad`` per sequence, where an upstream gradient of exactly 0 gives
+    exactly 0 (a select, not a product: ``0 * NaN`` is NaN; math.md section 8)."""
+    prod = grad * upstream
+    return torch.where(upstream == 0, torch.zeros((), dtype=grad.dtype, device=grad.device),
+                       prod, **({} if out is None else {"out": out}))
 
 
 class _TorchRNNT(torch.autograd.Function):
@@ -193,10 +234,10 @@ class _TorchRNNT(torch.autograd.Function):
             # version counter, so autograd refuses any later use of the overwritten logits
             # (a second backward, or another node that saved them).
             (logits,) = into
-            torch.mul(grad, upstream, out=logits)
+            scale_upstream(grad, upstream, out=logits)
             dst = logits.detach()      # a new tensor over the same memory, not the leaf itself
         else:
-            dst = grad * upstream
+            dst = scale_upstream(grad, upstream)
         return dst, None, None, None, None, None, None, None, None
 
 

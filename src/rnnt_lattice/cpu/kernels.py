@@ -117,26 +117,33 @@ def key_to_float(row, k):
 
 
 def _key_types(dtype):
+    # (int type, float type, sign shift, magnitude mask, key of -inf), see ``max_key``.
     if dtype == types.float32:
-        return np.int32, np.float32, np.int32(31), np.int32(0x7FFFFFFF)
-    return np.int64, np.float64, np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF)
+        return (np.int32, np.float32, np.int32(31), np.int32(0x7FFFFFFF),
+                np.int32(-0x7F800000 - 1))
+    return (np.int64, np.float64, np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF),
+            np.int64(-0x7FF0000000000000 - 1))
 
 
 @overload(max_key)
 def _max_key_impl(row):
     # IEEE floats compare like sign-magnitude integers: flipping the magnitude bits of the
-    # negative ones gives two's-complement integers in the same order (-inf < ... < -0 <
-    # +0 < ... < +inf < +NaN). The map is its own inverse.
-    ity, _, sh, mask = _key_types(row.dtype)
+    # negative ones gives two's-complement integers in the same order (the map is its own
+    # inverse), NaNs included: -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN. The keys
+    # below the key of -inf are the negative NaNs (what inf - inf gives on x86); the
+    # caller flips them bitwise (``~k``) to the top, among the positive NaNs, so that every
+    # NaN wins an integer max (math.md section 8). No wrapping arithmetic: Numba's integer
+    # ops are "no signed wrap" and LLVM may fold an overflowing one into anything.
+    ity, _, sh, mask, kneg = _key_types(row.dtype)
 
     def impl(row):
-        return row.view(ity), sh, mask
+        return row.view(ity), sh, mask, kneg
     return impl
 
 
 @overload(key_to_float)
 def _key_to_float_impl(row, k):
-    ity, fty, sh, mask = _key_types(row.dtype)
+    ity, fty, sh, mask, _ = _key_types(row.dtype)
 
     def impl(row, k):
         return ity(ity(k) ^ ((ity(k) >> sh) & mask)).view(fty)
@@ -146,13 +153,13 @@ def _key_to_float_impl(row, k):
 @njit(**JIT)
 def _row_max(row):
     """max_v row[v] for a non-empty row, as an integer max over the keys of ``max_key``
-    (vectorises without any fast-math assumption). A +NaN element wins (m = NaN, and the
-    sequence's loss becomes NaN as it must); a -NaN one loses here but still reaches the
-    row sum through exp(NaN - m)."""
-    bits, sh, mask = max_key(row)
+    (vectorises without any fast-math assumption). Any NaN, of either sign, wins: the row
+    max is NaN exactly when the row holds a NaN."""
+    bits, sh, mask, kneg = max_key(row)
     m = bits[0] ^ ((bits[0] >> sh) & mask)
     for v in range(bits.shape[0]):
         k = bits[v] ^ ((bits[v] >> sh) & mask)
+        k = ~k if k < kneg else k                     # a negative NaN: to the top
         m = k if k > m else m
     return key_to_float(row, m)
 
@@ -247,7 +254,11 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
         buf: (B, T, U+1, V) like logits (unused unless ``store``).
     Outputs (B, T, U+1), written on every node (padding: shift 0, inv_sum 0, arcs -inf):
         shift: row max m (dtype of logits); inv_sum: 1 / sum_v exp(logits - m) (float64);
-        lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice.
+        lpb, lpl: b(t,u), e(t,u) in float64, -inf off the lattice (padding, and e at
+            u = U_b); b on the last frame's nodes u < U_b is never read (no arc there).
+    NaN and infinities (math.md section 8), decided per row on the row max: all -inf ->
+    dead row (arcs -inf, inv_sum 0); NaN or +inf -> NaN arcs (inv_sum NaN, exps stored as 0);
+    in log-prob mode a +inf arc entry is read as NaN.
     """
     B, T, U1, V = logits.shape
     for i in prange(B * T):
@@ -275,6 +286,15 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
                     if store:
                         buf[b, t, u, :] = 0.0
                     continue
+                if not m < np.inf:                    # a NaN or +inf in the row: its softmax
+                    shift[b, t, u] = m                # is undefined, both arcs are NaN
+                    inv_sum[b, t, u] = np.nan         # (math.md section 8)
+                    lpb[b, t, u] = np.nan
+                    if u < U_b:
+                        lpl[b, t, u] = np.nan
+                    if store:
+                        buf[b, t, u, :] = 0.0
+                    continue
                 if store:
                     s = _exp_store(row, m, buf[b, t, u])
                 else:
@@ -282,6 +302,9 @@ def row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, store
                 shift[b, t, u] = m
                 inv_sum[b, t, u] = 1.0 / s
                 lse = np.float64(m) + math.log(s)
+            else:                                     # a log-prob of +inf is invalid: NaN
+                x_blank = np.nan if x_blank == np.inf else x_blank
+                x_label = np.nan if x_label == np.inf else x_label
             lpb[b, t, u] = x_blank - lse
             if u < U_b:
                 lpl[b, t, u] = x_label - lse
@@ -384,6 +407,13 @@ def lattice(lpb, lpl, logit_lengths, target_lengths, alpha, beta, log_like, gamm
         log_like[b] = ll
         if ll == NEG_INF:                             # impossible: no occupation, no gradient
             continue
+        if ll != ll:                                  # NaN: every arc's occupation is NaN
+            for t in range(T_b):
+                if t < T_b - 1:
+                    gamma_blank[b, t, :U_b + 1] = np.nan
+                gamma_label[b, t, :U_b] = np.nan
+            gamma_blank[b, T_b - 1, U_b] = np.nan
+            continue
         # Occupations row by row, over slices so that the loops vectorise (see the row
         # helpers); the exponents are <= 0 up to rounding (occupations are <= 1).
         for t in range(T_b):
@@ -446,6 +476,8 @@ def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, bla
         code and shifts as ``row_pass`` (bit-identical result), padding rows zeroed.
     log-prob mode: ``dst`` comes in zero-filled; two entries per node are written.
     ``gamma_label`` must already include the FastEmit factor (1 + lambda).
+    A sequence whose upstream gradient is 0 gets exactly 0, even where its gradient is NaN
+    (math.md section 8).
     """
     B, T, U1, V = dst.shape
     for i in prange(B * T):
@@ -453,6 +485,11 @@ def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, bla
         T_b = logit_lengths[b]
         U_b = target_lengths[b]
         w = upstream[b]
+        if w == 0.0:
+            # A select, not a product: 0 * NaN or 0 * inf would be NaN, and a sequence
+            # masked out by a zero upstream gradient must not poison the weights.
+            dst[b, t] = 0.0
+            continue
         for u in range(U1):
             if t >= T_b or u > U_b:
                 if fused and from_logits:
@@ -460,10 +497,10 @@ def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, bla
                 continue
             row = dst[b, t, u]
             if fused and from_logits:
-                if inv_sum[b, t, u] == 0.0:           # all -inf row (see row_pass)
-                    row[:] = 0.0
-                    continue
-                _exp_store(src[b, t, u], shift[b, t, u], row)
+                if not inv_sum[b, t, u] > 0.0:        # all -inf (0) or NaN row (see row_pass):
+                    row[:] = 0.0                      # the stored buffer holds zeros there
+                else:
+                    _exp_store(src[b, t, u], shift[b, t, u], row)
             has_label = u < U_b
             y = targets[b, u] if has_label else 0
             _finish_row(row, blank, y, has_label, gamma_blank[b, t, u], gamma_label[b, t, u],

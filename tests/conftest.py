@@ -1,0 +1,24 @@
+"""Shared pytest options.
+
+``--slow``: the property-based fuzz tests (``test_fuzz.py``) explore many more examples,
+with a fresh random seed per run, instead of the bounded, fixed-seed CI budget.
+"""
+from __future__ import annotations
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="explore more: many more fuzz examples, random seed (see test_fuzz.py)")
+
+
+def pytest_configure(config):
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:           # the fuzz tests skip themselves without hypothesis
+        return
+    common = dict(deadline=None, print_blob=True,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # CI: a fixed seed (derandomize) and no example database, so every run is the same.
+    settings.register_profile("rnnt-ci", max_examples=700, derandomize=True, database=None, **common)
+    settings.register_profile("rnnt-slow", max_examples=4000, **common)
+    settings.load_profile("rnnt-slow" if config.getoption("--slow") else "rnnt-ci")
