@@ -1,9 +1,17 @@
-"""Shared pytest options.
+"""Shared pytest options, and the Triton interpreter for the whole session.
 
 ``--slow``: the property-based fuzz tests (``test_fuzz.py``) explore many more examples,
 with a fresh random seed per run, instead of the bounded, fixed-seed CI budget.
 """
 from __future__ import annotations
+
+import os
+
+# The Triton backend runs on CPU tensors through the Triton interpreter, which Triton
+# reads when a kernel is decorated: set it before any test module can import triton
+# (test_triton.py and test_fuzz.py both run the Triton backend on CPU tensors). Tests that
+# need the compiled kernels (test_triton.py::test_cuda_native) start a subprocess without it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser):

@@ -40,6 +40,8 @@ import triton.language as tl
 
 # A global read inside a kernel must be a constexpr.
 NEG_INF = tl.constexpr(float("-inf"))
+POS_INF = tl.constexpr(float("inf"))
+NAN = tl.constexpr(float("nan"))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -87,7 +89,8 @@ def _node_coords(node, T, U1):
 @triton.jit
 def _occupations(alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, node, t, u, T_b, U_b, log_like, U1, ok):
     """Arc occupations of math.md section 3 at ``node`` (scalars or vectors), float64;
-    0 where ``ok`` is false (padding, impossible sequences).
+    0 where ``ok`` is false (padding, impossible sequences) and where the arc does not
+    exist; NaN for every arc of a NaN sequence (log P = NaN).
 
         gamma_blank(t,u) = exp(alpha(t,u) + b(t,u) + beta(t+1,u) - log P)
         gamma_label(t,u) = exp(alpha(t,u) + e(t,u) + beta(t,u+1) - log P)
@@ -102,7 +105,10 @@ def _occupations(alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, node, t, u, T_b, U_b, lo
     nb = tl.where(last_t & (u == U_b), 0.0, nb)
     ne = tl.load(beta_ptr + node + 1, mask=ok & (u < U_b), other=NEG_INF)
     ll = tl.where(ok, log_like, 0.0)
-    gamma_blank = tl.where(ok, tl.exp(a + lb + nb - ll), 0.0)
+    # Only real blank arcs: (T_b-1, u < U_b) has none (its b is read but never used, so a
+    # NaN there must not reach an occupation; math.md 8.1).
+    has_blank = ok & ((t < T_b - 1) | (u == U_b))
+    gamma_blank = tl.where(has_blank, tl.exp(a + lb + nb - ll), 0.0)
     gamma_label = tl.where(ok & (u < U_b), tl.exp(a + le + ne - ll), 0.0)
     return gamma_blank, gamma_label
 
@@ -120,8 +126,9 @@ def _row_kernel(
 ):
     """lse, b, e of ``ROWS`` nodes (math.md section 1). Outputs ``(B, T, U+1)`` float64:
     padding gets ``lse = 0`` and ``b = e = -inf``; a row whose logits are all -inf (every
-    class masked) has ``lse = -inf`` and no arc leaving it; a NaN in a row makes its
-    ``lse``, ``b`` and ``e`` NaN.
+    class masked) has ``lse = -inf`` and no arc leaving it; a NaN (either sign) or a +inf
+    in a row makes its ``lse``, ``b`` and ``e`` NaN (math.md 8.1): either one turns the
+    row's exp sum into NaN, whatever the running max does with it.
 
     Per chunk of ``BLOCK_V`` classes: the chunk max ``c``, the new running max
     ``m' = max(m, c)``, and ``s' = s * exp(m - m') + sum_v exp(x_v - m')`` — one exp per
@@ -162,6 +169,11 @@ def _row_kernel(
     y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=0)
     x_blank = tl.load(logits_ptr + row + blank, mask=live, other=0.0).to(tl.float64)
     x_label = tl.load(logits_ptr + row + y, mask=live & has_label, other=0.0).to(tl.float64)
+    if not FUSED:
+        # A log-prob of +inf is impossible: it reads as NaN (math.md 8.1). Fused rows with a
+        # +inf already have lse = NaN (inf - inf in their sum).
+        x_blank = tl.where(x_blank == POS_INF, NAN, x_blank)
+        x_label = tl.where(x_label == POS_INF, NAN, x_label)
     tl.store(lse_ptr + node, tl.where(valid, lse, 0.0), mask=inside)
     tl.store(lpb_ptr + node, tl.where(live, x_blank - lse, NEG_INF), mask=inside)
     tl.store(lpl_ptr + node, tl.where(live & has_label, x_label - lse, NEG_INF), mask=inside)
@@ -291,7 +303,7 @@ def _grad_kernel(
     BLOCK_V: tl.constexpr,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` (math.md 4-6) of
-    ``ROWS`` nodes, written once. ``grad_ptr`` may equal ``logits_ptr`` (in-place): every
+    ``ROWS`` nodes, written once (NaN and inf: math.md 8.1). ``grad_ptr`` may equal ``logits_ptr`` (in-place): every
     chunk is read before it is overwritten, by the same program.
 
         fused:    g_v = p_v (gb + s gl) - [v = blank] gb - [v = y_u] s gl,   p_v = exp(z_v - lse)
@@ -343,7 +355,8 @@ def _grad_kernel(
         g = (g - tl.where(v[None, :] == blank, gb[:, None], 0.0)
              - tl.where(v[None, :] == y[:, None], gl[:, None], 0.0))
         if CLAMP:                                # both bounds (math.md section 5)
-            g = tl.minimum(tl.maximum(g, -clamp), clamp)
+            g = tl.minimum(tl.maximum(g, -clamp, propagate_nan=tl.PropagateNan.ALL), clamp,
+                           propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
         g = tl.where(write[:, None], g * w[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
                  mask=inside[:, None] & (v[None, :] < V))
