@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import rnnt_lattice
+from rnnt_lattice._types import LossOptions
 from rnnt_lattice import _ops
 
 
@@ -91,7 +92,7 @@ def test_custom_op(backend):
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
     weights = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
-    costs = _ops.rnnt_costs(logits, *args)
+    costs = _ops.rnnt_costs_traced(logits, *args[:3], LossOptions(0, True, 0.4, 0.25), backend)
     (grad,) = torch.autograd.grad((costs * weights).sum(), logits)
     eager = rnnt_lattice.rnnt_loss(logits, targets, logit_lengths, target_lengths, 0, 0.4, "none",
                                    fastemit_lambda=0.25, backend=backend)

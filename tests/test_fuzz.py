@@ -31,7 +31,8 @@ hypothesis = pytest.importorskip("hypothesis")
 # and NaN in lanes the kernels then mask or propagate on purpose.
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")]
 from hypothesis import assume, given, note, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -1,18 +1,18 @@
-"""Backend selection. Backends are loaded only when first used, so importing rnnt_lattice
-needs torch and numpy only.
+"""Backend selection and the one preparation of the inputs. Backends are loaded only when
+first used, so importing rnnt_lattice needs torch and numpy only.
 
-Every backend module provides the same functions:
+Every backend module provides the same functions (the loss protocol is ``_ops``'s):
 
-    rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
-               inplace_grad=False)
-        -> (B,) per-sequence -log P, differentiable w.r.t. logits (float32/float64 logits;
-           also float16/bfloat16 where the module sets NATIVE_LOW_PRECISION = True)
-    costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                   fastemit_lambda, need_grad)
-        -> (costs, per-sequence gradient or None), no autograd (behind the torch.compile op)
+    loss_forward(logits, targets, logit_lengths, target_lengths, opts, need_grad)
+        -> (costs (B,), saved tensors, state)
+    loss_backward(saved, state, upstream (B,), opts) -> gradient (B, T, U+1, V)
+    INPLACE_WRITES_IN = "forward" | "backward"
     compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice
     viterbi(logits, targets, logit_lengths, target_lengths, blank, fused)
         -> (alpha_max, lpb, lpl), each (B, T, U+1): max-plus alpha and the arc log-probs
+
+and may set ``NATIVE_LOW_PRECISION`` (its kernels read float16/bfloat16 logits) and
+``NATIVE_INT32_IDS`` (they read int32 ids and lengths) to skip the conversions.
 """
 from __future__ import annotations
 
@@ -43,10 +43,14 @@ def _available(name: str) -> bool:
     return True
 
 
-def resolve(backend: str, device: torch.device):
-    """The backend module for ``backend`` on ``device``; raises ValueError for bad choices."""
+def check_name(backend) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def resolve(backend: str, device: torch.device):
+    """The backend module for ``backend`` on ``device``; raises ValueError for bad choices."""
+    check_name(backend)
     if backend == "auto":
         preferred = {"cpu": "numba", "cuda": "triton"}.get(device.type, "torch")
         if preferred != "torch" and not _available(preferred):
@@ -65,3 +69,26 @@ def resolve(backend: str, device: torch.device):
         return _load(backend)
     except ImportError as err:
         raise ValueError(f"backend={backend!r} is not available: {err}") from err
+
+
+def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
+            traced: bool = False):
+    """Validate, pick the backend, and bring the logits to what its kernels read:
+    ``(impl, chk)`` with ``chk.logits`` contiguous, float16/bfloat16 promoted to float32
+    unless the backend reads them natively (autograd casts the gradient back), and int32
+    ids kept where the backend reads them. ``traced``: under ``torch.compile`` the backend
+    is resolved when the custom op runs (``impl`` is None) and half types are promoted."""
+    from ._validate import Checked, check_lattice_args
+    if traced:
+        check_name(backend)
+        impl = None
+    else:
+        impl = resolve(backend, logits.device)
+    chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
+                             int64_ids=not getattr(impl, "NATIVE_INT32_IDS", False))
+    x = chk.logits
+    if x.dtype in (torch.float16, torch.bfloat16) and not getattr(impl, "NATIVE_LOW_PRECISION", False):
+        x = x.float()
+    if x is not chk.logits or not x.is_contiguous():
+        chk = Checked(x.contiguous(), chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)
+    return impl, chk

@@ -1,26 +1,89 @@
-"""The RNN-T loss as a ``torch.library`` custom op, so that ``torch.compile`` traces it.
+"""The one autograd Function of the loss, and the same loss as a ``torch.library`` custom
+op for ``torch.compile``; both drive any backend through the same two calls.
 
-``torch.compile(model, fullgraph=True)`` cannot trace through Numba or a Triton launch; a
-custom op is opaque to the tracer instead: it sees only the op's fake (meta)
-implementation, which gives the output shapes and dtypes. ``rnnt_loss`` routes through
-this op only while compiling; eager calls use the backends' own autograd Functions, which
-avoid one pass over the gradient (the upstream factor is fused into the gradient write,
-and the Numba backend hands its buffer over without a copy).
+Every backend module provides (``_backends`` loads them)::
 
-The op's forward returns ``(costs, grad)``: the per-sequence costs ``(B,)`` and the
-per-sequence gradient ``(B, T, U+1, V)`` before the upstream factor (empty when no
-gradient is needed), from the backend's ``costs_and_grad``. Its registered backward
-scales the saved gradient by the upstream gradient of each sequence.
+    loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad)
+        -> (costs (B,), saved: tuple of tensors, state)
+    loss_backward(saved, state, upstream (B,), opts) -> gradient (B, T, U+1, V)
+    INPLACE_WRITES_IN = "forward" | "backward"
+
+``saved`` goes through ``ctx.save_for_backward`` (autograd's version checks apply), ``state``
+is anything else the backend keeps. ``loss_backward`` returns ``upstream[b] * clip(d loss_b
+/ d logits)`` (exactly 0 where ``upstream[b] == 0``, math.md 8.1), written over the logits
+when ``opts.inplace_grad``.
+
+``inplace_grad`` is handled here, once: the backend overwrites the logits in the phase it
+declares (Numba stores its exps there in the forward pass; the others write the gradient
+in the backward pass), and this Function bumps the logits' version counter right then, so
+that autograd refuses, rather than silently misuses, any other use of the overwritten
+logits (another node that saved them, or a second backward), and it hands autograd a new
+tensor over the logits' memory, not the leaf itself.
+
+The custom op (``torch.compile`` cannot trace through Numba or a Triton launch; the op is
+opaque to the tracer, which sees only its fake implementation) returns ``(costs, grad)``:
+the per-sequence gradient with upstream 1, from the same two calls, and its registered
+backward scales it by the upstream gradient. Eager calls use the Function instead, which
+fuses the upstream factor into the gradient write and lets the Numba backend hand its
+buffer over without a copy.
 """
 from __future__ import annotations
 
 import torch
 
 from . import _backends
+from ._types import LossOptions
 
-__all__ = ["rnnt_costs"]
+__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream"]
 
 
+def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
+    """``upstream * grad`` per sequence, where an upstream gradient of exactly 0 gives
+    exactly 0 (a select, not a product: ``0 * NaN`` is NaN; math.md section 8.1)."""
+    prod = grad * upstream
+    return torch.where(upstream == 0, torch.zeros((), dtype=grad.dtype, device=grad.device),
+                       prod, **({} if out is None else {"out": out}))
+
+
+# --------------------------------------------------------------------------- eager
+class _RNNTLoss(torch.autograd.Function):
+    """Per-sequence costs ``-log P`` (B,) with the fused gradient of math.md 4-6."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, impl, opts: LossOptions):
+        need_grad = ctx.needs_input_grad[0]
+        if not need_grad:
+            opts = opts.without_inplace()         # nothing to write: leave the logits alone
+        costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
+                                                opts, need_grad)
+        if opts.inplace_grad and impl.INPLACE_WRITES_IN == "forward":
+            torch.autograd.graph.increment_version(logits)
+        if need_grad:
+            ctx.save_for_backward(*saved)
+            ctx.impl, ctx.state, ctx.opts = impl, state, opts
+            ctx.logits = logits if opts.inplace_grad else None
+        return costs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_costs):
+        saved = ctx.saved_tensors                 # version checks happen here
+        opts: LossOptions = ctx.opts
+        if opts.inplace_grad and ctx.impl.INPLACE_WRITES_IN == "backward":
+            torch.autograd.graph.increment_version(ctx.logits)
+        grad = ctx.impl.loss_backward(saved, ctx.state, grad_costs, opts)
+        if opts.inplace_grad:
+            grad = grad.detach()                  # a new tensor over the same memory
+        return grad, None, None, None, None, None
+
+
+def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths,
+               opts: LossOptions) -> torch.Tensor:
+    """(B,) per-sequence costs through ``impl`` with the gradient attached (eager)."""
+    return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, impl, opts)
+
+
+# --------------------------------------------------------------------------- traced
 @torch.library.custom_op("rnnt_lattice::rnnt_costs_and_grad", mutates_args=())
 def _costs_and_grad(
     logits: torch.Tensor,          # (B, T, U+1, V) float32/float64, contiguous
@@ -34,11 +97,16 @@ def _costs_and_grad(
     backend: str,
     need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # A custom op's schema takes primitives: the options are rebuilt here.
     impl = _backends.resolve(backend, logits.device)
-    costs, grad = impl.costs_and_grad(logits, targets, logit_lengths, target_lengths, blank,
-                                      clamp, fused, fastemit_lambda, need_grad)
-    if grad is None:
-        grad = logits.new_empty((0,))
+    opts = LossOptions(blank, fused, clamp, fastemit_lambda)
+    with torch.no_grad():
+        costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
+                                                opts, need_grad)
+        if not need_grad:
+            return costs, logits.new_empty((0,))
+        ones = torch.ones(logits.shape[0], dtype=costs.dtype, device=costs.device)
+        grad = impl.loss_backward(saved, state, ones, opts)
     return costs, grad
 
 
@@ -56,9 +124,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_costs, _grad_of_grad):
     (grad,) = ctx.saved_tensors
-    # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b); an upstream
-    # of exactly 0 gives exactly 0, even where the gradient is NaN (math.md section 8).
-    from .reference import scale_upstream
+    # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b).
     return (scale_upstream(grad, grad_costs.to(grad.dtype)[:, None, None, None]),
             None, None, None, None, None, None, None, None, None)
 
@@ -66,10 +132,10 @@ def _backward(ctx, grad_costs, _grad_of_grad):
 _costs_and_grad.register_autograd(_backward, setup_context=_setup_context)
 
 
-def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank: int, clamp: float,
-               fused: bool, fastemit_lambda: float, backend: str) -> torch.Tensor:
+def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+                      backend: str) -> torch.Tensor:
     """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``."""
     need_grad = torch.is_grad_enabled() and logits.requires_grad
-    costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp,
-                               fused, fastemit_lambda, backend, need_grad)
+    costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
+                               opts.clamp, opts.fused, opts.fastemit_lambda, backend, need_grad)
     return costs

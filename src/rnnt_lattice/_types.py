@@ -19,3 +19,21 @@ class Lattice:
     log_like: torch.Tensor     # (B,)         log P(y|x) = beta(0,0); -inf when impossible
     gamma_blank: torch.Tensor  # (B, T, U+1)  occupation of the blank arc (t,u)->(t+1,u)
     gamma_label: torch.Tensor  # (B, T, U+1)  occupation of the label arc (t,u)->(t,u+1); 0 at u=U_b
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """Everything a backend needs to know about one loss call besides its tensors.
+
+    One object travels from the public layer through the autograd Function and the custom
+    op to the backend's ``loss_forward`` / ``loss_backward``: never positional tuples.
+    """
+
+    blank: int                      # in [0, V)
+    fused: bool = True              # logits are raw scores (log-softmax fused) or log-probs
+    clamp: float = -1.0             # > 0: clip the per-sequence gradient to [-clamp, clamp]
+    fastemit_lambda: float = 0.0    # FastEmit: label arcs' gradient x (1 + lambda)
+    inplace_grad: bool = False      # write the gradient over the logits
+
+    def without_inplace(self) -> "LossOptions":
+        return LossOptions(self.blank, self.fused, self.clamp, self.fastemit_lambda, False)

@@ -20,12 +20,11 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class Checked:
     """Normalised arguments: int64 contiguous targets/lengths, a non-negative blank id."""
 
-    logits: torch.Tensor          # (B, T, U+1, V), float32 or float64, contiguous
+    logits: torch.Tensor          # (B, T, U+1, V), as given (``_backends.prepare`` converts)
     targets: torch.Tensor         # (B, U), int64 (int32 kept with int64_ids=False), contiguous
     logit_lengths: torch.Tensor   # (B,), idem
     target_lengths: torch.Tensor  # (B,), idem
     blank: int                    # in [0, V)
-    input_dtype: torch.dtype      # dtype of the logits the user passed
 
 
 def _shape(x: torch.Tensor) -> str:
@@ -103,7 +102,7 @@ def check_lattice_args(
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_values(logits, targets, logit_lengths, target_lengths, blank)
 
-    return Checked(logits, targets, logit_lengths, target_lengths, blank, logits.dtype)
+    return Checked(logits, targets, logit_lengths, target_lengths, blank)
 
 
 def _check_values(logits, targets, logit_lengths, target_lengths, blank) -> None:

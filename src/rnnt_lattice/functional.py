@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from . import _backends, _ops
-from ._validate import check_float, check_lattice_args, check_reduction
+from ._types import LossOptions
+from ._validate import check_float, check_reduction
 
 __all__ = ["rnnt_loss", "empty_cache"]
 
@@ -113,32 +114,21 @@ def rnnt_loss(
     clamp = check_float("clamp", clamp)
     fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda, finite=True)
     compiling = torch.compiler.is_compiling()
-    # Eager: the backend first, so that one whose kernels read int32 ids keeps them.
-    impl = None if compiling else _backends.resolve(backend, logits.device)
-    chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
-                             int64_ids=not getattr(impl, "NATIVE_INT32_IDS", False))
-
+    impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
+                                  traced=compiling)
+    opts = LossOptions(chk.blank, bool(fused_log_softmax), clamp, fastemit_lambda,
+                       bool(inplace_grad))
     if compiling:
         # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
-        # the op runs, outside the trace.
-        if backend not in _backends.BACKENDS:
-            raise ValueError(f"backend must be one of {_backends.BACKENDS}, got {backend!r}")
-        x = chk.logits
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        costs = _ops.rnnt_costs(x.contiguous(), chk.targets, chk.logit_lengths,
-                                chk.target_lengths, chk.blank, clamp, bool(fused_log_softmax),
-                                fastemit_lambda, backend)
+        # the op runs, outside the trace. inplace_grad has no effect there.
+        costs = _ops.rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths,
+                                       chk.target_lengths, opts, backend)
     else:
-        native_low = getattr(impl, "NATIVE_LOW_PRECISION", False)
         if inplace_grad:
-            _check_inplace(chk.logits, native_low)
-        x = chk.logits
-        if x.dtype in (torch.float16, torch.bfloat16) and not native_low:
-            x = x.float()                      # autograd casts the gradient back
-        costs = impl.rnnt_costs(x.contiguous(), chk.targets, chk.logit_lengths,
-                                chk.target_lengths, chk.blank, clamp, bool(fused_log_softmax),
-                                fastemit_lambda, inplace_grad=bool(inplace_grad))
+            # Checked on what the user passed: any copy (dtype, layout) would defeat it.
+            _check_inplace(logits, getattr(impl, "NATIVE_LOW_PRECISION", False))
+        costs = _ops.rnnt_costs(impl, chk.logits, chk.targets, chk.logit_lengths,
+                                chk.target_lengths, opts)
     if zero_infinity:
         # torch.where's gradient is 0 for the replaced entries: no host sync, no NaN.
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._types import Lattice
+from ._types import Lattice, LossOptions
 
 NEG_INF = float("-inf")
 
@@ -200,68 +200,35 @@ def logit_grad(logits, lse, lat: Lattice, targets, logit_lengths, target_lengths
     return grad
 
 
-def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
-    """``upstream * grad`` per sequence, where an upstream gradient of exactly 0 gives
-    exactly 0 (a select, not a product: ``0 * NaN`` is NaN; math.md section 8)."""
-    prod = grad * upstream
-    return torch.where(upstream == 0, torch.zeros((), dtype=grad.dtype, device=grad.device),
-                       prod, **({} if out is None else {"out": out}))
+# --------------------------------------------------------------------------- loss
+INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
 
 
-class _TorchRNNT(torch.autograd.Function):
-    """Per-sequence RNN-T costs with the gradient computed in the forward pass."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                fastemit_lambda, inplace_grad):
-        ldt = lattice_dtype(logits.device)
-        lse, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
-        lat = lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
-        costs = (-lat.log_like).to(logits.dtype)
-        if ctx.needs_input_grad[0]:
-            grad = logit_grad(logits, lse, lat, targets, logit_lengths, target_lengths, blank,
-                              fused, clamp, fastemit_lambda)
-            ctx.save_for_backward(grad, *((logits,) if inplace_grad else ()))
-        return costs
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_costs):
-        grad, *into = ctx.saved_tensors
-        upstream = grad_costs.to(grad.dtype)[:, None, None, None]
-        if into:
-            # inplace_grad: the gradient goes into the logits' storage. out= bumps their
-            # version counter, so autograd refuses any later use of the overwritten logits
-            # (a second backward, or another node that saved them).
-            (logits,) = into
-            scale_upstream(grad, upstream, out=logits)
-            dst = logits.detach()      # a new tensor over the same memory, not the leaf itself
-        else:
-            dst = scale_upstream(grad, upstream)
-        return dst, None, None, None, None, None, None, None, None
-
-
-def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
-               inplace_grad=False):
-    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached.
-    ``inplace_grad``: the backward pass writes the gradient over ``logits``."""
-    return _TorchRNNT.apply(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                            fastemit_lambda, bool(inplace_grad))
-
-
-def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                   fastemit_lambda, need_grad):
-    """Costs (B,) and, if ``need_grad``, the per-sequence gradient before the upstream
-    factor (for the torch.library custom op); no autograd involved."""
+def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad):
+    """``_ops`` protocol: costs, and (when wanted) the per-sequence gradient, computed here
+    and saved for the backward pass, which only applies the upstream factor."""
     with torch.no_grad():
         ldt = lattice_dtype(logits.device)
-        lse, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
+        lse, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths,
+                                      opts.blank, opts.fused)
         lat = lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
         costs = (-lat.log_like).to(logits.dtype)
         if not need_grad:
-            return costs, None
-        return costs, logit_grad(logits, lse, lat, targets, logit_lengths, target_lengths, blank,
-                                 fused, clamp, fastemit_lambda)
+            return costs, (), None
+        grad = logit_grad(logits, lse, lat, targets, logit_lengths, target_lengths, opts.blank,
+                          opts.fused, opts.clamp, opts.fastemit_lambda)
+    return costs, (grad,) + ((logits,) if opts.inplace_grad else ()), None
+
+
+def loss_backward(saved, state, upstream, opts: LossOptions):
+    """``_ops`` protocol: ``upstream[b] * grad_b`` (exactly 0 where ``upstream[b] == 0``),
+    into the logits' storage with ``opts.inplace_grad``."""
+    from ._ops import scale_upstream
+    grad, *into = saved
+    up = upstream.to(grad.dtype)[:, None, None, None]
+    if into:
+        return scale_upstream(grad, up, out=into[0])
+    return scale_upstream(grad, up)
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:

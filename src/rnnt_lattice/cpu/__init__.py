@@ -1,4 +1,4 @@
-"""CPU backend: Numba kernels (``kernels.py``) behind a private autograd Function.
+"""CPU backend: Numba kernels (``kernels.py``) behind the loss protocol of ``_ops``.
 
 Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
 compile on first use and are cached on disk (``_config.CACHE``).
@@ -38,10 +38,10 @@ import threading
 import numpy as np
 import torch
 
-from .._types import Lattice
+from .._types import Lattice, LossOptions
 from . import _config, kernels
 
-__all__ = ["rnnt_costs", "compute_lattice", "costs_and_grad", "viterbi", "empty_cache"]
+__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "empty_cache"]
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -156,85 +156,60 @@ def _gradient(dst, src, from_logits, targets, logit_lengths, target_lengths, bla
     return dst
 
 
-class _NumbaRNNT(torch.autograd.Function):
-    """Per-sequence costs (B,) with the fused gradient of section 4 of math.md."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                fastemit_lambda, inplace_grad):
-        need_grad = ctx.needs_input_grad[0]
-        inplace = need_grad and inplace_grad
-        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
-                                            blank, fused, store=need_grad and fused,
-                                            into=logits if inplace else None)
-        if inplace:
-            # The logits now hold exps: any other autograd user of them must fail loudly
-            # ("modified by an inplace operation") rather than read them silently.
-            torch.autograd.graph.increment_version(logits)
-        if need_grad:
-            # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
-            ctx.save_for_backward(targets, logit_lengths, target_lengths,
-                                  *(() if inplace else (logits,)))
-            ctx.inplace = inplace
-            ctx.buf = logits if inplace else buf
-            ctx.state = (shift, inv_sum, lat)
-            ctx.opts = (blank, fused, fastemit_lambda, clamp)
-        return (-lat.log_like).to(logits.dtype)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_costs):
-        targets, logit_lengths, target_lengths, *saved = ctx.saved_tensors
-        logits = saved[0] if saved else None
-        shift, inv_sum, lat = ctx.state
-        blank, fused, fastemit_lambda, clamp = ctx.opts
-        if ctx.inplace and ctx.buf is None:
-            raise RuntimeError(
-                "rnnt_loss(inplace_grad=True): the logits buffer already holds the gradient of "
-                "the first backward; a second backward (retain_graph=True) is not possible")
-        if ctx.inplace and not fused:
-            dst, from_logits = ctx.buf, False
-            _np(dst).fill(0)
-            ctx.buf = None
-        elif not fused:
-            dst, from_logits = _zeros_like(logits), False
-        elif ctx.buf is not None:
-            # Hand the forward's exp buffer over: no reference stays here, so autograd can
-            # adopt it as .grad without a copy.
-            dst, from_logits = ctx.buf, False
-            ctx.buf = None
-        else:
-            dst, from_logits = _empty_like(logits), True
-        upstream = grad_costs.detach().to(torch.float64).contiguous().numpy()
-        _gradient(dst, dst if logits is None else logits, from_logits, targets, logit_lengths,
-                  target_lengths, blank, fused, shift, inv_sum, lat, fastemit_lambda, clamp, upstream)
-        # A plain tensor over the same memory: in in-place mode dst is the logits leaf itself.
-        return torch.from_numpy(_np(dst)), None, None, None, None, None, None, None, None
+# --------------------------------------------------------------------------- loss
+INPLACE_WRITES_IN = "forward"     # in-place mode stores the exps in the logits right away
 
 
-def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
-               inplace_grad=False):
-    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached.
-    ``inplace_grad``: the gradient is written over ``logits`` (which must be contiguous)."""
-    return _NumbaRNNT.apply(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                            fastemit_lambda, bool(inplace_grad))
+class _State:
+    """What the backward pass needs besides saved tensors. ``buf`` (the forward's exp
+    buffer, or the logits themselves in place) is handed over once."""
+
+    def __init__(self, buf, shift, inv_sum, lat: Lattice, inplace: bool):
+        self.buf, self.shift, self.inv_sum, self.lat, self.inplace = buf, shift, inv_sum, lat, inplace
 
 
-def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                   fastemit_lambda, need_grad):
-    """Costs (B,) and, if ``need_grad``, the per-sequence gradient before the upstream
-    factor (for the torch.library custom op); no autograd involved."""
-    with torch.no_grad():
-        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
-                                            blank, fused, store=need_grad and fused)
-        costs = (-lat.log_like).to(logits.dtype)
-        if not need_grad:
-            return costs, None
-        dst = buf if fused else _zeros_like(logits)
-        ones = np.ones(logits.shape[0])
-        _gradient(dst, logits, False, targets, logit_lengths, target_lengths, blank, fused,
-                  shift, inv_sum, lat, fastemit_lambda, clamp, ones)
-        return costs, dst
+def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad):
+    """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``. With a gradient wanted in
+    fused mode the exps are stored in a buffer (the logits themselves with
+    ``opts.inplace_grad``: each row is read completely before its exps overwrite it)."""
+    inplace = need_grad and opts.inplace_grad
+    buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
+                                        opts.blank, opts.fused, store=need_grad and opts.fused,
+                                        into=logits if inplace else None)
+    costs = (-lat.log_like).to(logits.dtype)
+    if not need_grad:
+        return costs, (), None
+    # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
+    saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
+    return costs, saved, _State(logits if inplace else buf, shift, inv_sum, lat, inplace)
+
+
+def loss_backward(saved, st: _State, upstream, opts: LossOptions):
+    """Pass 3 (``_ops`` protocol): the gradient, upstream factor fused, into the forward's
+    buffer (handed over: no reference stays here, so autograd adopts it without a copy);
+    a second backward recomputes the exps from the saved logits with the same code."""
+    targets, logit_lengths, target_lengths, *rest = saved
+    logits = rest[0] if rest else None
+    if st.inplace and st.buf is None:
+        raise RuntimeError(
+            "rnnt_loss(inplace_grad=True): the logits buffer already holds the gradient of "
+            "the first backward; a second backward (retain_graph=True) is not possible")
+    if st.inplace and not opts.fused:
+        dst, from_logits = st.buf, False
+        _np(dst).fill(0)
+        st.buf = None
+    elif not opts.fused:
+        dst, from_logits = _zeros_like(logits), False
+    elif st.buf is not None:
+        dst, from_logits = st.buf, False
+        st.buf = None
+    else:
+        dst, from_logits = _empty_like(logits), True
+    up = upstream.detach().to(torch.float64).contiguous().numpy()
+    _gradient(dst, dst if logits is None else logits, from_logits, targets, logit_lengths,
+              target_lengths, opts.blank, opts.fused, st.shift, st.inv_sum, st.lat,
+              opts.fastemit_lambda, opts.clamp, up)
+    return dst
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:

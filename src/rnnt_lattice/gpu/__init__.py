@@ -1,4 +1,4 @@
-"""GPU backend: Triton kernels (``kernels.py``) behind a private autograd Function.
+"""GPU backend: Triton kernels (``kernels.py``) behind the loss protocol of ``_ops``.
 
 Importing this module imports Triton (that is how ``_backends`` detects it). It runs on
 CUDA tensors, and on CPU tensors through the Triton interpreter, which is how the tests
@@ -37,10 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._types import Lattice
+from .._types import Lattice, LossOptions
 from . import kernels
 
-__all__ = ["rnnt_costs", "costs_and_grad", "compute_lattice", "viterbi"]
+__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi"]
 
 # The kernels read float16/bfloat16 logits and int32 ids/lengths directly: the public layer
 # need not convert them (each conversion would be a launch of its own).
@@ -106,16 +106,6 @@ def _device(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-@dataclass(frozen=True)
-class _Options:
-    """What the backward pass needs besides tensors."""
-    blank: int
-    fused: bool
-    clamp: float
-    fastemit_lambda: float
-    inplace_grad: bool
-
-
 # --------------------------------------------------------------------------- state
 @dataclass
 class _State:
@@ -171,7 +161,7 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank: int, fused: 
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
-              opts: _Options, upstream: torch.Tensor):
+              opts: LossOptions, upstream: torch.Tensor):
     """Pass 3: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst`` may be ``logits``.
     ``upstream`` is any ``(B,)`` tensor (strides included)."""
     B, T, U1, V = logits.shape
@@ -212,72 +202,32 @@ def _costs_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# --------------------------------------------------------------------------- autograd
-class _TritonRNNT(torch.autograd.Function):
-    """Per-sequence costs (B,); the backward pass writes the fused gradient (math.md 4-6)
-    scaled by the upstream gradient, in one pass over the logits."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, opts: _Options):
-        logits, targets, logit_lengths, target_lengths = _prepare(
-            logits, targets, logit_lengths, target_lengths)
-        need_grad = ctx.needs_input_grad[0]
-        # beta is only needed for the occupations: a forward without gradient skips it.
-        st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts.blank,
-                             opts.fused, beta=need_grad)
-        if need_grad:
-            ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, st.workspace)
-            ctx.opts = opts
-        return costs
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_costs):
-        logits, targets, logit_lengths, target_lengths, ws = ctx.saved_tensors
-        opts: _Options = ctx.opts
-        B, T, U1, _ = logits.shape
-        if opts.inplace_grad:
-            # The logits' storage becomes the gradient. Bumping the version counter makes
-            # autograd refuse (instead of silently using overwritten values) any later use
-            # of these logits saved by another node, or a second backward through this one.
-            dst = logits
-            torch.autograd.graph.increment_version(logits)
-        else:
-            dst = torch.empty_like(logits)
-        _gradient(dst, logits, targets, logit_lengths, target_lengths,
-                  _State.of(ws, B, T, U1), opts, grad_costs)
-        if opts.inplace_grad:
-            dst = dst.detach()     # a new tensor over the same memory, not the leaf itself
-        return dst, None, None, None, None
+# --------------------------------------------------------------------------- loss
+INPLACE_WRITES_IN = "backward"    # the gradient pass writes over the logits
 
 
-def rnnt_costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-               fastemit_lambda, inplace_grad=False):
-    """(B,) per-sequence costs ``-log P`` with the (FastEmit/clamped) gradient attached.
-    ``inplace_grad``: the backward pass writes the gradient over ``logits``."""
-    opts = _Options(int(blank), bool(fused), float(clamp), float(fastemit_lambda),
-                    bool(inplace_grad))
-    return _TritonRNNT.apply(logits, targets, logit_lengths, target_lengths, opts)
-
-
-def costs_and_grad(logits, targets, logit_lengths, target_lengths, blank, clamp, fused,
-                   fastemit_lambda, need_grad):
-    """Costs (B,) and, if ``need_grad``, the per-sequence gradient before the upstream
-    factor (for the torch.library custom op); no autograd involved."""
+def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad):
+    """Passes 1-2 (``_ops`` protocol): costs, and the float64 lattice state saved for the
+    gradient pass. beta is only needed for the occupations: without a gradient it is
+    skipped."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
-    opts = _Options(int(blank), bool(fused), float(clamp), float(fastemit_lambda), False)
-    with torch.no_grad():
-        st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts.blank,
-                             opts.fused, beta=need_grad)
-        if not need_grad:
-            return costs, None
-        # Upstream factor 1 for every sequence: the costs' own storage is not it, so use
-        # a one-element tensor read with stride 0.
-        ones = torch.ones(1, dtype=costs.dtype, device=costs.device).expand(logits.shape[0])
-        grad = _gradient(torch.empty_like(logits), logits, targets, logit_lengths,
-                         target_lengths, st, opts, ones)
-        return costs, grad
+    st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts.blank,
+                         opts.fused, beta=need_grad)
+    if not need_grad:
+        return costs, (), None
+    return costs, (logits, targets, logit_lengths, target_lengths, st.workspace), None
+
+
+def loss_backward(saved, state, upstream, opts: LossOptions):
+    """Pass 3 (``_ops`` protocol): the gradient with the upstream factor, clamp and FastEmit
+    fused, in one pass over the logits, written over them with ``opts.inplace_grad``.
+    ``upstream`` is read through its stride (an expanded scalar is not copied)."""
+    logits, targets, logit_lengths, target_lengths, ws = saved
+    B, T, U1, _ = logits.shape
+    dst = logits if opts.inplace_grad else torch.empty_like(logits)
+    return _gradient(dst, logits, targets, logit_lengths, target_lengths,
+                     _State.of(ws, B, T, U1), opts, upstream)
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
