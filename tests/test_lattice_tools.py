@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rnnt_lattice
-from rnnt_lattice.lattice.alignment import backtrack
+from rnnt_lattice.analysis.alignment import backtrack
 
 BACKENDS = ["torch", "numba"]
 
@@ -307,8 +307,8 @@ def test_plot_occupancy_saves_png_and_svg(tmp_path):
         save(fig, tmp_path / "o.jpg")
 
 
-@pytest.mark.parametrize("module", ["rnnt_lattice.lattice.occupancy", "rnnt_lattice.lattice.alignment",
-                                    "rnnt_lattice.lattice.pruning", "rnnt_lattice.plot"])
+@pytest.mark.parametrize("module", ["rnnt_lattice.analysis.occupancy", "rnnt_lattice.analysis.alignment",
+                                    "rnnt_lattice.analysis.coverage", "rnnt_lattice.plot"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

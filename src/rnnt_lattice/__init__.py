@@ -4,7 +4,7 @@ Importing this package needs torch and numpy only; Numba and Triton load on firs
 """
 from .functional import empty_cache, rnnt_loss
 from .modules import RNNTLoss
-from .lattice import (Alignment, Occupancy, PruneCoverage, best_alignment, occupancy,
+from .analysis import (Alignment, Occupancy, PruneCoverage, best_alignment, occupancy,
                       prune_coverage)
 
 __version__ = "0.1.0"

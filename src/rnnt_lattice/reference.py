@@ -243,7 +243,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
     """Max-plus forward pass: ``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` in the lattice
     dtype. ``alpha_max(t,u)`` is the log-probability of the best path from (0,0) to (t,u);
     ``lpb``/``lpl`` are the arc log-probs (``-inf`` off the lattice). The backtracking is
-    shared by every backend (``rnnt_lattice.lattice.alignment``)."""
+    shared by every backend (``rnnt_lattice.analysis.alignment``)."""
     with torch.no_grad():
         _, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
         ldt = lattice_dtype(logits.device)

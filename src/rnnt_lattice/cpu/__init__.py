@@ -224,7 +224,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
 
     The arc log-probs come from the same ``row_pass`` as the loss (no exps stored) and
     alpha from the same recursion in the max-plus semiring (``kernels.viterbi_alpha``);
-    the backtracking is shared by every backend (``rnnt_lattice.lattice.alignment``).
+    the backtracking is shared by every backend (``rnnt_lattice.analysis.alignment``).
     """
     with torch.no_grad():
         logits = logits.contiguous()

@@ -1,4 +1,6 @@
-"""Lattice tools built on the loss's own recursion (no second implementation).
+"""Analysis of the lattice — where the alignments lie — built on the loss's own recursion
+(no second implementation). The name keeps it apart from the loss kernels' "lattice" pass
+and from the pruned *loss*: this package only looks at lattices.
 
 * :func:`occupancy` — node and arc occupation probabilities (math.md section 3);
 * :func:`best_alignment` — the Viterbi path (same recursion in the max-plus semiring);
@@ -7,7 +9,7 @@
 """
 from .alignment import Alignment, best_alignment
 from .occupancy import Occupancy, occupancy
-from .pruning import PruneCoverage, prune_coverage
+from .coverage import PruneCoverage, prune_coverage
 
 __all__ = ["Occupancy", "occupancy", "Alignment", "best_alignment", "PruneCoverage",
            "prune_coverage"]
