@@ -1,9 +1,11 @@
-"""What every benchmark script shares: thread pinning, the timer, the exp floor, memory
-measurement in a fresh subprocess, machine/version metadata, and result files.
+"""What the runner (run.py) needs besides the package's ``rnnt_lattice.bench`` (registry,
+clocks, timing, floors, thread setter): the thread environment, peak-RSS measurement in a
+fresh subprocess, machine/version metadata, and result files.
 
 Import this module *before* torch (it sets OMP_NUM_THREADS & co., which OpenMP reads
 once at start-up). The thread count is ``RNNT_BENCH_THREADS`` (default 2: the size of
-every machine of this project).
+every machine of this project); ``rnnt_lattice.bench.set_threads(THREADS)`` applies it to
+torch and Numba.
 """
 from __future__ import annotations
 
@@ -32,27 +34,13 @@ PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "rnnt-lattice", "to
             "warprnnt-numba", "nemo-toolkit", "fast_rnnt", "optimized_transducer")
 
 
-def apply_threads() -> int:
-    """Fix intra-op threads for torch and numba to THREADS (the env vars are set at import)."""
-    torch.set_num_threads(THREADS)
-    try:
-        import numba
-        numba.set_num_threads(min(THREADS, numba.config.NUMBA_NUM_THREADS))
-    except ImportError:
-        pass
-    return THREADS
-
-
-# --------------------------------------------------------------------------- timing
-# One timer, one training-step body and one exp floor for the package's `rnnt-lattice bench`
-# and these scripts.
-from rnnt_lattice.bench import exp_floor, fmt_s, fwd, fwd_bwd, time_calls  # noqa: E402,F401
+from rnnt_lattice.bench import fmt_s  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- memory
 
 def peak_rss_extra(script: Path, args: list, timeout: float = 600.0) -> dict:
-    """Peak RSS of a fresh subprocess doing one fwd+bwd, minus that of a baseline subprocess
+    """CPU memory: peak RSS of a fresh subprocess doing one fwd+bwd, minus that of a baseline subprocess
     that does everything else (imports, the provider's JIT warm-up, making the inputs).
     Both children reset their high-water mark after that common part (``reset_peak_rss``),
     so the difference is the call's own peak: its outputs, gradient and workspaces.
@@ -163,9 +151,12 @@ def write_results(stem: str, meta: dict, rows: list, markdown: str, out_dir: Pat
             w.writerow({k: _fmt_csv(r.get(k)) for k in cols})
     with open(paths["json"], "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    gpu = (f"GPU: {meta['gpu']} ({meta['gpu_mem_gib']} GiB, sm {meta['device_capability']}), "
+           f"CUDA {meta['cuda']}.  \n" if meta.get("gpu") else "")
     head = (f"Machine: {meta['cpu_model']}, {meta['cpus_usable']} cores, {meta['mem_gib']} GiB; "
             f"threads {meta['threads']}; load average at start {tuple(round(x, 2) for x in meta['loadavg_at_start'])}; "
             f"THP {meta['thp_enabled']}, THP_MEM_ALLOC_ENABLE={meta['THP_MEM_ALLOC_ENABLE']}.  \n"
+            + gpu +
             f"Date (UTC): {meta['date_utc']}; commit {meta['git_commit']}; command: `{meta['command']}`.  \n"
             "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v) + "\n\n")
     paths["md"].write_text(head + markdown)

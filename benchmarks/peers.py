@@ -1,4 +1,4 @@
-"""Provider adapters: one function per RNN-T loss implementation, all with one signature.
+"""The provider table: ours and the peers, one adapter each, all with one signature.
 
     fn(logits, targets, logit_lengths, target_lengths, blank) -> costs (B,)
 
@@ -13,6 +13,11 @@ call, so they are timed: they are what a user of that library pays too.
 
 Peers are optional: a provider whose import fails is reported as unavailable with the
 reason, never an error. Peers live in ``benchmarks/.venv-peers`` (``setup_peers.sh``).
+
+Each provider says where it runs (``devices``: the runner's ``--device``), which loss variants
+it implements (``variants``, see ``rnnt_lattice.bench.VARIANTS``; a case with another one is
+reported "unsupported") and whether it overwrites its logits with the gradient (``inplace``:
+the runner restores them before each timed call, outside the timing).
 
 ``python benchmarks/peers.py --list`` prints which providers import here.
 """
@@ -35,7 +40,10 @@ class Provider:
     dist: Optional[str]              # distribution name, for the version column
     load: Callable[[], Callable]     # -> the adapter; raises ImportError if unavailable
     note: str = ""
-    default: bool = True             # part of the default provider set
+    devices: tuple = ("cpu", "cuda")
+    variants: tuple = ("regular",)
+    inplace: bool = False            # writes the gradient over the logits
+    ours: bool = False
     _fn: Optional[Callable] = field(default=None, repr=False)
     _err: Optional[str] = field(default=None, repr=False)
 
@@ -53,15 +61,19 @@ class Provider:
 
 # --------------------------------------------------------------------------- ours
 
-def _ours(backend: str):
+def _ours(backend: str, inplace_grad: bool = False):
     def load():
         import rnnt_lattice
 
         def fn(logits, targets, logit_lengths, target_lengths, blank):
             return rnnt_lattice.rnnt_loss(logits, targets, logit_lengths, target_lengths,
-                                          blank=blank, reduction="none", backend=backend)
+                                          blank=blank, reduction="none", backend=backend,
+                                          inplace_grad=inplace_grad)
+        # Fail here, not at the first call, when the backend's module does not import.
         if backend == "numba":
-            importlib.import_module("rnnt_lattice.cpu")   # fail here, not at the first call
+            importlib.import_module("rnnt_lattice.cpu")
+        elif backend == "triton":
+            importlib.import_module("rnnt_lattice.gpu")
         return fn
     return load
 
@@ -168,9 +180,15 @@ def _optimized_transducer():
 
 
 PROVIDERS = {p.name: p for p in (
-    Provider("rnnt_lattice", "rnnt-lattice", _ours("numba"), "backend='numba'"),
+    Provider("rnnt_lattice", "rnnt-lattice", _ours("numba"), "backend='numba'",
+             devices=("cpu",), ours=True),
     Provider("rnnt_lattice_torch", "rnnt-lattice", _ours("torch"),
-             "backend='torch' (pure-PyTorch reference)"),
+             "backend='torch' (pure-PyTorch reference)", ours=True),
+    Provider("rnnt_lattice_triton", "rnnt-lattice", _ours("triton"), "backend='triton'",
+             devices=("cuda",), ours=True),
+    Provider("rnnt_lattice_triton_inplace", "rnnt-lattice", _ours("triton", inplace_grad=True),
+             "backend='triton', inplace_grad=True (gradient written over the logits)",
+             devices=("cuda",), inplace=True, ours=True),
     Provider("torchaudio", "torchaudio", _torchaudio, "torchaudio.functional.rnnt_loss"),
     Provider("warprnnt_numba", "warprnnt-numba", _warprnnt_numba,
              "CPU: autograd log_softmax + Numba kernel"),
@@ -182,10 +200,17 @@ PROVIDERS = {p.name: p for p in (
 )}
 
 
-def available() -> dict:
-    """name -> None if importable, else the reason."""
+def for_device(device: str, ours_only: bool = False) -> list:
+    """Names of the providers that run on ``device`` (the runner's default set)."""
+    return [n for n, p in PROVIDERS.items() if device in p.devices and (p.ours or not ours_only)]
+
+
+def available(device: str = None) -> dict:
+    """name -> None if importable, else the reason (on ``device`` only, if given)."""
     out = {}
     for name, p in PROVIDERS.items():
+        if device is not None and device not in p.devices:
+            continue
         try:
             p.get()
             out[name] = None
@@ -199,6 +224,9 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print which providers import here")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="only the providers that run there")
     args = ap.parse_args()
-    for name, why in available().items():
-        print(f"{name:22s} {'ok' if why is None else 'unavailable: ' + why}")
+    for name, why in available(args.device).items():
+        where = "/".join(PROVIDERS[name].devices)
+        print(f"{name:28s} {where:9s} {'ok' if why is None else 'unavailable: ' + why}")

@@ -1,4 +1,5 @@
-"""The shape registry and the one input factory shared by every benchmark run.
+"""The shape registry, the cases (shape, dtype, loss variant) and the one input factory
+shared by every benchmark run.
 
 They live in the package (``rnnt_lattice.bench``) so that ``rnnt-lattice bench`` and these
 scripts use the very same cases; this module re-exports them for the scripts here.
@@ -11,4 +12,5 @@ their inputs from :func:`make_inputs`, so a row in any table is reproducible fro
     >>> tuple(x.logits.shape)
     (4, 100, 21, 128)
 """
-from rnnt_lattice.bench import BLANK, GROUPS, SHAPES, Inputs, Shape, make_inputs, resolve  # noqa: F401
+from rnnt_lattice.bench import (BLANK, GROUPS, SHAPES, VARIANTS, Case, Inputs, Shape,  # noqa: F401
+                                cases, make_inputs, resolve)

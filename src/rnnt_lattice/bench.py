@@ -1,9 +1,13 @@
-"""The benchmark shape registry, its seeded input factory, the timer and the exp floor, and
-``rnnt-lattice bench``: rnnt_lattice against the machine's own exp throughput.
+"""The benchmark registry (shapes, loss variants, cases), its seeded input factory, the
+clocks and the one timing routine, the floors (exp pass on CPU, copy bandwidth on CUDA), the
+thread setter, and ``rnnt-lattice bench``: rnnt_lattice against the machine's own exp
+throughput.
 
-This module is the one source of the benchmark cases: ``benchmarks/`` (the side-by-side
-suite with the peers, see docs/benchmarks.md) imports it, and so does the command line.
-Shapes are ``(B, T, U, V)``: logits ``(B, T, U+1, V)``, targets ``(B, U)``.
+This module is the one source of the benchmark cases and measurements: ``benchmarks/run.py``
+(``--device cpu|cuda --mode floor|peers``, see docs/benchmarks.md) imports it, and so do the
+command line and the demo (for :func:`set_threads`).
+Shapes are ``(B, T, U, V)``: logits ``(B, T, U+1, V)``, targets ``(B, U)``. A benchmark case
+is ``(shape, dtype, loss variant)`` (:class:`Case`); the variants are :data:`VARIANTS`.
 
     >>> from rnnt_lattice.bench import SHAPES, make_inputs
     >>> x = make_inputs(SHAPES["s2"], seed=0)
@@ -84,7 +88,16 @@ GROUPS = {
     "quick": ["s1", "s2"],
     "core": ["s2", "s3", "s4", "s5", "ragged"],       # the core issue's target shapes
     "all": ["s1", "s2", "s3", "s4", "s5", "ragged", "s1_f64"],
-    "gpu": ["s3", "s4", "s5", "ragged", "big", "v5000"],   # benchmarks/gpu_bench.py
+    "gpu": ["s3", "s4", "s5", "ragged", "big", "v5000"],   # run.py --device cuda
+}
+
+# Loss topologies a case can ask for (``benchmarks/run.py --variants``). Only "regular"
+# exists today; a new one (TDT, multi-blank, ``rnnt_type`` variants) is added here, in
+# make_inputs if it needs more inputs (durations, extra blanks), and in the ``variants`` of
+# each provider of ``benchmarks/peers.py`` that implements it (the others report
+# "unsupported" for it).
+VARIANTS = {
+    "regular": "standard RNN-T: one blank; a blank moves t, a label moves u",
 }
 
 
@@ -99,6 +112,38 @@ class Inputs:
     @property
     def nbytes(self) -> int:
         return self.logits.numel() * self.logits.element_size()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case: a shape, the logits' dtype and the loss variant."""
+    shape: Shape
+    dtype: torch.dtype
+    variant: str = "regular"
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+    @property
+    def label(self) -> str:
+        """The shape's name, plus the dtype where it is not the shape's own and the variant
+        where it is not "regular": ``s5``, ``s5 bfloat16``, ``s1_f64``."""
+        out = self.shape.name
+        if self.dtype != self.shape.dtype:
+            out += f" {self.dtype_name}"
+        if self.variant != "regular":
+            out += f" {self.variant}"
+        return out
+
+
+def cases(names, dtype: Optional[torch.dtype] = None, variants=("regular",)) -> list:
+    """Shape or group names x variants -> list of :class:`Case`; ``dtype`` overrides the
+    shapes' own."""
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; known: {sorted(VARIANTS)}")
+    return [Case(s, dtype or s.dtype, v) for v in variants for s in resolve(names)]
 
 
 def resolve(names) -> list:
@@ -141,22 +186,60 @@ def make_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0
 
 
 # --------------------------------------------------------------------------- timing
+class WallClock:
+    """Seconds of one call by the wall clock (CPU: the call returns when its work is done)."""
+    name = "wall clock"
+
+    def sync(self) -> None:
+        pass
+
+    def once(self, fn, setup=None) -> float:
+        if setup is not None:
+            setup()                       # outside the timing
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+class CudaEventClock:
+    """Seconds of one call by CUDA events recorded around it on the current stream (the
+    ``setup`` work is queued before the start event, so it is not counted)."""
+    name = "CUDA events"
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    def once(self, fn, setup=None) -> float:
+        if setup is not None:
+            setup()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+
+WALL = WallClock()
+CUDA_EVENTS = CudaEventClock()
+
+
 def time_calls(fn, *, warmup: int = 1, reps: int = 5, cap_s: float = float("inf"),
-               min_time_s: float = 0.3, max_reps: int = 200) -> dict:
-    """Median wall time of ``fn()`` after ``warmup`` untimed calls.
+               min_time_s: float = 0.3, max_reps: int = 200, clock=WALL, setup=None) -> dict:
+    """Median time of ``fn()`` by ``clock`` after ``warmup`` untimed calls; ``setup()`` runs
+    before every call, outside the timing.
 
     At least ``reps`` samples, and more (up to ``max_reps``) until the samples add up to
     ``min_time_s``: a median of 3 sub-millisecond calls on a shared machine is mostly
-    scheduler noise. The cap bounds the whole measurement: if the warm-up already shows that
-    ``reps`` calls would overrun ``cap_s``, fewer are taken (at least one), and ``capped``
-    says so.
+    scheduler noise (``min_time_s=0`` takes exactly ``reps``). The cap bounds the whole
+    measurement: if the warm-up already shows that ``reps`` calls would overrun ``cap_s``,
+    fewer are taken (at least one), and ``capped`` says so.
     """
     spent = 0.0
     first = None
     for _ in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
+        dt = clock.once(fn, setup)
         spent += dt
         first = dt if first is None else first
     n = reps
@@ -165,9 +248,7 @@ def time_calls(fn, *, warmup: int = 1, reps: int = 5, cap_s: float = float("inf"
     samples = []
     while len(samples) < n or (sum(samples) < min_time_s and len(samples) < max_reps
                                and spent + sum(samples) < cap_s):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
+        samples.append(clock.once(fn, setup))
     return {"median": statistics.median(samples), "min": min(samples), "reps": len(samples),
             "samples": samples, "capped": n < reps}
 
@@ -189,8 +270,28 @@ def fwd(fn, x: Inputs):
         return fn(x.logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
 
 
+def time_loss(fn, x: Inputs, *, leaf: Optional[torch.Tensor] = None, setup=None, clock=WALL,
+              warmup: int = 1, fwd_warmup: Optional[int] = None, reps: int = 5,
+              cap_s: float = float("inf"), min_time_s: float = 0.3, forward: bool = True) -> dict:
+    """The one timing of a loss ``fn`` (provider signature) on ``x``: fwd+bwd into the leaf
+    ``leaf`` (default: a copy of ``x.logits``; ``setup`` restores it before each call where
+    the provider overwrites it) and, with ``forward``, forward only. ``cap_s`` bounds each."""
+    if leaf is None:
+        leaf = x.logits.detach().clone().requires_grad_()
+    fb = time_calls(lambda: fwd_bwd(fn, x, leaf), warmup=warmup, reps=reps, cap_s=cap_s,
+                    min_time_s=min_time_s, clock=clock, setup=setup)
+    out = {"fwd_bwd_s": fb["median"], "fwd_bwd_min_s": fb["min"], "fwd_bwd_reps": fb["reps"],
+           "fwd_bwd_capped": fb["capped"]}
+    if forward:
+        fw = time_calls(lambda: fwd(fn, x), reps=reps, cap_s=cap_s, min_time_s=min_time_s,
+                        clock=clock, warmup=warmup if fwd_warmup is None else fwd_warmup)
+        out.update(fwd_s=fw["median"], fwd_reps=fw["reps"])
+    return out
+
+
+# --------------------------------------------------------------------------- floors
 def exp_floor(logits: torch.Tensor, reps: int = 5) -> dict:
-    """The machine's floor for one pass over the logits, on the same tensor in the same run:
+    """The CPU's floor for one pass over the logits, on the same tensor in the same run:
     ``torch.exp(logits, out=buf)`` (buffer reused: pure read + exp + write) and
     ``torch.exp(logits)`` (a fresh output each time: adds the page faults of a new buffer,
     which any loss returning a new gradient tensor also pays)."""
@@ -199,6 +300,22 @@ def exp_floor(logits: torch.Tensor, reps: int = 5) -> dict:
     out = time_calls(lambda: torch.exp(x, out=buf), warmup=1, reps=reps)
     fresh = time_calls(lambda: torch.exp(x), warmup=1, reps=reps)
     return {"exp_out_s": out["median"], "exp_fresh_s": fresh["median"]}
+
+
+def copy_bandwidth(warmup: int = 3, reps: int = 10, nbytes: int = 1 << 30,
+                   device: str = "cuda", clock=CUDA_EVENTS) -> float:
+    """The GPU's floor: copy bandwidth in GB/s (one read and one write per byte) on an
+    ``nbytes`` buffer, large enough that launch latency does not count (a small tensor's
+    copy is launch-bound and says nothing about bandwidth). A fused loss reads the logits
+    twice and writes the gradient once: its floor is ``3 x nbytes(logits)`` / this."""
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
+    buf = torch.empty_like(x)
+    t = time_calls(lambda: buf.copy_(x), warmup=warmup, reps=reps, min_time_s=0.0,
+                   clock=clock)["median"]
+    del x, buf
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * nbytes / t / 1e9
 
 
 def loss_fn(backend: str):
@@ -215,18 +332,13 @@ def measure(shape: Shape, backend: str = "numba", *, reps: int = 5, warmup: int 
             cap_s: float = 60.0, seed: int = 0) -> dict:
     """fwd+bwd and forward-only medians of our loss at ``shape``, with the exp floor of
     the same tensor measured in the same run, and their ratio ``x_exp``."""
-    fn = loss_fn(backend)
     x = make_inputs(shape, seed=seed)
     floor = exp_floor(x.logits, reps=max(3, reps))
-    lg = x.logits.detach().clone().requires_grad_()
-    fb = time_calls(lambda: fwd_bwd(fn, x, lg), warmup=warmup, reps=reps, cap_s=cap_s)
-    fw = time_calls(lambda: fwd(fn, x), warmup=warmup, reps=reps, cap_s=cap_s)
+    t = time_loss(loss_fn(backend), x, warmup=warmup, reps=reps, cap_s=cap_s)
     return {"shape": shape.name, "shape_desc": shape.describe(), "backend": backend,
-            "logits_mb": x.nbytes / 2**20, **floor,
-            "fwd_bwd_s": fb["median"], "fwd_bwd_min_s": fb["min"], "fwd_bwd_reps": fb["reps"],
-            "fwd_s": fw["median"], "fwd_reps": fw["reps"],
-            "x_exp": fb["median"] / floor["exp_out_s"],
-            "x_exp_fresh": fb["median"] / floor["exp_fresh_s"]}
+            "logits_mb": x.nbytes / 2**20, **floor, **t,
+            "x_exp": t["fwd_bwd_s"] / floor["exp_out_s"],
+            "x_exp_fresh": t["fwd_bwd_s"] / floor["exp_fresh_s"]}
 
 
 def fmt_s(x) -> str:
@@ -240,14 +352,20 @@ def fmt_s(x) -> str:
     return f"{x:.3f} s"
 
 
-def set_threads(n: int) -> None:
-    """Intra-op threads for torch and, if it is installed, Numba."""
-    torch.set_num_threads(n)
+def set_threads(n: int) -> int:
+    """The one thread setter (benchmarks/run.py, ``rnnt-lattice bench``, the demo): intra-op
+    threads for Numba, if it is installed (capped at the pool it started with), and torch.
+    Numba first: on its OpenMP threading layer (the same libgomp as torch's)
+    ``numba.set_num_threads`` resets the OpenMP count torch reports and uses. Call it again
+    before each provider where one may change them process-wide (warprnnt-numba and NeMo
+    set Numba's to 1 on every call). Returns ``n``."""
     try:
         import numba
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     except ImportError:
         pass
+    torch.set_num_threads(n)
+    return n
 
 
 # --------------------------------------------------------------------------- command line
@@ -273,8 +391,8 @@ def main(argv=None) -> int:
         prog="rnnt-lattice bench",
         description="Time rnnt_lattice's forward+backward against torch.exp over the same "
                     "logits (the machine's floor), at the benchmark registry's shapes. The "
-                    "side-by-side comparison with other libraries is benchmarks/run.py in "
-                    "the repository (docs/benchmarks.md).",
+                    "full runner, on CPU or CUDA and side by side with other libraries, is "
+                    "benchmarks/run.py in the repository (docs/benchmarks.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["quick"],
                     help=f"shape or group names; shapes {sorted(SHAPES)}, groups "

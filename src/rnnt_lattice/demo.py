@@ -252,22 +252,14 @@ def _loss_figure(history, evals, path):
 
 
 # --------------------------------------------------------------------------- run
-def _set_threads(n: int) -> None:
-    torch.set_num_threads(n)
-    try:
-        import numba
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    except ImportError:
-        pass
-
-
 def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     """Train and write the outputs to ``out``; returns the metrics (also in metrics.json)."""
     import rnnt_lattice
 
     t_start = time.perf_counter()
     device = torch.device(cfg.device)
-    _set_threads(cfg.threads)
+    from .bench import set_threads
+    set_threads(cfg.threads)
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
     g_task = torch.Generator().manual_seed(12345)          # the task itself never changes

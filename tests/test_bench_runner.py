@@ -1,0 +1,245 @@
+"""benchmarks/run.py (the one runner, --device cpu|cuda --mode floor|peers) and the package's
+timing primitives it shares with ``rnnt-lattice bench``. Tiny shapes only; the CUDA path is
+exercised through a stand-in device on the CPU (same measurement loop and tables, wall clock)."""
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+
+from rnnt_lattice import bench
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH_DIR = ROOT / "benchmarks"
+RESULTS = BENCH_DIR / "results"
+
+
+@pytest.fixture(scope="module")
+def run():
+    """benchmarks/run.py as a module; its `common` import sets thread env vars, which are
+    put back afterwards so that later subprocesses of the test session do not inherit them."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec = importlib.util.spec_from_file_location("benchmarks_run", BENCH_DIR / "run.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _cases(run, *argv):
+    _, args = run.parse(list(argv))
+    return [c.label for c in run.select_cases(args)], args
+
+
+# --------------------------------------------------------------------------- options and cases
+def test_case_selection_per_device_and_mode(run):
+    labels, args = _cases(run, "--device", "cuda")
+    assert labels == ["s3", "s4", "s5", "ragged", "big", "v5000", "s5 bfloat16", "big float16"]
+    assert (args.reps, args.warmup, args.agree_max_elems) == (10, 3, 5e7)
+    assert _cases(run, "--device", "cuda", "--no-half")[0][-1] == "v5000"
+    assert _cases(run, "--device", "cuda", "--quick")[0] == ["s1", "s2"]
+    labels, _ = _cases(run, "--device", "cuda", "--shapes", "s5", "--dtype", "bfloat16")
+    assert labels == ["s5 bfloat16"]                     # narrowed: no extra half rows
+    labels, args = _cases(run, "--device", "cpu", "--mode", "floor")
+    assert labels == ["s2", "s3", "s4", "s5", "ragged"] and (args.reps, args.warmup) == (7, 2)
+    labels, args = _cases(run)                           # cpu/peers: the former run.py defaults
+    assert labels == ["s1", "s2", "s3", "s4", "s5", "ragged", "s1_f64"] and args.reps == 5
+    assert _cases(run, "--shapes", "s1_f64", "--dtype", "float32")[0] == ["s1_f64 float32"]
+    labels, args = _cases(run, "--quick", "--reps", "4")  # explicit options win over --quick
+    assert labels == ["s1", "s2"] and args.reps == 4 and args.cap == 10.0 and args.no_memory
+    labels, _ = _cases(run, "--shapes", "s1", "--variants", "regular")
+    assert labels == ["s1"]
+
+
+def test_variants_are_the_registrys(run):
+    with pytest.raises(SystemExit):
+        run.parse(["--variants", "tdt"])
+    with pytest.raises(ValueError, match="unknown variant"):
+        bench.cases(["s1"], variants=["tdt"])
+    c = bench.Case(bench.SHAPES["s5"], torch.float16, "regular")
+    assert c.label == "s5 float16" and c.dtype_name == "float16"
+
+
+def test_default_providers(run):
+    assert run.default_providers("cpu", "floor") == ["rnnt_lattice"]
+    assert run.default_providers("cuda", "floor") == ["rnnt_lattice_triton", "rnnt_lattice_triton_inplace"]
+    cpu = run.default_providers("cpu", "peers")
+    assert cpu[:2] == ["rnnt_lattice", "rnnt_lattice_torch"] and "torchaudio" in cpu
+    assert not any("triton" in n for n in cpu)
+    cuda = run.default_providers("cuda", "peers")
+    assert cuda[:2] == run.OURS["cuda"] and "rnnt_lattice" not in cuda
+    assert "rnnt_lattice_torch" not in cuda and "fast_rnnt" in cuda
+
+
+def test_thp_compare_is_cpu_only(run):
+    with pytest.raises(SystemExit) as e:
+        run.parse(["--device", "cuda", "--thp-compare"])
+    assert e.value.code == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_cuda_without_gpu_fails_fast(run, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        run.main(["--device", "cuda", "--out-dir", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--device cpu" in err
+    assert not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------- timing primitives
+def test_time_calls_runs_setup_outside_the_clock():
+    class FakeClock:
+        name = "fake"
+        calls = 0
+
+        def sync(self):
+            pass
+
+        def once(self, fn, setup=None):
+            if setup:
+                setup()
+            fn()
+            self.calls += 1
+            return 0.5
+
+    clock, log = FakeClock(), []
+    r = bench.time_calls(lambda: log.append("call"), warmup=2, reps=3, min_time_s=0.0,
+                         clock=clock, setup=lambda: log.append("setup"))
+    assert r["reps"] == 3 and r["median"] == 0.5 and not r["capped"]
+    assert log == ["setup", "call"] * 5 and clock.calls == 5
+    r = bench.time_calls(lambda: None, warmup=1, reps=5, cap_s=1.2, clock=clock)
+    assert r["capped"] and r["reps"] == 1
+
+
+def test_one_thread_setter():
+    """Numba's OpenMP layer shares libgomp with torch: setting Numba's count after torch's
+    reset torch's (the order the three former copies used)."""
+    import rnnt_lattice.demo as demo
+    assert not hasattr(demo, "_set_threads")
+    numba = pytest.importorskip("numba")
+    n = torch.get_num_threads()
+    try:
+        for k in (1, 2, 1):
+            assert bench.set_threads(k) == k
+            assert torch.get_num_threads() == k
+            assert numba.get_num_threads() == min(k, numba.config.NUMBA_NUM_THREADS)
+    finally:
+        bench.set_threads(n)
+
+
+# --------------------------------------------------------------------------- runs and tables
+def _run_rows(tmp_path, stem):
+    d = json.loads((tmp_path / f"{stem}.json").read_text())
+    return d["meta"], d["rows"], (tmp_path / f"{stem}.md").read_text()
+
+
+@pytest.mark.parametrize("mode", ["floor", "peers"])
+def test_cpu_run_end_to_end(run, tmp_path, mode):
+    assert run.main(["--device", "cpu", "--mode", mode, "--shapes", "s1",
+                     "--providers", "rnnt_lattice_torch", "rnnt_lattice_triton",
+                     "--reps", "1", "--warmup", "1", "--cap", "5", "--no-memory",
+                     "--out-dir", str(tmp_path), "--stem", "t"]) == 0
+    meta, rows, md = _run_rows(tmp_path, "t")
+    assert meta["args"]["device"] == "cpu" and meta["args"]["mode"] == mode
+    assert meta["clock"] == "wall clock" and meta["versions"]["torch"]
+    ours = next(r for r in rows if r["provider"] == "rnnt_lattice_torch")
+    assert ours["status"] == "ok" and ours["agree"] == "ok" and ours["x_exp"] > 0
+    assert ours["variant"] == "regular" and ours["case"] == "s1"
+    triton = next(r for r in rows if r["provider"] == "rnnt_lattice_triton")
+    assert triton["status"] == "unavailable" and "cuda only" in triton["note"]
+    assert any(r["provider"] == "(exp floor)" for r in rows)
+    if mode == "floor":
+        assert "| shape | fwd+bwd | fwd | exp(out=buf) | exp() fresh | fwd+bwd / exp(out) |" in md
+    else:
+        assert "**fwd+bwd, median (x exp(out=buf))**" in md and "| rnnt_lattice_torch |" in md
+
+
+class StandIn:
+    """The CUDA device's measurement loop and tables, on CPU tensors with the wall clock."""
+    def __new__(cls, run):
+        class Fake(run.CUDA):
+            clock = bench.WALL
+            copy_gbs = 100.0
+
+            def check(self):
+                pass
+
+            def info(self):
+                return {"gpu": "Fake GPU", "gpu_mem_gib": 1.0, "cuda": "0.0", "device_capability": "0.0"}
+
+            def prepare(self, args):
+                pass
+
+            def inputs(self, case, seed):
+                return run.CPU().inputs(case, seed)
+
+            def memory(self, prov, case, x, leaf, setup, args):
+                return {"peak_bytes": x.nbytes, "peak_x_logits": 1.0}
+
+            def release(self):
+                pass
+        return Fake()
+
+
+def test_cuda_path_with_a_stand_in_device(run, monkeypatch):
+    device = StandIn(run)
+    inplace = run.peers.Provider("ours_inplace", "rnnt-lattice", run.peers._ours("torch", True),
+                                 "in place", inplace=True, ours=True)
+    monkeypatch.setitem(run.peers.PROVIDERS, "ours_inplace", inplace)
+    _, args = run.parse(["--device", "cuda", "--shapes", "s1", "--dtype", "float32",
+                         "--reps", "1", "--warmup", "1"])
+    cases = run.select_cases(args)
+    provs = [run.peers.PROVIDERS["rnnt_lattice_torch"], inplace]
+    rows = run.run_cases(cases, provs, device, args)
+    meas = [r for r in rows if r["provider"] in ("rnnt_lattice_torch", "ours_inplace")]
+    assert [r["status"] for r in meas] == ["ok", "ok"]
+    for r in meas:
+        assert r["agree"] == "ok" and r["x_floor"] > 0 and r["v_pass_GBps"] > 0
+        assert r["floor_s"] == pytest.approx(3 * r["logits_bytes"] / 100e9)
+    md = run.markdown(rows, [c.label for c in cases], "cuda", "peers", vars(args),
+                      {**device.info(), "copy_GBps": 100.0})
+    assert "GPU: Fake GPU" in md
+    assert "| s1 (B=1 T=50 U=10 V=30) | float32 | ours_inplace |" in md
+
+
+def test_cuda_table_from_fake_rows(run):
+    base = {"case": "s5 bfloat16", "shape": "s5", "shape_desc": "B=8 T=400 U=80 V=1024",
+            "dtype": "bfloat16", "floor_s": 5.4e-4}
+    rows = [
+        {**base, "provider": "(copy floor)", "status": "ok"},
+        {**base, "provider": "rnnt_lattice_triton", "status": "ok", "fwd_bwd_s": 1.1e-3,
+         "x_floor": 2.04, "fwd_s": 6e-4, "peak_bytes": 2**30, "peak_x_logits": 1.0,
+         "v_pass_GBps": 1450.0, "loss_rel_err": 1e-7, "grad_rel_err": 2e-3, "agree": "ok", "tol": 0.5},
+        {**base, "provider": "torchaudio", "status": "error", "note": "RuntimeError: bf16"},
+        {"provider": "fast_rnnt", "shape": "-", "status": "unavailable", "note": "not installed"},
+    ]
+    md = run.table_cuda(rows, ["s5 bfloat16"], {"reps": 10, "warmup": 3},
+                        {"gpu": "H100", "gpu_mem_gib": 79.1, "device_capability": "9.0",
+                         "cuda": "13.0", "copy_GBps": 3000.0})
+    assert ("| s5 (B=8 T=400 U=80 V=1024) | bfloat16 | rnnt_lattice_triton | 540 us | 1.10 ms "
+            "| 2.04 | 600 us | 1024.0 MiB | 1.00 | 1.45e+03 | 1.0e-07 | 2.0e-03 | ok (5e-01) |") in md
+    assert "| torchaudio | error: RuntimeError: bf16 |" in md
+    assert "Unavailable here: fast_rnnt (not installed)" in md and "(copy floor)" not in md
+    assert "3000 GB/s" in md and "Medians of 10 CUDA-event timings after 3 warm-up" in md
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RESULTS.glob("*.json")))
+def test_committed_results_render_unchanged(run, tmp_path, stem):
+    """The tables of docs/benchmarks.md come from these files: the runner's table code
+    (both CPU modes) rewrites each .md byte for byte from its .json."""
+    src = RESULTS / f"{stem}.json"
+    (tmp_path / src.name).write_text(src.read_text())
+    run.render(tmp_path / src.name)
+    assert (tmp_path / f"{stem}.md").read_text() == (RESULTS / f"{stem}.md").read_text()
