@@ -322,7 +322,11 @@ def sweep_alpha(w: torch.Tensor, topo: Topology, ends: Ends | None = None, max_p
         n = diag.nodes.numel()
         terms = (af.index_select(0, diag.src_nodes) + wf.index_select(0, diag.src_w)).view(K, n, B)
         if max_plus:
-            val, arg = terms.max(dim=0)
+            # Strictly greater replaces: on an exact tie the first kind wins, on any device.
+            val, arg = terms[0], torch.zeros((n, B), dtype=torch.int8, device=w.device)
+            for k in range(1, K):
+                arg = torch.where(terms[k] > val, k, arg).to(torch.int8)
+                val = torch.maximum(val, terms[k])
             arg = torch.where(val > NEG_INF, arg, -1).to(torch.int8)
         else:
             val = terms[0]
