@@ -142,6 +142,33 @@ def test_float32_inputs(topo_name, fused):
     assert rel_err(grad, want_grad) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+def test_masked_classes(topo_name, fused):
+    """-inf entries (masked classes, arc reads included) are legal: those arcs are impossible."""
+    case = Case("masked", (5, 4, 3), (3, 2, 2), 6, 0, T=5, U=3)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=17, fused=fused)
+    g = torch.Generator().manual_seed(17)
+    x = logits.masked_fill(torch.rand(logits.shape, generator=g) < 0.15, -math.inf)
+    x[..., 1] = torch.where(torch.isnan(x[..., 1]), x[..., 1], 0.0)   # no row is all -inf
+    x[..., -1] = torch.where(torch.isnan(x[..., -1]), x[..., -1], -0.5)
+    want_loss, want_grad = topology_batch_grad(x, targets, tl, ul, topo, blank, fused,
+                                               fastemit_lambda=0.2, sigma=0.05)
+    loss, grad = generic(x, targets, tl, ul, topo, blank, fused, fastemit_lambda=0.2, sigma=0.05)
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    assert rel_err(grad, want_grad) <= TOL[torch.float64]
+    assert not torch.isnan(grad).any()
+
+
+def test_boundary_is_checked():
+    case = Case("bad", (3, 2), (2, 1), 5, 0)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, "regular")
+    for row in ([0, 2, 1, 1], [2, 0, 1, 2], [0, 0, 3, 2], [0, 0, 1, 4]):
+        bnd = torch.tensor([[0, 0, 2, 3], row])
+        with pytest.raises(ValueError, match="sequence 1"):
+            generic(logits, targets, tl, ul, topo, blank, boundary=bnd)
+
+
 def test_enumerator_matches_closed_form_regular_paths():
     """The generic enumerator with regular() walks exactly the regular alignments."""
     for T in range(1, 5):

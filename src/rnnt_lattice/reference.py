@@ -77,6 +77,19 @@ class Ends:
         boundary = boundary.to(device=logit_lengths.device, dtype=torch.int64)
         return Ends(boundary[:, 1], boundary[:, 0], boundary[:, 3], boundary[:, 2], True)
 
+    def check(self, T: int, U1: int) -> None:
+        """ValueError unless ``0 <= t0 <= t1 <= T`` and ``0 <= u0 <= u1 <= U`` for every
+        sequence, as k2 checks its boundary (one device sync: the reference's entry points
+        call it, the recursion does not)."""
+        ok = ((self.t0 >= 0) & (self.t0 <= self.t1) & (self.t1 <= T)
+              & (self.u0 >= 0) & (self.u0 <= self.u1) & (self.u1 <= U1 - 1))
+        if not bool(ok.all()):
+            b = int((~ok).nonzero()[0, 0])
+            raise ValueError(f"sequence {b}: start ({int(self.t0[b])}, {int(self.u0[b])}) and end "
+                             f"({int(self.t1[b])}, {int(self.u1[b])}) must satisfy 0 <= t0 <= t1 "
+                             f"<= T = {T} and 0 <= u0 <= u1 <= U = {U1 - 1} (boundary rows are "
+                             "[begin_symbol, begin_frame, end_symbol, end_frame])")
+
     def region(self, T: int, U1: int) -> torch.Tensor:
         """(B, T, U+1) bool: the nodes whose logits are read, ``t0 <= t < t1, u0 <= u <= u1``."""
         t = torch.arange(T, device=self.t0.device)[None, :, None]
@@ -444,6 +457,7 @@ def viterbi_generic(logits, targets, logit_lengths, target_lengths, topo: Topolo
     with torch.no_grad():
         blank = topo.check(logits.shape[-1], blank)
         ends = Ends.of(logit_lengths, target_lengths, boundary)
+        ends.check(logits.shape[1], logits.shape[2])
         _, _, lp = kind_log_probs(logits, targets, topo, blank, fused, ends)
         w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, sigma, delay_penalty)
         alpha_max, best_kind = sweep_alpha(w, topo, ends, max_plus=True)
@@ -558,6 +572,7 @@ def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo:
     with torch.no_grad():
         blank = topo.check(logits.shape[-1], blank)
         ends = Ends.of(logit_lengths, target_lengths, boundary)
+        ends.check(logits.shape[1], logits.shape[2])
         ldt = lattice_dtype(logits.device)
         lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends)
         w = arc_weights(lp.to(ldt), topo, ends, sigma, delay_penalty)
