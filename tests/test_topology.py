@@ -375,3 +375,14 @@ def test_topology_validation():
         topology.multiblank(6, [2]).check(5, 4)              # class 5 out of the token range
     with pytest.raises(ValueError):
         topology.Topology("no_end", (topology.ArcKind("b", 1, 0, "blank"),))
+
+
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+@pytest.mark.parametrize("B,T,U", [(0, 2, 1), (0, 0, 0), (2, 0, 1)])
+def test_empty_shapes(topo_name, B, T, U):
+    """An empty batch gives empty results; a padded size T = 0 gives +inf, gradient 0."""
+    topo, blank = TOPOLOGIES[topo_name](5, 4)
+    logits = torch.randn(B, T, U + 1, 5 + topo.n_durations, dtype=torch.float64)
+    loss, grad = generic(logits, torch.ones(B, U, dtype=torch.int64), torch.full((B,), T),
+                         torch.full((B,), U), topo, blank)
+    assert loss.shape == (B,) and (loss == math.inf).all() and grad.shape == logits.shape

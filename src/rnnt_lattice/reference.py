@@ -25,6 +25,7 @@ wherever no kernel applies.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -298,7 +299,7 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     """``(B, ...)`` -> ``(n + 1, B)``: node-major (so that every gather of one diagonal is
     contiguous: ``logaddexp`` then takes its vectorised path on every backend, whose
     rounding can differ from the strided one), with a trailing ``-inf`` sentinel row."""
-    x = x.reshape(x.shape[0], -1).t()
+    x = x.reshape(x.shape[0], math.prod(x.shape[1:])).t()                 # B = 0 allowed
     return torch.cat([x, x.new_full((1, x.shape[1]), NEG_INF)], 0)
 
 
