@@ -1,24 +1,40 @@
-"""Vectorised pure-PyTorch RNN-T lattice: the readable reference and the any-device fallback.
+"""Vectorised pure-PyTorch transducer lattice: the readable reference and the any-device fallback.
 
-Everything here follows ``docs/math.md`` line by line, vectorised over the batch and over
-one anti-diagonal ``t + u = d`` of the lattice at a time (cells on a diagonal depend only on
-the previous one). It is used by ``rnnt_loss(..., backend="torch")``, by the tests as the
-oracle for large lattices, and wherever no kernel applies.
+One recursion for every topology (``docs/math.md`` section 9): a topology is a tuple of arc
+kinds (``rnnt_lattice.topology``); kind k leaves node ``(t, u)``, lands on
+``(t + dt_k, u + du_k)`` and has log-weight ``w_k(t, u)``. With ``dt_k + du_k >= 1`` the
+cells of one anti-diagonal ``d = t + u`` depend only on earlier diagonals, so everything is
+vectorised over the batch and one diagonal at a time:
 
-    alpha(0,0) = 0
-    alpha(t,u) = lae( alpha(t-1,u) + b(t-1,u),  alpha(t,u-1) + e(t,u-1) )
-    beta(t,u)  = lae( beta(t+1,u) + b(t,u),     beta(t,u+1) + e(t,u) ),   beta(T_b,U_b) = 0
-    log P      = beta(0,0)
+    alpha(start) = 0
+    alpha(n)     = lae over kinds k of  alpha(n - delta_k) + w_k(n - delta_k)
+    beta(end)    = 0
+    beta(n)      = lae over kinds k of  w_k(n) + beta(n + delta_k)
+    log P        = beta(start)
+    gamma_k(n)   = exp( alpha(n) + w_k(n) + beta(n + delta_k) - log P )
 
-where ``b`` / ``e`` are the blank / label log-probabilities and ``lae`` is ``torch.logaddexp``.
+where ``lae`` is ``torch.logaddexp`` (``max`` in the max-plus semiring). The grid of node
+tensors is ``(B, T+1, U+1)``: frame ``T_b`` is the virtual end frame (math.md section 9.1),
+it reads no logits. Per-kind tensors over source nodes are ``(B, K, T, U+1)``.
+
+The regular-topology entry points (``arc_log_probs``, ``forward_alpha``, ``lattice``,
+``logit_grad``) are thin calls into this recursion with ``topology.regular()``. It is used
+by ``rnnt_loss(..., backend="torch")``, by the tests as the oracle for large lattices, and
+wherever no kernel applies.
 """
 from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
 
 import torch
 
 from ._types import Lattice, LossOptions
+from .topology import Topology, regular
 
 NEG_INF = float("-inf")
+_REGULAR = regular()
 
 
 def lattice_dtype(device: torch.device) -> torch.dtype:
@@ -33,21 +49,180 @@ def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
     return (t[None, :, None] < logit_lengths[:, None, None]) & (u[None, None, :] <= target_lengths[:, None, None])
 
 
+# ---------------------------------------------------------------------------------------
+# Start and end nodes, arc masks
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ends:
+    """Per-sequence start node ``(t0, u0)`` and end node ``(t1, u1)``, each ``(B,)`` int64.
+
+    Without a boundary: ``(0, 0)`` and ``(T_b, U_b)``. k2's ``boundary`` row
+    ``[begin_symbol, begin_frame, end_symbol, end_frame]`` gives ``(begin_frame,
+    begin_symbol)`` and ``(end_frame, end_symbol)``. The logits read are the rows of the
+    region ``t0 <= t < t1, u0 <= u <= u1``; everything else is padding (never read,
+    gradient 0). ``t1`` plays ``T_b`` everywhere, the delay penalty included.
+    """
+
+    t0: torch.Tensor
+    u0: torch.Tensor
+    t1: torch.Tensor
+    u1: torch.Tensor
+    custom_start: bool = False   # False: every start is (0, 0), known without a device sync
+
+    @staticmethod
+    def of(logit_lengths, target_lengths, boundary=None) -> "Ends":
+        if boundary is None:
+            zero = torch.zeros_like(logit_lengths)
+            return Ends(zero, zero, logit_lengths, target_lengths)
+        boundary = boundary.to(device=logit_lengths.device, dtype=torch.int64)
+        return Ends(boundary[:, 1], boundary[:, 0], boundary[:, 3], boundary[:, 2], True)
+
+    def check(self, T: int, U1: int) -> None:
+        """ValueError unless ``0 <= t0 <= t1 <= T`` and ``0 <= u0 <= u1 <= U`` for every
+        sequence, as k2 checks its boundary (one device sync: the reference's entry points
+        call it, the recursion does not)."""
+        ok = ((self.t0 >= 0) & (self.t0 <= self.t1) & (self.t1 <= T)
+              & (self.u0 >= 0) & (self.u0 <= self.u1) & (self.u1 <= U1 - 1))
+        if not bool(ok.all()):
+            b = int((~ok).nonzero()[0, 0])
+            raise ValueError(f"sequence {b}: start ({int(self.t0[b])}, {int(self.u0[b])}) and end "
+                             f"({int(self.t1[b])}, {int(self.u1[b])}) must satisfy 0 <= t0 <= t1 "
+                             f"<= T = {T} and 0 <= u0 <= u1 <= U = {U1 - 1} (boundary rows are "
+                             "[begin_symbol, begin_frame, end_symbol, end_frame])")
+
+    def region(self, T: int, U1: int) -> torch.Tensor:
+        """(B, T, U+1) bool: the nodes whose logits are read, ``t0 <= t < t1, u0 <= u <= u1``."""
+        t = torch.arange(T, device=self.t0.device)[None, :, None]
+        u = torch.arange(U1, device=self.t0.device)[None, None, :]
+        return ((t >= self.t0[:, None, None]) & (t < self.t1[:, None, None])
+                & (u >= self.u0[:, None, None]) & (u <= self.u1[:, None, None]))
+
+
+def arc_mask(topo: Topology, ends: Ends, T: int, U1: int) -> torch.Tensor:
+    """(B, K, T, U+1) bool: the arcs of each lattice (math.md section 9.1). Kind k leaves
+    ``(t, u)`` in the region and lands on ``(t+dt, u+du)`` with ``u + du <= u1`` and either
+    ``t + dt < t1`` or, for a ``may_end`` kind, exactly the end node ``(t1, u1)``. (A landing
+    on another node of the end frame is a dead end: it is no arc, so log-prob mode never
+    reads its entry.)"""
+    region = ends.region(T, U1)
+    t = torch.arange(T, device=region.device)[None, :, None]
+    u = torch.arange(U1, device=region.device)[None, None, :]
+    t1, u1 = ends.t1[:, None, None], ends.u1[:, None, None]
+    masks = []
+    for k in topo.kinds:
+        lt, lu = t + k.dt, u + k.du
+        lands = (lt < t1) & (lu <= u1)
+        if k.may_end:
+            lands = lands | ((lt == t1) & (lu == u1))
+        masks.append(region & lands)
+    return torch.stack(masks, 1)
+
+
 def arc_masks(logit_lengths, target_lengths, T: int, U1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T, U+1) bool masks of the nodes with a blank arc (``t < T_b - 1``, or the final
-    blank at ``(T_b-1, U_b)``) and of those with a label arc (``t < T_b, u < U_b``)."""
-    nodes = node_mask(logit_lengths, target_lengths, T, U1)
-    t = torch.arange(T, device=logit_lengths.device)[None, :, None]
-    u = torch.arange(U1, device=logit_lengths.device)[None, None, :]
-    last_frame = t == (logit_lengths[:, None, None] - 1)
-    blank_arcs = nodes & (~last_frame | (u == target_lengths[:, None, None]))
-    label_arcs = nodes & (u < target_lengths[:, None, None])
-    return blank_arcs, label_arcs
+    """(B, T, U+1) bool masks of the regular lattice's blank arcs (``t < T_b - 1``, or the
+    final blank at ``(T_b-1, U_b)``) and label arcs (``t < T_b, u < U_b``)."""
+    mask = arc_mask(_REGULAR, Ends.of(logit_lengths, target_lengths), T, U1)
+    return mask[:, 0], mask[:, 1]
+
+
+# ---------------------------------------------------------------------------------------
+# Arc log-probs and weights
+# ---------------------------------------------------------------------------------------
+
+def _row_lse(x: torch.Tensor, fused: bool) -> torch.Tensor:
+    """Log-normaliser of each row of one softmax group (math.md 8.1): NaN if the row max is
+    NaN or +inf; 0 in log-prob mode."""
+    if not fused:
+        return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    lse = torch.logsumexp(x, dim=-1)
+    row_max = x.amax(dim=-1)                                               # NaN if any NaN
+    return torch.where(torch.isnan(row_max) | (row_max == float("inf")), float("nan"), lse)
+
+
+def _read(entry: torch.Tensor, lse: torch.Tensor, fused: bool) -> torch.Tensor:
+    """Log-prob ``entry - lse`` of one class per row; a dead row (all -inf, ``lse = -inf``)
+    has ``-inf`` arcs, and in log-prob mode a ``+inf`` entry reads as NaN."""
+    if not fused:
+        entry = torch.where(entry == float("inf"), float("nan"), entry)
+    return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
+
+
+def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, ends: Ends,
+                   dtype: torch.dtype | None = None):
+    """The log-prob part of every arc kind's weight at every source node.
+
+    Args:
+        logits: ``(B, T, U+1, V)`` with ``V = V_tok + n_durations``: raw scores (``fused``)
+            or log-probabilities (both groups already normalised).
+        targets: ``(B, U)`` int64. ``blank``: a token id in ``[0, V_tok)``.
+        dtype: dtype of the row computations (default: that of ``logits``).
+
+    Returns:
+        ``(lse, lse_dur, lp)``: the token group's row log-normaliser ``(B, T, U+1)`` (0 in
+        log-prob mode), the duration group's (``None`` without durations) and ``lp``
+        ``(B, K, T, U+1)``: the kind's class log-prob (blank, ``y[u]`` or ``class_id``),
+        plus its duration log-prob, plus ``b(t, u+1)`` for ``plus_next_blank``; ``-inf``
+        where the source node is outside the region or ``u + du > u1``. The end-frame rule
+        of ``arc_mask`` is not applied here (``lattice_generic`` applies it).
+    """
+    B, T, U1, V = logits.shape
+    x = logits if dtype is None else logits.to(dtype)
+    V_tok = topo.token_classes(V)
+    tok, dur = x[..., :V_tok], x[..., V_tok:]
+    lse = _row_lse(tok, fused)                                             # (B, T, U+1)
+    lse_dur = _row_lse(dur, fused) if topo.n_durations else None
+
+    cache = {}
+
+    def token(key):
+        """Token log-prob per row (B, T, U+1) of "blank", "label" (y[u]) or a class id."""
+        if key not in cache:
+            if key == "label":
+                safe_targets = targets.clamp(0, V_tok - 1)                 # padding may hold anything
+                entry = torch.gather(tok[:, :, : U1 - 1, :], 3,
+                                     safe_targets[:, None, :, None].expand(B, T, U1 - 1, 1)).squeeze(-1)
+                entry = torch.nn.functional.pad(entry, (0, 1), value=NEG_INF)   # (B, T, U+1)
+            else:
+                entry = tok[..., blank if key == "blank" else key]
+            cache[key] = _read(entry, lse, fused)
+        return cache[key]
+
+    region = ends.region(T, U1)
+    u = torch.arange(U1, device=x.device)[None, None, :]
+    lps = []
+    for k in topo.kinds:
+        lp = token(k.class_id if k.reads == "class" else k.reads)
+        if k.duration >= 0:
+            lp = lp + _read(dur[..., k.duration], lse_dur, fused)
+        if k.plus_next_blank:
+            lp = lp + torch.nn.functional.pad(token("blank")[..., 1:], (0, 1), value=NEG_INF)  # b(t, u+1)
+        valid = region & (u + k.du <= ends.u1[:, None, None])
+        lps.append(torch.where(valid, lp, NEG_INF))
+    return lse, lse_dur, torch.stack(lps, 1)
+
+
+def arc_weights(lp: torch.Tensor, topo: Topology, ends: Ends, sigma: float = 0.0,
+                delay_penalty: float = 0.0) -> torch.Tensor:
+    """Arc weights ``w (B, K, T, U+1)``: ``lp`` plus the per-arc terms, ``-inf`` off the arcs
+    of ``arc_mask``. Every arc gets ``-sigma`` (NeMo's logit under-normalisation); ``delay``
+    kinds get ``delay_penalty * ((t1 - 1)/2 - t)`` with ``t1`` the end frame (k2: earlier
+    labels get a bonus). Both are constants: they change the weights, not the softmax."""
+    B, K, T, U1 = lp.shape
+    w = lp
+    if sigma:
+        w = w - sigma
+    if delay_penalty:
+        t = torch.arange(T, device=lp.device, dtype=lp.dtype)
+        penalty = delay_penalty * ((ends.t1.to(lp.dtype)[:, None] - 1) / 2 - t[None, :])   # (B, T)
+        delay = torch.tensor([k.delay for k in topo.kinds], device=lp.device)
+        w = w + torch.where(delay[None, :, None, None], penalty[:, None, :, None], 0.0)
+    return torch.where(arc_mask(topo, ends, T, U1), w, NEG_INF)
 
 
 def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fused: bool,
                   dtype: torch.dtype | None = None):
-    """Blank and label log-probabilities of every lattice arc.
+    """Blank and label log-probabilities of every regular lattice arc.
 
     Args:
         logits: ``(B, T, U+1, V)``; raw scores (``fused``) or log-probabilities.
@@ -65,158 +240,423 @@ def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fu
     (and ``lse`` NaN); an all ``-inf`` row has ``-inf`` arcs; in log-prob mode a ``+inf``
     arc entry reads as NaN.
     """
+    lse, _, lp = kind_log_probs(logits, targets, _REGULAR, blank, fused,
+                                Ends.of(logit_lengths, target_lengths), dtype)
+    return lse, lp[:, 0], lp[:, 1]
+
+
+# ---------------------------------------------------------------------------------------
+# The recursion
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Diagonal:
+    """Flat indices for one anti-diagonal ``d = t + u`` of the ``(T+1, U+1)`` node grid.
+    Node ``(t, u)`` is ``t (U+1) + u``; weight ``(k, t, u)`` is ``(k T + t)(U+1) + u``; the
+    last index of each flat buffer is a ``-inf`` sentinel for arcs that leave the grid."""
+
+    nodes: torch.Tensor        # (n,)    the diagonal's nodes
+    src_nodes: torch.Tensor    # (K n,)  alpha: node each kind's incoming arc leaves from
+    src_w: torch.Tensor        # (K n,)  alpha: that arc's weight
+    dst_nodes: torch.Tensor    # (K n,)  beta: node each kind's outgoing arc lands on
+    out_w: torch.Tensor        # (K n,)  beta: that arc's weight
+
+
+@functools.lru_cache(maxsize=16)
+def _schedule(T: int, U1: int, steps: tuple, device: torch.device):
+    """Per-diagonal index tensors for kinds with ``(dt, du) = steps[k]``, and the landing
+    node of every weight ``(K T (U+1),)`` (for the occupations). Cached per shape: about
+    ``(4 K + 2) (T+1)(U+1)`` int64 each (a few MB for T, U in the hundreds), built in
+    ~0.25 ms per diagonal on a CPU."""
+    K, G, W = len(steps), (T + 1) * U1, len(steps) * T * U1
+    dts = torch.tensor([s[0] for s in steps])[:, None]
+    dus = torch.tensor([s[1] for s in steps])[:, None]
+    ks = torch.arange(K)[:, None]
+    diagonals = []
+    for d in range(T + U1):
+        t = torch.arange(max(0, d - U1 + 1), min(d, T) + 1)[None, :]
+        u = d - t
+        st, su = t - dts, u - dus                                           # (K, n)
+        ok = (st >= 0) & (su >= 0) & (st < T)
+        src_nodes = torch.where(ok, st * U1 + su, G)
+        src_w = torch.where(ok, (ks * T + st) * U1 + su, W)
+        lt, lu = t + dts, u + dus
+        ok = (t < T) & (lt <= T) & (lu < U1)
+        dst_nodes = torch.where(ok, lt * U1 + lu, G)
+        out_w = torch.where(ok, (ks * T + t) * U1 + u, W)
+        diagonals.append(_Diagonal(*(a.reshape(-1).to(device) for a in
+                                     ((t * U1 + u), src_nodes, src_w, dst_nodes, out_w))))
+    t = torch.arange(T)[None, :, None]
+    u = torch.arange(U1)[None, None, :]
+    lt, lu = t + dts[:, :, None], u + dus[:, :, None]
+    land = torch.where((lt <= T) & (lu < U1), lt * U1 + lu, G).reshape(-1).to(device)
+    return diagonals, land
+
+
+def _steps(topo: Topology) -> tuple:
+    return tuple((k.dt, k.du) for k in topo.kinds)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """``(B, ...)`` -> ``(n + 1, B)``: node-major (so that every gather of one diagonal is
+    contiguous: ``logaddexp`` then takes its vectorised path on every backend, whose
+    rounding can differ from the strided one), with a trailing ``-inf`` sentinel row."""
+    x = x.reshape(x.shape[0], math.prod(x.shape[1:])).t()                 # B = 0 allowed
+    return torch.cat([x, x.new_full((1, x.shape[1]), NEG_INF)], 0)
+
+
+def _unflat(xf: torch.Tensor, *shape) -> torch.Tensor:
+    """Inverse of ``_flat``: ``(n + 1, B)`` -> ``(B, *shape)`` (a copy, contiguous)."""
+    return xf[:-1].t().reshape(xf.shape[1], *shape).contiguous()
+
+
+def sweep_alpha(w: torch.Tensor, topo: Topology, ends: Ends | None = None, max_plus: bool = False):
+    """alpha ``(B, T+1, U+1)`` from arc weights ``w (B, K, T, U+1)``, one anti-diagonal at a
+    time, and in the max-plus semiring also the best incoming kind per node.
+
+    The semiring switch: ``max_plus=False`` combines the incoming arcs with ``lae`` (the
+    forward variable, log-sum over paths); ``max_plus=True`` with ``max`` (the Viterbi score,
+    log-probability of the best path into the node). ``ends``: only the start nodes are
+    used (default ``(0, 0)``). Kinds are combined in their order; on an exact max-plus tie
+    the first kind wins.
+
+    Returns:
+        ``alpha``, and for ``max_plus`` ``(alpha, best_kind)`` with ``best_kind (B, T+1, U+1)``
+        int8: the kind of the best arc into the node, ``-1`` where none (start node, no
+        finite path). A backtrack then only follows pointers (``backtrack_generic``).
+    """
+    B, K, T, U1 = w.shape
+    diagonals, _ = _schedule(T, U1, _steps(topo), w.device)
+    G = (T + 1) * U1
+    wf = _flat(w)                                                           # (K T (U+1) + 1, B)
+    af = torch.full((G + 1, B), NEG_INF, dtype=w.dtype, device=w.device)
+    best = torch.full((G + 1, B), -1, dtype=torch.int8, device=w.device) if max_plus else None
+    custom_start = ends is not None and ends.custom_start
+    if custom_start:
+        start = ends.t0 * U1 + ends.u0                                      # (B,)
+    for d, diag in enumerate(diagonals):
+        n = diag.nodes.numel()
+        terms = (af.index_select(0, diag.src_nodes) + wf.index_select(0, diag.src_w)).view(K, n, B)
+        if max_plus:
+            # Strictly greater replaces: on an exact tie the first kind wins, on any device.
+            val, arg = terms[0], torch.zeros((n, B), dtype=torch.int8, device=w.device)
+            for k in range(1, K):
+                arg = torch.where(terms[k] > val, k, arg).to(torch.int8)
+                val = torch.maximum(val, terms[k])
+            arg = torch.where(val > NEG_INF, arg, -1).to(torch.int8)
+        else:
+            val = terms[0]
+            for k in range(1, K):
+                val = torch.logaddexp(val, terms[k])
+        if custom_start:
+            is_start = diag.nodes[:, None] == start[None, :]
+            val = torch.where(is_start, 0.0, val)
+            if max_plus:
+                arg = torch.where(is_start, -1, arg).to(torch.int8)
+        elif d == 0:
+            val = torch.zeros_like(val)
+            if max_plus:
+                arg = torch.full_like(arg, -1)
+        af.index_copy_(0, diag.nodes, val)
+        if max_plus:
+            best.index_copy_(0, diag.nodes, arg)
+    alpha = _unflat(af, T + 1, U1)
+    return (alpha, _unflat(best, T + 1, U1)) if max_plus else alpha
+
+
+def sweep_beta(w: torch.Tensor, topo: Topology, ends: Ends) -> torch.Tensor:
+    """beta ``(B, T+1, U+1)`` from arc weights ``w (B, K, T, U+1)`` (``-inf`` off the arcs):
+    ``beta(end) = 0``, then one anti-diagonal at a time from the last."""
+    B, K, T, U1 = w.shape
+    diagonals, _ = _schedule(T, U1, _steps(topo), w.device)
+    G = (T + 1) * U1
+    wf = _flat(w)                                                           # (K T (U+1) + 1, B)
+    bf = torch.full((G + 1, B), NEG_INF, dtype=w.dtype, device=w.device)
+    end = ends.t1 * U1 + ends.u1                                            # (B,)
+    for diag in reversed(diagonals):
+        n = diag.nodes.numel()
+        terms = (bf.index_select(0, diag.dst_nodes) + wf.index_select(0, diag.out_w)).view(K, n, B)
+        val = terms[0]
+        for k in range(1, K):
+            val = torch.logaddexp(val, terms[k])
+        val = torch.where(diag.nodes[:, None] == end[None, :], 0.0, val)
+        bf.index_copy_(0, diag.nodes, val)
+    return _unflat(bf, T + 1, U1)
+
+
+@dataclass
+class GenericLattice:
+    """Forward/backward variables and per-kind arc occupations of a batch of lattices of one
+    topology. Node tensors are ``(B, T+1, U+1)`` (frame ``T`` holds end nodes), ``-inf``
+    outside each sequence's nodes ``t0 <= t <= t1, u0 <= u <= u1``; ``gamma`` is
+    ``(B, K, T, U+1)`` over source nodes, 0 off the arcs."""
+
+    alpha: torch.Tensor        # (B, T+1, U+1)  log-sum of paths from the start to (t,u)
+    beta: torch.Tensor         # (B, T+1, U+1)  log-sum of paths from (t,u) to the end
+    log_like: torch.Tensor     # (B,)  log P = beta(start); -inf without a path, NaN for a NaN arc
+    gamma: torch.Tensor        # (B, K, T, U+1) occupation of kind k's arc leaving (t,u)
+
+
+def lattice_generic(w: torch.Tensor, topo: Topology, ends: Ends) -> GenericLattice:
+    """alpha, beta, log P and per-kind occupations (math.md section 9) from arc weights
+    ``w (B, K, T, U+1)`` (``arc_weights``: ``-inf`` off the arcs).
+
+    NaN (math.md 8.1): a NaN on any arc makes log P NaN, whether or not the arc lies on a
+    complete path, hence every occupation of that sequence NaN. A sequence with no frame
+    (``t1 <= t0``) or no path has log P ``-inf`` and no occupation.
+    """
+    B, K, T, U1 = w.shape
+    alpha = sweep_alpha(w, topo, ends)
+    beta = sweep_beta(w, topo, ends)
+    bidx = torch.arange(B, device=w.device)
+    log_like = beta[bidx, ends.t0.clamp(max=T), ends.u0.clamp(max=U1 - 1)]
+    log_like = torch.where(ends.t1 > ends.t0, log_like, NEG_INF)
+    nan_seq = torch.isnan(w).flatten(1).any(1)
+    log_like = torch.where(nan_seq, float("nan"), log_like)
+
+    _, land = _schedule(T, U1, _steps(topo), w.device)
+    beta_land = _flat(beta).index_select(0, land).t().reshape(B, K, T, U1)
+    possible = (log_like != NEG_INF)[:, None, None, None]
+    ll = torch.where(possible, log_like[:, None, None, None], 0.0)
+    gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
+                        torch.exp(alpha[:, None, :T] + w + beta_land - ll), 0.0)
+
+    t = torch.arange(T + 1, device=w.device)[None, :, None]
+    u = torch.arange(U1, device=w.device)[None, None, :]
+    nodes = ((t >= ends.t0[:, None, None]) & (t <= ends.t1[:, None, None])
+             & (u >= ends.u0[:, None, None]) & (u <= ends.u1[:, None, None]))
+    return GenericLattice(torch.where(nodes, alpha, NEG_INF), torch.where(nodes, beta, NEG_INF),
+                          log_like, gamma)
+
+
+def backtrack_generic(best_kind: torch.Tensor, topo: Topology, ends: Ends) -> list:
+    """Best path of each sequence from the max-plus pointers of ``sweep_alpha``: a list of
+    ``B`` lists of arcs ``(t, u, kind)`` in path order, from the start to the end node
+    (empty when the end has no finite best path, or for a sequence without frames)."""
+    best = best_kind.cpu()
+    paths = []
+    for b in range(best.shape[0]):
+        t, u = int(ends.t1[b]), int(ends.u1[b])
+        t0, u0 = int(ends.t0[b]), int(ends.u0[b])
+        arcs = []
+        while (t, u) != (t0, u0):
+            k = int(best[b, t, u])
+            if k < 0:
+                arcs = []
+                break
+            t, u = t - topo.kinds[k].dt, u - topo.kinds[k].du
+            arcs.append((t, u, k))
+        paths.append(arcs[::-1] if int(ends.t1[b]) > t0 else [])
+    return paths
+
+
+def viterbi_generic(logits, targets, logit_lengths, target_lengths, topo: Topology, blank: int,
+                    fused: bool = True, sigma: float = 0.0, delay_penalty: float = 0.0,
+                    boundary=None):
+    """Max-plus sweep of any topology: ``(alpha_max, best_kind, log_prob)``, with
+    ``alpha_max``/``best_kind`` ``(B, T+1, U+1)`` as ``sweep_alpha`` returns them and
+    ``log_prob (B,)`` the score of the best complete path (``-inf`` when there is none).
+    ``backtrack_generic(best_kind, topo, ends)`` gives the path itself."""
+    with torch.no_grad():
+        blank = topo.check(logits.shape[-1], blank)
+        ends = Ends.of(logit_lengths, target_lengths, boundary)
+        ends.check(logits.shape[1], logits.shape[2])
+        _, _, lp = kind_log_probs(logits, targets, topo, blank, fused, ends)
+        w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, sigma, delay_penalty)
+        alpha_max, best_kind = sweep_alpha(w, topo, ends, max_plus=True)
+        bidx = torch.arange(w.shape[0], device=w.device)
+        log_prob = torch.where(ends.t1 > ends.t0, alpha_max[bidx, ends.t1, ends.u1], NEG_INF)
+        return alpha_max, best_kind, log_prob
+
+
+# ---------------------------------------------------------------------------------------
+# The gradient
+# ---------------------------------------------------------------------------------------
+
+def _shift_down_u(x: torch.Tensor) -> torch.Tensor:
+    """``y(.., u) = x(.., u-1)``, 0 at u = 0: a quantity of the arc leaving (t, u-1) moved to
+    the row (t, u) it also reads (``plus_next_blank``)."""
+    return torch.nn.functional.pad(x[..., :-1], (1, 0))
+
+
+def grad_generic(logits, lse, lse_dur, lat: GenericLattice, targets, topo: Topology, blank: int,
+                 fused: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0):
+    """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6 and 9),
+    before the upstream gradient. Shape ``(B, T, U+1, V)``, dtype of ``logits``.
+
+    For the softmax group g that node n reads (the tokens; for TDT also the durations):
+
+        d loss / d logits(n, v) = p_g(n, v) S_g(n) - sum_{reads of class v at n} s gamma
+
+    with ``S_g(n)`` the sum of ``s gamma`` over the reads of group g at n: every kind reads
+    its class at its source node; a ``plus_next_blank`` kind leaving ``(t, u)`` also reads
+    the blank at ``(t, u+1)``; a TDT kind reads its duration. FastEmit: ``s = 1 +
+    fastemit_lambda`` on the class read of a ``fastemit`` kind and ``s = 1`` on every other
+    read (NeMo TDT: duration gradients get no FastEmit). Log-prob mode: ``p`` is taken as 0
+    (the gradient w.r.t. the log-probs). ``clamp > 0`` clips the token group only (NeMo
+    TDT: the durations are never clamped). Padding and sequences without a path: 0; a NaN
+    sequence: NaN on every entry of every row of its region in fused mode, on its arc
+    entries in log-prob mode.
+    """
     B, T, U1, V = logits.shape
-    x = logits if dtype is None else logits.to(dtype)
+    V_tok = topo.token_classes(V)
+    dt = logits.dtype
+    gamma = lat.gamma.to(dt)
+    scaled = [gamma[:, k] * (1.0 + fastemit_lambda) if (k_.fastemit and fastemit_lambda) else gamma[:, k]
+              for k, k_ in enumerate(topo.kinds)]
+    next_blank = [_shift_down_u(gamma[:, k]) for k, k_ in enumerate(topo.kinds) if k_.plus_next_blank]
+    reads = scaled + next_blank
+
+    # Token group: d/dz_v = p_v * S - [v = class read] * s gamma.
     if fused:
-        lse = torch.logsumexp(x, dim=-1)                                  # (B, T, U+1)
-        row_max = x.amax(dim=-1)                                          # NaN if any NaN
-        bad_row = torch.isnan(row_max) | (row_max == float("inf"))
-        lse = torch.where(bad_row, float("nan"), lse)
+        total = reads[0]
+        for g in reads[1:]:
+            total = total + g
+        p = torch.exp(logits[..., :V_tok] - lse[..., None])
+        p = torch.where(torch.isneginf(lse)[..., None], 0.0, p)          # an all -inf row has no mass
+        tok = torch.where((total == 0)[..., None], 0.0, p * total[..., None])   # rows no arc reads
     else:
-        lse = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
-    safe_targets = targets.clamp(0, V - 1)                                # padding may hold anything
-    label_x = torch.gather(x[:, :, : U1 - 1, :], 3,
-                           safe_targets[:, None, :, None].expand(B, T, U1 - 1, 1)).squeeze(-1)
-    label_x = torch.nn.functional.pad(label_x, (0, 1), value=NEG_INF)    # (B, T, U+1)
-    blank_x = x[..., blank]
-    if not fused:                       # a log-probability of +inf is invalid: read as NaN
-        blank_x = torch.where(blank_x == float("inf"), float("nan"), blank_x)
-        label_x = torch.where(label_x == float("inf"), float("nan"), label_x)
-    lpb = blank_x - lse
-    lpl = label_x - lse
-    # A row whose logits are all -inf has lse = -inf; its arcs are impossible, not NaN.
-    dead_row = lse == NEG_INF
-    nodes = node_mask(logit_lengths, target_lengths, T, U1)
-    u = torch.arange(U1, device=x.device)
-    label_nodes = nodes & (u[None, None, :] < target_lengths[:, None, None])
-    lpb = torch.where(nodes & ~dead_row, lpb, NEG_INF)
-    lpl = torch.where(label_nodes & ~dead_row, lpl, NEG_INF)
-    return lse, lpb, lpl
+        tok = torch.zeros((B, T, U1, V_tok), dtype=dt, device=logits.device)
+    safe_targets = targets.clamp(0, V_tok - 1)
+    label_idx = torch.nn.functional.pad(safe_targets, (0, 1), value=0)     # (B, U+1); no label arc at U
+    label_idx = label_idx[:, None, :, None].expand(B, T, U1, 1)
+    for k, g in zip(topo.kinds, scaled):
+        if k.reads == "label":
+            tok.scatter_add_(3, label_idx, -g[..., None])
+        else:
+            tok[..., blank if k.reads == "blank" else k.class_id] -= g
+    for g in next_blank:
+        tok[..., blank] -= g
+
+    # Duration group (TDT): d/dz_i = q_i * sum_k gamma_k - sum_{k with duration i} gamma_k.
+    if topo.n_durations:
+        dur_reads = [(k.duration, gamma[:, j]) for j, k in enumerate(topo.kinds) if k.duration >= 0]
+        if fused:
+            total = dur_reads[0][1]
+            for _, g in dur_reads[1:]:
+                total = total + g
+            q = torch.exp(logits[..., V_tok:] - lse_dur[..., None])
+            q = torch.where(torch.isneginf(lse_dur)[..., None], 0.0, q)
+            dur = torch.where((total == 0)[..., None], 0.0, q * total[..., None])
+        else:
+            dur = torch.zeros((B, T, U1, topo.n_durations), dtype=dt, device=logits.device)
+        for i, g in dur_reads:
+            dur[..., i] -= g
+        grad = torch.cat([tok, dur], -1)
+    else:
+        grad = tok
+
+    region = ends.region(T, U1)
+    keep = region & (lat.log_like != NEG_INF)[:, None, None]
+    grad = torch.where(keep[..., None], grad, 0.0)
+    if fused:
+        nan_rows = region & torch.isnan(lat.log_like)[:, None, None]
+        grad = torch.where(nan_rows[..., None], float("nan"), grad)
+    if clamp > 0:
+        if topo.n_durations:
+            grad = torch.cat([grad[..., :V_tok].clamp(-clamp, clamp), grad[..., V_tok:]], -1)
+        else:
+            grad = grad.clamp(-clamp, clamp)
+    return grad
 
 
-def _diagonal(d: int, T: int, U1: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (t, u) of the cells with t + u = d inside a (T, U+1) grid."""
-    t = torch.arange(max(0, d - U1 + 1), min(d, T - 1) + 1, device=device)
-    return t, d - t
+def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo: Topology,
+                           blank: int, fused: bool = True, clamp: float = -1.0,
+                           fastemit_lambda: float = 0.0, sigma: float = 0.0,
+                           delay_penalty: float = 0.0, boundary=None, need_grad: bool = True):
+    """Costs ``-log P`` ``(B,)`` (dtype of ``logits``) and, if ``need_grad``, the
+    per-sequence gradient ``(B, T, U+1, V)`` before the upstream factor, for any topology.
 
+    ``sigma`` is subtracted once per arc and ``delay_penalty`` added to the delay kinds
+    (``arc_weights``); the cost is that of the weighted lattice (k2 and NeMo report it so).
+    FastEmit changes the gradient only (math.md section 6). ``boundary``: k2's ``(B, 4)``
+    int64 ``[begin_symbol, begin_frame, end_symbol, end_frame]`` (replaces the lengths).
+    """
+    with torch.no_grad():
+        blank = topo.check(logits.shape[-1], blank)
+        ends = Ends.of(logit_lengths, target_lengths, boundary)
+        ends.check(logits.shape[1], logits.shape[2])
+        ldt = lattice_dtype(logits.device)
+        lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends)
+        w = arc_weights(lp.to(ldt), topo, ends, sigma, delay_penalty)
+        lat = lattice_generic(w, topo, ends)
+        costs = (-lat.log_like).to(logits.dtype)
+        if not need_grad:
+            return costs, None
+        return costs, grad_generic(logits, lse, lse_dur, lat, targets, topo, blank, fused, ends,
+                                   clamp, fastemit_lambda)
+
+
+# ---------------------------------------------------------------------------------------
+# The regular topology: the entry points of the backends (thin calls into the above)
+# ---------------------------------------------------------------------------------------
 
 def forward_alpha(lpb: torch.Tensor, lpl: torch.Tensor, max_plus: bool = False) -> torch.Tensor:
-    """alpha ``(B, T, U+1)`` swept along anti-diagonals ``d = t + u`` (math.md section 2).
+    """Regular-topology alpha ``(B, T, U+1)`` swept along anti-diagonals ``d = t + u``
+    (math.md section 2), from blank / label log-probs ``(B, T, U+1)`` used as given.
 
-    The semiring switch: ``max_plus=False`` combines the two incoming arcs with ``lae``
-    (the forward variable, log-sum over paths); ``max_plus=True`` with ``max`` (the Viterbi
-    score, log-probability of the best path into the node). Nodes off the lattice may hold
-    finite values (they are never read through a finite arc).
+    ``max_plus=True``: the Viterbi score (``sweep_alpha``'s semiring switch). Nodes off the
+    lattice may hold finite values (they are never read through a finite arc).
     """
     B, T, U1 = lpb.shape
-    dev, dt = lpb.device, lpb.dtype
-    combine = torch.maximum if max_plus else torch.logaddexp
-    alpha = torch.full((B, T, U1), NEG_INF, dtype=dt, device=dev)
-    if T > 0:
-        alpha[:, 0, 0] = 0.0
-    for d in range(1, T + U1 - 1):
-        t, u = _diagonal(d, T, U1, dev)
-        tm1, um1 = (t - 1).clamp(min=0), (u - 1).clamp(min=0)
-        from_blank = torch.where(t > 0, alpha[:, tm1, u] + lpb[:, tm1, u], NEG_INF)
-        from_label = torch.where(u > 0, alpha[:, t, um1] + lpl[:, t, um1], NEG_INF)
-        alpha[:, t, u] = combine(from_blank, from_label)
-    return alpha
+    w = torch.stack([lpb, lpl], 1)
+    alpha = sweep_alpha(w, _REGULAR, max_plus=max_plus)
+    return (alpha[0] if max_plus else alpha)[:, :T]
 
 
 def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths) -> Lattice:
-    """alpha, beta, log P and arc occupations (math.md sections 2-3) from arc log-probs.
+    """alpha, beta, log P and arc occupations (math.md sections 2-3) of the regular
+    topology, from arc log-probs.
 
     Args:
         lpb, lpl: ``(B, T, U+1)`` blank / label log-probs, ``-inf`` off the lattice.
         logit_lengths, target_lengths: ``(B,)`` int64.
     """
     B, T, U1 = lpb.shape
-    dev, dt = lpb.device, lpb.dtype
-    bidx = torch.arange(B, device=dev)
+    ends = Ends.of(logit_lengths, target_lengths)
     # Only real arcs are read: no blank leaves the last frame but the final one (in
     # log-prob mode a NaN there must change nothing, math.md section 8.1).
-    blank_arcs, label_arcs = arc_masks(logit_lengths, target_lengths, T, U1)
-    lpb = torch.where(blank_arcs, lpb, NEG_INF)
-    lpl = torch.where(label_arcs, lpl, NEG_INF)
-
-    alpha = forward_alpha(lpb, lpl)
-
-    # beta on a grid extended by one frame and one label position, so that the final
-    # blank (T_b-1, U_b) -> (T_b, U_b) lands on a terminal cell with beta = 0.
-    beta = torch.full((B, T + 1, U1 + 1), NEG_INF, dtype=dt, device=dev)
-    terminal = torch.zeros((B, T + 1, U1 + 1), dtype=torch.bool, device=dev)
-    terminal[bidx, logit_lengths, target_lengths] = True
-    beta = torch.where(terminal, 0.0, beta)
-    for d in range(T + U1 - 2, -1, -1):
-        t, u = _diagonal(d, T, U1, dev)
-        val = torch.logaddexp(beta[:, t + 1, u] + lpb[:, t, u], beta[:, t, u + 1] + lpl[:, t, u])
-        beta[:, t, u] = torch.where(terminal[:, t, u], 0.0, val)
-
-    # log P = beta(0,0); a sequence with no frame has no path at all.
-    log_like = torch.where(logit_lengths > 0, beta[:, 0, 0], NEG_INF) if T > 0 else \
-        torch.full((B,), NEG_INF, dtype=dt, device=dev)
-
-    # Occupations (math.md section 3) on the arcs of each lattice; an impossible sequence
-    # (log P = -inf) has none, a NaN one (log P = NaN) has NaN on every arc.
-    possible = (log_like != NEG_INF)[:, None, None]
-    ll = torch.where(possible, log_like[:, None, None], 0.0)
-    gamma_blank = torch.where(possible & blank_arcs,
-                              torch.exp(alpha + lpb + beta[:, 1:, :U1] - ll), 0.0)
-    gamma_label = torch.where(possible & label_arcs,
-                              torch.exp(alpha + lpl + beta[:, :T, 1:] - ll), 0.0)
-    beta_nodes = torch.where(terminal[:, :T, :U1], NEG_INF, beta[:, :T, :U1])
-    # The sweep also fills padding cells past T_b (reached by blanks out of the last
-    # frame); the Lattice contract is -inf off each sequence's lattice.
-    alpha = torch.where(node_mask(logit_lengths, target_lengths, T, U1), alpha, NEG_INF)
-    return Lattice(alpha, beta_nodes, log_like, gamma_blank, gamma_label)
+    w = torch.where(arc_mask(_REGULAR, ends, T, U1), torch.stack([lpb, lpl], 1), NEG_INF)
+    lat = lattice_generic(w, _REGULAR, ends)
+    # The Lattice contract: (B, T, U+1) nodes, -inf off each sequence's lattice (the end
+    # node (T_b, U_b) included).
+    nodes = node_mask(logit_lengths, target_lengths, T, U1)
+    alpha = torch.where(nodes, lat.alpha[:, :T], NEG_INF)
+    beta = torch.where(nodes, lat.beta[:, :T], NEG_INF)
+    return Lattice(alpha, beta, lat.log_like, lat.gamma[:, 0], lat.gamma[:, 1])
 
 
 def logit_grad(logits, lse, lat: Lattice, targets, logit_lengths, target_lengths, blank: int,
                fused: bool, clamp: float, fastemit_lambda: float) -> torch.Tensor:
-    """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6), before
-    the upstream gradient. Shape ``(B, T, U+1, V)``, dtype of ``logits``; padding is 0."""
-    B, T, U1, V = logits.shape
-    gb = lat.gamma_blank.to(logits.dtype)
-    gl = (1.0 + fastemit_lambda) * lat.gamma_label.to(logits.dtype)   # FastEmit: label arcs x (1+lambda)
-    if fused:
-        # d/dz_v = p_v (gamma_blank + gamma_label) - [v=blank] gamma_blank - [v=y] gamma_label
-        p = torch.exp(logits - lse[..., None])
-        p = torch.where(torch.isneginf(lse)[..., None], 0.0, p)   # an all -inf row has no mass
-        grad = p * (gb + gl)[..., None]
-    else:
-        # d/dlogp: -gamma on the two arcs leaving the node, 0 elsewhere.
-        grad = torch.zeros_like(logits)
-    grad[..., blank] -= gb
-    safe_targets = targets.clamp(0, V - 1)
-    label_idx = torch.nn.functional.pad(safe_targets, (0, 1), value=0)  # (B, U+1); last column has gl = 0
-    grad.scatter_add_(3, label_idx[:, None, :, None].expand(B, T, U1, 1), -gl[..., None])
-    nodes = node_mask(logit_lengths, target_lengths, T, U1)
-    # Padding (possibly NaN-poisoned) and impossible sequences get exactly zero; a NaN
-    # sequence keeps its NaN rows (log-prob mode: NaN on its arc entries).
-    keep = nodes & (lat.log_like != NEG_INF)[:, None, None]
-    grad = torch.where(keep[..., None], grad, 0.0)
-    if clamp > 0:
-        grad = grad.clamp(-clamp, clamp)
-    return grad
+    """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6) of the
+    regular topology, before the upstream gradient. Shape ``(B, T, U+1, V)``, dtype of
+    ``logits``; padding is 0."""
+    generic = GenericLattice(lat.alpha, lat.beta, lat.log_like,
+                             torch.stack([lat.gamma_blank, lat.gamma_label], 1))
+    return grad_generic(logits, lse, None, generic, targets, _REGULAR, blank, fused,
+                        Ends.of(logit_lengths, target_lengths), clamp, fastemit_lambda)
 
 
 # --------------------------------------------------------------------------- loss
 INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
 
 
-def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad):
+def supports(opts: LossOptions, boundary=None) -> bool:
+    """Every topology, per-arc term and boundary: this is the generic recursion."""
+    return True
+
+
+def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
+                 boundary=None):
     """``_ops`` protocol: costs, and (when wanted) the per-sequence gradient, computed here
-    and saved for the backward pass, which only applies the upstream factor."""
-    with torch.no_grad():
-        ldt = lattice_dtype(logits.device)
-        lse, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths,
-                                      opts.blank, opts.fused)
-        lat = lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
-        costs = (-lat.log_like).to(logits.dtype)
-        if not need_grad:
-            return costs, (), None
-        grad = logit_grad(logits, lse, lat, targets, logit_lengths, target_lengths, opts.blank,
-                          opts.fused, opts.clamp, opts.fastemit_lambda)
+    by the generic recursion and saved for the backward pass, which only applies the
+    upstream factor."""
+    costs, grad = costs_and_grad_generic(
+        logits, targets, logit_lengths, target_lengths, opts.topology or regular(), opts.blank,
+        opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
+        need_grad)
+    if not need_grad:
+        return costs, (), None
     return costs, (grad,) + ((logits,) if opts.inplace_grad else ()), None
 
 

@@ -1,0 +1,388 @@
+"""Every topology (math.md section 9) through the one generic reference recursion, against
+the independent path-enumerating oracle: losses and gradients in float64 for every option
+(fused / log-prob, FastEmit, clamp, sigma, delay penalty, k2 boundary), closed forms with
+uniform probabilities, NeMo's TDT test vector, infeasible lengths, NaN rules, per-kind
+occupations, the max-plus pointers and a gradcheck."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rnnt_lattice import reference, topology
+from rnnt_lattice.reference import Ends
+from cases import Case, make_inputs, upstream_weights
+from oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
+                    topology_paths)
+
+# Tiny ragged lattices: the enumeration stays cheap (TDT with duration 0 has the most paths).
+CASES = [
+    Case("single", (3,), (2,), 5, 0),
+    Case("ragged_blank0", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
+    Case("ragged_blank_last", (3, 4, 1), (3, 1, 2), 5, -1),     # infeasible rows for some topologies
+    Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
+    Case("T1", (1, 1), (0, 3), 4, 0),
+    Case("U0", (5, 2), (0, 0), 4, 1),
+    Case("T0", (0, 3), (1, 1), 4, 2),
+]
+
+TOPOLOGIES = {
+    "regular": lambda V_tok, blank: (topology.regular(), blank),
+    "modified": lambda V_tok, blank: (topology.modified(), blank),
+    "constrained": lambda V_tok, blank: (topology.constrained(), blank),
+    "one_sym": lambda V_tok, blank: (topology.one_sym_per_frame(), blank),
+    # NeMo layouts: the standard blank is the last token (big blanks just below it).
+    "multiblank": lambda V_tok, blank: (topology.multiblank(V_tok - 1, [2, 3]), V_tok - 1),
+    "tdt012": lambda V_tok, blank: (topology.tdt([0, 1, 2]), V_tok - 1),
+    "tdt13": lambda V_tok, blank: (topology.tdt([1, 3]), V_tok - 1),
+}
+
+OPTIONS = {
+    "fused": dict(),
+    "logprob": dict(fused=False),
+    "fastemit": dict(fastemit_lambda=0.5),
+    "clamp": dict(clamp=0.05),
+    "sigma": dict(sigma=0.05),
+    "delay": dict(delay_penalty=0.3),
+    "boundary": dict(boundary=True),
+    "all_logprob": dict(fused=False, fastemit_lambda=0.25, clamp=0.2, sigma=0.1, delay_penalty=0.2,
+                        boundary=True),
+}
+
+# Relative to the largest loss / gradient entry (at least 1): float64 carries only the
+# rounding of a few hundred operations; float32 inputs (the lattice still in float64) the
+# row sums' and gradient's rounding.
+TOL = {torch.float64: 1e-10, torch.float32: 4 * 2.0**-23 * 8}
+
+
+def make_topo_inputs(case: Case, topo_name: str, dtype=torch.float64, seed: int = 0,
+                     fused: bool = True, boundary: bool = False):
+    """``(logits, targets, tl, ul, topo, blank, boundary)``: logits ``(B, T, U+1, V_tok + D)``
+    NaN outside each lattice (and outside each boundary region), targets any token but the
+    blank(s), garbage past each target length."""
+    V_tok = case.V
+    topo, blank = TOPOLOGIES[topo_name](V_tok, case.blank % V_tok)
+    V = V_tok + topo.n_durations
+    logits, _, tl, ul, _ = make_inputs(Case(case.name, case.T_lens, case.U_lens, V, 0, case.T, case.U),
+                                       torch.float64, seed=seed)
+    B, T, U1, _ = logits.shape
+    blanks = {blank} | {k.class_id for k in topo.kinds if k.reads == "class"}
+    others = torch.tensor([v for v in range(V_tok) if v not in blanks], dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed + 1)
+    targets = others[torch.randint(len(others), (B, U1 - 1), generator=g)]
+    targets = targets.masked_fill(torch.arange(U1 - 1)[None, :] >= ul[:, None], -7)
+    bnd = None
+    if boundary:
+        rows = []
+        for b in range(B):
+            T_b, U_b = int(tl[b]), int(ul[b])
+            rows.append([[0, 0, U_b, T_b],                                      # the default
+                         [min(1, U_b), min(1, T_b), U_b, T_b],                  # later start
+                         [0, 0, max(U_b - 1, 0), max(T_b - 1, 0)]][b % 3])      # earlier end
+        bnd = torch.tensor(rows, dtype=torch.int64)
+        region = torch.zeros(B, T, U1, dtype=torch.bool)
+        for b, (s0, t0, s1, t1) in enumerate(rows):
+            region[b, t0:t1, s0:s1 + 1] = True
+        logits = logits.masked_fill(~region[..., None], float("nan"))
+    if not fused:
+        V_tok_ = topo.token_classes(V)
+        logits = torch.cat([torch.log_softmax(logits[..., :V_tok_], -1),
+                            torch.log_softmax(logits[..., V_tok_:], -1)], -1)
+    return logits.to(dtype), targets, tl, ul, topo, blank, bnd
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().to(torch.float64), want.to(torch.float64)
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite), f"non-finite mismatch: {got} vs {want}"
+    if not finite.any():
+        return 0.0
+    scale = max(1.0, want[finite].abs().max().item())
+    return (got[finite] - want[finite]).abs().max().item() / scale
+
+
+def generic(logits, targets, tl, ul, topo, blank, fused=True, clamp=-1.0, fastemit_lambda=0.0,
+            sigma=0.0, delay_penalty=0.0, boundary=None):
+    return reference.costs_and_grad_generic(logits, targets, tl, ul, topo, blank, fused, clamp,
+                                            fastemit_lambda, sigma, delay_penalty, boundary)
+
+
+@pytest.mark.parametrize("opt", list(OPTIONS))
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_enumeration(case, topo_name, opt):
+    kw = dict(OPTIONS[opt])
+    fused = kw.pop("fused", True)
+    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(
+        case, topo_name, fused=fused, boundary=kw.pop("boundary", False))
+    want_loss, want_grad = topology_batch_grad(logits, targets, tl, ul, topo, blank, fused,
+                                               boundary=bnd, **kw)
+    loss, grad = generic(logits, targets, tl, ul, topo, blank, fused, boundary=bnd, **kw)
+    assert loss.dtype == torch.float64 and grad.shape == logits.shape
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    w = upstream_weights(case.B)[:, None, None, None]
+    assert rel_err(reference.scale_upstream(grad, w), want_grad * w) <= TOL[torch.float64]
+    assert not torch.isnan(grad).any(), "NaN padding leaked into the gradient"
+    # Honesty: the cases hold finite and infinite losses, and gradients that are not all 0.
+    assert (grad != 0).any() or not torch.isfinite(want_loss).any()
+
+
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+def test_float32_inputs(topo_name, fused):
+    case = Case("f32", (4, 3, 5), (2, 3, 1), 6, 0, T=5, U=3)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, torch.float32,
+                                                               seed=3, fused=fused)
+    want_loss, want_grad = topology_batch_grad(logits, targets, tl, ul, topo, blank, fused,
+                                               fastemit_lambda=0.1, sigma=0.05)
+    loss, grad = generic(logits, targets, tl, ul, topo, blank, fused, fastemit_lambda=0.1, sigma=0.05)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.float32
+    assert rel_err(loss, want_loss) <= TOL[torch.float32]
+    assert rel_err(grad, want_grad) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+def test_masked_classes(topo_name, fused):
+    """-inf entries (masked classes, arc reads included) are legal: those arcs are impossible."""
+    case = Case("masked", (5, 4, 3), (3, 2, 2), 6, 0, T=5, U=3)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=17, fused=fused)
+    g = torch.Generator().manual_seed(17)
+    x = logits.masked_fill(torch.rand(logits.shape, generator=g) < 0.15, -math.inf)
+    x[..., 1] = torch.where(torch.isnan(x[..., 1]), x[..., 1], 0.0)   # no row is all -inf
+    x[..., -1] = torch.where(torch.isnan(x[..., -1]), x[..., -1], -0.5)
+    want_loss, want_grad = topology_batch_grad(x, targets, tl, ul, topo, blank, fused,
+                                               fastemit_lambda=0.2, sigma=0.05)
+    loss, grad = generic(x, targets, tl, ul, topo, blank, fused, fastemit_lambda=0.2, sigma=0.05)
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    assert rel_err(grad, want_grad) <= TOL[torch.float64]
+    assert not torch.isnan(grad).any()
+
+
+def test_boundary_is_checked():
+    case = Case("bad", (3, 2), (2, 1), 5, 0)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, "regular")
+    for row in ([0, 2, 1, 1], [2, 0, 1, 2], [0, 0, 3, 2], [0, 0, 1, 4]):
+        bnd = torch.tensor([[0, 0, 2, 3], row])
+        with pytest.raises(ValueError, match="sequence 1"):
+            generic(logits, targets, tl, ul, topo, blank, boundary=bnd)
+
+
+def test_enumerator_matches_closed_form_regular_paths():
+    """The generic enumerator with regular() walks exactly the regular alignments."""
+    for T in range(1, 5):
+        for U in range(0, 4):
+            want = sorted([(t, u, int(lab)) for t, u, lab in p] for p in alignments(T, U))
+            got = sorted(topology_paths(topology.regular(), (0, 0), (T, U)))
+            assert got == want
+
+
+@pytest.mark.parametrize("name,paths,logv", [
+    ("regular", lambda T, U: math.comb(T - 1 + U, U), lambda T, U: T + U),
+    ("modified", lambda T, U: math.comb(T, U), lambda T, U: T),
+    ("constrained", lambda T, U: math.comb(T, U), lambda T, U: T + U),
+    ("one_sym_per_frame", lambda T, U: math.comb(T - 1, U), lambda T, U: T),
+])
+def test_uniform_closed_forms(name, paths, logv):
+    """Zero logits (probability 1/V everywhere): log P = log(#paths) - (#arc reads) log V
+    (variants.md A and C); infeasible lengths give +inf and a zero gradient."""
+    topo = topology.BUILDERS[name]()
+    V = 5
+    shapes = [(T, U) for T in range(1, 7) for U in range(0, 6)]
+    B, Tm, Um = len(shapes), 6, 5
+    tl = torch.tensor([s[0] for s in shapes])
+    ul = torch.tensor([s[1] for s in shapes])
+    logits = torch.zeros(B, Tm, Um + 1, V, dtype=torch.float64)
+    targets = torch.ones(B, Um, dtype=torch.int64)
+    loss, grad = generic(logits, targets, tl, ul, topo, 0)
+    for b, (T, U) in enumerate(shapes):
+        n = paths(T, U)
+        if n == 0:
+            assert loss[b] == math.inf and (grad[b] == 0).all(), (name, T, U)
+        else:
+            want = -(math.log(n) - logv(T, U) * math.log(V))
+            assert loss[b].item() == pytest.approx(want, rel=1e-13, abs=1e-13), (name, T, U)
+
+
+def test_nemo_tdt_vector():
+    """NeMo's TDT test (variants.md B): cost and gradient at (0, 0, 0), token part then the
+    gradient w.r.t. the duration logits through their log_softmax."""
+    topo = topology.tdt([0, 1, 2])
+    logits = torch.zeros(1, 3, 2, 7, dtype=torch.float64)
+    args = (logits, torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]), topo, 3)
+    loss, grad = generic(*args, sigma=0.05)
+    w = math.exp(-0.05) / 12
+    assert loss.item() == pytest.approx(-math.log(3 * w**4 + 6 * w**3 + 2 * w**2), abs=1e-12)
+    assert loss.item() == pytest.approx(4.155739, abs=1e-6)
+    want = torch.tensor([-0.649628, 0.25, 0.25, 0.149628, 0.267258, -0.167926, -0.099332],
+                        dtype=torch.float64)
+    torch.testing.assert_close(grad[0, 0, 0], want, rtol=0, atol=1e-6)
+    want_loss, want_grad = topology_batch_grad(*args, fused=True, sigma=0.05)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("topo_name,T,U", [
+    ("modified", 2, 3), ("constrained", 1, 2), ("one_sym", 3, 3), ("one_sym", 1, 1),
+    ("tdt13", 2, 2), ("regular", 0, 0), ("multiblank", 0, 2)])
+def test_infeasible_lengths(topo_name, T, U):
+    """No path: +inf and an exactly zero gradient, next to a feasible sequence."""
+    case = Case("infeasible", (T, 6), (U, 1), 6, 0)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name)
+    loss, grad = generic(logits, targets, tl, ul, topo, blank, fastemit_lambda=0.3)
+    assert loss[0] == math.inf and (grad[0] == 0).all()
+    assert torch.isfinite(loss[1]) and (grad[1] != 0).any()
+
+
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+def test_occupations_match_enumeration(topo_name):
+    case = Case("occ", (4, 3), (2, 3), 6, 0, T=5, U=3)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=5)
+    ends = Ends.of(tl, ul)
+    _, _, lp = reference.kind_log_probs(logits, targets, topo, blank, True, ends)
+    lat = reference.lattice_generic(reference.arc_weights(lp, topo, ends, 0.05, 0.1), topo, ends)
+    for b in range(case.B):
+        want = topology_occupations(logits[b], targets[b], topo, blank, True, (0, 0),
+                                    (int(tl[b]), int(ul[b])), 0.05, 0.1)
+        torch.testing.assert_close(lat.gamma[b], want, rtol=0, atol=1e-12)
+        # alpha(end) and beta(start) are both log P (the free self-check)
+        assert lat.alpha[b, tl[b], ul[b]].item() == pytest.approx(lat.log_like[b].item(), abs=1e-12)
+    assert (lat.gamma[:, :, :, 4:] == 0).all() and (lat.alpha[:, 6:] == -math.inf).all()
+
+
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+def test_max_plus_pointers(topo_name):
+    """The max-plus sweep's score is the best path's; following its pointers gives that path."""
+    case = Case("vit", (5, 4, 2), (3, 2, 2), 6, 0, T=5, U=3)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=7)
+    alpha_max, best_kind, log_prob = reference.viterbi_generic(logits, targets, tl, ul, topo, blank,
+                                                               sigma=0.05)
+    paths = reference.backtrack_generic(best_kind, topo, Ends.of(tl, ul))
+    for b in range(case.B):
+        score, path = topology_best_path(logits[b], targets[b], topo, blank, True, (0, 0),
+                                         (int(tl[b]), int(ul[b])), sigma=0.05)
+        if score == -math.inf:
+            assert log_prob[b] == -math.inf and paths[b] == []
+            continue
+        assert log_prob[b].item() == pytest.approx(score, abs=1e-12)
+        assert paths[b] == path
+
+
+def test_max_plus_tie_goes_to_the_first_kind():
+    """On an exact tie the first kind (the blank in every builder) wins: with uniform
+    probabilities the label is emitted at the earliest frame, as ``lattice.alignment``."""
+    logits = torch.zeros(1, 3, 3, 4, dtype=torch.float64)
+    tl, ul = torch.tensor([3]), torch.tensor([2])
+    topo = topology.regular()
+    _, best_kind, _ = reference.viterbi_generic(logits, torch.tensor([[1, 2]]), tl, ul, topo, 0)
+    path = reference.backtrack_generic(best_kind, topo, Ends.of(tl, ul))[0]
+    assert path == [(0, 0, 1), (0, 1, 1), (0, 2, 0), (1, 2, 0), (2, 2, 0)]
+
+
+@pytest.mark.parametrize("topo_name", ["modified", "constrained", "multiblank", "tdt012"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
+def test_nan_rules(topo_name, fused):
+    """math.md 8.1 for every topology: a NaN read by an arc makes that sequence's loss NaN
+    (fused: NaN on every row of its lattice; log-prob: on its arc entries only); other
+    sequences and padding are untouched; a NaN entry no arc reads changes nothing."""
+    case = Case("nan", (4, 3), (2, 2), 6, 0)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=9, fused=fused)
+    clean_loss, clean_grad = generic(logits, targets, tl, ul, topo, blank, fused)
+    x = logits.clone()
+    x[0, 1, 1, blank] = float("nan")
+    loss, grad = generic(x, targets, tl, ul, topo, blank, fused)
+    assert torch.isnan(loss[0]) and loss[1] == clean_loss[1]
+    assert torch.equal(grad[1], clean_grad[1])
+    rows = grad[0, :4, :3]
+    if fused:
+        assert torch.isnan(rows).all()
+    else:
+        assert torch.isnan(rows).any() and not torch.isnan(rows).all()
+        # an unread class in log-prob mode changes nothing
+        unread = [v for v in range(topo.token_classes(x.shape[-1]))
+                  if v != blank and v not in targets[0, :2].tolist()
+                  and all(k.class_id != v for k in topo.kinds)][0]
+        y = logits.clone()
+        y[0, 1, 1, unread] = float("nan")
+        loss2, grad2 = generic(y, targets, tl, ul, topo, blank, fused)
+        assert torch.equal(loss2, clean_loss) and torch.equal(grad2, clean_grad)
+        # nor does the blank of (T_b - 1, 0): it would land on (T_b, 0), a dead end, not an arc
+        y = logits.clone()
+        y[0, 3, 0, blank] = float("nan")
+        loss2, grad2 = generic(y, targets, tl, ul, topo, blank, fused)
+        assert torch.equal(loss2, clean_loss) and torch.equal(grad2, clean_grad)
+
+
+def test_boundary_default_rows_equal_lengths():
+    """A boundary of ``[0, 0, U_b, T_b]`` rows is the same lattice as the lengths."""
+    case = Case("bnd", (4, 3, 5), (2, 3, 1), 6, 0)
+    for name in ("regular", "constrained", "tdt012"):
+        logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, name, seed=11)
+        bnd = torch.stack([torch.zeros_like(ul), torch.zeros_like(tl), ul, tl], 1)
+        a = generic(logits, targets, tl, ul, topo, blank, delay_penalty=0.2)
+        b = generic(logits, targets, tl, ul, topo, blank, delay_penalty=0.2, boundary=bnd)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_regular_entry_points_are_the_generic_recursion():
+    """The regular backends' entry points agree with the generic call (same numbers)."""
+    case = Case("entry", (5, 3), (2, 3), 6, 2)
+    logits, targets, tl, ul, blank = make_inputs(case)
+    lse, lpb, lpl = reference.arc_log_probs(logits, targets, tl, ul, blank, True)
+    lat = reference.lattice(lpb, lpl, tl, ul)
+    grad = reference.logit_grad(logits, lse, lat, targets, tl, ul, blank, True, 0.1, 0.2)
+    loss2, grad2 = generic(logits, targets, tl, ul, topology.regular(), blank, clamp=0.1,
+                           fastemit_lambda=0.2)
+    assert torch.equal(-lat.log_like, loss2) and torch.equal(grad, grad2)
+
+
+@pytest.mark.parametrize("topo_name,kw", [("constrained", dict(delay_penalty=0.3)),
+                                          ("tdt012", dict(sigma=0.05))])
+def test_gradcheck(topo_name, kw):
+    """Finite differences of the generic loss against its analytic gradient (float64)."""
+    case = Case("gc", (3, 2), (2, 1), 4, 0)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=13)
+    x = torch.nan_to_num(logits, nan=0.0).requires_grad_()
+
+    class Loss(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, z):
+            costs, grad = generic(z, targets, tl, ul, topo, blank, **kw)
+            ctx.save_for_backward(grad)
+            return costs
+
+        @staticmethod
+        def backward(ctx, g):
+            (grad,) = ctx.saved_tensors
+            return grad * g[:, None, None, None]
+
+    assert torch.autograd.gradcheck(Loss.apply, (x,), eps=1e-6, atol=1e-7)
+
+
+def test_topology_validation():
+    with pytest.raises(ValueError):
+        topology.ArcKind("stay", 0, 0, "blank")
+    with pytest.raises(ValueError):
+        topology.ArcKind("x", 1, 0, "class")                  # no class id
+    with pytest.raises(ValueError):
+        topology.tdt([2, 1])                                 # not ascending
+    with pytest.raises(ValueError):
+        topology.multiblank(1, [2, 3])                       # big blanks need ids below blank
+    with pytest.raises(ValueError):
+        topology.tdt([0, 1, 2]).check(8, 0)                  # TDT: blank must be the last token
+    assert topology.tdt([0, 1, 2]).check(8, -1) == 4
+    with pytest.raises(ValueError):
+        topology.multiblank(6, [2]).check(5, 4)              # class 5 out of the token range
+    with pytest.raises(ValueError):
+        topology.Topology("no_end", (topology.ArcKind("b", 1, 0, "blank"),))
+
+
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+@pytest.mark.parametrize("B,T,U", [(0, 2, 1), (0, 0, 0), (2, 0, 1)])
+def test_empty_shapes(topo_name, B, T, U):
+    """An empty batch gives empty results; a padded size T = 0 gives +inf, gradient 0."""
+    topo, blank = TOPOLOGIES[topo_name](5, 4)
+    logits = torch.randn(B, T, U + 1, 5 + topo.n_durations, dtype=torch.float64)
+    loss, grad = generic(logits, torch.ones(B, U, dtype=torch.int64), torch.full((B,), T),
+                         torch.full((B,), U), topo, blank)
+    assert loss.shape == (B,) and (loss == math.inf).all() and grad.shape == logits.shape
