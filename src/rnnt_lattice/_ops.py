@@ -3,10 +3,12 @@ op for ``torch.compile``; both drive any backend through the same two calls.
 
 Every backend module provides (``_backends`` loads them)::
 
-    loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad)
+    loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
+                 boundary=None)
         -> (costs (B,), saved: tuple of tensors, state)
     loss_backward(saved, state, upstream (B,), opts) -> gradient (B, T, U+1, V)
     INPLACE_WRITES_IN = "forward" | "backward"
+    supports(opts, boundary) -> bool      # the topologies and per-arc terms it computes
 
 ``saved`` goes through ``ctx.save_for_backward`` (autograd's version checks apply), ``state``
 is anything else the backend keeps. ``loss_backward`` returns ``upstream[b] * clip(d loss_b
@@ -29,6 +31,8 @@ buffer over without a copy.
 """
 from __future__ import annotations
 
+from typing import List, Optional
+
 import torch
 
 from . import _backends
@@ -50,12 +54,13 @@ class _RNNTLoss(torch.autograd.Function):
     """Per-sequence costs ``-log P`` (B,) with the fused gradient of math.md 4-6."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, impl, opts: LossOptions):
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, boundary, impl,
+                opts: LossOptions):
         need_grad = ctx.needs_input_grad[0]
         if not need_grad:
             opts = opts.without_inplace()         # nothing to write: leave the logits alone
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad)
+                                                opts, need_grad, boundary)
         if opts.inplace_grad and impl.INPLACE_WRITES_IN == "forward":
             torch.autograd.graph.increment_version(logits)
         if need_grad:
@@ -74,13 +79,13 @@ class _RNNTLoss(torch.autograd.Function):
         grad = ctx.impl.loss_backward(saved, ctx.state, grad_costs, opts)
         if opts.inplace_grad:
             grad = grad.detach()                  # a new tensor over the same memory
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
-def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths,
-               opts: LossOptions) -> torch.Tensor:
+def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+               boundary=None) -> torch.Tensor:
     """(B,) per-sequence costs through ``impl`` with the gradient attached (eager)."""
-    return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, impl, opts)
+    return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, boundary, impl, opts)
 
 
 # --------------------------------------------------------------------------- traced
@@ -96,13 +101,22 @@ def _costs_and_grad(
     fastemit_lambda: float,
     backend: str,
     need_grad: bool,
+    topology: str,
+    durations: List[int],
+    sigma: float,
+    delay_penalty: float,
+    boundary: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # A custom op's schema takes primitives: the options are rebuilt here.
-    impl = _backends.resolve(backend, logits.device)
-    opts = LossOptions(blank, fused, clamp, fastemit_lambda)
+    # A custom op's schema takes primitives: the options are rebuilt here (the topology
+    # from its name and durations, topology.from_spec).
+    from .topology import from_spec
+    opts = LossOptions(blank, fused, clamp, fastemit_lambda,
+                       topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
+                       delay_penalty=delay_penalty)
+    impl = _backends.resolve_for(backend, logits.device, opts, boundary)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad)
+                                                opts, need_grad, boundary)
         if not need_grad:
             return costs, logits.new_empty((0,))
         ones = torch.ones(logits.shape[0], dtype=costs.dtype, device=costs.device)
@@ -112,7 +126,7 @@ def _costs_and_grad(
 
 @_costs_and_grad.register_fake
 def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
-      backend, need_grad):
+      backend, need_grad, topology, durations, sigma, delay_penalty, boundary):
     costs = logits.new_empty((logits.shape[0],))
     grad = torch.empty_like(logits) if need_grad else logits.new_empty((0,))
     return costs, grad
@@ -126,16 +140,19 @@ def _backward(ctx, grad_costs, _grad_of_grad):
     (grad,) = ctx.saved_tensors
     # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b).
     return (scale_upstream(grad, grad_costs.to(grad.dtype)[:, None, None, None]),
-            None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 _costs_and_grad.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                      backend: str) -> torch.Tensor:
+                      backend: str, boundary=None) -> torch.Tensor:
     """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``."""
+    from .topology import to_spec
     need_grad = torch.is_grad_enabled() and logits.requires_grad
+    name, durations = to_spec(opts.topology)
     costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
-                               opts.clamp, opts.fused, opts.fastemit_lambda, backend, need_grad)
+                               opts.clamp, opts.fused, opts.fastemit_lambda, backend, need_grad,
+                               name, list(durations), opts.sigma, opts.delay_penalty, boundary)
     return costs

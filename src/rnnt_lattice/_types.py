@@ -1,9 +1,13 @@
 """Small containers passed between the backends and the public layer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:                                    # pragma: no cover
+    from .topology import Topology
 
 
 @dataclass
@@ -29,11 +33,20 @@ class LossOptions:
     op to the backend's ``loss_forward`` / ``loss_backward``: never positional tuples.
     """
 
-    blank: int                      # in [0, V)
+    blank: int                      # in [0, V_tok)
     fused: bool = True              # logits are raw scores (log-softmax fused) or log-probs
     clamp: float = -1.0             # > 0: clip the per-sequence gradient to [-clamp, clamp]
     fastemit_lambda: float = 0.0    # FastEmit: label arcs' gradient x (1 + lambda)
     inplace_grad: bool = False      # write the gradient over the logits
+    topology: Optional["Topology"] = None   # None: the regular RNN-T lattice (math.md 1-6)
+    sigma: float = 0.0              # subtracted once per arc (NeMo's logit under-normalisation)
+    delay_penalty: float = 0.0      # k2's delay penalty on label arcs (math.md section 9)
 
     def without_inplace(self) -> "LossOptions":
-        return LossOptions(self.blank, self.fused, self.clamp, self.fastemit_lambda, False)
+        return replace(self, inplace_grad=False)
+
+    @property
+    def regular(self) -> bool:
+        """The plain RNN-T lattice with no per-arc term: what every kernel computes."""
+        return (self.topology is None or self.topology.name == "regular") \
+            and self.sigma == 0.0 and self.delay_penalty == 0.0

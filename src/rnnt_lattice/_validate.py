@@ -39,10 +39,13 @@ def check_lattice_args(
     blank: int,
     *,
     int64_ids: bool = True,
+    n_tokens: int | None = None,
 ) -> Checked:
     """Validate the lattice inputs and return them normalised (see :class:`Checked`).
     ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
-    whose kernels read either, which saves a conversion per tensor on every call."""
+    whose kernels read either, which saves a conversion per tensor on every call.
+    ``n_tokens``: only the first ``n_tokens`` classes of the last axis are tokens (TDT: the
+    durations follow); the blank and the target ids must lie among them."""
     for name, x in (("logits", logits), ("targets", targets),
                     ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
@@ -88,9 +91,12 @@ def check_lattice_args(
         raise ValueError(f"blank must be an int, got a {blank.dtype} tensor of shape {_shape(blank)}")
     if isinstance(blank, bool) or not isinstance(blank, int):
         raise ValueError(f"blank must be an int, got {blank!r}")
-    if not -V <= blank < V:
-        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits {_shape(logits)}")
-    blank = blank % V
+    Vt = V if n_tokens is None else n_tokens
+    what = "V" if n_tokens is None else "V_tok"
+    if not -Vt <= blank < Vt:
+        raise ValueError(f"blank={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for logits "
+                         f"{_shape(logits)}")
+    blank = blank % Vt
 
     if int64_ids:
         targets, logit_lengths, target_lengths = (
@@ -100,13 +106,13 @@ def check_lattice_args(
 
     # Under torch.compile the value checks are skipped: reading a value is a graph break.
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_values(logits, targets, logit_lengths, target_lengths, blank)
+        _check_values(logits, targets, logit_lengths, target_lengths, blank, Vt)
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank)
 
 
-def _check_values(logits, targets, logit_lengths, target_lengths, blank) -> None:
-    B, T, U1, V = logits.shape
+def _check_values(logits, targets, logit_lengths, target_lengths, blank, V) -> None:
+    B, T, U1, _ = logits.shape
     U = U1 - 1
     if B == 0:
         return
@@ -153,3 +159,62 @@ def check_float(name: str, value, *, minimum: float | None = None, finite: bool 
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_durations(name: str, durations, *, allow_zero: bool, need_positive: bool = True
+                    ) -> tuple[int, ...]:
+    """A strictly ascending tuple of non-negative frame counts (NeMo's kernels rely on the
+    order), e.g. TDT's ``durations`` or multi-blank's ``big_blank_durations``."""
+    if isinstance(durations, torch.Tensor):
+        durations = durations.tolist()
+    try:
+        out = tuple(durations)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of ints, got {durations!r}") from None
+    if not out:
+        raise ValueError(f"{name} must not be empty")
+    for d in out:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise ValueError(f"{name} must hold ints, got {d!r} in {list(out)}")
+    lo = 0 if allow_zero else 1
+    if any(d < lo for d in out):
+        raise ValueError(f"{name} must be >= {lo}, got {list(out)}")
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"{name} must be strictly ascending, got {list(out)}")
+    if need_positive and out[-1] < 1:
+        raise ValueError(f"{name} needs a duration >= 1 (a blank must advance), got {list(out)}")
+    return out
+
+
+def check_boundary(boundary, logits: torch.Tensor, logit_lengths: torch.Tensor,
+                   target_lengths: torch.Tensor) -> torch.Tensor | None:
+    """k2's ``boundary`` ``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]``:
+    int64, on the logits' device. Value checks (CPU only, like every value check): for each
+    sequence ``0 <= begin_symbol <= end_symbol <= U_b`` and
+    ``0 <= begin_frame <= end_frame <= T_b``."""
+    if boundary is None:
+        return None
+    if not isinstance(boundary, torch.Tensor):
+        raise ValueError(f"boundary must be a torch.Tensor or None, got {type(boundary).__name__}")
+    B = logits.shape[0]
+    if boundary.dim() != 2 or tuple(boundary.shape) != (B, 4):
+        raise ValueError(f"boundary must have shape (B, 4) = ({B}, 4) "
+                         f"[begin_symbol, begin_frame, end_symbol, end_frame], got {_shape(boundary)}")
+    if boundary.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"boundary must be int32 or int64, got {boundary.dtype}")
+    if boundary.device != logits.device:
+        raise ValueError(f"tensors on different devices: logits on {logits.device}, boundary on "
+                         f"{boundary.device}")
+    boundary = boundary.to(torch.int64).contiguous()
+    if boundary.device.type == "cpu" and B and not torch.compiler.is_compiling():
+        s0, f0, s1, f1 = boundary.unbind(1)
+        for ok, what in (((s0 >= 0) & (s0 <= s1) & (s1 <= target_lengths),
+                          "0 <= begin_symbol <= end_symbol <= target_lengths[b]"),
+                         ((f0 >= 0) & (f0 <= f1) & (f1 <= logit_lengths),
+                          "0 <= begin_frame <= end_frame <= logit_lengths[b]")):
+            if not bool(ok.all()):
+                b = int((~ok).nonzero()[0, 0])
+                raise ValueError(f"boundary[{b}] = {boundary[b].tolist()} must satisfy {what} "
+                                 f"(logit_lengths[{b}] = {int(logit_lengths[b])}, "
+                                 f"target_lengths[{b}] = {int(target_lengths[b])})")
+    return boundary

@@ -1,13 +1,15 @@
 """Public functions: validate -> pick a backend -> reduce."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from . import _backends, _ops
 from ._types import LossOptions
-from ._validate import check_float, check_reduction
+from ._validate import check_boundary, check_durations, check_float, check_reduction
 
-__all__ = ["rnnt_loss", "empty_cache"]
+__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "empty_cache"]
 
 
 def rnnt_loss(
@@ -24,6 +26,9 @@ def rnnt_loss(
     zero_infinity: bool = False,
     backend: str = "auto",
     inplace_grad: bool = False,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""RNN-Transducer loss ``-log P(y|x)`` with its exact gradient.
 
@@ -92,6 +97,35 @@ def rnnt_loss(
             than silently misusing, any other use of the overwritten logits (their version
             counter is bumped), including a second backward. No effect when no gradient is
             needed, nor under ``torch.compile`` (the compiled graph owns its buffers).
+        rnnt_type: the lattice (docs/math.md section 9, exact semantics of the peers in
+            variants.md): ``"regular"`` (above); k2's ``"modified"`` (exactly one symbol
+            per frame, a label arc ``(t,u) -> (t+1,u+1)``, no final blank; needs
+            ``T_b >= U_b``) and ``"constrained"`` (at most one label per frame: the label
+            arc carries ``e(t,u) + b(t,u+1)``; needs ``T_b >= U_b``); optimized_transducer's
+            ``"one_sym_per_frame"`` (label arc ``(t,u) -> (t+1,u+1)``, mandatory final
+            blank; needs ``T_b >= U_b + 1``). Lengths that allow no path give ``+inf`` (or 0
+            with ``zero_infinity``), never undefined values.
+        delay_penalty: k2's delay penalty ``lambda >= 0``: label arcs get
+            ``lambda * ((T_b - 1)/2 - t)`` added to their log-weight (earlier labels are
+            favoured); the returned loss is that of the penalised lattice, as in k2.
+        boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``:
+            the path starts at node ``(begin_frame, begin_symbol)`` and ends at
+            ``(end_frame, end_symbol)`` (``end_frame`` plays ``T_b``, also in the delay
+            penalty); needs ``0 <= begin <= end <= (T_b, U_b)``.
+
+    Only the regular lattice without ``delay_penalty`` or ``boundary`` has Numba and Triton
+    kernels so far; the others run on the vectorised pure-PyTorch backend (``"auto"`` picks
+    it with a one-time ``RuntimeWarning``; naming ``"numba"`` or ``"triton"`` is a
+    ``ValueError``).
+
+    Example of the other topologies::
+
+        >>> import torch, rnnt_lattice
+        >>> logits = torch.randn(2, 6, 4, 5, requires_grad=True)             # (B, T, U+1, V)
+        >>> targets, T_b, U_b = torch.tensor([[1, 2, 3], [4, 1, 0]]), torch.tensor([6, 4]), torch.tensor([3, 2])
+        >>> loss = rnnt_lattice.rnnt_loss(logits, targets, T_b, U_b, blank=0, backend="torch",
+        ...                               rnnt_type="modified", delay_penalty=0.1)
+        >>> loss.backward()
 
     Returns:
         The reduced loss (a scalar), or ``(B,)`` per-sequence losses for ``"none"``.
@@ -110,25 +144,220 @@ def rnnt_loss(
         ``exp(logits - max)``: one exp per logit element in total. The gradient is an
         ``once_differentiable`` function (no double backward).
     """
+    topology = _rnnt_topology(rnnt_type)
+    return _loss(logits, targets, logit_lengths, target_lengths, blank, topology,
+                 clamp=clamp, reduction=reduction, fused=fused_log_softmax,
+                 fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
+                 inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary)
+
+
+def tdt_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    blank: int,
+    durations,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
+    zero_infinity: bool = False,
+    backend: str = "auto",
+    inplace_grad: bool = False,
+) -> torch.Tensor:
+    r"""Token-and-Duration Transducer loss (TDT, Xu et al. 2023; NeMo's layout and semantics,
+    docs/math.md section 9, ../variants.md B).
+
+    ``logits`` is ``(B, T, U+1, V_tok + D)`` with ``D = len(durations)``: the token part
+    (blank included, as the *last* token) and the duration part each get their own fused
+    log-softmax. From node ``(t, u)`` a label arc of duration ``d`` (any ``d`` in
+    ``durations``, 0 included) goes to ``(t+d, u+1)`` and never lands on frame ``T_b``; a
+    blank arc of duration ``d > 0`` goes to ``(t+d, u)``, and the path ends with a blank
+    landing exactly on ``(T_b, U_b)``. Each arc weighs its token log-prob plus its duration
+    log-prob minus ``sigma``::
+
+        alpha(t,u) = lae over arcs (t',u') -> (t,u) of alpha(t',u') + w(t',u')
+        loss_b     = -alpha(T_b, U_b)
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> logits = torch.zeros(1, 3, 2, 4 + 3, requires_grad=True)   # 4 tokens, 3 durations
+        >>> loss = rnnt_lattice.tdt_loss(logits, torch.tensor([[0]]), torch.tensor([3]),
+        ...                              torch.tensor([1]), blank=3, durations=[0, 1, 2],
+        ...                              sigma=0.05, backend="torch")
+        >>> round(float(loss), 6)                                       # NeMo's test vector
+        4.155739
+        >>> loss.backward()
+
+    Args:
+        logits, targets, logit_lengths, target_lengths: as :func:`rnnt_loss`, with the
+            durations' logits after the tokens in the last axis.
+        blank: the blank id, which must be the last token (``V_tok - 1``, or ``-1``).
+        durations: strictly ascending frame counts, ``>= 0``, at least one ``>= 1``.
+        sigma: logit under-normalisation, subtracted once per arc.
+        omega: with probability ``omega`` per call (drawn from torch's CPU generator, so
+            ``torch.manual_seed`` makes it reproducible), the loss is the standard RNN-T
+            loss of the token part instead (no durations, no sigma; the durations' gradient
+            is 0), as NeMo samples it.
+        reduction, fastemit_lambda, clamp, zero_infinity, backend, inplace_grad: as
+            :func:`rnnt_loss`. ``clamp`` applies to the token part of the gradient only, and
+            FastEmit to the token part of label arcs (NeMo's rules).
+
+    The returned loss is the plain negative log-likelihood of the sigma-weighted lattice,
+    also with FastEmit (NeMo reports it multiplied by ``1 + fastemit_lambda``).
+    """
+    from . import topology
+    durations = check_durations("durations", durations, allow_zero=True)
+    omega = check_float("omega", omega, minimum=0.0)
+    if omega > 1.0:
+        raise ValueError(f"omega must be in [0, 1], got {omega}")
+    if isinstance(logits, torch.Tensor) and logits.dim() == 4 and logits.shape[-1] <= len(durations):
+        raise ValueError(f"logits {tuple(logits.shape)} must hold V_tok >= 1 token classes before "
+                         f"the {len(durations)} durations in the last axis")
+    if omega > 0.0 and float(torch.rand(())) < omega:
+        # NeMo's omega: the standard RNN-T loss of the token logits for this call.
+        V_tok = logits.shape[-1] - len(durations)
+        return _loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank, None,
+                     clamp=clamp, reduction=reduction, fused=True,
+                     fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
+                     backend=backend, inplace_grad=False)
+    return _loss(logits, targets, logit_lengths, target_lengths, blank, topology.tdt(durations),
+                 clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
+                 zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
+                 sigma=sigma)
+
+
+def multiblank_rnnt_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    blank: int,
+    big_blank_durations,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
+    zero_infinity: bool = False,
+    backend: str = "auto",
+    inplace_grad: bool = False,
+) -> torch.Tensor:
+    r"""Multi-blank transducer loss (Xu et al. 2022; NeMo's layout and semantics).
+
+    ``logits`` is ``(B, T, U+1, V)`` with one softmax over every class: the labels, the big
+    blanks and the standard blank, which is the last class (``blank = V - 1``); the big
+    blank of duration ``big_blank_durations[i]`` is class ``blank - 1 - i``. Besides the
+    regular arcs, a big blank of duration ``d`` goes ``(t,u) -> (t+d,u)``; any blank may end
+    the path by landing exactly on ``(T_b, U_b)``. Every arc weighs its log-prob minus
+    ``sigma``.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> logits = torch.randn(2, 8, 3, 7, requires_grad=True)     # 4 labels, 2 big blanks, blank
+        >>> loss = rnnt_lattice.multiblank_rnnt_loss(
+        ...     logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([8, 5]), torch.tensor([2, 1]),
+        ...     blank=6, big_blank_durations=[2, 4], sigma=0.05, backend="torch")
+        >>> loss.backward()
+
+    Args:
+        blank: the standard blank, the last class (``V - 1`` or ``-1``).
+        big_blank_durations: strictly ascending durations ``>= 2`` (1 is the standard blank).
+        sigma, and the rest: as :func:`tdt_loss` / :func:`rnnt_loss`. The targets must not
+            use the big blanks' classes.
+    """
+    from . import topology
+    durations = check_durations("big_blank_durations", big_blank_durations, allow_zero=False)
+    if durations[0] < 2:
+        raise ValueError(f"big_blank_durations must be >= 2 (1 is the standard blank), got "
+                         f"{list(durations)}")
+    if isinstance(logits, torch.Tensor) and logits.dim() == 4:
+        V = logits.shape[-1]
+        if isinstance(blank, int) and not isinstance(blank, bool) and -V <= blank < V:
+            blank_id = blank % V
+            if blank_id != V - 1:
+                raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
+                                 f"(NeMo's multi-blank layout)")
+            if blank_id < len(durations) + 1:
+                raise ValueError(f"logits {tuple(logits.shape)} have no room for "
+                                 f"{len(durations)} big blanks and a label before the blank")
+            _check_not_big_blank(targets, target_lengths, blank_id, len(durations))
+        topo = topology.multiblank(blank % V if isinstance(blank, int) and -V <= blank < V else 0,
+                                   durations)
+    else:
+        topo = topology.multiblank(0, durations)
+    return _loss(logits, targets, logit_lengths, target_lengths, blank, topo,
+                 clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
+                 zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
+                 sigma=sigma)
+
+
+def _check_not_big_blank(targets, target_lengths, blank, n_big):
+    """CPU value check: no label may be one of the big blanks' classes."""
+    if not (isinstance(targets, torch.Tensor) and isinstance(target_lengths, torch.Tensor)):
+        return
+    if targets.device.type != "cpu" or targets.dim() != 2 or torch.compiler.is_compiling():
+        return
+    U = targets.shape[1]
+    if U == 0 or target_lengths.shape != (targets.shape[0],):
+        return
+    valid = torch.arange(U)[None, :] < target_lengths[:, None]
+    bad = valid & (targets >= blank - n_big) & (targets < blank)
+    if bool(bad.any()):
+        b, u = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"targets[{b}, {u}] = {int(targets[b, u])} is a big blank's class "
+                         f"({blank - n_big}..{blank - 1}): a label cannot be a blank")
+
+
+RNNT_TYPES = ("regular", "modified", "constrained", "one_sym_per_frame")
+
+
+def _rnnt_topology(rnnt_type):
+    from . import topology
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    return None if rnnt_type == "regular" else getattr(topology, rnnt_type)()
+
+
+def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, clamp, reduction,
+          fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
+          delay_penalty=0.0, boundary=None):
+    """validate -> pick a backend -> the one autograd Function (or the custom op while
+    compiling) -> zero_infinity -> reduce; shared by every public loss."""
     check_reduction(reduction)
     clamp = check_float("clamp", clamp)
     fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda, finite=True)
+    sigma = check_float("sigma", sigma, finite=True)
+    delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
+    opts = LossOptions(0, bool(fused), clamp, fastemit_lambda, bool(inplace_grad),
+                       topology=topology, sigma=sigma, delay_penalty=delay_penalty)
     compiling = torch.compiler.is_compiling()
+    n_tokens = None
+    if topology is not None and topology.n_durations:
+        n_tokens = topology.token_classes(logits.shape[-1]) if logits.dim() == 4 else None
     impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
-                                  traced=compiling)
-    opts = LossOptions(chk.blank, bool(fused_log_softmax), clamp, fastemit_lambda,
-                       bool(inplace_grad))
+                                  traced=compiling, opts=opts, boundary=boundary, n_tokens=n_tokens)
+    if topology is not None:
+        topology.check(chk.logits.shape[-1], chk.blank)
+    boundary = check_boundary(boundary, chk.logits, chk.logit_lengths, chk.target_lengths)
+    opts = replace(opts, blank=chk.blank)
     if compiling:
         # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
         # the op runs, outside the trace. inplace_grad has no effect there.
         costs = _ops.rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths,
-                                       chk.target_lengths, opts, backend)
+                                       chk.target_lengths, replace(opts, inplace_grad=False),
+                                       backend, boundary)
     else:
         if inplace_grad:
             # Checked on what the user passed: any copy (dtype, layout) would defeat it.
             _check_inplace(logits, getattr(impl, "NATIVE_LOW_PRECISION", False))
         costs = _ops.rnnt_costs(impl, chk.logits, chk.targets, chk.logit_lengths,
-                                chk.target_lengths, opts)
+                                chk.target_lengths, opts, boundary)
     if zero_infinity:
         # torch.where's gradient is 0 for the replaced entries: no host sync, no NaN.
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)

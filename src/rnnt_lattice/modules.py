@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .functional import rnnt_loss
+from .functional import multiblank_rnnt_loss, rnnt_loss, tdt_loss
 
-__all__ = ["RNNTLoss"]
+__all__ = ["RNNTLoss", "TDTLoss", "MultiblankRNNTLoss"]
 
 
 class RNNTLoss(torch.nn.Module):
@@ -26,8 +26,11 @@ class RNNTLoss(torch.nn.Module):
 
     def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
                  fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-                 zero_infinity: bool = False, backend: str = "auto", inplace_grad: bool = False):
+                 zero_infinity: bool = False, backend: str = "auto", inplace_grad: bool = False,
+                 rnnt_type: str = "regular", delay_penalty: float = 0.0):
         super().__init__()
+        self.rnnt_type = rnnt_type
+        self.delay_penalty = delay_penalty
         self.blank = blank
         self.clamp = clamp
         self.reduction = reduction
@@ -37,14 +40,66 @@ class RNNTLoss(torch.nn.Module):
         self.backend = backend
         self.inplace_grad = inplace_grad
 
-    def forward(self, logits, targets, logit_lengths, target_lengths):
+    def forward(self, logits, targets, logit_lengths, target_lengths, boundary=None):
         return rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank, self.clamp,
                          self.reduction, self.fused_log_softmax,
                          fastemit_lambda=self.fastemit_lambda, zero_infinity=self.zero_infinity,
-                         backend=self.backend, inplace_grad=self.inplace_grad)
+                         backend=self.backend, inplace_grad=self.inplace_grad,
+                         rnnt_type=self.rnnt_type, delay_penalty=self.delay_penalty,
+                         boundary=boundary)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
                 f"fused_log_softmax={self.fused_log_softmax}, fastemit_lambda={self.fastemit_lambda}, "
                 f"zero_infinity={self.zero_infinity}, backend={self.backend!r}, "
-                f"inplace_grad={self.inplace_grad}")
+                f"inplace_grad={self.inplace_grad}, rnnt_type={self.rnnt_type!r}, "
+                f"delay_penalty={self.delay_penalty}")
+
+
+class _KeywordLoss(torch.nn.Module):
+    """A module whose forward calls ``_fn(logits, targets, logit_lengths, target_lengths,
+    **options)`` with the options fixed at construction."""
+
+    _fn = None
+
+    def __init__(self, **options):
+        super().__init__()
+        self.options = options
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        return type(self)._fn(logits, targets, logit_lengths, target_lengths, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+
+
+class TDTLoss(_KeywordLoss):
+    """Module form of :func:`rnnt_lattice.tdt_loss` (its keyword options, fixed here).
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> criterion = rnnt_lattice.TDTLoss(blank=3, durations=[0, 1, 2], sigma=0.05, backend="torch")
+        >>> loss = criterion(torch.zeros(1, 3, 2, 7), torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]))
+    """
+
+    _fn = staticmethod(tdt_loss)
+
+    def __init__(self, *, blank: int, durations, **options):
+        super().__init__(blank=blank, durations=list(durations), **options)
+
+
+class MultiblankRNNTLoss(_KeywordLoss):
+    """Module form of :func:`rnnt_lattice.multiblank_rnnt_loss` (its keyword options).
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> criterion = rnnt_lattice.MultiblankRNNTLoss(blank=6, big_blank_durations=[2, 4], backend="torch")
+        >>> loss = criterion(torch.randn(1, 8, 3, 7), torch.tensor([[1, 2]]), torch.tensor([8]), torch.tensor([2]))
+    """
+
+    _fn = staticmethod(multiblank_rnnt_loss)
+
+    def __init__(self, *, blank: int, big_blank_durations, **options):
+        super().__init__(blank=blank, big_blank_durations=list(big_blank_durations), **options)

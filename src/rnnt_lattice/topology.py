@@ -207,3 +207,35 @@ def tdt(durations) -> Topology:
 
 BUILDERS = {"regular": regular, "modified": modified, "constrained": constrained,
             "one_sym_per_frame": one_sym_per_frame}
+
+
+# Named builders, and a topology as primitives (name, durations) for the torch.compile
+# custom op, whose schema cannot carry a dataclass.
+_PLAIN = {"regular": regular, "modified": modified, "constrained": constrained,
+          "one_sym_per_frame": one_sym_per_frame}
+
+
+def to_spec(topo: "Topology | None") -> tuple[str, tuple[int, ...]]:
+    """``(name, durations)`` of a topology built by this module's builders (None: regular)."""
+    if topo is None:
+        return "regular", ()
+    if topo.name in _PLAIN:
+        return topo.name, ()
+    if topo.name == "tdt":
+        return "tdt", tuple(k.dt for k in topo.kinds if k.reads == "label")
+    if topo.name == "multiblank":
+        return "multiblank", tuple(k.dt for k in topo.kinds if k.reads == "class")
+    raise ValueError(f"topology {topo.name!r} has no spec (build it with rnnt_lattice.topology)")
+
+
+def from_spec(name: str, blank: int, durations: tuple) -> "Topology | None":
+    """The inverse of :func:`to_spec` (``blank``: the multi-blank standard blank id)."""
+    if name == "regular":
+        return None
+    if name in _PLAIN:
+        return _PLAIN[name]()
+    if name == "tdt":
+        return tdt(durations)
+    if name == "multiblank":
+        return multiblank(blank, durations)
+    raise ValueError(f"unknown topology {name!r}")

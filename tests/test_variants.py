@@ -1,0 +1,304 @@
+"""The public losses of every topology — ``rnnt_loss(rnnt_type=..., delay_penalty=...,
+boundary=...)``, ``tdt_loss``, ``multiblank_rnnt_loss`` and their modules — against the
+independent path-enumerating oracle (losses and gradients through autograd, signed
+upstream weights), plus their argument checks, the backend choice (kernels for the regular
+lattice only so far: ``auto`` falls back to the reference with a warning, a named kernel
+backend refuses), NeMo's omega, in-place gradients and ``torch.compile``."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import rnnt_lattice
+from cases import Case, upstream_weights
+from oracle import topology_batch_grad
+from test_topology import make_topo_inputs
+
+CASES = [
+    Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
+    Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
+    Case("T1_U0", (1, 5), (0, 0), 4, 1),
+]
+
+# topology name in test_topology -> how the public API spells it
+PUBLIC = {
+    "regular": ("rnnt_loss", dict(rnnt_type="regular")),
+    "modified": ("rnnt_loss", dict(rnnt_type="modified")),
+    "constrained": ("rnnt_loss", dict(rnnt_type="constrained")),
+    "one_sym": ("rnnt_loss", dict(rnnt_type="one_sym_per_frame")),
+    "multiblank": ("multiblank_rnnt_loss", dict(big_blank_durations=[2, 3])),
+    "tdt012": ("tdt_loss", dict(durations=[0, 1, 2])),
+    "tdt13": ("tdt_loss", dict(durations=[1, 3])),
+}
+
+OPTIONS = {
+    "plain": dict(),
+    "fastemit_clamp": dict(fastemit_lambda=0.5, clamp=0.05),
+    "sigma": dict(sigma=0.05),                       # tdt / multi-blank only
+    "delay_boundary": dict(delay_penalty=0.3, boundary=True),   # rnnt_loss only
+}
+
+TOL = 1e-10
+
+
+def _applies(fn_name, opt):
+    if opt == "sigma":
+        return fn_name != "rnnt_loss"
+    if opt == "delay_boundary":
+        return fn_name == "rnnt_loss"
+    return True
+
+
+def call(fn_name, logits, targets, tl, ul, blank, extra, **kw):
+    fn = getattr(rnnt_lattice, fn_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)      # the reference fallback notice
+        if fn_name == "rnnt_loss":
+            return fn(logits, targets, tl, ul, blank, reduction="none", **extra, **kw)
+        return fn(logits, targets, tl, ul, blank=blank, reduction="none", **extra, **kw)
+
+
+def rel(got, want):
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), (got, want)
+    scale = max(1.0, float(want[fin].abs().max())) if fin.any() else 1.0
+    return float((got[fin] - want[fin]).abs().max()) / scale if fin.any() else 0.0
+
+
+@pytest.mark.parametrize("topo_name, opt", [(t, o) for t in PUBLIC for o in OPTIONS
+                                             if _applies(PUBLIC[t][0], o)])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_public_losses_match_enumeration(case, topo_name, opt):
+    fn_name, extra = PUBLIC[topo_name]
+    kw = dict(OPTIONS[opt])
+    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(
+        case, topo_name, boundary=kw.pop("boundary", False))
+    if bnd is not None:
+        kw["boundary"] = bnd
+    want_loss, want_grad = topology_batch_grad(logits, targets, tl, ul, topo, blank, True, **kw)
+    leaf = logits.clone().requires_grad_()
+    costs = call(fn_name, leaf, targets, tl, ul, blank, extra, **kw)
+    w = upstream_weights(case.B)
+    (costs * w).sum().backward()
+    assert rel(costs.detach(), want_loss) <= TOL
+    want = want_grad * w[:, None, None, None]
+    assert float((leaf.grad - want).abs().max()) <= TOL * max(1.0, float(want.abs().max()))
+    assert torch.isfinite(leaf.grad).all()          # NaN padding never leaks
+
+
+@pytest.mark.parametrize("rnnt_type, paths, logv", [
+    ("regular", lambda T, U: math.comb(T - 1 + U, U), lambda T, U: T + U),
+    ("modified", lambda T, U: math.comb(T, U), lambda T, U: T),
+    ("constrained", lambda T, U: math.comb(T, U), lambda T, U: T + U),
+    ("one_sym_per_frame", lambda T, U: math.comb(T - 1, U), lambda T, U: T),
+])
+def test_uniform_closed_forms(rnnt_type, paths, logv):
+    """Uniform probabilities 1/V (zero logits): log P has a closed form per topology."""
+    T, U, V = 7, 3, 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        loss = rnnt_lattice.rnnt_loss(torch.zeros(1, T, U + 1, V, dtype=torch.float64),
+                                      torch.tensor([[1, 2, 3]]), torch.tensor([T]),
+                                      torch.tensor([U]), blank=0, rnnt_type=rnnt_type)
+    want = -(math.log(paths(T, U)) - logv(T, U) * math.log(V))
+    assert abs(float(loss) - want) <= 1e-12 * abs(want)
+
+
+def test_nemo_tdt_vector():
+    """NeMo's TDT test: cost 4.155739 and the gradient row at (0, 0, 0)."""
+    logits = torch.zeros(1, 3, 2, 7, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        loss = rnnt_lattice.tdt_loss(logits, torch.tensor([[0]]), torch.tensor([3]),
+                                     torch.tensor([1]), blank=3, durations=[0, 1, 2], sigma=0.05)
+    loss.backward()
+    assert abs(float(loss.detach()) - 4.155739) <= 1e-6
+    want = torch.tensor([-0.649628, 0.25, 0.25, 0.149628, 0.267258, -0.167926, -0.099332],
+                        dtype=torch.float64)
+    torch.testing.assert_close(logits.grad[0, 0, 0], want, rtol=0, atol=2e-6)
+
+
+def test_infeasible_lengths_give_inf_and_zero_gradient():
+    """modified needs T >= U, one_sym_per_frame T >= U + 1: otherwise +inf, zero gradient
+    (or 0 with zero_infinity)."""
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    targets, tl, ul = torch.tensor([[1, 2, 3], [1, 2, 3]]), torch.tensor([2, 3]), torch.tensor([3, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for rnnt_type, finite in (("modified", [False, True]), ("one_sym_per_frame", [False, False])):
+            x.grad = None
+            costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank=0, rnnt_type=rnnt_type,
+                                           reduction="none")
+            assert torch.isfinite(costs).tolist() == finite
+            assert (costs[~torch.isfinite(costs)] == float("inf")).all()
+            costs.sum().backward() if all(finite) else costs[torch.isfinite(costs)].sum().backward()
+            assert torch.isfinite(x.grad).all() and (x.grad[0] == 0).all()
+            zi = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank=0, rnnt_type=rnnt_type,
+                                        reduction="none", zero_infinity=True)
+            assert zi[0] == 0
+
+
+def test_backend_choice():
+    """Kernels exist for the regular lattice only: "auto" uses the reference for the
+    others (one RuntimeWarning per topology), a named kernel backend is a ValueError."""
+    x = torch.randn(1, 4, 3, 5)
+    args = (torch.tensor([[1, 2]]), torch.tensor([4]), torch.tensor([2]))
+    rnnt_lattice._backends._warned_generic.clear()
+    with pytest.warns(RuntimeWarning, match="'constrained' runs on the pure-PyTorch backend"):
+        a = rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # once only
+        b = rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained")
+    assert torch.equal(a, b)
+    c = rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained", backend="torch")
+    assert torch.equal(a, c)
+    for backend in ("numba",):
+        with pytest.raises(ValueError, match="backend='numba' does not compute the topology 'constrained'"):
+            rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained", backend=backend)
+        with pytest.raises(ValueError, match="with delay_penalty"):
+            rnnt_lattice.rnnt_loss(x, *args, blank=0, delay_penalty=0.1, backend=backend)
+    # regular with delay_penalty=0 and no boundary stays on the kernels: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="regular", delay_penalty=0.0)
+
+
+def test_regular_rnnt_type_is_the_kernel_loss():
+    """rnnt_type="regular" with delay 0 is exactly the default call (Numba kernels)."""
+    x = torch.randn(2, 5, 3, 6)
+    args = (torch.tensor([[1, 2], [3, 0]]), torch.tensor([5, 3]), torch.tensor([2, 1]))
+    a = rnnt_lattice.rnnt_loss(x, *args, blank=0, reduction="none")
+    b = rnnt_lattice.rnnt_loss(x, *args, blank=0, reduction="none", rnnt_type="regular")
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fn_name, kw, match", [
+    ("rnnt_loss", dict(rnnt_type="hat"), "rnnt_type must be one of"),
+    ("rnnt_loss", dict(delay_penalty=-0.1), "delay_penalty must be >= 0"),
+    ("rnnt_loss", dict(delay_penalty=float("inf")), "delay_penalty must be finite"),
+    ("rnnt_loss", dict(boundary=torch.zeros(2, 3, dtype=torch.int64)), r"boundary must have shape \(B, 4\)"),
+    ("rnnt_loss", dict(boundary=torch.zeros(2, 4)), "boundary must be int32 or int64"),
+    ("rnnt_loss", dict(boundary=[[0, 0, 1, 4]] * 2), "boundary must be a torch.Tensor"),
+    ("rnnt_loss", dict(boundary=torch.tensor([[0, 0, 2, 5], [0, 0, 1, 3]])), r"boundary\[0\].*end_frame <= logit_lengths"),
+    ("rnnt_loss", dict(boundary=torch.tensor([[0, 0, 2, 4], [2, 0, 1, 3]])), r"boundary\[1\].*begin_symbol <= end_symbol"),
+    ("tdt_loss", dict(blank=5, durations=[2, 1]), "durations must be strictly ascending"),
+    ("tdt_loss", dict(blank=5, durations=[0]), "durations needs a duration >= 1"),
+    ("tdt_loss", dict(blank=5, durations=[-1, 1]), "durations must be >= 0"),
+    ("tdt_loss", dict(blank=5, durations=[0, 1.5]), "durations must hold ints"),
+    ("tdt_loss", dict(blank=0, durations=[0, 1]), "the blank must be the last token"),
+    ("tdt_loss", dict(blank=5, durations=[0, 1], omega=1.5), "omega must be in"),
+    ("tdt_loss", dict(blank=5, durations=[0, 1], sigma=float("nan")), "sigma must not be NaN"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[1, 2]), "big_blank_durations must be >= 2"),
+    ("multiblank_rnnt_loss", dict(blank=0, big_blank_durations=[2]), "must be the last class"),
+])
+def test_bad_arguments(fn_name, kw, match):
+    x = torch.randn(2, 4, 3, 8)
+    args = (torch.tensor([[1, 2], [3, 1]]), torch.tensor([4, 3]), torch.tensor([2, 1]))
+    fn = getattr(rnnt_lattice, fn_name)
+    with pytest.raises(ValueError, match=match):
+        if fn_name == "rnnt_loss":
+            fn(x, *args, 0, **kw)
+        else:
+            fn(x, *args, **kw)
+
+
+def test_tdt_targets_are_tokens_and_multiblank_targets_not_big_blanks():
+    x = torch.randn(1, 4, 3, 8)
+    tl, ul = torch.tensor([4]), torch.tensor([2])
+    # 6 tokens + 2 durations: id 6 is a duration, not a token
+    with pytest.raises(ValueError, match=r"targets\[0, 1\] = 6 is outside \[0, V\) = \[0, 6\)"):
+        rnnt_lattice.tdt_loss(x, torch.tensor([[1, 6]]), tl, ul, blank=5, durations=[0, 1])
+    with pytest.raises(ValueError, match=r"targets\[0, 0\] = 6 is a big blank's class"):
+        rnnt_lattice.multiblank_rnnt_loss(x, torch.tensor([[6, 1]]), tl, ul, blank=7,
+                                          big_blank_durations=[2, 3])
+
+
+def test_tdt_omega_samples_the_standard_loss():
+    """omega = 1: the standard RNN-T loss of the token logits, zero duration gradient;
+    omega = 0: the TDT loss."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 6 + 3, generator=g, dtype=torch.float64)
+    args = (torch.tensor([[1, 2], [3, 0]]), torch.tensor([5, 4]), torch.tensor([2, 1]))
+    leaf = x.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        one = rnnt_lattice.tdt_loss(leaf, *args, blank=5, durations=[0, 1, 2], sigma=0.1, omega=1.0)
+        one.backward()
+        zero = rnnt_lattice.tdt_loss(x, *args, blank=5, durations=[0, 1, 2], sigma=0.1, omega=0.0)
+    std = rnnt_lattice.rnnt_loss(x[..., :6], *args, blank=5)
+    assert torch.equal(one.detach(), std) and not torch.equal(zero, std)
+    assert (leaf.grad[..., 6:] == 0).all() and (leaf.grad[..., :6] != 0).any()
+
+
+def test_inplace_grad_on_a_generic_topology():
+    x = torch.randn(2, 5, 3, 6, dtype=torch.float64)
+    args = (torch.tensor([[1, 2], [3, 0]]), torch.tensor([5, 4]), torch.tensor([2, 1]))
+    w = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    grads = []
+    for inplace in (False, True):
+        leaf = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            costs = rnnt_lattice.rnnt_loss(leaf, *args, blank=0, rnnt_type="modified",
+                                           reduction="none", inplace_grad=inplace)
+        (costs * w).sum().backward()
+        if inplace:
+            assert leaf.grad.data_ptr() == leaf.data_ptr()
+        grads.append(leaf.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def test_modules():
+    x = torch.zeros(1, 3, 2, 7, dtype=torch.float64)
+    args = (torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        tdt = rnnt_lattice.TDTLoss(blank=3, durations=[0, 1, 2], sigma=0.05)
+        assert abs(float(tdt(x, *args)) - 4.155739) <= 1e-6
+        assert "durations=[0, 1, 2]" in repr(tdt)
+        mb = rnnt_lattice.MultiblankRNNTLoss(blank=6, big_blank_durations=[2, 4], reduction="none")
+        y = torch.randn(1, 8, 3, 7, dtype=torch.float64)
+        a = mb(y, torch.tensor([[1, 2]]), torch.tensor([8]), torch.tensor([2]))
+        b = rnnt_lattice.multiblank_rnnt_loss(y, torch.tensor([[1, 2]]), torch.tensor([8]),
+                                              torch.tensor([2]), blank=6,
+                                              big_blank_durations=[2, 4], reduction="none")
+        assert torch.equal(a, b)
+        crit = rnnt_lattice.RNNTLoss(blank=0, rnnt_type="constrained", delay_penalty=0.2,
+                                     reduction="none")
+        z = torch.randn(2, 5, 3, 6, dtype=torch.float64)
+        zargs = (torch.tensor([[1, 2], [3, 0]]), torch.tensor([5, 4]), torch.tensor([2, 1]))
+        assert torch.equal(crit(z, *zargs), rnnt_lattice.rnnt_loss(
+            z, *zargs, blank=0, rnnt_type="constrained", delay_penalty=0.2, reduction="none"))
+
+
+@pytest.mark.parametrize("which", ["modified_delay", "tdt"])
+def test_torch_compile_fullgraph(which):
+    """The custom op carries the topology as (name, durations): a compiled graph gives the
+    eager losses and gradients."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(1)
+    if which == "tdt":
+        x = torch.randn(2, 5, 3, 6 + 2, generator=g, dtype=torch.float64)
+
+        def f(z, y, tl, ul):
+            return rnnt_lattice.tdt_loss(z, y, tl, ul, blank=5, durations=[1, 2], sigma=0.02,
+                                         backend="torch", reduction="sum")
+    else:
+        x = torch.randn(2, 5, 3, 6, generator=g, dtype=torch.float64)
+
+        def f(z, y, tl, ul):
+            return rnnt_lattice.rnnt_loss(z, y, tl, ul, 0, reduction="sum", backend="torch",
+                                          rnnt_type="modified", delay_penalty=0.1)
+    args = (torch.tensor([[1, 2], [3, 1]]), torch.tensor([5, 4]), torch.tensor([2, 1]))
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    leaf_c, leaf_e = x.clone().requires_grad_(), x.clone().requires_grad_()
+    loss_c = compiled(leaf_c, *args)
+    loss_c.backward()
+    loss_e = f(leaf_e, *args)
+    loss_e.backward()
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-12, atol=0)
+    torch.testing.assert_close(leaf_c.grad, leaf_e.grad, rtol=1e-12, atol=1e-14)
+    torch._dynamo.reset()
