@@ -7,9 +7,9 @@ and from the pruned *loss*: this package only looks at lattices.
 * :func:`prune_coverage` — how much occupancy mass monotone windows of R label positions
   per frame hold (the observation behind pruned RNN-T, math.md section 7).
 """
-from .alignment import Alignment, best_alignment
+from .alignment import Alignment, Arc, best_alignment
 from .occupancy import Occupancy, occupancy
 from .coverage import PruneCoverage, prune_coverage
 
-__all__ = ["Occupancy", "occupancy", "Alignment", "best_alignment", "PruneCoverage",
+__all__ = ["Occupancy", "occupancy", "Alignment", "Arc", "best_alignment", "PruneCoverage",
            "prune_coverage"]

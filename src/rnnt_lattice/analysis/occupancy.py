@@ -1,30 +1,44 @@
-"""Node and arc occupation probabilities of the RNN-T lattice (math.md section 3)."""
+"""Node and arc occupation probabilities of a transducer lattice (math.md sections 3 and 9),
+for every topology of ``rnnt_lattice.topology``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..reference import node_mask
-from ._common import prepare
+from ..topology import Topology, regular
+from ._common import generic_weights, request
 
 
 @dataclass(frozen=True)
 class Occupancy:
     """Occupation probabilities of a batch of lattices, in the lattice dtype (float64 on
-    CPU/CUDA). Entries outside ``[0, T_b) x [0, U_b]`` are 0, and so is everything of a
+    CPU/CUDA). Entries outside each sequence's lattice are 0, and so is everything of a
     sequence with no path (``log_likelihood = -inf``).
 
     Attributes:
-        node: ``(B, T, U+1)`` probability that the path visits node ``(t, u)``
-            (``= gamma_blank + gamma_label``), in ``[0, 1]``.
-        gamma_blank: ``(B, T, U+1)`` probability that the path takes the blank arc
-            ``(t,u) -> (t+1,u)``; for every valid frame ``sum_u gamma_blank = 1``.
-        gamma_label: ``(B, T, U+1)`` probability of the label arc ``(t,u) -> (t,u+1)``
-            (0 in the last valid column ``u = U_b``); for every ``u < U_b``
-            ``sum_t gamma_label = 1``.
-        log_likelihood: ``(B,)`` ``log P(y|x)``; ``-inf`` when no path exists.
+        node: ``(B, T, U+1)`` probability that the path leaves node ``(t, u)`` (the sum of
+            ``gamma`` over the kinds), in ``[0, 1]``. For the regular topology
+            ``= gamma_blank + gamma_label``, the probability of visiting the node.
+        gamma_blank: ``(B, T, U+1)`` the occupations of the kinds with ``du == 0`` summed
+            (the blank; multi-blank: with the big blanks; TDT: every blank duration). For
+            the regular topology ``sum_u gamma_blank = 1`` on every valid frame.
+        gamma_label: ``(B, T, U+1)`` the kinds with ``du == 1`` summed (every label arc, of
+            any duration or frame advance): for every topology and every label position
+            ``u0 <= u < u1``, ``sum_t gamma_label[:, u] = 1`` (each path emits each label
+            once); 0 in the last column.
+        log_likelihood: ``(B,)`` ``log P(y|x)`` of the (weighted: ``sigma``,
+            ``delay_penalty``) lattice, as the loss reports it; ``-inf`` when no path exists.
         logit_lengths, target_lengths: ``(B,)`` int64, the lengths the lattice was built with.
+        gamma: ``(B, K, T, U+1)`` occupation of kind k's arc leaving ``(t, u)``, kinds in
+            the order of ``topology.kinds``.
+        topology: the :class:`rnnt_lattice.topology.Topology` of the lattice.
+        kinds: (property) the kind names, ``("blank", "label")`` for the regular topology.
+
+    Every topology: each frame ``t0 <= f < t1`` is crossed by exactly one arc of a path
+    (an arc from ``(t, u)`` of ``dt`` frames covers ``t <= f < t + dt``), so the
+    occupations of the arcs covering ``f`` sum to 1.
     """
 
     node: torch.Tensor
@@ -33,6 +47,16 @@ class Occupancy:
     log_likelihood: torch.Tensor
     logit_lengths: torch.Tensor
     target_lengths: torch.Tensor
+    gamma: torch.Tensor | None = None
+    topology: Topology = field(default_factory=regular)
+
+    def __post_init__(self):
+        if self.gamma is None:     # built from the regular fields
+            object.__setattr__(self, "gamma", torch.stack([self.gamma_blank, self.gamma_label], 1))
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.topology.kinds)
 
 
 def occupancy(
@@ -44,15 +68,31 @@ def occupancy(
     fused_log_softmax: bool = True,
     *,
     backend: str = "auto",
+    rnnt_type: str = "regular",
+    topology: Topology | None = None,
+    sigma: float = 0.0,
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
 ) -> Occupancy:
-    r"""Occupation probabilities of every lattice node and arc (math.md section 3)::
+    r"""Occupation probabilities of every lattice node and arc (math.md sections 3, 9)::
 
-        gamma_blank(t,u) = exp(alpha(t,u) + b(t,u) + beta(t+1,u) - log P)
-        gamma_label(t,u) = exp(alpha(t,u) + e(t,u) + beta(t,u+1) - log P)
-        node(t,u)        = gamma_blank(t,u) + gamma_label(t,u)
+        gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta((t,u) + delta_k) - log P)
+        node(t,u)    = sum_k gamma_k(t,u)
 
-    computed by the same forward-backward pass as :func:`rnnt_lattice.rnnt_loss` (no
-    gradient work). Arguments are those of ``rnnt_loss``.
+    (regular: ``gamma_blank = exp(alpha + b + beta(t+1,u) - log P)``, ``gamma_label =
+    exp(alpha + e + beta(t,u+1) - log P)``), computed by the same forward-backward pass as
+    the losses (no gradient work).
+
+    The lattice: ``rnnt_type`` (``"regular"``, ``"modified"``, ``"constrained"``,
+    ``"one_sym_per_frame"``) as :func:`rnnt_lattice.rnnt_loss`, or ``topology=`` any
+    :class:`rnnt_lattice.topology.Topology` (``topology.tdt(durations)``: logits
+    ``[tokens | durations]`` as :func:`rnnt_lattice.tdt_loss`;
+    ``topology.multiblank(blank_id, big_blank_durations)`` as
+    :func:`rnnt_lattice.multiblank_rnnt_loss`), not both. ``sigma`` (subtracted per arc),
+    ``delay_penalty`` and ``boundary`` as the losses. The plain regular lattice runs on
+    ``backend``'s kernels; any other lattice on the reference's generic recursion
+    (``backend="auto"`` falls back to it with a one-time warning, ``"torch"`` is silent, a
+    kernel backend named explicitly raises ValueError).
 
     Example::
 
@@ -65,25 +105,47 @@ def occupancy(
         torch.Size([2, 6, 4])
         >>> bool(torch.allclose(occ.gamma_blank.sum(-1)[0], torch.ones(6, dtype=torch.float64)))
         True
+        >>> from rnnt_lattice import topology
+        >>> x = torch.randn(2, 6, 4, 5 + 3)                        # 5 tokens (blank last), 3 durations
+        >>> occ = rnnt_lattice.occupancy(x, targets % 4, torch.tensor([6, 4]), torch.tensor([3, 2]),
+        ...                              blank=-1, topology=topology.tdt([0, 1, 2]), backend="torch")
+        >>> occ.kinds, occ.gamma.shape                             # (B, K, T, U+1)
+        (('label_d0', 'label_d1', 'label_d2', 'blank_d1', 'blank_d2'), torch.Size([2, 5, 6, 4]))
 
     Args:
         logits: ``(B, T, U+1, V)`` joiner output (or log-probs with
             ``fused_log_softmax=False``).
         targets: ``(B, U)``; logit_lengths, target_lengths: ``(B,)``.
-        blank: blank id (negative counts from the end).
+        blank: blank id (negative counts from the end of the token classes).
         backend: ``"auto"``, ``"numba"``, ``"torch"`` or ``"triton"`` (as ``rnnt_loss``).
+        rnnt_type, topology, sigma, delay_penalty, boundary: the lattice (above).
 
     Returns:
         :class:`Occupancy`.
     """
-    chk, impl = prepare(logits, targets, logit_lengths, target_lengths, blank, backend)
+    req = request(logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax,
+                  backend, rnnt_type, topology, sigma, delay_penalty, boundary)
+    chk = req.chk
+    if req.kernel:
+        with torch.no_grad():
+            lat = req.impl.compute_lattice(chk.logits, chk.targets, chk.logit_lengths,
+                                           chk.target_lengths, chk.blank, req.fused)
+        # Padding is zero in every backend already; the mask makes it a contract of this layer.
+        B, T, U1 = lat.gamma_blank.shape
+        nodes = node_mask(chk.logit_lengths, chk.target_lengths, T, U1)
+        gb = torch.where(nodes, lat.gamma_blank, 0.0)
+        gl = torch.where(nodes, lat.gamma_label, 0.0)
+        return Occupancy(node=gb + gl, gamma_blank=gb, gamma_label=gl, log_likelihood=lat.log_like,
+                         logit_lengths=chk.logit_lengths, target_lengths=chk.target_lengths,
+                         topology=req.topo)
+    from ..reference import lattice_generic
     with torch.no_grad():
-        lat = impl.compute_lattice(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
-                                   chk.blank, bool(fused_log_softmax))
-    # Padding is zero in every backend already; the mask makes it a contract of this layer.
-    B, T, U1 = lat.gamma_blank.shape
-    nodes = node_mask(chk.logit_lengths, chk.target_lengths, T, U1)
-    gb = torch.where(nodes, lat.gamma_blank, 0.0)
-    gl = torch.where(nodes, lat.gamma_label, 0.0)
-    return Occupancy(node=gb + gl, gamma_blank=gb, gamma_label=gl, log_likelihood=lat.log_like,
-                     logit_lengths=chk.logit_lengths, target_lengths=chk.target_lengths)
+        w, ends = generic_weights(req)
+        lat = lattice_generic(w, req.topo, ends)
+    gamma = lat.gamma
+    du = torch.tensor([k.du for k in req.topo.kinds], device=gamma.device)[None, :, None, None]
+    gb = torch.where(du == 0, gamma, 0.0).sum(1)
+    gl = torch.where(du == 1, gamma, 0.0).sum(1)
+    return Occupancy(node=gamma.sum(1), gamma_blank=gb, gamma_label=gl,
+                     log_likelihood=lat.log_like, logit_lengths=chk.logit_lengths,
+                     target_lengths=chk.target_lengths, gamma=gamma, topology=req.topo)
