@@ -32,7 +32,14 @@ def plot_occupancy(occ, index: int = 0, alignment=None, labels: Sequence[str] | 
                    *, ax=None, title: str | None = None, cmap: str = "viridis",
                    figsize=DEFAULT_FIGSIZE, dpi: int = DEFAULT_DPI):
     """Heat map of ``occ.node[index]`` (frames on x, label positions on y) with the best
-    path of ``alignment`` drawn over it.
+    path of ``alignment`` drawn over it, for any topology (``occupancy`` /
+    ``best_alignment`` with ``rnnt_type`` or ``topology=``).
+
+    The path is one polyline through the nodes its arcs leave (``alignment.path(index)``),
+    so each arc is one segment: a regular label arc goes up, a blank one frame right, a
+    modified/constrained label diagonally, and an arc of ``dt > 1`` frames (a TDT duration,
+    a big blank) is a longer segment. The last arc, into the virtual end frame ``T_b``, is
+    not drawn.
 
     Example::
 
@@ -44,9 +51,14 @@ def plot_occupancy(occ, index: int = 0, alignment=None, labels: Sequence[str] | 
         >>> ali = rnnt_lattice.best_alignment(*args, blank=0)
         >>> fig, ax = plot_occupancy(occ, 0, ali, labels=["a", "b", "c"])
         >>> # save(fig, "lattice.png")  # or .svg
+        >>> from rnnt_lattice import topology
+        >>> x = torch.randn(1, 12, 4, 6 + 3)                         # 6 tokens (blank last), 3 durations
+        >>> kw = dict(blank=-1, topology=topology.tdt([0, 1, 2]), backend="torch")
+        >>> occ = rnnt_lattice.occupancy(x, *args[1:], **kw)
+        >>> fig, ax = plot_occupancy(occ, 0, rnnt_lattice.best_alignment(x, *args[1:], **kw))
 
     Args:
-        occ: an :class:`rnnt_lattice.Occupancy` (``node`` is ``(B, T, U+1)``).
+        occ: an :class:`rnnt_lattice.Occupancy` (``node`` is ``(B, T, U+1)``) of any topology.
         index: which sequence of the batch.
         alignment: an :class:`rnnt_lattice.Alignment` of the same batch, or None.
         labels: ``U_b`` strings, the target tokens; row ``u`` is ticked with the label
