@@ -4,11 +4,11 @@ Importing this package needs torch and numpy only; Numba and Triton load on firs
 """
 from .functional import empty_cache, multiblank_rnnt_loss, rnnt_loss, tdt_loss
 from .modules import MultiblankRNNTLoss, RNNTLoss, TDTLoss
-from .analysis import (Alignment, Occupancy, PruneCoverage, best_alignment, occupancy,
+from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment, occupancy,
                       prune_coverage)
 
 __version__ = "0.1.0"
 
 __all__ = ["rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_rnnt_loss",
            "MultiblankRNNTLoss", "empty_cache", "__version__",
-           "occupancy", "Occupancy", "best_alignment", "Alignment", "prune_coverage", "PruneCoverage"]
+           "occupancy", "Occupancy", "best_alignment", "Alignment", "Arc", "prune_coverage", "PruneCoverage"]
