@@ -71,3 +71,15 @@ def make_inputs(case: Case, dtype=torch.float64, seed: int = 0, scale: float = 1
 def upstream_weights(B: int, dtype=torch.float64) -> torch.Tensor:
     """Signed, distinct per-sequence upstream gradients."""
     return torch.tensor([(-1.0) ** b * (0.5 + 0.75 * b) for b in range(B)], dtype=dtype)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest error relative to max(1, the largest finite reference value); the finite
+    entries of ``got`` and ``want`` must coincide."""
+    got, want = got.detach().to(torch.float64), want.to(torch.float64)
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite), f"non-finite mismatch: {got} vs {want}"
+    if not finite.any():
+        return 0.0
+    scale = max(1.0, want[finite].abs().max().item())
+    return (got[finite] - want[finite]).abs().max().item() / scale

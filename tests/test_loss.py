@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rnnt_lattice
-from cases import TINY, Case, make_inputs, upstream_weights
+from cases import TINY, Case, make_inputs, rel_err, upstream_weights
 from oracle import batch_grad
 
 BACKENDS = ["numba", "torch"]
@@ -23,14 +23,6 @@ TOL = {torch.float64: 1e-10, torch.float32: 4 * 2.0**-23 * 8, torch.float16: 2.0
        torch.bfloat16: 2.0**-7 * 4}
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.detach().to(torch.float64), want.to(torch.float64)
-    finite = torch.isfinite(want)
-    assert torch.equal(torch.isfinite(got), finite), f"non-finite mismatch: {got} vs {want}"
-    if not finite.any():
-        return 0.0
-    scale = max(1.0, want[finite].abs().max().item())
-    return (got[finite] - want[finite]).abs().max().item() / scale
 
 
 def run(backend, logits, targets, logit_lengths, target_lengths, blank, weights=None, **kw):

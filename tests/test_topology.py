@@ -13,7 +13,7 @@ import torch
 from rnnt_lattice import reference, topology
 from rnnt_lattice._ops import scale_upstream
 from rnnt_lattice.reference import Ends
-from cases import Case, make_inputs, upstream_weights
+from cases import Case, make_inputs, rel_err, upstream_weights
 from oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
                     topology_paths)
 
@@ -93,14 +93,6 @@ def make_topo_inputs(case: Case, topo_name: str, dtype=torch.float64, seed: int 
     return logits.to(dtype), targets, tl, ul, topo, blank, bnd
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.detach().to(torch.float64), want.to(torch.float64)
-    finite = torch.isfinite(want)
-    assert torch.equal(torch.isfinite(got), finite), f"non-finite mismatch: {got} vs {want}"
-    if not finite.any():
-        return 0.0
-    scale = max(1.0, want[finite].abs().max().item())
-    return (got[finite] - want[finite]).abs().max().item() / scale
 
 
 def generic(logits, targets, tl, ul, topo, blank, fused=True, clamp=-1.0, fastemit_lambda=0.0,
