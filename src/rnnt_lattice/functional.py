@@ -9,7 +9,8 @@ from . import _backends, _ops
 from ._types import LossOptions
 from ._validate import check_boundary, check_durations, check_float, check_reduction
 
-__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "pack_logits", "empty_cache"]
+__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "rnnt_loss_pruned", "pack_logits",
+           "empty_cache"]
 
 
 def rnnt_loss(
@@ -306,6 +307,102 @@ def multiblank_rnnt_loss(
                  clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                  zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
                  sigma=sigma, packed=packed)
+
+
+def rnnt_loss_pruned(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ranges: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    blank: int,
+    clamp: float = -1.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    zero_infinity: bool = False,
+    backend: str = "auto",
+    inplace_grad: bool = False,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""Pruned RNN-T loss (Kuang et al. 2022; docs/math.md sections 7 and 9): the loss of
+    the full lattice with every arc outside the windows removed, on logits evaluated only
+    inside the windows.
+
+    ``logits`` is ``(B, T, R, V)``: row ``k`` of frame ``t`` is node ``(t, ranges[b, t, k])``.
+    A node outside its frame's window has no logits, so every arc leaving it weighs
+    ``-inf`` (k2's semantics); the recursion, the fused gradient and every option are those
+    of :func:`rnnt_loss` (it is the same kernel, reading rows through a node -> row map).
+    With ``R = U + 1`` and windows starting at 0 it *is* :func:`rnnt_loss`.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> B, T, U, V, R = 2, 6, 4, 8, 3
+        >>> s_begin = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2, 2]])     # (B, T)
+        >>> ranges = s_begin[..., None] + torch.arange(R)                        # (B, T, R)
+        >>> logits = torch.randn(B, T, R, V, requires_grad=True)                 # the joiner on the windows
+        >>> targets = torch.randint(1, V, (B, U))
+        >>> loss = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, torch.tensor([6, 6]),
+        ...                                      torch.tensor([4, 4]), blank=0)
+        >>> loss.backward()
+
+    Args:
+        logits: ``(B, T, R, V)`` the joiner's output on the windows.
+        targets: ``(B, U)`` label ids (``U`` sets the lattice's label axis).
+        ranges: ``(B, T, R)`` int label positions of each window row, strictly increasing
+            along ``R`` and within ``[0, U]`` (k2's ``ranges``, e.g. from ``prune_ranges``).
+        logit_lengths, target_lengths, blank, clamp, reduction, fastemit_lambda,
+            zero_infinity, backend, inplace_grad, rnnt_type, delay_penalty, boundary: as
+            :func:`rnnt_loss`.
+
+    Windows that hold no complete path give ``+inf`` (0 with ``zero_infinity``), as a too
+    small ``R`` does in k2.
+    """
+    node_rows = pruned_node_rows(logits, targets, ranges)
+    B, T, R, V = logits.shape
+    return _loss(logits.reshape(B * T * R, V), targets, logit_lengths, target_lengths, blank,
+                 _rnnt_topology(rnnt_type), clamp=clamp, reduction=reduction, fused=True,
+                 fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
+                 inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
+                 node_rows=node_rows)
+
+
+def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
+    """The node -> row map ``(B, T, U+1)`` int64 of window logits ``(B, T, R, V)`` viewed
+    as rows ``(B T R, V)``: node ``(t, ranges[b, t, k])`` reads row ``(b T + t) R + k``;
+    ``-1`` outside the windows. No host synchronisation (the value checks run on CPU only)."""
+    for name, x in (("logits", logits), ("targets", targets), ("ranges", ranges)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if logits.dim() != 4:
+        raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
+    B, T, R, V = logits.shape
+    if tuple(ranges.shape) != (B, T, R):
+        raise ValueError(f"ranges must have shape (B, T, R) = {(B, T, R)} to match logits "
+                         f"{tuple(logits.shape)}, got {tuple(ranges.shape)}")
+    if ranges.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
+    if targets.dim() != 2:
+        raise ValueError(f"targets must have 2 dims (B, U), got shape {tuple(targets.shape)}")
+    if ranges.device != logits.device:
+        raise ValueError(f"tensors on different devices: logits on {logits.device}, ranges on "
+                         f"{ranges.device}")
+    U = targets.shape[1]
+    ranges = ranges.to(torch.int64)
+    if ranges.device.type == "cpu" and ranges.numel() and not torch.compiler.is_compiling():
+        bad = (ranges < 0) | (ranges > U)
+        if R > 1:
+            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+        if bool(bad.any()):
+            b, t, k = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be strictly "
+                             f"increasing label positions in [0, U] = [0, {U}]")
+    rows = torch.arange(B * T * R, device=logits.device).view(B, T, R)
+    node_rows = torch.full((B, T, U + 1), -1, dtype=torch.int64, device=logits.device)
+    return node_rows.scatter_(2, ranges, rows)
 
 
 def _check_not_big_blank(targets, target_lengths, blank, n_big):
