@@ -284,3 +284,24 @@ def test_demo_bad_device_or_out_fail_before_training(tmp_path, capsys, monkeypat
     _one_line_error(capsys, ["demo", "--steps", "1", "--out", str(tmp_path / "out"),
                              *(a.format(tmp=tmp_path) for a in args)], message)
     assert not trained, "training started before the bad option was reported"
+
+
+def test_demo_pruned_smoke_writes_the_comparison(tmp_path, capsys):
+    out = tmp_path / "pruned"
+    assert cli.main(["demo", "--pruned", "--steps", "3", "--window", "3", "--out", str(out),
+                     "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "full:" in text and "pruned:" in text and "held-out TER" in text
+    table = (out / "pruned_comparison.md").read_text()
+    assert "| full |" in table and "| pruned, R = 3 |" in table
+    metrics = json.loads((out / "metrics.json").read_text())
+    for name in ("full", "pruned"):
+        assert metrics[name]["ms_per_step"] > 0 and 0 <= metrics[name]["heldout_ter"]
+    # the pruned joiner output is (B, T, R, V) + the simple joiner's, far below (B, T, U+1, V)
+    assert metrics["pruned"]["joiner_output_mb_per_step"] < metrics["full"]["joiner_output_mb_per_step"]
+
+
+@pytest.mark.parametrize("args, message", [(["--pruned", "--window", "0"], "--window")])
+def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
+    assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
+    assert message in capsys.readouterr().err

@@ -54,6 +54,8 @@ class Config:
     n_heldout: int = 256
     threads: int = 2
     device: str = "cpu"
+    window: int = 5          # --pruned: R
+    warm_steps: int = 500    # --pruned: icefall's warm-up of the loss weights
 
 
 # --------------------------------------------------------------------------- data
@@ -369,6 +371,139 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     return metrics
 
 
+# --------------------------------------------------------------------------- pruned
+class PrunedTransducer(Transducer):
+    """The demo transducer plus the simple joiner of pruned RNN-T (icefall's
+    ``simple_am_proj`` / ``simple_lm_proj``): ``am = Linear(enc) (B, T, V)`` and
+    ``lm = Linear(pred) (B, U+1, V)``, whose sum is a joiner cheap enough to run on the
+    full lattice without building ``(B, T, U+1, V)``."""
+
+    def __init__(self, hidden: int):
+        super().__init__(hidden)
+        self.simple_am = nn.Linear(hidden, VOCAB)
+        self.simple_lm = nn.Linear(hidden, VOCAB)
+
+
+def _full_step(model, X, T, Y, U, step, cfg):
+    """The plain recipe: the full joiner on every (t, u), ``rnnt_loss``."""
+    import rnnt_lattice
+    logits = model(X, Y)                                               # (B, T, U+1, V)
+    loss = rnnt_lattice.rnnt_loss(logits, Y, T, U, blank=BLANK, reduction="sum")
+    return loss, logits.numel() * logits.element_size(), None
+
+
+def _pruned_step(model, X, T, Y, U, step, cfg):
+    """icefall's pruned recipe: the simple loss, its occupations -> windows of R label
+    positions per frame, the full joiner on the windows only, the pruned loss. During the
+    warm-up (the first ``cfg.warm_steps``) the simple loss's weight falls from 1 to 0.5
+    and the pruned loss's rises from 0.1 to 1, as in icefall."""
+    import rnnt_lattice
+    prev = nn.functional.pad(Y, (1, 0), value=BLANK)                   # (B, U+1)
+    enc, pred = model.encode(X), model.predict(prev)                   # (B, T, H), (B, U+1, H)
+    am, lm = model.simple_am(enc), model.simple_lm(pred)               # (B, T, V), (B, U+1, V)
+    simple, occ = rnnt_lattice.rnnt_loss_simple(lm, am, Y, T, U, blank=BLANK, reduction="sum",
+                                                return_occupations=True)
+    win = rnnt_lattice.prune_ranges(occ, cfg.window)                   # exact DP (math.md 10)
+    enc_w, pred_w = rnnt_lattice.do_rnnt_pruning(enc, pred, win.ranges)   # (B, T, R, H) each
+    logits = model.out(torch.tanh(enc_w + pred_w))                     # (B, T, R, V)
+    pruned = rnnt_lattice.rnnt_loss_pruned(logits, Y, win.ranges, T, U, blank=BLANK,
+                                           reduction="sum")
+    warm = min(1.0, step / max(1, cfg.warm_steps))
+    loss = (1.0 - 0.5 * warm) * simple + (0.1 + 0.9 * warm) * pruned
+    joiner_bytes = (logits.numel() + am.numel() + lm.numel()) * logits.element_size()
+    return loss, joiner_bytes, float(win.covered.mean())
+
+
+def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
+    """Train the demo transducer twice from the same initialisation and batches: with the
+    full loss, and with the pruned recipe (R = ``cfg.window``). Prints and writes
+    (``pruned_comparison.md``, ``metrics.json``) the time per step, the memory of the
+    joiner's outputs per step (on CUDA also the peak memory per step) and the held-out TER
+    of both."""
+    import rnnt_lattice
+
+    device = torch.device(cfg.device)
+    from .bench import set_threads
+    set_threads(cfg.threads)
+    os.makedirs(out, exist_ok=True)
+    formants = _formants(torch.Generator().manual_seed(12345))
+    g_test = torch.Generator().manual_seed(10_000 + cfg.seed)
+    Xh, Th, Yh, Uh = (a.to(device) for a in make_batch(cfg.n_heldout, g_test, formants))
+    g_rand = torch.Generator().manual_seed(cfg.seed + 1)
+    rand_hyps = [torch.randint(1, VOCAB, (int(u),), generator=g_rand).tolist() for u in Uh.cpu()]
+    chance_ter = token_error_rate(rand_hyps, Yh.cpu(), Uh.cpu())
+    torch.manual_seed(cfg.seed)
+    init = PrunedTransducer(cfg.hidden).to(device)
+    cuda = device.type == "cuda"
+
+    results = {}
+    for name, step_loss in (("full", _full_step), ("pruned", _pruned_step)):
+        model = copy.deepcopy(init)
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr,
+                                                    total_steps=max(cfg.steps, 1), pct_start=0.1)
+        g_train = torch.Generator().manual_seed(cfg.seed)              # the same batches
+        log(f"training {cfg.steps} steps with the {name} loss"
+            + (f" (R = {cfg.window}, warm-up {cfg.warm_steps} steps)" if name == "pruned" else ""))
+        bar = Progress(cfg.steps, progress_stream)
+        seconds, joiner_bytes, peaks, covered = [], [], [], []
+        for step in range(1, cfg.steps + 1):
+            X, T, Y, U = (a.to(device) for a in make_batch(cfg.batch_size, g_train, formants))
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            t0 = time.perf_counter()
+            loss, nbytes, cov = step_loss(model, X, T, Y, U, step, cfg)
+            loss = loss / U.sum()
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            sched.step()
+            if cuda:
+                torch.cuda.synchronize(device)
+                peaks.append(torch.cuda.max_memory_allocated(device))
+            seconds.append(time.perf_counter() - t0)
+            joiner_bytes.append(nbytes)
+            if cov is not None:
+                covered.append(cov)
+            bar.update(step, f"loss {loss.item():.3f}")
+        model.eval()
+        ter = token_error_rate(model.greedy(Xh, Th), Yh.cpu(), Uh.cpu())
+        skip = min(len(seconds) - 1, 10)                              # compilation, warm caches
+        results[name] = {
+            "heldout_ter": ter,
+            "ms_per_step": 1e3 * sum(seconds[skip:]) / len(seconds[skip:]),
+            "joiner_output_mb_per_step": sum(joiner_bytes) / len(joiner_bytes) / 2**20,
+            "peak_mb_per_step": (max(peaks) / 2**20) if peaks else None,
+            "mean_covered_mass": (sum(covered) / len(covered)) if covered else None,
+        }
+        r = results[name]
+        log(f"{name:>6}: {r['ms_per_step']:.1f} ms/step, joiner outputs "
+            f"{r['joiner_output_mb_per_step']:.2f} MB/step"
+            + (f", peak {r['peak_mb_per_step']:.1f} MB" if peaks else "")
+            + (f", windows hold {100 * r['mean_covered_mass']:.1f}% of the simple lattice's mass"
+               if covered else "") + f"; held-out TER {ter:.3f}")
+
+    lines = ["| loss | ms / step | joiner outputs MB / step | peak MB / step (CUDA) | held-out TER |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        peak = f"{r['peak_mb_per_step']:.1f}" if r["peak_mb_per_step"] is not None else "n/a"
+        label = name if name == "full" else f"pruned, R = {cfg.window}"
+        lines.append(f"| {label} | {r['ms_per_step']:.1f} | {r['joiner_output_mb_per_step']:.2f} | "
+                     f"{peak} | {r['heldout_ter']:.3f} |")
+    with open(os.path.join(out, "pruned_comparison.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    metrics = {"config": asdict(cfg), "chance_ter": chance_ter, **results,
+               "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                            "rnnt_lattice": rnnt_lattice.__version__},
+               "files": ["metrics.json", "pruned_comparison.md"]}
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    log(f"wrote {out}/ (chance TER {chance_ter:.3f})")
+    return metrics
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Config()
     p.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
@@ -378,6 +513,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch and numba (default: min(2, cores))")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    p.add_argument("--pruned", action="store_true",
+                   help="train twice, with the full loss and with icefall's pruned recipe "
+                        "(simple loss + pruned loss on windows of --window label positions), "
+                        "and compare time, memory and held-out TER")
+    p.add_argument("--window", type=int, default=d.window,
+                   help=f"R, label positions per frame of the pruned loss (default {d.window})")
 
 
 def main_from_args(args) -> int:
@@ -402,7 +543,10 @@ def main_from_args(args) -> int:
         raise ValueError(f"--device {args.device!r} cannot be used here: {first}") from None
     from .cli import check_output_dir
     check_output_dir(args.out, "--out")
+    if args.window < 1:
+        raise ValueError(f"--window must be >= 1, got {args.window}")
     cfg = Config(steps=args.steps, seed=args.seed, threads=threads, device=args.device,
-                 eval_every=max(1, min(Config.eval_every, math.ceil(args.steps / 4))))
-    run(cfg, args.out, log=lambda s: print(s, flush=True))
+                 eval_every=max(1, min(Config.eval_every, math.ceil(args.steps / 4))),
+                 window=args.window, warm_steps=min(Config.warm_steps, max(1, args.steps // 4)))
+    (run_pruned if args.pruned else run)(cfg, args.out, log=lambda s: print(s, flush=True))
     return 0
