@@ -465,3 +465,45 @@ def test_docstring_examples():
         warnings.simplefilter("ignore", RuntimeWarning)
         result = doctest.testmod(pruned, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+def test_masked_classes_and_dead_rows_equal_full_joiner(rnnt_type):
+    """-inf entries of am or lm are masked classes; a joint row with no finite entry (a dead
+    am row, or disjoint supports) has no arc, as in rnnt_loss."""
+    case = CASES[-1]
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=9)
+    blank_id = blank % case.V
+    am = am.clone()
+    lm = lm.clone()
+    am[0, 2, [1, 3]] = float("-inf")                         # masked classes
+    lm[1, 1, 4] = float("-inf")
+    am[1, 3] = float("-inf")                                 # a dead frame: no path
+    y2 = int(targets[2, 2])                                  # node (5, 2) of sequence 2: disjoint
+    lm[2, 2, :] = float("-inf")                              # supports (no blank at u = 2 at all)
+    lm[2, 2, y2] = 0.0
+    am[2, 5, :] = float("-inf")
+    am[2, 5, [blank_id, next(v for v in range(case.V) if v not in (blank_id, y2))]] = 0.0
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, reduction="none")
+    got = _grads(lambda l, a: rnnt_lattice.rnnt_loss_simple(l, a, targets, T_b, U_b, blank=blank, **kw),
+                 lm, am, up)
+    want = _grads(lambda l, a: rnnt_lattice.rnnt_loss(_full(l, a), targets, T_b, U_b, blank,
+                                                      backend="torch", **kw), lm, am, up)
+    assert torch.isinf(got[0][1]) and torch.isfinite(got[0][0])
+    assert torch.isfinite(got[0][2]) == (rnnt_type != "constrained")   # it needs b(t, 2)
+    for g, w in zip(got, want):
+        assert rel_err(g, w) < TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_inputs(dtype):
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[-1], seed=4, poison=False)
+    lm_, am_ = lm.to(dtype).requires_grad_(True), am.to(dtype).requires_grad_(True)
+    loss = rnnt_lattice.rnnt_loss_simple(lm_, am_, targets, T_b, U_b, blank=blank)
+    loss.backward()
+    loss = loss.detach()
+    want = rnnt_lattice.rnnt_loss_simple(lm.to(dtype).double(), am.to(dtype).double(), targets, T_b,
+                                         U_b, blank=blank)
+    assert loss.dtype == torch.float32 and abs(float(loss) - float(want)) < 1e-4 * max(1.0, float(want))
+    assert am_.grad.dtype == dtype and torch.isfinite(am_.grad.float()).all()
