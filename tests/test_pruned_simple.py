@@ -507,3 +507,18 @@ def test_low_precision_inputs(dtype):
                                          U_b, blank=blank)
     assert loss.dtype == torch.float32 and abs(float(loss) - float(want)) < 1e-4 * max(1.0, float(want))
     assert am_.grad.dtype == dtype and torch.isfinite(am_.grad.float()).all()
+
+
+def test_exact_windows_of_a_batch_with_an_impossible_sequence():
+    """modified, T_b < U_b: that sequence has no path; it does not raise R for the batch,
+    and its windows stay valid (start 0, steps <= 1, within [0, U])."""
+    gb = torch.rand(2, 6, 6, dtype=torch.float64)
+    T_b, U_b = torch.tensor([6, 2]), torch.tensor([5, 5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        win = rnnt_lattice.prune_ranges((gb, gb), 2, logit_lengths=T_b, target_lengths=U_b,
+                                        rnnt_type="modified")
+    assert win.window == 2
+    s = win.s_begin
+    assert (s[:, 0] == 0).all() and (s.diff(dim=1) >= 0).all() and (s.diff(dim=1) <= 1).all()
+    assert s[0, -1] == 4 and (win.ranges <= 5).all()

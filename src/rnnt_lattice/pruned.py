@@ -202,7 +202,7 @@ def _row_stats(x: torch.Tensor, keep: torch.Tensor):
     its backward mixes every t with every u of a sequence); ``shift (B, N)`` the detached
     row max (0 where it is not finite); ``bad`` marks rows whose max is NaN or ``+inf``
     (math.md 8.1: their lse is NaN), ``dead`` rows of only ``-inf`` (no arc leaves)."""
-    row_max = x.detach().amax(-1) if x.shape[-1] else x.new_full(x.shape[:-1], NEG_INF)
+    row_max = x.detach().amax(-1)                                           # V >= 1
     bad = keep & (torch.isnan(row_max) | (row_max == float("inf")))
     dead = keep & (row_max == NEG_INF)
     x_safe = torch.where((keep & ~bad)[..., None], x, 0.0)
@@ -210,10 +210,11 @@ def _row_stats(x: torch.Tensor, keep: torch.Tensor):
     return x_safe, shift, bad, dead
 
 
-def _simple_terms(lm, am, targets, blank, ends: Ends, frames, positions):
-    """The simple joiner's ``(lse, b, e, am_safe, lm_safe, am_shift)`` with ``lse, b, e``
-    ``(B, T, U+1)`` in the lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable
-    w.r.t. ``am`` and ``lm``. ``frames (B, T)`` / ``positions (B, U+1)`` are the rows read."""
+def _simple_terms(lm, am, targets, blank, frames, positions):
+    """The simple joiner's ``(lse, b, e, parts)``: ``lse, b, e`` ``(B, T, U+1)`` in the
+    lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable w.r.t. ``am`` and ``lm``;
+    ``parts = (am_safe, lm_safe, am_shift, exp(am_safe - am_shift))`` for the smoothed
+    terms. ``frames (B, T)`` / ``positions (B, U+1)``: the rows read (the others are padding)."""
     B, T, V = am.shape
     U1 = lm.shape[1]
     ldt = lattice_dtype(am.device)
@@ -476,7 +477,7 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     frames = (t >= ends.t0[:, None]) & (t < ends.t1[:, None])                # (B, T) rows read
     positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
 
-    lse, b, e, am_terms = _simple_terms(lm, am, targets, blank, ends, frames, positions)
+    lse, b, e, am_terms = _simple_terms(lm, am, targets, blank, frames, positions)
     if smooth is not None:
         b, e = _smoothed(b, e, lm, am_terms, targets, blank, smooth[0], smooth[1], lse.dtype)
     lp = _kind_log_probs(b, e, topo, ends)
@@ -629,7 +630,10 @@ def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> in
             R_min = int(torch.div(U_b - 1, T_b, rounding_mode="trunc").add(2).max())
         elif method == "exact":
             # One label per frame: from 0 to max(U_b - R + 1, 0) in T_b - 1 steps of <= 1.
-            R_min = max(1, int((U_b - T_b + 2).max()))
+            # Sequences with T_b < U_b have no path at all: no window helps them.
+            has_path = T_b >= U_b
+            if has_path.any():
+                R_min = max(1, int((U_b - T_b + 2)[has_path].max()))
     asked = R
     if R < R_min:
         R = R_min
@@ -682,6 +686,9 @@ def _exact_starts(node, t_end, u_end, R: int, regular: bool):
     starts = torch.arange(n, device=node.device)
     window_mass = cum[..., starts + R] - cum[..., starts]           # (B, T, n)
     last = (u_end - R + 1).clamp(min=0)
+    if not regular:
+        # Reachable in T_b - 1 steps of <= 1 (only lowers it where the lattice has no path).
+        last = torch.minimum(last, (t_end - 1).clamp(min=0))
     _, s_begin = best_window_starts(window_mass, last + 1, R - 1 if regular else 1,
                                     first=torch.zeros_like(last), last=last, n_frames=t_end)
     return s_begin

@@ -64,6 +64,8 @@ def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int
     """
     B, T, S = mass.shape
     dev = mass.device
+    if T == 0:
+        return torch.zeros(B, dtype=mass.dtype, device=dev), torch.zeros((B, 0), dtype=torch.int64, device=dev)
     s_idx = torch.arange(S, device=dev)
     allowed = (s_idx[None, :] < n_starts[:, None])[:, None, :].expand(B, T, S)   # (B, T, S)
     t_idx = torch.arange(T, device=dev)[None, :, None]
@@ -86,8 +88,6 @@ def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int
         arg[:, t] = s_idx[None, :] - (W - 1) + k
         f = mass[:, t] + best
     starts = torch.empty((B, T), dtype=torch.int64, device=dev)
-    if T == 0:
-        return torch.zeros(B, dtype=mass.dtype, device=dev), starts
     total, s = f.max(-1)
     starts[:, T - 1] = s
     bidx = torch.arange(B, device=dev)
