@@ -196,18 +196,18 @@ def _check_lengths(logit_lengths, target_lengths, T, U, t_src, u_src):
 # ---------------------------------------------------------------------------------------
 
 def _row_stats(x: torch.Tensor, keep: torch.Tensor):
-    """For rows ``x (B, N, V)``: ``(x_safe, shift, bad, dead)``. ``x_safe`` is ``x`` with the
-    rows outside ``keep (B, N)`` (padding) and the rows holding a NaN or ``+inf`` zeroed, so
-    that no NaN reaches the matmul or its backward (the matmul mixes rows over V only, but
-    its backward mixes every t with every u of a sequence); ``shift (B, N)`` the detached
-    row max (0 where it is not finite); ``bad`` marks rows whose max is NaN or ``+inf``
-    (math.md 8.1: their lse is NaN), ``dead`` rows of only ``-inf`` (no arc leaves)."""
+    """For rows ``x (B, N, V)``: ``(x_safe, shift, bad)``. ``x_safe`` is ``x`` with the rows
+    outside ``keep (B, N)`` (padding) and the rows holding a NaN or ``+inf`` zeroed, so that
+    no NaN reaches the matmul or its backward (the matmul mixes rows over V only, but its
+    backward mixes every t with every u of a sequence); ``shift (B, N)`` the detached row
+    max, 0 where it is not finite (a row of only ``-inf`` then gives ``exp = 0``: a dead
+    row, lse ``-inf``); ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1:
+    their lse is NaN)."""
     row_max = x.detach().amax(-1)                                           # V >= 1
     bad = keep & (torch.isnan(row_max) | (row_max == float("inf")))
-    dead = keep & (row_max == NEG_INF)
     x_safe = torch.where((keep & ~bad)[..., None], x, 0.0)
-    shift = torch.where(keep & ~bad & ~dead, row_max, 0.0)
-    return x_safe, shift, bad, dead
+    shift = torch.where(keep & ~bad & (row_max != NEG_INF), row_max, 0.0)
+    return x_safe, shift, bad
 
 
 def _simple_terms(lm, am, targets, blank, frames, positions):
@@ -218,8 +218,8 @@ def _simple_terms(lm, am, targets, blank, frames, positions):
     B, T, V = am.shape
     U1 = lm.shape[1]
     ldt = lattice_dtype(am.device)
-    am_s, am_shift, am_bad, am_dead = _row_stats(am, frames)               # (B, T, V), (B, T)
-    lm_s, lm_shift, lm_bad, lm_dead = _row_stats(lm, positions)            # (B, U+1, V), (B, U+1)
+    am_s, am_shift, am_bad = _row_stats(am, frames)                         # (B, T, V), (B, T)
+    lm_s, lm_shift, lm_bad = _row_stats(lm, positions)                      # (B, U+1, V), (B, U+1)
     ea = torch.exp(am_s - am_shift[..., None])                              # (B, T, V)
     el = torch.exp(lm_s - lm_shift[..., None])                              # (B, U+1, V)
     mm = torch.matmul(ea, el.transpose(1, 2)).to(ldt)                       # (B, T, U+1)
