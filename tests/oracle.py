@@ -166,19 +166,30 @@ def _kind_weights(z, y, topo: Topology, blank: int, fused: bool, t1: int, fastem
 
 def topology_sequence_grad(logits, y, topo: Topology, blank: int, fused: bool, start, end,
                            clamp: float = -1.0, fastemit_lambda: float = 0.0, sigma: float = 0.0,
-                           delay_penalty: float = 0.0) -> tuple[float, torch.Tensor]:
+                           delay_penalty: float = 0.0, allowed=None) -> tuple[float, torch.Tensor]:
     """Loss ``-log P`` and its gradient (FastEmit rule, clamp on the token group) for one
     sequence: ``logits (T, U+1, V)`` holding at least the rows ``t < t1, u <= u1``, labels
     ``y`` (at least ``u1``). Rows outside ``t0 <= t < t1, u0 <= u <= u1`` are never read
-    (replaced by zeros) and get gradient 0. Frames ``t`` are absolute (delay penalty)."""
+    (replaced by zeros) and get gradient 0. Frames ``t`` are absolute (delay penalty).
+    ``allowed`` ``(T, U+1)`` bool (pruned windows): only paths whose every arc reads
+    allowed rows count, and only allowed rows are read."""
     (t0, u0), (t1, u1) = start, end
     T, U1, V = logits.shape
     V_tok = V - topo.n_durations
     region = torch.zeros(T, U1, dtype=torch.bool)
     region[t0:t1, u0:u1 + 1] = True
+    if allowed is not None:
+        region &= allowed
     x = torch.where(region[..., None], logits.detach().to(torch.float64), 0.0)
     z = x.requires_grad_()
     paths = topology_paths(topo, start, end)
+    if allowed is not None:
+        # A window row is all an arc may read: its source node's, and for a
+        # plus_next_blank kind (constrained) also the blank of (t, u+1) (k2: py is -inf
+        # outside the windows).
+        paths = [p for p in paths if all(
+            bool(allowed[t, u]) and (not topo.kinds[k].plus_next_blank or bool(allowed[t, u + 1]))
+            for t, u, k in p)]
     if not paths:
         return math.inf, torch.zeros_like(x)
     w = _kind_weights(z, y, topo, blank % V_tok, fused, t1, fastemit_lambda, sigma, delay_penalty)
@@ -199,17 +210,19 @@ def topology_sequence_grad(logits, y, topo: Topology, blank: int, fused: bool, s
 
 def topology_batch_grad(logits, targets, logit_lengths, target_lengths, topo: Topology, blank: int,
                         fused: bool, clamp: float = -1.0, fastemit_lambda: float = 0.0,
-                        sigma: float = 0.0, delay_penalty: float = 0.0, boundary=None):
+                        sigma: float = 0.0, delay_penalty: float = 0.0, boundary=None,
+                        allowed=None):
     """Per-sequence losses ``(B,)`` and gradients ``(B, T, U+1, V)`` (zero in padding), float64.
     ``boundary`` (B, 4) ``[begin_symbol, begin_frame, end_symbol, end_frame]`` replaces the
-    lengths (k2)."""
+    lengths (k2). ``allowed`` ``(B, T, U+1)`` bool: see ``topology_sequence_grad``."""
     B, T, U1, V = logits.shape
     losses = torch.empty(B, dtype=torch.float64)
     grad = torch.zeros(logits.shape, dtype=torch.float64)
     for b in range(B):
         start, end = _ends(b, logit_lengths, target_lengths, boundary)
         loss, g = topology_sequence_grad(logits[b], targets[b], topo, blank, fused, start, end,
-                                         clamp, fastemit_lambda, sigma, delay_penalty)
+                                         clamp, fastemit_lambda, sigma, delay_penalty,
+                                         None if allowed is None else allowed[b])
         losses[b] = loss
         grad[b] = g
     return losses, grad

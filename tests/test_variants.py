@@ -302,3 +302,64 @@ def test_torch_compile_fullgraph(which):
     torch.testing.assert_close(loss_c, loss_e, rtol=1e-12, atol=0)
     torch.testing.assert_close(leaf_c.grad, leaf_e.grad, rtol=1e-12, atol=1e-14)
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- packed logits
+LAYOUT_BACKENDS = ["torch", "auto"]
+
+
+@pytest.mark.parametrize("backend", LAYOUT_BACKENDS)
+@pytest.mark.parametrize("topo_name, opt", [(t, o) for t in PUBLIC for o in OPTIONS
+                                             if _applies(PUBLIC[t][0], o)])
+def test_packed_equals_padded(topo_name, opt, backend):
+    """``packed=True`` on ``pack_logits`` of a ragged batch gives the padded batch's losses
+    exactly (same recursion, same arithmetic) and its gradient rows, packed."""
+    case = CASES[0]
+    fn_name, extra = PUBLIC[topo_name]
+    kw = dict(OPTIONS[opt])
+    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(
+        case, topo_name, boundary=kw.pop("boundary", False))
+    if bnd is not None:
+        kw["boundary"] = bnd
+    w = upstream_weights(case.B)
+    padded = logits.clone().requires_grad_()
+    want = call(fn_name, padded, targets, tl, ul, blank, extra, backend=backend, **kw)
+    (want * w).sum().backward()
+    packed = rnnt_lattice.pack_logits(logits, tl, ul).requires_grad_()
+    assert packed.shape[0] == int((tl * (ul + 1)).sum())
+    got = call(fn_name, packed, targets, tl, ul, blank, extra, backend=backend, packed=True, **kw)
+    (got * w).sum().backward()
+    assert rel(got.detach(), want.detach()) <= 1e-12
+    torch.testing.assert_close(packed.grad, rnnt_lattice.pack_logits(padded.grad, tl, ul),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_packed_errors_name_the_shapes():
+    x = torch.randn(10, 5)
+    targets, tl, ul = torch.tensor([[1, 2], [3, 0]]), torch.tensor([3, 2]), torch.tensor([2, 1])
+    with pytest.raises(ValueError, match=r"sum_b T_b \(U_b\+1\) = 13 rows"):
+        rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank=0, packed=True)
+    with pytest.raises(ValueError, match=r"packed=True: logits must be rows"):
+        rnnt_lattice.rnnt_loss(torch.randn(2, 3, 3, 5), targets, tl, ul, blank=0, packed=True)
+    with pytest.raises(ValueError, match=r"logits must have 4 dims"):
+        rnnt_lattice.rnnt_loss(torch.randn(13, 5), targets, tl, ul, blank=0)
+    with pytest.raises(ValueError, match=r"lengths must be >= 0"):
+        rnnt_lattice.rnnt_loss(torch.randn(13, 5), targets, tl, torch.tensor([2, 3]), blank=0,
+                               packed=True)
+    with pytest.raises(ValueError, match=r"targets\[1, 0\] = 7 is outside"):
+        rnnt_lattice.rnnt_loss(torch.randn(13, 5), torch.tensor([[1, 2], [7, 0]]), tl, ul, blank=0,
+                               packed=True)
+
+
+def test_packed_under_torch_compile():
+    """The packed row map is built before the custom op (a graph break reads the lengths);
+    the compiled loss and gradient equal the eager ones."""
+    case = CASES[0]
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, "regular")
+    rows = rnnt_lattice.pack_logits(logits, tl, ul)
+    a, b = rows.clone().requires_grad_(), rows.clone().requires_grad_()
+    fn = torch.compile(lambda x: rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, packed=True,
+                                                        backend="torch"))
+    fn(a).backward()
+    rnnt_lattice.rnnt_loss(b, targets, tl, ul, blank, packed=True, backend="torch").backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)

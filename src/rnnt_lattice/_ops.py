@@ -4,11 +4,17 @@ op for ``torch.compile``; both drive any backend through the same two calls.
 Every backend module provides (``_backends`` loads them)::
 
     loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None)
+                 boundary=None, node_rows=None)
         -> (costs (B,), saved: tuple of tensors, state)
-    loss_backward(saved, state, upstream (B,), opts) -> gradient (B, T, U+1, V)
+    loss_backward(saved, state, upstream (B,), opts) -> gradient, the shape of the logits
     INPLACE_WRITES_IN = "forward" | "backward"
-    supports(opts, boundary) -> bool      # the topologies and per-arc terms it computes
+    supports(opts, boundary, node_rows) -> bool   # the topologies, terms and layouts it computes
+
+Layouts (math.md section 9): with ``node_rows=None`` the logits are padded ``(B, T, U+1,
+V)``. Otherwise they are rows ``(N, V)`` and ``node_rows`` ``(B, T, U+1)`` int64 says which
+row each node reads (``-1``: none, every arc leaving the node is ``-inf``); every row is
+read by at most one node. Packed logits (``packed=True``) and the pruned windows of
+``rnnt_loss_pruned`` are such layouts; the gradient comes back in the same rows.
 
 ``saved`` goes through ``ctx.save_for_backward`` (autograd's version checks apply), ``state``
 is anything else the backend keeps. ``loss_backward`` returns ``upstream[b] * clip(d loss_b
@@ -54,13 +60,13 @@ class _RNNTLoss(torch.autograd.Function):
     """Per-sequence costs ``-log P`` (B,) with the fused gradient of math.md 4-6."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, boundary, impl,
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, boundary, node_rows, impl,
                 opts: LossOptions):
         need_grad = ctx.needs_input_grad[0]
         if not need_grad:
             opts = opts.without_inplace()         # nothing to write: leave the logits alone
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad, boundary)
+                                                opts, need_grad, boundary, node_rows)
         if opts.inplace_grad and impl.INPLACE_WRITES_IN == "forward":
             torch.autograd.graph.increment_version(logits)
         if need_grad:
@@ -79,13 +85,14 @@ class _RNNTLoss(torch.autograd.Function):
         grad = ctx.impl.loss_backward(saved, ctx.state, grad_costs, opts)
         if opts.inplace_grad:
             grad = grad.detach()                  # a new tensor over the same memory
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-               boundary=None) -> torch.Tensor:
+               boundary=None, node_rows=None) -> torch.Tensor:
     """(B,) per-sequence costs through ``impl`` with the gradient attached (eager)."""
-    return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, boundary, impl, opts)
+    return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
+                           impl, opts)
 
 
 # --------------------------------------------------------------------------- traced
@@ -106,6 +113,7 @@ def _costs_and_grad(
     sigma: float,
     delay_penalty: float,
     boundary: Optional[torch.Tensor],
+    node_rows: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # A custom op's schema takes primitives: the options are rebuilt here (the topology
     # from its name and durations, topology.from_spec).
@@ -113,46 +121,63 @@ def _costs_and_grad(
     opts = LossOptions(blank, fused, clamp, fastemit_lambda,
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
-    impl = _backends.resolve_for(backend, logits.device, opts, boundary)
+    impl = _backends.resolve_for(backend, logits.device, opts, boundary, node_rows)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad, boundary)
+                                                opts, need_grad, boundary, node_rows)
         if not need_grad:
             return costs, logits.new_empty((0,))
-        ones = torch.ones(logits.shape[0], dtype=costs.dtype, device=costs.device)
+        ones = torch.ones(costs.shape[0], dtype=costs.dtype, device=costs.device)
         grad = impl.loss_backward(saved, state, ones, opts)
     return costs, grad
 
 
 @_costs_and_grad.register_fake
 def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
-      backend, need_grad, topology, durations, sigma, delay_penalty, boundary):
-    costs = logits.new_empty((logits.shape[0],))
+      backend, need_grad, topology, durations, sigma, delay_penalty, boundary, node_rows):
+    B = logits.shape[0] if node_rows is None else node_rows.shape[0]    # rows (N, V): B from the map
+    costs = logits.new_empty((B,))
     grad = torch.empty_like(logits) if need_grad else logits.new_empty((0,))
     return costs, grad
 
 
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1])
+    node_rows = inputs[-1]
+    # The sequence of each row of a node_rows layout (B for a row no node reads).
+    ctx.row_seq = None if node_rows is None else row_sequences(node_rows, inputs[0].shape[0])
 
 
 def _backward(ctx, grad_costs, _grad_of_grad):
     (grad,) = ctx.saved_tensors
     # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b).
-    return (scale_upstream(grad, grad_costs.to(grad.dtype)[:, None, None, None]),
-            None, None, None, None, None, None, None, None, None, None, None, None, None, None)
+    up = grad_costs.to(grad.dtype)
+    if ctx.row_seq is not None:                    # rows of a node_rows layout
+        up = torch.cat([up, up.new_zeros(1)])[ctx.row_seq][:, None]
+    else:
+        up = up[:, None, None, None]
+    return (scale_upstream(grad, up),) + (None,) * 15
 
 
 _costs_and_grad.register_autograd(_backward, setup_context=_setup_context)
 
 
+def row_sequences(node_rows: torch.Tensor, N: int) -> torch.Tensor:
+    """``(N,)`` int64: the sequence whose node reads each row, ``B`` for a row no node reads."""
+    from .reference import _row_nodes
+    B, T, U1 = node_rows.shape
+    nodes = _row_nodes(node_rows, N)
+    return torch.where(nodes >= 0, nodes // (T * U1), B)
+
+
 def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                      backend: str, boundary=None) -> torch.Tensor:
+                      backend: str, boundary=None, node_rows=None) -> torch.Tensor:
     """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``."""
     from .topology import to_spec
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     name, durations = to_spec(opts.topology)
     costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
                                opts.clamp, opts.fused, opts.fastemit_lambda, backend, need_grad,
-                               name, list(durations), opts.sigma, opts.delay_penalty, boundary)
+                               name, list(durations), opts.sigma, opts.delay_penalty, boundary,
+                               node_rows)
     return costs

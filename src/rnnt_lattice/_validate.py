@@ -20,7 +20,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class Checked:
     """Normalised arguments: int64 contiguous targets/lengths, a non-negative blank id."""
 
-    logits: torch.Tensor          # (B, T, U+1, V), as given (``_backends.prepare`` converts)
+    logits: torch.Tensor          # (B, T, U+1, V) or rows (N, V), as given (``prepare`` converts)
     targets: torch.Tensor         # (B, U), int64 (int32 kept with int64_ids=False), contiguous
     logit_lengths: torch.Tensor   # (B,), idem
     target_lengths: torch.Tensor  # (B,), idem
@@ -40,18 +40,25 @@ def check_lattice_args(
     *,
     int64_ids: bool = True,
     n_tokens: int | None = None,
+    grid: tuple[int, int, int] | None = None,
 ) -> Checked:
     """Validate the lattice inputs and return them normalised (see :class:`Checked`).
     ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
     whose kernels read either, which saves a conversion per tensor on every call.
     ``n_tokens``: only the first ``n_tokens`` classes of the last axis are tokens (TDT: the
-    durations follow); the blank and the target ids must lie among them."""
+    durations follow); the blank and the target ids must lie among them. ``grid``:
+    ``(B, T, U+1)`` of a node -> row layout whose logits are rows ``(N, V)`` (packed or
+    pruned); the shapes are checked against the grid."""
     for name, x in (("logits", logits), ("targets", targets),
                     ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
-    if logits.dim() != 4:
+    if grid is not None:
+        if logits.dim() != 2:
+            raise ValueError(f"logits must have 2 dims (N, V) (rows of a packed or pruned layout), "
+                             f"got {logits.dim()} dims with shape {_shape(logits)}")
+    elif logits.dim() != 4:
         raise ValueError(
             f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
     if targets.dim() != 2:
@@ -69,7 +76,7 @@ def check_lattice_args(
         if x.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be int32 or int64, got {x.dtype}")
 
-    B, T, U1, V = logits.shape
+    B, T, U1, V = logits.shape if grid is None else (*grid, logits.shape[1])
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
                     ("target_lengths", target_lengths)):
         if x.shape[0] != B:
@@ -77,7 +84,8 @@ def check_lattice_args(
                 f"batch sizes differ: logits {_shape(logits)} has B={B} but {name} has shape {_shape(x)}")
     if targets.shape[1] != U1 - 1:
         raise ValueError(
-            f"targets {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to match logits {_shape(logits)}")
+            f"targets {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to match logits "
+            f"{_shape(logits)}" + ("" if grid is None else f" with the lattice grid (B, T, U+1) = {grid}"))
     if V < 1:
         raise ValueError(f"logits {_shape(logits)} must have a vocabulary V >= 1")
 
@@ -106,13 +114,13 @@ def check_lattice_args(
 
     # Under torch.compile the value checks are skipped: reading a value is a graph break.
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_values(logits, targets, logit_lengths, target_lengths, blank, Vt)
+        _check_values(logits, targets, logit_lengths, target_lengths, blank, Vt, (B, T, U1))
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank)
 
 
-def _check_values(logits, targets, logit_lengths, target_lengths, blank, V) -> None:
-    B, T, U1, _ = logits.shape
+def _check_values(logits, targets, logit_lengths, target_lengths, blank, V, grid) -> None:
+    B, T, U1 = grid
     U = U1 - 1
     if B == 0:
         return
@@ -186,7 +194,7 @@ def check_durations(name: str, durations, *, allow_zero: bool, need_positive: bo
     return out
 
 
-def check_boundary(boundary, logits: torch.Tensor, logit_lengths: torch.Tensor,
+def check_boundary(boundary, B: int, device: torch.device, logit_lengths: torch.Tensor,
                    target_lengths: torch.Tensor) -> torch.Tensor | None:
     """k2's ``boundary`` ``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]``:
     int64, on the logits' device. Value checks (CPU only, like every value check): for each
@@ -196,14 +204,13 @@ def check_boundary(boundary, logits: torch.Tensor, logit_lengths: torch.Tensor,
         return None
     if not isinstance(boundary, torch.Tensor):
         raise ValueError(f"boundary must be a torch.Tensor or None, got {type(boundary).__name__}")
-    B = logits.shape[0]
     if boundary.dim() != 2 or tuple(boundary.shape) != (B, 4):
         raise ValueError(f"boundary must have shape (B, 4) = ({B}, 4) "
                          f"[begin_symbol, begin_frame, end_symbol, end_frame], got {_shape(boundary)}")
     if boundary.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"boundary must be int32 or int64, got {boundary.dtype}")
-    if boundary.device != logits.device:
-        raise ValueError(f"tensors on different devices: logits on {logits.device}, boundary on "
+    if boundary.device != device:
+        raise ValueError(f"tensors on different devices: logits on {device}, boundary on "
                          f"{boundary.device}")
     boundary = boundary.to(torch.int64).contiguous()
     if boundary.device.type == "cpu" and B and not torch.compiler.is_compiling():

@@ -9,7 +9,8 @@ from . import _backends, _ops
 from ._types import LossOptions
 from ._validate import check_boundary, check_durations, check_float, check_reduction
 
-__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "empty_cache"]
+__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "rnnt_loss_pruned", "pack_logits",
+           "empty_cache"]
 
 
 def rnnt_loss(
@@ -29,6 +30,7 @@ def rnnt_loss(
     rnnt_type: str = "regular",
     delay_penalty: float = 0.0,
     boundary: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     r"""RNN-Transducer loss ``-log P(y|x)`` with its exact gradient.
 
@@ -112,6 +114,13 @@ def rnnt_loss(
             the path starts at node ``(begin_frame, begin_symbol)`` and ends at
             ``(end_frame, end_symbol)`` (``end_frame`` plays ``T_b``, also in the delay
             penalty); needs ``0 <= begin <= end <= (T_b, U_b)``.
+        packed: ``logits`` are packed rows ``(sum_b T_b (U_b+1), V)``, unpadded, in the
+            layout of optimized_transducer and warp-rnnt: the rows of sequence ``b`` start
+            at ``offset_b = sum_{b' < b} T_b' (U_b'+1)`` and node ``(t, u)`` is row
+            ``offset_b + t (U_b+1) + u``. The gradient comes back packed too. Losses and
+            gradients equal those of the padded batch. Building the row map reads the
+            lengths on the host (one synchronisation on CUDA: ``max T_b`` and the row count,
+            which must equal ``logits.shape[0]``). See :func:`pack_logits`.
 
     Only the regular lattice without ``delay_penalty`` or ``boundary`` has Numba and Triton
     kernels so far; the others run on the vectorised pure-PyTorch backend (``"auto"`` picks
@@ -148,7 +157,8 @@ def rnnt_loss(
     return _loss(logits, targets, logit_lengths, target_lengths, blank, topology,
                  clamp=clamp, reduction=reduction, fused=fused_log_softmax,
                  fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
-                 inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary)
+                 inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
+                 packed=packed)
 
 
 def tdt_loss(
@@ -167,6 +177,7 @@ def tdt_loss(
     zero_infinity: bool = False,
     backend: str = "auto",
     inplace_grad: bool = False,
+    packed: bool = False,
 ) -> torch.Tensor:
     r"""Token-and-Duration Transducer loss (TDT, Xu et al. 2023; NeMo's layout and semantics,
     docs/math.md section 9, ../variants.md B).
@@ -203,7 +214,7 @@ def tdt_loss(
             ``torch.manual_seed`` makes it reproducible), the loss is the standard RNN-T
             loss of the token part instead (no durations, no sigma; the durations' gradient
             is 0), as NeMo samples it.
-        reduction, fastemit_lambda, clamp, zero_infinity, backend, inplace_grad: as
+        reduction, fastemit_lambda, clamp, zero_infinity, backend, inplace_grad, packed: as
             :func:`rnnt_loss`. ``clamp`` applies to the token part of the gradient only, and
             FastEmit to the token part of label arcs (NeMo's rules).
 
@@ -215,7 +226,7 @@ def tdt_loss(
     omega = check_float("omega", omega, minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be in [0, 1], got {omega}")
-    if isinstance(logits, torch.Tensor) and logits.dim() == 4 and logits.shape[-1] <= len(durations):
+    if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4) and logits.shape[-1] <= len(durations):
         raise ValueError(f"logits {tuple(logits.shape)} must hold V_tok >= 1 token classes before "
                          f"the {len(durations)} durations in the last axis")
     if omega > 0.0 and float(torch.rand(())) < omega:
@@ -224,11 +235,11 @@ def tdt_loss(
         return _loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank, None,
                      clamp=clamp, reduction=reduction, fused=True,
                      fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
-                     backend=backend, inplace_grad=False)
+                     backend=backend, inplace_grad=False, packed=packed)
     return _loss(logits, targets, logit_lengths, target_lengths, blank, topology.tdt(durations),
                  clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                  zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
-                 sigma=sigma)
+                 sigma=sigma, packed=packed)
 
 
 def multiblank_rnnt_loss(
@@ -246,6 +257,7 @@ def multiblank_rnnt_loss(
     zero_infinity: bool = False,
     backend: str = "auto",
     inplace_grad: bool = False,
+    packed: bool = False,
 ) -> torch.Tensor:
     r"""Multi-blank transducer loss (Xu et al. 2022; NeMo's layout and semantics).
 
@@ -276,7 +288,7 @@ def multiblank_rnnt_loss(
     if durations[0] < 2:
         raise ValueError(f"big_blank_durations must be >= 2 (1 is the standard blank), got "
                          f"{list(durations)}")
-    if isinstance(logits, torch.Tensor) and logits.dim() == 4:
+    if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4):
         V = logits.shape[-1]
         if isinstance(blank, int) and not isinstance(blank, bool) and -V <= blank < V:
             blank_id = blank % V
@@ -294,7 +306,103 @@ def multiblank_rnnt_loss(
     return _loss(logits, targets, logit_lengths, target_lengths, blank, topo,
                  clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                  zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
-                 sigma=sigma)
+                 sigma=sigma, packed=packed)
+
+
+def rnnt_loss_pruned(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ranges: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    blank: int,
+    clamp: float = -1.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    zero_infinity: bool = False,
+    backend: str = "auto",
+    inplace_grad: bool = False,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""Pruned RNN-T loss (Kuang et al. 2022; docs/math.md sections 7 and 9): the loss of
+    the full lattice with every arc outside the windows removed, on logits evaluated only
+    inside the windows.
+
+    ``logits`` is ``(B, T, R, V)``: row ``k`` of frame ``t`` is node ``(t, ranges[b, t, k])``.
+    A node outside its frame's window has no logits, so every arc leaving it weighs
+    ``-inf`` (k2's semantics); the recursion, the fused gradient and every option are those
+    of :func:`rnnt_loss` (it is the same kernel, reading rows through a node -> row map).
+    With ``R = U + 1`` and windows starting at 0 it *is* :func:`rnnt_loss`.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> B, T, U, V, R = 2, 6, 4, 8, 3
+        >>> s_begin = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2, 2]])     # (B, T)
+        >>> ranges = s_begin[..., None] + torch.arange(R)                        # (B, T, R)
+        >>> logits = torch.randn(B, T, R, V, requires_grad=True)                 # the joiner on the windows
+        >>> targets = torch.randint(1, V, (B, U))
+        >>> loss = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, torch.tensor([6, 6]),
+        ...                                      torch.tensor([4, 4]), blank=0)
+        >>> loss.backward()
+
+    Args:
+        logits: ``(B, T, R, V)`` the joiner's output on the windows.
+        targets: ``(B, U)`` label ids (``U`` sets the lattice's label axis).
+        ranges: ``(B, T, R)`` int label positions of each window row, strictly increasing
+            along ``R`` and within ``[0, U]`` (k2's ``ranges``, e.g. from ``prune_ranges``).
+        logit_lengths, target_lengths, blank, clamp, reduction, fastemit_lambda,
+            zero_infinity, backend, inplace_grad, rnnt_type, delay_penalty, boundary: as
+            :func:`rnnt_loss`.
+
+    Windows that hold no complete path give ``+inf`` (0 with ``zero_infinity``), as a too
+    small ``R`` does in k2.
+    """
+    node_rows = pruned_node_rows(logits, targets, ranges)
+    B, T, R, V = logits.shape
+    return _loss(logits.reshape(B * T * R, V), targets, logit_lengths, target_lengths, blank,
+                 _rnnt_topology(rnnt_type), clamp=clamp, reduction=reduction, fused=True,
+                 fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
+                 inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
+                 node_rows=node_rows)
+
+
+def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
+    """The node -> row map ``(B, T, U+1)`` int64 of window logits ``(B, T, R, V)`` viewed
+    as rows ``(B T R, V)``: node ``(t, ranges[b, t, k])`` reads row ``(b T + t) R + k``;
+    ``-1`` outside the windows. No host synchronisation (the value checks run on CPU only)."""
+    for name, x in (("logits", logits), ("targets", targets), ("ranges", ranges)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if logits.dim() != 4:
+        raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
+    B, T, R, V = logits.shape
+    if tuple(ranges.shape) != (B, T, R):
+        raise ValueError(f"ranges must have shape (B, T, R) = {(B, T, R)} to match logits "
+                         f"{tuple(logits.shape)}, got {tuple(ranges.shape)}")
+    if ranges.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
+    if targets.dim() != 2:
+        raise ValueError(f"targets must have 2 dims (B, U), got shape {tuple(targets.shape)}")
+    if ranges.device != logits.device:
+        raise ValueError(f"tensors on different devices: logits on {logits.device}, ranges on "
+                         f"{ranges.device}")
+    U = targets.shape[1]
+    ranges = ranges.to(torch.int64)
+    if ranges.device.type == "cpu" and ranges.numel() and not torch.compiler.is_compiling():
+        bad = (ranges < 0) | (ranges > U)
+        if R > 1:
+            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+        if bool(bad.any()):
+            b, t, k = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be strictly "
+                             f"increasing label positions in [0, U] = [0, {U}]")
+    rows = torch.arange(B * T * R, device=logits.device).view(B, T, R)
+    node_rows = torch.full((B, T, U + 1), -1, dtype=torch.int64, device=logits.device)
+    return node_rows.scatter_(2, ranges, rows)
 
 
 def _check_not_big_blank(targets, target_lengths, blank, n_big):
@@ -326,9 +434,11 @@ def _rnnt_topology(rnnt_type):
 
 def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, clamp, reduction,
           fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
-          delay_penalty=0.0, boundary=None):
+          delay_penalty=0.0, boundary=None, packed=False, node_rows=None):
     """validate -> pick a backend -> the one autograd Function (or the custom op while
-    compiling) -> zero_infinity -> reduce; shared by every public loss."""
+    compiling) -> zero_infinity -> reduce; shared by every public loss. ``packed``: build
+    the packed layout's node -> row map; ``node_rows``: a layout's map given directly
+    (the pruned loss), the logits being its rows ``(N, V)``."""
     check_reduction(reduction)
     clamp = check_float("clamp", clamp)
     fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda, finite=True)
@@ -337,27 +447,31 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     opts = LossOptions(0, bool(fused), clamp, fastemit_lambda, bool(inplace_grad),
                        topology=topology, sigma=sigma, delay_penalty=delay_penalty)
     compiling = torch.compiler.is_compiling()
+    if packed:
+        node_rows = packed_node_rows(logits, targets, logit_lengths, target_lengths)
     n_tokens = None
     if topology is not None and topology.n_durations:
-        n_tokens = topology.token_classes(logits.shape[-1]) if logits.dim() == 4 else None
+        n_tokens = topology.token_classes(logits.shape[-1]) if logits.dim() in (2, 4) else None
     impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
-                                  traced=compiling, opts=opts, boundary=boundary, n_tokens=n_tokens)
+                                  traced=compiling, opts=opts, boundary=boundary, n_tokens=n_tokens,
+                                  node_rows=node_rows)
     if topology is not None:
         topology.check(chk.logits.shape[-1], chk.blank)
-    boundary = check_boundary(boundary, chk.logits, chk.logit_lengths, chk.target_lengths)
+    boundary = check_boundary(boundary, chk.logits.shape[0] if node_rows is None else node_rows.shape[0],
+                              chk.logits.device, chk.logit_lengths, chk.target_lengths)
     opts = replace(opts, blank=chk.blank)
     if compiling:
         # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
         # the op runs, outside the trace. inplace_grad has no effect there.
         costs = _ops.rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths,
                                        chk.target_lengths, replace(opts, inplace_grad=False),
-                                       backend, boundary)
+                                       backend, boundary, node_rows)
     else:
         if inplace_grad:
             # Checked on what the user passed: any copy (dtype, layout) would defeat it.
             _check_inplace(logits, getattr(impl, "NATIVE_LOW_PRECISION", False))
         costs = _ops.rnnt_costs(impl, chk.logits, chk.targets, chk.logit_lengths,
-                                chk.target_lengths, opts, boundary)
+                                chk.target_lengths, opts, boundary, node_rows)
     if zero_infinity:
         # torch.where's gradient is 0 for the replaced entries: no host sync, no NaN.
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
@@ -366,6 +480,86 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     if reduction == "sum" or costs.shape[0] == 0:
         return costs.sum()             # an empty batch: "mean" is 0, like "sum", not 0/0
     return costs.mean()
+
+
+def packed_node_rows(logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
+    """The node -> row map ``(B, T, U+1)`` int64 of packed logits ``(sum_b T_b (U_b+1), V)``
+    (row ``offset_b + t (U_b+1) + u``; ``-1`` off each lattice), with ``T = max_b T_b`` and
+    ``U = targets.shape[1]``. Reads ``max T_b`` and the row count on the host (one sync on
+    CUDA); ValueError unless the row count equals ``logits.shape[0]``."""
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
+                    ("targets", targets)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("packed=True: logits must be rows (sum_b T_b (U_b+1), V), got "
+                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
+                            else type(logits).__name__))
+    if (logit_lengths.dim() != 1 or target_lengths.shape != logit_lengths.shape
+            or targets.dim() != 2 or targets.shape[0] != logit_lengths.shape[0]):
+        raise ValueError(f"packed=True: need logit_lengths (B,), target_lengths (B,) and targets "
+                         f"(B, U), got {tuple(logit_lengths.shape)}, {tuple(target_lengths.shape)} "
+                         f"and {tuple(targets.shape)}")
+    if logit_lengths.dtype not in (torch.int32, torch.int64) or \
+            target_lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"logit_lengths and target_lengths must be int32 or int64, got "
+                         f"{logit_lengths.dtype} and {target_lengths.dtype}")
+    dev = logits.device
+    T_b, U_b = logit_lengths.to(dev, torch.int64), target_lengths.to(dev, torch.int64)
+    B, U = targets.shape
+    sizes = T_b * (U_b + 1)                                               # rows per sequence
+    # The one host read: the grid's T, the row count and the lengths' range.
+    T, N, lo, hi = (torch.stack([T_b.max(), sizes.sum(), torch.minimum(T_b.min(), U_b.min()),
+                                 U_b.max()]).tolist() if B else (0, 0, 0, 0))
+    if lo < 0 or hi > U:
+        raise ValueError(f"packed=True: lengths must be >= 0 and target_lengths <= U = {U}, got "
+                         f"logit_lengths {T_b.tolist()} and target_lengths {U_b.tolist()}")
+    if N != logits.shape[0]:
+        raise ValueError(f"packed=True: logits {tuple(logits.shape)} must have sum_b T_b (U_b+1) "
+                         f"= {N} rows for logit_lengths {T_b.tolist()} and target_lengths "
+                         f"{U_b.tolist()}")
+    offsets = torch.cumsum(sizes, 0) - sizes                              # (B,)
+    t = torch.arange(T, device=dev)[None, :, None]
+    u = torch.arange(U + 1, device=dev)[None, None, :]
+    rows = offsets[:, None, None] + t * (U_b[:, None, None] + 1) + u       # (B, T, U+1)
+    valid = (t < T_b[:, None, None]) & (u <= U_b[:, None, None])
+    return torch.where(valid, rows, -1)
+
+
+def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,
+                target_lengths: torch.Tensor) -> torch.Tensor:
+    """Padded logits ``(B, T, U+1, V)`` -> the packed rows ``(sum_b T_b (U_b+1), V)`` that
+    ``packed=True`` takes (the layout of optimized_transducer and warp-rnnt): sequence
+    after sequence, frame after frame, the ``U_b + 1`` label positions of each frame.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> logits = torch.randn(2, 5, 4, 6)                              # (B, T, U+1, V)
+        >>> targets = torch.tensor([[1, 2, 3], [4, 5, 0]])
+        >>> T_b, U_b = torch.tensor([5, 3]), torch.tensor([3, 2])
+        >>> packed = rnnt_lattice.pack_logits(logits, T_b, U_b)            # (5*4 + 3*3, V)
+        >>> tuple(packed.shape)
+        (29, 6)
+        >>> a = rnnt_lattice.rnnt_loss(logits, targets, T_b, U_b, blank=0, reduction="none")
+        >>> b = rnnt_lattice.rnnt_loss(packed, targets, T_b, U_b, blank=0, reduction="none",
+        ...                            packed=True)
+        >>> torch.allclose(a, b)
+        True
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
+        raise ValueError("pack_logits: logits must be (B, T, U+1, V), got "
+                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
+                            else type(logits).__name__))
+    B, T, U1, V = logits.shape
+    if tuple(logit_lengths.shape) != (B,) or tuple(target_lengths.shape) != (B,):
+        raise ValueError(f"pack_logits: logit_lengths and target_lengths must be (B,) = ({B},), got "
+                         f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
+    t = torch.arange(T, device=logits.device)[None, :, None]
+    u = torch.arange(U1, device=logits.device)[None, None, :]
+    valid = ((t < logit_lengths.to(logits.device)[:, None, None])
+             & (u <= target_lengths.to(logits.device)[:, None, None]))
+    return logits[valid]                     # boolean indexing keeps (b, t, u) row-major order
 
 
 def _check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:

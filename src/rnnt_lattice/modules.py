@@ -20,15 +20,17 @@ class RNNTLoss(torch.nn.Module):
         >>> loss.backward()
 
     Args: the options of :func:`rnnt_lattice.rnnt_loss`, fixed at construction.
-    Forward args: ``logits (B, T, U+1, V)``, ``targets (B, U)``, ``logit_lengths (B,)``,
+    Forward args: ``logits (B, T, U+1, V)`` (rows ``(sum_b T_b (U_b+1), V)`` with
+    ``packed=True``), ``targets (B, U)``, ``logit_lengths (B,)``,
     ``target_lengths (B,)``.
     """
 
     def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
                  fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
                  zero_infinity: bool = False, backend: str = "auto", inplace_grad: bool = False,
-                 rnnt_type: str = "regular", delay_penalty: float = 0.0):
+                 rnnt_type: str = "regular", delay_penalty: float = 0.0, packed: bool = False):
         super().__init__()
+        self.packed = packed
         self.rnnt_type = rnnt_type
         self.delay_penalty = delay_penalty
         self.blank = blank
@@ -46,14 +48,14 @@ class RNNTLoss(torch.nn.Module):
                          fastemit_lambda=self.fastemit_lambda, zero_infinity=self.zero_infinity,
                          backend=self.backend, inplace_grad=self.inplace_grad,
                          rnnt_type=self.rnnt_type, delay_penalty=self.delay_penalty,
-                         boundary=boundary)
+                         boundary=boundary, packed=self.packed)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
                 f"fused_log_softmax={self.fused_log_softmax}, fastemit_lambda={self.fastemit_lambda}, "
                 f"zero_infinity={self.zero_infinity}, backend={self.backend!r}, "
                 f"inplace_grad={self.inplace_grad}, rnnt_type={self.rnnt_type!r}, "
-                f"delay_penalty={self.delay_penalty}")
+                f"delay_penalty={self.delay_penalty}, packed={self.packed}")
 
 
 class _KeywordLoss(torch.nn.Module):

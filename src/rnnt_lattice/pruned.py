@@ -462,7 +462,7 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
     targets, logit_lengths, target_lengths, blank = _check_simple_args(
         lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type)
-    boundary = check_boundary(boundary, am, logit_lengths, target_lengths)
+    boundary = check_boundary(boundary, am.shape[0], am.device, logit_lengths, target_lengths)
     out_dtype = am.dtype if am.dtype in (torch.float32, torch.float64) else torch.float32
     if am.dtype != out_dtype:
         am, lm = am.float(), lm.float()
@@ -601,7 +601,7 @@ def prune_ranges(
     if gamma_blank.device.type == "cpu" and B:
         _check_lengths(logit_lengths, target_lengths, T, U1 - 1, f"gamma_blank {_shape(gamma_blank)}",
                        f"gamma_blank {_shape(gamma_blank)}")
-    boundary = check_boundary(boundary, gamma_blank, logit_lengths, target_lengths)
+    boundary = check_boundary(boundary, B, gamma_blank.device, logit_lengths, target_lengths)
     if boundary is None:
         t_end, u_end = logit_lengths, target_lengths
     else:

@@ -148,43 +148,76 @@ def _read(entry: torch.Tensor, lse: torch.Tensor, fused: bool) -> torch.Tensor:
     return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
 
 
+def _rows_view(logits, node_rows):
+    """The logits as rows ``(N, V)`` and the node -> row map ``(B, T, U+1)`` int64 (``-1``:
+    the node reads no row). Padded logits ``(B, T, U+1, V)`` are their own rows with the
+    identity map; with ``node_rows`` (packed or pruned layouts, math.md section 9) the
+    logits already are rows."""
+    if node_rows is None:
+        B, T, U1, V = logits.shape
+        return logits.reshape(B * T * U1, V), torch.arange(B * T * U1, device=logits.device).view(B, T, U1)
+    return logits, node_rows
+
+
+def _row_nodes(node_rows: torch.Tensor, N: int) -> torch.Tensor:
+    """Inverse of the node -> row map: ``(N,)`` int64, the flat node ``(b T + t)(U+1) + u``
+    that reads each row, ``-1`` for a row no node reads. (Every row is read by at most one
+    node: the layouts' contract.) No host synchronisation."""
+    flat = node_rows.reshape(-1)
+    nodes = torch.arange(flat.numel(), device=flat.device)
+    out = torch.full((N + 1,), -1, dtype=torch.int64, device=flat.device)
+    out.scatter_(0, torch.where(flat >= 0, flat, N), nodes)   # slot N takes the rowless nodes
+    return out[:N]
+
+
 def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, ends: Ends,
-                   dtype: torch.dtype | None = None):
+                   dtype: torch.dtype | None = None, node_rows: torch.Tensor | None = None):
     """The log-prob part of every arc kind's weight at every source node.
 
     Args:
         logits: ``(B, T, U+1, V)`` with ``V = V_tok + n_durations``: raw scores (``fused``)
-            or log-probabilities (both groups already normalised).
+            or log-probabilities (both groups already normalised). With ``node_rows``:
+            rows ``(N, V)`` of a packed or pruned layout.
         targets: ``(B, U)`` int64. ``blank``: a token id in ``[0, V_tok)``.
         dtype: dtype of the row computations (default: that of ``logits``).
+        node_rows: ``(B, T, U+1)`` int64, the row node ``(b, t, u)`` reads (``-1``: none,
+            so every arc leaving it is ``-inf``), or None for padded logits.
 
     Returns:
-        ``(lse, lse_dur, lp)``: the token group's row log-normaliser ``(B, T, U+1)`` (0 in
-        log-prob mode), the duration group's (``None`` without durations) and ``lp``
-        ``(B, K, T, U+1)``: the kind's class log-prob (blank, ``y[u]`` or ``class_id``),
-        plus its duration log-prob, plus ``b(t, u+1)`` for ``plus_next_blank``; ``-inf``
-        where the source node is outside the region or ``u + du > u1``. The end-frame rule
-        of ``arc_mask`` is not applied here (``lattice_generic`` applies it).
+        ``(lse, lse_dur, lp)``: the token group's row log-normaliser per node
+        ``(B, T, U+1)`` (0 in log-prob mode; ``-inf`` for a node without a row), the
+        duration group's (``None`` without durations) and ``lp`` ``(B, K, T, U+1)``: the
+        kind's class log-prob (blank, ``y[u]`` or ``class_id``), plus its duration
+        log-prob, plus ``b(t, u+1)`` for ``plus_next_blank``; ``-inf`` where the source
+        node is outside the region or ``u + du > u1``. The end-frame rule of ``arc_mask``
+        is not applied here (``lattice_generic`` applies it).
     """
-    B, T, U1, V = logits.shape
-    x = logits if dtype is None else logits.to(dtype)
+    x, rows = _rows_view(logits if dtype is None else logits.to(dtype), node_rows)
+    B, T, U1 = rows.shape
+    V = x.shape[-1]
     V_tok = topo.token_classes(V)
-    tok, dur = x[..., :V_tok], x[..., V_tok:]
-    lse = _row_lse(tok, fused)                                             # (B, T, U+1)
-    lse_dur = _row_lse(dur, fused) if topo.n_durations else None
+    has_row = rows >= 0
+    r = rows.clamp(min=0)                                                  # (B, T, U+1)
+
+    def per_node(row_values):
+        """(N,) per row -> (B, T, U+1) per node, -inf for a node without a row."""
+        return torch.where(has_row, row_values[r], NEG_INF)
+
+    lse = per_node(_row_lse(x[:, :V_tok], fused))                          # (B, T, U+1)
+    lse_dur = per_node(_row_lse(x[:, V_tok:], fused)) if topo.n_durations else None
 
     cache = {}
 
     def token(key):
-        """Token log-prob per row (B, T, U+1) of "blank", "label" (y[u]) or a class id."""
+        """Token log-prob per node (B, T, U+1) of "blank", "label" (y[u]) or a class id."""
         if key not in cache:
             if key == "label":
                 safe_targets = targets.clamp(0, V_tok - 1)                 # padding may hold anything
-                entry = torch.gather(tok[:, :, : U1 - 1, :], 3,
-                                     safe_targets[:, None, :, None].expand(B, T, U1 - 1, 1)).squeeze(-1)
-                entry = torch.nn.functional.pad(entry, (0, 1), value=NEG_INF)   # (B, T, U+1)
+                cls = torch.nn.functional.pad(safe_targets, (0, 1), value=0)   # (B, U+1); none at U
+                entry = x[r, cls[:, None, :].expand(B, T, U1)]
+                entry = torch.where(torch.arange(U1, device=x.device) < U1 - 1, entry, NEG_INF)
             else:
-                entry = tok[..., blank if key == "blank" else key]
+                entry = x[:, blank if key == "blank" else key][r]
             cache[key] = _read(entry, lse, fused)
         return cache[key]
 
@@ -194,7 +227,7 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, end
     for k in topo.kinds:
         lp = token(k.class_id if k.reads == "class" else k.reads)
         if k.duration >= 0:
-            lp = lp + _read(dur[..., k.duration], lse_dur, fused)
+            lp = lp + _read(x[:, V_tok + k.duration][r], lse_dur, fused)
         if k.plus_next_blank:
             lp = lp + torch.nn.functional.pad(token("blank")[..., 1:], (0, 1), value=NEG_INF)  # b(t, u+1)
         valid = region & (u + k.du <= ends.u1[:, None, None])
@@ -480,9 +513,11 @@ def _shift_down_u(x: torch.Tensor) -> torch.Tensor:
 
 
 def grad_generic(logits, lse, lse_dur, lat: GenericLattice, targets, topo: Topology, blank: int,
-                 fused: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0):
+                 fused: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0,
+                 node_rows: torch.Tensor | None = None):
     """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6 and 9),
-    before the upstream gradient. Shape ``(B, T, U+1, V)``, dtype of ``logits``.
+    before the upstream gradient. Shape and dtype of ``logits``: ``(B, T, U+1, V)``, or
+    the rows ``(N, V)`` of a ``node_rows`` layout (``kind_log_probs``).
 
     For the softmax group g that node n reads (the tokens; for TDT also the durations):
 
@@ -494,76 +529,93 @@ def grad_generic(logits, lse, lse_dur, lat: GenericLattice, targets, topo: Topol
     fastemit_lambda`` on the class read of a ``fastemit`` kind and ``s = 1`` on every other
     read (NeMo TDT: duration gradients get no FastEmit). Log-prob mode: ``p`` is taken as 0
     (the gradient w.r.t. the log-probs). ``clamp > 0`` clips the token group only (NeMo
-    TDT: the durations are never clamped). Padding and sequences without a path: 0; a NaN
-    sequence: NaN on every entry of every row of its region in fused mode, on its arc
-    entries in log-prob mode.
+    TDT: the durations are never clamped). Rows of padding nodes, rows no node reads and
+    sequences without a path: 0; a NaN sequence: NaN on every entry of every row of its
+    region in fused mode, on its arc entries in log-prob mode.
+
+    Everything is computed per row: node quantities ``(B, T, U+1)`` are carried to the row
+    the node reads through the inverse map ``_row_nodes`` (the identity for padded logits).
     """
-    B, T, U1, V = logits.shape
+    x, rows = _rows_view(logits, node_rows)
+    B, T, U1 = rows.shape
+    N, V = x.shape
     V_tok = topo.token_classes(V)
     dt = logits.dtype
+    row_node = _row_nodes(rows, N) if node_rows is not None else torch.arange(N, device=x.device)
+    has_node = row_node >= 0
+    rn = row_node.clamp(min=0)
+
+    def per_row(node_values, fill=0.0):
+        """(B, T, U+1) per node -> (N,) per row; ``fill`` for a row no node reads."""
+        return torch.where(has_node, node_values.reshape(-1)[rn], fill)
+
     gamma = lat.gamma.to(dt)
     scaled = [gamma[:, k] * (1.0 + fastemit_lambda) if (k_.fastemit and fastemit_lambda) else gamma[:, k]
               for k, k_ in enumerate(topo.kinds)]
     next_blank = [_shift_down_u(gamma[:, k]) for k, k_ in enumerate(topo.kinds) if k_.plus_next_blank]
-    reads = scaled + next_blank
+    reads = [per_row(g) for g in scaled + next_blank]                     # (N,) each
 
     # Token group: d/dz_v = p_v * S - [v = class read] * s gamma.
     if fused:
         total = reads[0]
         for g in reads[1:]:
             total = total + g
-        p = torch.exp(logits[..., :V_tok] - lse[..., None])
-        p = torch.where(torch.isneginf(lse)[..., None], 0.0, p)          # an all -inf row has no mass
-        tok = torch.where((total == 0)[..., None], 0.0, p * total[..., None])   # rows no arc reads
+        lse_row = per_row(lse, NEG_INF)
+        p = torch.exp(x[:, :V_tok] - lse_row[:, None])
+        p = torch.where(torch.isneginf(lse_row)[:, None], 0.0, p)         # an all -inf row has no mass
+        tok = torch.where((total == 0)[:, None], 0.0, p * total[:, None])  # rows no arc reads
     else:
-        tok = torch.zeros((B, T, U1, V_tok), dtype=dt, device=logits.device)
+        tok = torch.zeros((N, V_tok), dtype=dt, device=x.device)
     safe_targets = targets.clamp(0, V_tok - 1)
     label_idx = torch.nn.functional.pad(safe_targets, (0, 1), value=0)     # (B, U+1); no label arc at U
-    label_idx = label_idx[:, None, :, None].expand(B, T, U1, 1)
-    for k, g in zip(topo.kinds, scaled):
+    label_row = per_row(label_idx[:, None, :].expand(B, T, U1), 0)[:, None]   # (N, 1)
+    for k, g in zip(topo.kinds, reads):
         if k.reads == "label":
-            tok.scatter_add_(3, label_idx, -g[..., None])
+            tok.scatter_add_(1, label_row, -g[:, None])
         else:
-            tok[..., blank if k.reads == "blank" else k.class_id] -= g
-    for g in next_blank:
-        tok[..., blank] -= g
+            tok[:, blank if k.reads == "blank" else k.class_id] -= g
+    for g in reads[len(scaled):]:
+        tok[:, blank] -= g
 
     # Duration group (TDT): d/dz_i = q_i * sum_k gamma_k - sum_{k with duration i} gamma_k.
     if topo.n_durations:
-        dur_reads = [(k.duration, gamma[:, j]) for j, k in enumerate(topo.kinds) if k.duration >= 0]
+        dur_reads = [(k.duration, per_row(gamma[:, j])) for j, k in enumerate(topo.kinds)
+                     if k.duration >= 0]
         if fused:
             total = dur_reads[0][1]
             for _, g in dur_reads[1:]:
                 total = total + g
-            q = torch.exp(logits[..., V_tok:] - lse_dur[..., None])
-            q = torch.where(torch.isneginf(lse_dur)[..., None], 0.0, q)
-            dur = torch.where((total == 0)[..., None], 0.0, q * total[..., None])
+            lse_dur_row = per_row(lse_dur, NEG_INF)
+            q = torch.exp(x[:, V_tok:] - lse_dur_row[:, None])
+            q = torch.where(torch.isneginf(lse_dur_row)[:, None], 0.0, q)
+            dur = torch.where((total == 0)[:, None], 0.0, q * total[:, None])
         else:
-            dur = torch.zeros((B, T, U1, topo.n_durations), dtype=dt, device=logits.device)
+            dur = torch.zeros((N, topo.n_durations), dtype=dt, device=x.device)
         for i, g in dur_reads:
-            dur[..., i] -= g
+            dur[:, i] -= g
         grad = torch.cat([tok, dur], -1)
     else:
         grad = tok
 
     region = ends.region(T, U1)
-    keep = region & (lat.log_like != NEG_INF)[:, None, None]
-    grad = torch.where(keep[..., None], grad, 0.0)
+    keep = per_row(region & (lat.log_like != NEG_INF)[:, None, None], False)
+    grad = torch.where(keep[:, None], grad, 0.0)
     if fused:
-        nan_rows = region & torch.isnan(lat.log_like)[:, None, None]
-        grad = torch.where(nan_rows[..., None], float("nan"), grad)
+        nan_rows = per_row(region & torch.isnan(lat.log_like)[:, None, None], False)
+        grad = torch.where(nan_rows[:, None], float("nan"), grad)
     if clamp > 0:
         if topo.n_durations:
-            grad = torch.cat([grad[..., :V_tok].clamp(-clamp, clamp), grad[..., V_tok:]], -1)
+            grad = torch.cat([grad[:, :V_tok].clamp(-clamp, clamp), grad[:, V_tok:]], -1)
         else:
             grad = grad.clamp(-clamp, clamp)
-    return grad
+    return grad.reshape(logits.shape)
 
 
 def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo: Topology,
                            blank: int, fused: bool = True, clamp: float = -1.0,
                            fastemit_lambda: float = 0.0, sigma: float = 0.0,
-                           delay_penalty: float = 0.0, boundary=None, need_grad: bool = True):
+                           delay_penalty: float = 0.0, boundary=None, need_grad: bool = True,
+                           node_rows: torch.Tensor | None = None):
     """Costs ``-log P`` ``(B,)`` (dtype of ``logits``) and, if ``need_grad``, the
     per-sequence gradient ``(B, T, U+1, V)`` before the upstream factor, for any topology.
 
@@ -571,20 +623,24 @@ def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo:
     (``arc_weights``); the cost is that of the weighted lattice (k2 and NeMo report it so).
     FastEmit changes the gradient only (math.md section 6). ``boundary``: k2's ``(B, 4)``
     int64 ``[begin_symbol, begin_frame, end_symbol, end_frame]`` (replaces the lengths).
+    ``node_rows``: ``logits`` are the rows ``(N, V)`` of a packed or pruned layout
+    (``kind_log_probs``); the gradient is ``(N, V)`` too.
     """
     with torch.no_grad():
         blank = topo.check(logits.shape[-1], blank)
         ends = Ends.of(logit_lengths, target_lengths, boundary)
-        ends.check(logits.shape[1], logits.shape[2])
+        T, U1 = (logits.shape[1:3] if node_rows is None else node_rows.shape[1:3])
+        ends.check(T, U1)
         ldt = lattice_dtype(logits.device)
-        lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends)
+        lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends,
+                                          node_rows=node_rows)
         w = arc_weights(lp.to(ldt), topo, ends, sigma, delay_penalty)
         lat = lattice_generic(w, topo, ends)
         costs = (-lat.log_like).to(logits.dtype)
         if not need_grad:
             return costs, None
         return costs, grad_generic(logits, lse, lse_dur, lat, targets, topo, blank, fused, ends,
-                                   clamp, fastemit_lambda)
+                                   clamp, fastemit_lambda, node_rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -641,23 +697,27 @@ def logit_grad(logits, lse, lat: Lattice, targets, logit_lengths, target_lengths
 INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
 
 
-def supports(opts: LossOptions, boundary=None) -> bool:
-    """Every topology, per-arc term and boundary: this is the generic recursion."""
+def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
+    """Every topology, per-arc term, boundary and layout: this is the generic recursion."""
     return True
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None):
+                 boundary=None, node_rows=None):
     """``_ops`` protocol: costs, and (when wanted) the per-sequence gradient, computed here
     by the generic recursion and saved for the backward pass, which only applies the
     upstream factor."""
     costs, grad = costs_and_grad_generic(
         logits, targets, logit_lengths, target_lengths, opts.topology or regular(), opts.blank,
         opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
-        need_grad)
+        need_grad, node_rows)
     if not need_grad:
         return costs, (), None
-    return costs, (grad,) + ((logits,) if opts.inplace_grad else ()), None
+    row_seq = None
+    if node_rows is not None:
+        from ._ops import row_sequences     # B for a row no node reads: upstream factor 0
+        row_seq = row_sequences(node_rows, logits.shape[0])
+    return costs, (grad,) + ((logits,) if opts.inplace_grad else ()), row_seq
 
 
 def loss_backward(saved, state, upstream, opts: LossOptions):
@@ -665,7 +725,13 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     into the logits' storage with ``opts.inplace_grad``."""
     from ._ops import scale_upstream
     grad, *into = saved
-    up = upstream.to(grad.dtype)[:, None, None, None]
+    if grad.dim() == 2:
+        # Rows of a node_rows layout: a row's sequence is where its node sits; rows no
+        # node reads carry a zero gradient, and any upstream factor keeps them 0.
+        up = torch.cat([upstream.to(grad.dtype), upstream.new_zeros(1, dtype=grad.dtype)])
+        up = up[state][:, None]
+    else:
+        up = upstream.to(grad.dtype)[:, None, None, None]
     if into:
         return scale_upstream(grad, up, out=into[0])
     return scale_upstream(grad, up)

@@ -79,7 +79,8 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
                                       opts=opts, boundary=boundary, n_tokens=n_tokens)
     topo = topo if topo is not None else regular()
     topo.check(chk.logits.shape[-1], chk.blank)
-    boundary = check_boundary(boundary, chk.logits, chk.logit_lengths, chk.target_lengths)
+    boundary = check_boundary(boundary, chk.logits.shape[0], chk.logits.device, chk.logit_lengths,
+                              chk.target_lengths)
     return Request(topo, kernel, chk, impl, bool(fused), sigma, delay_penalty, boundary)
 
 

@@ -168,13 +168,14 @@ class _State:
         self.buf, self.shift, self.inv_sum, self.lat, self.inplace = buf, shift, inv_sum, lat, inplace
 
 
-def supports(opts: LossOptions, boundary=None) -> bool:
-    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms."""
-    return opts.regular and boundary is None
+def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
+    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms,
+    on padded logits."""
+    return opts.regular and boundary is None and node_rows is None
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None):
+                 boundary=None, node_rows=None):
     """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``. With a gradient wanted in
     fused mode the exps are stored in a buffer (the logits themselves with
     ``opts.inplace_grad``: each row is read completely before its exps overwrite it)."""

@@ -206,13 +206,14 @@ def _costs_dtype(dtype: torch.dtype) -> torch.dtype:
 INPLACE_WRITES_IN = "backward"    # the gradient pass writes over the logits
 
 
-def supports(opts: LossOptions, boundary=None) -> bool:
-    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms."""
-    return opts.regular and boundary is None
+def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
+    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms,
+    on padded logits."""
+    return opts.regular and boundary is None and node_rows is None
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None):
+                 boundary=None, node_rows=None):
     """Passes 1-2 (``_ops`` protocol): costs, and the float64 lattice state saved for the
     gradient pass. beta is only needed for the occupations: without a gradient it is
     skipped."""
