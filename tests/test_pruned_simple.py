@@ -458,6 +458,13 @@ def test_windows_keep_a_path(rnnt_type):
         assert (pruned >= full - 1e-9).all()
         if win.window == U + 1:
             assert rel_err(pruned, full) < TOL
+        # The same through the pipeline: the joiner's inputs on the windows, the pruned loss.
+        am_p, lm_p = rnnt_lattice.do_rnnt_pruning(am, lm, win.ranges)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)      # pruned rows: the torch backend
+            k2_like = rnnt_lattice.rnnt_loss_pruned(am_p + lm_p, targets, win.ranges, T_b, U_b,
+                                                    blank=0, **kw)
+        assert rel_err(k2_like, pruned) < TOL
 
 
 def test_docstring_examples():
