@@ -9,7 +9,7 @@ only on those windows:
     loss_simple, occ = rnnt_loss_simple(lm, am, ..., return_occupations=True)
     win = prune_ranges(occ, R)                       # ranges (B, T, R'), covered (B,)
     am_p, lm_p = do_rnnt_pruning(am_enc, lm_pred, win.ranges)    # (B, T, R', D) each
-    logits = joiner(am_p, lm_p)                      # (B, T, R', V): the pruned loss reads it
+    loss_pruned = rnnt_loss_pruned(joiner(am_p, lm_p), targets, win.ranges, ...)  # (B, T, R', V)
 
 The simple loss never builds the ``(B, T, U+1, V)`` tensor: its normaliser is one batched
 matmul per sequence,
