@@ -41,31 +41,54 @@ class PruneCoverage:
 
 
 def _best_windows(mass: torch.Tensor, n_starts: torch.Tensor, R: int):
-    """Max over non-decreasing ``s(0..T-1)`` with ``s(t+1) - s(t) <= R - 1`` and
+    """:func:`best_window_starts` with steps ``<= R - 1`` and free ends (prune_coverage)."""
+    return best_window_starts(mass, n_starts, R - 1)
+
+
+def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int, *,
+                       first: torch.Tensor | None = None, last: torch.Tensor | None = None,
+                       n_frames: torch.Tensor | None = None):
+    """Max over non-decreasing ``s(0..T-1)`` with ``s(t+1) - s(t) <= max_step`` and
     ``0 <= s(t) < n_starts[b]`` of ``sum_t mass[b, t, s(t)]``, by dynamic programming over
-    frames (exact, O(T * S * R)):
+    frames (exact, O(T * S * max_step); math.md section 10):
 
         f(0, s) = mass(0, s)
-        f(t, s) = mass(t, s) + max_{s - R + 1 <= s' <= s} f(t-1, s')
+        f(t, s) = mass(t, s) + max_{s - max_step <= s' <= s} f(t-1, s')
 
-    mass: ``(B, T, S)`` window sums (``S`` starts). Returns (best ``(B,)``, starts ``(B, T)``).
+    Optional pins, per sequence: ``first`` fixes ``s(0)``; with ``n_frames`` (``T_b``) and
+    ``last``, ``s(t) = last[b]`` for every ``t >= T_b - 1`` and frames ``t >= T_b`` carry no
+    mass (a sequence with ``T_b = 0`` has no pinned end). Ties: the lowest starts.
+
+    mass: ``(B, T, S)`` window sums (``S`` starts). Returns (best ``(B,)``, starts ``(B, T)``
+    int64); ``best`` is ``-inf`` where no sequence of starts satisfies the pins.
     """
     B, T, S = mass.shape
     dev = mass.device
-    valid = torch.arange(S, device=dev)[None, :] < n_starts[:, None]          # (B, S)
-    mass = torch.where(valid[:, None, :], mass, NEG_INF)
+    if T == 0:
+        return torch.zeros(B, dtype=mass.dtype, device=dev), torch.zeros((B, 0), dtype=torch.int64, device=dev)
+    s_idx = torch.arange(S, device=dev)
+    allowed = (s_idx[None, :] < n_starts[:, None])[:, None, :].expand(B, T, S)   # (B, T, S)
+    t_idx = torch.arange(T, device=dev)[None, :, None]
+    if first is not None:
+        allowed = allowed & ((t_idx > 0) | (s_idx[None, None, :] == first[:, None, None]))
+    if n_frames is not None:
+        mass = torch.where(t_idx < n_frames[:, None, None], mass, 0.0)
+        if last is not None:
+            pinned = (t_idx >= n_frames[:, None, None] - 1) & (n_frames[:, None, None] > 0)
+            allowed = allowed & (~pinned | (s_idx[None, None, :] == last[:, None, None]))
+    mass = torch.where(allowed, mass, NEG_INF)
+    W = max_step + 1
     f = mass[:, 0]
-    arg = torch.empty((B, T, S), dtype=torch.int64, device=dev)              # best s' per (t, s)
-    idx = torch.arange(S, device=dev)
+    arg = torch.zeros((B, T, S), dtype=torch.int64, device=dev)             # best s' per (t, s)
     for t in range(1, T):
-        # sliding max of f over s' in [s - R + 1, s]: pad R - 1 on the left with -inf.
-        padded = torch.nn.functional.pad(f, (R - 1, 0), value=NEG_INF)
-        win = padded.unfold(-1, R, 1)                                          # (B, S, R)
+        # sliding max of f over s' in [s - max_step, s]: pad max_step on the left with -inf.
+        padded = torch.nn.functional.pad(f, (W - 1, 0), value=NEG_INF)
+        win = padded.unfold(-1, W, 1)                                          # (B, S, W)
         best, k = win.max(-1)                       # ties: the lowest start (first max)
-        arg[:, t] = idx[None, :] - (R - 1) + k
+        arg[:, t] = s_idx[None, :] - (W - 1) + k
         f = mass[:, t] + best
-    total, s = f.max(-1)
     starts = torch.empty((B, T), dtype=torch.int64, device=dev)
+    total, s = f.max(-1)
     starts[:, T - 1] = s
     bidx = torch.arange(B, device=dev)
     for t in range(T - 1, 0, -1):

@@ -1,0 +1,746 @@
+"""Pruned RNN-T, first half: the simple-joiner loss and the choice of windows (math.md
+sections 7 and 10; k2/fast_rnnt semantics, ../shared/docs/variants.md A).
+
+Pruned RNN-T (Kuang et al. 2022) trains in two passes. The *simple* joiner
+``logits(t,u,v) = am(t,v) + lm(u,v)`` gives a cheap lattice whose occupations say, per
+frame, which R label positions hold the alignments; the full joiner is then evaluated
+only on those windows:
+
+    loss_simple, occ = rnnt_loss_simple(lm, am, ..., return_occupations=True)
+    win = prune_ranges(occ, R)                       # ranges (B, T, R'), covered (B,)
+    am_p, lm_p = do_rnnt_pruning(am_enc, lm_pred, win.ranges)    # (B, T, R', D) each
+    loss_pruned = rnnt_loss_pruned(joiner(am_p, lm_p), targets, win.ranges, ...)  # (B, T, R', V)
+
+The simple loss never builds the ``(B, T, U+1, V)`` tensor: its normaliser is one batched
+matmul per sequence,
+
+    lse(t,u) = log( exp(am(t) - am_max(t)) . exp(lm(u) - lm_max(u)) ) + am_max(t) + lm_max(u)
+
+(the maxima and the matmul in the input dtype, the log and everything after it in float64),
+so memory is ``O(B T U + B (T + U) V)``. The arc log-probs ``b(t,u) = am(t,blank) +
+lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then feed the
+one generic recursion of :mod:`rnnt_lattice.reference` (any topology of k2: ``regular``,
+``modified``, ``constrained``; delay penalty; boundary). Gradients reach ``am`` and ``lm``
+through torch autograd of the normaliser and the gathers; the recursion itself is a small
+autograd Function whose backward is ``d(-log P)/dw = -gamma``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from . import topology as _topology
+from ._validate import check_boundary, check_float, check_reduction
+from .analysis.coverage import best_window_starts
+from .reference import Ends, arc_weights, lattice_dtype, lattice_generic
+
+__all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges",
+           "PruneRanges", "do_rnnt_pruning"]
+
+NEG_INF = float("-inf")
+RNNT_TYPES = ("regular", "modified", "constrained")     # k2's rnnt_type values
+METHODS = ("exact", "k2")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# ---------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ArcOccupations:
+    """Arc occupations of the simple lattice, with what :func:`prune_ranges` needs to
+    read them. Unpacks as the pair ``(gamma_blank, gamma_label)`` (k2's ``(py_grad,
+    px_grad)``, transposed to ``(B, T, U+1)``)::
+
+        loss, (gamma_blank, gamma_label) = rnnt_loss_simple(..., return_occupations=True)
+
+    Attributes:
+        gamma_blank: ``(B, T, U+1)`` float64, occupation of the blank arc leaving ``(t, u)``.
+        gamma_label: ``(B, T, U+1)`` float64, occupation of the label arc leaving ``(t, u)``
+            (``(t,u) -> (t,u+1)`` for ``regular``, ``(t+1,u+1)`` otherwise); 0 at ``u = U_b``.
+        logit_lengths, target_lengths: ``(B,)`` int64, as given to the loss.
+        boundary: ``(B, 4)`` int64 or None, as given to the loss.
+        rnnt_type: the lattice's topology name.
+    """
+
+    gamma_blank: torch.Tensor
+    gamma_label: torch.Tensor
+    logit_lengths: torch.Tensor
+    target_lengths: torch.Tensor
+    boundary: torch.Tensor | None
+    rnnt_type: str
+
+    def __iter__(self):
+        yield self.gamma_blank
+        yield self.gamma_label
+
+    @property
+    def node(self) -> torch.Tensor:
+        """``(B, T, U+1)``: occ(t,u), the total occupation of the arcs leaving ``(t, u)``."""
+        return self.gamma_blank + self.gamma_label
+
+
+@dataclass(frozen=True)
+class PruneRanges:
+    """Pruning windows.
+
+    Attributes:
+        ranges: ``(B, T, R)`` int64, ``ranges[b, t, k] = s_begin(t) + k``: the label positions
+            the full joiner evaluates at frame t (k2's ``ranges``; every entry ``<= U``).
+        covered: ``(B,)`` float64, share of each sequence's occupancy mass (occ(t,u), the
+            total occupation leaving a node) inside its windows; 1 for a sequence without mass.
+    """
+
+    ranges: torch.Tensor
+    covered: torch.Tensor
+
+    @property
+    def window(self) -> int:
+        """R, the window size used (it may differ from the one asked for)."""
+        return int(self.ranges.shape[-1])
+
+    @property
+    def s_begin(self) -> torch.Tensor:
+        """``(B, T)`` int64: the first label position of each frame's window."""
+        return self.ranges[..., 0]
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+def _shape(x) -> str:
+    return str(tuple(x.shape))
+
+
+def _check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type):
+    """Shapes, dtypes, devices and (CPU only, as everywhere) values of the simple losses'
+    arguments. Returns ``(targets, logit_lengths, target_lengths, blank)`` normalised
+    (int64, blank in ``[0, V)``)."""
+    for name, x in (("lm", lm), ("am", am), ("targets", targets),
+                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if lm.dim() != 3:
+        raise ValueError(f"lm must have 3 dims (B, U+1, V), got shape {_shape(lm)}")
+    if am.dim() != 3:
+        raise ValueError(f"am must have 3 dims (B, T, V), got shape {_shape(am)}")
+    for name, x in (("lm", lm), ("am", am)):
+        if x.dtype not in _FLOATS:
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if lm.dtype != am.dtype:
+        raise ValueError(f"lm and am must have one dtype, got {lm.dtype} and {am.dtype}")
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    if lm.shape[0] != B or lm.shape[2] != V:
+        raise ValueError(f"lm {_shape(lm)} must be (B, U+1, V) with am's B = {B} and V = {V} "
+                         f"(am {_shape(am)})")
+    if U1 < 1:
+        raise ValueError(f"lm {_shape(lm)} must have U+1 >= 1 label positions")
+    if V < 1:
+        raise ValueError(f"am {_shape(am)} must have a vocabulary V >= 1")
+    if targets.dim() != 2 or tuple(targets.shape) != (B, U1 - 1):
+        raise ValueError(f"targets must have shape (B, U) = ({B}, {U1 - 1}) to match lm "
+                         f"{_shape(lm)}, got {_shape(targets)}")
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if x.dim() != 1 or x.shape[0] != B:
+            raise ValueError(f"{name} must have shape (B,) = ({B},), got {_shape(x)}")
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be int32 or int64, got {x.dtype}")
+    for name, x in (("lm", lm), ("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.device != am.device:
+            raise ValueError(f"tensors on different devices: am on {am.device}, {name} on {x.device}")
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise ValueError(f"blank must be an int, got {blank!r}")
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for am {_shape(am)}")
+    blank %= V
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    targets, logit_lengths, target_lengths = (
+        x.to(torch.int64).contiguous() for x in (targets, logit_lengths, target_lengths))
+    if am.device.type == "cpu" and B and not torch.compiler.is_compiling():
+        _check_lengths(logit_lengths, target_lengths, T, U1 - 1, f"am {_shape(am)}", f"lm {_shape(lm)}")
+        U = U1 - 1
+        if U:
+            valid = torch.arange(U)[None, :] < target_lengths[:, None]
+            bad = valid & ((targets < 0) | (targets >= V) | (targets == blank))
+            if bool(bad.any()):
+                b, u = (int(i) for i in bad.nonzero()[0])
+                raise ValueError(f"targets[{b}, {u}] = {int(targets[b, u])} must be in [0, V) = "
+                                 f"[0, {V}) and differ from the blank {blank}")
+    return targets, logit_lengths, target_lengths, blank
+
+
+def _check_lengths(logit_lengths, target_lengths, T, U, t_src, u_src):
+    for name, x, hi, what in (("logit_lengths", logit_lengths, T, f"T = {T} of {t_src}"),
+                              ("target_lengths", target_lengths, U, f"U = {U} of {u_src}")):
+        if x.numel() == 0:
+            continue
+        if int(x.min()) < 0:
+            b = int(torch.argmin(x))
+            raise ValueError(f"{name} must be >= 0, got {name}[{b}] = {int(x[b])}")
+        if int(x.max()) > hi:
+            b = int(torch.argmax(x))
+            raise ValueError(f"{name}[{b}] = {int(x[b])} exceeds the padded size {what}")
+
+
+# ---------------------------------------------------------------------------------------
+# The simple joiner's arc log-probs
+# ---------------------------------------------------------------------------------------
+
+def _row_stats(x: torch.Tensor, keep: torch.Tensor):
+    """For rows ``x (B, N, V)``: ``(x_safe, shift, bad)``. ``x_safe`` is ``x`` with the rows
+    outside ``keep (B, N)`` (padding) and the rows holding a NaN or ``+inf`` zeroed, so that
+    no NaN reaches the matmul or its backward (the matmul mixes rows over V only, but its
+    backward mixes every t with every u of a sequence); ``shift (B, N)`` the detached row
+    max, 0 where it is not finite (a row of only ``-inf`` then gives ``exp = 0``: a dead
+    row, lse ``-inf``); ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1:
+    their lse is NaN)."""
+    row_max = x.detach().amax(-1)                                           # V >= 1
+    bad = keep & (torch.isnan(row_max) | (row_max == float("inf")))
+    x_safe = torch.where((keep & ~bad)[..., None], x, 0.0)
+    shift = torch.where(keep & ~bad & (row_max != NEG_INF), row_max, 0.0)
+    return x_safe, shift, bad
+
+
+def _simple_terms(lm, am, targets, blank, frames, positions):
+    """The simple joiner's ``(lse, b, e, parts)``: ``lse, b, e`` ``(B, T, U+1)`` in the
+    lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable w.r.t. ``am`` and ``lm``;
+    ``parts = (am_safe, lm_safe, am_shift, exp(am_safe - am_shift))`` for the smoothed
+    terms. ``frames (B, T)`` / ``positions (B, U+1)``: the rows read (the others are padding)."""
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    ldt = lattice_dtype(am.device)
+    am_s, am_shift, am_bad = _row_stats(am, frames)                         # (B, T, V), (B, T)
+    lm_s, lm_shift, lm_bad = _row_stats(lm, positions)                      # (B, U+1, V), (B, U+1)
+    ea = torch.exp(am_s - am_shift[..., None])                              # (B, T, V)
+    el = torch.exp(lm_s - lm_shift[..., None])                              # (B, U+1, V)
+    mm = torch.matmul(ea, el.transpose(1, 2)).to(ldt)                       # (B, T, U+1)
+    pos = mm > 0                                   # 0: the row's mass underflowed or is dead
+    lse = torch.log(torch.where(pos, mm, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
+    lse = torch.where(pos, lse, NEG_INF)
+    bad = am_bad[:, :, None] | lm_bad[:, None, :]
+    lse = torch.where(bad, float("nan"), lse)                               # (B, T, U+1)
+
+    am_blank = am_s[..., blank].to(ldt)                                     # (B, T)
+    lm_blank = lm_s[..., blank].to(ldt)                                     # (B, U+1)
+    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
+    U = U1 - 1
+    am_label = torch.gather(am_s, 2, safe_targets[:, None, :].expand(B, T, U)).to(ldt)   # (B, T, U)
+    lm_label = torch.gather(lm_s[:, :U], 2, safe_targets[..., None]).squeeze(-1).to(ldt)  # (B, U)
+    b = _read(am_blank[:, :, None] + lm_blank[:, None, :], lse)
+    e = _read(am_label + lm_label[:, None, :], lse[..., :U])
+    e = torch.nn.functional.pad(e, (0, 1), value=NEG_INF)                  # no label arc at u = U
+    return lse, b, e, (am_s, lm_s, am_shift, ea)
+
+
+def _read(entry, lse):
+    """``entry - lse``, ``-inf`` on dead rows (``lse = -inf``), as reference._read."""
+    return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
+
+
+def _kind_log_probs(b, e, topo, ends: Ends):
+    """``lp (B, K, T, U+1)`` from the blank / label log-probs, as
+    ``reference.kind_log_probs``: the kind's class log-prob, plus ``b(t, u+1)`` for
+    ``plus_next_blank`` (k2's constrained), ``-inf`` outside the region or where
+    ``u + du > u1``."""
+    B, T, U1 = b.shape
+    region = ends.region(T, U1)
+    u = torch.arange(U1, device=b.device)[None, None, :]
+    lps = []
+    for k in topo.kinds:
+        lp = b if k.reads == "blank" else e
+        if k.plus_next_blank:
+            lp = lp + torch.nn.functional.pad(b[..., 1:], (0, 1), value=NEG_INF)   # b(t, u+1)
+        valid = region & (u + k.du <= ends.u1[:, None, None])
+        lps.append(torch.where(valid, lp, NEG_INF))
+    return torch.stack(lps, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# The recursion as an autograd Function of the arc weights
+# ---------------------------------------------------------------------------------------
+
+class _LatticeNLL(torch.autograd.Function):
+    """``-log P (B,)`` of arc weights ``w (B, K, T, U+1)`` (``-inf`` off the arcs), and the
+    per-kind occupations ``gamma`` (not differentiable). Backward: ``d(-log P)/dw = -gamma``
+    times the upstream gradient, exactly 0 where the upstream is 0 (a select, math.md 8.1)
+    and for sequences without a path (their gamma is 0); NaN sequences get NaN."""
+
+    @staticmethod
+    def forward(ctx, w, topo, ends):
+        lat = lattice_generic(w.detach(), topo, ends)
+        ctx.save_for_backward(lat.gamma)
+        ctx.mark_non_differentiable(lat.gamma)
+        return -lat.log_like, lat.gamma
+
+    @staticmethod
+    def backward(ctx, grad_costs, _grad_gamma):
+        (gamma,) = ctx.saved_tensors
+        up = grad_costs.to(gamma.dtype)[:, None, None, None]
+        grad = torch.where(up == 0, 0.0, -gamma * up)
+        return grad, None, None
+
+
+# ---------------------------------------------------------------------------------------
+# Public losses
+# ---------------------------------------------------------------------------------------
+
+def rnnt_loss_simple(
+    lm: torch.Tensor,
+    am: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    blank: int,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    return_occupations: bool = False,
+):
+    r"""RNN-T loss of the simple joiner ``logits(t,u,v) = am(t,v) + lm(u,v)`` (k2's
+    ``rnnt_loss_simple``), without ever building the ``(B, T, U+1, V)`` logits.
+
+    Equal, in value and gradient, to ``rnnt_loss(am[:, :, None] + lm[:, None], targets,
+    logit_lengths, target_lengths, blank, rnnt_type=..., delay_penalty=..., boundary=...)``
+    (up to float rounding; the lattice runs in float64). The normaliser of node (t, u) is
+    one dot product per node, a batched matmul per sequence::
+
+        lse(t,u) = log( exp(am(t) - am_max(t)) . exp(lm(u) - lm_max(u)) ) + am_max(t) + lm_max(u)
+        b(t,u)   = am(t, blank) + lm(u, blank) - lse(t,u)
+        e(t,u)   = am(t, y_u)   + lm(u, y_u)   - lse(t,u)
+
+    then the lattice of ``rnnt_type`` (math.md section 9; ``constrained``: the label arc
+    carries ``e(t,u) + b(t,u+1)``) with k2's delay penalty on label arcs. Memory is
+    ``O(B T U + B (T + U) V)``. If a node's joint mass underflows relative to
+    ``am_max(t) + lm_max(u)`` (the largest sum can lie far below the sum of the largest
+    parts) its lse is taken as ``-inf`` and no arc leaves it; k2 adds ``finfo.tiny`` there
+    instead. Neither happens for logits within a few hundred of each other.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> B, T, U, V = 2, 6, 3, 5
+        >>> am = torch.randn(B, T, V, dtype=torch.float64, requires_grad=True)
+        >>> lm = torch.randn(B, U + 1, V, dtype=torch.float64, requires_grad=True)
+        >>> targets, T_b, U_b = torch.tensor([[1, 2, 3], [4, 1, 0]]), torch.tensor([6, 4]), torch.tensor([3, 2])
+        >>> loss, occ = rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=0,
+        ...                                           return_occupations=True)
+        >>> loss.backward()
+        >>> full = rnnt_lattice.rnnt_loss(am.detach()[:, :, None] + lm.detach()[:, None], targets,
+        ...                               T_b, U_b, blank=0, backend="torch")
+        >>> bool(torch.allclose(loss.detach(), full))
+        True
+        >>> gamma_blank, gamma_label = occ              # (B, T, U+1) each
+        >>> bool(torch.allclose(gamma_blank.sum(2)[0], torch.ones(T, dtype=torch.float64)))
+        True
+
+    Args:
+        lm: ``(B, U+1, V)`` prediction-network part (k2's ``lm``), float16/bfloat16 (computed
+            in float32), float32 or float64. Rows ``u > U_b`` are padding: never read,
+            gradient 0, NaN allowed.
+        am: ``(B, T, V)`` encoder part, same dtype; rows ``t >= T_b`` are padding likewise.
+        targets: ``(B, U)`` int32/int64 label ids; entries past ``target_lengths`` ignored.
+        logit_lengths, target_lengths: ``(B,)`` int32/int64, ``T_b`` and ``U_b``.
+        blank: the blank id (k2's ``termination_symbol``); negative counts from the end.
+        rnnt_type: ``"regular"``, ``"modified"`` or ``"constrained"`` (k2's; the latter two
+            need ``T_b >= U_b``, else the loss is ``+inf``).
+        delay_penalty: k2's ``lambda >= 0``: label arcs get ``lambda ((T_b - 1)/2 - t)``; the
+            loss is that of the penalised lattice, as in k2. Negative: ValueError (k2
+            silently ignores it).
+        boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``,
+            within the lengths.
+        reduction: ``"none"`` (B,), ``"sum"`` or ``"mean"`` (sum / B; 0 for B = 0), as
+            :func:`rnnt_lattice.rnnt_loss`.
+        zero_infinity: infinite losses (no path) and their gradients become 0.
+        return_occupations: also return the arc occupations (what :func:`prune_ranges` reads).
+
+    Returns:
+        The loss (the input dtype; float32 for half inputs), or with
+        ``return_occupations=True`` the pair ``(loss, ArcOccupations)``; the latter unpacks
+        as ``(gamma_blank, gamma_label)``, each ``(B, T, U+1)`` float64 (k2's
+        ``(py_grad, px_grad)``).
+
+    NaN or ``+inf`` in a read row of ``am`` or ``lm`` makes that sequence's loss NaN and
+    its gradient NaN (the offending rows' own entries get 0); an upstream gradient of
+    exactly 0 gives an exactly zero gradient, NaN or not.
+    """
+    return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
+                        delay_penalty, boundary, reduction, zero_infinity, return_occupations,
+                        smooth=None)
+
+
+def rnnt_loss_smoothed(
+    lm: torch.Tensor,
+    am: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    blank: int,
+    lm_only_scale: float = 0.1,
+    am_only_scale: float = 0.1,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    return_occupations: bool = False,
+):
+    r"""k2's ``rnnt_loss_smoothed``: the simple loss with its arc log-probs interpolated,
+    log-linearly, with LM-only and AM-only log-probs (variants.md A)::
+
+        uni(v)   = mean over all b and all U+1 positions u of softmax(lm(b,u))(v) + tiny
+        b_lm(u)  = lm(u, blank) - logsumexp_v lm(u, v)                     (e_lm with y_u)
+        b_am(t)  = am(t, blank) + log uni(blank) - log sum_v exp(am(t, v)) uni(v)  (e_am: y_u)
+        b'(t,u)  = (1 - s_lm - s_am) b(t,u) + s_lm b_lm(u) + s_am b_am(t)   (e' likewise)
+
+    with ``s_lm = lm_only_scale``, ``s_am = am_only_scale``, a scale of 0 replaced by
+    ``1e-20`` in its own term (so ``0 * -inf`` never makes a NaN; the first factor keeps
+    the given scales) and ``tiny = finfo(dtype).tiny``. As in k2, the unigram ``uni``
+    averages over *every* row of ``lm``, padding included (and its gradient reaches those
+    rows): padding rows of ``lm`` must be finite here. ``constrained``: the label arc
+    carries ``e'(t,u) + b'(t,u+1)``. Everything else is :func:`rnnt_loss_simple`.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> am, lm = torch.randn(1, 5, 4, requires_grad=True), torch.randn(1, 3, 4, requires_grad=True)
+        >>> loss = rnnt_lattice.rnnt_loss_smoothed(lm, am, torch.tensor([[1, 2]]), torch.tensor([5]),
+        ...                                        torch.tensor([2]), blank=0, lm_only_scale=0.25,
+        ...                                        am_only_scale=0.0)
+        >>> loss.backward()
+    """
+    s_lm = check_float("lm_only_scale", lm_only_scale, finite=True)
+    s_am = check_float("am_only_scale", am_only_scale, finite=True)
+    return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
+                        delay_penalty, boundary, reduction, zero_infinity, return_occupations,
+                        smooth=(s_lm, s_am))
+
+
+def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
+    """Interpolated ``(b', e')`` (see :func:`rnnt_loss_smoothed`)."""
+    am_s, lm_s, am_shift, ea = am_terms
+    B, T, V = am_s.shape
+    U = lm.shape[1] - 1
+    x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
+    tiny = torch.finfo(x.dtype).tiny
+    # The unigram over every row of lm, padding included (k2).
+    uni = torch.softmax(x, -1).mean((0, 1)) + tiny                               # (V,)
+    am_only_norm = torch.log(torch.matmul(ea, uni.to(ea.dtype)).to(lse_dtype)) + am_shift.to(lse_dtype)   # (B, T)
+    log_uni = torch.log(uni).to(lse_dtype)
+    lm_only_norm = torch.logsumexp(lm_s, -1).to(lse_dtype)                      # (B, U+1)
+    safe_targets = targets.clamp(0, V - 1)
+    am_label = torch.gather(am_s, 2, safe_targets[:, None, :].expand(B, T, U)).to(lse_dtype)   # (B, T, U)
+    lm_label = torch.gather(lm_s[:, :U], 2, safe_targets[..., None]).squeeze(-1).to(lse_dtype)  # (B, U)
+    b_lm = lm_s[..., blank].to(lse_dtype) - lm_only_norm                         # (B, U+1)
+    e_lm = lm_label - lm_only_norm[:, :U]                                        # (B, U)
+    b_am = am_s[..., blank].to(lse_dtype) + log_uni[blank] - am_only_norm        # (B, T)
+    e_am = am_label + log_uni[safe_targets][:, None, :] - am_only_norm[..., None]   # (B, T, U)
+    combined = 1.0 - s_lm - s_am
+    s_lm = s_lm if s_lm != 0.0 else 1e-20          # k2: 0 * -inf would be NaN
+    s_am = s_am if s_am != 0.0 else 1e-20
+    b2 = combined * b + s_lm * b_lm[:, None, :] + s_am * b_am[:, :, None]
+    e_mix = combined * e[..., :U] + s_lm * e_lm[:, None, :] + s_am * e_am        # (B, T, U)
+    e2 = torch.nn.functional.pad(e_mix, (0, 1), value=NEG_INF)                   # no label arc at u = U
+    return b2, e2
+
+
+def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
+                 delay_penalty, boundary, reduction, zero_infinity, return_occupations, smooth):
+    check_reduction(reduction)
+    delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
+    targets, logit_lengths, target_lengths, blank = _check_simple_args(
+        lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type)
+    boundary = check_boundary(boundary, am.shape[0], am.device, logit_lengths, target_lengths)
+    out_dtype = am.dtype if am.dtype in (torch.float32, torch.float64) else torch.float32
+    if am.dtype != out_dtype:
+        am, lm = am.float(), lm.float()
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    topo = getattr(_topology, rnnt_type)()
+    ends = Ends.of(logit_lengths, target_lengths, boundary)
+    if boundary is not None and am.device.type == "cpu":
+        ends.check(T, U1)
+    t = torch.arange(T, device=am.device)[None, :]
+    u = torch.arange(U1, device=am.device)[None, :]
+    frames = (t >= ends.t0[:, None]) & (t < ends.t1[:, None])                # (B, T) rows read
+    positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
+
+    lse, b, e, am_terms = _simple_terms(lm, am, targets, blank, frames, positions)
+    if smooth is not None:
+        b, e = _smoothed(b, e, lm, am_terms, targets, blank, smooth[0], smooth[1], lse.dtype)
+    lp = _kind_log_probs(b, e, topo, ends)
+    w = arc_weights(lp, topo, ends, 0.0, delay_penalty)
+    costs, gamma = _LatticeNLL.apply(w, topo, ends)
+    costs = costs.to(out_dtype)
+    if zero_infinity:
+        costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
+    if reduction == "none":
+        loss = costs
+    elif reduction == "sum" or B == 0:
+        loss = costs.sum()
+    else:
+        loss = costs.mean()
+    if not return_occupations:
+        return loss
+    return loss, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,
+                                boundary, rnnt_type)
+
+
+# ---------------------------------------------------------------------------------------
+# Windows
+# ---------------------------------------------------------------------------------------
+
+def prune_ranges(
+    occupations,
+    R: int,
+    *,
+    method: str = "exact",
+    logit_lengths: torch.Tensor | None = None,
+    target_lengths: torch.Tensor | None = None,
+    boundary: torch.Tensor | None = None,
+    rnnt_type: str | None = None,
+) -> PruneRanges:
+    r"""Windows of R label positions per frame for the pruned loss (math.md section 10):
+    ``ranges[b, t] = s_begin(t) + [0, R)``, with k2's constraints
+
+        s_begin(0) = 0,   0 <= s_begin(t+1) - s_begin(t) <= R_e - 1,
+        s_begin(t) = max(U_b - R + 1, 0) for t >= T_b - 1,
+
+    where ``R_e = R`` for ``regular`` and 2 otherwise (one label per frame), and ``T_b``,
+    ``U_b`` are the end frame and symbol (the boundary's, if any).
+
+    ``method="exact"`` (default): among all such windows, those covering the most occupancy
+    mass ``sum_t sum_{u in window(t)} occ(t,u)`` (a dynamic program over (t, s_begin), O(T U R);
+    ties: the lowest starts). Never covers less than k2's choice with the same R.
+    ``method="k2"``: fast_rnnt's ``get_rnnt_prune_ranges`` step for step (per-frame argmax of
+    ``sum_{k<R} gamma_blank(t, s+k) - gamma_label(t, s-1)``, then the monotone repair;
+    variants.md A): the same ranges, up to ties between float scores.
+
+    R: the window the caller asks for. For ``regular`` it is raised, with a warning, to the
+    smallest R that lets every sequence reach its end, ``max_b ((U_b - 1) // T_b + 2)``
+    (k2's rule; truncating division, sequences without frames left out), and to 2 (k2
+    asserts it); for the others ``"exact"`` raises it to ``max_b (U_b - T_b + 2)`` where the
+    end is otherwise out of reach (``"k2"`` does not: k2 does not). Then ``R > U`` becomes
+    ``U + 1`` (no pruning at all): a batch whose targets are all empty gets R = 1.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> am, lm = torch.randn(2, 8, 6), torch.randn(2, 5, 6)
+        >>> targets, T_b, U_b = torch.tensor([[1, 2, 3, 4], [5, 1, 2, 0]]), torch.tensor([8, 6]), torch.tensor([4, 3])
+        >>> _, occ = rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=0,
+        ...                                        return_occupations=True)
+        >>> win = rnnt_lattice.prune_ranges(occ, 2)
+        >>> win.ranges.shape, win.covered.shape
+        (torch.Size([2, 8, 2]), torch.Size([2]))
+        >>> k2 = rnnt_lattice.prune_ranges(occ, 2, method="k2")
+        >>> bool((win.covered >= k2.covered - 1e-12).all())
+        True
+
+    Args:
+        occupations: an :class:`ArcOccupations` (from ``return_occupations=True``), or a
+            pair ``(gamma_blank, gamma_label)`` of ``(B, T, U+1)`` tensors, for which
+            ``logit_lengths`` and ``target_lengths`` are required.
+        R: int >= 1.
+        method: ``"exact"`` or ``"k2"``.
+        logit_lengths, target_lengths, boundary, rnnt_type: of the lattice; taken from an
+            :class:`ArcOccupations` when not given (``rnnt_type`` defaults to ``"regular"``).
+
+    Returns:
+        :class:`PruneRanges` (``ranges (B, T, R')`` int64 with R' the window actually used,
+        ``covered (B,)``).
+    """
+    if isinstance(occupations, ArcOccupations):
+        logit_lengths = occupations.logit_lengths if logit_lengths is None else logit_lengths
+        target_lengths = occupations.target_lengths if target_lengths is None else target_lengths
+        boundary = occupations.boundary if boundary is None else boundary
+        rnnt_type = occupations.rnnt_type if rnnt_type is None else rnnt_type
+    rnnt_type = "regular" if rnnt_type is None else rnnt_type
+    try:
+        gamma_blank, gamma_label = occupations
+    except (TypeError, ValueError):
+        raise ValueError("occupations must be an ArcOccupations or a pair (gamma_blank, "
+                         f"gamma_label), got {type(occupations).__name__}") from None
+    for name, x in (("gamma_blank", gamma_blank), ("gamma_label", gamma_label),
+                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if gamma_blank.dim() != 3 or gamma_blank.shape != gamma_label.shape:
+        raise ValueError(f"gamma_blank and gamma_label must both be (B, T, U+1), got "
+                         f"{_shape(gamma_blank)} and {_shape(gamma_label)}")
+    if not gamma_blank.is_floating_point() or not gamma_label.is_floating_point():
+        raise ValueError(f"gamma_blank and gamma_label must be floating point, got "
+                         f"{gamma_blank.dtype} and {gamma_label.dtype}")
+    B, T, U1 = gamma_blank.shape
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if x.dim() != 1 or x.shape[0] != B or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32/int64 tensor of shape (B,) = ({B},), got "
+                             f"{x.dtype} {_shape(x)}")
+        if x.device != gamma_blank.device:
+            raise ValueError(f"tensors on different devices: gamma_blank on {gamma_blank.device}, "
+                             f"{name} on {x.device}")
+    if isinstance(R, bool) or not isinstance(R, int) or R < 1:
+        raise ValueError(f"R must be an int >= 1, got {R!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    logit_lengths, target_lengths = logit_lengths.long(), target_lengths.long()
+    if gamma_blank.device.type == "cpu" and B:
+        _check_lengths(logit_lengths, target_lengths, T, U1 - 1, f"gamma_blank {_shape(gamma_blank)}",
+                       f"gamma_blank {_shape(gamma_blank)}")
+    boundary = check_boundary(boundary, B, gamma_blank.device, logit_lengths, target_lengths)
+    if boundary is None:
+        t_end, u_end = logit_lengths, target_lengths
+    else:
+        t_end, u_end = boundary[:, 3], boundary[:, 2]
+    S = U1 - 1
+    regular = rnnt_type == "regular"
+
+    R_used = _window_size(R, t_end, u_end, S, regular, method)
+    if method == "k2":
+        s_begin = _k2_starts(gamma_blank, gamma_label, t_end, u_end, R_used, regular)
+    else:
+        s_begin = _exact_starts(gamma_blank + gamma_label, t_end, u_end, R_used, regular)
+    ranges = s_begin[..., None] + torch.arange(R_used, device=s_begin.device)
+    return PruneRanges(ranges, _covered(gamma_blank + gamma_label, ranges))
+
+
+def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> int:
+    """The window actually used (see :func:`prune_ranges`); one host sync."""
+    has_frames = t_end > 0
+    R_min = 1
+    if has_frames.any():
+        T_b, U_b = t_end[has_frames], u_end[has_frames]
+        if regular:
+            # k2: the smallest R with (R - 1) T_b >= U_b, written (U_b - 1) // T_b + 2 with
+            # truncating division (so U_b = 0, T_b = 1 gives 1; the R >= 2 rule follows).
+            R_min = int(torch.div(U_b - 1, T_b, rounding_mode="trunc").add(2).max())
+        elif method == "exact":
+            # One label per frame: from 0 to max(U_b - R + 1, 0) in T_b - 1 steps of <= 1.
+            # Sequences with T_b < U_b have no path at all: no window helps them.
+            has_path = T_b >= U_b
+            if has_path.any():
+                R_min = max(1, int((U_b - T_b + 2)[has_path].max()))
+    asked = R
+    if R < R_min:
+        R = R_min
+    if R > S:
+        R = S + 1               # every position kept: nothing is pruned
+    if regular and R < 2 and S >= 1:
+        R = 2                   # a regular window of 1 keeps no label arc (k2 asserts R >= 2)
+    if R > asked:
+        warnings.warn(f"prune_ranges: R={asked} cannot reach the end of every sequence "
+                      f"(rnnt_type {'regular' if regular else 'modified/constrained'}, "
+                      f"U = {S}); using R={R}", RuntimeWarning, stacklevel=3)
+    return R
+
+
+def _k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, regular: bool):
+    """fast_rnnt's ``get_rnnt_prune_ranges`` steps 3-5 (variants.md A) on our layout:
+    ``py_grad[b, u, t] = gamma_blank[b, t, u]``, ``px_grad[b, u, t] = gamma_label[b, t, u]``."""
+    B, T, U1 = gamma_blank.shape
+    n = U1 - R + 1                                                   # candidate starts
+    cum = torch.nn.functional.pad(gamma_blank.cumsum(-1), (1, 0))   # (B, T, U+2)
+    starts = torch.arange(n, device=gamma_blank.device)
+    blk_sum = cum[..., starts + R] - cum[..., starts]                # (B, T, n) window sums
+    label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s - 1), 0 at s = 0
+    s_begin = torch.argmax(blk_sum - label_in, -1)                   # (B, T), first max
+    t = torch.arange(T, device=gamma_blank.device)[None, :]
+    tail = (u_end - R + 1).clamp(min=0)[:, None]                     # (B, 1)
+    s_begin = torch.where(t < t_end[:, None] - 1, s_begin, tail)
+    return _k2_adjust(s_begin, R if regular else 2)
+
+
+def _k2_adjust(s_begin, R_e: int):
+    """k2's ``_adjust_pruning_lower_bound``: non-decreasing, ``s[0] = 0``, steps ``<= R_e - 1``."""
+    T = s_begin.shape[1]
+    t = torch.arange(T, device=s_begin.device)[None, :]
+
+    def suffix_min(x):
+        return torch.flip(torch.cummin(torch.flip(x, (-1,)), -1).values, (-1,))
+
+    s = suffix_min(s_begin)
+    x = suffix_min((R_e - 1) * t - s).clamp(min=0)
+    return (R_e - 1) * t - x
+
+
+def _exact_starts(node, t_end, u_end, R: int, regular: bool):
+    """The DP of math.md section 10 (``analysis.coverage.best_window_starts``)."""
+    B, T, U1 = node.shape
+    n = U1 - R + 1
+    mass = torch.nan_to_num(node.to(torch.float64), nan=0.0)
+    cum = torch.nn.functional.pad(mass.cumsum(-1), (1, 0))
+    starts = torch.arange(n, device=node.device)
+    window_mass = cum[..., starts + R] - cum[..., starts]           # (B, T, n)
+    last = (u_end - R + 1).clamp(min=0)
+    if not regular:
+        # Reachable in T_b - 1 steps of <= 1 (only lowers it where the lattice has no path).
+        last = torch.minimum(last, (t_end - 1).clamp(min=0))
+    _, s_begin = best_window_starts(window_mass, last + 1, R - 1 if regular else 1,
+                                    first=torch.zeros_like(last), last=last, n_frames=t_end)
+    return s_begin
+
+
+def _covered(node, ranges):
+    """Share of each sequence's occupancy mass inside its windows (1 without mass)."""
+    inside = torch.gather(node, 2, ranges).sum((1, 2))
+    total = node.sum((1, 2))
+    return torch.where(total > 0, inside / torch.where(total > 0, total, 1.0), 1.0).clamp(max=1.0)
+
+
+def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
+    r"""The joiner's inputs on the windows (k2's ``do_rnnt_pruning``): ``(am_pruned,
+    lm_pruned)`` with ``am_pruned = am[:, :, None].expand(B, T, R, Da)`` (a view) and
+    ``lm_pruned[b, t, k] = lm[b, ranges[b, t, k]]`` ``(B, T, R, Dl)``.
+
+    Example::
+
+        >>> import torch, rnnt_lattice
+        >>> am, lm = torch.randn(2, 7, 3), torch.randn(2, 4, 5)      # (B, T, Da), (B, U+1, Dl)
+        >>> ranges = torch.tensor([0, 0, 1, 1, 2, 2, 2]).expand(2, 7)[..., None] + torch.arange(2)
+        >>> am_p, lm_p = rnnt_lattice.do_rnnt_pruning(am, lm, ranges)
+        >>> am_p.shape, lm_p.shape
+        (torch.Size([2, 7, 2, 3]), torch.Size([2, 7, 2, 5]))
+
+    Args:
+        am: ``(B, T, Da)`` encoder output; lm: ``(B, U+1, Dl)`` prediction-network output.
+        ranges: ``(B, T, R)`` int64 label positions in ``[0, U]`` (:func:`prune_ranges`).
+    """
+    for name, x in (("am", am), ("lm", lm), ("ranges", ranges)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims, got shape {_shape(x)}")
+    B, T, R = ranges.shape
+    if ranges.dtype != torch.int64:
+        raise ValueError(f"ranges must be int64, got {ranges.dtype}")
+    if am.shape[0] != B or lm.shape[0] != B or am.shape[1] != T:
+        raise ValueError(f"ranges {_shape(ranges)} must be (B, T, R) with am's (B, T) and lm's B: "
+                         f"am {_shape(am)}, lm {_shape(lm)}")
+    for name, x in (("am", am), ("lm", lm)):
+        if x.device != ranges.device:
+            raise ValueError(f"tensors on different devices: ranges on {ranges.device}, "
+                             f"{name} on {x.device}")
+    U1, Dl = lm.shape[1], lm.shape[2]
+    if ranges.device.type == "cpu" and ranges.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(ranges.min()), int(ranges.max())
+        if lo < 0 or hi >= U1:
+            raise ValueError(f"ranges must lie in [0, U] = [0, {U1 - 1}] for lm {_shape(lm)}, "
+                             f"got values in [{lo}, {hi}]")
+    am_pruned = am.unsqueeze(2).expand(B, T, R, am.shape[2])
+    lm_pruned = torch.gather(lm.unsqueeze(1).expand(B, T, U1, Dl), 2,
+                             ranges[..., None].expand(B, T, R, Dl))
+    return am_pruned, lm_pruned
