@@ -25,7 +25,7 @@ def test_doc_example_runs(path, code):
     exec(compile(code, str(path), "exec"), {"__name__": "doc_example"})
 
 
-DOCTEST_MODULES = ["rnnt_lattice.functional", "rnnt_lattice.modules",
+DOCTEST_MODULES = ["rnnt_lattice.functional", "rnnt_lattice.modules", "rnnt_lattice.pruned",
                    "rnnt_lattice.analysis.occupancy", "rnnt_lattice.analysis.alignment",
                    "rnnt_lattice.analysis.coverage", "rnnt_lattice.bench"]
 

@@ -109,10 +109,6 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     return _with_grad(loss, occ, rnnt_type, True)
 
 
-def reduction:
-    return "none" if reduction is None else reduction
-
-
 def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                      termination_symbol: int, boundary: torch.Tensor | None = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
