@@ -31,6 +31,7 @@ and in forked children is ``_config``'s business (docs/api.md, "Reliability").
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -39,9 +40,13 @@ import numpy as np
 import torch
 
 from .._types import Lattice, LossOptions
+from ..reference import Ends
+from ..topology import Topology, regular
 from . import _config, kernels
 
-__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "empty_cache"]
+__all__ = ["loss_forward", "loss_backward", "supports", "compute_lattice", "viterbi", "empty_cache"]
+
+_REGULAR = regular()
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -143,58 +148,133 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store
                                           (alpha, beta, log_like, gamma_blank, gamma_label)))
 
 
-def _gradient(dst, src, from_logits, targets, logit_lengths, target_lengths, blank, fused,
-              shift, inv_sum, lat: Lattice, fastemit_lambda, clamp, upstream: np.ndarray):
-    # FastEmit (math.md section 6): label arcs get (1 + lambda) times their gradient.
-    gamma_label = lat.gamma_label.numpy()
-    if fastemit_lambda != 0.0:
-        gamma_label = gamma_label * (1.0 + fastemit_lambda)
-    B, T = dst.shape[:2]
-    kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
-                      _np(target_lengths), blank, fused, kernels.spread_stride(B * T), shift, inv_sum,
-                      lat.gamma_blank.numpy(), gamma_label, upstream, float(clamp))
-    return dst
-
-
 # --------------------------------------------------------------------------- loss
 INPLACE_WRITES_IN = "forward"     # in-place mode stores the exps in the logits right away
+
+
+@functools.lru_cache(maxsize=64)
+def kind_table(topo: Topology, blank: int) -> np.ndarray:
+    """The arc kinds of ``topo`` as the ``(N_FIELDS, K)`` int64 table the kernels read
+    (``kernels.DT`` ...): the class each kind reads resolved to a token id (-1: the label
+    y[u]). Read-only: it is shared by every call with this topology and blank."""
+    rows = []
+    for k in topo.kinds:
+        cls = blank if k.reads == "blank" else (k.class_id if k.reads == "class" else -1)
+        rows.append((k.dt, k.du, cls, k.duration, int(k.plus_next_blank), int(k.fastemit),
+                     int(k.delay), int(k.may_end)))
+    table = np.ascontiguousarray(np.array(rows, dtype=np.int64).T.reshape(kernels.N_FIELDS, -1))
+    table.setflags(write=False)
+    return table
+
+
+def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
+    """``(t0, u0, t1, u1)`` (B,) int64 arrays: start and end node of each lattice
+    (``reference.Ends``: k2's boundary rows ``[begin_symbol, begin_frame, end_symbol,
+    end_frame]``, checked as k2 checks them)."""
+    if boundary is None:
+        tl = _np(logit_lengths).astype(np.int64, copy=False)
+        ul = _np(target_lengths).astype(np.int64, copy=False)
+        zero = np.zeros_like(tl)
+        return zero, zero, tl, ul
+    ends = Ends.of(logit_lengths, target_lengths, boundary)
+    ends.check(T, U1)
+    return tuple(np.ascontiguousarray(_np(x.to(torch.int64))) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
+
+
+def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
+    """(B, T, U+1) int64 row of each node: the given map, or the identity of the padded
+    layout ``(B, T, U+1, V)`` viewed as ``(B*T*(U+1), V)``."""
+    if node_rows is None:
+        return np.arange(B * T * U1, dtype=np.int64).reshape(B, T, U1)
+    return np.ascontiguousarray(_np(node_rows).astype(np.int64, copy=False))
 
 
 class _State:
     """What the backward pass needs besides saved tensors. ``buf`` (the forward's exp
     buffer, or the logits themselves in place) is handed over once."""
 
-    def __init__(self, buf, shift, inv_sum, lat: Lattice, inplace: bool):
-        self.buf, self.shift, self.inv_sum, self.lat, self.inplace = buf, shift, inv_sum, lat, inplace
+    def __init__(self, buf, stats, gamma, log_like, ends, node_rows, kinds, blank, n_dur, inplace,
+                 shape):
+        self.shape = shape                    # the logits' shape, which the gradient takes
+        self.buf, self.stats, self.gamma, self.log_like = buf, stats, gamma, log_like
+        self.ends, self.node_rows, self.kinds = ends, node_rows, kinds
+        self.blank, self.n_dur, self.inplace = blank, n_dur, inplace
 
 
-def supports(opts: LossOptions, boundary=None) -> bool:
-    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms."""
-    return opts.regular and boundary is None
+def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
+    """Every topology (math.md 9), per-arc term, boundary and row layout: the kernels run
+    the one recursion over arc kinds."""
+    return True
+
+
+def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions,
+                  store, into=None):
+    """Passes 1-2 (``kernels.kind_row_pass``, ``kernels.kind_lattice``) on logits rows
+    ``(N, V)``: ``(buf, stats, gamma, log_like)``; the exps go into ``into`` (the rows
+    themselves in place) or a new buffer when ``store``."""
+    B, T, U1 = node_rows.shape
+    K = kinds.shape[1]
+    x = _np(rows)
+    buf = (_empty_like(rows) if into is None else into) if store else None
+    shift, shift_d = (np.empty((B, T, U1), dtype=x.dtype) for _ in range(2))
+    inv_sum, inv_sum_d = (np.empty((B, T, U1)) for _ in range(2))
+    w = np.empty((B, K, T, U1))
+    nan_row = np.empty((B, T), dtype=np.uint8)
+    t0, u0, t1, u1 = ends
+    kernels.kind_row_pass(x, node_rows, _np(targets), t0, u0, t1, u1, kinds, blank, n_dur,
+                          opts.fused, store, float(opts.sigma), float(opts.delay_penalty),
+                          kernels.spread_stride(B * T),
+                          np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
+                          shift, inv_sum, shift_d, inv_sum_d, w, nan_row)
+    alpha = np.full((B, T + 1, U1), -np.inf)
+    beta = np.full((B, T + 1, U1), -np.inf)
+    log_like = np.empty(B)
+    gamma = np.zeros((B, K, T, U1))
+    kernels.kind_lattice(w, kinds, t0, u0, t1, u1, nan_row, alpha, beta, log_like, gamma)
+    return buf, (shift, inv_sum, shift_d, inv_sum_d), gamma, log_like
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None):
-    """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``. With a gradient wanted in
-    fused mode the exps are stored in a buffer (the logits themselves with
-    ``opts.inplace_grad``: each row is read completely before its exps overwrite it)."""
+                 boundary=None, node_rows=None):
+    """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``, for any topology.
+
+    ``logits``: ``(B, T, U+1, V)``, or rows ``(N, V)`` with ``node_rows (B, T, U+1)`` int64
+    (node (b, t, u) reads row ``node_rows[b, t, u]``, -1: none; every row is read by one
+    node). With a gradient wanted in fused mode the exps are stored in a buffer like the
+    logits (the logits themselves with ``opts.inplace_grad``: each row is read completely
+    before its exps overwrite it)."""
+    topo = opts.topology or _REGULAR
+    blank = topo.check(logits.shape[-1], opts.blank)
+    if node_rows is None:
+        B, T, U1, V = logits.shape
+    else:
+        B, T, U1 = node_rows.shape
+        V = logits.shape[-1]
+    rows = logits.view(-1, V)
+    nodes = _node_rows(node_rows, B, T, U1)
+    ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
+    kinds = kind_table(topo, blank)
     inplace = need_grad and opts.inplace_grad
-    buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
-                                        opts.blank, opts.fused, store=need_grad and opts.fused,
-                                        into=logits if inplace else None)
-    costs = (-lat.log_like).to(logits.dtype)
+    store = need_grad and opts.fused
+    buf, stats, gamma, log_like = _kind_forward(rows, targets, ends, nodes, kinds, blank,
+                                                topo.n_durations, opts, store,
+                                                into=rows if inplace else None)
+    costs = torch.from_numpy(-log_like).to(logits.dtype)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
-    saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
-    return costs, saved, _State(logits if inplace else buf, shift, inv_sum, lat, inplace)
+    saved = (targets,) + (() if inplace else (logits,))
+    state = _State(rows if inplace else buf, stats, gamma, log_like, ends, nodes, kinds, blank,
+                   topo.n_durations, inplace, tuple(logits.shape))
+    return costs, saved, state
 
 
 def loss_backward(saved, st: _State, upstream, opts: LossOptions):
-    """Pass 3 (``_ops`` protocol): the gradient, upstream factor fused, into the forward's
-    buffer (handed over: no reference stays here, so autograd adopts it without a copy);
-    a second backward recomputes the exps from the saved logits with the same code."""
-    targets, logit_lengths, target_lengths, *rest = saved
+    """Pass 3 (``_ops`` protocol, ``kernels.kind_grad_rows``): the gradient, upstream factor
+    fused, shaped like the logits, into the forward's buffer (handed over: no reference
+    stays here, so autograd adopts it without a copy); a second backward recomputes the
+    exps from the saved logits with the same code."""
+    targets, *rest = saved
     logits = rest[0] if rest else None
     if st.inplace and st.buf is None:
         raise RuntimeError(
@@ -205,17 +285,23 @@ def loss_backward(saved, st: _State, upstream, opts: LossOptions):
         _np(dst).fill(0)
         st.buf = None
     elif not opts.fused:
-        dst, from_logits = _zeros_like(logits), False
+        dst, from_logits = _zeros_like(logits.view(-1, logits.shape[-1])), False
     elif st.buf is not None:
         dst, from_logits = st.buf, False
         st.buf = None
     else:
-        dst, from_logits = _empty_like(logits), True
+        dst, from_logits = _empty_like(logits.view(-1, logits.shape[-1])), True
+    src = dst if logits is None else logits.view(-1, logits.shape[-1])
     up = upstream.detach().to(torch.float64).contiguous().numpy()
-    _gradient(dst, dst if logits is None else logits, from_logits, targets, logit_lengths,
-              target_lengths, opts.blank, opts.fused, st.shift, st.inv_sum, st.lat,
-              opts.fastemit_lambda, opts.clamp, up)
-    return dst
+    B, T = st.node_rows.shape[:2]
+    t0, u0, t1, u1 = st.ends
+    shift, inv_sum, shift_d, inv_sum_d = st.stats
+    kernels.kind_grad_rows(_np(src), _np(dst), from_logits, st.node_rows, _np(targets),
+                           t0, u0, t1, u1, st.kinds, st.blank, st.n_dur, opts.fused,
+                           kernels.spread_stride(B * T), shift, inv_sum, shift_d, inv_sum_d,
+                           st.gamma, st.log_like, 1.0 + float(opts.fastemit_lambda), up,
+                           float(opts.clamp))
+    return dst.view(st.shape)
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
