@@ -679,6 +679,25 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
         nan_row[b, t] = bad
 
 
+@njit(**JIT)
+def _lse_terms(terms, n):
+    """lae of ``terms[:n]`` as ``m + log sum_k exp(x_k - m)``: n cheap exps and one log per
+    node instead of n - 1 (exp, log1p) pairs. -inf if all are -inf (or n = 0); NaN wins."""
+    m = NEG_INF
+    for k in range(n):
+        x = terms[k]
+        if x > m or x != x:
+            m = x
+        if m != m:
+            return m
+    if not m > NEG_INF:
+        return m
+    s = 0.0
+    for k in range(n):
+        s += exp_nonpos(terms[k] - m)
+    return m + math.log(s)
+
+
 @pjit
 def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, gamma):
     """Pass 2 for any topology: alpha, beta, log P and per-kind occupations, one sequence
@@ -705,30 +724,37 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
             log_like[b] = NEG_INF
             continue
         nu = u1 - u0 + 1
+        terms = np.empty(K)                           # the incoming / outgoing arcs of a node
         # alpha (rows ascending) and beta (rows descending) in one loop: two independent
         # chains of dependent logaddexps (latency-bound) that the CPU can overlap.
         for i in range(t1 - t0 + 1):
             for j in range(nu):
                 t = t0 + i
                 u = u0 + j
-                a = 0.0 if (i == 0 and j == 0) else NEG_INF
-                if i > 0 or j > 0:
+                if i == 0 and j == 0:
+                    alpha[b, t, u] = 0.0
+                else:
+                    n = 0
                     for k in range(K):
                         st = t - kinds[DT, k]
                         su = u - kinds[DU, k]
                         if st >= t0 and su >= u0 and st < t1:
-                            a = _lae(a, alpha[b, st, su] + w[b, k, st, su])
-                alpha[b, t, u] = a
+                            terms[n] = alpha[b, st, su] + w[b, k, st, su]
+                            n += 1
+                    alpha[b, t, u] = _lse_terms(terms, n)
                 t = t1 - i
                 u = u1 - j
-                z = 0.0 if (i == 0 and j == 0) else NEG_INF
-                if i > 0:                             # the end frame has no outgoing arc
+                if i == 0:                            # the end frame has no outgoing arc
+                    beta[b, t, u] = 0.0 if j == 0 else NEG_INF
+                else:
+                    n = 0
                     for k in range(K):
                         lt = t + kinds[DT, k]
                         lu = u + kinds[DU, k]
                         if lt <= t1 and lu <= u1:
-                            z = _lae(z, w[b, k, t, u] + beta[b, lt, lu])
-                beta[b, t, u] = z
+                            terms[n] = w[b, k, t, u] + beta[b, lt, lu]
+                            n += 1
+                    beta[b, t, u] = _lse_terms(terms, n)
         ll = beta[b, t0, u0]
         for t in range(t0, t1):
             if nan_row[b, t] != 0:
