@@ -50,10 +50,22 @@ def reference_loss(logits, targets, tl, ul, topo, blank, fused=True, boundary=No
     return loss, grad
 
 
+@pytest.fixture
+def generic_kernels(monkeypatch):
+    """The plain regular loss has its own kernels (``cpu.REGULAR_KERNELS``); the generic
+    ones must compute it too."""
+    monkeypatch.setattr(cpu, "REGULAR_KERNELS", False)
+
+
 @pytest.mark.parametrize("opt", list(OPTIONS) + ["inplace", "inplace_logprob"])
-@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
-def test_matches_reference(topo_name, opt):
-    """Every case (ragged, U=0, T=1, T=0, infeasible rows) in float64, signed upstream."""
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES) + ["regular_kernels"])
+def test_matches_reference(topo_name, opt, monkeypatch):
+    """Every case (ragged, U=0, T=1, T=0, infeasible rows) in float64, signed upstream;
+    "regular_kernels": the regular topology through the kernels kept for it (which take
+    the options without sigma, delay penalty or boundary), the others through the generic
+    kernels."""
+    monkeypatch.setattr(cpu, "REGULAR_KERNELS", topo_name == "regular_kernels")
+    topo_name = "regular" if topo_name == "regular_kernels" else topo_name
     kw = dict(OPTIONS.get(opt, {}))
     fused = kw.pop("fused", opt != "inplace_logprob")
     use_boundary = kw.pop("boundary", False)
@@ -73,7 +85,7 @@ def test_matches_reference(topo_name, opt):
 
 @pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
 @pytest.mark.parametrize("opt", ["fused", "logprob", "all_logprob", "clamp"])
-def test_float32(topo_name, opt):
+def test_float32(topo_name, opt, generic_kernels):
     kw = dict(OPTIONS[opt], fastemit_lambda=0.1, sigma=0.05)
     fused = kw.pop("fused", True)
     case = Case("f32", (4, 3, 5), (2, 3, 1), 6, 0, T=5, U=3)
@@ -136,11 +148,12 @@ def test_nan_rules(topo_name, fused):
     assert (grad[0] == 0).all() and rel_err(grad[1], -2 * want_grad[1]) <= TOL[torch.float64]
 
 
-def test_second_backward_is_bit_identical():
+@pytest.mark.parametrize("topo_name", ["tdt012", "regular"])
+def test_second_backward_is_bit_identical(topo_name, generic_kernels):
     """Without the stored exps (retain_graph), the gradient is recomputed from the logits
     with the same code: the same bits."""
     case = Case("twice", (5, 3), (2, 3), 7, 0)
-    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, "tdt012", torch.float32)
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, torch.float32)
     opts = LossOptions(blank=blank, topology=topo, clamp=0.1, fastemit_lambda=0.2)
     _, saved, state = cpu.loss_forward(logits, targets, tl, ul, opts, True)
     up = upstream_weights(case.B)
@@ -163,11 +176,11 @@ def _packed(logits, tl, ul):
 
 @pytest.mark.parametrize("topo_name", ["regular", "constrained", "tdt012", "multiblank"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
-def test_packed_rows(topo_name, fused):
+def test_packed_rows(topo_name, fused, generic_kernels):
     case = Case("packed", (5, 2, 4), (3, 0, 2), 7, 0, T=6, U=4)
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, fused=fused)
     up = upstream_weights(case.B)
-    kw = dict(fastemit_lambda=0.2, sigma=0.05, delay_penalty=0.1)
+    kw = dict(fastemit_lambda=0.2, clamp=0.3)
     want_loss, want_grad = numba_loss(logits, targets, tl, ul, topo, blank, fused, upstream=up, **kw)
     rows, node_rows, on = _packed(logits, tl, ul)
     for inplace in (False, True):

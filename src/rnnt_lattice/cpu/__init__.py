@@ -189,16 +189,28 @@ def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
     return np.ascontiguousarray(_np(node_rows).astype(np.int64, copy=False))
 
 
+# Two kernel sets compute the loss. The generic one (``kind_row_pass``, ``kind_lattice``,
+# ``kind_grad_rows``) runs every topology, per-arc term, boundary and row layout. The plain
+# regular loss (no sigma, no delay penalty, no boundary, padded logits) keeps its own
+# kernels (``row_pass``, ``lattice``, ``grad_rows``): the generic ones give the same
+# numbers but were measured 10-18% slower on it (per-node bookkeeping over the kind table
+# in the row and gradient passes; B=8, T=200, U=50, V=1024 float32, serial CPU time), and
+# the standard loss must not lose speed. ``REGULAR_KERNELS = False`` sends it through the
+# generic ones too (the tests do, to check them on the regular lattice).
+REGULAR_KERNELS = True
+
+
 class _State:
     """What the backward pass needs besides saved tensors. ``buf`` (the forward's exp
-    buffer, or the logits themselves in place) is handed over once."""
+    buffer, or the logits themselves in place, shaped like the logits) is handed over once.
+    ``lat`` is the regular kernels' Lattice, or None for the generic ones (``gamma``...)."""
 
-    def __init__(self, buf, stats, gamma, log_like, ends, node_rows, kinds, blank, n_dur, inplace,
-                 shape):
-        self.shape = shape                    # the logits' shape, which the gradient takes
-        self.buf, self.stats, self.gamma, self.log_like = buf, stats, gamma, log_like
-        self.ends, self.node_rows, self.kinds = ends, node_rows, kinds
-        self.blank, self.n_dur, self.inplace = blank, n_dur, inplace
+    def __init__(self, buf, stats, inplace, shape, lat=None, gamma=None, log_like=None,
+                 ends=None, node_rows=None, kinds=None, blank=None, n_dur=0):
+        self.buf, self.stats, self.inplace, self.shape = buf, stats, inplace, shape
+        self.lat = lat
+        self.gamma, self.log_like, self.ends, self.node_rows = gamma, log_like, ends, node_rows
+        self.kinds, self.blank, self.n_dur = kinds, blank, n_dur
 
 
 def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
@@ -207,23 +219,21 @@ def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
     return True
 
 
-def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions,
-                  store, into=None):
+def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions, buf):
     """Passes 1-2 (``kernels.kind_row_pass``, ``kernels.kind_lattice``) on logits rows
-    ``(N, V)``: ``(buf, stats, gamma, log_like)``; the exps go into ``into`` (the rows
-    themselves in place) or a new buffer when ``store``."""
+    ``(N, V)``: ``(stats, gamma, log_like)``; the exps go into ``buf`` (N, V) unless None
+    (it may be ``rows`` itself: in-place mode)."""
     B, T, U1 = node_rows.shape
     K = kinds.shape[1]
     x = _np(rows)
-    buf = (_empty_like(rows) if into is None else into) if store else None
     shift, shift_d = (np.empty((B, T, U1), dtype=x.dtype) for _ in range(2))
     inv_sum, inv_sum_d = (np.empty((B, T, U1)) for _ in range(2))
     w = np.empty((B, K, T, U1))
     nan_row = np.empty((B, T), dtype=np.uint8)
     t0, u0, t1, u1 = ends
     kernels.kind_row_pass(x, node_rows, _np(targets), t0, u0, t1, u1, kinds, blank, n_dur,
-                          opts.fused, store, float(opts.sigma), float(opts.delay_penalty),
-                          kernels.spread_stride(B * T),
+                          opts.fused, buf is not None, float(opts.sigma),
+                          float(opts.delay_penalty), kernels.spread_stride(B * T),
                           np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
                           shift, inv_sum, shift_d, inv_sum_d, w, nan_row)
     alpha = np.full((B, T + 1, U1), -np.inf)
@@ -231,7 +241,7 @@ def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: Los
     log_like = np.empty(B)
     gamma = np.zeros((B, K, T, U1))
     kernels.kind_lattice(w, kinds, t0, u0, t1, u1, nan_row, alpha, beta, log_like, gamma)
-    return buf, (shift, inv_sum, shift_d, inv_sum_d), gamma, log_like
+    return (shift, inv_sum, shift_d, inv_sum_d), gamma, log_like
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
@@ -243,38 +253,44 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     node). With a gradient wanted in fused mode the exps are stored in a buffer like the
     logits (the logits themselves with ``opts.inplace_grad``: each row is read completely
     before its exps overwrite it)."""
-    topo = opts.topology or _REGULAR
-    blank = topo.check(logits.shape[-1], opts.blank)
-    if node_rows is None:
-        B, T, U1, V = logits.shape
-    else:
-        B, T, U1 = node_rows.shape
-        V = logits.shape[-1]
-    rows = logits.view(-1, V)
-    nodes = _node_rows(node_rows, B, T, U1)
-    ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
-    kinds = kind_table(topo, blank)
     inplace = need_grad and opts.inplace_grad
     store = need_grad and opts.fused
-    buf, stats, gamma, log_like = _kind_forward(rows, targets, ends, nodes, kinds, blank,
-                                                topo.n_durations, opts, store,
-                                                into=rows if inplace else None)
+    shape = tuple(logits.shape)
+    V = shape[-1]
+    buf = (logits if inplace else _empty_like(logits)) if store else None
+    if REGULAR_KERNELS and opts.regular and boundary is None and node_rows is None:
+        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
+                                            opts.blank, opts.fused, store, into=buf)
+        log_like = lat.log_like.numpy()
+        state = _State(buf, (shift, inv_sum), inplace, shape, lat=lat)
+    else:
+        topo = opts.topology or _REGULAR
+        blank = topo.check(V, opts.blank)
+        B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
+        nodes = _node_rows(node_rows, B, T, U1)
+        ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
+        kinds = kind_table(topo, blank)
+        stats, gamma, log_like = _kind_forward(logits.view(-1, V), targets, ends, nodes, kinds,
+                                               blank, topo.n_durations, opts,
+                                               None if buf is None else buf.view(-1, V))
+        state = _State(buf, stats, inplace, shape, gamma=gamma, log_like=log_like, ends=ends,
+                       node_rows=nodes, kinds=kinds, blank=blank, n_dur=topo.n_durations)
     costs = torch.from_numpy(-log_like).to(logits.dtype)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
-    saved = (targets,) + (() if inplace else (logits,))
-    state = _State(rows if inplace else buf, stats, gamma, log_like, ends, nodes, kinds, blank,
-                   topo.n_durations, inplace, tuple(logits.shape))
+    saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
+    if inplace:
+        state.buf = logits
     return costs, saved, state
 
 
 def loss_backward(saved, st: _State, upstream, opts: LossOptions):
-    """Pass 3 (``_ops`` protocol, ``kernels.kind_grad_rows``): the gradient, upstream factor
-    fused, shaped like the logits, into the forward's buffer (handed over: no reference
-    stays here, so autograd adopts it without a copy); a second backward recomputes the
-    exps from the saved logits with the same code."""
-    targets, *rest = saved
+    """Pass 3 (``_ops`` protocol): the gradient, upstream factor fused, shaped like the
+    logits, into the forward's buffer (handed over: no reference stays here, so autograd
+    adopts it without a copy); a second backward recomputes the exps from the saved logits
+    with the same code, so it returns a bit-identical gradient."""
+    targets, logit_lengths, target_lengths, *rest = saved
     logits = rest[0] if rest else None
     if st.inplace and st.buf is None:
         raise RuntimeError(
@@ -285,23 +301,36 @@ def loss_backward(saved, st: _State, upstream, opts: LossOptions):
         _np(dst).fill(0)
         st.buf = None
     elif not opts.fused:
-        dst, from_logits = _zeros_like(logits.view(-1, logits.shape[-1])), False
+        dst, from_logits = _zeros_like(logits), False
     elif st.buf is not None:
         dst, from_logits = st.buf, False
         st.buf = None
     else:
-        dst, from_logits = _empty_like(logits.view(-1, logits.shape[-1])), True
-    src = dst if logits is None else logits.view(-1, logits.shape[-1])
+        dst, from_logits = _empty_like(logits), True
+    src = dst if logits is None else logits
     up = upstream.detach().to(torch.float64).contiguous().numpy()
+    if st.lat is not None:                    # the regular kernels
+        shift, inv_sum = st.stats
+        # FastEmit (math.md section 6): label arcs get (1 + lambda) times their gradient.
+        gamma_label = st.lat.gamma_label.numpy()
+        if opts.fastemit_lambda != 0.0:
+            gamma_label = gamma_label * (1.0 + opts.fastemit_lambda)
+        B, T = dst.shape[:2]
+        kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
+                          _np(target_lengths), opts.blank, opts.fused, kernels.spread_stride(B * T),
+                          shift, inv_sum, st.lat.gamma_blank.numpy(), gamma_label, up,
+                          float(opts.clamp))
+        return dst
+    V = st.shape[-1]
     B, T = st.node_rows.shape[:2]
     t0, u0, t1, u1 = st.ends
     shift, inv_sum, shift_d, inv_sum_d = st.stats
-    kernels.kind_grad_rows(_np(src), _np(dst), from_logits, st.node_rows, _np(targets),
-                           t0, u0, t1, u1, st.kinds, st.blank, st.n_dur, opts.fused,
-                           kernels.spread_stride(B * T), shift, inv_sum, shift_d, inv_sum_d,
-                           st.gamma, st.log_like, 1.0 + float(opts.fastemit_lambda), up,
-                           float(opts.clamp))
-    return dst.view(st.shape)
+    kernels.kind_grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), from_logits,
+                           st.node_rows, _np(targets), t0, u0, t1, u1, st.kinds, st.blank,
+                           st.n_dur, opts.fused, kernels.spread_stride(B * T), shift, inv_sum,
+                           shift_d, inv_sum_d, st.gamma, st.log_like,
+                           1.0 + float(opts.fastemit_lambda), up, float(opts.clamp))
+    return dst
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
