@@ -1,5 +1,9 @@
 """CPU backend: Numba kernels (``kernels.py``) behind the loss protocol of ``_ops``.
 
+Every topology, per-arc term (sigma, delay penalty), k2 boundary and row layout
+(``node_rows``: packed or pruned logits rows) runs on the generic kernels over a table of
+arc kinds (``kind_table``); the plain regular loss keeps its own kernels (``REGULAR_KERNELS``).
+
 Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
 compile on first use and are cached on disk (``_config.CACHE``).
 

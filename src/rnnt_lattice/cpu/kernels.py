@@ -10,6 +10,11 @@ Three passes, as in docs/math.md:
 3. ``grad_rows`` — over the buffer again: turns the stored exps into the gradient with one
    multiply per element (clamp and FastEmit fused), scaled by the upstream gradient.
 
+The same three passes for any topology (``kind_row_pass``, ``kind_lattice``,
+``kind_grad_rows``, section "any topology" below) are driven by a table of arc kinds and
+read logits rows ``(N, V)`` through a node -> row map (padded, packed or pruned layouts);
+the regular kernels above are kept for the plain regular loss (see ``cpu/__init__``).
+
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
 vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).
 
