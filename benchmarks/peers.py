@@ -33,6 +33,8 @@ from typing import Callable, Optional
 
 import torch
 
+from rnnt_lattice.bench import VARIANTS
+
 
 @dataclass
 class Provider:
@@ -65,10 +67,11 @@ def _ours(backend: str, inplace_grad: bool = False):
     def load():
         import rnnt_lattice
 
-        def fn(logits, targets, logit_lengths, target_lengths, blank):
-            return rnnt_lattice.rnnt_loss(logits, targets, logit_lengths, target_lengths,
-                                          blank=blank, reduction="none", backend=backend,
-                                          inplace_grad=inplace_grad)
+        from rnnt_lattice.bench import variant_loss
+
+        def fn(logits, targets, logit_lengths, target_lengths, blank, variant="regular"):
+            return variant_loss(variant, logits, targets, logit_lengths, target_lengths, blank,
+                                backend=backend, inplace_grad=inplace_grad)
         # Fail here, not at the first call, when the backend's module does not import.
         if backend == "numba":
             importlib.import_module("rnnt_lattice.cpu")
@@ -181,9 +184,9 @@ def _optimized_transducer():
 
 PROVIDERS = {p.name: p for p in (
     Provider("rnnt_lattice", "rnnt-lattice", _ours("numba"), "backend='numba'",
-             devices=("cpu",), ours=True),
+             devices=("cpu",), variants=tuple(VARIANTS), ours=True),
     Provider("rnnt_lattice_torch", "rnnt-lattice", _ours("torch"),
-             "backend='torch' (pure-PyTorch reference)", ours=True),
+             "backend='torch' (pure-PyTorch reference)", variants=tuple(VARIANTS), ours=True),
     Provider("rnnt_lattice_triton", "rnnt-lattice", _ours("triton"), "backend='triton'",
              devices=("cuda",), ours=True),
     Provider("rnnt_lattice_triton_inplace", "rnnt-lattice", _ours("triton", inplace_grad=True),

@@ -113,7 +113,7 @@ class CPU:
         pass
 
     def inputs(self, case, seed: int) -> shapes.Inputs:
-        return shapes.make_inputs(case.shape, case.dtype, seed)
+        return shapes.make_inputs(case.shape, case.dtype, seed, case.variant)
 
     def floor(self, x, args) -> dict:
         f = bench.exp_floor(x.logits, reps=max(3, args.reps))
@@ -162,9 +162,9 @@ class CUDA:
         print(f"# copy bandwidth {self.copy_gbs:.4g} GB/s (1 GiB buffer)", flush=True)
 
     def inputs(self, case, seed: int) -> shapes.Inputs:
-        x = shapes.make_inputs(case.shape, case.dtype, seed)
+        x = shapes.make_inputs(case.shape, case.dtype, seed, case.variant)
         return shapes.Inputs(*(t.cuda() for t in (x.logits, x.targets, x.logit_lengths,
-                                                  x.target_lengths)), x.blank)
+                                                  x.target_lengths)), x.blank, x.variant)
 
     def floor(self, x, args) -> dict:
         return {"copy_GBps": self.copy_gbs, "floor_s": 3 * x.nbytes / (self.copy_gbs * 1e9)}

@@ -64,9 +64,14 @@ def test_case_selection_per_device_and_mode(run):
 
 def test_variants_are_the_registrys(run):
     with pytest.raises(SystemExit):
-        run.parse(["--variants", "tdt"])
+        run.parse(["--variants", "ctc"])
     with pytest.raises(ValueError, match="unknown variant"):
-        bench.cases(["s1"], variants=["tdt"])
+        bench.cases(["s1"], variants=["ctc"])
+    labels, _ = _cases(run, "--shapes", "s1", "--variants", "regular", "tdt", "multiblank")
+    assert labels == ["s1", "s1 tdt", "s1 multiblank"]
+    for variant in ("tdt", "multiblank"):
+        assert variant in run.peers.PROVIDERS["rnnt_lattice"].variants
+        assert variant not in run.peers.PROVIDERS["torchaudio"].variants
     c = bench.Case(bench.SHAPES["s5"], torch.float16, "regular")
     assert c.label == "s5 float16" and c.dtype_name == "float16"
 
@@ -164,6 +169,36 @@ def test_cpu_run_end_to_end(run, tmp_path, mode):
         assert "| shape | fwd+bwd | fwd | exp(out=buf) | exp() fresh | fwd+bwd / exp(out) |" in md
     else:
         assert "**fwd+bwd, median (x exp(out=buf))**" in md and "| rnnt_lattice_torch |" in md
+
+
+def test_variant_inputs():
+    """make_inputs per variant: TDT's durations after the tokens, NeMo's blank V-1 with the
+    labels below the blank(s); the regular inputs are unchanged by the variant argument."""
+    shape = bench.SHAPES["s1"]
+    reg = bench.make_inputs(shape, seed=3)
+    assert torch.equal(reg.logits, bench.make_inputs(shape, seed=3, variant="regular").logits)
+    tdt = bench.make_inputs(shape, seed=3, variant="tdt")
+    assert tdt.logits.shape[-1] == shape.V + len(bench.TDT_DURATIONS) and tdt.blank == shape.V - 1
+    assert int(tdt.targets.max()) < shape.V - 1
+    mb = bench.make_inputs(shape, seed=3, variant="multiblank")
+    assert mb.logits.shape[-1] == shape.V and mb.blank == shape.V - 1
+    assert int(mb.targets.max()) < shape.V - 1 - len(bench.BIG_BLANK_DURATIONS)
+    assert mb.call_kwargs() == {"variant": "multiblank"} and reg.call_kwargs() == {}
+
+
+def test_cpu_run_variant(run, tmp_path):
+    """A TDT case end to end: ours (Numba) agrees with the torch reference on it; a peer
+    without the variant reports "unsupported"."""
+    pytest.importorskip("numba")
+    assert run.main(["--device", "cpu", "--mode", "peers", "--shapes", "s1", "--variants", "tdt",
+                     "--providers", "rnnt_lattice", "rnnt_lattice_torch", "torchaudio",
+                     "--reps", "1", "--warmup", "1", "--cap", "5", "--no-memory",
+                     "--out-dir", str(tmp_path), "--stem", "v"]) == 0
+    _, rows, _ = _run_rows(tmp_path, "v")
+    ours = next(r for r in rows if r["provider"] == "rnnt_lattice")
+    assert ours["variant"] == "tdt" and ours["status"] == "ok" and ours["agree"] == "ok"
+    peer = next(r for r in rows if r["provider"] == "torchaudio")
+    assert peer["status"] in ("unsupported", "unavailable")
 
 
 class StandIn:

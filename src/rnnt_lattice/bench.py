@@ -91,14 +91,36 @@ GROUPS = {
     "gpu": ["s3", "s4", "s5", "ragged", "big", "v5000"],   # run.py --device cuda
 }
 
-# Loss topologies a case can ask for (``benchmarks/run.py --variants``). Only "regular"
-# exists today; a new one (TDT, multi-blank, ``rnnt_type`` variants) is added here, in
-# make_inputs if it needs more inputs (durations, extra blanks), and in the ``variants`` of
-# each provider of ``benchmarks/peers.py`` that implements it (the others report
-# "unsupported" for it).
+# Loss topologies a case can ask for (``benchmarks/run.py --variants``). A new one is added
+# here, in ``variant_loss`` (its loss call) and ``make_inputs`` (its inputs: durations,
+# extra blanks), and in the ``variants`` of each provider of ``benchmarks/peers.py`` that
+# implements it (the others report "unsupported" for it).
 VARIANTS = {
     "regular": "standard RNN-T: one blank; a blank moves t, a label moves u",
+    "modified": "k2 rnnt_type='modified': one symbol per frame, a label moves t and u",
+    "tdt": "NeMo TDT, durations 0..4: the last axis is V tokens + 5 durations, blank V-1",
+    "multiblank": "NeMo multi-blank, big blanks of 2, 4, 8 frames: classes V-2..V-4, blank V-1",
 }
+TDT_DURATIONS = (0, 1, 2, 3, 4)
+BIG_BLANK_DURATIONS = (2, 4, 8)
+
+
+def variant_loss(variant: str, logits, targets, logit_lengths, target_lengths, blank, **kw):
+    """Per-sequence costs of ``variant`` through the public API (``kw``: ``backend``,
+    ``inplace_grad``, ...), on inputs made by :func:`make_inputs` for that variant."""
+    import rnnt_lattice
+    args = (logits, targets, logit_lengths, target_lengths)
+    kw = dict(blank=blank, reduction="none", **kw)
+    if variant == "regular":
+        return rnnt_lattice.rnnt_loss(*args, **kw)
+    if variant == "modified":
+        return rnnt_lattice.rnnt_loss(*args, rnnt_type="modified", **kw)
+    if variant == "tdt":
+        return rnnt_lattice.tdt_loss(*args, durations=list(TDT_DURATIONS), **kw)
+    if variant == "multiblank":
+        return rnnt_lattice.multiblank_rnnt_loss(*args, big_blank_durations=list(BIG_BLANK_DURATIONS),
+                                                 **kw)
+    raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
 
 
 @dataclass
@@ -108,6 +130,11 @@ class Inputs:
     logit_lengths: torch.Tensor   # (B,) int32
     target_lengths: torch.Tensor  # (B,) int32
     blank: int
+    variant: str = "regular"      # the loss topology (VARIANTS); providers get it as a keyword
+
+    def call_kwargs(self) -> dict:
+        """Keywords of a provider call: none for "regular" (every peer's signature)."""
+        return {} if self.variant == "regular" else {"variant": self.variant}
 
     @property
     def nbytes(self) -> int:
@@ -158,9 +185,12 @@ def resolve(names) -> list:
     return out
 
 
-def make_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0) -> Inputs:
+def make_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0,
+                variant: str = "regular") -> Inputs:
     """Seeded inputs for ``shape``. ``dtype`` overrides the shape's dtype (the agreement
     check makes float32 inputs and upcasts them itself, so both see the same numbers).
+    ``variant`` (:data:`VARIANTS`): "tdt" appends the 5 duration logits to the last axis
+    and "tdt"/"multiblank" use NeMo's blank ``V-1`` with labels below the blank(s).
 
     Logits are standard normal: joiner outputs at initialisation look like this, and it is
     the hardest case for the lattice (no path dominates). The generator is local, so the
@@ -179,10 +209,19 @@ def make_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0
         T, U = shape.T, shape.U
         logit_lengths = torch.full((B,), T, dtype=torch.int32)
         target_lengths = torch.full((B,), U, dtype=torch.int32)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
+    if variant in ("tdt", "multiblank"):
+        # NeMo's layout: the blank is the last token, the big blanks just below it.
+        n_blanks = 1 + (len(BIG_BLANK_DURATIONS) if variant == "multiblank" else 0)
+        targets = torch.randint(0, V - n_blanks, (B, U), generator=g, dtype=torch.int32)
+        V_all = V + (len(TDT_DURATIONS) if variant == "tdt" else 0)
+        logits = torch.randn(B, T, U + 1, V_all, generator=g, dtype=torch.float32).to(dtype)
+        return Inputs(logits, targets, logit_lengths, target_lengths, V - 1, variant)
     # Labels 1..V-1 everywhere (also past target_lengths: some peers read the padding).
     targets = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32)
     logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float32).to(dtype)
-    return Inputs(logits, targets, logit_lengths, target_lengths, BLANK)
+    return Inputs(logits, targets, logit_lengths, target_lengths, BLANK, variant)
 
 
 # --------------------------------------------------------------------------- timing
@@ -259,7 +298,7 @@ def fwd_bwd(fn, x: Inputs, logits: torch.Tensor):
     then backward of the summed per-sequence losses, into a fresh ``logits.grad`` (as in
     training)."""
     logits.grad = None
-    costs = fn(logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
+    costs = fn(logits, x.targets, x.logit_lengths, x.target_lengths, x.blank, **x.call_kwargs())
     costs.sum().backward()
     return costs
 
@@ -267,7 +306,8 @@ def fwd_bwd(fn, x: Inputs, logits: torch.Tensor):
 def fwd(fn, x: Inputs):
     """Forward only (no graph, logits not requiring grad)."""
     with torch.no_grad():
-        return fn(x.logits, x.targets, x.logit_lengths, x.target_lengths, x.blank)
+        return fn(x.logits, x.targets, x.logit_lengths, x.target_lengths, x.blank,
+                  **x.call_kwargs())
 
 
 def time_loss(fn, x: Inputs, *, leaf: Optional[torch.Tensor] = None, setup=None, clock=WALL,

@@ -1,5 +1,9 @@
 """CPU backend: Numba kernels (``kernels.py``) behind the loss protocol of ``_ops``.
 
+Every topology, per-arc term (sigma, delay penalty), k2 boundary and row layout
+(``node_rows``: packed or pruned logits rows) runs on the generic kernels over a table of
+arc kinds (``kind_table``); the plain regular loss keeps its own kernels (``REGULAR_KERNELS``).
+
 Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
 compile on first use and are cached on disk (``_config.CACHE``).
 
@@ -31,6 +35,7 @@ and in forked children is ``_config``'s business (docs/api.md, "Reliability").
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -39,9 +44,13 @@ import numpy as np
 import torch
 
 from .._types import Lattice, LossOptions
+from ..reference import Ends
+from ..topology import Topology, regular
 from . import _config, kernels
 
-__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "empty_cache"]
+__all__ = ["loss_forward", "loss_backward", "supports", "compute_lattice", "viterbi", "empty_cache"]
+
+_REGULAR = regular()
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -143,58 +152,148 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store
                                           (alpha, beta, log_like, gamma_blank, gamma_label)))
 
 
-def _gradient(dst, src, from_logits, targets, logit_lengths, target_lengths, blank, fused,
-              shift, inv_sum, lat: Lattice, fastemit_lambda, clamp, upstream: np.ndarray):
-    # FastEmit (math.md section 6): label arcs get (1 + lambda) times their gradient.
-    gamma_label = lat.gamma_label.numpy()
-    if fastemit_lambda != 0.0:
-        gamma_label = gamma_label * (1.0 + fastemit_lambda)
-    B, T = dst.shape[:2]
-    kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
-                      _np(target_lengths), blank, fused, kernels.spread_stride(B * T), shift, inv_sum,
-                      lat.gamma_blank.numpy(), gamma_label, upstream, float(clamp))
-    return dst
-
-
 # --------------------------------------------------------------------------- loss
 INPLACE_WRITES_IN = "forward"     # in-place mode stores the exps in the logits right away
 
 
+@functools.lru_cache(maxsize=64)
+def kind_table(topo: Topology, blank: int) -> np.ndarray:
+    """The arc kinds of ``topo`` as the ``(N_FIELDS, K)`` int64 table the kernels read
+    (``kernels.DT`` ...): the class each kind reads resolved to a token id (-1: the label
+    y[u]). Read-only: it is shared by every call with this topology and blank."""
+    rows = []
+    for k in topo.kinds:
+        cls = blank if k.reads == "blank" else (k.class_id if k.reads == "class" else -1)
+        rows.append((k.dt, k.du, cls, k.duration, int(k.plus_next_blank), int(k.fastemit),
+                     int(k.delay), int(k.may_end)))
+    table = np.ascontiguousarray(np.array(rows, dtype=np.int64).T.reshape(kernels.N_FIELDS, -1))
+    table.setflags(write=False)
+    return table
+
+
+def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
+    """``(t0, u0, t1, u1)`` (B,) int64 arrays: start and end node of each lattice
+    (``reference.Ends``: k2's boundary rows ``[begin_symbol, begin_frame, end_symbol,
+    end_frame]``, checked as k2 checks them)."""
+    if boundary is None:
+        tl = _np(logit_lengths).astype(np.int64, copy=False)
+        ul = _np(target_lengths).astype(np.int64, copy=False)
+        zero = np.zeros_like(tl)
+        return zero, zero, tl, ul
+    ends = Ends.of(logit_lengths, target_lengths, boundary)
+    ends.check(T, U1)
+    return tuple(np.ascontiguousarray(_np(x.to(torch.int64))) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
+
+
+def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
+    """(B, T, U+1) int64 row of each node: the given map, or the identity of the padded
+    layout ``(B, T, U+1, V)`` viewed as ``(B*T*(U+1), V)``."""
+    if node_rows is None:
+        return np.arange(B * T * U1, dtype=np.int64).reshape(B, T, U1)
+    return np.ascontiguousarray(_np(node_rows).astype(np.int64, copy=False))
+
+
+# Two kernel sets compute the loss. The generic one (``kind_row_pass``, ``kind_lattice``,
+# ``kind_grad_rows``) runs every topology, per-arc term, boundary and row layout. The plain
+# regular loss (no sigma, no delay penalty, no boundary, padded logits) keeps its own
+# kernels (``row_pass``, ``lattice``, ``grad_rows``): the generic ones give the same
+# numbers but were measured 10-18% slower on it (per-node bookkeeping over the kind table
+# in the row and gradient passes; B=8, T=200, U=50, V=1024 float32, serial CPU time), and
+# the standard loss must not lose speed. ``REGULAR_KERNELS = False`` sends it through the
+# generic ones too (the tests do, to check them on the regular lattice).
+REGULAR_KERNELS = True
+
+
 class _State:
     """What the backward pass needs besides saved tensors. ``buf`` (the forward's exp
-    buffer, or the logits themselves in place) is handed over once."""
+    buffer, or the logits themselves in place, shaped like the logits) is handed over once.
+    ``lat`` is the regular kernels' Lattice, or None for the generic ones (``gamma``...)."""
 
-    def __init__(self, buf, shift, inv_sum, lat: Lattice, inplace: bool):
-        self.buf, self.shift, self.inv_sum, self.lat, self.inplace = buf, shift, inv_sum, lat, inplace
+    def __init__(self, buf, stats, inplace, shape, lat=None, gamma=None, log_like=None,
+                 ends=None, node_rows=None, kinds=None, blank=None, n_dur=0):
+        self.buf, self.stats, self.inplace, self.shape = buf, stats, inplace, shape
+        self.lat = lat
+        self.gamma, self.log_like, self.ends, self.node_rows = gamma, log_like, ends, node_rows
+        self.kinds, self.blank, self.n_dur = kinds, blank, n_dur
 
 
 def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
-    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms,
-    on padded logits."""
-    return opts.regular and boundary is None and node_rows is None
+    """Every topology (math.md 9), per-arc term, boundary and row layout: the kernels run
+    the one recursion over arc kinds."""
+    return True
+
+
+def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions, buf):
+    """Passes 1-2 (``kernels.kind_row_pass``, ``kernels.kind_lattice``) on logits rows
+    ``(N, V)``: ``(stats, gamma, log_like)``; the exps go into ``buf`` (N, V) unless None
+    (it may be ``rows`` itself: in-place mode)."""
+    B, T, U1 = node_rows.shape
+    K = kinds.shape[1]
+    x = _np(rows)
+    shift, shift_d = (np.empty((B, T, U1), dtype=x.dtype) for _ in range(2))
+    inv_sum, inv_sum_d = (np.empty((B, T, U1)) for _ in range(2))
+    w = np.empty((B, K, T, U1))
+    nan_row = np.empty((B, T), dtype=np.uint8)
+    t0, u0, t1, u1 = ends
+    kernels.kind_row_pass(x, node_rows, _np(targets), t0, u0, t1, u1, kinds, blank, n_dur,
+                          opts.fused, buf is not None, float(opts.sigma),
+                          float(opts.delay_penalty), kernels.spread_stride(B * T),
+                          np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
+                          shift, inv_sum, shift_d, inv_sum_d, w, nan_row)
+    alpha = np.full((B, T + 1, U1), -np.inf)
+    beta = np.full((B, T + 1, U1), -np.inf)
+    log_like = np.empty(B)
+    gamma = np.zeros((B, K, T, U1))
+    kernels.kind_lattice(w, kinds, t0, u0, t1, u1, nan_row, alpha, beta, log_like, gamma)
+    return (shift, inv_sum, shift_d, inv_sum_d), gamma, log_like
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
                  boundary=None, node_rows=None):
-    """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``. With a gradient wanted in
-    fused mode the exps are stored in a buffer (the logits themselves with
-    ``opts.inplace_grad``: each row is read completely before its exps overwrite it)."""
+    """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``, for any topology.
+
+    ``logits``: ``(B, T, U+1, V)``, or rows ``(N, V)`` with ``node_rows (B, T, U+1)`` int64
+    (node (b, t, u) reads row ``node_rows[b, t, u]``, -1: none; every row is read by one
+    node). With a gradient wanted in fused mode the exps are stored in a buffer like the
+    logits (the logits themselves with ``opts.inplace_grad``: each row is read completely
+    before its exps overwrite it)."""
     inplace = need_grad and opts.inplace_grad
-    buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
-                                        opts.blank, opts.fused, store=need_grad and opts.fused,
-                                        into=logits if inplace else None)
-    costs = (-lat.log_like).to(logits.dtype)
+    store = need_grad and opts.fused
+    shape = tuple(logits.shape)
+    V = shape[-1]
+    buf = (logits if inplace else _empty_like(logits)) if store else None
+    if REGULAR_KERNELS and opts.regular and boundary is None and node_rows is None:
+        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
+                                            opts.blank, opts.fused, store, into=buf)
+        log_like = lat.log_like.numpy()
+        state = _State(buf, (shift, inv_sum), inplace, shape, lat=lat)
+    else:
+        topo = opts.topology or _REGULAR
+        blank = topo.check(V, opts.blank)
+        B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
+        nodes = _node_rows(node_rows, B, T, U1)
+        ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
+        kinds = kind_table(topo, blank)
+        stats, gamma, log_like = _kind_forward(logits.view(-1, V), targets, ends, nodes, kinds,
+                                               blank, topo.n_durations, opts,
+                                               None if buf is None else buf.view(-1, V))
+        state = _State(buf, stats, inplace, shape, gamma=gamma, log_like=log_like, ends=ends,
+                       node_rows=nodes, kinds=kinds, blank=blank, n_dur=topo.n_durations)
+    costs = torch.from_numpy(-log_like).to(logits.dtype)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
     saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
-    return costs, saved, _State(logits if inplace else buf, shift, inv_sum, lat, inplace)
+    if inplace:
+        state.buf = logits
+    return costs, saved, state
 
 
 def loss_backward(saved, st: _State, upstream, opts: LossOptions):
-    """Pass 3 (``_ops`` protocol): the gradient, upstream factor fused, into the forward's
-    buffer (handed over: no reference stays here, so autograd adopts it without a copy);
-    a second backward recomputes the exps from the saved logits with the same code."""
+    """Pass 3 (``_ops`` protocol): the gradient, upstream factor fused, shaped like the
+    logits, into the forward's buffer (handed over: no reference stays here, so autograd
+    adopts it without a copy); a second backward recomputes the exps from the saved logits
+    with the same code, so it returns a bit-identical gradient."""
     targets, logit_lengths, target_lengths, *rest = saved
     logits = rest[0] if rest else None
     if st.inplace and st.buf is None:
@@ -212,10 +311,29 @@ def loss_backward(saved, st: _State, upstream, opts: LossOptions):
         st.buf = None
     else:
         dst, from_logits = _empty_like(logits), True
+    src = dst if logits is None else logits
     up = upstream.detach().to(torch.float64).contiguous().numpy()
-    _gradient(dst, dst if logits is None else logits, from_logits, targets, logit_lengths,
-              target_lengths, opts.blank, opts.fused, st.shift, st.inv_sum, st.lat,
-              opts.fastemit_lambda, opts.clamp, up)
+    if st.lat is not None:                    # the regular kernels
+        shift, inv_sum = st.stats
+        # FastEmit (math.md section 6): label arcs get (1 + lambda) times their gradient.
+        gamma_label = st.lat.gamma_label.numpy()
+        if opts.fastemit_lambda != 0.0:
+            gamma_label = gamma_label * (1.0 + opts.fastemit_lambda)
+        B, T = dst.shape[:2]
+        kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
+                          _np(target_lengths), opts.blank, opts.fused, kernels.spread_stride(B * T),
+                          shift, inv_sum, st.lat.gamma_blank.numpy(), gamma_label, up,
+                          float(opts.clamp))
+        return dst
+    V = st.shape[-1]
+    B, T = st.node_rows.shape[:2]
+    t0, u0, t1, u1 = st.ends
+    shift, inv_sum, shift_d, inv_sum_d = st.stats
+    kernels.kind_grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), from_logits,
+                           st.node_rows, _np(targets), t0, u0, t1, u1, st.kinds, st.blank,
+                           st.n_dur, opts.fused, kernels.spread_stride(B * T), shift, inv_sum,
+                           shift_d, inv_sum_d, st.gamma, st.log_like,
+                           1.0 + float(opts.fastemit_lambda), up, float(opts.clamp))
     return dst
 
 

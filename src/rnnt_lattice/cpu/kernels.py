@@ -10,6 +10,11 @@ Three passes, as in docs/math.md:
 3. ``grad_rows`` — over the buffer again: turns the stored exps into the gradient with one
    multiply per element (clamp and FastEmit fused), scaled by the upstream gradient.
 
+The same three passes for any topology (``kind_row_pass``, ``kind_lattice``,
+``kind_grad_rows``, section "any topology" below) are driven by a table of arc kinds and
+read logits rows ``(N, V)`` through a node -> row map (padded, packed or pruned layouts);
+the regular kernels above are kept for the plain regular loss (see ``cpu/__init__``).
+
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
 vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).
 
@@ -505,3 +510,423 @@ def grad_rows(src, dst, from_logits, targets, logit_lengths, target_lengths, bla
             y = targets[b, u] if has_label else 0
             _finish_row(row, blank, y, has_label, gamma_blank[b, t, u], gamma_label[b, t, u],
                         inv_sum[b, t, u], w, clamp, fused)
+
+
+# =========================================================================== any topology
+# The same three passes for every transducer topology (math.md section 9), driven by a
+# table of arc kinds ``kinds (N_FIELDS, K)`` int64 (``kind_table`` in ``cpu/__init__``):
+#
+#   DT, DU    kind k leaves node (t, u) and lands on (t + dt, u + du)
+#   CLS       token class it reads: a fixed id (blank, big blank), or -1 for the label y[u]
+#   DUR       index of the duration softmax group it also reads (TDT), -1 for none
+#   PNB       1: also reads the blank of node (t, u+1) (k2 "constrained")
+#   FE        1: the gradient of its class read carries the FastEmit factor (1 + lambda)
+#   DELAY     1: + delay_penalty * ((t1 - 1)/2 - t) on its weight
+#   END       1: may land on the end frame t1 (only at the end node (t1, u1))
+#
+# The logits are rows ``(N, V)``, ``V = V_tok + n_dur``, and node (b, t, u) reads row
+# ``node_rows[b, t, u]`` (-1: no row, every arc of the node is -inf). The padded layout
+# ``(B, T, U+1, V)`` is the identity map over ``(B*T*(U+1), V)``. Each sequence has a start
+# (t0, u0) and an end (t1, u1) (k2's boundary; by default (0, 0) and (T_b, U_b)); the rows
+# of the region ``t0 <= t < t1, u0 <= u <= u1`` are read, every other row is padding.
+# The per-node work is a loop over the K kinds; the loops over V do not look at the table.
+DT, DU, CLS, DUR, PNB, FE, DELAY, END = range(8)
+N_FIELDS = 8
+
+
+@njit(**JIT)
+def _is_arc(kinds, k, t, u, t1, u1):
+    """Whether kind k leaving region node (t, u) is an arc (math.md 9.1, ``arc_mask``):
+    it lands on ``u + du <= u1`` and ``t + dt < t1``, or exactly on the end node for a
+    kind that may end."""
+    lt = t + kinds[DT, k]
+    lu = u + kinds[DU, k]
+    if lu > u1:
+        return False
+    if lt < t1:
+        return True
+    return kinds[END, k] != 0 and lt == t1 and lu == u1
+
+
+@njit(**JIT)
+def _read_lp(entry, lse):
+    """Log-prob of one entry of a softmax group whose row log-normaliser is ``lse`` (0 in
+    log-prob mode, where a +inf entry was already turned into NaN); a dead row (all -inf,
+    ``lse = -inf``) gives -inf."""
+    if lse == NEG_INF:
+        return NEG_INF
+    return entry - lse
+
+
+@njit(**JIT)
+def _group_stats(seg, store, out):
+    """Row statistics of one small softmax group ``seg`` (fused mode; the durations): ``(m, inv_sum, lse)``, and
+    ``out[:] = exp(seg - m)`` when ``store`` (``out`` may be ``seg``). A dead group (all
+    -inf) gives (-inf, 0, -inf); a NaN or +inf in it gives (m, NaN, NaN) (math.md 8.1);
+    both store zeros."""
+    m = _row_max(seg)
+    if not (m > NEG_INF and m < np.inf):
+        if store:
+            out[:] = 0.0
+        if m == NEG_INF:
+            return m, 0.0, NEG_INF
+        return m, np.nan, np.nan
+    s = _exp_store(seg, m, out) if store else _exp_sum(seg, m)
+    return m, 1.0 / s, np.float64(m) + math.log(s)
+
+
+@pjit
+def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_dur, fused,
+                  store, sigma, delay_penalty, spread, buf, shift, inv_sum, shift_d, inv_sum_d,
+                  w, nan_row):
+    """Pass 1 for any topology: row statistics and the arc weights (math.md 1 and 9).
+
+    Args:
+        rows: (N, V) float32/float64 logits rows (``V = V_tok + n_dur``), C-contiguous.
+        node_rows: (B, T, U+1) int64, the row of each node or -1.
+        targets: (B, U) int64. t0s, u0s, t1s, u1s: (B,) int64 start and end of each lattice.
+        kinds: (N_FIELDS, K) int64 arc-kind table. blank: blank id in [0, V_tok).
+        n_dur: size of the duration group (TDT), 0 otherwise. fused: raw scores (else
+            log-probs). store: write exp(x - m) of each group into ``buf`` (N, V) (zeros
+            in padding rows); ``buf`` may be ``rows`` (in-place mode).
+        sigma, delay_penalty: the per-arc terms. spread: see ``spread_stride`` (B*T).
+    Outputs, written on every node:
+        shift, shift_d (B, T, U+1) dtype of rows: token / duration group row max.
+        inv_sum, inv_sum_d (B, T, U+1) float64: 1 / sum exp(x - m) of each group.
+        w (B, K, T, U+1) float64: arc weights (``reference.arc_weights``), -inf off the arcs:
+
+            w_k(t,u) = x[cls_k] - lse + [dur_k] (x[V_tok + dur_k] - lse_d)
+                       + [pnb_k] b(t, u+1) - sigma + [delay_k] delay_penalty ((t1-1)/2 - t)
+
+        nan_row (B, T) uint8: 1 where an arc weight of the row (b, t) is NaN.
+    Only arc entries are read before the row is overwritten (in-place mode); in log-prob
+    mode only arc entries are read at all, a +inf one as NaN (math.md 8.1).
+    """
+    B, T, U1 = node_rows.shape
+    K = kinds.shape[1]
+    V_tok = rows.shape[1] - n_dur
+    has_pnb = False
+    for k in range(K):
+        if kinds[PNB, k] != 0:
+            has_pnb = True
+    for i in prange(B * T):
+        b, t = _spread_row(i, spread, B, T)
+        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+        in_t = t >= t0 and t < t1
+        delay_term = delay_penalty * ((t1 - 1) / 2.0 - t)
+        ent = np.empty(K)                       # token entry each arc reads at this node
+        dent = np.empty(K)                      # its duration entry (TDT)
+        blank_lp = np.full(U1 + 1, NEG_INF)     # b(t, u) of this frame (plus_next_blank)
+        bad = 0
+        for u in range(U1):
+            shift[b, t, u] = 0.0
+            shift_d[b, t, u] = 0.0
+            inv_sum[b, t, u] = 0.0
+            inv_sum_d[b, t, u] = 0.0
+            for k in range(K):
+                w[b, k, t, u] = NEG_INF
+            r = node_rows[b, t, u]
+            if r < 0:
+                continue
+            if not (in_t and u >= u0 and u <= u1):   # padding: never read, gradient 0
+                if store:
+                    buf[r, :] = 0.0
+                continue
+            row = rows[r]
+            out = buf[r] if store else row            # (never written unless store)
+            # Read the arc entries first: in in-place mode the exps overwrite the row.
+            for k in range(K):
+                if _is_arc(kinds, k, t, u, t1, u1):
+                    c = kinds[CLS, k]
+                    ent[k] = np.float64(row[targets[b, u] if c < 0 else c])
+                    d = kinds[DUR, k]
+                    dent[k] = np.float64(row[V_tok + d]) if d >= 0 else 0.0
+            x_blank = np.float64(row[blank]) if has_pnb else NEG_INF
+            lse = 0.0                                 # log-prob mode: rows are normalised
+            lse_d = 0.0
+            if fused:
+                # The token group inline (as a call, the exp loop runs ~30% slower).
+                seg = row[:V_tok]
+                m = _row_max(seg)
+                shift[b, t, u] = m
+                if m == NEG_INF:                      # every class masked: no arc leaves
+                    lse = NEG_INF
+                    if store:
+                        out[:V_tok] = 0.0
+                elif not m < np.inf:                  # a NaN or +inf: its softmax is
+                    lse = np.nan                      # undefined, the arcs are NaN
+                    inv_sum[b, t, u] = np.nan
+                    if store:
+                        out[:V_tok] = 0.0
+                else:
+                    if store:
+                        s = _exp_store(seg, m, out[:V_tok])
+                    else:
+                        s = _exp_sum(seg, m)
+                    inv_sum[b, t, u] = 1.0 / s
+                    lse = np.float64(m) + math.log(s)
+                if n_dur > 0:
+                    m, s_inv, lse_d = _group_stats(row[V_tok:], store, out[V_tok:])
+                    shift_d[b, t, u] = m
+                    inv_sum_d[b, t, u] = s_inv
+            elif x_blank == np.inf:                   # a log-prob of +inf is invalid: NaN
+                x_blank = np.nan
+            blank_lp[u] = _read_lp(x_blank, lse)
+            for k in range(K):
+                if _is_arc(kinds, k, t, u, t1, u1):
+                    e = ent[k]
+                    if not fused and e == np.inf:
+                        e = np.nan
+                    x = _read_lp(e, lse)
+                    if kinds[DUR, k] >= 0:
+                        e = dent[k]
+                        if not fused and e == np.inf:
+                            e = np.nan
+                        x += _read_lp(e, lse_d)
+                    x -= sigma
+                    if kinds[DELAY, k] != 0:
+                        x += delay_term
+                    w[b, k, t, u] = x
+        if has_pnb and in_t:                          # k2 constrained: + b(t, u+1)
+            for u in range(u0, min(u1, U1 - 1) + 1):
+                if node_rows[b, t, u] < 0:
+                    continue
+                for k in range(K):
+                    if kinds[PNB, k] != 0 and _is_arc(kinds, k, t, u, t1, u1):
+                        w[b, k, t, u] += blank_lp[u + 1]
+        for u in range(U1):
+            for k in range(K):
+                if w[b, k, t, u] != w[b, k, t, u]:
+                    bad = 1
+        nan_row[b, t] = bad
+
+
+@njit(**JIT)
+def _lse_terms(terms, n):
+    """lae of ``terms[:n]`` as ``m + log sum_k exp(x_k - m)``: n cheap exps and one log per
+    node instead of n - 1 (exp, log1p) pairs. -inf if all are -inf (or n = 0); NaN wins."""
+    m = NEG_INF
+    for k in range(n):
+        x = terms[k]
+        if x > m or x != x:
+            m = x
+        if m != m:
+            return m
+    if not m > NEG_INF:
+        return m
+    s = 0.0
+    for k in range(n):
+        s += exp_nonpos(terms[k] - m)
+    return m + math.log(s)
+
+
+@pjit
+def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, gamma):
+    """Pass 2 for any topology: alpha, beta, log P and per-kind occupations, one sequence
+    per thread (math.md sections 2, 3 and 9), on the nodes ``t0 <= t <= t1, u0 <= u <= u1``
+    (frame t1 is the virtual end frame):
+
+        alpha(t0, u0) = 0,  alpha(t,u) = lae_k  alpha(t - dt_k, u - du_k) + w_k(t - dt_k, u - du_k)
+        beta(t1, u1)  = 0,  beta(t,u)  = lae_k  w_k(t,u) + beta(t + dt_k, u + du_k)
+        log P = beta(t0, u0)
+        gamma_k(t,u)  = exp(alpha(t,u) + w_k(t,u) + beta(t + dt_k, u + du_k) - log P)
+
+    Args: w (B, K, T, U+1) float64 arc weights (-inf off the arcs), nan_row (B, T) from
+    ``kind_row_pass``. Outputs: alpha, beta (B, T+1, U+1) float64, filled with -inf on
+    entry (only each sequence's nodes are written); log_like (B,); gamma (B, K, T, U+1)
+    zero-filled on entry. Every kind has dt >= 0, du in {0, 1}, dt + du >= 1, so rows in
+    order (t outer, u inner) respect the alpha dependencies, and in reverse those of beta.
+    A NaN arc weight anywhere makes log P NaN and every occupation NaN (math.md 8.1); no
+    frame (t1 <= t0) or no path: log P = -inf, occupations 0.
+    """
+    B, K, T, U1 = w.shape
+    for b in prange(B):
+        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+        if t1 <= t0:                                  # no frame, no path
+            log_like[b] = NEG_INF
+            continue
+        nu = u1 - u0 + 1
+        terms = np.empty(K)                           # the incoming / outgoing arcs of a node
+        # alpha (rows ascending) and beta (rows descending) in one loop: two independent
+        # chains of dependent logaddexps (latency-bound) that the CPU can overlap.
+        for i in range(t1 - t0 + 1):
+            for j in range(nu):
+                t = t0 + i
+                u = u0 + j
+                if i == 0 and j == 0:
+                    alpha[b, t, u] = 0.0
+                else:
+                    n = 0
+                    for k in range(K):
+                        st = t - kinds[DT, k]
+                        su = u - kinds[DU, k]
+                        if st >= t0 and su >= u0 and st < t1:
+                            terms[n] = alpha[b, st, su] + w[b, k, st, su]
+                            n += 1
+                    alpha[b, t, u] = _lse_terms(terms, n)
+                t = t1 - i
+                u = u1 - j
+                if i == 0:                            # the end frame has no outgoing arc
+                    beta[b, t, u] = 0.0 if j == 0 else NEG_INF
+                else:
+                    n = 0
+                    for k in range(K):
+                        lt = t + kinds[DT, k]
+                        lu = u + kinds[DU, k]
+                        if lt <= t1 and lu <= u1:
+                            terms[n] = w[b, k, t, u] + beta[b, lt, lu]
+                            n += 1
+                    beta[b, t, u] = _lse_terms(terms, n)
+        ll = beta[b, t0, u0]
+        for t in range(t0, t1):
+            if nan_row[b, t] != 0:
+                ll = np.nan
+        log_like[b] = ll
+        if ll == NEG_INF:                             # impossible: no occupation, no gradient
+            continue
+        if ll != ll:                                  # NaN: every arc's occupation is NaN
+            for k in range(K):
+                for t in range(t0, t1):
+                    for u in range(u0, u1 + 1):
+                        if _is_arc(kinds, k, t, u, t1, u1):
+                            gamma[b, k, t, u] = np.nan
+            continue
+        # Over slices so that the loops vectorise; w is -inf off the arcs (exp gives 0).
+        for k in range(K):
+            dt = kinds[DT, k]
+            du = kinds[DU, k]
+            n = nu - du
+            for t in range(t0, min(t1, t1 - dt + 1)):
+                a_row = alpha[b, t, u0:u0 + n]
+                w_row = w[b, k, t, u0:u0 + n]
+                n_row = beta[b, t + dt, u0 + du:u0 + du + n]
+                g_row = gamma[b, k, t, u0:u0 + n]
+                for u in range(n):
+                    g_row[u] = exp_nonpos(a_row[u] + w_row[u] + n_row[u] - ll)
+
+
+@njit(**JIT)
+def _add_read(cls, sub, n, c, g):
+    """Add occupation ``g`` to the read of class ``c`` in the node's list (merged by class)."""
+    for j in range(n):
+        if cls[j] == c:
+            sub[j] += g
+            return n
+    cls[n] = c
+    sub[n] = g
+    return n + 1
+
+
+@pjit
+def kind_grad_rows(src, dst, from_logits, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank,
+                   n_dur, fused, spread, shift, inv_sum, shift_d, inv_sum_d, gamma, log_like,
+                   fastemit_scale, upstream, clamp):
+    """Pass 3 for any topology: ``dst`` (N, V) = ``upstream[b] * d loss_b / d rows`` (math.md
+    4-6 and 9; ``reference.grad_generic``).
+
+    At node n the reads are: each arc kind's class (its occupation scaled by
+    ``fastemit_scale`` = 1 + lambda for FastEmit kinds), the blank of a ``plus_next_blank``
+    arc leaving (t, u-1), and for TDT each kind's duration. With ``S`` the sum of the
+    scaled occupations read in the token group, ``S_d`` that in the duration group:
+
+        d/dx_v          = p_v S - sum_{reads of class v} s gamma      (token group, clamped)
+        d/dx_{V_tok+i}  = q_i S_d - sum_{kinds with duration i} gamma  (never clamped)
+
+    Fused: ``dst`` holds the exps of ``kind_row_pass`` (src is dst), or with
+    ``from_logits`` they are recomputed from ``src`` with the same shifts (bit-identical);
+    ``p_v = exp(x_v - m) inv_sum``, so the bulk is one multiply per element and the few
+    read classes are then set in float64 (``p S - s gamma`` cancels when p ~ 1). A NaN
+    sequence (log P NaN) gets NaN on every entry of its region rows. Log-prob mode: ``dst``
+    comes in zero-filled and only the read entries are written (``p`` taken as 0).
+    Padding rows get 0, and so does every row of a sequence whose upstream is exactly 0.
+    """
+    B, T, U1 = node_rows.shape
+    K = kinds.shape[1]
+    V_tok = dst.shape[1] - n_dur
+    for i in prange(B * T):
+        b, t = _spread_row(i, spread, B, T)
+        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+        wu = upstream[b]
+        ll = log_like[b]
+        in_t = t >= t0 and t < t1
+        cls = np.empty(2 * K, dtype=np.int64)         # classes read at the node ...
+        sub = np.empty(2 * K)                         # ... and their scaled occupations
+        ev = np.empty(2 * K)                          # their exps
+        dsub = np.zeros(max(n_dur, 1))
+        for u in range(U1):
+            r = node_rows[b, t, u]
+            if r < 0:
+                continue
+            row = dst[r]
+            if not (in_t and u >= u0 and u <= u1) or wu == 0.0:
+                # A select, not a product: 0 * NaN would be NaN (math.md 8.1).
+                if wu == 0.0 or (fused and from_logits):
+                    row[:] = 0.0
+                continue
+            if fused and ll != ll:                    # a NaN sequence: NaN everywhere
+                row[:] = np.nan
+                continue
+            n = 0
+            s_tok = 0.0
+            s_dur = 0.0
+            for j in range(n_dur):
+                dsub[j] = 0.0
+            for k in range(K):
+                if _is_arc(kinds, k, t, u, t1, u1):
+                    g = gamma[b, k, t, u]
+                    sg = g * fastemit_scale if kinds[FE, k] != 0 else g
+                    c = kinds[CLS, k]
+                    n = _add_read(cls, sub, n, targets[b, u] if c < 0 else c, sg)
+                    s_tok += sg
+                    d = kinds[DUR, k]
+                    if d >= 0:
+                        dsub[d] += g
+                        s_dur += g
+                if kinds[PNB, k] != 0 and u > u0 and _is_arc(kinds, k, t, u - 1, t1, u1):
+                    g = gamma[b, k, t, u - 1]         # the arc from (t, u-1) reads b(t, u)
+                    n = _add_read(cls, sub, n, blank, g)
+                    s_tok += g
+            if not fused:
+                for j in range(n):
+                    row[cls[j]] = _clip(-sub[j], clamp) * wu
+                for j in range(n_dur):
+                    row[V_tok + j] = -dsub[j] * wu
+                continue
+            tok = row[:V_tok]
+            if from_logits:
+                if inv_sum[b, t, u] > 0.0:
+                    _exp_store(src[r, :V_tok], shift[b, t, u], tok)
+                else:                                 # dead or NaN group: stored as zeros
+                    tok[:] = 0.0
+                if n_dur > 0:
+                    if inv_sum_d[b, t, u] > 0.0:
+                        _exp_store(src[r, V_tok:], shift_d[b, t, u], row[V_tok:])
+                    else:
+                        row[V_tok:] = 0.0
+            if s_tok == 0.0:                          # no arc reads the row (or no path)
+                tok[:] = 0.0
+            else:
+                c = s_tok * inv_sum[b, t, u]          # d/dx_v = exp(x_v - m) * inv_sum * S - ...
+                for j in range(n):
+                    ev[j] = np.float64(tok[cls[j]])
+                if clamp > 0.0:
+                    # p_v S >= 0: only the upper bound can bind off the read classes.
+                    # A select, not min(): Numba's min is NaN-aware and does not vectorise.
+                    c32 = cast_like(tok, c)
+                    hi = cast_like(tok, clamp)
+                    w32 = cast_like(tok, wu)
+                    for v in range(tok.shape[0]):
+                        g = tok[v] * c32
+                        tok[v] = (hi if g > hi else g) * w32
+                else:
+                    cw = cast_like(tok, c * wu)
+                    for v in range(tok.shape[0]):
+                        tok[v] = tok[v] * cw
+                # The read classes in float64: p S - s gamma cancels when p ~ 1.
+                for j in range(n):
+                    tok[cls[j]] = _clip(ev[j] * c - sub[j], clamp) * wu
+            if n_dur > 0:                             # d/dx_{V_tok+i} = q_i S_d - gamma_i
+                cd = s_dur * inv_sum_d[b, t, u]
+                for j in range(n_dur):
+                    q = np.float64(row[V_tok + j]) * cd if s_dur != 0.0 else 0.0
+                    row[V_tok + j] = (q - dsub[j]) * wu
