@@ -8,7 +8,7 @@ rows and pruned windows), built here by gathering rows of the padded logits.
 
 The backend protocol is called directly (``gpu.loss_forward`` / ``gpu.loss_backward``):
 the same calls that the public layer makes. Lattices are tiny and the tile sizes lowered
-(``BLOCK_U = 2``, ``BLOCK_V = 4``, eight rows per program) so that every kernel still spans
+(``BLOCK_U = 2`` or 4, ``BLOCK_V = 4``, eight rows per program) so that every kernel still spans
 several blocks; durations reach 4 (TDT) and 8 (multi-blank) on one case each, so that a
 diagonal reads several earlier ones.
 """
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
-    monkeypatch.setattr(gpu, "BLOCK_U", 2)
+    monkeypatch.setattr(gpu, "BLOCK_U", 4)          # one lane block per diagonal (see below)
     monkeypatch.setattr(gpu, "BLOCK_V", 4)
     monkeypatch.setattr(gpu, "ROW_TILE", 32)        # 8 rows per program: 6 programs on RAGGED
 
@@ -103,10 +103,14 @@ def check(costs, grad, ref_costs, ref_grad, dtype, pad=None):
 # --------------------------------------------------------------------------- every topology x option
 @pytest.mark.parametrize("option", OPTIONS)
 @pytest.mark.parametrize("topo_name", TOPOLOGIES)
-def test_loss_and_gradient(topo_name, option):
+def test_loss_and_gradient(topo_name, option, monkeypatch):
     """float64 logits for every topology x option (agreement to float64 rounding), and the
-    same numbers in float32 for the plain set."""
+    same numbers in float32 for the plain set. Lanes of two label positions for the plain
+    and boundary sets: a diagonal then spans several lane blocks (the interpreter pays for
+    each, so the other sets run one block per diagonal)."""
     opts = OPTIONS[option]
+    if option in ("plain", "boundary"):
+        monkeypatch.setattr(gpu, "BLOCK_U", 2)
     logits, targets, tl, ul, topo, blank, bnd = inputs(RAGGED, topo_name, opts)
     up = upstream_weights(logits.shape[0])
     ref = reference_costs_grad(logits, targets, tl, ul, topo, blank, opts, up, bnd)
@@ -144,8 +148,10 @@ LONG_STEPS = {
 
 
 @pytest.mark.parametrize("name", LONG_STEPS)
-def test_long_steps(name):
-    """Kinds that skip several anti-diagonals: a diagonal reads up to 8 earlier ones."""
+def test_long_steps(name, monkeypatch):
+    """Kinds that skip several anti-diagonals: a diagonal reads up to 8 earlier ones, in
+    several lane blocks."""
+    monkeypatch.setattr(gpu, "BLOCK_U", 2)
     make, blank, T_b, U_b = LONG_STEPS[name]
     topo = make()
     g = torch.Generator().manual_seed(4)

@@ -389,7 +389,9 @@ def _read(x, lse, live, FUSED: tl.constexpr):
     """Log-prob ``x - lse`` of one entry per row (``reference._read``): -inf for rows not
     ``live`` (padding, no row, all -inf); in log-prob mode a +inf entry reads as NaN."""
     if not FUSED:
-        x = tl.where(x == POS_INF, NAN, x)
+        # inf - inf = NaN. (Not the global NAN: Triton checks that an inner function sees
+        # the same global values at each call site, and NaN != NaN fails that check.)
+        x = tl.where(x == POS_INF, x - x, x)
     return tl.where(live, x - lse, NEG_INF)
 
 
