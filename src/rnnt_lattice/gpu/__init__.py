@@ -13,14 +13,21 @@ gradient is read through its stride (the gradient of a mean is an expanded scala
 The value checks of ``_validate`` (lengths in range, target ids) run for CPU inputs only;
 on CUDA, out-of-range lengths or targets are undefined behaviour.
 
-Launches and allocations of ``rnnt_loss`` forward+backward: the row pass, the lattice
-(alpha and beta in parallel programs; the alpha programs also write the costs), the
-gradient pass — three kernels — and three allocations: one float64 workspace for the
-lattice state, the costs, and the gradient (none with ``inplace_grad=True``).
+Launches and allocations of a loss's forward+backward, for every topology: the row pass,
+the lattice (alpha and beta in parallel programs; the alpha programs also write the
+costs), the gradient pass — three kernels — and three allocations: one float64 workspace
+for the lattice state, the costs, and the gradient (none with ``inplace_grad=True``). The
+regular topology goes through the same kernels (kinds blank and label): the same
+launches, passes over V and bytes as its former dedicated kernels.
 
-Memory: the forward pass keeps ``6 x B*T*(U+1)`` float64 values (lse, b, e, alpha, beta,
-and log P) besides the logits; the backward pass writes the gradient in one pass over the
-logits, with the upstream gradient, clamp and FastEmit fused.
+Memory: the forward pass keeps ``(K + 1) x B*T*(U+1) + 2 x B*(T+1)*(U+1) + B`` float64
+values (lse, the K per-kind arc log-probs, alpha, beta over the frames and the end frame,
+log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank log-probs
+that k2's constrained label arcs add) besides the logits; the backward pass writes the
+gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
+
+Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
+map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
 
 Precision: the lattice is float64 for every input dtype (``kernels``); float16, bfloat16
 and float32 logits are read in their own dtype and the passes over V compute in float32

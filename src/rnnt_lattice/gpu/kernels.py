@@ -1,19 +1,27 @@
-"""Triton kernels of the GPU backend (docs/math.md, sections 1-6).
+"""Triton kernels of the GPU backend (docs/math.md, sections 1-6 and 9).
 
-Three passes, as in the CPU backend:
+The loss of every topology (``_topo_*``: regular, k2 modified/constrained,
+one_sym_per_frame, multi-blank, TDT; sigma, delay penalty, k2 boundary, node_rows) runs in
+three passes, as in the CPU backend, driven by the arc kinds of ``rnnt_lattice.topology``
+given as compile-time constant tuples (section "any topology" below):
 
-1. ``_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the row
-   log-normaliser ``lse(t,u) = logsumexp_v logits(t,u,v)`` over V in chunks of ``BLOCK_V``
-   (any V; one exp per element), and the arc log-probs ``b(t,u)``, ``e(t,u)``.
-2. ``_lattice_kernel`` — two programs per sequence, alpha and beta at the same time (they
-   only read ``b`` and ``e``), each swept along the anti-diagonals ``d = t + u``. Cells on
-   one diagonal depend only on the previous one, so the lanes of a program cover the label
-   positions of a diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between
-   diagonals. ``MAX_SEMIRING`` switches the same sweep to max-plus (Viterbi); there is no
-   second recursion.
-3. ``_grad_kernel`` — ``ROWS`` nodes per program: the arc occupations (``_occupations``)
-   and the fused gradient rows, written once, with clamp, FastEmit and the upstream
-   gradient fused. ``_gamma_kernel`` writes the same occupations for ``compute_lattice``.
+1. ``_topo_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the token
+   group's log-normaliser ``lse(t,u)`` over V_tok in chunks of ``BLOCK_V`` (any V; one exp
+   per element), TDT's duration group normaliser, and every kind's arc log-prob, float64.
+2. ``_topo_lattice_kernel`` — two programs per sequence, alpha and beta at the same time
+   (they only read the arc log-probs), each swept along the anti-diagonals ``d = t + u``.
+   A kind steps ``dt + du >= 1`` diagonals, so a diagonal depends only on earlier ones
+   (up to the longest duration): the lanes of a program cover the label positions of a
+   diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between diagonals, and read
+   the earlier diagonals back from the float64 workspace. The alpha program writes the
+   costs.
+3. ``_topo_grad_kernel`` — ``ROWS`` nodes per program: the occupations of every arc that
+   reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
+   and the upstream gradient fused.
+
+The lattice tools of the regular topology (``compute_lattice``, ``viterbi``) use the
+earlier regular-only kernels ``_row_kernel``, ``_lattice_kernel`` (whose ``MAX_SEMIRING``
+switches the sweep to max-plus) and ``_gamma_kernel``.
 
 Precision. The lattice — ``lse``, ``b``, ``e``, alpha, beta, ``log P`` and the occupations
 — is float64 for every input dtype, as on the CPU: it is O(B*T*(U+1)) work against the
