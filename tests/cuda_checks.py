@@ -10,9 +10,11 @@ script itself without a GPU.
 1. Exactness against the float64 pure-PyTorch reference on the same (rounded) numbers, at
    the benchmark's shapes, U > 1024 and (``--big``) a lattice whose offsets pass 2**31:
    gradient error <= 1e-5 of its scale for float32 logits (the lattice is float64), and
-   a few units of the dtype's rounding for float16/bfloat16.
+   a few units of the dtype's rounding for float16/bfloat16; the same for TDT (durations
+   0..4) and multi-blank (big blanks up to 8 frames) at two benchmark shapes.
 2. No host synchronisation (``torch.cuda.set_sync_debug_mode("error")``) in forward and
-   backward for every option, and in ``occupancy`` / ``best_alignment``.
+   backward for every option, TDT and multi-blank included, and in ``occupancy`` /
+   ``best_alignment``.
 3. Forward+backward captured in a CUDA graph and replayed on new logits in the same
    buffers gives bit-identical losses and gradients to eager calls.
 """
@@ -85,6 +87,54 @@ def exactness(device, smoke):
             check_exact(f"{name} {str(dtype)[6:]}", B, T, U, V, dtype, device, {})
 
 
+TOPOLOGY_LOSSES = {
+    # NeMo layouts, blank the last token: TDT durations up to 4 (a wavefront diagonal reads
+    # four earlier ones), multi-blank big blanks up to 8 frames.
+    "tdt": dict(durations=[0, 1, 2, 3, 4], sigma=0.05, fastemit_lambda=0.01, clamp=0.5),
+    "multiblank": dict(big_blank_durations=[2, 4, 8], sigma=0.05),
+}
+
+
+def topology_losses_and_grad(kind, x, y, tl, ul, w, backend):
+    leaf = x.detach().clone().requires_grad_()
+    opts = dict(TOPOLOGY_LOSSES[kind], reduction="none", backend=backend)
+    if kind == "tdt":
+        blank = x.shape[-1] - len(opts["durations"]) - 1
+        costs = rnnt_lattice.tdt_loss(leaf, y, tl, ul, blank=blank, **opts)
+    else:
+        costs = rnnt_lattice.multiblank_rnnt_loss(leaf, y, tl, ul, blank=x.shape[-1] - 1, **opts)
+    (costs * w.to(costs.dtype)).sum().backward()
+    return costs.detach(), leaf.grad
+
+
+def check_topology_exact(name, kind, B, T, U, V, dtype, device):
+    """TDT and multi-blank through the Triton kernels against the float64 reference on the
+    same numbers: V token classes (TDT: plus the durations); labels avoid every blank."""
+    n_dur = len(TOPOLOGY_LOSSES[kind].get("durations", ()))
+    n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
+    x, y, tl, ul, w = inputs(B, T, U, V + n_dur, dtype, device)
+    y = y % (V - n_blanks)                                   # ids 0 .. V - n_blanks - 1
+    costs, grad = topology_losses_and_grad(kind, x, y, tl, ul, w, "triton")
+    ref_costs, ref_grad = topology_losses_and_grad(kind, x.double(), y, tl, ul, w.double(), "torch")
+    fin = torch.isfinite(ref_costs)
+    assert torch.equal(torch.isinf(costs), torch.isinf(ref_costs)), name
+    loss_err = ((costs.double() - ref_costs)[fin].abs().max()
+                / ref_costs[fin].abs().max().clamp_min(1.0)).item()
+    grad_err = ((grad.double() - ref_grad).abs().max() / ref_grad.abs().max()).item()
+    tol = 1e-5 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps
+    print(f"{name:34s} loss err {loss_err:.1e}  grad err {grad_err:.1e}  (tol {tol:.0e})", flush=True)
+    assert loss_err <= max(tol, 1e-6) and grad_err <= tol, (name, loss_err, grad_err)
+
+
+def topology_exactness(device, smoke):
+    shapes = ([("tiny", 2, 9, 3, 9)] if smoke else
+              [("s3", 8, 150, 40, 256), ("ragged", 8, 300, 60, 500)])
+    for name, B, T, U, V in shapes:
+        for kind in TOPOLOGY_LOSSES:
+            check_topology_exact(f"{name} {kind} float32", kind, B, T, U, V, torch.float32, device)
+        check_topology_exact(f"{name} tdt bfloat16", "tdt", B, T, U, V, torch.bfloat16, device)
+
+
 def big_offsets(device):
     """(3, 1100, 1000, 1000) float32: 3.3e9 elements; the last sequence's rows lie past
     2**31 elements. Short sequences keep the reference small: it runs on their slices."""
@@ -130,6 +180,16 @@ def sync_free(device):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         print(f"no host sync: {opts or 'plain'} {str(dtype)[6:]}", flush=True)
+    for kind in TOPOLOGY_LOSSES:
+        n_dur = len(TOPOLOGY_LOSSES[kind].get("durations", ()))
+        xk = torch.cat([x, x[..., :n_dur]], -1) if n_dur else x
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            topology_losses_and_grad(kind, xk, y % (x.shape[-1] - 4), tl, ul, w, "triton")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        print(f"no host sync: {kind}", flush=True)
 
 
 def cuda_graph(device):
@@ -179,12 +239,14 @@ def main():
     args = ap.parse_args()
     if args.smoke:
         exactness("cpu", smoke=True)
+        topology_exactness("cpu", smoke=True)
     else:
         if not torch.cuda.is_available():
             sys.exit("cuda_checks.py needs a CUDA device (or --smoke)")
         sync_free("cuda")
         cuda_graph("cuda")
         exactness("cuda", smoke=False)
+        topology_exactness("cuda", smoke=False)
         if args.big:
             big_offsets("cuda")
     print("OK")

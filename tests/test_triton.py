@@ -270,6 +270,34 @@ def test_hot_path_never_synchronises(monkeypatch, option):
     assert not _syncing(rec.ops), _syncing(rec.ops)
 
 
+@pytest.mark.parametrize("topo", ["tdt", "constrained", "multiblank"])
+def test_topologies_never_synchronise(topo):
+    """The same structural check for the kernels of other topologies, with a k2 boundary,
+    sigma, delay penalty, clamp and FastEmit, through the backend protocol (the public
+    layer validates a CPU boundary on the host, which it never does on CUDA), and with the
+    packed ``node_rows`` layout."""
+    from rnnt_lattice import topology
+    from rnnt_lattice._types import LossOptions
+    B, T, U, V = 2, 4, 2, 6
+    topology_ = {"tdt": topology.tdt([0, 1, 2]), "constrained": topology.constrained(),
+                 "multiblank": topology.multiblank(V - 1, [2, 3])}[topo]
+    blank = 0 if topo == "constrained" else V - 1
+    logits = torch.randn(B, T, U + 1, V + topology_.n_durations)
+    targets = torch.randint(1, 3, (B, U), dtype=torch.int32)
+    tl, ul = torch.tensor([4, 3], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
+    boundary = torch.tensor([[0, 1, 2, 4], [0, 0, 1, 2]])
+    opts = LossOptions(blank, clamp=0.5, fastemit_lambda=0.1, topology=topology_, sigma=0.05,
+                       delay_penalty=0.2)
+    node_rows = torch.arange(B * T * (U + 1)).view(B, T, U + 1)
+    with _RecordOps() as rec:
+        for kw in (dict(boundary=boundary), dict(node_rows=node_rows)):
+            x = logits if "boundary" in kw else logits.view(-1, logits.shape[-1])
+            costs, saved, state = gpu.loss_forward(x, targets, tl, ul, opts, True, **kw)
+            grad = gpu.loss_backward(saved, state, torch.ones_like(costs).expand(B), opts)
+    assert grad.shape == (B * T * (U + 1), logits.shape[-1]) and rec.ops
+    assert not _syncing(rec.ops), _syncing(rec.ops)
+
+
 def test_lattice_tools_never_synchronise(monkeypatch):
     """occupancy and best_alignment: their tensor outputs come without a host read
     (``Alignment.frame_labels``, Python lists, are built on first access only)."""
@@ -473,57 +501,96 @@ import inspect, itertools, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from rnnt_lattice import gpu, topology
 from rnnt_lattice.gpu import kernels
 
 # Pointer types by naming convention: logits/gradient in the input dtype, ids and lengths
-# int64 or int32, costs and upstream gradient in the costs' dtype, every other pointer (the
-# lattice) float64; the options' float32 parts "fp32"; other plain arguments int32.
+# int64 or int32, the node_rows map and the boundary int64, costs and upstream gradient in
+# the costs' dtype, every other pointer (the lattice) float64; the options' float32 parts
+# "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
+INT64_PTRS = {"node_rows_ptr", "boundary_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
-FLOATS = {"clamp_hi", "clamp_mid", "clamp_lo", "scale_hi", "scale_mid", "scale_lo"}
-CONSTEXPRS = {
-    "_row_kernel": dict(FUSED=(True, False), ROWS=(4,), BLOCK_V=(1024,)),
-    "_grad_kernel": dict(FUSED=(True, False), CLAMP=(True, False), ROWS=(4,), BLOCK_V=(1024,)),
-    "_lattice_kernel": dict(MAX_SEMIRING=(False, True), BLOCK_U=(256,)),
-    "_gamma_kernel": dict(BLOCK=(512,)),
-}
+FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
 ACC = {"fp32": tl.float32, "fp64": tl.float64}
+
+
+def variants():
+    \"\"\"(kernel name, constexprs, [(input dtype, id dtype)]): every flag of the regular-only
+    kernels of the lattice tools, in every dtype; the loss kernels of four topologies:
+    regular with every flag off (every dtype) and on, constrained, TDT with durations
+    0..4 and multi-blank with big blanks up to 8, these with the per-arc terms, boundary
+    and node_rows on (float32; TDT also bfloat16).\"\"\"
+    every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
+    fp32 = [("fp32", "i64")]
+    old = {
+        "_row_kernel": dict(FUSED=(True, False), ROWS=(4,), BLOCK_V=(1024,)),
+        "_lattice_kernel": dict(MAX_SEMIRING=(False, True), BLOCK_U=(256,)),
+        "_gamma_kernel": dict(BLOCK=(512,)),
+    }
+    for name, choices in old.items():
+        for combo in itertools.product(*choices.values()):
+            yield name, dict(zip(choices, combo)), every
+    topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
+                  "tdt": topology.tdt([0, 1, 2, 3, 4]),
+                  "multiblank": topology.multiblank(7, [2, 4, 8])}
+    for tname, topo in topologies.items():
+        kinds = gpu._kinds(topo)
+        n_dur = topo.n_durations
+        rows = dict(kinds, N_DUR=n_dur, HAS_NEXT=any(kinds["NEXT"]), ROWS=4, BLOCK_V=1024,
+                    BLOCK_DUR=gpu._pow2(n_dur, 1 << 30))
+        lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
+        for on in ((False, True) if tname == "regular" else (True,)):
+            where = dict(BOUNDARY=on, NODE_ROWS=on)
+            terms = dict(SIGMA=on, DELAY_ON=on)
+            dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
+            yield "_topo_row_kernel", dict(rows, FUSED=True, **where), dtypes
+            yield "_topo_row_kernel", dict(rows, FUSED=False, **where), fp32
+            yield "_topo_grad_kernel", dict(rows, FUSED=True, CLAMP=True, **where, **terms), dtypes
+            yield "_topo_grad_kernel", dict(rows, FUSED=False, CLAMP=False, **where, **terms), fp32
+            for semiring in ((False, True) if tname == "regular" and not on else (False,)):
+                yield ("_topo_lattice_kernel", dict(lattice, BOUNDARY=on, MAX_SEMIRING=semiring,
+                                                    BLOCK_U=256, **terms), fp32)
+
+
 n = 0
 for sm in map(int, sys.argv[1:]):
     target = GPUTarget("cuda", sm, 32)
-    for name, choices in CONSTEXPRS.items():
+    for name, const0, dtypes in variants():
         fn = getattr(kernels, name)
         params = list(inspect.signature(fn.fn).parameters)
-        for x, costs in INPUTS.items():
+        for x, idt in dtypes:
+            costs = INPUTS[x]
             if "logits_ptr" not in params and x in ("fp16", "bf16"):
                 continue                      # these see no logits: fp32 covers them
-            # int32 ids and lengths are read as they are (NATIVE_INT32_IDS): one dtype suffices
-            ids = ("i64", "i32") if x == "fp32" else ("i64",)
-            for idt, combo in itertools.product(ids, itertools.product(*choices.values())):
-                const = dict(zip(choices, combo))
-                if "ACC" in params:
-                    const["ACC"] = ACC[costs]
-                sig = {}
-                for p in params:
-                    if p in const:
-                        sig[p] = "constexpr"
-                    elif p in INPUT_PTRS:
-                        sig[p] = "*" + x
-                    elif p in INT_PTRS:
-                        sig[p] = "*" + idt
-                    elif p in COST_PTRS:
-                        sig[p] = "*" + costs
-                    elif p.endswith("_ptr"):
-                        sig[p] = "*fp64"
-                    elif p in FLOATS:
-                        sig[p] = "fp32"
-                    else:
-                        sig[p] = "i32"
-                compiled = triton.compile(ASTSource(fn, sig, const), target=target)
-                assert compiled.asm["cubin"], (name, sm, x, const)
-                n += 1
+            # int32 ids and lengths are read as they are (NATIVE_INT32_IDS): float32 checks
+            # them once
+            const = dict(const0)
+            if "ACC" in params:
+                const["ACC"] = ACC[costs]
+            sig = {}
+            for p in params:
+                if p in const:
+                    sig[p] = "constexpr"
+                elif p in INPUT_PTRS:
+                    sig[p] = "*" + x
+                elif p in INT_PTRS:
+                    sig[p] = "*" + idt
+                elif p in INT64_PTRS:
+                    sig[p] = "*i64"
+                elif p in COST_PTRS:
+                    sig[p] = "*" + costs
+                elif p.endswith("_ptr"):
+                    sig[p] = "*fp64"
+                elif p in FLOATS:
+                    sig[p] = "fp32"
+                else:
+                    sig[p] = "i32"
+            compiled = triton.compile(ASTSource(fn, sig, const), target=target)
+            assert compiled.asm["cubin"], (name, sm, x, const)
+            n += 1
 print("compiled", n)
 """
 

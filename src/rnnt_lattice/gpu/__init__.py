@@ -13,14 +13,21 @@ gradient is read through its stride (the gradient of a mean is an expanded scala
 The value checks of ``_validate`` (lengths in range, target ids) run for CPU inputs only;
 on CUDA, out-of-range lengths or targets are undefined behaviour.
 
-Launches and allocations of ``rnnt_loss`` forward+backward: the row pass, the lattice
-(alpha and beta in parallel programs; the alpha programs also write the costs), the
-gradient pass — three kernels — and three allocations: one float64 workspace for the
-lattice state, the costs, and the gradient (none with ``inplace_grad=True``).
+Launches and allocations of a loss's forward+backward, for every topology: the row pass,
+the lattice (alpha and beta in parallel programs; the alpha programs also write the
+costs), the gradient pass — three kernels — and three allocations: one float64 workspace
+for the lattice state, the costs, and the gradient (none with ``inplace_grad=True``). The
+regular topology goes through the same kernels (kinds blank and label): the same
+launches, passes over V and bytes as its former dedicated kernels.
 
-Memory: the forward pass keeps ``6 x B*T*(U+1)`` float64 values (lse, b, e, alpha, beta,
-and log P) besides the logits; the backward pass writes the gradient in one pass over the
-logits, with the upstream gradient, clamp and FastEmit fused.
+Memory: the forward pass keeps ``(K + 1) x B*T*(U+1) + 2 x B*(T+1)*(U+1) + B`` float64
+values (lse, the K per-kind arc log-probs, alpha, beta over the frames and the end frame,
+log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank log-probs
+that k2's constrained label arcs add) besides the logits; the backward pass writes the
+gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
+
+Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
+map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
 
 Precision: the lattice is float64 for every input dtype (``kernels``); float16, bfloat16
 and float32 logits are read in their own dtype and the passes over V compute in float32
@@ -30,6 +37,7 @@ are float32 (float64 for float64 logits).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +46,7 @@ import triton
 import triton.language as tl
 
 from .._types import Lattice, LossOptions
+from ..topology import Topology, regular
 from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi"]
@@ -160,26 +169,6 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank: int, fused: 
     return st, costs
 
 
-def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
-              opts: LossOptions, upstream: torch.Tensor):
-    """Pass 3: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst`` may be ``logits``.
-    ``upstream`` is any ``(B,)`` tensor (strides included)."""
-    B, T, U1, V = logits.shape
-    n_nodes = B * T * U1
-    if n_nodes == 0:
-        return dst
-    rows, block_v, num_warps = _tiles(V, logits.element_size())
-    with _device(logits):
-        kernels._grad_kernel[(triton.cdiv(n_nodes, rows),)](
-            logits, dst, _nonempty(targets, logit_lengths), logit_lengths, target_lengths,
-            st.lse, st.alpha, st.beta, st.lpb, st.lpl, st.log_like, upstream,
-            n_nodes, T, U1, V, opts.blank, upstream.stride(0),
-            *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
-            FUSED=opts.fused, CLAMP=opts.clamp > 0, ACC=_acc(logits.dtype), ROWS=rows,
-            BLOCK_V=block_v, num_warps=num_warps)
-    return dst
-
-
 _INT_IDS = (torch.int32, torch.int64)
 
 
@@ -202,39 +191,195 @@ def _costs_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# --------------------------------------------------------------------------- any topology
+_REGULAR = regular()
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds(topo: Topology) -> dict:
+    """The compile-time description of a topology's arc kinds (``kernels``, "any
+    topology"): one tuple per field, indexed by kind, plus ``K``, ``KP`` (a power of two
+    >= K, the class-read tile), ``N_DUR`` and ``HAS_NEXT``. Cached per topology (frozen,
+    hashable); each distinct topology compiles its own kernels."""
+    kinds = topo.kinds
+    return dict(
+        K=len(kinds), KP=triton.next_power_of_2(len(kinds)),
+        DT=tuple(k.dt for k in kinds), DU=tuple(k.du for k in kinds),
+        READ=tuple({"blank": 0, "label": 1, "class": 2}[k.reads] for k in kinds),
+        CLS=tuple(k.class_id for k in kinds), DUR=tuple(k.duration for k in kinds),
+        NEXT=tuple(k.plus_next_blank for k in kinds), FE=tuple(k.fastemit for k in kinds),
+        DELAY=tuple(k.delay for k in kinds), END=tuple(k.may_end for k in kinds),
+    )
+
+
+_LATTICE_KINDS = ("K", "KP", "DT", "DU", "READ", "CLS", "DUR", "NEXT", "FE", "DELAY", "END")
+
+
+@dataclass
+class _TopoState:
+    """The float64 lattice state of a batch of any topology: views of one workspace.
+    ``lse_dur`` (TDT) and ``lpblank`` (``plus_next_blank`` kinds) are empty when unused."""
+    lse: torch.Tensor        # (B, T, U+1)     token group log-normaliser
+    lse_dur: torch.Tensor    # (B, T, U+1)     duration group log-normaliser, or (0,)
+    lpblank: torch.Tensor    # (B, T, U+1)     blank log-prob, or (0,)
+    lp: torch.Tensor         # (B, K, T, U+1)  per-kind arc log-probs over source nodes
+    alpha: torch.Tensor      # (B, T+1, U+1)   frame T holds the end nodes
+    beta: torch.Tensor       # (B, T+1, U+1)
+    log_like: torch.Tensor   # (B,)
+    workspace: torch.Tensor  # the allocation behind all of them
+
+    @staticmethod
+    def sizes(B, T, U1, K, dur: bool, nxt: bool):
+        n = B * T * U1
+        return (n, n * dur, n * nxt, K * n, B * (T + 1) * U1, B * (T + 1) * U1, B)
+
+    @classmethod
+    def new(cls, B, T, U1, K, dur, nxt, device) -> "_TopoState":
+        ws = torch.empty(sum(cls.sizes(B, T, U1, K, dur, nxt)), dtype=LATTICE_DTYPE,
+                         device=device)
+        return cls.of(ws, B, T, U1, K, dur, nxt)
+
+    @classmethod
+    def of(cls, ws, B, T, U1, K, dur, nxt) -> "_TopoState":
+        parts = ws.split(cls.sizes(B, T, U1, K, dur, nxt))
+        shapes = ((B, T, U1), (B, T, U1) if dur else (0,), (B, T, U1) if nxt else (0,),
+                  (B, K, T, U1), (B, T + 1, U1), (B, T + 1, U1), (B,))
+        return cls(*(p.view(s) for p, s in zip(parts, shapes)), ws)
+
+
+def _shape(logits, node_rows):
+    """``(B, T, U+1, V)`` of the lattice: from the logits, or from ``node_rows``."""
+    if node_rows is None:
+        return tuple(logits.shape)
+    return (*node_rows.shape, logits.shape[-1])
+
+
+def _or(x, other):
+    """A kernel pointer argument must have storage: an absent (None or empty) tensor is
+    replaced by another tensor of the same kind, never read (no allocation)."""
+    return x if x is not None and x.numel() else other
+
+
+def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
+                  boundary, node_rows, beta: bool):
+    """Passes 1-2 of any topology: ``(state, costs)``; costs ``(B,)`` = -log P."""
+    topo = opts.topology or _REGULAR
+    kinds = _kinds(topo)
+    B, T, U1, V = _shape(logits, node_rows)
+    n_dur = topo.n_durations
+    has_next = any(kinds["NEXT"])
+    st = _TopoState.new(B, T, U1, kinds["K"], n_dur > 0, has_next, logits.device)
+    costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
+    ids = _nonempty(targets, logit_lengths)
+    flags = dict(BOUNDARY=boundary is not None)
+    n_nodes = B * T * U1
+    with _device(logits):
+        if n_nodes:
+            rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
+            kernels._topo_row_kernel[(triton.cdiv(n_nodes, rows),)](
+                logits, _or(node_rows, logit_lengths), ids, logit_lengths, target_lengths,
+                _or(boundary, logit_lengths),
+                st.lse, _or(st.lse_dur, st.lse), _or(st.lpblank, st.lse), st.lp,
+                n_nodes, T, U1, V - n_dur, opts.blank,
+                **kinds, N_DUR=n_dur, HAS_NEXT=has_next,
+                FUSED=opts.fused, NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype),
+                ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), **flags,
+                num_warps=num_warps)
+        if B:
+            # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
+            kernels._topo_lattice_kernel[(B, 2 if beta else 1)](
+                st.lp, _or(st.lpblank, st.lse), logit_lengths, target_lengths,
+                _or(boundary, logit_lengths),
+                st.alpha, st.beta, st.log_like, costs, T, U1,
+                *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
+                **{k: kinds[k] for k in _LATTICE_KINDS},
+                SIGMA=opts.sigma != 0.0, DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]),
+                MAX_SEMIRING=False, BLOCK_U=_pow2(U1, BLOCK_U), **flags,
+                # num_stages=1: no load is issued ahead of the barrier that makes the
+                # earlier diagonals visible.
+                num_warps=NUM_WARPS_LATTICE, num_stages=1)
+    return st, costs
+
+
+def _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st: _TopoState,
+                   opts: LossOptions, upstream, *, boundary, node_rows):
+    """Pass 3 of any topology: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst``
+    may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides included)."""
+    topo = opts.topology or _REGULAR
+    kinds = _kinds(topo)
+    B, T, U1, V = _shape(logits, node_rows)
+    n_dur = topo.n_durations
+    n_nodes = B * T * U1
+    if n_nodes == 0:
+        return dst
+    rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
+    with _device(logits):
+        kernels._topo_grad_kernel[(triton.cdiv(n_nodes, rows),)](
+            logits, dst, _or(node_rows, logit_lengths), _nonempty(targets, logit_lengths),
+            logit_lengths, target_lengths, _or(boundary, logit_lengths),
+            st.lse, _or(st.lse_dur, st.lse), _or(st.lpblank, st.lse), st.lp, st.alpha, st.beta,
+            st.log_like, upstream,
+            n_nodes, T, U1, V - n_dur, opts.blank, upstream.stride(0),
+            *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
+            *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
+            **kinds, N_DUR=n_dur, HAS_NEXT=any(kinds["NEXT"]),
+            SIGMA=opts.sigma != 0.0, DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]),
+            FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
+            NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype), ROWS=rows,
+            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), num_warps=num_warps)
+    return dst
+
+
 # --------------------------------------------------------------------------- loss
 INPLACE_WRITES_IN = "backward"    # the gradient pass writes over the logits
 
 
 def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
-    """The kernels compute the regular RNN-T lattice (math.md 1-6) without per-arc terms,
-    on padded logits."""
-    return opts.regular and boundary is None and node_rows is None
+    """Every topology of ``rnnt_lattice.topology``, sigma, delay penalty, boundary and
+    both logits layouts (padded, or rows through ``node_rows``)."""
+    return True
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
                  boundary=None, node_rows=None):
     """Passes 1-2 (``_ops`` protocol): costs, and the float64 lattice state saved for the
     gradient pass. beta is only needed for the occupations: without a gradient it is
-    skipped."""
+    skipped.
+
+    Layouts: ``logits (B, T, U+1, V)`` when ``node_rows`` is None; otherwise 2-D rows
+    ``(N, V)`` and ``node_rows (B, T, U+1)`` int64, node ``(b, t, u)`` reading row
+    ``node_rows[b, t, u]`` (-1: no row, every arc leaving it is -inf). Every row must be
+    read by exactly one node: the gradient pass writes each row once, from its node, and
+    rows of nodes off the lattice get 0. ``boundary``: k2's ``(B, 4)`` int64 ``[begin_symbol,
+    begin_frame, end_symbol, end_frame]``, read on the device (no validation here)."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
-    st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts.blank,
-                         opts.fused, beta=need_grad)
+    boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
+    node_rows = None if node_rows is None else node_rows.to(torch.int64).contiguous()
+    st, costs = _topo_forward(logits, targets, logit_lengths, target_lengths, opts,
+                              boundary=boundary, node_rows=node_rows, beta=need_grad)
     if not need_grad:
         return costs, (), None
-    return costs, (logits, targets, logit_lengths, target_lengths, st.workspace), None
+    extra = tuple(x for x in (boundary, node_rows) if x is not None)
+    state = (boundary is not None, node_rows is not None)
+    return costs, (logits, targets, logit_lengths, target_lengths, st.workspace) + extra, state
 
 
 def loss_backward(saved, state, upstream, opts: LossOptions):
     """Pass 3 (``_ops`` protocol): the gradient with the upstream factor, clamp and FastEmit
     fused, in one pass over the logits, written over them with ``opts.inplace_grad``.
     ``upstream`` is read through its stride (an expanded scalar is not copied)."""
-    logits, targets, logit_lengths, target_lengths, ws = saved
-    B, T, U1, _ = logits.shape
+    logits, targets, logit_lengths, target_lengths, ws, *extra = saved
+    has_boundary, has_rows = state
+    boundary = extra.pop(0) if has_boundary else None
+    node_rows = extra.pop(0) if has_rows else None
+    topo = opts.topology or _REGULAR
+    B, T, U1, _ = _shape(logits, node_rows)
+    st = _TopoState.of(ws, B, T, U1, topo.K, topo.n_durations > 0,
+                       any(k.plus_next_blank for k in topo.kinds))
     dst = logits if opts.inplace_grad else torch.empty_like(logits)
-    return _gradient(dst, logits, targets, logit_lengths, target_lengths,
-                     _State.of(ws, B, T, U1), opts, upstream)
+    return _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st, opts,
+                          upstream, boundary=boundary, node_rows=node_rows)
 
 
 def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:

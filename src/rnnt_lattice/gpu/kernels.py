@@ -1,19 +1,27 @@
-"""Triton kernels of the GPU backend (docs/math.md, sections 1-6).
+"""Triton kernels of the GPU backend (docs/math.md, sections 1-6 and 9).
 
-Three passes, as in the CPU backend:
+The loss of every topology (``_topo_*``: regular, k2 modified/constrained,
+one_sym_per_frame, multi-blank, TDT; sigma, delay penalty, k2 boundary, node_rows) runs in
+three passes, as in the CPU backend, driven by the arc kinds of ``rnnt_lattice.topology``
+given as compile-time constant tuples (section "any topology" below):
 
-1. ``_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the row
-   log-normaliser ``lse(t,u) = logsumexp_v logits(t,u,v)`` over V in chunks of ``BLOCK_V``
-   (any V; one exp per element), and the arc log-probs ``b(t,u)``, ``e(t,u)``.
-2. ``_lattice_kernel`` — two programs per sequence, alpha and beta at the same time (they
-   only read ``b`` and ``e``), each swept along the anti-diagonals ``d = t + u``. Cells on
-   one diagonal depend only on the previous one, so the lanes of a program cover the label
-   positions of a diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between
-   diagonals. ``MAX_SEMIRING`` switches the same sweep to max-plus (Viterbi); there is no
-   second recursion.
-3. ``_grad_kernel`` — ``ROWS`` nodes per program: the arc occupations (``_occupations``)
-   and the fused gradient rows, written once, with clamp, FastEmit and the upstream
-   gradient fused. ``_gamma_kernel`` writes the same occupations for ``compute_lattice``.
+1. ``_topo_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the token
+   group's log-normaliser ``lse(t,u)`` over V_tok in chunks of ``BLOCK_V`` (any V; one exp
+   per element), TDT's duration group normaliser, and every kind's arc log-prob, float64.
+2. ``_topo_lattice_kernel`` — two programs per sequence, alpha and beta at the same time
+   (they only read the arc log-probs), each swept along the anti-diagonals ``d = t + u``.
+   A kind steps ``dt + du >= 1`` diagonals, so a diagonal depends only on earlier ones
+   (up to the longest duration): the lanes of a program cover the label positions of a
+   diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between diagonals, and read
+   the earlier diagonals back from the float64 workspace. The alpha program writes the
+   costs.
+3. ``_topo_grad_kernel`` — ``ROWS`` nodes per program: the occupations of every arc that
+   reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
+   and the upstream gradient fused.
+
+The lattice tools of the regular topology (``compute_lattice``, ``viterbi``) use the
+earlier regular-only kernels ``_row_kernel``, ``_lattice_kernel`` (whose ``MAX_SEMIRING``
+switches the sweep to max-plus) and ``_gamma_kernel``.
 
 Precision. The lattice — ``lse``, ``b``, ``e``, alpha, beta, ``log P`` and the occupations
 — is float64 for every input dtype, as on the CPU: it is O(B*T*(U+1)) work against the
@@ -289,74 +297,459 @@ def _gamma_kernel(
     tl.store(gamma_label_ptr + node, gamma_label, mask=inside)
 
 
+# =========================================================================== any topology
+# The loss of every topology (math.md section 9): the same three passes, driven by the arc
+# kinds of ``rnnt_lattice.topology`` given as compile-time constants (``gpu._kinds``):
+#
+#     K            number of kinds; KP the next power of two (a tile axis)
+#     DT[k], DU[k] the step of kind k: (t, u) -> (t + DT[k], u + DU[k])
+#     READ[k]      token class it reads: 0 the blank, 1 the label y[u], 2 the class CLS[k]
+#     DUR[k]       TDT duration index whose log-prob it adds (-1: none); N_DUR the group size
+#     NEXT[k]      plus_next_blank: also adds b(t, u+1) (k2 constrained)
+#     FE[k]        FastEmit scales the gradient of its class read
+#     DELAY[k]     carries the delay penalty
+#     END[k]       may land on the end frame (only at the end node)
+#
+# Each is a tuple of Python constants, indexed by the ``tl.static_range`` index of an
+# unrolled loop over kinds: every ``if`` on a kind's field is resolved at compile time and
+# each topology compiles to straight-line code for its own kinds (no table is read at run
+# time, nothing per kind inside the loops over V but the class-read subtraction).
+#
+# Layout. Node grids are ``(B, T+1, U+1)`` for alpha and beta (frame T holds the end
+# nodes ``(T_b, U_b)``), per-kind arc log-probs ``lp (B, K, T, U+1)`` over source nodes.
+# ``NODE_ROWS``: node ``(b, t, u)`` reads logits row ``node_rows[b, t, u]`` of a 2-D
+# ``(N, V)`` tensor (-1: no row, all its arcs -inf) instead of row ``(b T + t)(U+1) + u``.
+# ``BOUNDARY``: k2's ``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]``
+# moves the start to ``(t0, u0)`` and the end to ``(t1, u1)``; without it they are
+# ``(0, 0)`` and ``(T_b, U_b)``. Every node outside the region ``t0 <= t < t1,
+# u0 <= u <= u1`` is padding: its row is never read and its gradient is 0.
+
+
 @triton.jit
-def _grad_kernel(
+def _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, mask, BOUNDARY: tl.constexpr):
+    """``(t0, u0, t1, u1)`` int64 of sequence(s) ``b``: start and end node."""
+    if BOUNDARY:
+        u0 = tl.load(boundary_ptr + b * 4, mask=mask, other=0).to(tl.int64)
+        t0 = tl.load(boundary_ptr + b * 4 + 1, mask=mask, other=0).to(tl.int64)
+        u1 = tl.load(boundary_ptr + b * 4 + 2, mask=mask, other=0).to(tl.int64)
+        t1 = tl.load(boundary_ptr + b * 4 + 3, mask=mask, other=0).to(tl.int64)
+    else:
+        t1 = tl.load(logit_lengths_ptr + b, mask=mask, other=0).to(tl.int64)
+        u1 = tl.load(target_lengths_ptr + b, mask=mask, other=0).to(tl.int64)
+        t0 = t1 * 0
+        u0 = t1 * 0
+    return t0, u0, t1, u1
+
+
+@triton.jit
+def _lands(lt, lu, t1, u1, MAY_END: tl.constexpr):
+    """Whether an arc landing on ``(lt, lu)`` is an arc (math.md 9.1): ``lu <= u1`` and
+    ``lt < t1``, or, for a ``may_end`` kind, exactly the end node ``(t1, u1)``."""
+    if MAY_END:
+        return (lu <= u1) & ((lt < t1) | ((lt == t1) & (lu == u1)))
+    return (lu <= u1) & (lt < t1)
+
+
+@triton.jit
+def _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
+                K: tl.constexpr, k: tl.constexpr, NEXT: tl.constexpr, DELAY: tl.constexpr,
+                SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+    """Weight ``w_k(t, u)`` (float64) of kind k's arc leaving ``(t, u)``, -inf where not
+    ``ok``: its log-prob (class, plus duration: the row pass), plus ``b(t, u+1)`` for
+    ``plus_next_blank``, minus sigma, plus ``delay_penalty ((t1 - 1)/2 - t)`` on delay
+    kinds — the order of ``reference.kind_log_probs`` and ``reference.arc_weights``."""
+    w = tl.load(lp_ptr + ((b * K + k) * T + t) * U1 + u, mask=ok, other=NEG_INF)
+    if NEXT:
+        w = w + tl.load(lpblank_ptr + (b * T + t) * U1 + u + 1, mask=ok, other=NEG_INF)
+    if SIGMA:
+        w = w - sigma
+    if DELAY_ON:
+        if DELAY:
+            w = w + delay_penalty * ((t1.to(tl.float64) - 1.0) / 2.0 - t.to(tl.float64))
+    return tl.where(ok, w, NEG_INF)
+
+
+@triton.jit
+def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
+    chunks of BLOCK (one exp per element; ``_row_kernel``'s scheme): -inf for an all -inf
+    row, NaN for a row holding a NaN or +inf (math.md 8.1). Rows not ``live`` are not read."""
+    v_end = tl.where(live, n, 0)
+    offs = tl.arange(0, BLOCK)
+    m = tl.full([ROWS], NEG_INF, ACC)
+    s = tl.zeros([ROWS], tl.float64)
+    for v0 in range(0, n, BLOCK):
+        v = v0 + offs
+        x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
+                    mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+        chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+        s = s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
+        m = m_new
+    shift = tl.where(m == NEG_INF, 0.0, m)
+    return shift.to(tl.float64) + tl.log(s)
+
+
+@triton.jit
+def _read(x, lse, live, FUSED: tl.constexpr):
+    """Log-prob ``x - lse`` of one entry per row (``reference._read``): -inf for rows not
+    ``live`` (padding, no row, all -inf); in log-prob mode a +inf entry reads as NaN."""
+    if not FUSED:
+        # inf - inf = NaN. (Not the global NAN: Triton checks that an inner function sees
+        # the same global values at each call site, and NaN != NaN fails that check.)
+        x = tl.where(x == POS_INF, x - x, x)
+    return tl.where(live, x - lse, NEG_INF)
+
+
+@triton.jit
+def _split(x, ACC: tl.constexpr):
+    """A float64 ``x`` as an ACC pair ``hi + lo`` (``x - hi - lo`` keeps its accuracy)."""
+    hi = x.to(ACC)
+    return hi, (x - hi.to(tl.float64)).to(ACC)
+
+
+# --------------------------------------------------------------------------- pass 1
+@triton.jit
+def _topo_row_kernel(
     # data ptrs
-    logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
-    lse_ptr, alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, log_like_ptr, upstream_ptr,
-    # shapes and strides
-    n_nodes, T, U1, V, blank, upstream_stride,
-    # options: clamp and s = 1 + fastemit_lambda, each a float64 in three float32 parts
-    clamp_hi, clamp_mid, clamp_lo, scale_hi, scale_mid, scale_lo,
+    logits_ptr, node_rows_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    lse_ptr, lse_dur_ptr, lpblank_ptr, lp_ptr,
+    # shapes
+    n_nodes, T, U1, V_tok, blank,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
+    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
+    DELAY: tl.constexpr, END: tl.constexpr, N_DUR: tl.constexpr, HAS_NEXT: tl.constexpr,
     # flags
-    FUSED: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    FUSED: tl.constexpr, BOUNDARY: tl.constexpr, NODE_ROWS: tl.constexpr, ACC: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
 ):
-    """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` (math.md 4-6) of
-    ``ROWS`` nodes, written once (NaN and inf: math.md 8.1). ``grad_ptr`` may equal ``logits_ptr`` (in-place): every
-    chunk is read before it is overwritten, by the same program.
+    """Row pass of ``ROWS`` nodes: the token group's ``lse`` over its ``V_tok`` entries in
+    chunks of BLOCK_V (and TDT's duration group ``lse_dur`` over its ``N_DUR`` entries in
+    one chunk), then every kind's log-prob at the node (math.md 9, ``kind_log_probs``):
 
-        fused:    g_v = p_v (gb + s gl) - [v = blank] gb - [v = y_u] s gl,   p_v = exp(z_v - lse)
-        log-prob: g_v =                 - [v = blank] gb - [v = y_u] s gl
+        lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DUR[k]) - lse_dur(t,u)]
 
-    with s = 1 + fastemit_lambda (FastEmit: label arcs only) and gb, gl the float64
-    occupations. ``z_v - lse`` is computed as ``(z_v - hi) - lo`` with ``lse = hi + lo``
-    split into ACC parts, so the float64 normaliser is not rounded before the subtraction.
-    Padding, impossible sequences (log P = -inf) and sequences whose upstream gradient is
-    exactly 0 get exactly 0 (a select, not a product: 0 * NaN would be NaN).
-    ``upstream_stride`` lets the (B,) upstream gradient be an expanded scalar (stride 0, as
-    autograd passes the gradient of a mean) without a copy.
-    """
-    node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS]
+    with ``c_k`` the blank, ``y[u]`` or ``CLS[k]``; -inf outside the region and where
+    ``u + DU[k] > u1``. ``lpblank (B, T, U+1)`` (only with a ``plus_next_blank`` kind) is
+    the blank's log-prob, read by the arc from ``(t, u-1)``. Outputs are float64; padding
+    gets ``lse = 0`` and -inf arcs."""
+    node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS], int64
     inside = node < n_nodes
     b, t, u = _node_coords(node, T, U1)
-    T_b = tl.load(logit_lengths_ptr + b, mask=inside, other=0)
-    U_b = tl.load(target_lengths_ptr + b, mask=inside, other=0)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           BOUNDARY)
+    valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+    if NODE_ROWS:
+        row_id = tl.load(node_rows_ptr + node, mask=valid, other=-1).to(tl.int64)
+        valid = valid & (row_id >= 0)
+    else:
+        row_id = node
+    row = row_id * (V_tok + N_DUR)          # int64: past 2**31 logits
+    if FUSED:
+        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V)
+    else:
+        lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
+    live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
+    x_blank = tl.load(logits_ptr + row + blank, mask=live, other=0.0).to(tl.float64)
+    has_label = live & (u < u1)
+    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=0)
+    x_label = tl.load(logits_ptr + row + y, mask=has_label, other=0.0).to(tl.float64)
+    lp_blank = _read(x_blank, lse, live, FUSED)
+    lp_label = _read(x_label, lse, has_label, FUSED)
+    if N_DUR > 0:
+        if FUSED:
+            lse_dur = _group_lse(logits_ptr, row, V_tok, N_DUR, valid, ACC, ROWS, BLOCK_DUR)
+        else:
+            lse_dur = tl.zeros([ROWS], tl.float64)
+        live_dur = valid & (lse_dur != NEG_INF)
+        tl.store(lse_dur_ptr + node, tl.where(valid, lse_dur, 0.0), mask=inside)
+    for k in tl.static_range(K):
+        if READ[k] == 0:
+            lp = lp_blank
+        elif READ[k] == 1:
+            lp = lp_label
+        else:
+            x = tl.load(logits_ptr + row + CLS[k], mask=live, other=0.0).to(tl.float64)
+            lp = _read(x, lse, live, FUSED)
+        if DUR[k] >= 0:
+            x = tl.load(logits_ptr + row + V_tok + DUR[k], mask=live_dur, other=0.0).to(tl.float64)
+            lp = lp + _read(x, lse_dur, live_dur, FUSED)
+        ok = valid & (u + DU[k] <= u1)
+        tl.store(lp_ptr + ((b * K + k) * T + t) * U1 + u, tl.where(ok, lp, NEG_INF), mask=inside)
+    tl.store(lse_ptr + node, tl.where(valid, lse, 0.0), mask=inside)
+    if HAS_NEXT:
+        tl.store(lpblank_ptr + node, lp_blank, mask=inside)
+
+
+# --------------------------------------------------------------------------- pass 2
+@triton.jit
+def _topo_lattice_kernel(
+    # data ptrs
+    lp_ptr, lpblank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    alpha_ptr, beta_ptr, log_like_ptr, costs_ptr,
+    # shapes
+    T, U1,
+    # options: sigma and delay_penalty, each a float64 in three float32 parts
+    sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
+    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
+    DELAY: tl.constexpr, END: tl.constexpr,
+    # flags
+    SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr,
+    MAX_SEMIRING: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    """alpha (program ``(b, 0)``) or beta (program ``(b, 1)``) of sequence b for any
+    topology, along anti-diagonals ``d = t + u`` of the node grid ``[t0, t1] x [u0, u1]``
+    (math.md 9), in float64:
+
+        alpha(t0,u0) = 0
+        alpha(t,u)   = lae_k  alpha(t - DT[k], u - DU[k]) + w_k(t - DT[k], u - DU[k])
+        beta(t1,u1)  = 0
+        beta(t,u)    = lae_k  w_k(t,u) + beta(t + DT[k], u + DU[k])
+        log P        = alpha(t1,u1)                              (= beta(t0,u0))
+
+    over the kinds whose arc exists (source in the region, landing by ``_lands``), with
+    ``w_k`` from ``_arc_weight``. Kind k steps ``DT[k] + DU[k] >= 1`` diagonals, up to
+    the largest duration (TDT, multi-blank): a diagonal reads several earlier ones, all
+    complete — the lanes of this program sweep the diagonals in order, BLOCK_U label
+    positions at a time, with ``tl.debug_barrier()`` (a CTA barrier, which also orders
+    global memory within the program) after each, so alpha/beta of every earlier diagonal
+    are read back from the float64 workspace. Nodes of the end frame other than the end
+    have beta -inf (no arc leaves them).
+
+    NaN (math.md 8.1): a NaN weight on any arc makes log P NaN even when the arc lies on
+    no complete path (alpha need not carry it to the end): the alpha program keeps a flag
+    of the NaN arcs it combines. It writes ``log P`` (-inf without a path or frame) and the
+    cost ``-log P`` in the costs' dtype. ``MAX_SEMIRING``: max instead of lae. Launch with
+    grid ``(B, 1)`` for alpha alone."""
+    b = tl.program_id(0).to(tl.int64)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, b >= 0,
+                           BOUNDARY)
+    sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
+    delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
+    base = b * (T + 1) * U1
+    offs = tl.arange(0, BLOCK_U)
+    has_path = t1 > t0
+    d0 = t0 + u0
+    d1 = t1 + u1
+    n_diag = tl.where(has_path, d1 - d0, 0)
+
+    if tl.program_id(1) == 0:
+        tl.store(alpha_ptr + base + t0 * U1 + u0, tl.zeros([], tl.float64), mask=has_path)
+        tl.debug_barrier()
+        nan_arcs = tl.zeros([BLOCK_U], tl.int32)
+        for i in range(0, n_diag):
+            d = d0 + 1 + i
+            u_lo = tl.maximum(d - t1, u0)
+            u_hi = tl.minimum(d - t0, u1)
+            for ub in range(u_lo, u_hi + 1, BLOCK_U):
+                u = ub + offs
+                t = d - u
+                on = u <= u_hi
+                acc = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                for k in tl.static_range(K):
+                    st = t - DT[k]
+                    su = u - DU[k]
+                    ok = (on & (st >= t0) & (st < t1) & (su >= u0)
+                          & _lands(t, u, t1, u1, END[k]))
+                    w = _arc_weight(lp_ptr, lpblank_ptr, b, st, su, t1, ok, T, U1, sigma,
+                                    delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+                    a = tl.load(alpha_ptr + base + st * U1 + su, mask=ok, other=NEG_INF)
+                    nan_arcs = nan_arcs | (w != w).to(tl.int32)
+                    acc = _combine(acc, a + w, MAX_SEMIRING)
+                tl.store(alpha_ptr + base + t * U1 + u, acc, mask=on)
+            tl.debug_barrier()
+        log_like = tl.load(alpha_ptr + base + t1 * U1 + u1, mask=has_path, other=NEG_INF)
+        log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, NAN, log_like)
+        tl.store(log_like_ptr + b, log_like)
+        tl.store(costs_ptr + b, (-log_like).to(costs_ptr.dtype.element_ty))
+    else:
+        tl.store(beta_ptr + base + t1 * U1 + u1, tl.zeros([], tl.float64), mask=has_path)
+        tl.debug_barrier()
+        for i in range(0, n_diag):
+            d = d1 - 1 - i
+            u_lo = tl.maximum(d - t1, u0)
+            u_hi = tl.minimum(d - t0, u1)
+            for ub in range(u_lo, u_hi + 1, BLOCK_U):
+                u = ub + offs
+                t = d - u
+                on = u <= u_hi
+                acc = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                for k in tl.static_range(K):
+                    lt = t + DT[k]
+                    lu = u + DU[k]
+                    ok = on & (t < t1) & _lands(lt, lu, t1, u1, END[k])
+                    w = _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma,
+                                    delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+                    nb = tl.load(beta_ptr + base + lt * U1 + lu, mask=ok, other=NEG_INF)
+                    acc = _combine(acc, w + nb, MAX_SEMIRING)
+                tl.store(beta_ptr + base + t * U1 + u, acc, mask=on)
+            tl.debug_barrier()
+
+
+# --------------------------------------------------------------------------- pass 3
+@triton.jit
+def _topo_grad_kernel(
+    # data ptrs
+    logits_ptr, grad_ptr, node_rows_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
+    boundary_ptr, lse_ptr, lse_dur_ptr, lpblank_ptr, lp_ptr, alpha_ptr, beta_ptr, log_like_ptr,
+    upstream_ptr,
+    # shapes and strides
+    n_nodes, T, U1, V_tok, blank, upstream_stride,
+    # options, each a float64 in three float32 parts: clamp, s = 1 + fastemit_lambda,
+    # sigma, delay_penalty
+    clamp_hi, clamp_mid, clamp_lo, scale_hi, scale_mid, scale_lo,
+    sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
+    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
+    DELAY: tl.constexpr, END: tl.constexpr, N_DUR: tl.constexpr, HAS_NEXT: tl.constexpr,
+    # flags
+    SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
+    BOUNDARY: tl.constexpr, NODE_ROWS: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
+):
+    """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` nodes
+    for any topology (math.md 9, ``reference.grad_generic``), written once; ``grad_ptr``
+    may equal ``logits_ptr`` (every chunk is read before it is overwritten, by the same
+    program). First the occupations of the arcs that read this node's row:
+
+        gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + DT[k], u + DU[k]) - log P)
+
+    for each kind leaving (t,u), and for a ``plus_next_blank`` kind also the arc leaving
+    (t,u-1), which reads this row's blank. Each read is scaled by ``s_k`` (``1 +
+    fastemit_lambda`` on the class read of a FastEmit kind, 1 otherwise). Then, for each
+    softmax group g (tokens; TDT durations) with ``S_g`` the sum of its scaled reads:
+
+        fused:    grad(v) = p_g(v) S_g - sum_{reads of class v} s_k gamma_k,  p_g(v) = exp(x_v - lse_g)
+        log-prob: grad(v) =          - sum_{reads of class v} s_k gamma_k
+
+    since d(x_c - lse_g)/dx_v = [v = c] - p_g(v). A row that no arc reads (``S_g = 0``)
+    gets 0 (not ``0 * p``: p may be NaN there). Reads of the blank and of ``y[u]`` are
+    summed per node (``gb``, ``gl``); fixed-class reads go into a ``[ROWS, KP]`` tile and
+    duration reads into a ``[ROWS, BLOCK_DUR]`` tile. Clamp clips the token group only,
+    FastEmit scales class reads only (NeMo TDT). A NaN sequence (log P NaN) gets NaN on
+    every entry of its rows in fused mode, on its arc entries in log-prob mode; padding,
+    rows of impossible sequences and sequences whose upstream gradient is exactly 0 get
+    exactly 0 (a select, not a product)."""
+    node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS], int64
+    inside = node < n_nodes
+    b, t, u = _node_coords(node, T, U1)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           BOUNDARY)
+    if NODE_ROWS:
+        row_id = tl.load(node_rows_ptr + node, mask=inside, other=-1).to(tl.int64)
+    else:
+        row_id = node
+    has_row = inside & (row_id >= 0)
+    region = has_row & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
     log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
-    w = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
-    keep = inside & (t < T_b) & (u <= U_b) & (log_like != NEG_INF)
-    has_label = keep & (u < U_b)
-    gamma_blank, gamma_label = _occupations(alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, node, t, u,
-                                            T_b, U_b, log_like, U1, keep)
-    gamma_label = gamma_label * _f64(scale_hi, scale_mid, scale_lo)   # FastEmit: label arcs x s
-    gb = gamma_blank.to(ACC)
-    gl = gamma_label.to(ACC)
-    mass = (gamma_blank + gamma_label).to(ACC)
-    clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
-    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=-1)
-    y = tl.where(has_label, y, -1)
-    lse = tl.load(lse_ptr + node, mask=keep, other=NEG_INF)
-    live = keep & (lse != NEG_INF)               # an all -inf row has no mass
-    lse = tl.where(live, lse, 0.0)
-    lse_hi = lse.to(ACC)
-    lse_lo = (lse - lse_hi.to(tl.float64)).to(ACC)
-    write = keep & (w != 0.0)
-    row = node * V
-    v_read = tl.where(live, V, 0)               # dead and padding rows are not read
+    w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
+    keep = region & (log_like != NEG_INF)
+    ll = tl.where(keep, log_like, 0.0)
+    sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
+    delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
+    scale = _f64(scale_hi, scale_mid, scale_lo)
+    TP1 = T + 1
+    a = tl.load(alpha_ptr + (b * TP1 + t) * U1 + u, mask=keep, other=NEG_INF)
+
+    # Occupations of the reads of this row, float64.
+    s_tok = tl.zeros([ROWS], tl.float64)       # S of the token group
+    gb = tl.zeros([ROWS], tl.float64)          # reads of the blank
+    gl = tl.zeros([ROWS], tl.float64)          # reads of y[u]
+    kidx = tl.arange(0, KP)
+    g_cls = tl.zeros([ROWS, KP], tl.float64)   # column k: kind k's read of CLS[k]
+    s_dur = tl.zeros([ROWS], tl.float64)       # S of the duration group
+    didx = tl.arange(0, BLOCK_DUR)
+    g_dur = tl.zeros([ROWS, BLOCK_DUR], tl.float64)
+    for k in tl.static_range(K):
+        ok = keep & _lands(t + DT[k], u + DU[k], t1, u1, END[k])
+        w = _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
+                        K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+        nb = tl.load(beta_ptr + (b * TP1 + t + DT[k]) * U1 + u + DU[k], mask=ok, other=NEG_INF)
+        gamma = tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
+        if FE[k]:
+            sg = gamma * scale                 # FastEmit: this kind's class read x s
+        else:
+            sg = gamma
+        s_tok += sg
+        if READ[k] == 0:
+            gb += sg
+        elif READ[k] == 1:
+            gl += sg
+        else:
+            g_cls += tl.where(kidx[None, :] == k, sg[:, None], 0.0)
+        if DUR[k] >= 0:                        # the duration read: never scaled
+            s_dur += gamma
+            g_dur += tl.where(didx[None, :] == DUR[k], gamma[:, None], 0.0)
+        if NEXT[k]:
+            # Kind k's arc from (t, u-1) lands on (t + DT[k], u) and reads this row's blank.
+            okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, END[k])
+            ap = tl.load(alpha_ptr + (b * TP1 + t) * U1 + u - 1, mask=okp, other=NEG_INF)
+            wp = _arc_weight(lp_ptr, lpblank_ptr, b, t, u - 1, t1, okp, T, U1, sigma,
+                             delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+            nbp = tl.load(beta_ptr + (b * TP1 + t + DT[k]) * U1 + u, mask=okp, other=NEG_INF)
+            gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
+            s_tok += gp
+            gb += gp
+
+    nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
+    write = keep & (w_up != 0.0)
+    row = row_id * (V_tok + N_DUR)
     offs = tl.arange(0, BLOCK_V)
-    for v0 in range(0, V, BLOCK_V):
+    clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
+    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
+    y = tl.where(keep & (u < u1), y, -1)
+    gb_a = gb.to(ACC)
+    gl_a = gl.to(ACC)
+    mass = s_tok.to(ACC)
+    no_mass = s_tok == 0.0
+    lse = tl.load(lse_ptr + node, mask=keep, other=NEG_INF)
+    live = keep & (lse != NEG_INF) & (s_tok != 0.0)   # rows without mass are not read
+    lse_hi, lse_lo = _split(tl.where(live, lse, 0.0), ACC)
+    v_read = tl.where(live, V_tok, 0)
+    for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         if FUSED:
             x = tl.load(logits_ptr + row[:, None] + v[None, :],
                         mask=v[None, :] < v_read[:, None], other=NEG_INF).to(ACC)
             g = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None]) * mass[:, None]
+            g = tl.where(no_mass[:, None], 0.0, g)
         else:
             g = tl.zeros([ROWS, BLOCK_V], ACC)
-        g = (g - tl.where(v[None, :] == blank, gb[:, None], 0.0)
-             - tl.where(v[None, :] == y[:, None], gl[:, None], 0.0))
-        if CLAMP:                                # both bounds (math.md section 5)
+        g = (g - tl.where(v[None, :] == blank, gb_a[:, None], 0.0)
+             - tl.where(v[None, :] == y[:, None], gl_a[:, None], 0.0))
+        for k in tl.static_range(K):
+            if READ[k] == 2:
+                gk = tl.sum(tl.where(kidx[None, :] == k, g_cls, 0.0), axis=1).to(ACC)
+                g = g - tl.where(v[None, :] == CLS[k], gk[:, None], 0.0)
+        if FUSED:
+            g = tl.where(nan_row[:, None], NAN, g)
+        if CLAMP:                              # both bounds, token group only
             g = tl.minimum(tl.maximum(g, -clamp, propagate_nan=tl.PropagateNan.ALL), clamp,
                            propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
-        g = tl.where(write[:, None], g * w[:, None], 0.0)
+        g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=inside[:, None] & (v[None, :] < V))
+                 mask=has_row[:, None] & (v[None, :] < V_tok))
+    if N_DUR > 0:
+        # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
+        if FUSED:
+            lse_d = tl.load(lse_dur_ptr + node, mask=keep, other=NEG_INF)
+            live_d = keep & (lse_d != NEG_INF) & (s_dur != 0.0)
+            d_hi, d_lo = _split(tl.where(live_d, lse_d, 0.0), ACC)
+            x = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
+                        mask=live_d[:, None] & (didx[None, :] < N_DUR), other=NEG_INF).to(ACC)
+            g = tl.exp((x - d_hi[:, None]) - d_lo[:, None]) * s_dur.to(ACC)[:, None]
+            g = tl.where((s_dur == 0.0)[:, None], 0.0, g)
+        else:
+            g = tl.zeros([ROWS, BLOCK_DUR], ACC)
+        g = g - g_dur.to(ACC)
+        if FUSED:
+            g = tl.where(nan_row[:, None], NAN, g)
+        g = tl.where(write[:, None], g * w_up[:, None], 0.0)
+        tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g.to(grad_ptr.dtype.element_ty),
+                 mask=has_row[:, None] & (didx[None, :] < N_DUR))
