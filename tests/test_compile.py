@@ -88,7 +88,7 @@ def test_custom_op(backend):
     logits = torch.randn(3, 4, 3, 5, dtype=torch.float64, requires_grad=True)
     args = (targets.long(), logit_lengths.long(), target_lengths.long(), 0, 0.4, True, 0.25,
             backend)
-    torch.library.opcheck(_ops._costs_and_grad, (logits, *args, True, "regular", [], 0.0, 0.0, None),
+    torch.library.opcheck(_ops._costs_and_grad, (logits, *args, True, "regular", [], 0.0, 0.0, None, None),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
     weights = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)

@@ -28,7 +28,7 @@ OPTIONS = {
 }
 RNNT_TYPES = {"regular": "regular", "modified": "modified", "constrained": "constrained",
               "one_sym": "one_sym_per_frame"}
-BACKENDS = ["torch", "auto"]
+BACKENDS = ["torch", "numba"]
 
 
 def windows(B, T, U, R, seed):

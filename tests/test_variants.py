@@ -2,8 +2,7 @@
 boundary=...)``, ``tdt_loss``, ``multiblank_rnnt_loss`` and their modules — against the
 independent path-enumerating oracle (losses and gradients through autograd, signed
 upstream weights), plus their argument checks, the backend choice (kernels for the regular
-lattice only so far: ``auto`` falls back to the reference with a warning, a named kernel
-backend refuses), NeMo's omega, in-place gradients and ``torch.compile``."""
+lattice and every other one: ``auto`` uses the kernels), NeMo's omega, in-place gradients and ``torch.compile``."""
 from __future__ import annotations
 
 import math
@@ -142,28 +141,19 @@ def test_infeasible_lengths_give_inf_and_zero_gradient():
 
 
 def test_backend_choice():
-    """Kernels exist for the regular lattice only: "auto" uses the reference for the
-    others (one RuntimeWarning per topology), a named kernel backend is a ValueError."""
-    x = torch.randn(1, 4, 3, 5)
+    """Every topology, per-arc term and layout has kernels: "auto" picks Numba on CPU with
+    no fallback warning, and agrees with the vectorised reference."""
+    x = torch.randn(1, 4, 3, 5, dtype=torch.float64)
     args = (torch.tensor([[1, 2]]), torch.tensor([4]), torch.tensor([2]))
-    rnnt_lattice._backends._warned_generic.clear()
-    with pytest.warns(RuntimeWarning, match="'constrained' runs on the pure-PyTorch backend"):
-        a = rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")                       # once only
-        b = rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained")
-    assert torch.equal(a, b)
-    c = rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained", backend="torch")
-    assert torch.equal(a, c)
-    for backend in ("numba",):
-        with pytest.raises(ValueError, match="backend='numba' does not compute the topology 'constrained'"):
-            rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="constrained", backend=backend)
-        with pytest.raises(ValueError, match="with delay_penalty"):
-            rnnt_lattice.rnnt_loss(x, *args, blank=0, delay_penalty=0.1, backend=backend)
-    # regular with delay_penalty=0 and no boundary stays on the kernels: no warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        rnnt_lattice.rnnt_loss(x, *args, blank=0, rnnt_type="regular", delay_penalty=0.0)
+    for kw in (dict(rnnt_type="constrained"), dict(delay_penalty=0.1),
+               dict(boundary=torch.tensor([[0, 1, 2, 4]]))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            a = rnnt_lattice.rnnt_loss(x, *args, blank=0, **kw)
+            b = rnnt_lattice.rnnt_loss(x, *args, blank=0, backend="numba", **kw)
+        c = rnnt_lattice.rnnt_loss(x, *args, blank=0, backend="torch", **kw)
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
 
 
 def test_regular_rnnt_type_is_the_kernel_loss():
@@ -305,7 +295,7 @@ def test_torch_compile_fullgraph(which):
 
 
 # --------------------------------------------------------------------------- packed logits
-LAYOUT_BACKENDS = ["torch", "auto"]
+LAYOUT_BACKENDS = ["torch", "numba"]
 
 
 @pytest.mark.parametrize("backend", LAYOUT_BACKENDS)

@@ -122,10 +122,8 @@ def rnnt_loss(
             lengths on the host (one synchronisation on CUDA: ``max T_b`` and the row count,
             which must equal ``logits.shape[0]``). See :func:`pack_logits`.
 
-    Only the regular lattice without ``delay_penalty`` or ``boundary`` has Numba and Triton
-    kernels so far; the others run on the vectorised pure-PyTorch backend (``"auto"`` picks
-    it with a one-time ``RuntimeWarning``; naming ``"numba"`` or ``"triton"`` is a
-    ``ValueError``).
+    Every topology, per-arc term, boundary and layout runs on the same Numba (CPU) and
+    Triton (GPU) kernels: one recursion driven by the topology's arc kinds.
 
     Example of the other topologies::
 

@@ -61,8 +61,8 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
             topology, sigma, delay_penalty, boundary) -> Request:
     """Validate an analysis call. The plain regular lattice (no sigma, delay penalty or
     boundary) goes to the backend's kernels; any other lattice to the reference's generic
-    recursion: ``backend="auto"`` falls back to it (with the loss's one-time warning), a
-    kernel backend named explicitly raises ValueError (as the losses do)."""
+    recursion, whichever backend is named (the loss kernels compute no per-kind
+    occupations or max-plus pointers yet)."""
     topo = resolve_topology(rnnt_type, topology)
     sigma = check_float("sigma", sigma, finite=True)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
