@@ -232,6 +232,11 @@ def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: Los
     x = _np(rows)
     shift, shift_d = (np.empty((B, T, U1), dtype=x.dtype) for _ in range(2))
     inv_sum, inv_sum_d = (np.empty((B, T, U1)) for _ in range(2))
+    # The stored exp of each class a node reads (one column per distinct class of the
+    # kinds, + the blank of plus_next_blank arcs): the gradient pass needs them before it
+    # overwrites the row, and reading them from the row costs it a memory latency per node.
+    n_reads = len(set(kinds[kernels.CLS].tolist())) + 1 if buf is not None else 0
+    e_read = np.empty((B, T, U1, n_reads) if n_reads else (0, 0, 0, 0), dtype=x.dtype)
     w = np.empty((B, K, T, U1))
     nan_row = np.empty((B, T), dtype=np.uint8)
     t0, u0, t1, u1 = ends
@@ -239,13 +244,13 @@ def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: Los
                           opts.fused, buf is not None, float(opts.sigma),
                           float(opts.delay_penalty), kernels.spread_stride(B * T),
                           np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
-                          shift, inv_sum, shift_d, inv_sum_d, w, nan_row)
+                          shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row)
     alpha = np.full((B, T + 1, U1), -np.inf)
     beta = np.full((B, T + 1, U1), -np.inf)
     log_like = np.empty(B)
     gamma = np.zeros((B, K, T, U1))
     kernels.kind_lattice(w, kinds, t0, u0, t1, u1, nan_row, alpha, beta, log_like, gamma)
-    return (shift, inv_sum, shift_d, inv_sum_d), gamma, log_like
+    return (shift, inv_sum, shift_d, inv_sum_d, e_read), gamma, log_like
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
@@ -328,11 +333,11 @@ def loss_backward(saved, st: _State, upstream, opts: LossOptions):
     V = st.shape[-1]
     B, T = st.node_rows.shape[:2]
     t0, u0, t1, u1 = st.ends
-    shift, inv_sum, shift_d, inv_sum_d = st.stats
+    shift, inv_sum, shift_d, inv_sum_d, e_read = st.stats
     kernels.kind_grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), from_logits,
                            st.node_rows, _np(targets), t0, u0, t1, u1, st.kinds, st.blank,
                            st.n_dur, opts.fused, kernels.spread_stride(B * T), shift, inv_sum,
-                           shift_d, inv_sum_d, st.gamma, st.log_like,
+                           shift_d, inv_sum_d, e_read, st.gamma, st.log_like,
                            1.0 + float(opts.fastemit_lambda), up, float(opts.clamp))
     return dst
 

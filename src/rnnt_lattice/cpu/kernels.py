@@ -549,6 +549,61 @@ def _is_arc(kinds, k, t, u, t1, u1):
 
 
 @njit(**JIT)
+def _class_slots(kinds):
+    """The distinct classes the kinds read, once each: ``(cls, slot)``, ``cls`` (n,) the
+    class of each slot (-1: the label y[u]) and ``slot`` (K,) the slot of each kind. A node
+    reads its n <= K slots once, however many kinds share them (TDT: 9 kinds, 2 slots)."""
+    K = kinds.shape[1]
+    cls = np.empty(K, dtype=np.int64)
+    slot = np.empty(K, dtype=np.int64)
+    n = 0
+    for k in range(K):
+        c = kinds[CLS, k]
+        j = 0
+        while j < n and cls[j] != c:
+            j += 1
+        if j == n:
+            cls[n] = c
+            n += 1
+        slot[k] = j
+    return cls[:n], slot
+
+
+@njit(**JIT)
+def _arc_spans(kinds, t, u0, t1, u1, lo, hi):
+    """Where each kind is an arc on region frame ``t0 <= t < t1`` (``_is_arc``, one test per
+    kind per frame instead of per node): kind k on the nodes ``lo[k] <= u <= hi[k]`` (empty
+    when lo > hi): ``u0 .. u1 - du`` when it lands before t1, only ``u1 - du`` when it may
+    end and lands on t1. Every span ends at u1 - 1 or u1, so a union of spans is a span."""
+    for k in range(kinds.shape[1]):
+        lt = t + kinds[DT, k]
+        h = u1 - kinds[DU, k]
+        if lt < t1:
+            lo[k] = u0
+        elif lt == t1 and kinds[END, k] != 0:
+            lo[k] = max(h, u0)
+        else:
+            lo[k] = h + 1
+        hi[k] = h
+
+
+@njit(**JIT)
+def _union_spans(kinds, slot, j, field, lo, hi):
+    """(lo, hi) of the union of the spans of the kinds in slot ``j`` (``j < 0``: the kinds
+    whose ``field`` is set); (0, -1) when there are none."""
+    a = 1 << 40
+    z = -1
+    for k in range(kinds.shape[1]):
+        sel = slot[k] == j if j >= 0 else kinds[field, k] != 0
+        if sel and lo[k] <= hi[k]:
+            a = min(a, lo[k])
+            z = max(z, hi[k])
+    if z < 0:
+        return 0, -1
+    return a, z
+
+
+@njit(**JIT)
 def _read_lp(entry, lse):
     """Log-prob of one entry of a softmax group whose row log-normaliser is ``lse`` (0 in
     log-prob mode, where a +inf entry was already turned into NaN); a dead row (all -inf,
@@ -560,25 +615,46 @@ def _read_lp(entry, lse):
 
 @njit(**JIT)
 def _group_stats(seg, store, out):
-    """Row statistics of one small softmax group ``seg`` (fused mode; the durations): ``(m, inv_sum, lse)``, and
-    ``out[:] = exp(seg - m)`` when ``store`` (``out`` may be ``seg``). A dead group (all
-    -inf) gives (-inf, 0, -inf); a NaN or +inf in it gives (m, NaN, NaN) (math.md 8.1);
-    both store zeros."""
+    """Row statistics of one small softmax group ``seg`` (fused mode; the durations):
+    ``(m, inv_sum, lse)``, and ``out[:] = exp(seg - m)`` when ``store`` (``out`` may be
+    ``seg``). A dead group (all -inf) gives (-inf, 0, -inf); a NaN or +inf in it gives
+    (m, NaN, NaN) (math.md 8.1); both store zeros. A scalar loop: a vector loop's set-up
+    and remainder cost more than the few entries."""
     m = _row_max(seg)
     if not (m > NEG_INF and m < np.inf):
-        if store:
-            out[:] = 0.0
+        for i in range(seg.shape[0]):
+            if store:
+                out[i] = 0.0
         if m == NEG_INF:
             return m, 0.0, NEG_INF
         return m, np.nan, np.nan
-    s = _exp_store(seg, m, out) if store else _exp_sum(seg, m)
+    s = 0.0
+    for i in range(seg.shape[0]):
+        e = exp_nonpos(seg[i] - m)
+        if store:
+            out[i] = e
+        s += e
     return m, 1.0 / s, np.float64(m) + math.log(s)
+
+
+@njit(**JIT)
+def _read_entries(row, cls, slo, shi, u, y, V_tok, n_dur, has_pnb, blank, xc, xd):
+    """The entries node u reads, in float64: ``xc[j]`` of each class slot whose span holds
+    u (class -1: the label ``y``), ``xd`` the durations; returns the blank's entry
+    (-inf unless ``has_pnb``)."""
+    for j in range(cls.shape[0]):
+        if u >= slo[j] and u <= shi[j]:
+            c = cls[j]
+            xc[j] = np.float64(row[y if c < 0 else c])
+    for j in range(n_dur):
+        xd[j] = np.float64(row[V_tok + j])
+    return np.float64(row[blank]) if has_pnb else NEG_INF
 
 
 @pjit
 def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_dur, fused,
                   store, sigma, delay_penalty, spread, buf, shift, inv_sum, shift_d, inv_sum_d,
-                  w, nan_row):
+                  e_read, w, nan_row):
     """Pass 1 for any topology: row statistics and the arc weights (math.md 1 and 9).
 
     Args:
@@ -601,30 +677,54 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
         nan_row (B, T) uint8: 1 where an arc weight of the row (b, t) is NaN.
     Only arc entries are read before the row is overwritten (in-place mode); in log-prob
     mode only arc entries are read at all, a +inf one as NaN (math.md 8.1).
+
+    Per row (b, t), two loops: over the nodes, the group statistics and the log-prob of
+    each distinct class read (``_class_slots``) and of each duration; then over the kinds,
+    the weights along each kind's span of nodes (``_arc_spans``). The kind table is read
+    once per row, never per node or per element.
     """
     B, T, U1 = node_rows.shape
     K = kinds.shape[1]
     V_tok = rows.shape[1] - n_dur
+    cls, slot = _class_slots(kinds)
+    nc = cls.shape[0]
+    nd = max(n_dur, 1)
     has_pnb = False
     for k in range(K):
         if kinds[PNB, k] != 0:
             has_pnb = True
+    read_first = not fused or (store and buf.ctypes.data == rows.ctypes.data)
     for i in prange(B * T):
         b, t = _spread_row(i, spread, B, T)
         t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
         in_t = t >= t0 and t < t1
         delay_term = delay_penalty * ((t1 - 1) / 2.0 - t)
-        ent = np.empty(K)                       # token entry each arc reads at this node
-        dent = np.empty(K)                      # its duration entry (TDT)
-        blank_lp = np.full(U1 + 1, NEG_INF)     # b(t, u) of this frame (plus_next_blank)
-        bad = 0
+        # Scratch of the row: spans (int) and per-node log-probs (float64).
+        ispan = np.empty(2 * K + 2 * nc, dtype=np.int64)
+        lo, hi = ispan[:K], ispan[K:2 * K]
+        slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:]
+        U2 = U1 + 1
+        fscr = np.empty((nc + nd + 1) * U2 + nc + nd)
+        lpc = fscr[:nc * U2].reshape(nc, U2)          # log-prob of each slot's class
+        lpd = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
+        blank_lp = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]   # b(t, u) (plus_next_blank)
+        xc = fscr[(nc + nd + 1) * U2:(nc + nd + 1) * U2 + nc]
+        xd = fscr[(nc + nd + 1) * U2 + nc:]
+        lpc[:, :] = NEG_INF
+        lpd[:, :] = 0.0
+        blank_lp[:] = NEG_INF
+        if in_t:
+            _arc_spans(kinds, t, u0, t1, u1, lo, hi)
+            for j in range(nc):
+                slo[j], shi[j] = _union_spans(kinds, slot, j, 0, lo, hi)
+        else:
+            for k in range(K):
+                lo[k], hi[k] = 0, -1
         for u in range(U1):
             shift[b, t, u] = 0.0
             shift_d[b, t, u] = 0.0
             inv_sum[b, t, u] = 0.0
             inv_sum_d[b, t, u] = 0.0
-            for k in range(K):
-                w[b, k, t, u] = NEG_INF
             r = node_rows[b, t, u]
             if r < 0:
                 continue
@@ -634,14 +734,12 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
                 continue
             row = rows[r]
             out = buf[r] if store else row            # (never written unless store)
-            # Read the arc entries first: in in-place mode the exps overwrite the row.
-            for k in range(K):
-                if _is_arc(kinds, k, t, u, t1, u1):
-                    c = kinds[CLS, k]
-                    ent[k] = np.float64(row[targets[b, u] if c < 0 else c])
-                    d = kinds[DUR, k]
-                    dent[k] = np.float64(row[V_tok + d]) if d >= 0 else 0.0
-            x_blank = np.float64(row[blank]) if has_pnb else NEG_INF
+            y = targets[b, u] if u < targets.shape[1] else 0
+            # In place the exps overwrite the row: read the arc entries first. Otherwise
+            # after the exps, from the row they just streamed into the cache: a read far
+            # ahead of that stream waits a full memory latency.
+            if read_first:
+                x_blank = _read_entries(row, cls, slo, shi, u, y, V_tok, n_dur, has_pnb, blank, xc, xd)
             lse = 0.0                                 # log-prob mode: rows are normalised
             lse_d = 0.0
             if fused:
@@ -665,39 +763,63 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
                         s = _exp_sum(seg, m)
                     inv_sum[b, t, u] = 1.0 / s
                     lse = np.float64(m) + math.log(s)
+                if not read_first:
+                    x_blank = _read_entries(row, cls, slo, shi, u, y, V_tok, n_dur, has_pnb, blank, xc, xd)
+                if store:                             # the exps the gradient pass reads
+                    for j in range(nc):
+                        c = cls[j]
+                        if c < 0:
+                            c = y if y >= 0 and y < V_tok else 0   # (no label read: any)
+                        e_read[b, t, u, j] = out[c]
+                    if has_pnb:
+                        e_read[b, t, u, nc] = out[blank]
                 if n_dur > 0:
                     m, s_inv, lse_d = _group_stats(row[V_tok:], store, out[V_tok:])
                     shift_d[b, t, u] = m
                     inv_sum_d[b, t, u] = s_inv
-            elif x_blank == np.inf:                   # a log-prob of +inf is invalid: NaN
-                x_blank = np.nan
+            else:                                     # a log-prob of +inf is invalid: NaN
+                if x_blank == np.inf:
+                    x_blank = np.nan
+                for j in range(nc):
+                    if xc[j] == np.inf:
+                        xc[j] = np.nan
+                for j in range(n_dur):
+                    if xd[j] == np.inf:
+                        xd[j] = np.nan
             blank_lp[u] = _read_lp(x_blank, lse)
-            for k in range(K):
-                if _is_arc(kinds, k, t, u, t1, u1):
-                    e = ent[k]
-                    if not fused and e == np.inf:
-                        e = np.nan
-                    x = _read_lp(e, lse)
-                    if kinds[DUR, k] >= 0:
-                        e = dent[k]
-                        if not fused and e == np.inf:
-                            e = np.nan
-                        x += _read_lp(e, lse_d)
-                    x -= sigma
-                    if kinds[DELAY, k] != 0:
-                        x += delay_term
-                    w[b, k, t, u] = x
-        if has_pnb and in_t:                          # k2 constrained: + b(t, u+1)
-            for u in range(u0, min(u1, U1 - 1) + 1):
-                if node_rows[b, t, u] < 0:
-                    continue
-                for k in range(K):
-                    if kinds[PNB, k] != 0 and _is_arc(kinds, k, t, u, t1, u1):
-                        w[b, k, t, u] += blank_lp[u + 1]
-        for u in range(U1):
-            for k in range(K):
-                if w[b, k, t, u] != w[b, k, t, u]:
-                    bad = 1
+            for j in range(nc):
+                if u >= slo[j] and u <= shi[j]:
+                    lpc[j, u] = _read_lp(xc[j], lse)
+            for j in range(n_dur):
+                lpd[j, u] = _read_lp(xd[j], lse_d)
+        # The weights, kind by kind along its span (a node without a row: -inf).
+        bad = 0
+        for k in range(K):
+            w[b, k, t, :] = NEG_INF
+            n = hi[k] - lo[k] + 1
+            if n <= 0:
+                continue
+            a = lo[k]
+            d = kinds[DUR, k]
+            delay = kinds[DELAY, k] != 0
+            pnb = kinds[PNB, k] != 0
+            c_row = lpc[slot[k], a:a + n]
+            d_row = lpd[max(d, 0), a:a + n]
+            nb_row = blank_lp[a + 1:a + 1 + n]
+            r_row = node_rows[b, t, a:a + n]
+            w_row = w[b, k, t, a:a + n]
+            for u in range(n):
+                x = c_row[u]
+                if d >= 0:
+                    x += d_row[u]
+                x -= sigma
+                if delay:
+                    x += delay_term
+                if pnb:
+                    x += nb_row[u]
+                x = x if r_row[u] >= 0 else NEG_INF
+                w_row[u] = x
+                bad |= x != x
         nan_row[b, t] = bad
 
 
@@ -806,21 +928,23 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
 
 
 @njit(**JIT)
-def _add_read(cls, sub, n, c, g):
-    """Add occupation ``g`` to the read of class ``c`` in the node's list (merged by class)."""
+def _add_read(cls, sub, ev, n, c, g, e):
+    """Add occupation ``g`` to the read of class ``c`` (its exp: ``e``) in the node's list
+    (merged by class)."""
     for j in range(n):
         if cls[j] == c:
             sub[j] += g
             return n
     cls[n] = c
     sub[n] = g
+    ev[n] = e
     return n + 1
 
 
 @pjit
 def kind_grad_rows(src, dst, from_logits, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank,
-                   n_dur, fused, spread, shift, inv_sum, shift_d, inv_sum_d, gamma, log_like,
-                   fastemit_scale, upstream, clamp):
+                   n_dur, fused, spread, shift, inv_sum, shift_d, inv_sum_d, e_read, gamma,
+                   log_like, fastemit_scale, upstream, clamp):
     """Pass 3 for any topology: ``dst`` (N, V) = ``upstream[b] * d loss_b / d rows`` (math.md
     4-6 and 9; ``reference.grad_generic``).
 
@@ -839,20 +963,69 @@ def kind_grad_rows(src, dst, from_logits, node_rows, targets, t0s, u0s, t1s, u1s
     sequence (log P NaN) gets NaN on every entry of its region rows. Log-prob mode: ``dst``
     comes in zero-filled and only the read entries are written (``p`` taken as 0).
     Padding rows get 0, and so does every row of a sequence whose upstream is exactly 0.
+
+    Per row (b, t) the sums S, S_d and the occupation of each distinct class read
+    (``_class_slots``) and each duration are first gathered kind by kind along each kind's
+    span of nodes (``_arc_spans``); the node loop then reads them, so the kind table is
+    read once per row, never per node or per element.
     """
     B, T, U1 = node_rows.shape
     K = kinds.shape[1]
     V_tok = dst.shape[1] - n_dur
+    cls, slot = _class_slots(kinds)
+    nc = cls.shape[0]
+    nd = max(n_dur, 1)
     for i in prange(B * T):
         b, t = _spread_row(i, spread, B, T)
         t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
         wu = upstream[b]
         ll = log_like[b]
         in_t = t >= t0 and t < t1
-        cls = np.empty(2 * K, dtype=np.int64)         # classes read at the node ...
-        sub = np.empty(2 * K)                         # ... and their scaled occupations
-        ev = np.empty(2 * K)                          # their exps
-        dsub = np.zeros(max(n_dur, 1))
+        ispan = np.empty(2 * K + 2 * nc + 2 * K + 2, dtype=np.int64)
+        lo, hi = ispan[:K], ispan[K:2 * K]
+        slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:2 * K + 2 * nc]
+        rcls = ispan[2 * K + 2 * nc:]                 # classes read at the node ...
+        U2 = U1 + 1
+        fscr = np.zeros((nc + nd + 3) * U2 + 2 * (2 * K + 2))
+        sub = fscr[:nc * U2].reshape(nc, U2)          # scaled occupation of each slot
+        dsub = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
+        s_tok = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]       # S
+        s_dur = fscr[(nc + nd + 1) * U2:(nc + nd + 2) * U2]   # S_d
+        s_pnb = fscr[(nc + nd + 2) * U2:(nc + nd + 3) * U2]   # blank read by arcs from u-1
+        rsub = fscr[(nc + nd + 3) * U2:(nc + nd + 3) * U2 + 2 * K + 2]   # ... their sums
+        ev = fscr[(nc + nd + 3) * U2 + 2 * K + 2:]    # ... and their exps
+        plo, phi = 0, -1
+        if in_t and wu != 0.0:
+            _arc_spans(kinds, t, u0, t1, u1, lo, hi)
+            for j in range(nc):
+                slo[j], shi[j] = _union_spans(kinds, slot, j, 0, lo, hi)
+            plo, phi = _union_spans(kinds, slot, -1, PNB, lo, hi)
+            for k in range(K):
+                n = hi[k] - lo[k] + 1
+                if n <= 0:
+                    continue
+                a = lo[k]
+                d = kinds[DUR, k]
+                scale = fastemit_scale if kinds[FE, k] != 0 else 1.0
+                g_row = gamma[b, k, t, a:a + n]
+                c_row = sub[slot[k], a:a + n]
+                s_row = s_tok[a:a + n]
+                for u in range(n):
+                    sg = g_row[u] * scale
+                    c_row[u] += sg
+                    s_row[u] += sg
+                if d >= 0:
+                    d_row = dsub[d, a:a + n]
+                    sd_row = s_dur[a:a + n]
+                    for u in range(n):
+                        d_row[u] += g_row[u]
+                        sd_row[u] += g_row[u]
+                if kinds[PNB, k] != 0:                # the arc from (t, u) reads b(t, u+1)
+                    p_row = s_pnb[a + 1:a + 1 + n]
+                    sn_row = s_tok[a + 1:a + 1 + n]
+                    for u in range(n):
+                        p_row[u] += g_row[u]
+                        sn_row[u] += g_row[u]
         for u in range(U1):
             r = node_rows[b, t, u]
             if r < 0:
@@ -867,30 +1040,19 @@ def kind_grad_rows(src, dst, from_logits, node_rows, targets, t0s, u0s, t1s, u1s
                 row[:] = np.nan
                 continue
             n = 0
-            s_tok = 0.0
-            s_dur = 0.0
-            for j in range(n_dur):
-                dsub[j] = 0.0
-            for k in range(K):
-                if _is_arc(kinds, k, t, u, t1, u1):
-                    g = gamma[b, k, t, u]
-                    sg = g * fastemit_scale if kinds[FE, k] != 0 else g
-                    c = kinds[CLS, k]
-                    n = _add_read(cls, sub, n, targets[b, u] if c < 0 else c, sg)
-                    s_tok += sg
-                    d = kinds[DUR, k]
-                    if d >= 0:
-                        dsub[d] += g
-                        s_dur += g
-                if kinds[PNB, k] != 0 and u > u0 and _is_arc(kinds, k, t, u - 1, t1, u1):
-                    g = gamma[b, k, t, u - 1]         # the arc from (t, u-1) reads b(t, u)
-                    n = _add_read(cls, sub, n, blank, g)
-                    s_tok += g
+            for j in range(nc):
+                if u >= slo[j] and u <= shi[j]:
+                    c = cls[j]
+                    n = _add_read(rcls, rsub, ev, n, targets[b, u] if c < 0 else c, sub[j, u],
+                                  e_read[b, t, u, j] if fused else 0.0)
+            if u > u0 and u - 1 >= plo and u - 1 <= phi:
+                n = _add_read(rcls, rsub, ev, n, blank, s_pnb[u],
+                              e_read[b, t, u, nc] if fused else 0.0)
             if not fused:
                 for j in range(n):
-                    row[cls[j]] = _clip(-sub[j], clamp) * wu
+                    row[rcls[j]] = _clip(-rsub[j], clamp) * wu
                 for j in range(n_dur):
-                    row[V_tok + j] = -dsub[j] * wu
+                    row[V_tok + j] = -dsub[j, u] * wu
                 continue
             tok = row[:V_tok]
             if from_logits:
@@ -903,30 +1065,30 @@ def kind_grad_rows(src, dst, from_logits, node_rows, targets, t0s, u0s, t1s, u1s
                         _exp_store(src[r, V_tok:], shift_d[b, t, u], row[V_tok:])
                     else:
                         row[V_tok:] = 0.0
-            if s_tok == 0.0:                          # no arc reads the row (or no path)
+            st = s_tok[u]
+            if st == 0.0:                             # no arc reads the row (or no path)
                 tok[:] = 0.0
             else:
-                c = s_tok * inv_sum[b, t, u]          # d/dx_v = exp(x_v - m) * inv_sum * S - ...
-                for j in range(n):
-                    ev[j] = np.float64(tok[cls[j]])
+                c = st * inv_sum[b, t, u]             # d/dx_v = exp(x_v - m) * inv_sum * S - ...
                 if clamp > 0.0:
                     # p_v S >= 0: only the upper bound can bind off the read classes.
                     # A select, not min(): Numba's min is NaN-aware and does not vectorise.
                     c32 = cast_like(tok, c)
-                    hi = cast_like(tok, clamp)
+                    hi32 = cast_like(tok, clamp)
                     w32 = cast_like(tok, wu)
                     for v in range(tok.shape[0]):
                         g = tok[v] * c32
-                        tok[v] = (hi if g > hi else g) * w32
+                        tok[v] = (hi32 if g > hi32 else g) * w32
                 else:
                     cw = cast_like(tok, c * wu)
                     for v in range(tok.shape[0]):
                         tok[v] = tok[v] * cw
                 # The read classes in float64: p S - s gamma cancels when p ~ 1.
                 for j in range(n):
-                    tok[cls[j]] = _clip(ev[j] * c - sub[j], clamp) * wu
+                    tok[rcls[j]] = _clip(ev[j] * c - rsub[j], clamp) * wu
             if n_dur > 0:                             # d/dx_{V_tok+i} = q_i S_d - gamma_i
-                cd = s_dur * inv_sum_d[b, t, u]
+                sd = s_dur[u]
+                cd = sd * inv_sum_d[b, t, u]
                 for j in range(n_dur):
-                    q = np.float64(row[V_tok + j]) * cd if s_dur != 0.0 else 0.0
-                    row[V_tok + j] = (q - dsub[j]) * wu
+                    q = np.float64(row[V_tok + j]) * cd if sd != 0.0 else 0.0
+                    row[V_tok + j] = (q - dsub[j, u]) * wu
