@@ -614,27 +614,46 @@ def _read_lp(entry, lse):
 
 
 @njit(**JIT)
-def _group_stats(seg, store, out):
-    """Row statistics of one small softmax group ``seg`` (fused mode; the durations):
-    ``(m, inv_sum, lse)``, and ``out[:] = exp(seg - m)`` when ``store`` (``out`` may be
-    ``seg``). A dead group (all -inf) gives (-inf, 0, -inf); a NaN or +inf in it gives
-    (m, NaN, NaN) (math.md 8.1); both store zeros. A scalar loop: a vector loop's set-up
-    and remainder cost more than the few entries."""
-    m = _row_max(seg)
-    if not (m > NEG_INF and m < np.inf):
-        for i in range(seg.shape[0]):
+def _duration_stats(dx, dex, d_row, n, store, buf, V_tok, shift_d, inv_sum_d, lpd):
+    """The duration group (fused mode) of every node u of a row with ``d_row[u] >= 0``,
+    from its entries ``dx[:n, u]``: shift_d[u] = m, inv_sum_d[u] = 1 / sum exp(x - m),
+    lpd[j, u] = x_j - lse, and the exps into row ``d_row[u]`` of ``buf`` when ``store``
+    (the same float ops as ``_exp_store``). Loops over the nodes, not over the n ~ 5
+    entries of one node, so that they vectorise. A dead group (all -inf): m = -inf,
+    inv_sum 0, lpd -inf; a NaN or +inf in it: inv_sum and lpd NaN (math.md 8.1); both
+    store zeros."""
+    U1 = d_row.shape[0]
+    m_row = dx[0].copy()
+    for j in range(1, n):
+        x_row = dx[j]
+        for u in range(U1):
+            m, x = m_row[u], x_row[u]
+            m_row[u] = x if (m == m and not x <= m) else m     # a NaN wins and stays
+    s_row = np.zeros(U1)
+    for j in range(n):
+        x_row = dx[j]
+        e_row = dex[j]
+        for u in range(U1):
+            e = exp_nonpos(x_row[u] - m_row[u])
+            e_row[u] = e
+            s_row[u] += e
+    for u in range(U1):
+        r = d_row[u]
+        if r < 0:
+            continue
+        m = m_row[u]
+        shift_d[u] = m
+        live = m > NEG_INF and m < np.inf
+        if live:
+            inv_sum_d[u] = 1.0 / s_row[u]
+            lse = np.float64(m) + math.log(s_row[u])
+        else:
+            inv_sum_d[u] = 0.0 if m == NEG_INF else np.nan
+            lse = NEG_INF if m == NEG_INF else np.nan
+        for j in range(n):
+            lpd[j, u] = _read_lp(np.float64(dx[j, u]), lse)
             if store:
-                out[i] = 0.0
-        if m == NEG_INF:
-            return m, 0.0, NEG_INF
-        return m, np.nan, np.nan
-    s = 0.0
-    for i in range(seg.shape[0]):
-        e = exp_nonpos(seg[i] - m)
-        if store:
-            out[i] = e
-        s += e
-    return m, 1.0 / s, np.float64(m) + math.log(s)
+                buf[r, V_tok + j] = dex[j, u] if live else 0.0
 
 
 @njit(**JIT)
@@ -720,6 +739,11 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
         lpc[:, :] = NEG_INF
         lpd[:, :] = 0.0
         blank_lp[:] = NEG_INF
+        # The duration group of every node of the row (fused): entries, exps, row index.
+        nu_d = U1 if fused and n_dur > 0 else 0
+        dx = np.empty((nd, nu_d), dtype=rows.dtype)
+        dex = np.empty((nd, nu_d), dtype=rows.dtype)
+        d_row = np.full(nu_d, -1, dtype=np.int64)
         if in_t:
             _arc_spans(kinds, t, u0, t1, u1, lo, hi)
             for j in range(nc):
@@ -780,10 +804,10 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
                         e_read[b, t, u, j] = out[c]
                     if has_pnb:
                         e_read[b, t, u, nc] = out[blank]
-                if n_dur > 0:
-                    m, s_inv, lse_d = _group_stats(row[V_tok:], store, out[V_tok:])
-                    shift_d[b, t, u] = m
-                    inv_sum_d[b, t, u] = s_inv
+                if n_dur > 0:                         # (its statistics: after the node loop)
+                    d_row[u] = r
+                    for j in range(n_dur):
+                        dx[j, u] = row[V_tok + j]
             else:                                     # a log-prob of +inf is invalid: NaN
                 if x_blank == np.inf:
                     x_blank = np.nan
@@ -797,8 +821,12 @@ def kind_row_pass(rows, node_rows, targets, t0s, u0s, t1s, u1s, kinds, blank, n_
             for j in range(nc):
                 if u >= slo[j] and u <= shi[j]:
                     lpc[j, u] = _read_lp(xc[j], lse)
-            for j in range(n_dur):
-                lpd[j, u] = _read_lp(xd[j], lse_d)
+            if not fused:
+                for j in range(n_dur):
+                    lpd[j, u] = _read_lp(xd[j], lse_d)
+        if fused and n_dur > 0:
+            _duration_stats(dx, dex, d_row, n_dur, store, buf, V_tok, shift_d[b, t],
+                            inv_sum_d[b, t], lpd)
         # The weights, kind by kind along its span (a node without a row: -inf).
         bad = 0
         for k in range(K):
