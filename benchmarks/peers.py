@@ -181,13 +181,13 @@ def _nemo_numba_topology(variant: str):
 def _fast_rnnt():
     import fast_rnnt
 
-    def fn(logits, targets, logit_lengths, target_lengths, blank):
+    def fn(logits, targets, logit_lengths, target_lengths, blank, variant="regular"):
         B = logits.shape[0]
         boundary = torch.zeros(B, 4, dtype=torch.int64, device=logits.device)
         boundary[:, 2] = target_lengths
         boundary[:, 3] = logit_lengths
         return fast_rnnt.rnnt_loss(logits, targets.long(), termination_symbol=blank,
-                                   boundary=boundary, rnnt_type="regular", reduction="none")
+                                   boundary=boundary, rnnt_type=variant, reduction="none")
     return fn
 
 
@@ -231,7 +231,8 @@ PROVIDERS = {p.name: p for p in (
     Provider("nemo_multiblank", "nemo-toolkit", _nemo_numba_topology("multiblank"),
              "nemo...numba MultiblankRNNTLossNumba (CUDA only)", devices=("cuda",),
              variants=("multiblank",)),
-    Provider("fast_rnnt", "fast_rnnt", _fast_rnnt, "fast_rnnt.rnnt_loss, rnnt_type='regular'"),
+    Provider("fast_rnnt", "fast_rnnt", _fast_rnnt, "fast_rnnt.rnnt_loss (rnnt_type = the variant)",
+             variants=("regular", "modified", "constrained")),
     Provider("optimized_transducer", "optimized_transducer", _optimized_transducer,
              "transducer_loss on packed logits (packing copy included; batch sum only)"),
 )}

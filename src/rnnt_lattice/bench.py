@@ -98,6 +98,8 @@ GROUPS = {
 VARIANTS = {
     "regular": "standard RNN-T: one blank; a blank moves t, a label moves u",
     "modified": "k2 rnnt_type='modified': one symbol per frame, a label moves t and u",
+    "constrained": "k2 rnnt_type='constrained': a label moves t and u, blank only (t, u+1)",
+    "one_sym_per_frame": "optimized_transducer's one_sym_per_frame: a label moves t and u",
     "tdt": "NeMo TDT, durations 0..4: the last axis is V tokens + 5 durations, blank V-1",
     "multiblank": "NeMo multi-blank, big blanks of 2, 4, 8 frames: classes V-2..V-4, blank V-1",
 }
@@ -113,8 +115,8 @@ def variant_loss(variant: str, logits, targets, logit_lengths, target_lengths, b
     kw = dict(blank=blank, reduction="none", **kw)
     if variant == "regular":
         return rnnt_lattice.rnnt_loss(*args, **kw)
-    if variant == "modified":
-        return rnnt_lattice.rnnt_loss(*args, rnnt_type="modified", **kw)
+    if variant in ("modified", "constrained", "one_sym_per_frame"):
+        return rnnt_lattice.rnnt_loss(*args, rnnt_type=variant, **kw)
     if variant == "tdt":
         return rnnt_lattice.tdt_loss(*args, durations=list(TDT_DURATIONS), **kw)
     if variant == "multiblank":
