@@ -720,6 +720,24 @@ def _lse_terms(terms, n):
     return m + math.log(s)
 
 
+@njit(**JIT)
+def _alpha_terms(w, kinds, alpha, b, t, u, t0, u0, t1, terms, src_kind):
+    """The incoming arcs of node (t, u) (not the start): ``terms[:n] = alpha(src) + w_k(src)``
+    for each kind k whose source ``(t - dt_k, u - du_k)`` is a region node, in kind order,
+    with ``src_kind[:n]`` their kinds; returns n. The one node update of the alpha sweep in
+    both semirings (``kind_lattice``: lae, ``kind_viterbi``: max). ``w`` is -inf off the
+    arcs, so landing need not be checked."""
+    n = 0
+    for k in range(kinds.shape[1]):
+        st = t - kinds[DT, k]
+        su = u - kinds[DU, k]
+        if st >= t0 and su >= u0 and st < t1:
+            terms[n] = alpha[b, st, su] + w[b, k, st, su]
+            src_kind[n] = k
+            n += 1
+    return n
+
+
 @pjit
 def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, gamma):
     """Pass 2 for any topology: alpha, beta, log P and per-kind occupations, one sequence
@@ -747,6 +765,7 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
             continue
         nu = u1 - u0 + 1
         terms = np.empty(K)                           # the incoming / outgoing arcs of a node
+        src_kind = np.empty(K, dtype=np.int64)
         # alpha (rows ascending) and beta (rows descending) in one loop: two independent
         # chains of dependent logaddexps (latency-bound) that the CPU can overlap.
         for i in range(t1 - t0 + 1):
@@ -756,13 +775,7 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                 if i == 0 and j == 0:
                     alpha[b, t, u] = 0.0
                 else:
-                    n = 0
-                    for k in range(K):
-                        st = t - kinds[DT, k]
-                        su = u - kinds[DU, k]
-                        if st >= t0 and su >= u0 and st < t1:
-                            terms[n] = alpha[b, st, su] + w[b, k, st, su]
-                            n += 1
+                    n = _alpha_terms(w, kinds, alpha, b, t, u, t0, u0, t1, terms, src_kind)
                     alpha[b, t, u] = _lse_terms(terms, n)
                 t = t1 - i
                 u = u1 - j
@@ -803,6 +816,56 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                 g_row = gamma[b, k, t, u0:u0 + n]
                 for u in range(n):
                     g_row[u] = exp_nonpos(a_row[u] + w_row[u] + n_row[u] - ll)
+
+
+@pjit
+def kind_viterbi(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, best_kind, log_prob):
+    """The alpha sweep of ``kind_lattice`` in the max-plus semiring, recording the best
+    arc into each node, one sequence per thread (math.md 9; ``reference.sweep_alpha`` with
+    ``max_plus=True``):
+
+        alpha(t0, u0) = 0,  alpha(t,u) = max_k  alpha(t - dt_k, u - du_k) + w_k(t - dt_k, u - du_k)
+        best_kind(t,u) = the k attaining the max (the first kind on an exact tie)
+        log_prob = alpha(t1, u1)
+
+    so that the best path is read back by following ``best_kind`` from the end node
+    (``analysis.alignment.backtrack_arcs``). Outputs: alpha (B, T+1, U+1) float64 filled
+    with -inf on entry, best_kind (B, T+1, U+1) int8 filled with -1 on entry (only each
+    sequence's nodes are written; -1 also at the start node and where no finite path
+    arrives); log_prob (B,): -inf without a path or frame, NaN when an arc weight of the
+    sequence is NaN (``nan_row``, as ``kind_lattice``'s log P)."""
+    B, K, T, U1 = w.shape
+    for b in prange(B):
+        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+        if t1 <= t0:                                  # no frame, no path
+            log_prob[b] = NEG_INF
+            continue
+        terms = np.empty(K)
+        src_kind = np.empty(K, dtype=np.int64)
+        alpha[b, t0, u0] = 0.0
+        for t in range(t0, t1 + 1):
+            for u in range(u0, u1 + 1):
+                if t == t0 and u == u0:
+                    continue
+                n = _alpha_terms(w, kinds, alpha, b, t, u, t0, u0, t1, terms, src_kind)
+                # Strictly greater replaces (the first kind wins a tie); NaN propagates
+                # into the value and never wins the pointer, as in the reference.
+                val = NEG_INF
+                arg = -1
+                for j in range(n):
+                    x = terms[j]
+                    if x > val:
+                        val = x
+                        arg = src_kind[j]
+                    elif x != x:
+                        val = x
+                alpha[b, t, u] = val
+                best_kind[b, t, u] = arg if val > NEG_INF else -1
+        lp = alpha[b, t1, u1]
+        for t in range(t0, t1):
+            if nan_row[b, t] != 0:
+                lp = np.nan
+        log_prob[b] = lp
 
 
 @njit(**JIT)
