@@ -96,6 +96,16 @@ def generic_weights(req: Request):
     return w, ends
 
 
+def kind_field(topo: Topology, name: str, device) -> torch.Tensor:
+    """``(K,)`` int64 on ``device``: field ``name`` (``"dt"``, ``"du"``) of every kind,
+    written entry by entry (a fill each), not built from a Python list: that would be a
+    host-to-device copy, which synchronises a CUDA device."""
+    out = torch.empty(len(topo.kinds), dtype=torch.int64, device=device)
+    for k, kind in enumerate(topo.kinds):
+        out[k].fill_(getattr(kind, name))
+    return out
+
+
 def _kernel_args(req: Request):
     chk = req.chk
     return (chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths, req.opts, req.boundary)

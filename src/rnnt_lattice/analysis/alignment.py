@@ -13,7 +13,7 @@ import torch
 
 from ..reference import Ends
 from ..topology import Topology, regular
-from ._common import request, viterbi
+from ._common import kind_field, request, viterbi
 
 NEG_INF = float("-inf")
 
@@ -84,8 +84,8 @@ class Alignment:
 
     @property
     def arc_durations(self) -> torch.Tensor:
-        dt = torch.tensor([k.dt for k in self.topology.kinds] + [-1], device=self.arc_kinds.device)
-        return dt[self.arc_kinds]          # index -1 picks the trailing -1
+        dt = kind_field(self.topology, "dt", self.arc_kinds.device)
+        return torch.where(self.arc_kinds >= 0, dt[self.arc_kinds.clamp(min=0)], -1)
 
     @cached_property
     def frame_labels(self) -> list:
@@ -161,8 +161,7 @@ def backtrack_arcs(best_kind, topo: Topology, ends, log_prob):
     dev = best_kind.device
     L = T + U
     bidx = torch.arange(B, device=dev)
-    dts = torch.tensor([k.dt for k in topo.kinds], device=dev)
-    dus = torch.tensor([k.du for k in topo.kinds], device=dev)
+    dts, dus = kind_field(topo, "dt", dev), kind_field(topo, "du", dev)
     t, u = ends.t1.to(dev).clone(), ends.u1.to(dev).clone()
     t0, u0 = ends.t0.to(dev), ends.u0.to(dev)
     ok = (log_prob > NEG_INF) & (ends.t1.to(dev) > t0)

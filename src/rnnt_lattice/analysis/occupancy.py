@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..topology import Topology, regular
-from ._common import lattice, request
+from ._common import kind_field, lattice, request
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def occupancy(
                   backend, rnnt_type, topology, sigma, delay_penalty, boundary)
     lat = lattice(req)
     gamma = lat.gamma
-    du = torch.tensor([k.du for k in req.topo.kinds], device=gamma.device)[None, :, None, None]
+    du = kind_field(req.topo, "du", gamma.device)[None, :, None, None]
     gb = torch.where(du == 0, gamma, 0.0).sum(1)
     gl = torch.where(du == 1, gamma, 0.0).sum(1)
     chk = req.chk

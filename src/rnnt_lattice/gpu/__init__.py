@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from .._types import Lattice, LossOptions
-from ..reference import GenericLattice
+from ..reference import GenericLattice, node_mask
 from ..topology import Topology, regular
 from . import kernels
 
@@ -411,8 +411,11 @@ def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused
     ``kind_occupancy`` of the regular topology (kinds blank, label) on the frames
     ``t < T``; -inf off the lattice."""
     lat = kind_occupancy(logits, targets, logit_lengths, target_lengths, LossOptions(blank, fused))
-    T = lat.gamma.shape[2]
-    return Lattice(lat.alpha[:, :T], lat.beta[:, :T], lat.log_like, lat.gamma[:, 0], lat.gamma[:, 1])
+    B, K, T, U1 = lat.gamma.shape
+    # The end node (T_b, U_b) of the generic grid is no node of the regular lattice.
+    nodes = node_mask(logit_lengths, target_lengths, T, U1)
+    alpha, beta = (torch.where(nodes, x[:, :T], float("-inf")) for x in (lat.alpha, lat.beta))
+    return Lattice(alpha, beta, lat.log_like, lat.gamma[:, 0], lat.gamma[:, 1])
 
 
 def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
@@ -421,5 +424,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
     pass; -inf off the lattice."""
     st, _ = _viterbi_state(logits, targets, logit_lengths, target_lengths,
                            LossOptions(blank, fused), None)
-    T = st.lp.shape[2]
-    return st.alpha[:, :T], st.lp[:, 0], st.lp[:, 1]
+    B, K, T, U1 = st.lp.shape
+    alpha = torch.where(node_mask(logit_lengths, target_lengths, T, U1), st.alpha[:, :T],
+                        float("-inf"))
+    return alpha, st.lp[:, 0], st.lp[:, 1]
