@@ -14,6 +14,9 @@ The same three passes for any topology (``kind_row_pass``, ``kind_lattice``,
 ``kind_grad_rows``, section "any topology" below) are driven by a table of arc kinds and
 read logits rows ``(N, V)`` through a node -> row map (padded, packed or pruned layouts);
 the regular kernels above are kept for the plain regular loss (see ``cpu/__init__``).
+``kind_viterbi`` is ``kind_lattice``'s alpha sweep in the max-plus semiring (the same node
+update, ``_alpha_terms``), recording the best incoming kind of every node for the
+alignment's backtrack.
 
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
 vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).

@@ -19,9 +19,12 @@ given as compile-time constant tuples (section "any topology" below):
    reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
    and the upstream gradient fused.
 
-The lattice tools of the regular topology (``compute_lattice``, ``viterbi``) use the
-earlier regular-only kernels ``_row_kernel``, ``_lattice_kernel`` (whose ``MAX_SEMIRING``
-switches the sweep to max-plus) and ``_gamma_kernel``.
+The lattice tools (``occupancy``, ``best_alignment``; the backend's ``kind_occupancy``,
+``kind_viterbi``, and the regular ``compute_lattice``, ``viterbi``) run the same passes 1-2:
+``_topo_lattice_kernel`` with ``MAX_SEMIRING`` is the Viterbi sweep, which also records
+the best incoming arc kind of every node (so a backtrack only follows pointers), and
+``_topo_gamma_kernel`` writes the per-kind occupations with the gradient pass's formula
+(``_arc_occupation``). One recursion, for the losses and the tools.
 
 Precision. The lattice — ``lse``, ``b``, ``e``, alpha, beta, ``log P`` and the occupations
 — is float64 for every input dtype, as on the CPU: it is O(B*T*(U+1)) work against the
@@ -39,7 +42,7 @@ grid sizes come from tensor shapes only, and options are plain kernel arguments.
 Padding (``t >= T_b`` or ``u > U_b``) is never loaded: every load of logits is masked by
 the node's validity, so NaN-poisoned padding cannot leak into a result, and its gradient
 is written as exactly 0. Lattice cells of padding are never read either, so the loss path
-leaves alpha/beta of padding unwritten (``compute_lattice`` fills them with -inf).
+leaves alpha/beta of padding unwritten (the lattice tools fill them with -inf).
 """
 from __future__ import annotations
 
@@ -170,8 +173,14 @@ def _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalt
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
                BLOCK: tl.constexpr):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
-    chunks of BLOCK (one exp per element; ``_row_kernel``'s scheme): -inf for an all -inf
-    row, NaN for a row holding a NaN or +inf (math.md 8.1). Rows not ``live`` are not read."""
+    chunks of BLOCK: -inf for an all -inf row, NaN for a row holding a NaN or +inf (math.md
+    8.1: either one turns the row's exp sum into NaN, whatever the running max does with
+    it). Rows not ``live`` are not read.
+
+    Per chunk: the chunk max ``c``, the new running max ``m' = max(m, c)``, and ``s' = s *
+    exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element (the rescaling is one exp
+    per row and chunk). ``s`` is float64; the chunk's own sum is an ACC tree reduction. A
+    row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf`` never appears."""
     v_end = tl.where(live, n, 0)
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
