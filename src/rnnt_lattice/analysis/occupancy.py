@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..topology import Topology, regular
-from ._common import kind_field, lattice, request
+from ._common import lattice, request
 
 
 @dataclass(frozen=True)
@@ -127,10 +127,21 @@ def occupancy(
                   backend, rnnt_type, topology, sigma, delay_penalty, boundary)
     lat = lattice(req)
     gamma = lat.gamma
-    du = kind_field(req.topo, "du", gamma.device)[None, :, None, None]
-    gb = torch.where(du == 0, gamma, 0.0).sum(1)
-    gl = torch.where(du == 1, gamma, 0.0).sum(1)
+    # Sums over the kinds of each group, one add per kind (K is small; a reduction over
+    # the kind axis would stride through the tensor).
+    gb, gl = (_sum_kinds(gamma, [k for k, kind in enumerate(req.topo.kinds) if kind.du == du])
+              for du in (0, 1))
     chk = req.chk
-    return Occupancy(node=gamma.sum(1), gamma_blank=gb, gamma_label=gl,
+    return Occupancy(node=gb + gl, gamma_blank=gb, gamma_label=gl,
                      log_likelihood=lat.log_like, logit_lengths=chk.logit_lengths,
                      target_lengths=chk.target_lengths, gamma=gamma, topology=req.topo)
+
+
+def _sum_kinds(gamma: torch.Tensor, kinds: list) -> torch.Tensor:
+    """``sum_{k in kinds} gamma[:, k]``, ``(B, T, U+1)`` (zeros for no kind)."""
+    if not kinds:
+        return torch.zeros_like(gamma[:, 0])
+    out = gamma[:, kinds[0]].clone()
+    for k in kinds[1:]:
+        out += gamma[:, k]
+    return out
