@@ -298,16 +298,22 @@ def test_topologies_never_synchronise(topo):
     assert not _syncing(rec.ops), _syncing(rec.ops)
 
 
-def test_lattice_tools_never_synchronise(monkeypatch):
-    """occupancy and best_alignment: their tensor outputs come without a host read
+@pytest.mark.parametrize("lattice", ["regular", "constrained_terms"])
+def test_lattice_tools_never_synchronise(monkeypatch, lattice):
+    """occupancy and best_alignment, regular and a non-regular lattice with per-arc terms:
+    their tensor outputs (and ``arc_durations``) come without a host read
     (``Alignment.frame_labels``, Python lists, are built on first access only)."""
     monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
     batch = make_batch(CASES["ragged"])
     args = (batch.logits.float(), batch.targets, batch.logit_lengths, batch.target_lengths,
             batch.blank)
+    kw = dict(backend="triton")
+    if lattice == "constrained_terms":
+        kw.update(rnnt_type="constrained", sigma=0.1, delay_penalty=0.2)
     with _RecordOps() as rec:
-        occ = rnnt_lattice.occupancy(*args, backend="triton")
-        ali = rnnt_lattice.best_alignment(*args, backend="triton")
+        occ = rnnt_lattice.occupancy(*args, **kw)
+        ali = rnnt_lattice.best_alignment(*args, **kw)
+        ali.arc_durations                                             # noqa: B018
     assert occ.node.dtype == torch.float64 and ali.emit_frames.dtype == torch.int64
     assert not _syncing(rec.ops), _syncing(rec.ops)
     with _RecordOps() as rec:

@@ -14,8 +14,8 @@ The same three passes for any topology (``kind_row_pass``, ``kind_lattice``,
 ``kind_grad_rows``, section "any topology" below) are driven by a table of arc kinds and
 read logits rows ``(N, V)`` through a node -> row map (padded, packed or pruned layouts);
 the regular kernels above are kept for the plain regular loss (see ``cpu/__init__``).
-``kind_viterbi`` is ``kind_lattice``'s alpha sweep in the max-plus semiring (the same node
-update, ``_alpha_terms``), recording the best incoming kind of every node for the
+``kind_viterbi`` is ``kind_lattice``'s alpha sweep in the max-plus semiring (the same arc
+rule, ``_alpha_source``), recording the best incoming kind of every node for the
 alignment's backtrack.
 
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
@@ -723,24 +723,6 @@ def _lse_terms(terms, n):
     return m + math.log(s)
 
 
-@njit(**JIT)
-def _alpha_terms(w, kinds, alpha, b, t, u, t0, u0, t1, terms, src_kind):
-    """The incoming arcs of node (t, u) (not the start): ``terms[:n] = alpha(src) + w_k(src)``
-    for each kind k whose source ``(t - dt_k, u - du_k)`` is a region node, in kind order,
-    with ``src_kind[:n]`` their kinds; returns n. The one node update of the alpha sweep in
-    both semirings (``kind_lattice``: lae, ``kind_viterbi``: max). ``w`` is -inf off the
-    arcs, so landing need not be checked."""
-    n = 0
-    for k in range(kinds.shape[1]):
-        st = t - kinds[DT, k]
-        su = u - kinds[DU, k]
-        if st >= t0 and su >= u0 and st < t1:
-            terms[n] = alpha[b, st, su] + w[b, k, st, su]
-            src_kind[n] = k
-            n += 1
-    return n
-
-
 @pjit
 def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, gamma):
     """Pass 2 for any topology: alpha, beta, log P and per-kind occupations, one sequence
@@ -768,7 +750,6 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
             continue
         nu = u1 - u0 + 1
         terms = np.empty(K)                           # the incoming / outgoing arcs of a node
-        src_kind = np.empty(K, dtype=np.int64)
         # alpha (rows ascending) and beta (rows descending) in one loop: two independent
         # chains of dependent logaddexps (latency-bound) that the CPU can overlap.
         for i in range(t1 - t0 + 1):
@@ -778,7 +759,12 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                 if i == 0 and j == 0:
                     alpha[b, t, u] = 0.0
                 else:
-                    n = _alpha_terms(w, kinds, alpha, b, t, u, t0, u0, t1, terms, src_kind)
+                    n = 0
+                    for k in range(K):
+                        st, su, ok = _alpha_source(kinds, k, t, u, t0, u0, t1)
+                        if ok:
+                            terms[n] = alpha[b, st, su] + w[b, k, st, su]
+                            n += 1
                     alpha[b, t, u] = _lse_terms(terms, n)
                 t = t1 - i
                 u = u1 - j
@@ -821,6 +807,17 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                     g_row[u] = exp_nonpos(a_row[u] + w_row[u] + n_row[u] - ll)
 
 
+@njit(**JIT)
+def _alpha_source(kinds, k, t, u, t0, u0, t1):
+    """``(st, su, ok)``: the source node of kind k's arc into node (t, u), and whether it
+    is a region node (``t0 <= st < t1``, ``su >= u0``). The one rule of the alpha sweep in
+    both semirings (``kind_lattice``: lae, ``kind_viterbi``: max); ``w`` is -inf off the
+    arcs, so landing need not be checked."""
+    st = t - kinds[DT, k]
+    su = u - kinds[DU, k]
+    return st, su, st >= t0 and su >= u0 and st < t1
+
+
 @pjit
 def kind_viterbi(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, best_kind, log_prob):
     """The alpha sweep of ``kind_lattice`` in the max-plus semiring, recording the best
@@ -843,25 +840,24 @@ def kind_viterbi(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, best_kind, log_pr
         if t1 <= t0:                                  # no frame, no path
             log_prob[b] = NEG_INF
             continue
-        terms = np.empty(K)
-        src_kind = np.empty(K, dtype=np.int64)
         alpha[b, t0, u0] = 0.0
         for t in range(t0, t1 + 1):
             for u in range(u0, u1 + 1):
                 if t == t0 and u == u0:
                     continue
-                n = _alpha_terms(w, kinds, alpha, b, t, u, t0, u0, t1, terms, src_kind)
                 # Strictly greater replaces (the first kind wins a tie); NaN propagates
                 # into the value and never wins the pointer, as in the reference.
                 val = NEG_INF
                 arg = -1
-                for j in range(n):
-                    x = terms[j]
-                    if x > val:
-                        val = x
-                        arg = src_kind[j]
-                    elif x != x:
-                        val = x
+                for k in range(K):
+                    st, su, ok = _alpha_source(kinds, k, t, u, t0, u0, t1)
+                    if ok:
+                        x = alpha[b, st, su] + w[b, k, st, su]
+                        if x > val:
+                            val = x
+                            arg = k
+                        elif x != x:
+                            val = x
                 alpha[b, t, u] = val
                 best_kind[b, t, u] = arg if val > NEG_INF else -1
         lp = alpha[b, t1, u1]
