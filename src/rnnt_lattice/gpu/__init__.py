@@ -26,6 +26,11 @@ log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank l
 that k2's constrained label arcs add) besides the logits; the backward pass writes the
 gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
 
+The lattice tools (``kind_occupancy``, ``kind_viterbi``; the regular ``compute_lattice``,
+``viterbi``) run the loss's row and lattice passes, then the occupation kernel, or the
+lattice pass in the max-plus semiring with the best incoming kind of every node: one
+recursion for the losses and the tools, with the same no-synchronisation guarantee.
+
 Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
 map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
 
@@ -232,7 +237,8 @@ def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOpti
     st = _TopoState.new(B, T, U1, kinds["K"], n_dur > 0, has_next, logits.device)
     if fill_nodes:
         st.alpha.fill_(float("-inf"))
-        st.beta.fill_(float("-inf"))
+        if beta:
+            st.beta.fill_(float("-inf"))
     costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
     ids = _nonempty(targets, logit_lengths)
     flags = dict(BOUNDARY=boundary is not None)
@@ -346,6 +352,7 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
 
 # --------------------------------------------------------------------------- lattice tools
 def _tool_args(logits, targets, logit_lengths, target_lengths, boundary):
+    """``_prepare``, and the boundary as the kernels read it (int64, contiguous)."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
