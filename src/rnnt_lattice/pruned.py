@@ -19,8 +19,10 @@ matmul per sequence,
 (the maxima and the matmul in the input dtype, the log and everything after it in float64),
 so memory is ``O(B T U + B (T + U) V)``. The arc log-probs ``b(t,u) = am(t,blank) +
 lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then feed the
-one generic recursion of :mod:`rnnt_lattice.reference` (any topology of k2: ``regular``,
-``modified``, ``constrained``; delay penalty; boundary). Gradients reach ``am`` and ``lm``
+one generic recursion over arc weights (any topology of k2: ``regular``, ``modified``,
+``constrained``; delay penalty; boundary), run by the backend's lattice kernel (Numba's
+``kind_lattice`` on CPU, Triton's ``_topo_lattice_kernel`` on CUDA) or by
+:mod:`rnnt_lattice.reference`. Gradients reach ``am`` and ``lm``
 through torch autograd of the normaliser and the gathers; the recursion itself is a small
 autograd Function whose backward is ``d(-log P)/dw = -gamma``.
 """
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _backends
 from . import topology as _topology
 from ._validate import check_boundary, check_float, check_reduction
 from .analysis.coverage import best_window_starts
@@ -268,25 +271,39 @@ def _kind_log_probs(b, e, topo, ends: Ends):
 # The recursion as an autograd Function of the arc weights
 # ---------------------------------------------------------------------------------------
 
+def _reference_lattice(w, topo, ends):
+    lat = lattice_generic(w, topo, ends)
+    return lat.log_like, lat.gamma
+
+
+def _lattice_of_weights(backend: str, device: torch.device):
+    """The function ``(w, topo, ends) -> (log_like, gamma)`` of ``backend`` on ``device``
+    (``_backends.resolve``: ``"auto"`` is the Numba kernel on CPU, the Triton one on CUDA):
+    ``lattice_of_weights`` of ``cpu`` / ``gpu``, or the vectorised reference."""
+    impl = _backends.resolve(backend, device)
+    return getattr(impl, "lattice_of_weights", _reference_lattice)
+
+
 class _LatticeNLL(torch.autograd.Function):
     """``-log P (B,)`` of arc weights ``w (B, K, T, U+1)`` (``-inf`` off the arcs), and the
-    per-kind occupations ``gamma`` (not differentiable). Backward: ``d(-log P)/dw = -gamma``
-    times the upstream gradient, exactly 0 where the upstream is 0 (a select, math.md 8.1)
-    and for sequences without a path (their gamma is 0); NaN sequences get NaN."""
+    per-kind occupations ``gamma`` (not differentiable), by ``lattice`` (one of
+    :func:`_lattice_of_weights`). Backward: ``d(-log P)/dw = -gamma`` times the upstream
+    gradient, exactly 0 where the upstream is 0 (a select, math.md 8.1) and for sequences
+    without a path (their gamma is 0); NaN sequences get NaN."""
 
     @staticmethod
-    def forward(ctx, w, topo, ends):
-        lat = lattice_generic(w.detach(), topo, ends)
-        ctx.save_for_backward(lat.gamma)
-        ctx.mark_non_differentiable(lat.gamma)
-        return -lat.log_like, lat.gamma
+    def forward(ctx, w, topo, ends, lattice):
+        log_like, gamma = lattice(w.detach(), topo, ends)
+        ctx.save_for_backward(gamma)
+        ctx.mark_non_differentiable(gamma)
+        return -log_like, gamma
 
     @staticmethod
     def backward(ctx, grad_costs, _grad_gamma):
         (gamma,) = ctx.saved_tensors
         up = grad_costs.to(gamma.dtype)[:, None, None, None]
         grad = torch.where(up == 0, 0.0, -gamma * up)
-        return grad, None, None
+        return grad, None, None, None
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,6 +324,7 @@ def rnnt_loss_simple(
     reduction: str = "mean",
     zero_infinity: bool = False,
     return_occupations: bool = False,
+    backend: str = "auto",
 ):
     r"""RNN-T loss of the simple joiner ``logits(t,u,v) = am(t,v) + lm(u,v)`` (k2's
     ``rnnt_loss_simple``), without ever building the ``(B, T, U+1, V)`` logits.
@@ -364,6 +382,10 @@ def rnnt_loss_simple(
             :func:`rnnt_lattice.rnnt_loss`.
         zero_infinity: infinite losses (no path) and their gradients become 0.
         return_occupations: also return the arc occupations (what :func:`prune_ranges` reads).
+        backend: which kernel runs the lattice recursion (the arc log-probs are always
+            PyTorch): ``"auto"`` (Numba on CPU, Triton on CUDA, PyTorch elsewhere),
+            ``"numba"``, ``"triton"`` or ``"torch"`` (the vectorised reference), as
+            :func:`rnnt_lattice.rnnt_loss`.
 
     Returns:
         The loss (the input dtype; float32 for half inputs), or with
@@ -377,7 +399,7 @@ def rnnt_loss_simple(
     """
     return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                         delay_penalty, boundary, reduction, zero_infinity, return_occupations,
-                        smooth=None)
+                        backend, smooth=None)
 
 
 def rnnt_loss_smoothed(
@@ -396,6 +418,7 @@ def rnnt_loss_smoothed(
     reduction: str = "mean",
     zero_infinity: bool = False,
     return_occupations: bool = False,
+    backend: str = "auto",
 ):
     r"""k2's ``rnnt_loss_smoothed``: the simple loss with its arc log-probs interpolated,
     log-linearly, with LM-only and AM-only log-probs (variants.md A)::
@@ -425,7 +448,7 @@ def rnnt_loss_smoothed(
     s_am = check_float("am_only_scale", am_only_scale, finite=True)
     return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                         delay_penalty, boundary, reduction, zero_infinity, return_occupations,
-                        smooth=(s_lm, s_am))
+                        backend, smooth=(s_lm, s_am))
 
 
 def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
@@ -457,8 +480,10 @@ def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
 
 
 def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
-                 delay_penalty, boundary, reduction, zero_infinity, return_occupations, smooth):
+                 delay_penalty, boundary, reduction, zero_infinity, return_occupations, backend,
+                 smooth):
     check_reduction(reduction)
+    _backends.check_name(backend)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
     targets, logit_lengths, target_lengths, blank = _check_simple_args(
         lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type)
@@ -482,7 +507,7 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
         b, e = _smoothed(b, e, lm, am_terms, targets, blank, smooth[0], smooth[1], lse.dtype)
     lp = _kind_log_probs(b, e, topo, ends)
     w = arc_weights(lp, topo, ends, 0.0, delay_penalty)
-    costs, gamma = _LatticeNLL.apply(w, topo, ends)
+    costs, gamma = _LatticeNLL.apply(w, topo, ends, _lattice_of_weights(backend, am.device))
     costs = costs.to(out_dtype)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
