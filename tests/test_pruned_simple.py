@@ -529,3 +529,144 @@ def test_exact_windows_of_a_batch_with_an_impossible_sequence():
     s = win.s_begin
     assert (s[:, 0] == 0).all() and (s.diff(dim=1) >= 0).all() and (s.diff(dim=1) <= 1).all()
     assert s[0, -1] == 4 and (win.ranges <= 5).all()
+
+
+# --------------------------------------------------------------------------- backends
+# The lattice of the simple/smoothed losses runs on the backend's kernel (Numba's
+# kind_lattice; Triton's _topo_lattice_kernel, here through the interpreter that
+# conftest.py turns on); the arc weights are the same PyTorch code for every backend, so
+# the kernels must reproduce backend="torch" to float64 rounding, and in float32 to a few
+# ulps of the float32 outputs.
+KERNEL_BACKENDS = ["numba", "triton"]
+BACKEND_CASES = CASES + [Case("T1", (1, 1), (0, 2), 4, 0)]     # one frame: modified has no path
+BACKEND_TOL = {torch.float64: 1e-12, torch.float32: 64 * 2.0**-23}
+# The interpreter's NumPy warns on -inf - -inf in lanes that the kernel then masks out.
+interpreter_lanes = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+def _kernel_backend(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+        from rnnt_lattice import gpu
+        if not gpu.INTERPRETED:                                         # pragma: no cover
+            pytest.skip("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1")
+    return backend
+
+
+def _run(fn, lm, am, targets, T_b, U_b, blank, up, backend, **kw):
+    """``(costs, lm.grad, am.grad, gamma_blank, gamma_label)`` of ``fn`` (reduction none)."""
+    lm = lm.detach().clone().requires_grad_(True)
+    am = am.detach().clone().requires_grad_(True)
+    costs, occ = fn(lm, am, targets, T_b, U_b, blank=blank, reduction="none",
+                    return_occupations=True, backend=backend, **kw)
+    torch.autograd.backward(costs, up.to(costs.dtype))
+    return costs.detach(), lm.grad, am.grad, occ.gamma_blank, occ.gamma_label
+
+
+def _assert_same(got, want, tol):
+    for name, g, w in zip(("costs", "lm.grad", "am.grad", "gamma_blank", "gamma_label"), got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert rel_err(g, w) < tol, (name, rel_err(g, w))
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("case", BACKEND_CASES, ids=[c.name for c in BACKEND_CASES])
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_kernel_backends_equal_torch(backend, case, rnnt_type, dtype):
+    """Losses, gradients w.r.t. lm and am and occupations of the simple loss: ragged,
+    NaN-poisoned padding, T_b = 0, U_b = 0, one frame, delay penalty, signed upstream."""
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=11, dtype=dtype)
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.3)
+    want = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, "torch", **kw)
+    got = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, backend, **kw)
+    _assert_same(got, want, BACKEND_TOL[dtype])
+    # Impossible sequences: +inf and an exactly zero gradient; padding: exactly zero.
+    inf = torch.isinf(got[0])
+    assert (got[1][inf] == 0).all() and (got[2][inf] == 0).all()
+    assert (got[2][torch.isnan(am)] == 0).all() and (got[1][torch.isnan(lm)] == 0).all()
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[5]], ids=["ragged", "U0", "longer"])
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+def test_kernel_backends_smoothed_equal_torch(backend, case, rnnt_type):
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=12, poison=False)
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.1, lm_only_scale=0.2, am_only_scale=0.15)
+    want = _run(rnnt_lattice.rnnt_loss_smoothed, lm, am, targets, T_b, U_b, blank, up, "torch", **kw)
+    got = _run(rnnt_lattice.rnnt_loss_smoothed, lm, am, targets, T_b, U_b, blank, up, backend, **kw)
+    _assert_same(got, want, BACKEND_TOL[torch.float64])
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+def test_kernel_backends_boundary(backend, rnnt_type):
+    _kernel_backend(backend)
+    case = Case("boundary", (6, 5, 7), (3, 2, 4), 6, 0, T=8, U=5)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=3)
+    boundary = torch.tensor([[0, 0, 3, 6], [1, 1, 2, 5], [1, 2, 3, 6]])
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.2, boundary=boundary)
+    want = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, "torch", **kw)
+    got = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, backend, **kw)
+    assert torch.isfinite(got[0]).all()
+    _assert_same(got, want, BACKEND_TOL[torch.float64])
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_kernel_backends_nan_and_zero_upstream(backend):
+    """A NaN inside sequence 0's lattice: NaN loss and occupations, as the reference; an
+    upstream gradient of exactly 0 on it gives an exactly zero gradient."""
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[-1], seed=2)
+    am = am.clone()
+    am[0, 1, 3] = float("nan")
+    for up in (upstream_weights(3), torch.tensor([0.0, 1.5, -0.5], dtype=torch.float64)):
+        want = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, "torch")
+        got = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, backend)
+        assert torch.isnan(got[0][0]) and torch.isfinite(got[0][1:]).all()
+        assert torch.isnan(got[3][0]).any() and torch.isfinite(got[3][1:]).all()
+        _assert_same(got, want, BACKEND_TOL[torch.float64])
+        if up[0] == 0:
+            assert (got[1][0] == 0).all() and (got[2][0] == 0).all()
+            assert torch.isfinite(got[1]).all() and torch.isfinite(got[2]).all()
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_kernel_backends_reductions_zero_infinity(backend, reduction, zero_infinity):
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[4])            # T_b = 0: +inf
+    out = {}
+    for be in ("torch", backend):
+        l_, a_ = lm.clone().requires_grad_(True), am.clone().requires_grad_(True)
+        loss = rnnt_lattice.rnnt_loss_simple(l_, a_, targets, T_b, U_b, blank=blank,
+                                             reduction=reduction, zero_infinity=zero_infinity,
+                                             backend=be)
+        loss.sum().backward()
+        out[be] = (loss.detach(), l_.grad, a_.grad)
+    for g, w in zip(out[backend], out["torch"]):
+        assert rel_err(g, w) < BACKEND_TOL[torch.float64]
+    assert (out[backend][2][0] == 0).all()                              # the +inf sequence
+
+
+def test_backend_argument():
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[1])
+    with pytest.raises(ValueError, match="backend"):
+        rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=blank, backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        rnnt_lattice.rnnt_loss_smoothed(lm, am, targets, T_b, U_b, blank=blank, backend=None)
+    from rnnt_lattice import cpu
+    assert pruned._lattice_of_weights("auto", torch.device("cpu")) is cpu.lattice_of_weights
+    assert pruned._lattice_of_weights("numba", torch.device("cpu")) is cpu.lattice_of_weights
+    assert pruned._lattice_of_weights("torch", torch.device("cpu")) is pruned._reference_lattice
