@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import common  # first: sets the thread env vars before torch is imported
 
+import importlib                  # noqa: E402
 import json                       # noqa: E402
 import subprocess                 # noqa: E402
 import sys                        # noqa: E402
@@ -84,9 +85,14 @@ def _ours(method: str):
     return load
 
 
-def _fast_rnnt():
-    import fast_rnnt
+def _k2_api(module: str):
+    """The step in k2's API, from ``module``: fast_rnnt, or our ``rnnt_lattice.compat.k2``."""
+    def load():
+        return _k2_step(importlib.import_module(module))
+    return load
 
+
+def _k2_step(fast_rnnt):
     def step(am, lm, x, R):
         boundary = x.boundary
         simple, (px_grad, py_grad) = fast_rnnt.rnnt_loss_smoothed(
@@ -108,9 +114,13 @@ PIPELINES = {p.name: p for p in (
              "rnnt_loss_smoothed -> prune_ranges(method='k2') -> rnnt_loss_pruned", ours=True),
     Pipeline("rnnt_lattice (exact)", "rnnt-lattice", _ours("exact"),
              "the same with prune_ranges(method='exact')", ours=True),
-    Pipeline("fast_rnnt", "fast_rnnt", _fast_rnnt,
+    Pipeline("fast_rnnt", "fast_rnnt", _k2_api("fast_rnnt"),
              "rnnt_loss_smoothed(return_grad) -> get_rnnt_prune_ranges -> rnnt_loss_pruned"),
+    # Ours through the k2 API (the same calls as the fast_rnnt row): not run by default.
+    Pipeline("rnnt_lattice.compat.k2", "rnnt-lattice", _k2_api("rnnt_lattice.compat.k2"),
+             "fast_rnnt's calls on rnnt_lattice.compat.k2", ours=True),
 )}
+DEFAULT_PIPELINES = ("rnnt_lattice (k2)", "rnnt_lattice (exact)", "fast_rnnt")
 REFERENCE_PAIR = ("rnnt_lattice (k2)", "fast_rnnt")   # the agreement check
 
 
@@ -236,7 +246,7 @@ def _vm(key: str) -> int:
 def run(shapes, device, args, meta) -> list:
     """Every shape x R x pipeline, then the full losses; rows for the tables."""
     import peers
-    names = args.providers or list(PIPELINES)
+    names = args.providers or list(DEFAULT_PIPELINES)
     steps, missing = load([n for n in names if n in PIPELINES])
     rows = [{"provider": n, "shape": "-", "status": "unavailable", "note": why[:200]}
             for n, why in missing.items()]
