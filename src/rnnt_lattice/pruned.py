@@ -232,16 +232,30 @@ def _simple_terms(lm, am, targets, blank, frames, positions):
     bad = am_bad[:, :, None] | lm_bad[:, None, :]
     lse = torch.where(bad, float("nan"), lse)                               # (B, T, U+1)
 
-    am_blank = am_s[..., blank].to(ldt)                                     # (B, T)
-    lm_blank = lm_s[..., blank].to(ldt)                                     # (B, U+1)
-    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
+    # The entries the arcs read, in one gather per input (one scatter in the backward):
+    # classes [blank, y_0 .. y_{U-1}] of every am row, [blank, y_u] of lm row u (y_U: a
+    # placeholder, never used).
     U = U1 - 1
-    am_label = torch.gather(am_s, 2, safe_targets[:, None, :].expand(B, T, U)).to(ldt)   # (B, T, U)
-    lm_label = torch.gather(lm_s[:, :U], 2, safe_targets[..., None]).squeeze(-1).to(ldt)  # (B, U)
-    b = _read(am_blank[:, :, None] + lm_blank[:, None, :], lse)
-    e = _read(am_label + lm_label[:, None, :], lse[..., :U])
+    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
+    cols = torch.nn.functional.pad(safe_targets, (1, 0), value=blank)       # (B, U+1)
+    am_cols = torch.gather(am_s, 2, cols[:, None, :].expand(B, T, U1)).to(ldt)           # (B, T, U+1)
+    lm_cols = torch.gather(lm_s, 2, torch.stack((cols.new_full((B, U1), blank),
+                                                 cols.roll(-1, 1)), -1)).to(ldt)        # (B, U+1, 2)
+    reads = _Reads(am_cols[..., 0], am_cols[..., 1:], lm_cols[..., 0], lm_cols[:, :U, 1])
+    b = _read(reads.am_blank[:, :, None] + reads.lm_blank[:, None, :], lse)
+    e = _read(reads.am_label + reads.lm_label[:, None, :], lse[..., :U])
     e = torch.nn.functional.pad(e, (0, 1), value=NEG_INF)                  # no label arc at u = U
-    return lse, b, e, (am_s, lm_s, am_shift, ea)
+    return lse, b, e, (am_s, lm_s, am_shift, ea, reads)
+
+
+@dataclass(frozen=True)
+class _Reads:
+    """The input entries the arcs read (lattice dtype): ``am_blank (B, T)``, ``am_label
+    (B, T, U)`` = am(t, y_u), ``lm_blank (B, U+1)``, ``lm_label (B, U)`` = lm(u, y_u)."""
+    am_blank: torch.Tensor
+    am_label: torch.Tensor
+    lm_blank: torch.Tensor
+    lm_label: torch.Tensor
 
 
 def _read(entry, lse):
@@ -285,15 +299,28 @@ def _lattice_of_weights(backend: str, device: torch.device):
 
 
 class _LatticeNLL(torch.autograd.Function):
-    """``-log P (B,)`` of arc weights ``w (B, K, T, U+1)`` (``-inf`` off the arcs), and the
-    per-kind occupations ``gamma`` (not differentiable), by ``lattice`` (one of
-    :func:`_lattice_of_weights`). Backward: ``d(-log P)/dw = -gamma`` times the upstream
-    gradient, exactly 0 where the upstream is 0 (a select, math.md 8.1) and for sequences
-    without a path (their gamma is 0); NaN sequences get NaN."""
+    """``-log P (B,)`` of the lattice whose arcs read the blank / label log-probs ``b, e``
+    ``(B, T, U+1)``, and the per-kind occupations ``gamma (B, K, T, U+1)`` (not
+    differentiable). The arc weights ``w`` (:func:`_kind_log_probs`, ``arc_weights``: the
+    delay penalty, ``-inf`` off the arcs) are built here without a graph and run through
+    ``lattice`` (one of :func:`_lattice_of_weights`).
+
+    Backward: ``d(-log P)/dw_k = -gamma_k`` times the upstream gradient, exactly 0 where the
+    upstream is 0 (a select, math.md 8.1) and for sequences without a path (their gamma is
+    0); NaN sequences get NaN. Each kind's weight is its class's log-prob (plus a constant),
+    plus ``b(t, u+1)`` for ``plus_next_blank``, so
+
+        d/db(t,u) = sum_{k reads blank} G_k(t,u) + sum_{k plus_next_blank} G_k(t,u-1)
+        d/de(t,u) = sum_{k reads label} G_k(t,u),       G_k = d(-log P)/dw_k,
+
+    one pass over ``gamma`` instead of autograd through the masks and the stack."""
 
     @staticmethod
-    def forward(ctx, w, topo, ends, lattice):
-        log_like, gamma = lattice(w.detach(), topo, ends)
+    def forward(ctx, b, e, topo, ends, delay_penalty, lattice):
+        with torch.no_grad():
+            w = arc_weights(_kind_log_probs(b, e, topo, ends), topo, ends, 0.0, delay_penalty)
+            log_like, gamma = lattice(w, topo, ends)
+        ctx.topo = topo
         ctx.save_for_backward(gamma)
         ctx.mark_non_differentiable(gamma)
         return -log_like, gamma
@@ -301,9 +328,18 @@ class _LatticeNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_costs, _grad_gamma):
         (gamma,) = ctx.saved_tensors
-        up = grad_costs.to(gamma.dtype)[:, None, None, None]
-        grad = torch.where(up == 0, 0.0, -gamma * up)
-        return grad, None, None, None
+        up = grad_costs.to(gamma.dtype)[:, None, None]
+        grad_b = torch.zeros_like(gamma[:, 0])
+        grad_e = torch.zeros_like(gamma[:, 0])
+        for k, kind in enumerate(ctx.topo.kinds):
+            g = torch.where(up == 0, 0.0, -gamma[:, k] * up)                 # (B, T, U+1)
+            if kind.reads == "blank":
+                grad_b += g
+            else:
+                grad_e += g
+            if kind.plus_next_blank:
+                grad_b[..., 1:] += g[..., :-1]                               # it read b(t, u+1)
+        return grad_b, grad_e, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------
@@ -453,7 +489,7 @@ def rnnt_loss_smoothed(
 
 def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
     """Interpolated ``(b', e')`` (see :func:`rnnt_loss_smoothed`)."""
-    am_s, lm_s, am_shift, ea = am_terms
+    am_s, lm_s, am_shift, ea, reads = am_terms
     B, T, V = am_s.shape
     U = lm.shape[1] - 1
     x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
@@ -464,12 +500,10 @@ def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
     log_uni = torch.log(uni).to(lse_dtype)
     lm_only_norm = torch.logsumexp(lm_s, -1).to(lse_dtype)                      # (B, U+1)
     safe_targets = targets.clamp(0, V - 1)
-    am_label = torch.gather(am_s, 2, safe_targets[:, None, :].expand(B, T, U)).to(lse_dtype)   # (B, T, U)
-    lm_label = torch.gather(lm_s[:, :U], 2, safe_targets[..., None]).squeeze(-1).to(lse_dtype)  # (B, U)
-    b_lm = lm_s[..., blank].to(lse_dtype) - lm_only_norm                         # (B, U+1)
-    e_lm = lm_label - lm_only_norm[:, :U]                                        # (B, U)
-    b_am = am_s[..., blank].to(lse_dtype) + log_uni[blank] - am_only_norm        # (B, T)
-    e_am = am_label + log_uni[safe_targets][:, None, :] - am_only_norm[..., None]   # (B, T, U)
+    b_lm = reads.lm_blank - lm_only_norm                                         # (B, U+1)
+    e_lm = reads.lm_label - lm_only_norm[:, :U]                                  # (B, U)
+    b_am = reads.am_blank + log_uni[blank] - am_only_norm                        # (B, T)
+    e_am = reads.am_label + log_uni[safe_targets][:, None, :] - am_only_norm[..., None]   # (B, T, U)
     combined = 1.0 - s_lm - s_am
     s_lm = s_lm if s_lm != 0.0 else 1e-20          # k2: 0 * -inf would be NaN
     s_am = s_am if s_am != 0.0 else 1e-20
@@ -505,9 +539,8 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     lse, b, e, am_terms = _simple_terms(lm, am, targets, blank, frames, positions)
     if smooth is not None:
         b, e = _smoothed(b, e, lm, am_terms, targets, blank, smooth[0], smooth[1], lse.dtype)
-    lp = _kind_log_probs(b, e, topo, ends)
-    w = arc_weights(lp, topo, ends, 0.0, delay_penalty)
-    costs, gamma = _LatticeNLL.apply(w, topo, ends, _lattice_of_weights(backend, am.device))
+    costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty,
+                                     _lattice_of_weights(backend, am.device))
     costs = costs.to(out_dtype)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
