@@ -670,3 +670,20 @@ def test_backend_argument():
     assert pruned._lattice_of_weights("auto", torch.device("cpu")) is cpu.lattice_of_weights
     assert pruned._lattice_of_weights("numba", torch.device("cpu")) is cpu.lattice_of_weights
     assert pruned._lattice_of_weights("torch", torch.device("cpu")) is pruned._reference_lattice
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_smoothed_am_padding_never_read(case):
+    """The smoothed loss reads lm's padding (k2's unigram) but never am's: NaN there changes
+    nothing, and its gradient is exactly 0."""
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=3, poison=False)
+    pad = (torch.arange(am.shape[1])[None] >= T_b[:, None])[..., None].expand_as(am)
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type="constrained", lm_only_scale=0.2, am_only_scale=0.3, reduction="none")
+    want = _grads(lambda l, a: rnnt_lattice.rnnt_loss_smoothed(l, a, targets, T_b, U_b, blank=blank, **kw),
+                  lm, am, up)
+    got = _grads(lambda l, a: rnnt_lattice.rnnt_loss_smoothed(l, a, targets, T_b, U_b, blank=blank, **kw),
+                 lm, am.masked_fill(pad, float("nan")), up)
+    for g, w in zip(got, want):
+        assert rel_err(g, w) < 1e-15
+    assert (got[2][pad] == 0).all() and torch.isfinite(got[1]).all()

@@ -199,53 +199,118 @@ def _check_lengths(logit_lengths, target_lengths, T, U, t_src, u_src):
 # ---------------------------------------------------------------------------------------
 
 def _row_stats(x: torch.Tensor, keep: torch.Tensor):
-    """For rows ``x (B, N, V)``: ``(x_safe, shift, bad)``. ``x_safe`` is ``x`` with the rows
-    outside ``keep (B, N)`` (padding) and the rows holding a NaN or ``+inf`` zeroed, so that
-    no NaN reaches the matmul or its backward (the matmul mixes rows over V only, but its
-    backward mixes every t with every u of a sequence); ``shift (B, N)`` the detached row
-    max, 0 where it is not finite (a row of only ``-inf`` then gives ``exp = 0``: a dead
-    row, lse ``-inf``); ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1:
-    their lse is NaN)."""
+    """For rows ``x (B, N, V)``: ``(ok, shift, bad)``. ``ok (B, N)`` marks the rows inside
+    ``keep`` (the others are padding) that hold no NaN or ``+inf``: only those reach the
+    matmul (it mixes rows over V only, but its backward mixes every t with every u of a
+    sequence, so a NaN must not enter it); ``shift (B, N)`` the row max, 0 where it is not
+    finite (a row of only ``-inf`` then gives ``exp = 0``: a dead row, lse ``-inf``);
+    ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1: their lse is NaN)."""
     row_max = x.detach().amax(-1)                                           # V >= 1
     bad = keep & (torch.isnan(row_max) | (row_max == float("inf")))
-    x_safe = torch.where((keep & ~bad)[..., None], x, 0.0)
-    shift = torch.where(keep & ~bad & (row_max != NEG_INF), row_max, 0.0)
-    return x_safe, shift, bad
+    ok = keep & ~bad
+    shift = torch.where(ok & (row_max != NEG_INF), row_max, 0.0)
+    return ok, shift, bad
 
 
-def _simple_terms(lm, am, targets, blank, frames, positions):
+class _JointMass(torch.autograd.Function):
+    """The simple joiner's normaliser sums and the entries its arcs read, with a hand-written
+    backward that makes one gradient buffer per input and updates it in place.
+
+    Forward, with ``ea = exp(am - am_shift)`` on the rows ``am_ok`` (0 on the others) and
+    ``el`` likewise::
+
+        mass  (B, T, U+1) = ea @ el^T                 (the joint mass of node (t, u))
+        am_uni (B, T)     = ea @ uni                  (smoothed loss only; else empty)
+        am_cols = am[b, t, am_idx[b, t, j]],  lm_cols = lm[b, u, lm_idx[b, u, j]]  (0 off ok)
+
+    Backward (``d ea / d am = ea``)::
+
+        d am = ea * (g_mass @ el + g_am_uni uni^T) + scatter(am_idx, g_am_cols),  0 off ok
+        d lm = el * (g_mass^T @ ea)                + scatter(lm_idx, g_lm_cols),  0 off ok
+        d uni = g_am_uni^T ea
+
+    against autograd's chain of where, sub, exp, matmul and gather, each with its own
+    buffer of the inputs' size in the backward."""
+
+    @staticmethod
+    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni):
+        ea = torch.where(am_ok[..., None], am, NEG_INF).sub_(am_shift[..., None]).exp_()   # (B, T, V)
+        el = torch.where(lm_ok[..., None], lm, NEG_INF).sub_(lm_shift[..., None]).exp_()   # (B, U+1, V)
+        mass = torch.bmm(ea, el.transpose(1, 2))                                         # (B, T, U+1)
+        am_uni = torch.matmul(ea, uni) if uni is not None else ea.new_empty(0)          # (B, T)
+        am_cols = torch.gather(am, 2, am_idx).masked_fill_(~am_ok[..., None], 0.0)
+        lm_cols = torch.gather(lm, 2, lm_idx).masked_fill_(~lm_ok[..., None], 0.0)
+        ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni)
+        if uni is None:
+            ctx.mark_non_differentiable(am_uni)
+        return mass, am_uni, am_cols, lm_cols
+
+    @staticmethod
+    def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols):
+        ea, el, am_ok, lm_ok, am_idx, lm_idx, uni = ctx.saved_tensors
+        B, T, V = ea.shape
+        grad_am = grad_lm = grad_uni = None
+        if g_mass is None:
+            g_mass = ea.new_zeros(B, T, el.shape[1])
+        g_mass = g_mass.to(ea.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_am = torch.bmm(g_mass, el)                                              # (B, T, V)
+            if uni is not None and g_am_uni is not None:
+                grad_am.view(-1, V).addr_(g_am_uni.to(ea.dtype).reshape(-1), uni)
+            grad_am.mul_(ea)
+            if g_am_cols is not None:
+                grad_am.scatter_add_(2, am_idx, g_am_cols.to(ea.dtype))
+            grad_am.masked_fill_(~am_ok[..., None], 0.0)
+        if ctx.needs_input_grad[1]:
+            grad_lm = torch.bmm(g_mass.transpose(1, 2), ea).mul_(el)                    # (B, U+1, V)
+            if g_lm_cols is not None:
+                grad_lm.scatter_add_(2, lm_idx, g_lm_cols.to(el.dtype))
+            grad_lm.masked_fill_(~lm_ok[..., None], 0.0)
+        if uni is not None and g_am_uni is not None and ctx.needs_input_grad[8]:
+            grad_uni = torch.matmul(g_am_uni.to(ea.dtype).reshape(1, -1), ea.view(-1, V))[0]
+        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni
+
+
+def _unigram(lm: torch.Tensor) -> torch.Tensor:
+    """k2's unigram ``(V,)``: the mean over every row of lm, padding included, of its
+    softmax, plus ``tiny``."""
+    return torch.softmax(lm, -1).mean((0, 1)) + torch.finfo(lm.dtype).tiny
+
+
+def _simple_terms(lm, am, targets, blank, frames, positions, smooth: bool):
     """The simple joiner's ``(lse, b, e, parts)``: ``lse, b, e`` ``(B, T, U+1)`` in the
     lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable w.r.t. ``am`` and ``lm``;
-    ``parts = (am_safe, lm_safe, am_shift, exp(am_safe - am_shift))`` for the smoothed
-    terms. ``frames (B, T)`` / ``positions (B, U+1)``: the rows read (the others are padding)."""
+    ``parts`` what the smoothed terms need (:func:`_smoothed`). ``frames (B, T)`` /
+    ``positions (B, U+1)``: the rows read (the others are padding)."""
     B, T, V = am.shape
     U1 = lm.shape[1]
+    U = U1 - 1
     ldt = lattice_dtype(am.device)
-    am_s, am_shift, am_bad = _row_stats(am, frames)                         # (B, T, V), (B, T)
-    lm_s, lm_shift, lm_bad = _row_stats(lm, positions)                      # (B, U+1, V), (B, U+1)
-    ea = torch.exp(am_s - am_shift[..., None])                              # (B, T, V)
-    el = torch.exp(lm_s - lm_shift[..., None])                              # (B, U+1, V)
-    mm = torch.matmul(ea, el.transpose(1, 2)).to(ldt)                       # (B, T, U+1)
-    pos = mm > 0                                   # 0: the row's mass underflowed or is dead
-    lse = torch.log(torch.where(pos, mm, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
+    am_ok, am_shift, am_bad = _row_stats(am, frames)                        # (B, T)
+    lm_ok, lm_shift, lm_bad = _row_stats(lm, positions)                     # (B, U+1)
+    # The entries the arcs read: classes [blank, y_0 .. y_{U-1}] of every am row, [blank,
+    # y_u] of lm row u (y_U: a placeholder, never used).
+    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
+    cols = torch.nn.functional.pad(safe_targets, (1, 0), value=blank)       # (B, U+1)
+    am_idx = cols[:, None, :].expand(B, T, U1)
+    lm_idx = torch.stack((cols.new_full((B, U1), blank), cols.roll(-1, 1)), -1)   # (B, U+1, 2)
+    x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
+    uni = _unigram(x).to(am.dtype) if smooth else None
+    mass, am_uni, am_cols, lm_cols = _JointMass.apply(am, lm, am_ok, lm_ok, am_shift, lm_shift,
+                                                      am_idx, lm_idx, uni)
+    mass = mass.to(ldt)
+    pos = mass > 0                                 # 0: the row's mass underflowed or is dead
+    lse = torch.log(torch.where(pos, mass, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
     lse = torch.where(pos, lse, NEG_INF)
     bad = am_bad[:, :, None] | lm_bad[:, None, :]
     lse = torch.where(bad, float("nan"), lse)                               # (B, T, U+1)
 
-    # The entries the arcs read, in one gather per input (one scatter in the backward):
-    # classes [blank, y_0 .. y_{U-1}] of every am row, [blank, y_u] of lm row u (y_U: a
-    # placeholder, never used).
-    U = U1 - 1
-    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
-    cols = torch.nn.functional.pad(safe_targets, (1, 0), value=blank)       # (B, U+1)
-    am_cols = torch.gather(am_s, 2, cols[:, None, :].expand(B, T, U1)).to(ldt)           # (B, T, U+1)
-    lm_cols = torch.gather(lm_s, 2, torch.stack((cols.new_full((B, U1), blank),
-                                                 cols.roll(-1, 1)), -1)).to(ldt)        # (B, U+1, 2)
+    am_cols, lm_cols = am_cols.to(ldt), lm_cols.to(ldt)
     reads = _Reads(am_cols[..., 0], am_cols[..., 1:], lm_cols[..., 0], lm_cols[:, :U, 1])
     b = _read(reads.am_blank[:, :, None] + reads.lm_blank[:, None, :], lse)
     e = _read(reads.am_label + reads.lm_label[:, None, :], lse[..., :U])
     e = torch.nn.functional.pad(e, (0, 1), value=NEG_INF)                  # no label arc at u = U
-    return lse, b, e, (am_s, lm_s, am_shift, ea, reads)
+    return lse, b, e, (am_ok, lm_ok, am_shift, am_uni, uni, reads)
 
 
 @dataclass(frozen=True)
@@ -487,16 +552,16 @@ def rnnt_loss_smoothed(
                         backend, smooth=(s_lm, s_am))
 
 
-def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
+def _smoothed(b, e, lm, parts, targets, blank, s_lm, s_am, lse_dtype):
     """Interpolated ``(b', e')`` (see :func:`rnnt_loss_smoothed`)."""
-    am_s, lm_s, am_shift, ea, reads = am_terms
-    B, T, V = am_s.shape
-    U = lm.shape[1] - 1
-    x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
-    tiny = torch.finfo(x.dtype).tiny
-    # The unigram over every row of lm, padding included (k2).
-    uni = torch.softmax(x, -1).mean((0, 1)) + tiny                               # (V,)
-    am_only_norm = torch.log(torch.matmul(ea, uni.to(ea.dtype)).to(lse_dtype)) + am_shift.to(lse_dtype)   # (B, T)
+    am_ok, lm_ok, am_shift, am_uni, uni, reads = parts
+    B, T, U = reads.am_label.shape
+    V = lm.shape[2]
+    lm_s = torch.where(lm_ok[..., None], lm, 0.0)                                # (B, U+1, V)
+    # Rows off am_ok have no mass (ea = 0 there): log 1 instead of log 0, whose backward
+    # would put 0/0 into uni's gradient (their arcs are off the lattice or NaN anyway).
+    am_uni = torch.where(am_ok, am_uni, 1.0)
+    am_only_norm = torch.log(am_uni.to(lse_dtype)) + am_shift.to(lse_dtype)      # (B, T)
     log_uni = torch.log(uni).to(lse_dtype)
     lm_only_norm = torch.logsumexp(lm_s, -1).to(lse_dtype)                      # (B, U+1)
     safe_targets = targets.clamp(0, V - 1)
@@ -536,9 +601,9 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     frames = (t >= ends.t0[:, None]) & (t < ends.t1[:, None])                # (B, T) rows read
     positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
 
-    lse, b, e, am_terms = _simple_terms(lm, am, targets, blank, frames, positions)
+    lse, b, e, parts = _simple_terms(lm, am, targets, blank, frames, positions, smooth is not None)
     if smooth is not None:
-        b, e = _smoothed(b, e, lm, am_terms, targets, blank, smooth[0], smooth[1], lse.dtype)
+        b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
     costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty,
                                      _lattice_of_weights(backend, am.device))
     costs = costs.to(out_dtype)
