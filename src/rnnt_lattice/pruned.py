@@ -22,9 +22,10 @@ lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then 
 one generic recursion over arc weights (any topology of k2: ``regular``, ``modified``,
 ``constrained``; delay penalty; boundary), run by the backend's lattice kernel (Numba's
 ``kind_lattice`` on CPU, Triton's ``_topo_lattice_kernel`` on CUDA) or by
-:mod:`rnnt_lattice.reference`. Gradients reach ``am`` and ``lm``
-through torch autograd of the normaliser and the gathers; the recursion itself is a small
-autograd Function whose backward is ``d(-log P)/dw = -gamma``.
+:mod:`rnnt_lattice.reference` (``backend=``). Two small autograd Functions carry the
+gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and
+``e``) and the normaliser's (``_JointMass``: the masses and the entries read, with one
+in-place gradient buffer per input); the float64 glue between them is plain autograd.
 """
 from __future__ import annotations
 
