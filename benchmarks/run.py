@@ -775,8 +775,8 @@ def main_pruned(ap, args, device) -> int:
     print("\nwrote", ", ".join(paths.values()))
     bad = [r for r in rows if r.get("agree") == "DISAGREE"]
     for r in bad:
-        print(f"DISAGREE: {r['provider']} at {r['shape']} R={r['R']}: ranges equal "
-              f"{r['ranges_equal']}, |d pruned| {r['pruned_abs_diff']:.3g}", file=sys.stderr)
+        print(f"DISAGREE: {r['provider']} at {r['shape']} R={r['R']}: "
+              f"{pruned_pipeline._agree(r)}", file=sys.stderr)
     return 0
 
 

@@ -687,3 +687,38 @@ def test_smoothed_am_padding_never_read(case):
     for g, w in zip(got, want):
         assert rel_err(g, w) < 1e-15
     assert (got[2][pad] == 0).all() and torch.isfinite(got[1]).all()
+
+
+def _k2_vectorised(gamma_blank, gamma_label, t_end, u_end, R, regular):
+    """fast_rnnt's get_rnnt_prune_ranges as written there (as_strided window sums in the
+    occupations' dtype, then the repair), on our layout."""
+    B, T, U1 = gamma_blank.shape
+    py = gamma_blank.transpose(1, 2).contiguous()                          # (B, S+1, T)
+    px = gamma_label[:, :, :-1].transpose(1, 2).contiguous()                # (B, S, T)
+    st = py.stride()
+    blk = torch.as_strided(py, (B, U1 - R + 1, R, T), (st[0], st[1], st[1], st[2])).sum(2)
+    px_pad = torch.cat((torch.zeros_like(px[:, :1]), px), 1)
+    s_begin = torch.argmax(blk - px_pad[:, :U1 - R + 1], 1)                 # (B, T)
+    mask = torch.arange(T)[None] < t_end[:, None] - 1
+    s_begin = torch.where(mask, s_begin, (u_end[:, None] - R + 1).clamp(min=0))
+    return pruned._k2_adjust(s_begin, R if regular else 2)[..., None] + torch.arange(R)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_k2_rule_on_float32_occupations_matches_k2_bitwise(seed):
+    """Float32 occupations as fast_rnnt makes them: each frame's mass (~0.5) at one label
+    position, ~1e-9 elsewhere, so the windows that hold the mass differ by their tiny edges.
+    The window sums must be k2's own term-by-term sums: a difference of cumulative sums
+    would cancel to noise of eps * 0.5 and pick other windows."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, U1 = 4, 40, 16
+    gb = 10.0 ** (-9 + 3 * torch.rand(B, T, U1, generator=g))
+    gl = 10.0 ** (-9 + 3 * torch.rand(B, T, U1, generator=g))
+    peak = torch.randint(0, U1, (B, T), generator=g).sort(1).values
+    gb.scatter_(2, peak[..., None], 0.5)
+    gb, gl = gb.float(), gl.float()
+    T_b, U_b = torch.full((B,), T), torch.full((B,), U1 - 1)
+    for R in (2, 3, 5):
+        got = rnnt_lattice.prune_ranges((gb, gl), R, method="k2", logit_lengths=T_b,
+                                        target_lengths=U_b).ranges
+        assert torch.equal(got, _k2_vectorised(gb, gl, T_b, U_b, R, True))

@@ -777,9 +777,14 @@ def _k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, regular: bool):
     ``py_grad[b, u, t] = gamma_blank[b, t, u]``, ``px_grad[b, u, t] = gamma_label[b, t, u]``."""
     B, T, U1 = gamma_blank.shape
     n = U1 - R + 1                                                   # candidate starts
-    cum = torch.nn.functional.pad(gamma_blank.cumsum(-1), (1, 0))   # (B, T, U+2)
-    starts = torch.arange(n, device=gamma_blank.device)
-    blk_sum = cum[..., starts + R] - cum[..., starts]                # (B, T, n) window sums
+    # Window sums added up term by term in k2's order (its sum over a strided window axis
+    # adds k = 0, 1, ... in turn), so that float32 occupations give k2's very sums: a
+    # difference of cumulative sums would cancel (the windows that hold a frame's mass
+    # differ by edges of ~1e-9 against sums of ~0.5), and a reduction over the innermost
+    # axis may add in another order.
+    blk_sum = gamma_blank[..., :n].clone()                            # (B, T, n)
+    for k in range(1, R):
+        blk_sum += gamma_blank[..., k:k + n]
     label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s - 1), 0 at s = 0
     s_begin = torch.argmax(blk_sum - label_in, -1)                   # (B, T), first max
     t = torch.arange(T, device=gamma_blank.device)[None, :]
