@@ -430,6 +430,14 @@ def test_do_rnnt_pruning():
     for b, t, k in itertools.product(range(2), range(6), range(2)):
         assert torch.equal(am_p[b, t, k], am[b, t])
         assert torch.equal(lm_p[b, t, k], lm[b, ranges[b, t, k]])
+    # Backward: each lm row gets the sum of the gradients of the window entries that read it.
+    lm_ = lm.clone().requires_grad_(True)
+    w = torch.randn(2, 6, 2, 5, generator=g, dtype=lm.dtype)
+    (rnnt_lattice.do_rnnt_pruning(am, lm_, ranges)[1] * w).sum().backward()
+    want = torch.zeros_like(lm)
+    for b, t, k in itertools.product(range(2), range(6), range(2)):
+        want[b, ranges[b, t, k]] += w[b, t, k]
+    assert torch.allclose(lm_.grad, want)
 
 
 @pytest.mark.parametrize("rnnt_type", RNNT_TYPES)

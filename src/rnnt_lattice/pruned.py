@@ -870,6 +870,7 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
             raise ValueError(f"ranges must lie in [0, U] = [0, {U1 - 1}] for lm {_shape(lm)}, "
                              f"got values in [{lo}, {hi}]")
     am_pruned = am.unsqueeze(2).expand(B, T, R, am.shape[2])
-    lm_pruned = torch.gather(lm.unsqueeze(1).expand(B, T, U1, Dl), 2,
-                             ranges[..., None].expand(B, T, R, Dl))
-    return am_pruned, lm_pruned
+    # Gather along lm's own label axis (as fast_rnnt 1.3), not from lm expanded over T:
+    # the backward of a gather allocates its input's shape, which would be (B, T, U+1, Dl).
+    lm_pruned = torch.gather(lm, 1, ranges.reshape(B, T * R, 1).expand(B, T * R, Dl))
+    return am_pruned, lm_pruned.view(B, T, R, Dl)
