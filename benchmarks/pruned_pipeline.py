@@ -18,9 +18,11 @@ fast_rnnt's functions (``rnnt_loss_smoothed(return_grad=True)``, ``get_rnnt_prun
 (:data:`SCALES`) and ``reduction="sum"``. The full-loss rows are the providers of
 ``peers.py`` on the materialised ``(B, T, U+1, V)`` logits (the sum itself is not timed).
 
-Agreement (untimed, once per shape and R): with method "k2" our ranges must equal
-fast_rnnt's, and the simple and pruned losses and the gradients w.r.t. am and lm must agree
-to float32 rounding.
+Agreement (untimed, once per shape and R; :func:`agreement`): our k2 rule on fast_rnnt's own
+occupations must give fast_rnnt's ranges exactly, and our step (k2 rule) must agree with
+fast_rnnt's step run on the same numbers in float64: simple and pruned losses and the
+gradients w.r.t. am and lm to float32 rounding (the windows may differ at near-tied frames,
+counted).
 
 Memory on CPU: a fresh subprocess per row (this file as a script, ``--mem-child``) does
 the warm-up, makes the inputs, resets its RSS high-water mark and runs one step; the row
