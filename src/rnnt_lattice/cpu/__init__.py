@@ -427,3 +427,19 @@ def kind_viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptio
         log_prob = np.empty(B)
         kernels.kind_viterbi(w, kinds, *ends, nan_row, alpha, best_kind, log_prob)
         return torch.from_numpy(alpha), torch.from_numpy(best_kind), torch.from_numpy(log_prob)
+
+
+# --------------------------------------------------------------------------- arc weights
+def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
+    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice_generic``
+    computes them, on ``kernels.kind_lattice``: the simple/smoothed losses of
+    ``rnnt_lattice.pruned``, whose arc log-probs come from a matmul, not from logits rows.
+    A NaN weight anywhere makes its sequence NaN (math.md 8.1), as in the reference."""
+    x = np.ascontiguousarray(_np(w.to(torch.float64)))
+    kinds = kind_table(topo, 0)     # the lattice reads DT, DU and END only, never the class
+    t0, u0, t1, u1 = (np.ascontiguousarray(_np(e.to(torch.int64)))
+                      for e in (ends.t0, ends.u0, ends.t1, ends.u1))
+    nan_row = np.isnan(x).any(axis=(1, 3)).astype(np.uint8)                  # (B, T)
+    _, _, log_like, gamma = _kind_lattice(x, nan_row, kinds, (t0, u0, t1, u1))
+    return torch.from_numpy(log_like), torch.from_numpy(gamma)

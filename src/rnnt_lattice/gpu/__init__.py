@@ -435,3 +435,47 @@ def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
     alpha = torch.where(node_mask(logit_lengths, target_lengths, T, U1), st.alpha[:, :T],
                         float("-inf"))
     return alpha, st.lp[:, 0], st.lp[:, 1]
+
+
+# --------------------------------------------------------------------------- arc weights
+def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
+    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice_generic``
+    computes them: alpha and beta on ``kernels._topo_lattice_kernel``, which reads ``w`` as
+    its per-kind log-probs (the kinds' ``plus_next_blank``, sigma and delay terms switched
+    off: ``w`` holds them already), and the occupations
+
+        gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + dt_k, u + du_k) - log P)
+
+    in PyTorch, on the arcs only (0 for a sequence without a path, NaN for a NaN one: the
+    kernel flags a NaN on any arc). For the simple/smoothed losses of ``rnnt_lattice.pruned``."""
+    from ..reference import arc_mask
+    check_device(w)
+    B, K, T, U1 = w.shape
+    x = w.to(LATTICE_DTYPE).contiguous()
+    off = (False,) * K
+    kinds = dict(_kinds(topo), NEXT=off, DELAY=off)
+    # The kernel reads each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
+    corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()
+    alpha = torch.full((B, T + 1, U1), float("-inf"), dtype=LATTICE_DTYPE, device=w.device)
+    beta = torch.full_like(alpha, float("-inf"))
+    log_like = torch.empty((B,), dtype=LATTICE_DTYPE, device=w.device)
+    costs = torch.empty_like(log_like)
+    if B:
+        with _device(w):
+            kernels._topo_lattice_kernel[(B, 2)](
+                x, x, corners, corners, corners, alpha, beta, log_like, costs,
+                corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
+                *_f64_parts(0.0), *_f64_parts(0.0),
+                **{k: kinds[k] for k in _LATTICE_KINDS},
+                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_pow2(U1, BLOCK_U),
+                BOUNDARY=True, num_warps=NUM_WARPS_LATTICE, num_stages=1)
+    dt_max = max(k.dt for k in topo.kinds)
+    du_max = max(k.du for k in topo.kinds)
+    beta_pad = torch.nn.functional.pad(beta, (0, du_max, 0, dt_max), value=float("-inf"))
+    beta_land = torch.stack([beta_pad[:, k.dt:k.dt + T, k.du:k.du + U1] for k in topo.kinds], 1)
+    possible = (log_like != float("-inf"))[:, None, None, None]
+    ll = torch.where(possible, log_like[:, None, None, None], 0.0)
+    gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
+                        torch.exp(alpha[:, None, :T] + x + beta_land - ll), 0.0)
+    return log_like, gamma
