@@ -149,16 +149,45 @@ def _nemo_numba():
     return fn
 
 
+def _nemo_numba_topology(variant: str):
+    """NeMo's numba CUDA TDT / multi-blank losses (``TDTLossNumba``,
+    ``MultiblankRNNTLossNumba``; CUDA only: their CPU paths raise). The inputs of
+    :func:`shapes.make_inputs` for these variants are already in NeMo's layout: the blank is
+    the last token, TDT's duration logits follow the tokens, multi-blank's big blank of
+    duration d_i sits at blank-1-i. The losses return per-sequence costs for a reduction
+    other than 'sum'/'mean', multiplied by (1 + fastemit_lambda) (0 here)."""
+    from rnnt_lattice.bench import BIG_BLANK_DURATIONS, TDT_DURATIONS
+
+    def load():
+        _numpy2_aliases()
+        _import_nemo_rnnt_loss()
+        from nemo.collections.asr.parts.numba.rnnt_loss import rnnt_pytorch
+        if variant == "tdt":
+            loss = rnnt_pytorch.TDTLossNumba(blank=-1, durations=list(TDT_DURATIONS),
+                                             reduction="none")
+        else:
+            loss = rnnt_pytorch.MultiblankRNNTLossNumba(
+                blank=-1, big_blank_durations=list(BIG_BLANK_DURATIONS), reduction="none")
+
+        def fn(logits, targets, logit_lengths, target_lengths, blank, variant=variant):
+            loss.blank = blank                     # the case's blank, known only at the call
+            # NeMo checks for int64 labels and lengths, and contiguous acts.
+            return loss(logits.contiguous(), targets.long(), logit_lengths.long(),
+                        target_lengths.long())
+        return fn
+    return load
+
+
 def _fast_rnnt():
     import fast_rnnt
 
-    def fn(logits, targets, logit_lengths, target_lengths, blank):
+    def fn(logits, targets, logit_lengths, target_lengths, blank, variant="regular"):
         B = logits.shape[0]
         boundary = torch.zeros(B, 4, dtype=torch.int64, device=logits.device)
         boundary[:, 2] = target_lengths
         boundary[:, 3] = logit_lengths
         return fast_rnnt.rnnt_loss(logits, targets.long(), termination_symbol=blank,
-                                   boundary=boundary, rnnt_type="regular", reduction="none")
+                                   boundary=boundary, rnnt_type=variant, reduction="none")
     return fn
 
 
@@ -197,7 +226,13 @@ PROVIDERS = {p.name: p for p in (
              "CPU: autograd log_softmax + Numba kernel"),
     Provider("nemo_numba", "nemo-toolkit", _nemo_numba,
              "nemo...numba.rnnt_loss (CPU: log_softmax + Numba kernel)"),
-    Provider("fast_rnnt", "fast_rnnt", _fast_rnnt, "fast_rnnt.rnnt_loss, rnnt_type='regular'"),
+    Provider("nemo_tdt", "nemo-toolkit", _nemo_numba_topology("tdt"),
+             "nemo...numba TDTLossNumba (CUDA only)", devices=("cuda",), variants=("tdt",)),
+    Provider("nemo_multiblank", "nemo-toolkit", _nemo_numba_topology("multiblank"),
+             "nemo...numba MultiblankRNNTLossNumba (CUDA only)", devices=("cuda",),
+             variants=("multiblank",)),
+    Provider("fast_rnnt", "fast_rnnt", _fast_rnnt, "fast_rnnt.rnnt_loss (rnnt_type = the variant)",
+             variants=("regular", "modified", "constrained")),
     Provider("optimized_transducer", "optimized_transducer", _optimized_transducer,
              "transducer_loss on packed logits (packing copy included; batch sum only)"),
 )}

@@ -1,6 +1,6 @@
 """The benchmark runner: RNN-T losses on CPU or CUDA, against the device's floor or side by side.
 
-    python benchmarks/run.py --device cpu|cuda --mode floor|peers [options]
+    python benchmarks/run.py --device cpu|cuda --mode floor|peers|pruned [options]
 
 One case list, ``(shape, dtype, loss variant)`` from the package's registry
 (``rnnt_lattice.bench``: ``SHAPES``/``GROUPS``, ``VARIANTS``, ``make_inputs``), one provider
@@ -24,6 +24,9 @@ table (``peers.py``: ours and the peers), and for every case and provider:
 ``--mode floor`` runs ours only (CPU: backend='numba'; CUDA: backend='triton', also with
 inplace_grad=True) and writes the floor table; ``--mode peers`` runs ours and every peer that
 imports (``benchmarks/.venv-peers``, ``setup_peers.sh``) and writes the side-by-side tables.
+``--mode pruned`` times the pruned RNN-T pipeline (simple loss -> windows -> pruned loss),
+ours against fast_rnnt's, at each ``--windows`` R, with the full losses for scale
+(``pruned_pipeline.py``; shapes: the registry's ``pruned_cpu`` / ``pruned_gpu`` groups).
 
 Threads are fixed (2 by default, RNNT_BENCH_THREADS) for torch, Numba and OpenMP.
 Results: benchmarks/results/<stem>.{csv,json,md} (default stem ``<device>-<mode>-<date>``),
@@ -34,6 +37,7 @@ exits at once with a message (status 2).
     python benchmarks/run.py --device cpu --mode floor             # s2 s3 s4 s5 ragged
     benchmarks/.venv-peers/bin/python benchmarks/run.py --device cpu --mode peers
     python benchmarks/run.py --device cuda --mode peers            # "gpu" shapes + half rows
+    benchmarks/.venv-peers/bin/python benchmarks/run.py --device cpu --mode pruned
 """
 from __future__ import annotations
 
@@ -53,11 +57,12 @@ from pathlib import Path        # noqa: E402
 import torch                    # noqa: E402
 
 import peers                    # noqa: E402
+import pruned_pipeline          # noqa: E402
 import shapes                   # noqa: E402
 from rnnt_lattice import bench  # noqa: E402
 
 DEVICES = ("cpu", "cuda")
-MODES = ("floor", "peers")
+MODES = ("floor", "peers", "pruned")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 REFERENCE = "rnnt_lattice_torch"
@@ -72,6 +77,9 @@ DEFAULTS = {
                            warmup=2, cap=120.0, agree_max_elems=1.2e8),
     ("cuda", "floor"): dict(shapes=["gpu"], reps=10, warmup=3, cap=120.0, agree_max_elems=5e7),
     ("cuda", "peers"): dict(shapes=["gpu"], reps=10, warmup=3, cap=120.0, agree_max_elems=5e7),
+    # pruned: agreement is ours (k2 rule) against fast_rnnt, at every shape (no reference).
+    ("cpu", "pruned"): dict(shapes=["pruned_cpu"], reps=3, warmup=1, cap=60.0, agree_max_elems=0),
+    ("cuda", "pruned"): dict(shapes=["pruned_gpu"], reps=10, warmup=3, cap=120.0, agree_max_elems=0),
 }
 QUICK = dict(shapes=["quick"], reps=3, warmup=1, cap=10.0)
 # Half-precision rows run on CUDA by default next to the float32 ones: (shape, dtype).
@@ -114,6 +122,12 @@ class CPU:
 
     def inputs(self, case, seed: int) -> shapes.Inputs:
         return shapes.make_inputs(case.shape, case.dtype, seed, case.variant)
+
+    def joiner_inputs(self, shape, seed: int) -> bench.JoinerInputs:
+        return bench.make_joiner_inputs(shape, seed=seed)
+
+    def full_inputs(self, x: bench.JoinerInputs) -> shapes.Inputs:
+        return pruned_pipeline._full_inputs(x)
 
     def floor(self, x, args) -> dict:
         f = bench.exp_floor(x.logits, reps=max(3, args.reps))
@@ -165,6 +179,12 @@ class CUDA:
         x = shapes.make_inputs(case.shape, case.dtype, seed, case.variant)
         return shapes.Inputs(*(t.cuda() for t in (x.logits, x.targets, x.logit_lengths,
                                                   x.target_lengths)), x.blank, x.variant)
+
+    def joiner_inputs(self, shape, seed: int) -> bench.JoinerInputs:
+        return bench.make_joiner_inputs(shape, seed=seed, device="cuda")
+
+    def full_inputs(self, x: bench.JoinerInputs) -> shapes.Inputs:
+        return pruned_pipeline._full_inputs(x)
 
     def floor(self, x, args) -> dict:
         return {"copy_GBps": self.copy_gbs, "floor_s": 3 * x.nbytes / (self.copy_gbs * 1e9)}
@@ -534,6 +554,8 @@ def table_cuda(rows, case_labels, ctx, meta) -> str:
 
 
 def markdown(rows, case_labels, device: str, mode: str, ctx: dict, meta: dict) -> str:
+    if mode == "pruned":
+        return pruned_pipeline.markdown(rows, device, ctx)
     if device == "cuda":
         return table_cuda(rows, case_labels, ctx, meta)
     if mode == "floor":
@@ -575,7 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=DEVICES, default="cpu")
     ap.add_argument("--mode", choices=MODES, default="peers",
                     help="floor: ours only, against the exp pass (cpu) or the copy bandwidth "
-                         "(cuda); peers: ours and every peer that imports")
+                         "(cuda); peers: ours and every peer that imports; pruned: the pruned "
+                         "RNN-T pipeline, ours against fast_rnnt's, and the full losses")
+    ap.add_argument("--windows", nargs="+", type=int, default=list(pruned_pipeline.WINDOWS),
+                    metavar="R", help="pruned: the window sizes R (s_range)")
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="* shape or group names: shapes " + " ".join(shapes.SHAPES)
                          + "; groups " + ", ".join(f"{k}={'+'.join(v)}" for k, v in shapes.GROUPS.items()))
@@ -583,7 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="loss variants (topologies) to run each shape with")
     ap.add_argument("--providers", nargs="+", default=None,
                     help="default: ours (floor) or ours and every importable peer (peers) on "
-                         f"--device; known: {list(peers.PROVIDERS)}")
+                         f"--device; known: {list(peers.PROVIDERS)}; pruned: pipelines "
+                         f"{list(pruned_pipeline.PIPELINES)} and full losses of those "
+                         f"(default {list(pruned_pipeline.FULL)})")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None,
                     help="override the shapes' dtype (float32 unless stated in the registry)")
     ap.add_argument("--no-half", action="store_true",
@@ -644,6 +671,16 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     if args.thp_compare and args.device != "cpu":
         ap.error("--thp-compare applies to --device cpu only")
+    if args.mode == "pruned":
+        if args.variants != ["regular"] or args.dtype or args.thp_compare:
+            ap.error("--mode pruned runs float32 regular lattices: no --variants, --dtype, "
+                     "--thp-compare")
+        if any(r < 1 for r in args.windows):
+            ap.error(f"--windows must be >= 1, got {args.windows}")
+        for n in args.providers or []:
+            if n not in pruned_pipeline.PIPELINES and n not in peers.PROVIDERS:
+                ap.error(f"unknown pipeline or provider {n!r}; pipelines: "
+                         f"{list(pruned_pipeline.PIPELINES)}, providers: {list(peers.PROVIDERS)}")
     return ap, args
 
 
@@ -655,6 +692,8 @@ def main(argv=None) -> int:
         return render(Path(args.render))
     device = get_device(args.device)
     device.check()                                 # CUDA: exit 2 at once without a GPU
+    if args.mode == "pruned":
+        return main_pruned(ap, args, device)
     try:
         cases = select_cases(args)
     except ValueError as err:
@@ -700,6 +739,44 @@ def main(argv=None) -> int:
         if r.get("agree") == "DISAGREE":
             print(f"DISAGREE: {r['provider']} at {_label(r)}: loss {r['loss_rel_err']:.1e} "
                   f"grad {r['grad_rel_err']:.1e}", file=sys.stderr)
+    return 0
+
+
+def pruned_shapes(args) -> list:
+    """The shapes of a ``--mode pruned`` run (``--shapes``, default per device)."""
+    fill_defaults(args)
+    return shapes.resolve(args.shapes)
+
+
+def main_pruned(ap, args, device) -> int:
+    """``--mode pruned``: see ``pruned_pipeline.py``."""
+    try:
+        shape_list = pruned_shapes(args)
+    except ValueError as err:
+        ap.error(str(err))
+    args.warmup = max(1, args.warmup)
+    bench.set_threads(common.THREADS)
+    meta = common.machine_info()
+    meta.update(device.info())
+    meta["args"] = {k: v for k, v in vars(args).items() if k not in ("mem_child", "thp_child", "render")}
+    meta["clock"] = device.clock.name
+    import rnnt_lattice
+    meta["rnnt_lattice_path"] = str(Path(rnnt_lattice.__file__).parent)
+    print(f"# {meta.get('gpu') or meta['cpu_model']}, threads {common.THREADS}, load "
+          f"{tuple(round(x, 2) for x in meta['loadavg_at_start'])}; {args.device}/pruned; R "
+          f"{args.windows}; rnnt_lattice from {meta['rnnt_lattice_path']}", flush=True)
+    rows = pruned_pipeline.run(shape_list, device, args, meta)
+    meta["loadavg_at_end"] = os.getloadavg()
+    stem = args.stem or (f"{args.device}-pruned-"
+                         + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    paths = common.write_results(stem, meta, rows,
+                                 pruned_pipeline.markdown(rows, args.device, meta["args"]),
+                                 out_dir=Path(args.out_dir))
+    print("\nwrote", ", ".join(paths.values()))
+    bad = [r for r in rows if r.get("agree") == "DISAGREE"]
+    for r in bad:
+        print(f"DISAGREE: {r['provider']} at {r['shape']} R={r['R']}: "
+              f"{pruned_pipeline._agree(r)}", file=sys.stderr)
     return 0
 
 

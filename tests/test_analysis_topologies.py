@@ -1,8 +1,11 @@
-"""Lattice tools on every topology: occupancy and best alignment against the independent
-path-enumerating oracle (``tests/oracle.py``: nothing of the reference's recursion), the
-regular topology through the new options, TDT durations, and a plot per topology."""
+"""Lattice tools on every topology and backend: occupancy and best alignment against the
+independent path-enumerating oracle (``tests/oracle.py``: nothing of the reference's
+recursion) and, for the kernel backends (Numba; Triton through the interpreter, see
+``conftest.py``), against the pure-PyTorch reference; the regular topology through the new
+options, TDT durations, and a plot per topology."""
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import warnings
@@ -14,6 +17,26 @@ import rnnt_lattice
 from rnnt_lattice import topology
 from rnnt_lattice.analysis import Arc
 from oracle import _kind_weights, topology_best_path, topology_occupations, topology_paths
+
+# NumPy warns (Triton interpreter) on exp/log of -inf in lanes that the kernels mask out.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+_NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs triton (the interpreter runs it on CPU)")
+BACKENDS = ["torch", "numba", pytest.param("triton", marks=_NO_TRITON)]
+KERNELS = ["numba", pytest.param("triton", marks=_NO_TRITON)]
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(request, monkeypatch):
+    """Triton: tiles small enough that every kernel spans several blocks on these lattices."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "triton":
+        from rnnt_lattice import gpu
+        monkeypatch.setattr(gpu, "BLOCK_U", 2)
+        monkeypatch.setattr(gpu, "BLOCK_V", 4)
+        monkeypatch.setattr(gpu, "ROW_TILE", 32)
+        monkeypatch.setattr(gpu, "BLOCK_NODES", 16)
 
 # name: (topology, V (all classes, durations included), blank)
 TOPOS = {
@@ -103,12 +126,23 @@ def _check_occupancy(occ, topo, logits, targets, tl, ul, blank, starts, ends, **
     assert ((occ.node >= 0) & (occ.node <= 1 + 1e-12)).all() and not torch.isnan(occ.gamma).any()
 
 
+def _same_occupancy(occ, ref):
+    """A kernel backend's occupancy equals the reference's (float64 rounding)."""
+    assert occ.kinds == ref.kinds and occ.gamma.dtype == ref.gamma.dtype == torch.float64
+    for f in ("node", "gamma_blank", "gamma_label", "gamma", "log_likelihood"):
+        torch.testing.assert_close(getattr(occ, f), getattr(ref, f), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(TOPOS))
-def test_occupancy_matches_oracle(name):
+def test_occupancy_matches_oracle(name, backend):
     topo, logits, targets, tl, ul, blank = _batch(name)
-    occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank, backend="torch", **_kw(name))
+    occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank, backend=backend, **_kw(name))
     starts = [(0, 0)] * len(TL)
     _check_occupancy(occ, topo, logits, targets, tl, ul, blank, starts, list(zip(TL, UL)))
+    if backend != "torch":
+        _same_occupancy(occ, rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank,
+                                                    backend="torch", **_kw(name)))
     pad = ~rnnt_lattice.reference.node_mask(tl, ul, T, U + 1)
     assert (occ.node[pad] == 0).all()
     if name in ("modified", "one_sym_per_frame"):
@@ -119,17 +153,20 @@ def test_occupancy_matches_oracle(name):
             torch.testing.assert_close(sums[b, :TL[b]], torch.ones(TL[b], dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name", ["regular", "modified", "multiblank", "tdt"])
-def test_occupancy_with_per_arc_terms_and_boundary(name):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(TOPOS))
+def test_occupancy_with_per_arc_terms_and_boundary(name, backend):
     topo, logits, targets, tl, ul, blank = _batch(name, seed=3)
     # k2 rows [begin_symbol, begin_frame, end_symbol, end_frame]
     boundary = torch.tensor([[1, 1, 2, 5], [0, 0, 2, 3], [0, 1, 0, 4], [0, 0, 2, 1]])
     terms = dict(sigma=0.1, delay_penalty=0.2)
-    occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank, backend="torch",
-                                 boundary=boundary, **terms, **_kw(name))
+    kw = dict(blank=blank, boundary=boundary, **terms, **_kw(name))
+    occ = rnnt_lattice.occupancy(logits, targets, tl, ul, backend=backend, **kw)
     starts = [(int(r[1]), int(r[0])) for r in boundary]
     ends = [(int(r[3]), int(r[2])) for r in boundary]
     _check_occupancy(occ, topo, logits, targets, tl, ul, blank, starts, ends, **terms)
+    if backend != "torch":
+        _same_occupancy(occ, rnnt_lattice.occupancy(logits, targets, tl, ul, backend="torch", **kw))
 
 
 def _check_alignment(ali, occ, topo, logits, targets, tl, ul, blank, **terms):
@@ -170,29 +207,65 @@ def _check_alignment(ali, occ, topo, logits, targets, tl, ul, blank, **terms):
         assert sum(ali.frame_labels[b], []) == targets[b, :U_b].tolist()
 
 
+ARC_FIELDS = ("emit_frames", "arc_frames", "arc_positions", "arc_kinds", "n_arcs",
+              "label_durations")
+
+
+def _same_alignment(ali, ref):
+    """A kernel backend's alignment equals the reference's: the best path score to float64
+    rounding, the path itself exactly (random logits: ties are improbable; the oracle
+    check has made sure that each path found is the unique best one)."""
+    assert ali.topology == ref.topology
+    torch.testing.assert_close(ali.log_prob, ref.log_prob, atol=1e-12, rtol=0)
+    for f in ARC_FIELDS:
+        assert torch.equal(getattr(ali, f), getattr(ref, f)), f
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(TOPOS))
-def test_best_alignment_matches_oracle(name, seed):
+def test_best_alignment_matches_oracle(name, seed, backend):
     topo, logits, targets, tl, ul, blank = _batch(name, seed=seed)
-    kw = dict(blank=blank, backend="torch", **_kw(name))
+    kw = dict(blank=blank, backend=backend, **_kw(name))
     ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, **kw)
     occ = rnnt_lattice.occupancy(logits, targets, tl, ul, **kw)
     assert ali.topology == topo
     _check_alignment(ali, occ, topo, logits, targets, tl, ul, blank)
+    if backend != "torch":
+        _same_alignment(ali, rnnt_lattice.best_alignment(logits, targets, tl, ul,
+                                                         **dict(kw, backend="torch")))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["modified", "tdt"])
-def test_best_alignment_with_sigma_and_delay_penalty(name):
+def test_best_alignment_with_sigma_and_delay_penalty(name, backend):
     topo, logits, targets, tl, ul, blank = _batch(name, seed=4)
     terms = dict(sigma=0.3, delay_penalty=0.5)
-    kw = dict(blank=blank, backend="torch", **terms, **_kw(name))
+    kw = dict(blank=blank, backend=backend, **terms, **_kw(name))
     ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, **kw)
     occ = rnnt_lattice.occupancy(logits, targets, tl, ul, **kw)
     _check_alignment(ali, occ, topo, logits, targets, tl, ul, blank, **terms)
+    if backend != "torch":
+        _same_alignment(ali, rnnt_lattice.best_alignment(logits, targets, tl, ul,
+                                                         **dict(kw, backend="torch")))
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("name", list(TOPOS))
+def test_best_alignment_with_boundary_equals_reference(name, backend):
+    """Start and end moved by a k2 boundary, per-arc terms on: the kernels' pointers give
+    the reference's path (every sequence has a unique best path on these logits)."""
+    _, logits, targets, tl, ul, blank = _batch(name, seed=5)
+    boundary = torch.tensor([[1, 1, 2, 5], [0, 0, 2, 3], [0, 1, 0, 4], [0, 0, 2, 1]])
+    kw = dict(blank=blank, boundary=boundary, sigma=0.2, delay_penalty=0.3, **_kw(name))
+    ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, backend=backend, **kw)
+    ref = rnnt_lattice.best_alignment(logits, targets, tl, ul, backend="torch", **kw)
+    _same_alignment(ali, ref)
+    assert (ali.n_arcs > 0).any()
 
 
 # --------------------------------------------------------------------------- regular
-@pytest.mark.parametrize("backend", ["torch", "numba"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_regular_through_the_new_options_is_the_old_result(backend):
     _, logits, targets, tl, ul, blank = _batch("regular", seed=2)
     old_o = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank, backend=backend)
@@ -222,13 +295,14 @@ def test_regular_through_the_new_options_is_the_old_result(backend):
     assert a.arcs == old_a.arcs and a.arcs[0][-1] == Arc(4, 2, "blank", 1)
 
 
-def test_ties_keep_the_first_kind_on_every_path():
-    # All arcs equally likely: regular kernels and the generic sweep both emit early.
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ties_keep_the_first_kind_on_every_path(backend):
+    # All arcs equally likely: every backend's sweep, with or without a boundary, emits early.
     logits = torch.zeros(1, 4, 3, 3, dtype=torch.float64)
     args = (logits, torch.tensor([[1, 2]]), torch.tensor([4]), torch.tensor([2]))
     full = torch.tensor([[0, 0, 2, 4]])
-    for kw in (dict(backend="numba"), dict(backend="torch", boundary=full)):
-        ali = rnnt_lattice.best_alignment(*args, blank=0, **kw)
+    for kw in (dict(), dict(boundary=full)):
+        ali = rnnt_lattice.best_alignment(*args, blank=0, backend=backend, **kw)
         assert ali.emit_frames.tolist() == [[0, 0]]
     # TDT, every arc weighs the same: the best paths have the fewest arcs (3: two labels and
     # a final blank). From the end (4, 2) the first incoming kind is blank_d1 from (3, 2);
@@ -238,13 +312,14 @@ def test_ties_keep_the_first_kind_on_every_path():
     x = torch.zeros(1, 4, 3, 3 + 3, dtype=torch.float64)
     y = torch.tensor([[0, 1]])
     ali = rnnt_lattice.best_alignment(x, y, torch.tensor([4]), torch.tensor([2]), blank=-1,
-                                      topology=topo, backend="torch")
+                                      topology=topo, backend=backend)
     assert ali.arcs == [[Arc(0, 0, "label_d2", 2), Arc(2, 1, "label_d1", 1), Arc(3, 2, "blank_d1", 1)]]
     _, best, _ = _oracle_log_p(x[0], y[0], topo, 2, (0, 0), (4, 2))
     assert ali.log_prob.item() == pytest.approx(best) == pytest.approx(6 * math.log(1 / 3))
 
 
-def test_tdt_alignment_reports_durations():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tdt_alignment_reports_durations(backend):
     topo = topology.tdt([0, 1, 2])
     x = torch.zeros(1, 4, 2, 4 + 3, dtype=torch.float64)     # tokens 0..3 (blank 3), durations
     x[0, 0, 0, 1] = 8.0                                        # label y[0] = 1 at (0, 0) ...
@@ -252,7 +327,7 @@ def test_tdt_alignment_reports_durations():
     x[0, 2, 1, 3] = 8.0                                        # then a blank at (2, 1) ...
     x[0, 2, 1, 4 + 2] = 8.0                                    # ... of duration 2 to the end
     ali = rnnt_lattice.best_alignment(x, torch.tensor([[1]]), torch.tensor([4]), torch.tensor([1]),
-                                      blank=3, topology=topo, backend="torch")
+                                      blank=3, topology=topo, backend=backend)
     assert ali.arcs == [[Arc(0, 0, "label_d2", 2), Arc(2, 1, "blank_d2", 2)]]
     assert ali.emit_frames.tolist() == [[0]] and ali.label_durations.tolist() == [[2]]
     assert ali.arc_durations[0, :2].tolist() == [2, 2] and ali.n_arcs.tolist() == [2]
@@ -277,20 +352,26 @@ def test_lattice_options_are_validated():
             fn(logits, targets % 2, tl, ul, blank=0, topology=topology.tdt([0, 1]), backend="torch")
 
 
-def test_every_backend_gives_the_reference_lattice():
-    """Non-regular lattices are computed by the reference recursion whichever backend is
-    named: no fallback warning, the same occupations."""
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+def test_kernel_backends_run_every_lattice_without_fallback(backend, monkeypatch):
+    """Non-regular lattices run on the named backend's kernels (no fallback warning, no
+    call into the reference's recursion) and give the reference's occupations."""
+    from rnnt_lattice import reference
     _, logits, targets, tl, ul, blank = _batch("modified")
-    ref = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank, rnnt_type="modified",
-                                 backend="torch")
-    for backend in ("auto", "numba"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank,
-                                         rnnt_type="modified", backend=backend)
-        assert torch.equal(occ.gamma, ref.gamma)
+    kw = dict(blank=blank, rnnt_type="modified")
+    ref = rnnt_lattice.occupancy(logits, targets, tl, ul, backend="torch", **kw)
+    ref_a = rnnt_lattice.best_alignment(logits, targets, tl, ul, backend="torch", **kw)
 
-
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the reference's recursion was called")
+    for name in ("lattice_generic", "sweep_alpha", "arc_weights"):
+        monkeypatch.setattr(reference, name, forbidden)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        occ = rnnt_lattice.occupancy(logits, targets, tl, ul, backend=backend, **kw)
+        ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, backend=backend, **kw)
+    _same_occupancy(occ, ref)
+    _same_alignment(ali, ref_a)
 
 
 # --------------------------------------------------------------------------- plot

@@ -278,3 +278,49 @@ def test_committed_results_render_unchanged(run, tmp_path, stem):
     (tmp_path / src.name).write_text(src.read_text())
     run.render(tmp_path / src.name)
     assert (tmp_path / f"{stem}.md").read_text() == (RESULTS / f"{stem}.md").read_text()
+
+
+# --------------------------------------------------------------------------- --mode pruned
+def test_pruned_mode_options(run):
+    _, args = run.parse(["--mode", "pruned"])
+    assert [s.name for s in run.pruned_shapes(args)] == ["p1", "p2", "pv5000"]
+    assert args.windows == [5, 10] and (args.reps, args.warmup) == (3, 1)
+    _, args = run.parse(["--device", "cuda", "--mode", "pruned", "--windows", "4"])
+    assert [s.name for s in run.pruned_shapes(args)] == ["pg1", "pg2", "pg3"]
+    assert args.windows == [4] and args.reps == 10
+    for p1 in ("p1", "pg1"):
+        assert run.shapes.SHAPES[p1].U < run.shapes.SHAPES[p1].T      # R < U + 1: real pruning
+    for bad in (["--variants", "tdt"], ["--dtype", "float16"], ["--windows", "0"],
+                ["--providers", "warp_transducer_pruned"]):
+        with pytest.raises(SystemExit):
+            run.parse(["--mode", "pruned", *bad])
+    _, args = run.parse(["--mode", "pruned", "--providers", "fast_rnnt", "rnnt_lattice (exact)",
+                         "torchaudio"])
+    assert args.providers == ["fast_rnnt", "rnnt_lattice (exact)", "torchaudio"]
+
+
+def test_pruned_mode_end_to_end(run, tmp_path, monkeypatch):
+    """Tiny shape, no timing assertions: our two pipelines and our full loss give rows and
+    a table; with our k2-API row standing in for fast_rnnt, the agreement check finds the
+    same ranges and losses (k2 rule)."""
+    monkeypatch.setattr(run.pruned_pipeline, "REFERENCE_PAIR",
+                        ("rnnt_lattice (k2)", "rnnt_lattice.compat.k2"))
+    assert run.main(["--mode", "pruned", "--shapes", "s1", "--windows", "3",
+                     "--providers", "rnnt_lattice (k2)", "rnnt_lattice (exact)",
+                     "rnnt_lattice.compat.k2", "rnnt_lattice",
+                     "--reps", "1", "--cap", "5", "--no-memory",
+                     "--out-dir", str(tmp_path), "--stem", "p"]) == 0
+    meta, rows, md = _run_rows(tmp_path, "p")
+    assert meta["args"]["mode"] == "pruned" and meta["rnnt_lattice_path"]
+    pipes = {r["provider"]: r for r in rows if r.get("kind") == "pipeline"}
+    assert set(pipes) == {"rnnt_lattice (k2)", "rnnt_lattice (exact)", "rnnt_lattice.compat.k2"}
+    k2 = pipes["rnnt_lattice (k2)"]
+    assert k2["status"] == "ok" and k2["R"] == 3 and k2["R_used"] == 3
+    assert k2["agree"] == "ok" and k2["ranges_equal"] and k2["frames_differ_f32"] >= 0
+    assert pipes["rnnt_lattice (exact)"]["status"] == "ok"
+    full = next(r for r in rows if r.get("kind") == "full")
+    assert full["provider"] == "rnnt_lattice" and full["status"] == "ok"
+    assert "| pipeline / loss | R | fwd+bwd | x fast_rnnt |" in md and "| rnnt_lattice | full loss |" in md
+    # the tables re-render from the json
+    run.render(tmp_path / "p.json")
+    assert (tmp_path / "p.md").read_text() == md

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rnnt_lattice
-from rnnt_lattice.analysis.alignment import backtrack
+from rnnt_lattice.analysis.alignment import backtrack_arcs
 
 BACKENDS = ["torch", "numba"]
 
@@ -202,8 +202,16 @@ def test_viterbi_torch_and_numba_agree_on_larger_lattices():
         assert a.dtype == b.dtype == torch.float64
         torch.testing.assert_close(a[nodes], b[nodes], atol=1e-9, rtol=1e-9)
         assert (a[~nodes] == float("-inf")).all() and (b[~nodes] == float("-inf")).all()
-    frames = [backtrack(*out[k], tl, ul)[0] for k in out]
-    assert torch.equal(frames[0], frames[1])
+    # The max-plus pointers of the generic sweep, and the path they give, agree too.
+    from rnnt_lattice._types import LossOptions
+    ends = reference.Ends.of(tl, ul)
+    ref = reference.viterbi_generic(logits, targets, tl, ul, rnnt_lattice.topology.regular(), 0)
+    got = cpu.kind_viterbi(logits, targets, tl, ul, LossOptions(0, True))
+    torch.testing.assert_close(got[0], ref[0], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(got[2], ref[2], atol=1e-9, rtol=1e-9)
+    assert torch.equal(got[1], ref[1])
+    paths = [backtrack_arcs(x[1], rnnt_lattice.topology.regular(), ends, x[2]) for x in (ref, got)]
+    assert all(torch.equal(a, b) for a, b in zip(*paths))
     ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, blank=0, backend="numba")
     ali_t = rnnt_lattice.best_alignment(logits, targets, tl, ul, blank=0, backend="torch")
     assert torch.equal(ali.emit_frames, ali_t.emit_frames)

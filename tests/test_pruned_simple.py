@@ -430,6 +430,14 @@ def test_do_rnnt_pruning():
     for b, t, k in itertools.product(range(2), range(6), range(2)):
         assert torch.equal(am_p[b, t, k], am[b, t])
         assert torch.equal(lm_p[b, t, k], lm[b, ranges[b, t, k]])
+    # Backward: each lm row gets the sum of the gradients of the window entries that read it.
+    lm_ = lm.clone().requires_grad_(True)
+    w = torch.randn(2, 6, 2, 5, generator=g, dtype=lm.dtype)
+    (rnnt_lattice.do_rnnt_pruning(am, lm_, ranges)[1] * w).sum().backward()
+    want = torch.zeros_like(lm)
+    for b, t, k in itertools.product(range(2), range(6), range(2)):
+        want[b, ranges[b, t, k]] += w[b, t, k]
+    assert torch.allclose(lm_.grad, want)
 
 
 @pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
@@ -529,3 +537,196 @@ def test_exact_windows_of_a_batch_with_an_impossible_sequence():
     s = win.s_begin
     assert (s[:, 0] == 0).all() and (s.diff(dim=1) >= 0).all() and (s.diff(dim=1) <= 1).all()
     assert s[0, -1] == 4 and (win.ranges <= 5).all()
+
+
+# --------------------------------------------------------------------------- backends
+# The lattice of the simple/smoothed losses runs on the backend's kernel (Numba's
+# kind_lattice; Triton's _topo_lattice_kernel, here through the interpreter that
+# conftest.py turns on); the arc weights are the same PyTorch code for every backend, so
+# the kernels must reproduce backend="torch" to float64 rounding, and in float32 to a few
+# ulps of the float32 outputs.
+KERNEL_BACKENDS = ["numba", "triton"]
+BACKEND_CASES = CASES + [Case("T1", (1, 1), (0, 2), 4, 0)]     # one frame: modified has no path
+BACKEND_TOL = {torch.float64: 1e-12, torch.float32: 64 * 2.0**-23}
+# The interpreter's NumPy warns on -inf - -inf in lanes that the kernel then masks out.
+interpreter_lanes = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+def _kernel_backend(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+        from rnnt_lattice import gpu
+        if not gpu.INTERPRETED:                                         # pragma: no cover
+            pytest.skip("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1")
+    return backend
+
+
+def _run(fn, lm, am, targets, T_b, U_b, blank, up, backend, **kw):
+    """``(costs, lm.grad, am.grad, gamma_blank, gamma_label)`` of ``fn`` (reduction none)."""
+    lm = lm.detach().clone().requires_grad_(True)
+    am = am.detach().clone().requires_grad_(True)
+    costs, occ = fn(lm, am, targets, T_b, U_b, blank=blank, reduction="none",
+                    return_occupations=True, backend=backend, **kw)
+    torch.autograd.backward(costs, up.to(costs.dtype))
+    return costs.detach(), lm.grad, am.grad, occ.gamma_blank, occ.gamma_label
+
+
+def _assert_same(got, want, tol):
+    for name, g, w in zip(("costs", "lm.grad", "am.grad", "gamma_blank", "gamma_label"), got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert rel_err(g, w) < tol, (name, rel_err(g, w))
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("case", BACKEND_CASES, ids=[c.name for c in BACKEND_CASES])
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_kernel_backends_equal_torch(backend, case, rnnt_type, dtype):
+    """Losses, gradients w.r.t. lm and am and occupations of the simple loss: ragged,
+    NaN-poisoned padding, T_b = 0, U_b = 0, one frame, delay penalty, signed upstream."""
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=11, dtype=dtype)
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.3)
+    want = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, "torch", **kw)
+    got = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, backend, **kw)
+    _assert_same(got, want, BACKEND_TOL[dtype])
+    # Impossible sequences: +inf and an exactly zero gradient; padding: exactly zero.
+    inf = torch.isinf(got[0])
+    assert (got[1][inf] == 0).all() and (got[2][inf] == 0).all()
+    assert (got[2][torch.isnan(am)] == 0).all() and (got[1][torch.isnan(lm)] == 0).all()
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[5]], ids=["ragged", "U0", "longer"])
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+def test_kernel_backends_smoothed_equal_torch(backend, case, rnnt_type):
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=12, poison=False)
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.1, lm_only_scale=0.2, am_only_scale=0.15)
+    want = _run(rnnt_lattice.rnnt_loss_smoothed, lm, am, targets, T_b, U_b, blank, up, "torch", **kw)
+    got = _run(rnnt_lattice.rnnt_loss_smoothed, lm, am, targets, T_b, U_b, blank, up, backend, **kw)
+    _assert_same(got, want, BACKEND_TOL[torch.float64])
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
+def test_kernel_backends_boundary(backend, rnnt_type):
+    _kernel_backend(backend)
+    case = Case("boundary", (6, 5, 7), (3, 2, 4), 6, 0, T=8, U=5)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=3)
+    boundary = torch.tensor([[0, 0, 3, 6], [1, 1, 2, 5], [1, 2, 3, 6]])
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.2, boundary=boundary)
+    want = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, "torch", **kw)
+    got = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, backend, **kw)
+    assert torch.isfinite(got[0]).all()
+    _assert_same(got, want, BACKEND_TOL[torch.float64])
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_kernel_backends_nan_and_zero_upstream(backend):
+    """A NaN inside sequence 0's lattice: NaN loss and occupations, as the reference; an
+    upstream gradient of exactly 0 on it gives an exactly zero gradient."""
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[-1], seed=2)
+    am = am.clone()
+    am[0, 1, 3] = float("nan")
+    for up in (upstream_weights(3), torch.tensor([0.0, 1.5, -0.5], dtype=torch.float64)):
+        want = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, "torch")
+        got = _run(rnnt_lattice.rnnt_loss_simple, lm, am, targets, T_b, U_b, blank, up, backend)
+        assert torch.isnan(got[0][0]) and torch.isfinite(got[0][1:]).all()
+        assert torch.isnan(got[3][0]).any() and torch.isfinite(got[3][1:]).all()
+        _assert_same(got, want, BACKEND_TOL[torch.float64])
+        if up[0] == 0:
+            assert (got[1][0] == 0).all() and (got[2][0] == 0).all()
+            assert torch.isfinite(got[1]).all() and torch.isfinite(got[2]).all()
+
+
+@interpreter_lanes
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_kernel_backends_reductions_zero_infinity(backend, reduction, zero_infinity):
+    _kernel_backend(backend)
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[4])            # T_b = 0: +inf
+    out = {}
+    for be in ("torch", backend):
+        l_, a_ = lm.clone().requires_grad_(True), am.clone().requires_grad_(True)
+        loss = rnnt_lattice.rnnt_loss_simple(l_, a_, targets, T_b, U_b, blank=blank,
+                                             reduction=reduction, zero_infinity=zero_infinity,
+                                             backend=be)
+        loss.sum().backward()
+        out[be] = (loss.detach(), l_.grad, a_.grad)
+    for g, w in zip(out[backend], out["torch"]):
+        assert rel_err(g, w) < BACKEND_TOL[torch.float64]
+    assert (out[backend][2][0] == 0).all()                              # the +inf sequence
+
+
+def test_backend_argument():
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[1])
+    with pytest.raises(ValueError, match="backend"):
+        rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=blank, backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        rnnt_lattice.rnnt_loss_smoothed(lm, am, targets, T_b, U_b, blank=blank, backend=None)
+    from rnnt_lattice import cpu
+    assert pruned._lattice_of_weights("auto", torch.device("cpu")) is cpu.lattice_of_weights
+    assert pruned._lattice_of_weights("numba", torch.device("cpu")) is cpu.lattice_of_weights
+    assert pruned._lattice_of_weights("torch", torch.device("cpu")) is pruned._reference_lattice
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_smoothed_am_padding_never_read(case):
+    """The smoothed loss reads lm's padding (k2's unigram) but never am's: NaN there changes
+    nothing, and its gradient is exactly 0."""
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=3, poison=False)
+    pad = (torch.arange(am.shape[1])[None] >= T_b[:, None])[..., None].expand_as(am)
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type="constrained", lm_only_scale=0.2, am_only_scale=0.3, reduction="none")
+    want = _grads(lambda l, a: rnnt_lattice.rnnt_loss_smoothed(l, a, targets, T_b, U_b, blank=blank, **kw),
+                  lm, am, up)
+    got = _grads(lambda l, a: rnnt_lattice.rnnt_loss_smoothed(l, a, targets, T_b, U_b, blank=blank, **kw),
+                 lm, am.masked_fill(pad, float("nan")), up)
+    for g, w in zip(got, want):
+        assert rel_err(g, w) < 1e-15
+    assert (got[2][pad] == 0).all() and torch.isfinite(got[1]).all()
+
+
+def _k2_vectorised(gamma_blank, gamma_label, t_end, u_end, R, regular):
+    """fast_rnnt's get_rnnt_prune_ranges as written there (as_strided window sums in the
+    occupations' dtype, then the repair), on our layout."""
+    B, T, U1 = gamma_blank.shape
+    py = gamma_blank.transpose(1, 2).contiguous()                          # (B, S+1, T)
+    px = gamma_label[:, :, :-1].transpose(1, 2).contiguous()                # (B, S, T)
+    st = py.stride()
+    blk = torch.as_strided(py, (B, U1 - R + 1, R, T), (st[0], st[1], st[1], st[2])).sum(2)
+    px_pad = torch.cat((torch.zeros_like(px[:, :1]), px), 1)
+    s_begin = torch.argmax(blk - px_pad[:, :U1 - R + 1], 1)                 # (B, T)
+    mask = torch.arange(T)[None] < t_end[:, None] - 1
+    s_begin = torch.where(mask, s_begin, (u_end[:, None] - R + 1).clamp(min=0))
+    return pruned._k2_adjust(s_begin, R if regular else 2)[..., None] + torch.arange(R)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_k2_rule_on_float32_occupations_matches_k2_bitwise(seed):
+    """Float32 occupations as fast_rnnt makes them: each frame's mass (~0.5) at one label
+    position, ~1e-9 elsewhere, so the windows that hold the mass differ by their tiny edges.
+    The window sums must be k2's own term-by-term sums: a difference of cumulative sums
+    would cancel to noise of eps * 0.5 and pick other windows."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, U1 = 4, 40, 16
+    gb = 10.0 ** (-9 + 3 * torch.rand(B, T, U1, generator=g))
+    gl = 10.0 ** (-9 + 3 * torch.rand(B, T, U1, generator=g))
+    peak = torch.randint(0, U1, (B, T), generator=g).sort(1).values
+    gb.scatter_(2, peak[..., None], 0.5)
+    gb, gl = gb.float(), gl.float()
+    T_b, U_b = torch.full((B,), T), torch.full((B,), U1 - 1)
+    for R in (2, 3, 5):
+        got = rnnt_lattice.prune_ranges((gb, gl), R, method="k2", logit_lengths=T_b,
+                                        target_lengths=U_b).ranges
+        assert torch.equal(got, _k2_vectorised(gb, gl, T_b, U_b, R, True))

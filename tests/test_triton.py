@@ -298,16 +298,22 @@ def test_topologies_never_synchronise(topo):
     assert not _syncing(rec.ops), _syncing(rec.ops)
 
 
-def test_lattice_tools_never_synchronise(monkeypatch):
-    """occupancy and best_alignment: their tensor outputs come without a host read
+@pytest.mark.parametrize("lattice", ["regular", "constrained_terms"])
+def test_lattice_tools_never_synchronise(monkeypatch, lattice):
+    """occupancy and best_alignment, regular and a non-regular lattice with per-arc terms:
+    their tensor outputs (and ``arc_durations``) come without a host read
     (``Alignment.frame_labels``, Python lists, are built on first access only)."""
     monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
     batch = make_batch(CASES["ragged"])
     args = (batch.logits.float(), batch.targets, batch.logit_lengths, batch.target_lengths,
             batch.blank)
+    kw = dict(backend="triton")
+    if lattice == "constrained_terms":
+        kw.update(rnnt_type="constrained", sigma=0.1, delay_penalty=0.2)
     with _RecordOps() as rec:
-        occ = rnnt_lattice.occupancy(*args, backend="triton")
-        ali = rnnt_lattice.best_alignment(*args, backend="triton")
+        occ = rnnt_lattice.occupancy(*args, **kw)
+        ali = rnnt_lattice.best_alignment(*args, **kw)
+        ali.arc_durations                                             # noqa: B018
     assert occ.node.dtype == torch.float64 and ali.emit_frames.dtype == torch.int64
     assert not _syncing(rec.ops), _syncing(rec.ops)
     with _RecordOps() as rec:
@@ -497,7 +503,7 @@ def test_cpu_without_interpreter_is_a_value_error():
 
 
 COMPILE_SCRIPT = """
-import inspect, itertools, sys
+import inspect, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -505,12 +511,13 @@ from rnnt_lattice import gpu, topology
 from rnnt_lattice.gpu import kernels
 
 # Pointer types by naming convention: logits/gradient in the input dtype, ids and lengths
-# int64 or int32, the node_rows map and the boundary int64, costs and upstream gradient in
-# the costs' dtype, every other pointer (the lattice) float64; the options' float32 parts
-# "fp32"; other plain arguments int32.
+# int64 or int32, the node_rows map and the boundary int64, the max-plus pointers int8,
+# costs and upstream gradient in the costs' dtype, every other pointer (the lattice)
+# float64; the options' float32 parts "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"node_rows_ptr", "boundary_ptr"}
+INT8_PTRS = {"best_kind_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
@@ -518,21 +525,14 @@ ACC = {"fp32": tl.float32, "fp64": tl.float64}
 
 
 def variants():
-    \"\"\"(kernel name, constexprs, [(input dtype, id dtype)]): every flag of the regular-only
-    kernels of the lattice tools, in every dtype; the loss kernels of four topologies:
-    regular with every flag off (every dtype) and on, constrained, TDT with durations
-    0..4 and multi-blank with big blanks up to 8, these with the per-arc terms, boundary
-    and node_rows on (float32; TDT also bfloat16).\"\"\"
+    \"\"\"(kernel name, constexprs, [(input dtype, id dtype)]): the kernels of four
+    topologies: regular with every flag off (every dtype) and on, constrained, TDT with
+    durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
+    boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
+    semirings (max-plus: the lattice tools' Viterbi sweep) and the occupation kernel of
+    the lattice tools.\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
-    old = {
-        "_row_kernel": dict(FUSED=(True, False), ROWS=(4,), BLOCK_V=(1024,)),
-        "_lattice_kernel": dict(MAX_SEMIRING=(False, True), BLOCK_U=(256,)),
-        "_gamma_kernel": dict(BLOCK=(512,)),
-    }
-    for name, choices in old.items():
-        for combo in itertools.product(*choices.values()):
-            yield name, dict(zip(choices, combo)), every
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
                   "tdt": topology.tdt([0, 1, 2, 3, 4]),
                   "multiblank": topology.multiblank(7, [2, 4, 8])}
@@ -550,9 +550,10 @@ def variants():
             yield "_topo_row_kernel", dict(rows, FUSED=False, **where), fp32
             yield "_topo_grad_kernel", dict(rows, FUSED=True, CLAMP=True, **where, **terms), dtypes
             yield "_topo_grad_kernel", dict(rows, FUSED=False, CLAMP=False, **where, **terms), fp32
-            for semiring in ((False, True) if tname == "regular" and not on else (False,)):
+            for semiring in (False, True):
                 yield ("_topo_lattice_kernel", dict(lattice, BOUNDARY=on, MAX_SEMIRING=semiring,
                                                     BLOCK_U=256, **terms), fp32)
+            yield "_topo_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
 
 
 n = 0
@@ -580,6 +581,8 @@ for sm in map(int, sys.argv[1:]):
                     sig[p] = "*" + idt
                 elif p in INT64_PTRS:
                     sig[p] = "*i64"
+                elif p in INT8_PTRS:
+                    sig[p] = "*i8"
                 elif p in COST_PTRS:
                     sig[p] = "*" + costs
                 elif p.endswith("_ptr"):

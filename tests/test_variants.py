@@ -88,36 +88,57 @@ def test_public_losses_match_enumeration(case, topo_name, opt):
     assert torch.isfinite(leaf.grad).all()          # NaN padding never leaks
 
 
+@pytest.mark.parametrize("backend", ["torch", "numba"])
 @pytest.mark.parametrize("rnnt_type, paths, logv", [
     ("regular", lambda T, U: math.comb(T - 1 + U, U), lambda T, U: T + U),
     ("modified", lambda T, U: math.comb(T, U), lambda T, U: T),
     ("constrained", lambda T, U: math.comb(T, U), lambda T, U: T + U),
     ("one_sym_per_frame", lambda T, U: math.comb(T - 1, U), lambda T, U: T),
 ])
-def test_uniform_closed_forms(rnnt_type, paths, logv):
-    """Uniform probabilities 1/V (zero logits): log P has a closed form per topology."""
-    T, U, V = 7, 3, 5
+def test_uniform_closed_forms(rnnt_type, paths, logv, backend):
+    """Zero logits (probability 1/V everywhere): log P = log(#paths) - (#arc reads) log V
+    (variants.md A and C), for every (T, U) up to (6, 5) in one ragged batch; infeasible
+    lengths give +inf and a zero gradient."""
+    V = 5
+    shapes = [(T, U) for T in range(1, 7) for U in range(0, 6)]
+    B, Tm, Um = len(shapes), 6, 5
+    tl = torch.tensor([s[0] for s in shapes])
+    ul = torch.tensor([s[1] for s in shapes])
+    logits = torch.zeros(B, Tm, Um + 1, V, dtype=torch.float64, requires_grad=True)
+    targets = torch.ones(B, Um, dtype=torch.int64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        loss = rnnt_lattice.rnnt_loss(torch.zeros(1, T, U + 1, V, dtype=torch.float64),
-                                      torch.tensor([[1, 2, 3]]), torch.tensor([T]),
-                                      torch.tensor([U]), blank=0, rnnt_type=rnnt_type)
-    want = -(math.log(paths(T, U)) - logv(T, U) * math.log(V))
-    assert abs(float(loss) - want) <= 1e-12 * abs(want)
+        loss = rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank=0, rnnt_type=rnnt_type,
+                                      reduction="none", backend=backend)
+    loss.sum().backward()
+    for b, (T, U) in enumerate(shapes):
+        n = paths(T, U)
+        if n == 0:
+            assert loss[b] == math.inf and (logits.grad[b] == 0).all(), (rnnt_type, T, U)
+        else:
+            want = -(math.log(n) - logv(T, U) * math.log(V))
+            assert abs(float(loss[b]) - want) <= 1e-12 * max(1.0, abs(want)), (rnnt_type, T, U)
 
 
-def test_nemo_tdt_vector():
-    """NeMo's TDT test: cost 4.155739 and the gradient row at (0, 0, 0)."""
+@pytest.mark.parametrize("backend", ["torch", "numba"])
+def test_nemo_tdt_vector(backend):
+    """NeMo's TDT test (variants.md B): cost 4.155739 = -log(3w^4 + 6w^3 + 2w^2) with
+    w = exp(-0.05)/12, and the gradient row at (0, 0, 0) (token part, then the duration
+    logits through their log_softmax); the whole gradient equals the path oracle's."""
     logits = torch.zeros(1, 3, 2, 7, dtype=torch.float64, requires_grad=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        loss = rnnt_lattice.tdt_loss(logits, torch.tensor([[0]]), torch.tensor([3]),
-                                     torch.tensor([1]), blank=3, durations=[0, 1, 2], sigma=0.05)
+    args = (torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]))
+    loss = rnnt_lattice.tdt_loss(logits, *args, blank=3, durations=[0, 1, 2], sigma=0.05,
+                                 backend=backend)
     loss.backward()
+    w = math.exp(-0.05) / 12
+    assert abs(float(loss.detach()) + math.log(3 * w**4 + 6 * w**3 + 2 * w**2)) <= 1e-12
     assert abs(float(loss.detach()) - 4.155739) <= 1e-6
     want = torch.tensor([-0.649628, 0.25, 0.25, 0.149628, 0.267258, -0.167926, -0.099332],
                         dtype=torch.float64)
-    torch.testing.assert_close(logits.grad[0, 0, 0], want, rtol=0, atol=2e-6)
+    torch.testing.assert_close(logits.grad[0, 0, 0], want, rtol=0, atol=1e-6)
+    _, want_grad = topology_batch_grad(logits.detach(), *args, rnnt_lattice.topology.tdt([0, 1, 2]),
+                                       3, True, sigma=0.05)
+    torch.testing.assert_close(logits.grad, want_grad, rtol=0, atol=1e-12)
 
 
 def test_infeasible_lengths_give_inf_and_zero_gradient():
@@ -353,3 +374,32 @@ def test_packed_under_torch_compile():
     fn(a).backward()
     rnnt_lattice.rnnt_loss(b, targets, tl, ul, blank, packed=True, backend="torch").backward()
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn_name, extra, T, U", [
+    ("tdt_loss", dict(durations=[0, 1, 2]), 3, (1100, 1030)),    # duration-0 labels: T < U
+    ("multiblank_rnnt_loss", dict(big_blank_durations=[2]), 3, (1100, 1030)),
+    ("rnnt_loss", dict(rnnt_type="modified"), 1040, (1030, 1026)),  # needs T_b >= U_b
+])
+def test_long_targets_numba_equals_reference(fn_name, extra, T, U):
+    """U > 1024 (no lane cap in the generic kernels): the Numba kernels equal the float64
+    reference, ragged, with signed upstream gradients."""
+    V = 6
+    B = len(U)
+    g = torch.Generator().manual_seed(7)
+    D = len(extra.get("durations", ()))
+    logits = torch.randn(B, T, max(U) + 1, V + D, generator=g, dtype=torch.float64)
+    n_big = len(extra.get("big_blank_durations", ()))
+    targets = torch.randint(0, V - 1 - n_big, (B, max(U)), generator=g)
+    tl, ul = torch.tensor([T, T - 1]), torch.tensor(U)
+    w = upstream_weights(B)
+    out = {}
+    for backend in ("torch", "numba"):
+        leaf = logits.clone().requires_grad_()
+        costs = call(fn_name, leaf, targets, tl, ul, V - 1, extra, backend=backend)
+        (costs * w).sum().backward()
+        out[backend] = (costs.detach(), leaf.grad)
+    (lt, gt), (ln, gn) = out["torch"], out["numba"]
+    assert torch.isfinite(lt).all()
+    assert rel(ln, lt) <= TOL
+    assert float((gn - gt).abs().max()) <= TOL * max(1.0, float(gt.abs().max()))

@@ -11,7 +11,16 @@ Every backend module provides the same functions (the loss protocol is ``_ops``'
     viterbi(logits, targets, logit_lengths, target_lengths, blank, fused)
         -> (alpha_max, lpb, lpl), each (B, T, U+1): max-plus alpha and the arc log-probs
 
-and may set ``NATIVE_LOW_PRECISION`` (its kernels read float16/bfloat16 logits) and
+The Numba and Triton backends also give the lattice tools (``rnnt_lattice.analysis``) any
+topology (``opts``: topology, blank, fused, sigma, delay penalty; k2 ``boundary``):
+
+    kind_occupancy(logits, targets, logit_lengths, target_lengths, opts, boundary)
+        -> reference.GenericLattice: alpha, beta (B, T+1, U+1), log_like, gamma (B, K, T, U+1)
+    kind_viterbi(logits, targets, logit_lengths, target_lengths, opts, boundary)
+        -> (alpha_max, best_kind (B, T+1, U+1) int8, log_prob (B,))
+
+(the pure-PyTorch backend's are ``reference.lattice_generic`` / ``sweep_alpha``), and
+may set ``NATIVE_LOW_PRECISION`` (its kernels read float16/bfloat16 logits) and
 ``NATIVE_INT32_IDS`` (they read int32 ids and lengths) to skip the conversions.
 """
 from __future__ import annotations

@@ -81,6 +81,16 @@ SHAPES = {s.name: s for s in (
     # GPU-sized: a large ragged training batch, and a large vocabulary.
     Shape("big", 32, 400, 100, 1024, T_range=(200, 400), U_range=(50, 100)),
     Shape("v5000", 8, 300, 60, 5000, T_range=(150, 300), U_range=(30, 60)),
+    # The pruned pipeline (run.py --mode pruned): the joiner's two halves am (B, T, V) and
+    # lm (B, U+1, V), never the (B, T, U+1, V) logits except for the full-loss rows.
+    # CPU-sized: 2 cores finish all three in minutes; "pv5000" has a large vocabulary.
+    Shape("p1", 8, 150, 40, 500),
+    Shape("p2", 16, 200, 60, 1000),
+    Shape("pv5000", 4, 150, 40, 5000),
+    # The issue's GPU table.
+    Shape("pg1", 32, 400, 100, 1024),
+    Shape("pg2", 16, 500, 150, 2000),
+    Shape("pg3", 8, 300, 60, 5000),
 )}
 
 # Named groups of shapes for the command-line tools.
@@ -89,6 +99,8 @@ GROUPS = {
     "core": ["s2", "s3", "s4", "s5", "ragged"],       # the core issue's target shapes
     "all": ["s1", "s2", "s3", "s4", "s5", "ragged", "s1_f64"],
     "gpu": ["s3", "s4", "s5", "ragged", "big", "v5000"],   # run.py --device cuda
+    "pruned_cpu": ["p1", "p2", "pv5000"],                  # run.py --mode pruned
+    "pruned_gpu": ["pg1", "pg2", "pg3"],                   # run.py --device cuda --mode pruned
 }
 
 # Loss topologies a case can ask for (``benchmarks/run.py --variants``). A new one is added
@@ -98,6 +110,8 @@ GROUPS = {
 VARIANTS = {
     "regular": "standard RNN-T: one blank; a blank moves t, a label moves u",
     "modified": "k2 rnnt_type='modified': one symbol per frame, a label moves t and u",
+    "constrained": "k2 rnnt_type='constrained': a label moves t and u, blank only (t, u+1)",
+    "one_sym_per_frame": "optimized_transducer's one_sym_per_frame: a label moves t and u",
     "tdt": "NeMo TDT, durations 0..4: the last axis is V tokens + 5 durations, blank V-1",
     "multiblank": "NeMo multi-blank, big blanks of 2, 4, 8 frames: classes V-2..V-4, blank V-1",
 }
@@ -113,8 +127,8 @@ def variant_loss(variant: str, logits, targets, logit_lengths, target_lengths, b
     kw = dict(blank=blank, reduction="none", **kw)
     if variant == "regular":
         return rnnt_lattice.rnnt_loss(*args, **kw)
-    if variant == "modified":
-        return rnnt_lattice.rnnt_loss(*args, rnnt_type="modified", **kw)
+    if variant in ("modified", "constrained", "one_sym_per_frame"):
+        return rnnt_lattice.rnnt_loss(*args, rnnt_type=variant, **kw)
     if variant == "tdt":
         return rnnt_lattice.tdt_loss(*args, durations=list(TDT_DURATIONS), **kw)
     if variant == "multiblank":
@@ -222,6 +236,49 @@ def make_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0
     targets = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32)
     logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float32).to(dtype)
     return Inputs(logits, targets, logit_lengths, target_lengths, BLANK, variant)
+
+
+@dataclass
+class JoinerInputs:
+    """Inputs of the pruned pipeline: the joiner ``logits(t, u) = am(t) + lm(u)`` in halves."""
+    am: torch.Tensor              # (B, T, V) float
+    lm: torch.Tensor              # (B, U+1, V) float
+    targets: torch.Tensor         # (B, U) int64, values in 1..V-1
+    logit_lengths: torch.Tensor   # (B,) int64
+    target_lengths: torch.Tensor  # (B,) int64
+    blank: int
+
+    @property
+    def boundary(self) -> torch.Tensor:
+        """k2's ``(B, 4)`` rows ``[0, 0, U_b, T_b]``."""
+        zero = torch.zeros_like(self.logit_lengths)
+        return torch.stack((zero, zero, self.target_lengths, self.logit_lengths), 1)
+
+    def logits(self) -> torch.Tensor:
+        """The full ``(B, T, U+1, V)`` joiner output (for the full-loss rows)."""
+        return (self.am[:, :, None] + self.lm[:, None]).contiguous()
+
+
+def make_joiner_inputs(shape: Shape, dtype: Optional[torch.dtype] = None, seed: int = 0,
+                       device="cpu") -> JoinerInputs:
+    """Seeded :class:`JoinerInputs` for ``shape`` (ragged shapes draw lengths as
+    :func:`make_inputs`); standard normal am and lm, labels 1..V-1, blank 0."""
+    dtype = dtype or shape.dtype
+    g = torch.Generator().manual_seed(seed)
+    B, V = shape.B, shape.V
+    if shape.ragged:
+        logit_lengths = torch.randint(shape.T_range[0], shape.T_range[1] + 1, (B,), generator=g)
+        target_lengths = torch.randint(shape.U_range[0], shape.U_range[1] + 1, (B,), generator=g)
+        T, U = int(logit_lengths.max()), int(target_lengths.max())
+    else:
+        T, U = shape.T, shape.U
+        logit_lengths = torch.full((B,), T, dtype=torch.int64)
+        target_lengths = torch.full((B,), U, dtype=torch.int64)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    am = torch.randn(B, T, V, generator=g).to(dtype)
+    lm = torch.randn(B, U + 1, V, generator=g).to(dtype)
+    return JoinerInputs(*(x.to(device) for x in (am, lm, targets, logit_lengths, target_lengths)),
+                        BLANK)
 
 
 # --------------------------------------------------------------------------- timing

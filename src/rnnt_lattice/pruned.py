@@ -19,10 +19,13 @@ matmul per sequence,
 (the maxima and the matmul in the input dtype, the log and everything after it in float64),
 so memory is ``O(B T U + B (T + U) V)``. The arc log-probs ``b(t,u) = am(t,blank) +
 lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then feed the
-one generic recursion of :mod:`rnnt_lattice.reference` (any topology of k2: ``regular``,
-``modified``, ``constrained``; delay penalty; boundary). Gradients reach ``am`` and ``lm``
-through torch autograd of the normaliser and the gathers; the recursion itself is a small
-autograd Function whose backward is ``d(-log P)/dw = -gamma``.
+one generic recursion over arc weights (any topology of k2: ``regular``, ``modified``,
+``constrained``; delay penalty; boundary), run by the backend's lattice kernel (Numba's
+``kind_lattice`` on CPU, Triton's ``_topo_lattice_kernel`` on CUDA) or by
+:mod:`rnnt_lattice.reference` (``backend=``). Two small autograd Functions carry the
+gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and
+``e``) and the normaliser's (``_JointMass``: the masses and the entries read, with one
+in-place gradient buffer per input); the float64 glue between them is plain autograd.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _backends
 from . import topology as _topology
 from ._validate import check_boundary, check_float, check_reduction
 from .analysis.coverage import best_window_starts
@@ -196,49 +200,128 @@ def _check_lengths(logit_lengths, target_lengths, T, U, t_src, u_src):
 # ---------------------------------------------------------------------------------------
 
 def _row_stats(x: torch.Tensor, keep: torch.Tensor):
-    """For rows ``x (B, N, V)``: ``(x_safe, shift, bad)``. ``x_safe`` is ``x`` with the rows
-    outside ``keep (B, N)`` (padding) and the rows holding a NaN or ``+inf`` zeroed, so that
-    no NaN reaches the matmul or its backward (the matmul mixes rows over V only, but its
-    backward mixes every t with every u of a sequence); ``shift (B, N)`` the detached row
-    max, 0 where it is not finite (a row of only ``-inf`` then gives ``exp = 0``: a dead
-    row, lse ``-inf``); ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1:
-    their lse is NaN)."""
+    """For rows ``x (B, N, V)``: ``(ok, shift, bad)``. ``ok (B, N)`` marks the rows inside
+    ``keep`` (the others are padding) that hold no NaN or ``+inf``: only those reach the
+    matmul (it mixes rows over V only, but its backward mixes every t with every u of a
+    sequence, so a NaN must not enter it); ``shift (B, N)`` the row max, 0 where it is not
+    finite (a row of only ``-inf`` then gives ``exp = 0``: a dead row, lse ``-inf``);
+    ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1: their lse is NaN)."""
     row_max = x.detach().amax(-1)                                           # V >= 1
     bad = keep & (torch.isnan(row_max) | (row_max == float("inf")))
-    x_safe = torch.where((keep & ~bad)[..., None], x, 0.0)
-    shift = torch.where(keep & ~bad & (row_max != NEG_INF), row_max, 0.0)
-    return x_safe, shift, bad
+    ok = keep & ~bad
+    shift = torch.where(ok & (row_max != NEG_INF), row_max, 0.0)
+    return ok, shift, bad
 
 
-def _simple_terms(lm, am, targets, blank, frames, positions):
+class _JointMass(torch.autograd.Function):
+    """The simple joiner's normaliser sums and the entries its arcs read, with a hand-written
+    backward that makes one gradient buffer per input and updates it in place.
+
+    Forward, with ``ea = exp(am - am_shift)`` on the rows ``am_ok`` (0 on the others) and
+    ``el`` likewise::
+
+        mass  (B, T, U+1) = ea @ el^T                 (the joint mass of node (t, u))
+        am_uni (B, T)     = ea @ uni                  (smoothed loss only; else empty)
+        am_cols = am[b, t, am_idx[b, t, j]],  lm_cols = lm[b, u, lm_idx[b, u, j]]  (0 off ok)
+
+    Backward (``d ea / d am = ea``)::
+
+        d am = ea * (g_mass @ el + g_am_uni uni^T) + scatter(am_idx, g_am_cols),  0 off ok
+        d lm = el * (g_mass^T @ ea)                + scatter(lm_idx, g_lm_cols),  0 off ok
+        d uni = g_am_uni^T ea
+
+    against autograd's chain of where, sub, exp, matmul and gather, each with its own
+    buffer of the inputs' size in the backward."""
+
+    @staticmethod
+    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni):
+        ea = torch.where(am_ok[..., None], am, NEG_INF).sub_(am_shift[..., None]).exp_()   # (B, T, V)
+        el = torch.where(lm_ok[..., None], lm, NEG_INF).sub_(lm_shift[..., None]).exp_()   # (B, U+1, V)
+        mass = torch.bmm(ea, el.transpose(1, 2))                                         # (B, T, U+1)
+        am_uni = torch.matmul(ea, uni) if uni is not None else ea.new_empty(0)          # (B, T)
+        am_cols = torch.gather(am, 2, am_idx).masked_fill_(~am_ok[..., None], 0.0)
+        lm_cols = torch.gather(lm, 2, lm_idx).masked_fill_(~lm_ok[..., None], 0.0)
+        ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni)
+        if uni is None:
+            ctx.mark_non_differentiable(am_uni)
+        return mass, am_uni, am_cols, lm_cols
+
+    @staticmethod
+    def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols):
+        ea, el, am_ok, lm_ok, am_idx, lm_idx, uni = ctx.saved_tensors
+        B, T, V = ea.shape
+        grad_am = grad_lm = grad_uni = None
+        if g_mass is None:
+            g_mass = ea.new_zeros(B, T, el.shape[1])
+        g_mass = g_mass.to(ea.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_am = torch.bmm(g_mass, el)                                              # (B, T, V)
+            if uni is not None and g_am_uni is not None:
+                grad_am.view(-1, V).addr_(g_am_uni.to(ea.dtype).reshape(-1), uni)
+            grad_am.mul_(ea)
+            if g_am_cols is not None:
+                grad_am.scatter_add_(2, am_idx, g_am_cols.to(ea.dtype))
+            grad_am.masked_fill_(~am_ok[..., None], 0.0)
+        if ctx.needs_input_grad[1]:
+            grad_lm = torch.bmm(g_mass.transpose(1, 2), ea).mul_(el)                    # (B, U+1, V)
+            if g_lm_cols is not None:
+                grad_lm.scatter_add_(2, lm_idx, g_lm_cols.to(el.dtype))
+            grad_lm.masked_fill_(~lm_ok[..., None], 0.0)
+        if uni is not None and g_am_uni is not None and ctx.needs_input_grad[8]:
+            grad_uni = torch.matmul(g_am_uni.to(ea.dtype).reshape(1, -1), ea.view(-1, V))[0]
+        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni
+
+
+def _unigram(lm: torch.Tensor) -> torch.Tensor:
+    """k2's unigram ``(V,)``: the mean over every row of lm, padding included, of its
+    softmax, plus ``tiny``."""
+    return torch.softmax(lm, -1).mean((0, 1)) + torch.finfo(lm.dtype).tiny
+
+
+def _simple_terms(lm, am, targets, blank, frames, positions, smooth: bool):
     """The simple joiner's ``(lse, b, e, parts)``: ``lse, b, e`` ``(B, T, U+1)`` in the
     lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable w.r.t. ``am`` and ``lm``;
-    ``parts = (am_safe, lm_safe, am_shift, exp(am_safe - am_shift))`` for the smoothed
-    terms. ``frames (B, T)`` / ``positions (B, U+1)``: the rows read (the others are padding)."""
+    ``parts`` what the smoothed terms need (:func:`_smoothed`). ``frames (B, T)`` /
+    ``positions (B, U+1)``: the rows read (the others are padding)."""
     B, T, V = am.shape
     U1 = lm.shape[1]
+    U = U1 - 1
     ldt = lattice_dtype(am.device)
-    am_s, am_shift, am_bad = _row_stats(am, frames)                         # (B, T, V), (B, T)
-    lm_s, lm_shift, lm_bad = _row_stats(lm, positions)                      # (B, U+1, V), (B, U+1)
-    ea = torch.exp(am_s - am_shift[..., None])                              # (B, T, V)
-    el = torch.exp(lm_s - lm_shift[..., None])                              # (B, U+1, V)
-    mm = torch.matmul(ea, el.transpose(1, 2)).to(ldt)                       # (B, T, U+1)
-    pos = mm > 0                                   # 0: the row's mass underflowed or is dead
-    lse = torch.log(torch.where(pos, mm, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
+    am_ok, am_shift, am_bad = _row_stats(am, frames)                        # (B, T)
+    lm_ok, lm_shift, lm_bad = _row_stats(lm, positions)                     # (B, U+1)
+    # The entries the arcs read: classes [blank, y_0 .. y_{U-1}] of every am row, [blank,
+    # y_u] of lm row u (y_U: a placeholder, never used).
+    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
+    cols = torch.nn.functional.pad(safe_targets, (1, 0), value=blank)       # (B, U+1)
+    am_idx = cols[:, None, :].expand(B, T, U1)
+    lm_idx = torch.stack((cols.new_full((B, U1), blank), cols.roll(-1, 1)), -1)   # (B, U+1, 2)
+    x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
+    uni = _unigram(x).to(am.dtype) if smooth else None
+    mass, am_uni, am_cols, lm_cols = _JointMass.apply(am, lm, am_ok, lm_ok, am_shift, lm_shift,
+                                                      am_idx, lm_idx, uni)
+    mass = mass.to(ldt)
+    pos = mass > 0                                 # 0: the row's mass underflowed or is dead
+    lse = torch.log(torch.where(pos, mass, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
     lse = torch.where(pos, lse, NEG_INF)
     bad = am_bad[:, :, None] | lm_bad[:, None, :]
     lse = torch.where(bad, float("nan"), lse)                               # (B, T, U+1)
 
-    am_blank = am_s[..., blank].to(ldt)                                     # (B, T)
-    lm_blank = lm_s[..., blank].to(ldt)                                     # (B, U+1)
-    safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
-    U = U1 - 1
-    am_label = torch.gather(am_s, 2, safe_targets[:, None, :].expand(B, T, U)).to(ldt)   # (B, T, U)
-    lm_label = torch.gather(lm_s[:, :U], 2, safe_targets[..., None]).squeeze(-1).to(ldt)  # (B, U)
-    b = _read(am_blank[:, :, None] + lm_blank[:, None, :], lse)
-    e = _read(am_label + lm_label[:, None, :], lse[..., :U])
+    am_cols, lm_cols = am_cols.to(ldt), lm_cols.to(ldt)
+    reads = _Reads(am_cols[..., 0], am_cols[..., 1:], lm_cols[..., 0], lm_cols[:, :U, 1])
+    b = _read(reads.am_blank[:, :, None] + reads.lm_blank[:, None, :], lse)
+    e = _read(reads.am_label + reads.lm_label[:, None, :], lse[..., :U])
     e = torch.nn.functional.pad(e, (0, 1), value=NEG_INF)                  # no label arc at u = U
-    return lse, b, e, (am_s, lm_s, am_shift, ea)
+    return lse, b, e, (am_ok, lm_ok, am_shift, am_uni, uni, reads)
+
+
+@dataclass(frozen=True)
+class _Reads:
+    """The input entries the arcs read (lattice dtype): ``am_blank (B, T)``, ``am_label
+    (B, T, U)`` = am(t, y_u), ``lm_blank (B, U+1)``, ``lm_label (B, U)`` = lm(u, y_u)."""
+    am_blank: torch.Tensor
+    am_label: torch.Tensor
+    lm_blank: torch.Tensor
+    lm_label: torch.Tensor
 
 
 def _read(entry, lse):
@@ -268,25 +351,61 @@ def _kind_log_probs(b, e, topo, ends: Ends):
 # The recursion as an autograd Function of the arc weights
 # ---------------------------------------------------------------------------------------
 
+def _reference_lattice(w, topo, ends):
+    lat = lattice_generic(w, topo, ends)
+    return lat.log_like, lat.gamma
+
+
+def _lattice_of_weights(backend: str, device: torch.device):
+    """The function ``(w, topo, ends) -> (log_like, gamma)`` of ``backend`` on ``device``
+    (``_backends.resolve``: ``"auto"`` is the Numba kernel on CPU, the Triton one on CUDA):
+    ``lattice_of_weights`` of ``cpu`` / ``gpu``, or the vectorised reference."""
+    impl = _backends.resolve(backend, device)
+    return getattr(impl, "lattice_of_weights", _reference_lattice)
+
+
 class _LatticeNLL(torch.autograd.Function):
-    """``-log P (B,)`` of arc weights ``w (B, K, T, U+1)`` (``-inf`` off the arcs), and the
-    per-kind occupations ``gamma`` (not differentiable). Backward: ``d(-log P)/dw = -gamma``
-    times the upstream gradient, exactly 0 where the upstream is 0 (a select, math.md 8.1)
-    and for sequences without a path (their gamma is 0); NaN sequences get NaN."""
+    """``-log P (B,)`` of the lattice whose arcs read the blank / label log-probs ``b, e``
+    ``(B, T, U+1)``, and the per-kind occupations ``gamma (B, K, T, U+1)`` (not
+    differentiable). The arc weights ``w`` (:func:`_kind_log_probs`, ``arc_weights``: the
+    delay penalty, ``-inf`` off the arcs) are built here without a graph and run through
+    ``lattice`` (one of :func:`_lattice_of_weights`).
+
+    Backward: ``d(-log P)/dw_k = -gamma_k`` times the upstream gradient, exactly 0 where the
+    upstream is 0 (a select, math.md 8.1) and for sequences without a path (their gamma is
+    0); NaN sequences get NaN. Each kind's weight is its class's log-prob (plus a constant),
+    plus ``b(t, u+1)`` for ``plus_next_blank``, so
+
+        d/db(t,u) = sum_{k reads blank} G_k(t,u) + sum_{k plus_next_blank} G_k(t,u-1)
+        d/de(t,u) = sum_{k reads label} G_k(t,u),       G_k = d(-log P)/dw_k,
+
+    one pass over ``gamma`` instead of autograd through the masks and the stack."""
 
     @staticmethod
-    def forward(ctx, w, topo, ends):
-        lat = lattice_generic(w.detach(), topo, ends)
-        ctx.save_for_backward(lat.gamma)
-        ctx.mark_non_differentiable(lat.gamma)
-        return -lat.log_like, lat.gamma
+    def forward(ctx, b, e, topo, ends, delay_penalty, lattice):
+        with torch.no_grad():
+            w = arc_weights(_kind_log_probs(b, e, topo, ends), topo, ends, 0.0, delay_penalty)
+            log_like, gamma = lattice(w, topo, ends)
+        ctx.topo = topo
+        ctx.save_for_backward(gamma)
+        ctx.mark_non_differentiable(gamma)
+        return -log_like, gamma
 
     @staticmethod
     def backward(ctx, grad_costs, _grad_gamma):
         (gamma,) = ctx.saved_tensors
-        up = grad_costs.to(gamma.dtype)[:, None, None, None]
-        grad = torch.where(up == 0, 0.0, -gamma * up)
-        return grad, None, None
+        up = grad_costs.to(gamma.dtype)[:, None, None]
+        grad_b = torch.zeros_like(gamma[:, 0])
+        grad_e = torch.zeros_like(gamma[:, 0])
+        for k, kind in enumerate(ctx.topo.kinds):
+            g = torch.where(up == 0, 0.0, -gamma[:, k] * up)                 # (B, T, U+1)
+            if kind.reads == "blank":
+                grad_b += g
+            else:
+                grad_e += g
+            if kind.plus_next_blank:
+                grad_b[..., 1:] += g[..., :-1]                               # it read b(t, u+1)
+        return grad_b, grad_e, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,6 +426,7 @@ def rnnt_loss_simple(
     reduction: str = "mean",
     zero_infinity: bool = False,
     return_occupations: bool = False,
+    backend: str = "auto",
 ):
     r"""RNN-T loss of the simple joiner ``logits(t,u,v) = am(t,v) + lm(u,v)`` (k2's
     ``rnnt_loss_simple``), without ever building the ``(B, T, U+1, V)`` logits.
@@ -364,6 +484,10 @@ def rnnt_loss_simple(
             :func:`rnnt_lattice.rnnt_loss`.
         zero_infinity: infinite losses (no path) and their gradients become 0.
         return_occupations: also return the arc occupations (what :func:`prune_ranges` reads).
+        backend: which kernel runs the lattice recursion (the arc log-probs are always
+            PyTorch): ``"auto"`` (Numba on CPU, Triton on CUDA, PyTorch elsewhere),
+            ``"numba"``, ``"triton"`` or ``"torch"`` (the vectorised reference), as
+            :func:`rnnt_lattice.rnnt_loss`.
 
     Returns:
         The loss (the input dtype; float32 for half inputs), or with
@@ -377,7 +501,7 @@ def rnnt_loss_simple(
     """
     return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                         delay_penalty, boundary, reduction, zero_infinity, return_occupations,
-                        smooth=None)
+                        backend, smooth=None)
 
 
 def rnnt_loss_smoothed(
@@ -396,6 +520,7 @@ def rnnt_loss_smoothed(
     reduction: str = "mean",
     zero_infinity: bool = False,
     return_occupations: bool = False,
+    backend: str = "auto",
 ):
     r"""k2's ``rnnt_loss_smoothed``: the simple loss with its arc log-probs interpolated,
     log-linearly, with LM-only and AM-only log-probs (variants.md A)::
@@ -425,28 +550,26 @@ def rnnt_loss_smoothed(
     s_am = check_float("am_only_scale", am_only_scale, finite=True)
     return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                         delay_penalty, boundary, reduction, zero_infinity, return_occupations,
-                        smooth=(s_lm, s_am))
+                        backend, smooth=(s_lm, s_am))
 
 
-def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
+def _smoothed(b, e, lm, parts, targets, blank, s_lm, s_am, lse_dtype):
     """Interpolated ``(b', e')`` (see :func:`rnnt_loss_smoothed`)."""
-    am_s, lm_s, am_shift, ea = am_terms
-    B, T, V = am_s.shape
-    U = lm.shape[1] - 1
-    x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
-    tiny = torch.finfo(x.dtype).tiny
-    # The unigram over every row of lm, padding included (k2).
-    uni = torch.softmax(x, -1).mean((0, 1)) + tiny                               # (V,)
-    am_only_norm = torch.log(torch.matmul(ea, uni.to(ea.dtype)).to(lse_dtype)) + am_shift.to(lse_dtype)   # (B, T)
+    am_ok, lm_ok, am_shift, am_uni, uni, reads = parts
+    B, T, U = reads.am_label.shape
+    V = lm.shape[2]
+    lm_s = torch.where(lm_ok[..., None], lm, 0.0)                                # (B, U+1, V)
+    # Rows off am_ok have no mass (ea = 0 there): log 1 instead of log 0, whose backward
+    # would put 0/0 into uni's gradient (their arcs are off the lattice or NaN anyway).
+    am_uni = torch.where(am_ok, am_uni, 1.0)
+    am_only_norm = torch.log(am_uni.to(lse_dtype)) + am_shift.to(lse_dtype)      # (B, T)
     log_uni = torch.log(uni).to(lse_dtype)
     lm_only_norm = torch.logsumexp(lm_s, -1).to(lse_dtype)                      # (B, U+1)
     safe_targets = targets.clamp(0, V - 1)
-    am_label = torch.gather(am_s, 2, safe_targets[:, None, :].expand(B, T, U)).to(lse_dtype)   # (B, T, U)
-    lm_label = torch.gather(lm_s[:, :U], 2, safe_targets[..., None]).squeeze(-1).to(lse_dtype)  # (B, U)
-    b_lm = lm_s[..., blank].to(lse_dtype) - lm_only_norm                         # (B, U+1)
-    e_lm = lm_label - lm_only_norm[:, :U]                                        # (B, U)
-    b_am = am_s[..., blank].to(lse_dtype) + log_uni[blank] - am_only_norm        # (B, T)
-    e_am = am_label + log_uni[safe_targets][:, None, :] - am_only_norm[..., None]   # (B, T, U)
+    b_lm = reads.lm_blank - lm_only_norm                                         # (B, U+1)
+    e_lm = reads.lm_label - lm_only_norm[:, :U]                                  # (B, U)
+    b_am = reads.am_blank + log_uni[blank] - am_only_norm                        # (B, T)
+    e_am = reads.am_label + log_uni[safe_targets][:, None, :] - am_only_norm[..., None]   # (B, T, U)
     combined = 1.0 - s_lm - s_am
     s_lm = s_lm if s_lm != 0.0 else 1e-20          # k2: 0 * -inf would be NaN
     s_am = s_am if s_am != 0.0 else 1e-20
@@ -457,8 +580,10 @@ def _smoothed(b, e, lm, am_terms, targets, blank, s_lm, s_am, lse_dtype):
 
 
 def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
-                 delay_penalty, boundary, reduction, zero_infinity, return_occupations, smooth):
+                 delay_penalty, boundary, reduction, zero_infinity, return_occupations, backend,
+                 smooth):
     check_reduction(reduction)
+    _backends.check_name(backend)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
     targets, logit_lengths, target_lengths, blank = _check_simple_args(
         lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type)
@@ -477,12 +602,11 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     frames = (t >= ends.t0[:, None]) & (t < ends.t1[:, None])                # (B, T) rows read
     positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
 
-    lse, b, e, am_terms = _simple_terms(lm, am, targets, blank, frames, positions)
+    lse, b, e, parts = _simple_terms(lm, am, targets, blank, frames, positions, smooth is not None)
     if smooth is not None:
-        b, e = _smoothed(b, e, lm, am_terms, targets, blank, smooth[0], smooth[1], lse.dtype)
-    lp = _kind_log_probs(b, e, topo, ends)
-    w = arc_weights(lp, topo, ends, 0.0, delay_penalty)
-    costs, gamma = _LatticeNLL.apply(w, topo, ends)
+        b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
+    costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty,
+                                     _lattice_of_weights(backend, am.device))
     costs = costs.to(out_dtype)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
@@ -653,9 +777,14 @@ def _k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, regular: bool):
     ``py_grad[b, u, t] = gamma_blank[b, t, u]``, ``px_grad[b, u, t] = gamma_label[b, t, u]``."""
     B, T, U1 = gamma_blank.shape
     n = U1 - R + 1                                                   # candidate starts
-    cum = torch.nn.functional.pad(gamma_blank.cumsum(-1), (1, 0))   # (B, T, U+2)
-    starts = torch.arange(n, device=gamma_blank.device)
-    blk_sum = cum[..., starts + R] - cum[..., starts]                # (B, T, n) window sums
+    # Window sums added up term by term in k2's order (its sum over a strided window axis
+    # adds k = 0, 1, ... in turn), so that float32 occupations give k2's very sums: a
+    # difference of cumulative sums would cancel (the windows that hold a frame's mass
+    # differ by edges of ~1e-9 against sums of ~0.5), and a reduction over the innermost
+    # axis may add in another order.
+    blk_sum = gamma_blank[..., :n].clone()                            # (B, T, n)
+    for k in range(1, R):
+        blk_sum += gamma_blank[..., k:k + n]
     label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s - 1), 0 at s = 0
     s_begin = torch.argmax(blk_sum - label_in, -1)                   # (B, T), first max
     t = torch.arange(T, device=gamma_blank.device)[None, :]
@@ -741,6 +870,10 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
             raise ValueError(f"ranges must lie in [0, U] = [0, {U1 - 1}] for lm {_shape(lm)}, "
                              f"got values in [{lo}, {hi}]")
     am_pruned = am.unsqueeze(2).expand(B, T, R, am.shape[2])
-    lm_pruned = torch.gather(lm.unsqueeze(1).expand(B, T, U1, Dl), 2,
-                             ranges[..., None].expand(B, T, R, Dl))
-    return am_pruned, lm_pruned
+    # Whole rows of lm, by index_select on (B (U+1), Dl): its backward is an index_add of
+    # rows into an lm-sized buffer. (A gather from lm expanded over T would allocate
+    # (B, T, U+1, Dl) in its backward; fast_rnnt 1.3's gather along lm's label axis reads one
+    # index per element: 4x slower backward, 1.3x slower forward at B=4, T=150, R=5, V=5000.)
+    rows = (ranges + torch.arange(B, device=ranges.device)[:, None, None] * U1).reshape(-1)
+    lm_pruned = lm.reshape(B * U1, Dl).index_select(0, rows)
+    return am_pruned, lm_pruned.view(B, T, R, Dl)

@@ -1,9 +1,11 @@
 """Validate -> pick a backend, shared by the lattice tools (the loss's own preparation), and
-the choice of lattice: the regular topology through a backend's kernels, anything else
-through the reference's generic recursion (``reference.kind_log_probs`` / ``arc_weights``)."""
+the one lattice of every topology: the backend's ``kind_occupancy`` / ``kind_viterbi``
+(Numba, Triton: the loss's kernels, per-kind occupations and max-plus pointers), or the
+reference's generic recursion for the pure-PyTorch backend (``reference.kind_log_probs``,
+``arc_weights``, ``lattice_generic``, ``sweep_alpha``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,25 +46,24 @@ def resolve_topology(rnnt_type: str, topology) -> Topology | None:
 
 @dataclass(frozen=True)
 class Request:
-    """One analysis call after validation: the topology (never None), whether the regular
-    kernels compute it, the checked tensors and the backend module."""
+    """One analysis call after validation: the topology (never None), the checked tensors,
+    the backend module and the lattice options (``opts.blank`` resolved for the topology)."""
 
     topo: Topology
-    kernel: bool
     chk: object
     impl: object
-    fused: bool
-    sigma: float
-    delay_penalty: float
+    opts: LossOptions
     boundary: torch.Tensor | None
+
+    @property
+    def fused(self) -> bool:
+        return self.opts.fused
 
 
 def request(logits, targets, logit_lengths, target_lengths, blank, fused, backend, rnnt_type,
             topology, sigma, delay_penalty, boundary) -> Request:
-    """Validate an analysis call. The plain regular lattice (no sigma, delay penalty or
-    boundary) goes to the backend's kernels; any other lattice to the reference's generic
-    recursion, whichever backend is named (the loss kernels compute no per-kind
-    occupations or max-plus pointers yet)."""
+    """Validate an analysis call and pick the backend as the loss does (every backend
+    computes every topology, per-arc term and boundary)."""
     topo = resolve_topology(rnnt_type, topology)
     sigma = check_float("sigma", sigma, finite=True)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
@@ -71,17 +72,14 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     n_tokens = None
     if topo is not None and topo.n_durations and isinstance(x, torch.Tensor) and x.dim() == 4:
         n_tokens = topo.token_classes(x.shape[-1])
-    kernel = opts.regular and boundary is None
-    if kernel:
-        impl, chk = _backends.prepare(x, targets, logit_lengths, target_lengths, blank, backend)
-    else:
-        impl, chk = _backends.prepare(x, targets, logit_lengths, target_lengths, blank, backend,
-                                      opts=opts, boundary=boundary, n_tokens=n_tokens)
+    impl, chk = _backends.prepare(x, targets, logit_lengths, target_lengths, blank, backend,
+                                  opts=opts, boundary=boundary, n_tokens=n_tokens)
     topo = topo if topo is not None else regular()
-    topo.check(chk.logits.shape[-1], chk.blank)
+    blank = topo.check(chk.logits.shape[-1], chk.blank)
     boundary = check_boundary(boundary, chk.logits.shape[0], chk.logits.device, chk.logit_lengths,
                               chk.target_lengths)
-    return Request(topo, kernel, chk, impl, bool(fused), sigma, delay_penalty, boundary)
+    opts = replace(opts, blank=blank, topology=topo)
+    return Request(topo, chk, impl, opts, boundary)
 
 
 def generic_weights(req: Request):
@@ -92,7 +90,50 @@ def generic_weights(req: Request):
     ends = Ends.of(chk.logit_lengths, chk.target_lengths, req.boundary)
     if req.boundary is not None:
         ends.check(chk.logits.shape[1], chk.logits.shape[2])   # one device sync, as the loss
-    _, _, lp = kind_log_probs(chk.logits, chk.targets, req.topo, chk.blank, req.fused, ends)
-    w = arc_weights(lp.to(lattice_dtype(chk.logits.device)), req.topo, ends, req.sigma,
-                    req.delay_penalty)
+    _, _, lp = kind_log_probs(chk.logits, chk.targets, req.topo, req.opts.blank, req.fused, ends)
+    w = arc_weights(lp.to(lattice_dtype(chk.logits.device)), req.topo, ends, req.opts.sigma,
+                    req.opts.delay_penalty)
     return w, ends
+
+
+def kind_field(topo: Topology, name: str, device) -> torch.Tensor:
+    """``(K,)`` int64 on ``device``: field ``name`` (``"dt"``, ``"du"``) of every kind,
+    written entry by entry (a fill each), not built from a Python list: that would be a
+    host-to-device copy, which synchronises a CUDA device."""
+    out = torch.empty(len(topo.kinds), dtype=torch.int64, device=device)
+    for k, kind in enumerate(topo.kinds):
+        out[k].fill_(getattr(kind, name))
+    return out
+
+
+def _kernel_args(req: Request):
+    chk = req.chk
+    return (chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths, req.opts, req.boundary)
+
+
+def lattice(req: Request):
+    """The :class:`rnnt_lattice.reference.GenericLattice` of the request: alpha, beta
+    ``(B, T+1, U+1)``, log P ``(B,)``, per-kind occupations ``gamma (B, K, T, U+1)``."""
+    with torch.no_grad():
+        if hasattr(req.impl, "kind_occupancy"):
+            return req.impl.kind_occupancy(*_kernel_args(req))
+        from ..reference import lattice_generic
+        w, ends = generic_weights(req)
+        return lattice_generic(w, req.topo, ends)
+
+
+def viterbi(req: Request):
+    """The max-plus sweep of the request: ``(alpha_max, best_kind, log_prob)``, node tensors
+    ``(B, T+1, U+1)`` (``best_kind`` int8: the kind of the best arc into each node, -1 where
+    none), ``log_prob (B,)`` the best complete path's score (-inf without one, NaN for NaN
+    logits on the lattice)."""
+    with torch.no_grad():
+        if hasattr(req.impl, "kind_viterbi"):
+            return req.impl.kind_viterbi(*_kernel_args(req))
+        from ..reference import sweep_alpha
+        w, ends = generic_weights(req)
+        alpha_max, best_kind = sweep_alpha(w, req.topo, ends, max_plus=True)
+        bidx = torch.arange(w.shape[0], device=w.device)
+        log_prob = torch.where(ends.t1 > ends.t0, alpha_max[bidx, ends.t1, ends.u1], float("-inf"))
+        nan_seq = torch.isnan(w).flatten(1).any(1)        # NaN logits on the lattice
+        return alpha_max, best_kind, torch.where(nan_seq, float("nan"), log_prob)

@@ -1,5 +1,8 @@
-"""The best (Viterbi) alignment: the loss's recursion in the max-plus semiring, then one
-backtracking pass written once, in torch, for every backend."""
+"""The best (Viterbi) alignment: the loss's recursion in the max-plus semiring, which also
+records the best arc kind into every node (the backend's ``kind_viterbi``: Numba, Triton;
+the reference's ``sweep_alpha(max_plus=True)`` for the pure-PyTorch backend), then one
+backtracking pass over those pointers, written once, in torch, for every backend and
+topology."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,8 +11,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..reference import Ends
 from ..topology import Topology, regular
-from ._common import generic_weights, request
+from ._common import kind_field, request, viterbi
 
 NEG_INF = float("-inf")
 
@@ -80,8 +84,8 @@ class Alignment:
 
     @property
     def arc_durations(self) -> torch.Tensor:
-        dt = torch.tensor([k.dt for k in self.topology.kinds] + [-1], device=self.arc_kinds.device)
-        return dt[self.arc_kinds]          # index -1 picks the trailing -1
+        dt = kind_field(self.topology, "dt", self.arc_kinds.device)
+        return torch.where(self.arc_kinds >= 0, dt[self.arc_kinds.clamp(min=0)], -1)
 
     @cached_property
     def frame_labels(self) -> list:
@@ -157,8 +161,7 @@ def backtrack_arcs(best_kind, topo: Topology, ends, log_prob):
     dev = best_kind.device
     L = T + U
     bidx = torch.arange(B, device=dev)
-    dts = torch.tensor([k.dt for k in topo.kinds], device=dev)
-    dus = torch.tensor([k.du for k in topo.kinds], device=dev)
+    dts, dus = kind_field(topo, "dt", dev), kind_field(topo, "du", dev)
     t, u = ends.t1.to(dev).clone(), ends.u1.to(dev).clone()
     t0, u0 = ends.t0.to(dev), ends.u0.to(dev)
     ok = (log_prob > NEG_INF) & (ends.t1.to(dev) > t0)
@@ -189,56 +192,6 @@ def backtrack_arcs(best_kind, topo: Topology, ends, log_prob):
     return arc_t, arc_u, arc_k, n, emit[:, :U], dur[:, :U]
 
 
-def backtrack(alpha_max, lpb, lpl, logit_lengths, target_lengths):
-    """Best path from max-plus alpha, vectorised over the batch.
-
-    Starting at ``(T_b-1, U_b)`` (the final blank is the last arc), each step moves to the
-    predecessor that achieved the max in
-
-        alpha_max(t,u) = max(alpha_max(t-1,u) + b(t-1,u), alpha_max(t,u-1) + e(t,u-1))
-
-    Tie rule: an exact tie goes to the blank predecessor ``(t-1,u)``, i.e. the label is
-    placed at the earlier frame (on equal scores the earliest emission wins).
-
-    Args:
-        alpha_max, lpb, lpl: ``(B, T, U+1)`` from a backend's ``viterbi``.
-        logit_lengths, target_lengths: ``(B,)`` int64.
-
-    Returns:
-        ``(emit_frames (B, U) int64, log_prob (B,))``.
-    """
-    B, T, U1 = alpha_max.shape
-    dev = alpha_max.device
-    bidx = torch.arange(B, device=dev)
-    Tl, Ul = logit_lengths.to(dev), target_lengths.to(dev)
-    emit = torch.full((B, max(U1 - 1, 0)), -1, dtype=torch.int64, device=dev)
-    if B == 0 or T == 0:
-        return emit, torch.full((B,), NEG_INF, dtype=alpha_max.dtype, device=dev)
-    t = (Tl - 1).clamp(min=0)
-    u = Ul.clone()
-    log_prob = alpha_max[bidx, t, u] + lpb[bidx, t, u]
-    log_prob = torch.where(Tl > 0, log_prob, NEG_INF)
-    ok = log_prob > NEG_INF                              # False for -inf and NaN
-    log_prob = torch.where(torch.isnan(log_prob) | ok, log_prob, NEG_INF)
-    # Every path has T_b - 1 + U_b arcs before the final blank; the padded sizes bound that
-    # without reading the lengths on the host (no device synchronisation). Finished
-    # sequences stand still.
-    for _ in range(T - 1 + U1 - 1):
-        active = ok & ((t > 0) | (u > 0))
-        tm1, um1 = (t - 1).clamp(min=0), (u - 1).clamp(min=0)
-        from_blank = torch.where(t > 0, alpha_max[bidx, tm1, u] + lpb[bidx, tm1, u], NEG_INF)
-        from_label = torch.where(u > 0, alpha_max[bidx, t, um1] + lpl[bidx, t, um1], NEG_INF)
-        take_label = active & (u > 0) & ((t == 0) | (from_label > from_blank))
-        take_blank = active & ~take_label
-        if U1 > 1:
-            # label y[u-1] is emitted at frame t
-            col = um1.clamp(max=U1 - 2)
-            emit[bidx, col] = torch.where(take_label, t, emit[bidx, col])
-        u = torch.where(take_label, um1, u)
-        t = torch.where(take_blank, tm1, t)
-    return emit, log_prob
-
-
 def best_alignment(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -266,11 +219,10 @@ def best_alignment(
     e(t,u-1))``, ``log_prob = alpha_max(T_b-1,U_b) + b(T_b-1,U_b)``).
 
     The lattice is chosen as in :func:`rnnt_lattice.occupancy` (``rnnt_type`` or
-    ``topology=``, ``sigma``, ``delay_penalty``, ``boundary``). The plain regular lattice
-    runs on the backend's ``viterbi`` and :func:`backtrack` (ties: the blank predecessor,
-    the earliest emission); any other on the reference's max-plus sweep and
-    :func:`backtrack_arcs` (ties: the kind listed first in ``topology.kinds`` -- for the
-    regular kinds the same rule).
+    ``topology=``, ``sigma``, ``delay_penalty``, ``boundary``). Every lattice runs on the
+    backend's max-plus sweep, which keeps the kind of the best arc into each node, and
+    :func:`backtrack_arcs` follows those pointers from the end node (ties: the kind listed
+    first in ``topology.kinds``; regular: the blank predecessor, the earliest emission).
 
     Example::
 
@@ -300,23 +252,9 @@ def best_alignment(
     req = request(logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax,
                   backend, rnnt_type, topology, sigma, delay_penalty, boundary)
     chk = req.chk
-    if req.kernel:
-        with torch.no_grad():
-            alpha_max, lpb, lpl = req.impl.viterbi(chk.logits, chk.targets, chk.logit_lengths,
-                                                   chk.target_lengths, chk.blank, req.fused)
-            emit, log_prob = backtrack(alpha_max, lpb, lpl, chk.logit_lengths, chk.target_lengths)
-            arcs = _regular_arcs(emit, chk.logit_lengths, chk.target_lengths,
-                                 log_prob > NEG_INF, alpha_max.shape[1])
-        return Alignment(emit, log_prob, chk.logit_lengths, chk.target_lengths, chk.targets,
-                         *arcs, topology=req.topo)
-    from ..reference import sweep_alpha
+    _, best_kind, log_prob = viterbi(req)
+    ends = Ends.of(chk.logit_lengths, chk.target_lengths, req.boundary)
     with torch.no_grad():
-        w, ends = generic_weights(req)
-        alpha_max, best_kind = sweep_alpha(w, req.topo, ends, max_plus=True)
-        bidx = torch.arange(w.shape[0], device=w.device)
-        log_prob = torch.where(ends.t1 > ends.t0, alpha_max[bidx, ends.t1, ends.u1], NEG_INF)
-        nan_seq = torch.isnan(w).flatten(1).any(1)        # NaN logits on the lattice
-        log_prob = torch.where(nan_seq, float("nan"), log_prob)
         arc_t, arc_u, arc_k, n, emit, dur = backtrack_arcs(best_kind, req.topo, ends, log_prob)
     return Alignment(emit, log_prob, chk.logit_lengths, chk.target_lengths, chk.targets,
                      arc_t, arc_u, arc_k, n, dur, topology=req.topo)

@@ -1,14 +1,15 @@
 """Node and arc occupation probabilities of a transducer lattice (math.md sections 3 and 9),
-for every topology of ``rnnt_lattice.topology``."""
+for every topology of ``rnnt_lattice.topology``, computed by the backend's kernels (the
+loss's forward-backward pass: ``kind_occupancy`` of the Numba and Triton backends; the
+reference's ``lattice_generic`` for the pure-PyTorch one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
 
-from ..reference import node_mask
 from ..topology import Topology, regular
-from ._common import generic_weights, request
+from ._common import lattice, request
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,9 @@ def occupancy(
     ``[tokens | durations]`` as :func:`rnnt_lattice.tdt_loss`;
     ``topology.multiblank(blank_id, big_blank_durations)`` as
     :func:`rnnt_lattice.multiblank_rnnt_loss`), not both. ``sigma`` (subtracted per arc),
-    ``delay_penalty`` and ``boundary`` as the losses. The plain regular lattice runs on
-    ``backend``'s kernels; any other lattice on the reference's generic recursion
-    (``backend="auto"`` falls back to it with a one-time warning, ``"torch"`` is silent, a
-    kernel backend named explicitly raises ValueError).
+    ``delay_penalty`` and ``boundary`` as the losses. Every lattice runs on ``backend``'s
+    kernels: the row and lattice passes of the loss, then one pass for the per-kind
+    occupations (Numba, Triton; ``"torch"``: the reference's generic recursion).
 
     Example::
 
@@ -125,27 +125,23 @@ def occupancy(
     """
     req = request(logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax,
                   backend, rnnt_type, topology, sigma, delay_penalty, boundary)
-    chk = req.chk
-    if req.kernel:
-        with torch.no_grad():
-            lat = req.impl.compute_lattice(chk.logits, chk.targets, chk.logit_lengths,
-                                           chk.target_lengths, chk.blank, req.fused)
-        # Padding is zero in every backend already; the mask makes it a contract of this layer.
-        B, T, U1 = lat.gamma_blank.shape
-        nodes = node_mask(chk.logit_lengths, chk.target_lengths, T, U1)
-        gb = torch.where(nodes, lat.gamma_blank, 0.0)
-        gl = torch.where(nodes, lat.gamma_label, 0.0)
-        return Occupancy(node=gb + gl, gamma_blank=gb, gamma_label=gl, log_likelihood=lat.log_like,
-                         logit_lengths=chk.logit_lengths, target_lengths=chk.target_lengths,
-                         topology=req.topo)
-    from ..reference import lattice_generic
-    with torch.no_grad():
-        w, ends = generic_weights(req)
-        lat = lattice_generic(w, req.topo, ends)
+    lat = lattice(req)
     gamma = lat.gamma
-    du = torch.tensor([k.du for k in req.topo.kinds], device=gamma.device)[None, :, None, None]
-    gb = torch.where(du == 0, gamma, 0.0).sum(1)
-    gl = torch.where(du == 1, gamma, 0.0).sum(1)
-    return Occupancy(node=gamma.sum(1), gamma_blank=gb, gamma_label=gl,
+    # Sums over the kinds of each group, one add per kind (K is small; a reduction over
+    # the kind axis would stride through the tensor).
+    gb, gl = (_sum_kinds(gamma, [k for k, kind in enumerate(req.topo.kinds) if kind.du == du])
+              for du in (0, 1))
+    chk = req.chk
+    return Occupancy(node=gb + gl, gamma_blank=gb, gamma_label=gl,
                      log_likelihood=lat.log_like, logit_lengths=chk.logit_lengths,
                      target_lengths=chk.target_lengths, gamma=gamma, topology=req.topo)
+
+
+def _sum_kinds(gamma: torch.Tensor, kinds: list) -> torch.Tensor:
+    """``sum_{k in kinds} gamma[:, k]``, ``(B, T, U+1)`` (zeros for no kind)."""
+    if not kinds:
+        return torch.zeros_like(gamma[:, 0])
+    out = gamma[:, kinds[0]].clone()
+    for k in kinds[1:]:
+        out += gamma[:, k]
+    return out

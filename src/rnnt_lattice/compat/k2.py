@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .. import functional, pruned
-from ..reference import Ends, arc_weights, kind_log_probs, lattice_dtype, lattice_generic
+from ..reference import Ends, arc_weights, kind_log_probs, lattice_dtype
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "get_rnnt_prune_ranges",
            "do_rnnt_pruning", "rnnt_loss_pruned"]
@@ -82,7 +82,7 @@ def _occupations(logits, symbols, termination_symbol, boundary, rnnt_type, delay
         _, _, lp = kind_log_probs(logits, symbols.to(torch.int64), topo, blank, True, ends,
                                   node_rows=node_rows)
         w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, 0.0, delay_penalty)
-        gamma = lattice_generic(w, topo, ends).gamma
+        _, gamma = pruned._lattice_of_weights("auto", w.device)(w, topo, ends)
         return gamma[:, 0], gamma[:, 1]
 
 
@@ -121,7 +121,7 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     out = pruned.rnnt_loss_simple(lm, am, symbols, ll, tl, blank=termination_symbol,
                                   rnnt_type=rnnt_type, delay_penalty=delay_penalty,
                                   boundary=boundary, reduction=reduction,
-                                  return_occupations=return_grad)
+                                  return_occupations=return_grad, backend="auto")
     if not return_grad:
         return out
     loss, occ = out
@@ -140,7 +140,7 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
                                     lm_only_scale=lm_only_scale, am_only_scale=am_only_scale,
                                     rnnt_type=rnnt_type, delay_penalty=delay_penalty,
                                     boundary=boundary, reduction=reduction,
-                                    return_occupations=return_grad)
+                                    return_occupations=return_grad, backend="auto")
     if not return_grad:
         return out
     loss, occ = out

@@ -14,6 +14,9 @@ The same three passes for any topology (``kind_row_pass``, ``kind_lattice``,
 ``kind_grad_rows``, section "any topology" below) are driven by a table of arc kinds and
 read logits rows ``(N, V)`` through a node -> row map (padded, packed or pruned layouts);
 the regular kernels above are kept for the plain regular loss (see ``cpu/__init__``).
+``kind_viterbi`` is ``kind_lattice``'s alpha sweep in the max-plus semiring (the same arc
+rule, ``_alpha_source``), recording the best incoming kind of every node for the
+alignment's backtrack.
 
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
 vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).
@@ -915,9 +918,8 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                 else:
                     n = 0
                     for k in range(K):
-                        st = t - kinds[DT, k]
-                        su = u - kinds[DU, k]
-                        if st >= t0 and su >= u0 and st < t1:
+                        st, su, ok = _alpha_source(kinds, k, t, u, t0, u0, t1)
+                        if ok:
                             terms[n] = alpha[b, st, su] + w[b, k, st, su]
                             n += 1
                     alpha[b, t, u] = _lse_terms(terms, n)
@@ -960,6 +962,66 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                 g_row = gamma[b, k, t, u0:u0 + n]
                 for u in range(n):
                     g_row[u] = exp_nonpos(a_row[u] + w_row[u] + n_row[u] - ll)
+
+
+@njit(**JIT)
+def _alpha_source(kinds, k, t, u, t0, u0, t1):
+    """``(st, su, ok)``: the source node of kind k's arc into node (t, u), and whether it
+    is a region node (``t0 <= st < t1``, ``su >= u0``). The one rule of the alpha sweep in
+    both semirings (``kind_lattice``: lae, ``kind_viterbi``: max); ``w`` is -inf off the
+    arcs, so landing need not be checked."""
+    st = t - kinds[DT, k]
+    su = u - kinds[DU, k]
+    return st, su, st >= t0 and su >= u0 and st < t1
+
+
+@pjit
+def kind_viterbi(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, best_kind, log_prob):
+    """The alpha sweep of ``kind_lattice`` in the max-plus semiring, recording the best
+    arc into each node, one sequence per thread (math.md 9; ``reference.sweep_alpha`` with
+    ``max_plus=True``):
+
+        alpha(t0, u0) = 0,  alpha(t,u) = max_k  alpha(t - dt_k, u - du_k) + w_k(t - dt_k, u - du_k)
+        best_kind(t,u) = the k attaining the max (the first kind on an exact tie)
+        log_prob = alpha(t1, u1)
+
+    so that the best path is read back by following ``best_kind`` from the end node
+    (``analysis.alignment.backtrack_arcs``). Outputs: alpha (B, T+1, U+1) float64 filled
+    with -inf on entry, best_kind (B, T+1, U+1) int8 filled with -1 on entry (only each
+    sequence's nodes are written; -1 also at the start node and where no finite path
+    arrives); log_prob (B,): -inf without a path or frame, NaN when an arc weight of the
+    sequence is NaN (``nan_row``, as ``kind_lattice``'s log P)."""
+    B, K, T, U1 = w.shape
+    for b in prange(B):
+        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+        if t1 <= t0:                                  # no frame, no path
+            log_prob[b] = NEG_INF
+            continue
+        alpha[b, t0, u0] = 0.0
+        for t in range(t0, t1 + 1):
+            for u in range(u0, u1 + 1):
+                if t == t0 and u == u0:
+                    continue
+                # Strictly greater replaces (the first kind wins a tie); NaN propagates
+                # into the value and never wins the pointer, as in the reference.
+                val = NEG_INF
+                arg = -1
+                for k in range(K):
+                    st, su, ok = _alpha_source(kinds, k, t, u, t0, u0, t1)
+                    if ok:
+                        x = alpha[b, st, su] + w[b, k, st, su]
+                        if x > val:
+                            val = x
+                            arg = k
+                        elif x != x:
+                            val = x
+                alpha[b, t, u] = val
+                best_kind[b, t, u] = arg if val > NEG_INF else -1
+        lp = alpha[b, t1, u1]
+        for t in range(t0, t1):
+            if nan_row[b, t] != 0:
+                lp = np.nan
+        log_prob[b] = lp
 
 
 @njit(**JIT)

@@ -26,6 +26,11 @@ log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank l
 that k2's constrained label arcs add) besides the logits; the backward pass writes the
 gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
 
+The lattice tools (``kind_occupancy``, ``kind_viterbi``; the regular ``compute_lattice``,
+``viterbi``) run the loss's row and lattice passes, then the occupation kernel, or the
+lattice pass in the max-plus semiring with the best incoming kind of every node: one
+recursion for the losses and the tools, with the same no-synchronisation guarantee.
+
 Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
 map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
 
@@ -46,10 +51,12 @@ import triton
 import triton.language as tl
 
 from .._types import Lattice, LossOptions
+from ..reference import GenericLattice, node_mask
 from ..topology import Topology, regular
 from . import kernels
 
-__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi"]
+__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "kind_occupancy",
+           "kind_viterbi"]
 
 # The kernels read float16/bfloat16 logits and int32 ids/lengths directly: the public layer
 # need not convert them (each conversion would be a launch of its own).
@@ -57,14 +64,14 @@ NATIVE_LOW_PRECISION = True
 NATIVE_INT32_IDS = True
 
 # Decorated as interpreted functions iff TRITON_INTERPRET=1 was set at import.
-INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
+INTERPRETED = not isinstance(kernels._topo_row_kernel, triton.runtime.JITFunction)
 
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
 BLOCK_V = 1024     # chunk of the vocabulary per step of the row and gradient passes
 ROW_TILE = 4096    # logits per program and step of the V passes: ROWS = ROW_TILE // BLOCK_V
                # nodes per program, so a small V still gives each program enough bytes
-BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel
+BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 NUM_WARPS_LATTICE = 4
 
 LATTICE_DTYPE = torch.float64
@@ -115,60 +122,7 @@ def _device(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-# --------------------------------------------------------------------------- state
-@dataclass
-class _State:
-    """The float64 lattice state of a batch: views of one workspace allocation."""
-    lse: torch.Tensor        # (B, T, U+1)
-    lpb: torch.Tensor        # (B, T, U+1)
-    lpl: torch.Tensor        # (B, T, U+1)
-    alpha: torch.Tensor      # (B, T, U+1), unwritten off the lattice unless filled
-    beta: torch.Tensor       # (B, T, U+1), idem
-    log_like: torch.Tensor   # (B,)
-    workspace: torch.Tensor  # the allocation behind all of them
-
-    @classmethod
-    def new(cls, B: int, T: int, U1: int, device, fill_padding: bool = False) -> "_State":
-        ws = torch.empty(5 * B * T * U1 + B, dtype=LATTICE_DTYPE, device=device)
-        if fill_padding:
-            ws.fill_(float("-inf"))              # alpha/beta of padding, for users to see
-        return cls.of(ws, B, T, U1)
-
-    @classmethod
-    def of(cls, ws: torch.Tensor, B: int, T: int, U1: int) -> "_State":
-        n = 5 * B * T * U1                       # few Python-level ops: this is host time
-        return cls(*ws[:n].view(5, B, T, U1).unbind(0), ws[n:], ws)
-
-
 # --------------------------------------------------------------------------- passes
-def _forward(logits, targets, logit_lengths, target_lengths, blank: int, fused: bool, *,
-             beta: bool, max_semiring: bool = False, fill_padding: bool = False):
-    """Passes 1-2: ``(state, costs)``; costs ``(B,)`` = -log P in the costs' dtype."""
-    B, T, U1, V = logits.shape
-    st = _State.new(B, T, U1, logits.device, fill_padding)
-    costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
-    n_nodes = B * T * U1
-    with _device(logits):
-        if n_nodes:
-            rows, block_v, num_warps = _tiles(V, logits.element_size())
-            kernels._row_kernel[(triton.cdiv(n_nodes, rows),)](
-                logits, _nonempty(targets, logit_lengths), logit_lengths, target_lengths,
-                st.lse, st.lpb, st.lpl,
-                n_nodes, T, U1, V, blank,
-                FUSED=fused, ACC=_acc(logits.dtype), ROWS=rows, BLOCK_V=block_v,
-                num_warps=num_warps)
-        if B:
-            # T = 0: the kernel writes log P = -inf and cost +inf without touching a node.
-            kernels._lattice_kernel[(B, 2 if beta else 1)](
-                st.lpb, st.lpl, logit_lengths, target_lengths,
-                st.alpha, st.beta, st.log_like, costs, T, U1,
-                MAX_SEMIRING=max_semiring, BLOCK_U=_pow2(U1, BLOCK_U),
-                # num_stages=1: no software pipelining, so no load is issued ahead of the
-                # barrier that makes the previous diagonal visible.
-                num_warps=NUM_WARPS_LATTICE, num_stages=1)
-    return st, costs
-
-
 _INT_IDS = (torch.int32, torch.int64)
 
 
@@ -260,15 +214,31 @@ def _or(x, other):
     return x if x is not None and x.numel() else other
 
 
+def _terms(opts: LossOptions, kinds: dict) -> dict:
+    """The per-arc term flags of the lattice kernels (compile-time: off costs nothing)."""
+    return dict(SIGMA=opts.sigma != 0.0,
+                DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]))
+
+
 def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
-                  boundary, node_rows, beta: bool):
-    """Passes 1-2 of any topology: ``(state, costs)``; costs ``(B,)`` = -log P."""
+                  boundary, node_rows, beta: bool, best_kind=None, fill_nodes: bool = False):
+    """Passes 1-2 of any topology: ``(state, costs)``; costs ``(B,)`` = -log P.
+
+    ``best_kind``: a ``(B, T+1, U+1)`` int8 tensor filled with -1 switches the lattice
+    pass to the max-plus semiring (alpha alone, the best path's score as log P) and
+    receives the best incoming kind of every node. ``fill_nodes``: alpha and beta are -inf
+    off each sequence's nodes, for the lattice tools to hand out (the loss never reads
+    them there)."""
     topo = opts.topology or _REGULAR
     kinds = _kinds(topo)
     B, T, U1, V = _shape(logits, node_rows)
     n_dur = topo.n_durations
     has_next = any(kinds["NEXT"])
     st = _TopoState.new(B, T, U1, kinds["K"], n_dur > 0, has_next, logits.device)
+    if fill_nodes:
+        st.alpha.fill_(float("-inf"))
+        if beta:
+            st.beta.fill_(float("-inf"))
     costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
     ids = _nonempty(targets, logit_lengths)
     flags = dict(BOUNDARY=boundary is not None)
@@ -290,11 +260,10 @@ def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOpti
             kernels._topo_lattice_kernel[(B, 2 if beta else 1)](
                 st.lp, _or(st.lpblank, st.lse), logit_lengths, target_lengths,
                 _or(boundary, logit_lengths),
-                st.alpha, st.beta, st.log_like, costs, T, U1,
+                st.alpha, st.beta, st.log_like, costs, _or(best_kind, logit_lengths), T, U1,
                 *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
-                **{k: kinds[k] for k in _LATTICE_KINDS},
-                SIGMA=opts.sigma != 0.0, DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]),
-                MAX_SEMIRING=False, BLOCK_U=_pow2(U1, BLOCK_U), **flags,
+                **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
+                MAX_SEMIRING=best_kind is not None, BLOCK_U=_pow2(U1, BLOCK_U), **flags,
                 # num_stages=1: no load is issued ahead of the barrier that makes the
                 # earlier diagonals visible.
                 num_warps=NUM_WARPS_LATTICE, num_stages=1)
@@ -322,8 +291,7 @@ def _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st: _Top
             n_nodes, T, U1, V - n_dur, opts.blank, upstream.stride(0),
             *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
             *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
-            **kinds, N_DUR=n_dur, HAS_NEXT=any(kinds["NEXT"]),
-            SIGMA=opts.sigma != 0.0, DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]),
+            **kinds, N_DUR=n_dur, HAS_NEXT=any(kinds["NEXT"]), **_terms(opts, kinds),
             FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
             NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype), ROWS=rows,
             BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), num_warps=num_warps)
@@ -382,33 +350,132 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
                           upstream, boundary=boundary, node_rows=node_rows)
 
 
-def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
-    """The float64 lattice (alpha, beta, occupations) without any gradient work; -inf off
-    the lattice."""
+# --------------------------------------------------------------------------- lattice tools
+def _tool_args(logits, targets, logit_lengths, target_lengths, boundary):
+    """``_prepare``, and the boundary as the kernels read it (int64, contiguous)."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
+    boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
+    return logits, targets, logit_lengths, target_lengths, boundary
+
+
+def kind_occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+                   boundary=None) -> GenericLattice:
+    """The lattice of any topology (``opts``: topology, blank, fused, sigma, delay
+    penalty; k2 ``boundary``) without gradient work: the loss's row and lattice passes,
+    then ``_topo_gamma_kernel``. A :class:`rnnt_lattice.reference.GenericLattice` as
+    ``reference.lattice_generic`` returns it, float64: alpha, beta ``(B, T+1, U+1)``
+    (-inf off each sequence's nodes), log P ``(B,)``, per-kind occupations ``gamma
+    (B, K, T, U+1)`` (0 off the arcs). No host synchronisation."""
+    logits, targets, logit_lengths, target_lengths, boundary = _tool_args(
+        logits, targets, logit_lengths, target_lengths, boundary)
     with torch.no_grad():
-        st, _ = _forward(logits, targets, logit_lengths, target_lengths, blank, fused,
-                         beta=True, fill_padding=True)
-        B, T, U1 = st.alpha.shape
-        gammas = torch.empty((2, B, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
+        st, _ = _topo_forward(logits, targets, logit_lengths, target_lengths, opts,
+                              boundary=boundary, node_rows=None, beta=True, fill_nodes=True)
+        kinds = _kinds(opts.topology or _REGULAR)
+        B, K, T, U1 = st.lp.shape
+        gamma = torch.empty((B, K, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
         n_nodes = B * T * U1
         if n_nodes:
             block = _pow2(n_nodes, BLOCK_NODES)
             with _device(logits):
-                kernels._gamma_kernel[(triton.cdiv(n_nodes, block),)](
-                    st.alpha, st.beta, st.lpb, st.lpl, st.log_like, logit_lengths,
-                    target_lengths, gammas[0], gammas[1], n_nodes, T, U1, BLOCK=block)
-        return Lattice(st.alpha, st.beta, st.log_like, gammas[0], gammas[1])
+                kernels._topo_gamma_kernel[(triton.cdiv(n_nodes, block),)](
+                    st.lp, _or(st.lpblank, st.lse), logit_lengths, target_lengths,
+                    _or(boundary, logit_lengths), st.alpha, st.beta, st.log_like, gamma,
+                    n_nodes, T, U1, *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
+                    **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
+                    BOUNDARY=boundary is not None, BLOCK=block)
+        return GenericLattice(st.alpha, st.beta, st.log_like, gamma)
+
+
+def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
+    """The max-plus lattice pass: ``(state, best_kind)``."""
+    logits, targets, logit_lengths, target_lengths, boundary = _tool_args(
+        logits, targets, logit_lengths, target_lengths, boundary)
+    B, T, U1, _ = logits.shape
+    best_kind = torch.full((B, T + 1, U1), -1, dtype=torch.int8, device=logits.device)
+    with torch.no_grad():
+        st, _ = _topo_forward(logits, targets, logit_lengths, target_lengths, opts,
+                              boundary=boundary, node_rows=None, beta=False,
+                              best_kind=best_kind, fill_nodes=True)
+    return st, best_kind
+
+
+def kind_viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+                 boundary=None):
+    """Max-plus sweep of any topology (``_topo_lattice_kernel`` with ``MAX_SEMIRING``):
+    ``(alpha_max, best_kind, log_prob)`` as ``reference.viterbi_generic`` returns them:
+    ``(B, T+1, U+1)`` float64 and int8 (the kind of the best arc into each node, -1
+    where none), and ``(B,)`` the best complete path's score (-inf without one, NaN for a
+    NaN arc weight). ``analysis.alignment.backtrack_arcs`` follows the pointers. No host
+    synchronisation."""
+    st, best_kind = _viterbi_state(logits, targets, logit_lengths, target_lengths, opts, boundary)
+    return st.alpha, best_kind, st.log_like
+
+
+def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
+    """The regular lattice (alpha, beta, occupations), float64, without any gradient work:
+    ``kind_occupancy`` of the regular topology (kinds blank, label) on the frames
+    ``t < T``; -inf off the lattice."""
+    lat = kind_occupancy(logits, targets, logit_lengths, target_lengths, LossOptions(blank, fused))
+    B, K, T, U1 = lat.gamma.shape
+    # The end node (T_b, U_b) of the generic grid is no node of the regular lattice.
+    nodes = node_mask(logit_lengths, target_lengths, T, U1)
+    alpha, beta = (torch.where(nodes, x[:, :T], float("-inf")) for x in (lat.alpha, lat.beta))
+    return Lattice(alpha, beta, lat.log_like, lat.gamma[:, 0], lat.gamma[:, 1])
 
 
 def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
-    """``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` float64: alpha in the max-plus
-    semiring (the same wavefront kernel as the loss, ``MAX_SEMIRING=True``) and the arc
-    log-probs b, e; -inf off the lattice."""
-    logits, targets, logit_lengths, target_lengths = _prepare(
-        logits, targets, logit_lengths, target_lengths)
-    with torch.no_grad():
-        st, _ = _forward(logits, targets, logit_lengths, target_lengths, blank, fused,
-                         beta=False, max_semiring=True, fill_padding=True)
-        return st.alpha, st.lpb, st.lpl
+    """``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` float64: the regular alpha in the
+    max-plus semiring (``kind_viterbi``'s sweep) and the arc log-probs b, e of the row
+    pass; -inf off the lattice."""
+    st, _ = _viterbi_state(logits, targets, logit_lengths, target_lengths,
+                           LossOptions(blank, fused), None)
+    B, K, T, U1 = st.lp.shape
+    alpha = torch.where(node_mask(logit_lengths, target_lengths, T, U1), st.alpha[:, :T],
+                        float("-inf"))
+    return alpha, st.lp[:, 0], st.lp[:, 1]
+
+
+# --------------------------------------------------------------------------- arc weights
+def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
+    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice_generic``
+    computes them: alpha and beta on ``kernels._topo_lattice_kernel``, which reads ``w`` as
+    its per-kind log-probs (the kinds' ``plus_next_blank``, sigma and delay terms switched
+    off: ``w`` holds them already), and the occupations
+
+        gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + dt_k, u + du_k) - log P)
+
+    in PyTorch, on the arcs only (0 for a sequence without a path, NaN for a NaN one: the
+    kernel flags a NaN on any arc). For the simple/smoothed losses of ``rnnt_lattice.pruned``."""
+    from ..reference import arc_mask
+    check_device(w)
+    B, K, T, U1 = w.shape
+    x = w.to(LATTICE_DTYPE).contiguous()
+    off = (False,) * K
+    kinds = dict(_kinds(topo), NEXT=off, DELAY=off)
+    # The kernel reads each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
+    corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()
+    alpha = torch.full((B, T + 1, U1), float("-inf"), dtype=LATTICE_DTYPE, device=w.device)
+    beta = torch.full_like(alpha, float("-inf"))
+    log_like = torch.empty((B,), dtype=LATTICE_DTYPE, device=w.device)
+    costs = torch.empty_like(log_like)
+    if B:
+        with _device(w):
+            kernels._topo_lattice_kernel[(B, 2)](
+                x, x, corners, corners, corners, alpha, beta, log_like, costs,
+                corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
+                *_f64_parts(0.0), *_f64_parts(0.0),
+                **{k: kinds[k] for k in _LATTICE_KINDS},
+                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_pow2(U1, BLOCK_U),
+                BOUNDARY=True, num_warps=NUM_WARPS_LATTICE, num_stages=1)
+    dt_max = max(k.dt for k in topo.kinds)
+    du_max = max(k.du for k in topo.kinds)
+    beta_pad = torch.nn.functional.pad(beta, (0, du_max, 0, dt_max), value=float("-inf"))
+    beta_land = torch.stack([beta_pad[:, k.dt:k.dt + T, k.du:k.du + U1] for k in topo.kinds], 1)
+    possible = (log_like != float("-inf"))[:, None, None, None]
+    ll = torch.where(possible, log_like[:, None, None, None], 0.0)
+    gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
+                        torch.exp(alpha[:, None, :T] + x + beta_land - ll), 0.0)
+    return log_like, gamma

@@ -19,9 +19,12 @@ given as compile-time constant tuples (section "any topology" below):
    reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
    and the upstream gradient fused.
 
-The lattice tools of the regular topology (``compute_lattice``, ``viterbi``) use the
-earlier regular-only kernels ``_row_kernel``, ``_lattice_kernel`` (whose ``MAX_SEMIRING``
-switches the sweep to max-plus) and ``_gamma_kernel``.
+The lattice tools (``occupancy``, ``best_alignment``; the backend's ``kind_occupancy``,
+``kind_viterbi``, and the regular ``compute_lattice``, ``viterbi``) run the same passes 1-2:
+``_topo_lattice_kernel`` with ``MAX_SEMIRING`` is the Viterbi sweep, which also records
+the best incoming arc kind of every node (so a backtrack only follows pointers), and
+``_topo_gamma_kernel`` writes the per-kind occupations with the gradient pass's formula
+(``_arc_occupation``). One recursion, for the losses and the tools.
 
 Precision. The lattice — ``lse``, ``b``, ``e``, alpha, beta, ``log P`` and the occupations
 — is float64 for every input dtype, as on the CPU: it is O(B*T*(U+1)) work against the
@@ -39,7 +42,7 @@ grid sizes come from tensor shapes only, and options are plain kernel arguments.
 Padding (``t >= T_b`` or ``u > U_b``) is never loaded: every load of logits is masked by
 the node's validity, so NaN-poisoned padding cannot leak into a result, and its gradient
 is written as exactly 0. Lattice cells of padding are never read either, so the loss path
-leaves alpha/beta of padding unwritten (``compute_lattice`` fills them with -inf).
+leaves alpha/beta of padding unwritten (the lattice tools fill them with -inf).
 """
 from __future__ import annotations
 
@@ -92,209 +95,6 @@ def _node_coords(node, T, U1):
     t = (node // U1) % T
     b = node // (U1 * T)
     return b, t, u
-
-
-@triton.jit
-def _occupations(alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, node, t, u, T_b, U_b, log_like, U1, ok):
-    """Arc occupations of math.md section 3 at ``node`` (scalars or vectors), float64;
-    0 where ``ok`` is false (padding, impossible sequences) and where the arc does not
-    exist; NaN for every arc of a NaN sequence (log P = NaN).
-
-        gamma_blank(t,u) = exp(alpha(t,u) + b(t,u) + beta(t+1,u) - log P)
-        gamma_label(t,u) = exp(alpha(t,u) + e(t,u) + beta(t,u+1) - log P)
-
-    with ``beta(T_b, U_b) = 0`` past the final blank and ``-inf`` for any other missing cell.
-    """
-    a = tl.load(alpha_ptr + node, mask=ok, other=NEG_INF)
-    lb = tl.load(lpb_ptr + node, mask=ok, other=NEG_INF)
-    le = tl.load(lpl_ptr + node, mask=ok, other=NEG_INF)
-    last_t = t == T_b - 1
-    nb = tl.load(beta_ptr + node + U1, mask=ok & (t < T_b - 1), other=NEG_INF)
-    nb = tl.where(last_t & (u == U_b), 0.0, nb)
-    ne = tl.load(beta_ptr + node + 1, mask=ok & (u < U_b), other=NEG_INF)
-    ll = tl.where(ok, log_like, 0.0)
-    # Only real blank arcs: (T_b-1, u < U_b) has none (its b is read but never used, so a
-    # NaN there must not reach an occupation; math.md 8.1).
-    has_blank = ok & ((t < T_b - 1) | (u == U_b))
-    gamma_blank = tl.where(has_blank, tl.exp(a + lb + nb - ll), 0.0)
-    gamma_label = tl.where(ok & (u < U_b), tl.exp(a + le + ne - ll), 0.0)
-    return gamma_blank, gamma_label
-
-
-# --------------------------------------------------------------------------- pass 1
-@triton.jit
-def _row_kernel(
-    # data ptrs
-    logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
-    lse_ptr, lpb_ptr, lpl_ptr,
-    # shapes
-    n_nodes, T, U1, V, blank,
-    # flags
-    FUSED: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    """lse, b, e of ``ROWS`` nodes (math.md section 1). Outputs ``(B, T, U+1)`` float64:
-    padding gets ``lse = 0`` and ``b = e = -inf``; a row whose logits are all -inf (every
-    class masked) has ``lse = -inf`` and no arc leaving it; a NaN (either sign) or a +inf
-    in a row makes its ``lse``, ``b`` and ``e`` NaN (math.md 8.1): either one turns the
-    row's exp sum into NaN, whatever the running max does with it.
-
-    Per chunk of ``BLOCK_V`` classes: the chunk max ``c``, the new running max
-    ``m' = max(m, c)``, and ``s' = s * exp(m - m') + sum_v exp(x_v - m')`` — one exp per
-    element (the rescaling is one exp per row and chunk). ``s`` is float64; the chunk's own
-    sum is an ACC tree reduction. A row whose max is still -inf shifts by 0 instead, so that
-    ``-inf - -inf`` never appears.
-    """
-    # int64: node * V overflows int32 past 2**31 logits.
-    node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS]
-    inside = node < n_nodes
-    b, t, u = _node_coords(node, T, U1)
-    T_b = tl.load(logit_lengths_ptr + b, mask=inside, other=0)
-    U_b = tl.load(target_lengths_ptr + b, mask=inside, other=0)
-    valid = inside & (t < T_b) & (u <= U_b)
-    has_label = valid & (u < U_b)
-    row = node * V
-    if FUSED:
-        # Padding rows are not read at all: their chunk limit is 0.
-        v_end = tl.where(valid, V, 0)
-        offs = tl.arange(0, BLOCK_V)
-        m = tl.full([ROWS], NEG_INF, ACC)
-        s = tl.zeros([ROWS], tl.float64)
-        for v0 in range(0, V, BLOCK_V):
-            v = v0 + offs
-            x = tl.load(logits_ptr + row[:, None] + v[None, :],
-                        mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
-            m_new = tl.maximum(m, tl.max(x, axis=1))
-            shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-            chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
-            # m = -inf: exp(-inf - shift) = 0 rescales the empty sum; NaN stays NaN.
-            s = s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
-            m = m_new
-        shift = tl.where(m == NEG_INF, 0.0, m)
-        lse = shift.to(tl.float64) + tl.log(s)                  # -inf if all masked
-    else:
-        lse = tl.zeros([ROWS], tl.float64)                       # log-prob mode: rows are normalised
-    live = valid & (lse != NEG_INF)                              # NaN rows stay live: NaN flows on
-    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=0)
-    x_blank = tl.load(logits_ptr + row + blank, mask=live, other=0.0).to(tl.float64)
-    x_label = tl.load(logits_ptr + row + y, mask=live & has_label, other=0.0).to(tl.float64)
-    if not FUSED:
-        # A log-prob of +inf is impossible: it reads as NaN (math.md 8.1). Fused rows with a
-        # +inf already have lse = NaN (inf - inf in their sum).
-        x_blank = tl.where(x_blank == POS_INF, NAN, x_blank)
-        x_label = tl.where(x_label == POS_INF, NAN, x_label)
-    tl.store(lse_ptr + node, tl.where(valid, lse, 0.0), mask=inside)
-    tl.store(lpb_ptr + node, tl.where(live, x_blank - lse, NEG_INF), mask=inside)
-    tl.store(lpl_ptr + node, tl.where(live & has_label, x_label - lse, NEG_INF), mask=inside)
-
-
-# --------------------------------------------------------------------------- pass 2
-@triton.jit
-def _lattice_kernel(
-    # data ptrs
-    lpb_ptr, lpl_ptr, logit_lengths_ptr, target_lengths_ptr,
-    alpha_ptr, beta_ptr, log_like_ptr, costs_ptr,
-    # shapes
-    T, U1,
-    # flags
-    MAX_SEMIRING: tl.constexpr, BLOCK_U: tl.constexpr,
-):
-    """alpha (program ``(b, 0)``) or beta (program ``(b, 1)``) of sequence b, along
-    anti-diagonals (math.md 2), in float64:
-
-        alpha(0,0) = 0
-        alpha(t,u) = lae(alpha(t-1,u) + b(t-1,u), alpha(t,u-1) + e(t,u-1))      d = t+u = 1, 2, ...
-        log P      = alpha(T_b-1,U_b) + b(T_b-1,U_b)
-        beta(T_b-1,U_b) = b(T_b-1,U_b)
-        beta(t,u)  = lae(beta(t+1,u) + b(t,u), beta(t,u+1) + e(t,u))            d = T_b+U_b-2, ..., 0
-
-    Diagonal d holds the cells u in [max(0, d-T_b+1), min(d, U_b)], t = d - u; they are
-    independent of each other, so BLOCK_U lanes compute them a block at a time. The cells a
-    diagonal reads were written by other lanes of this program in the previous diagonal:
-    ``tl.debug_barrier()`` (a CTA barrier, which also orders global memory within the
-    program) separates the diagonals. Only the nodes of the lattice are written. The alpha
-    program also writes ``log P`` (float64, ``-inf`` without a path) and the cost
-    ``-log P`` in the costs' dtype (no separate negation launch). With ``MAX_SEMIRING``
-    lae becomes max (Viterbi). Launch with grid ``(B, 1)`` for alpha alone.
-    """
-    b = tl.program_id(0).to(tl.int64)
-    T_b = tl.load(logit_lengths_ptr + b)
-    U_b = tl.load(target_lengths_ptr + b)
-    base = b * T * U1
-    offs = tl.arange(0, BLOCK_U)
-    n_diag = tl.where(T_b > 0, T_b + U_b, 0)      # T_b = 0: no node, no path
-    final = base + (T_b - 1) * U1 + U_b
-    has_path = T_b > 0
-
-    if tl.program_id(1) == 0:
-        tl.store(alpha_ptr + base, tl.zeros([], tl.float64), mask=has_path)
-        tl.debug_barrier()
-        for d in range(1, n_diag):
-            u_lo = tl.maximum(d - T_b + 1, 0)
-            u_hi = tl.minimum(d, U_b)
-            for u0 in range(u_lo, u_hi + 1, BLOCK_U):
-                u = u0 + offs
-                t = d - u
-                on = u <= u_hi
-                node = base + t * U1 + u
-                blank_in = on & (t > 0)
-                label_in = on & (u > 0)
-                from_blank = (tl.load(alpha_ptr + node - U1, mask=blank_in, other=NEG_INF)
-                              + tl.load(lpb_ptr + node - U1, mask=blank_in, other=NEG_INF))
-                from_label = (tl.load(alpha_ptr + node - 1, mask=label_in, other=NEG_INF)
-                              + tl.load(lpl_ptr + node - 1, mask=label_in, other=NEG_INF))
-                tl.store(alpha_ptr + node, _combine(from_blank, from_label, MAX_SEMIRING), mask=on)
-            tl.debug_barrier()
-        log_like = (tl.load(alpha_ptr + final, mask=has_path, other=NEG_INF)
-                    + tl.load(lpb_ptr + final, mask=has_path, other=NEG_INF))
-        tl.store(log_like_ptr + b, log_like)
-        tl.store(costs_ptr + b, (-log_like).to(costs_ptr.dtype.element_ty))
-    else:
-        tl.store(beta_ptr + final, tl.load(lpb_ptr + final, mask=has_path, other=NEG_INF),
-                 mask=has_path)
-        tl.debug_barrier()
-        for i in range(0, n_diag - 1):
-            d = n_diag - 2 - i
-            u_lo = tl.maximum(d - T_b + 1, 0)
-            u_hi = tl.minimum(d, U_b)
-            for u0 in range(u_lo, u_hi + 1, BLOCK_U):
-                u = u0 + offs
-                t = d - u
-                on = u <= u_hi
-                node = base + t * U1 + u
-                # (T_b-1, U_b) lies on the last diagonal: here t = T_b-1 means u < U_b,
-                # whose blank leaves the lattice without ending the path.
-                blank_in = on & (t < T_b - 1)
-                label_in = on & (u < U_b)
-                to_blank = (tl.load(beta_ptr + node + U1, mask=blank_in, other=NEG_INF)
-                            + tl.load(lpb_ptr + node, mask=blank_in, other=NEG_INF))
-                to_label = (tl.load(beta_ptr + node + 1, mask=label_in, other=NEG_INF)
-                            + tl.load(lpl_ptr + node, mask=label_in, other=NEG_INF))
-                tl.store(beta_ptr + node, _combine(to_blank, to_label, MAX_SEMIRING), mask=on)
-            tl.debug_barrier()
-
-
-# --------------------------------------------------------------------------- pass 3
-@triton.jit
-def _gamma_kernel(
-    # data ptrs
-    alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, log_like_ptr, logit_lengths_ptr, target_lengths_ptr,
-    gamma_blank_ptr, gamma_label_ptr,
-    # shapes
-    n_nodes, T, U1,
-    BLOCK: tl.constexpr,
-):
-    """gamma_blank, gamma_label ``(B, T, U+1)`` float64 of BLOCK nodes (math.md section 3)."""
-    node = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = node < n_nodes
-    b, t, u = _node_coords(node, T, U1)
-    T_b = tl.load(logit_lengths_ptr + b, mask=inside, other=0)
-    U_b = tl.load(target_lengths_ptr + b, mask=inside, other=0)
-    log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
-    ok = inside & (t < T_b) & (u <= U_b) & (log_like != NEG_INF)
-    gamma_blank, gamma_label = _occupations(alpha_ptr, beta_ptr, lpb_ptr, lpl_ptr, node, t, u,
-                                            T_b, U_b, log_like, U1, ok)
-    tl.store(gamma_blank_ptr + node, gamma_blank, mask=inside)
-    tl.store(gamma_label_ptr + node, gamma_label, mask=inside)
 
 
 # =========================================================================== any topology
@@ -373,8 +173,14 @@ def _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalt
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
                BLOCK: tl.constexpr):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
-    chunks of BLOCK (one exp per element; ``_row_kernel``'s scheme): -inf for an all -inf
-    row, NaN for a row holding a NaN or +inf (math.md 8.1). Rows not ``live`` are not read."""
+    chunks of BLOCK: -inf for an all -inf row, NaN for a row holding a NaN or +inf (math.md
+    8.1: either one turns the row's exp sum into NaN, whatever the running max does with
+    it). Rows not ``live`` are not read.
+
+    Per chunk: the chunk max ``c``, the new running max ``m' = max(m, c)``, and ``s' = s *
+    exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element (the rescaling is one exp
+    per row and chunk). ``s`` is float64; the chunk's own sum is an ACC tree reduction. A
+    row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf`` never appears."""
     v_end = tl.where(live, n, 0)
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
@@ -489,7 +295,7 @@ def _topo_row_kernel(
 def _topo_lattice_kernel(
     # data ptrs
     lp_ptr, lpblank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
-    alpha_ptr, beta_ptr, log_like_ptr, costs_ptr,
+    alpha_ptr, beta_ptr, log_like_ptr, costs_ptr, best_kind_ptr,
     # shapes
     T, U1,
     # options: sigma and delay_penalty, each a float64 in three float32 parts
@@ -524,8 +330,12 @@ def _topo_lattice_kernel(
     NaN (math.md 8.1): a NaN weight on any arc makes log P NaN even when the arc lies on
     no complete path (alpha need not carry it to the end): the alpha program keeps a flag
     of the NaN arcs it combines. It writes ``log P`` (-inf without a path or frame) and the
-    cost ``-log P`` in the costs' dtype. ``MAX_SEMIRING``: max instead of lae. Launch with
-    grid ``(B, 1)`` for alpha alone."""
+    cost ``-log P`` in the costs' dtype. ``MAX_SEMIRING``: max instead of lae (the Viterbi
+    score, ``log P`` the best path's), and the alpha program also writes ``best_kind
+    (B, T+1, U+1)`` int8, the kind of the best arc into each node (the first kind on an
+    exact tie; -1 where no finite path arrives; the start node and nodes off the region
+    are not written), so that a backtrack only follows pointers. Launch with grid
+    ``(B, 1)`` for alpha alone."""
     b = tl.program_id(0).to(tl.int64)
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, b >= 0,
                            BOUNDARY)
@@ -551,6 +361,7 @@ def _topo_lattice_kernel(
                 t = d - u
                 on = u <= u_hi
                 acc = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                best = tl.full([BLOCK_U], -1, tl.int32)
                 for k in tl.static_range(K):
                     st = t - DT[k]
                     su = u - DU[k]
@@ -560,8 +371,15 @@ def _topo_lattice_kernel(
                                     delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
                     a = tl.load(alpha_ptr + base + st * U1 + su, mask=ok, other=NEG_INF)
                     nan_arcs = nan_arcs | (w != w).to(tl.int32)
+                    if MAX_SEMIRING:
+                        # Strictly greater replaces: the first kind wins a tie; a NaN never
+                        # wins (it only propagates into the value), as in the reference.
+                        best = tl.where(a + w > acc, k, best)
                     acc = _combine(acc, a + w, MAX_SEMIRING)
                 tl.store(alpha_ptr + base + t * U1 + u, acc, mask=on)
+                if MAX_SEMIRING:
+                    best = tl.where(acc > NEG_INF, best, -1)
+                    tl.store(best_kind_ptr + base + t * U1 + u, best.to(tl.int8), mask=on)
             tl.debug_barrier()
         log_like = tl.load(alpha_ptr + base + t1 * U1 + u1, mask=has_path, other=NEG_INF)
         log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, NAN, log_like)
@@ -589,6 +407,65 @@ def _topo_lattice_kernel(
                     acc = _combine(acc, w + nb, MAX_SEMIRING)
                 tl.store(beta_ptr + base + t * U1 + u, acc, mask=on)
             tl.debug_barrier()
+
+
+@triton.jit
+def _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1, T, U1, sigma,
+                    delay_penalty, K: tl.constexpr, k: tl.constexpr, DT: tl.constexpr,
+                    DU: tl.constexpr, NEXT: tl.constexpr, DELAY: tl.constexpr,
+                    END: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+    """Occupation of kind k's arc leaving ``(t, u)`` (math.md 9), float64, given ``a =
+    alpha(t, u)`` and ``ll = log P``:
+
+        gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + DT, u + DU) - log P)
+
+    0 where not ``keep`` (off the region, no path) or where the arc does not exist; NaN on
+    every arc of a NaN sequence (``ll`` NaN). The one formula of the gradient pass and the
+    occupation kernel."""
+    ok = keep & _lands(t + DT, u + DU, t1, u1, END)
+    w = _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
+                    K, k, NEXT, DELAY, SIGMA, DELAY_ON)
+    nb = tl.load(beta_ptr + (b * (T + 1) + t + DT) * U1 + u + DU, mask=ok, other=NEG_INF)
+    return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
+
+
+@triton.jit
+def _topo_gamma_kernel(
+    # data ptrs
+    lp_ptr, lpblank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    alpha_ptr, beta_ptr, log_like_ptr, gamma_ptr,
+    # shapes
+    n_nodes, T, U1,
+    # options: sigma and delay_penalty, each a float64 in three float32 parts
+    sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
+    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
+    DELAY: tl.constexpr, END: tl.constexpr,
+    # flags
+    SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per-kind occupations ``gamma (B, K, T, U+1)`` float64 of ``BLOCK`` nodes (the lattice
+    tools; ``reference.lattice_generic``), from the row pass's arc log-probs and the lattice
+    pass's alpha, beta and log P (``_arc_occupation``). Every entry is written: 0 off the
+    arcs and for sequences without a path, NaN on the arcs of a NaN sequence."""
+    node = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)    # [BLOCK], int64
+    inside = node < n_nodes
+    b, t, u = _node_coords(node, T, U1)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           BOUNDARY)
+    log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
+    keep = (inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+            & (log_like != NEG_INF))
+    ll = tl.where(keep, log_like, 0.0)
+    sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
+    delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
+    a = tl.load(alpha_ptr + (b * (T + 1) + t) * U1 + u, mask=keep, other=NEG_INF)
+    for k in tl.static_range(K):
+        gamma = _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1, T,
+                                U1, sigma, delay_penalty, K, k, DT[k], DU[k], NEXT[k], DELAY[k],
+                                END[k], SIGMA, DELAY_ON)
+        tl.store(gamma_ptr + ((b * K + k) * T + t) * U1 + u, gamma, mask=inside)
 
 
 # --------------------------------------------------------------------------- pass 3
@@ -667,11 +544,9 @@ def _topo_grad_kernel(
     didx = tl.arange(0, BLOCK_DUR)
     g_dur = tl.zeros([ROWS, BLOCK_DUR], tl.float64)
     for k in tl.static_range(K):
-        ok = keep & _lands(t + DT[k], u + DU[k], t1, u1, END[k])
-        w = _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
-                        K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
-        nb = tl.load(beta_ptr + (b * TP1 + t + DT[k]) * U1 + u + DU[k], mask=ok, other=NEG_INF)
-        gamma = tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
+        gamma = _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1, T,
+                                U1, sigma, delay_penalty, K, k, DT[k], DU[k], NEXT[k], DELAY[k],
+                                END[k], SIGMA, DELAY_ON)
         if FE[k]:
             sg = gamma * scale                 # FastEmit: this kind's class read x s
         else:
