@@ -51,6 +51,17 @@ def _applies(fn_name, opt):
     return True
 
 
+def _public_case(case, topo_name, opt):
+    """``(fn_name, extra, kw, (logits, targets, tl, ul, topo, blank))`` of a case, a topology
+    of PUBLIC and an option set of OPTIONS (its boundary made for the case's lengths)."""
+    fn_name, extra = PUBLIC[topo_name]
+    kw = dict(OPTIONS[opt])
+    *inputs, bnd = make_topo_inputs(case, topo_name, boundary=kw.pop("boundary", False))
+    if bnd is not None:
+        kw["boundary"] = bnd
+    return fn_name, extra, kw, tuple(inputs)
+
+
 def call(fn_name, logits, targets, tl, ul, blank, extra, **kw):
     fn = getattr(rnnt_lattice, fn_name)
     with warnings.catch_warnings():
@@ -71,12 +82,7 @@ def rel(got, want):
                                              if _applies(PUBLIC[t][0], o)])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_public_losses_match_enumeration(case, topo_name, opt):
-    fn_name, extra = PUBLIC[topo_name]
-    kw = dict(OPTIONS[opt])
-    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(
-        case, topo_name, boundary=kw.pop("boundary", False))
-    if bnd is not None:
-        kw["boundary"] = bnd
+    fn_name, extra, kw, (logits, targets, tl, ul, topo, blank) = _public_case(case, topo_name, opt)
     want_loss, want_grad = topology_batch_grad(logits, targets, tl, ul, topo, blank, True, **kw)
     leaf = logits.clone().requires_grad_()
     costs = call(fn_name, leaf, targets, tl, ul, blank, extra, **kw)
@@ -326,12 +332,7 @@ def test_packed_equals_padded(topo_name, opt, backend):
     """``packed=True`` on ``pack_logits`` of a ragged batch gives the padded batch's losses
     exactly (same recursion, same arithmetic) and its gradient rows, packed."""
     case = CASES[0]
-    fn_name, extra = PUBLIC[topo_name]
-    kw = dict(OPTIONS[opt])
-    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(
-        case, topo_name, boundary=kw.pop("boundary", False))
-    if bnd is not None:
-        kw["boundary"] = bnd
+    fn_name, extra, kw, (logits, targets, tl, ul, topo, blank) = _public_case(case, topo_name, opt)
     w = upstream_weights(case.B)
     padded = logits.clone().requires_grad_()
     want = call(fn_name, padded, targets, tl, ul, blank, extra, backend=backend, **kw)

@@ -116,16 +116,9 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     """fast_rnnt's ``rnnt_loss_simple``: ``lm`` ``(B, S+1, C)``, ``am`` ``(B, T, C)``; the
     joiner ``am + lm`` without building ``(B, T, S+1, C)``
     (:func:`rnnt_lattice.rnnt_loss_simple`)."""
-    B, T, _ = am.shape
-    ll, tl = _lengths(B, T, symbols.shape[1], am.device)
-    out = pruned.rnnt_loss_simple(lm, am, symbols, ll, tl, blank=termination_symbol,
-                                  rnnt_type=rnnt_type, delay_penalty=delay_penalty,
-                                  boundary=boundary, reduction=reduction,
-                                  return_occupations=return_grad, backend="auto")
-    if not return_grad:
-        return out
-    loss, occ = out
-    return _with_grad(loss, tuple(occ), rnnt_type, True)
+    return _simple_like(pruned.rnnt_loss_simple, lm, am, symbols, termination_symbol,
+                        rnnt_type, return_grad, delay_penalty=delay_penalty,
+                        boundary=boundary, reduction=reduction)
 
 
 def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
@@ -134,13 +127,20 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
                        rnnt_type: str = "regular", delay_penalty: float = 0.0,
                        reduction: str = "mean", return_grad: bool = False):
     """fast_rnnt's ``rnnt_loss_smoothed`` (:func:`rnnt_lattice.rnnt_loss_smoothed`)."""
+    return _simple_like(pruned.rnnt_loss_smoothed, lm, am, symbols, termination_symbol,
+                        rnnt_type, return_grad, lm_only_scale=lm_only_scale,
+                        am_only_scale=am_only_scale, delay_penalty=delay_penalty,
+                        boundary=boundary, reduction=reduction)
+
+
+def _simple_like(fn, lm, am, symbols, termination_symbol, rnnt_type, return_grad, **kw):
+    """One of our simple losses (``fn``) called the k2 way: full lengths ``(T, S)`` (k2
+    takes ragged ones through ``boundary``), occupations in k2's ``(px_grad, py_grad)``
+    layout with ``return_grad``."""
     B, T, _ = am.shape
     ll, tl = _lengths(B, T, symbols.shape[1], am.device)
-    out = pruned.rnnt_loss_smoothed(lm, am, symbols, ll, tl, blank=termination_symbol,
-                                    lm_only_scale=lm_only_scale, am_only_scale=am_only_scale,
-                                    rnnt_type=rnnt_type, delay_penalty=delay_penalty,
-                                    boundary=boundary, reduction=reduction,
-                                    return_occupations=return_grad, backend="auto")
+    out = fn(lm, am, symbols, ll, tl, blank=termination_symbol, rnnt_type=rnnt_type,
+             return_occupations=return_grad, backend="auto", **kw)
     if not return_grad:
         return out
     loss, occ = out
