@@ -448,3 +448,16 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
     nan_row = np.isnan(x).any(axis=(1, 3)).astype(np.uint8)                  # (B, T)
     _, _, log_like, gamma = _kind_lattice(x, nan_row, kinds, (t0, u0, t1, u1))
     return torch.from_numpy(log_like), torch.from_numpy(gamma)
+
+
+# --------------------------------------------------------------------------- window choice
+def window_dp(mass: torch.Tensor, max_step: int):
+    """``(total (B,), starts (B, T) int64)`` of the window DP over ``mass (B, T, S)``
+    float64 (``kernels.window_dp``; ``analysis.coverage.best_window_starts`` prepares the
+    mass and is the interface)."""
+    x = np.ascontiguousarray(_np(mass.to(torch.float64)))
+    B, T, S = x.shape
+    total = np.empty(B)
+    starts = np.empty((B, T), dtype=np.int64)
+    kernels.window_dp(x, int(max_step), total, starts, np.empty((B, T, S), dtype=np.int64))
+    return torch.from_numpy(total), torch.from_numpy(starts)

@@ -479,3 +479,23 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
                         torch.exp(alpha[:, None, :T] + x + beta_land - ll), 0.0)
     return log_like, gamma
+
+
+# --------------------------------------------------------------------------- window choice
+def window_dp(mass: torch.Tensor, max_step: int):
+    """``(total (B,), starts (B, T) int64)`` of the window DP over ``mass (B, T, S)``
+    float64 (``kernels._window_dp_kernel``, one program per sequence, no host
+    synchronisation; ``analysis.coverage.best_window_starts`` prepares the mass and is the
+    interface)."""
+    check_device(mass)
+    x = mass.to(torch.float64).contiguous()
+    B, T, S = x.shape
+    total = torch.empty(B, dtype=torch.float64, device=x.device)
+    starts = torch.empty((B, T), dtype=torch.int64, device=x.device)
+    if B:
+        f = torch.empty((B, S), dtype=torch.float64, device=x.device)
+        arg = torch.empty((B, T, S), dtype=torch.int32, device=x.device)
+        with _device(x):
+            kernels._window_dp_kernel[(B,)](x, f, arg, total, starts, T, S, int(max_step),
+                                            BLOCK_S=_pow2(S, 1 << 16), num_warps=4)
+    return total, starts

@@ -628,3 +628,54 @@ def _topo_grad_kernel(
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g.to(grad_ptr.dtype.element_ty),
                  mask=has_row[:, None] & (didx[None, :] < N_DUR))
+
+
+# --------------------------------------------------------------------------- window choice
+@triton.jit
+def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max_step,
+                      BLOCK_S: tl.constexpr):
+    """The window DP of math.md section 10 for sequence ``b = program_id(0)``, as
+    ``cpu.kernels.window_dp`` (the same recursion, ties to the lowest start):
+
+        f(0, s) = mass(0, s)
+        f(t, s) = mass(t, s) + max_{max(s - max_step, 0) <= s' <= s} f(t-1, s')
+
+    All starts of a frame at once (``BLOCK_S >= S`` lanes); f lives in the row ``f_ptr[b]``
+    (S float64) so that the lanes can read their neighbours' values (the shifted reads of
+    the sliding maximum), with a barrier between the reads of frame t-1 and the writes of
+    frame t. ``arg (B, T, S)`` int32 keeps each (t, s)'s best s'; the backtrack then follows
+    it frame by frame. Offsets in int64."""
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    on = s < S
+    row = mass_ptr + b * T * S
+    frow = f_ptr + b * S
+    f0 = tl.load(row + s, mask=on, other=NEG_INF)
+    tl.store(frow + s, f0, mask=on)
+    tl.debug_barrier()
+    for t in range(1, T):
+        lo = tl.maximum(s - max_step, 0)
+        best = tl.load(frow + lo, mask=on, other=NEG_INF)
+        k = lo
+        for j in range(1, max_step + 1):
+            sp = lo + j
+            ok = on & (sp <= s)
+            v = tl.load(frow + sp, mask=ok, other=NEG_INF)
+            better = ok & (v > best)
+            best = tl.where(better, v, best)
+            k = tl.where(better, sp, k)
+        g = tl.load(row + t * S + s, mask=on, other=NEG_INF) + best
+        tl.store(arg_ptr + (b * T + t) * S + s, k.to(tl.int32), mask=on)
+        tl.debug_barrier()                 # every lane has read frame t-1's f
+        tl.store(frow + s, g, mask=on)
+        tl.debug_barrier()                 # frame t's f is visible to every lane
+    f = tl.load(frow + s, mask=on, other=NEG_INF)
+    top = tl.max(f, axis=0)
+    k = tl.min(tl.where(on & (f == top), s, BLOCK_S), axis=0)
+    k = tl.where(k < BLOCK_S, k, 0)        # f all NaN: start 0
+    tl.store(total_ptr + b, top)
+    tl.store(starts_ptr + b * T + T - 1, k.to(tl.int64))
+    for i in range(1, T):
+        t = T - i
+        k = tl.load(arg_ptr + (b * T + t) * S + k).to(tl.int64)
+        tl.store(starts_ptr + b * T + t - 1, k)
