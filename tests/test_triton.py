@@ -516,7 +516,8 @@ from rnnt_lattice.gpu import kernels
 # float64; the options' float32 parts "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
-INT64_PTRS = {"node_rows_ptr", "boundary_ptr"}
+INT64_PTRS = {"node_rows_ptr", "boundary_ptr", "starts_ptr"}
+INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
@@ -529,8 +530,8 @@ def variants():
     topologies: regular with every flag off (every dtype) and on, constrained, TDT with
     durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
     boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
-    semirings (max-plus: the lattice tools' Viterbi sweep) and the occupation kernel of
-    the lattice tools.\"\"\"
+    semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
+    the lattice tools and the window DP of prune_ranges.\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
@@ -554,6 +555,7 @@ def variants():
                 yield ("_topo_lattice_kernel", dict(lattice, BOUNDARY=on, MAX_SEMIRING=semiring,
                                                     BLOCK_U=256, **terms), fp32)
             yield "_topo_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
+    yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
 
 
 n = 0
@@ -583,6 +585,8 @@ for sm in map(int, sys.argv[1:]):
                     sig[p] = "*i64"
                 elif p in INT8_PTRS:
                     sig[p] = "*i8"
+                elif p in INT32_PTRS:
+                    sig[p] = "*i32"
                 elif p in COST_PTRS:
                     sig[p] = "*" + costs
                 elif p.endswith("_ptr"):

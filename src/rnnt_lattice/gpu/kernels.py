@@ -672,9 +672,9 @@ def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max
     f = tl.load(frow + s, mask=on, other=NEG_INF)
     top = tl.max(f, axis=0)
     k = tl.min(tl.where(on & (f == top), s, BLOCK_S), axis=0)
-    k = tl.where(k < BLOCK_S, k, 0)        # f all NaN: start 0
+    k = tl.where(k < BLOCK_S, k, 0).to(tl.int64)        # f all NaN: start 0
     tl.store(total_ptr + b, top)
-    tl.store(starts_ptr + b * T + T - 1, k.to(tl.int64))
+    tl.store(starts_ptr + b * T + T - 1, k)
     for i in range(1, T):
         t = T - i
         k = tl.load(arg_ptr + (b * T + t) * S + k).to(tl.int64)
