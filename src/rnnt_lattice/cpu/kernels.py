@@ -1070,44 +1070,77 @@ def _row_w0(w, kinds, b, t, t1, u0, nu, w0):
     return n0
 
 
+@njit(**dict(JIT, error_model="numpy"))
+def _log64(x):
+    """log(x) for float64 x >= 0 (0: -inf, NaN: NaN; subnormals are not handled: the
+    callers' x is 0 or >= 1), as the exponent times ln 2 plus log f, f in [sqrt(1/2),
+    sqrt(2)), by log f = 2 atanh(z), z = (f - 1) / (f + 1), |z| <= 0.172: the series to
+    z^21 (truncation < 1e-18). A scalar libm call would not vectorise; NumPy's error model
+    drops the zero check of the division, which would not either."""
+    bits = np.float64(x).view(np.int64)
+    e = (bits >> np.int64(52)) - np.int64(1023)
+    mant = (bits & np.int64(0x000FFFFFFFFFFFFF)) | np.int64(0x3FF0000000000000)
+    f = np.int64(mant).view(np.float64)                # x's mantissa, in [1, 2)
+    big = f > 1.4142135623730951
+    f = f * 0.5 if big else f
+    e = e + 1 if big else e
+    z = (f - 1.0) / (f + 1.0)
+    zz = z * z
+    p = 2.0 / 21.0
+    p = p * zz + 2.0 / 19.0
+    p = p * zz + 2.0 / 17.0
+    p = p * zz + 2.0 / 15.0
+    p = p * zz + 2.0 / 13.0
+    p = p * zz + 2.0 / 11.0
+    p = p * zz + 2.0 / 9.0
+    p = p * zz + 2.0 / 7.0
+    p = p * zz + 2.0 / 5.0
+    p = p * zz + 2.0 / 3.0
+    p = p * zz + 2.0
+    fe = np.float64(e)
+    y = fe * 6.93147180369123816490e-01 + (z * p + fe * 1.90821492927058770002e-10)
+    y = NEG_INF if x == 0.0 else y
+    return y if x == x else x
+
+
 @njit(**JIT)
 def _row_chain(out, m, s, w0, n0, start, backward):
     """Row values ``out[j] = lae(m[j] + log s[j], out[j -+ 1] + w0[j - 1 or j])`` (alpha:
     j ascending, the step from j - 1; beta: descending, the step to j + 1), the serial part
     of a row. ``start``: alpha's start node (j = 0) is 0. The recursion carries the node as
-    (M, S) with value M + log S, S in [1, K * nu]: the exp and the log depend on the chain
-    only through M (an add and a max per node), so they overlap across nodes."""
+    (M, S) with value M + log S, S in [1, K * nu], into ``m``, ``s``: one exp per node, off
+    the dependency chain (which is an add and a max per node), and the logs in a loop of
+    their own that vectorises."""
     nu = out.shape[0]
-    if n0 == 0:                                       # no step along the row
-        for j in range(nu):
+    if start:
+        m[0] = 0.0
+        s[0] = 1.0
+    if n0 != 0:
+        Mp = NEG_INF
+        Sp = 0.0
+        for jj in range(nu):
+            j = nu - 1 - jj if backward else jj
             mj = m[j]
-            out[j] = mj + math.log(s[j]) if mj > NEG_INF else mj
-        if start:
-            out[0] = 0.0
-        return
-    Mp = NEG_INF
-    Sp = 0.0
-    for jj in range(nu):
-        j = nu - 1 - jj if backward else jj
-        mj = m[j]
-        if jj == 0:
-            c = NEG_INF
-        elif backward:
-            c = Mp + w0[j]
-        else:
-            c = Mp + w0[j - 1]
-        if start and jj == 0:
-            M = 0.0
-            S = 1.0
-        else:
+            sj = s[j]
+            if jj == 0:
+                c = NEG_INF
+            elif backward:
+                c = Mp + w0[j]
+            else:
+                c = Mp + w0[j - 1]
             # One exp: the larger of the two terms is the reference (factor 1).
             M = _nan_max(mj, c)
-            e = _exp64(-abs(mj - c))              # NaN if either is NaN (or both -inf)
-            S = s[j] + Sp * e if mj >= c else s[j] * e + Sp
+            e = _exp64(-abs(mj - c))                  # NaN if either is NaN (or both -inf)
+            big = mj >= c
+            S = (sj if big else Sp) + (Sp if big else sj) * e
             S = 0.0 if M == NEG_INF else S
-        out[j] = M + math.log(S) if M > NEG_INF else M
-        Mp = M
-        Sp = S
+            m[j] = M
+            s[j] = S
+            Mp = M
+            Sp = S
+    for j in range(nu):
+        mj = m[j]
+        out[j] = mj + _log64(s[j]) if mj > NEG_INF else mj
 
 
 @njit(**JIT)
