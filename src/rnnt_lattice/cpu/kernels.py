@@ -898,6 +898,12 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
     order (t outer, u inner) respect the alpha dependencies, and in reverse those of beta.
     A NaN arc weight anywhere makes log P NaN and every occupation NaN (math.md 8.1); no
     frame (t1 <= t0) or no path: log P = -inf, occupations 0.
+
+    Row by row (``_row_terms``, ``_row_chain``): the kinds with dt >= 1 read finished rows,
+    so their terms are summed for the whole row in loops over u that vectorise; only the
+    kinds with dt = 0 (du = 1: a step along the row) leave a serial recursion, carried as
+    (max, scaled sum) so that its exps and the log of each node stay off the dependency
+    chain. Alpha (rows ascending) and beta (rows descending) alternate row by row.
     """
     B, K, T, U1 = w.shape
     for b in prange(B):
@@ -906,36 +912,20 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
             log_like[b] = NEG_INF
             continue
         nu = u1 - u0 + 1
-        terms = np.empty(K)                           # the incoming / outgoing arcs of a node
-        # alpha (rows ascending) and beta (rows descending) in one loop: two independent
-        # chains of dependent logaddexps (latency-bound) that the CPU can overlap.
+        am, asum, bm, bsum = np.empty(nu), np.empty(nu), np.empty(nu), np.empty(nu)
+        w0 = np.empty(nu)                             # the dt = 0 kinds of a row, lae'd
         for i in range(t1 - t0 + 1):
-            for j in range(nu):
-                t = t0 + i
-                u = u0 + j
-                if i == 0 and j == 0:
-                    alpha[b, t, u] = 0.0
-                else:
-                    n = 0
-                    for k in range(K):
-                        st, su, ok = _alpha_source(kinds, k, t, u, t0, u0, t1)
-                        if ok:
-                            terms[n] = alpha[b, st, su] + w[b, k, st, su]
-                            n += 1
-                    alpha[b, t, u] = _lse_terms(terms, n)
-                t = t1 - i
-                u = u1 - j
-                if i == 0:                            # the end frame has no outgoing arc
-                    beta[b, t, u] = 0.0 if j == 0 else NEG_INF
-                else:
-                    n = 0
-                    for k in range(K):
-                        lt = t + kinds[DT, k]
-                        lu = u + kinds[DU, k]
-                        if lt <= t1 and lu <= u1:
-                            terms[n] = w[b, k, t, u] + beta[b, lt, lu]
-                            n += 1
-                    beta[b, t, u] = _lse_terms(terms, n)
+            t = t0 + i
+            _row_terms(w, kinds, b, t, t0, t1, u0, nu, alpha, am, asum, False)
+            n0 = _row_w0(w, kinds, b, t, t1, u0, nu, w0)
+            _row_chain(alpha[b, t, u0:u0 + nu], am, asum, w0, n0, i == 0, False)
+            t = t1 - i
+            if i == 0:                                # the end frame has no outgoing arc
+                beta[b, t, u1] = 0.0
+                continue
+            _row_terms(w, kinds, b, t, t0, t1, u0, nu, beta, bm, bsum, True)
+            n0 = _row_w0(w, kinds, b, t, t1, u0, nu, w0)
+            _row_chain(beta[b, t, u0:u0 + nu], bm, bsum, w0, n0, False, True)
         ll = beta[b, t0, u0]
         for t in range(t0, t1):
             if nan_row[b, t] != 0:
@@ -950,7 +940,8 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                         if _is_arc(kinds, k, t, u, t1, u1):
                             gamma[b, k, t, u] = np.nan
             continue
-        # Over slices so that the loops vectorise; w is -inf off the arcs (exp gives 0).
+        # Over slices so that the loops vectorise (``_exp64``); w is -inf off the arcs, where
+        # the exp gives 0.
         for k in range(K):
             dt = kinds[DT, k]
             du = kinds[DU, k]
@@ -961,7 +952,195 @@ def kind_lattice(w, kinds, t0s, u0s, t1s, u1s, nan_row, alpha, beta, log_like, g
                 n_row = beta[b, t + dt, u0 + du:u0 + du + n]
                 g_row = gamma[b, k, t, u0:u0 + n]
                 for u in range(n):
-                    g_row[u] = exp_nonpos(a_row[u] + w_row[u] + n_row[u] - ll)
+                    g_row[u] = _exp64(a_row[u] + w_row[u] + n_row[u] - ll)
+
+
+@njit(**dict(JIT, fastmath=FASTMATH - {"reassoc"}))
+def _exp64(x):
+    """exp(x) for float64 x <= 0 (NaN in -> NaN out, below -708: 0), as ``exp_nonpos``
+    but with a plain polynomial for exp(r): the Taylor series to r^13 on |r| <= ln2/2
+    (truncation < 5e-18, relative error ~2.2e-16 in all), no division, so that loops over
+    it vectorise (``exp_nonpos``'s float64 rational form stays scalar). No "reassoc": it
+    would fold the two-part ln 2."""
+    n = np.floor(x * 1.4426950408889634 + 0.5)
+    r = x - n * 6.93145751953125e-1
+    r = r - n * 1.42860682030941723212e-6
+    p = 1.0 / 6227020800.0
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    bits = np.int64(np.float64(p).view(np.int64) + (np.int64(n) << np.int64(52)))
+    y = np.int64(bits).view(np.float64)
+    y = 0.0 if x < -708.0 else y
+    return y if x == x else x                         # int64(NaN) is undefined: keep NaN
+
+
+@njit(**JIT)
+def _nan_max(m, x):
+    """max(m, x) where a NaN wins (and stays)."""
+    return x if (x > m or x != x) else m
+
+
+@njit(**JIT)
+def _row_terms(w, kinds, b, t, t0, t1, u0, nu, node, m, s, backward):
+    """The arcs of the kinds with dt >= 1 into (alpha: ``backward`` False) or out of
+    (beta) the nodes of row t, whose other ends lie in finished rows of ``node``: per node
+    j = u - u0 their max ``m[j]`` (-inf: none; NaN wins) and ``s[j] = sum exp(x - m)``
+    (``m`` read as 0 where it is -inf, so that s is 0 there)."""
+    K = kinds.shape[1]
+    for j in range(nu):
+        m[j] = NEG_INF
+        s[j] = 0.0
+    for k in range(K):
+        dt = kinds[DT, k]
+        du = kinds[DU, k]
+        if dt == 0:
+            continue
+        n = nu - du
+        if backward:                                  # w_k(t,u) + beta(t+dt, u+du)
+            if t + dt > t1:
+                continue
+            xa = w[b, k, t, u0:u0 + n]
+            xb = node[b, t + dt, u0 + du:u0 + du + n]
+            mm = m[0:n]
+        else:                                         # alpha(t-dt, u-du) + w_k(t-dt, u-du)
+            if t - dt < t0:
+                continue
+            xa = w[b, k, t - dt, u0:u0 + n]
+            xb = node[b, t - dt, u0:u0 + n]
+            mm = m[du:du + n]
+        for j in range(n):
+            mm[j] = _nan_max(mm[j], xa[j] + xb[j])
+    for k in range(K):
+        dt = kinds[DT, k]
+        du = kinds[DU, k]
+        if dt == 0:
+            continue
+        n = nu - du
+        if backward:
+            if t + dt > t1:
+                continue
+            xa = w[b, k, t, u0:u0 + n]
+            xb = node[b, t + dt, u0 + du:u0 + du + n]
+            mm = m[0:n]
+            ss = s[0:n]
+        else:
+            if t - dt < t0:
+                continue
+            xa = w[b, k, t - dt, u0:u0 + n]
+            xb = node[b, t - dt, u0:u0 + n]
+            mm = m[du:du + n]
+            ss = s[du:du + n]
+        for j in range(n):
+            mj = mm[j]
+            mr = 0.0 if mj == NEG_INF else mj
+            ss[j] += _exp64(xa[j] + xb[j] - mr)
+
+
+@njit(**JIT)
+def _row_w0(w, kinds, b, t, t1, u0, nu, w0):
+    """The steps along row t (kinds with dt = 0, which all have du = 1): ``w0[j]`` = lae of
+    their weights leaving node u0 + j, for j < nu - 1. Returns 0 if there is none (or t is
+    the end frame, which has no arc), else the number of kinds."""
+    if t >= t1:
+        return 0
+    K = kinds.shape[1]
+    n0 = 0
+    for k in range(K):
+        if kinds[DT, k] != 0:
+            continue
+        x = w[b, k, t, u0:u0 + nu - 1]
+        if n0 == 0:
+            for j in range(nu - 1):
+                w0[j] = x[j]
+        else:
+            for j in range(nu - 1):
+                w0[j] = _lae(w0[j], x[j])
+        n0 += 1
+    return n0
+
+
+@njit(**dict(JIT, error_model="numpy"))
+def _log64(x):
+    """log(x) for float64 x >= 0 (0: -inf, NaN: NaN; subnormals are not handled: the
+    callers' x is 0 or >= 1), as the exponent times ln 2 plus log f, f in [sqrt(1/2),
+    sqrt(2)), by log f = 2 atanh(z), z = (f - 1) / (f + 1), |z| <= 0.172: the series to
+    z^21 (truncation < 1e-18). A scalar libm call would not vectorise; NumPy's error model
+    drops the zero check of the division, which would not either."""
+    bits = np.float64(x).view(np.int64)
+    e = (bits >> np.int64(52)) - np.int64(1023)
+    mant = (bits & np.int64(0x000FFFFFFFFFFFFF)) | np.int64(0x3FF0000000000000)
+    f = np.int64(mant).view(np.float64)                # x's mantissa, in [1, 2)
+    big = f > 1.4142135623730951
+    f = f * 0.5 if big else f
+    e = e + 1 if big else e
+    z = (f - 1.0) / (f + 1.0)
+    zz = z * z
+    p = 2.0 / 21.0
+    p = p * zz + 2.0 / 19.0
+    p = p * zz + 2.0 / 17.0
+    p = p * zz + 2.0 / 15.0
+    p = p * zz + 2.0 / 13.0
+    p = p * zz + 2.0 / 11.0
+    p = p * zz + 2.0 / 9.0
+    p = p * zz + 2.0 / 7.0
+    p = p * zz + 2.0 / 5.0
+    p = p * zz + 2.0 / 3.0
+    p = p * zz + 2.0
+    fe = np.float64(e)
+    y = fe * 6.93147180369123816490e-01 + (z * p + fe * 1.90821492927058770002e-10)
+    y = NEG_INF if x == 0.0 else y
+    return y if x == x else x
+
+
+@njit(**JIT)
+def _row_chain(out, m, s, w0, n0, start, backward):
+    """Row values ``out[j] = lae(m[j] + log s[j], out[j -+ 1] + w0[j - 1 or j])`` (alpha:
+    j ascending, the step from j - 1; beta: descending, the step to j + 1), the serial part
+    of a row. ``start``: alpha's start node (j = 0) is 0. The recursion carries the node as
+    (M, S) with value M + log S, S in [1, K * nu], into ``m``, ``s``: one exp per node, off
+    the dependency chain (which is an add and a max per node), and the logs in a loop of
+    their own that vectorises."""
+    nu = out.shape[0]
+    if start:
+        m[0] = 0.0
+        s[0] = 1.0
+    if n0 != 0:
+        Mp = NEG_INF
+        Sp = 0.0
+        for jj in range(nu):
+            j = nu - 1 - jj if backward else jj
+            mj = m[j]
+            sj = s[j]
+            if jj == 0:
+                c = NEG_INF
+            elif backward:
+                c = Mp + w0[j]
+            else:
+                c = Mp + w0[j - 1]
+            # One exp: the larger of the two terms is the reference (factor 1).
+            M = _nan_max(mj, c)
+            e = _exp64(-abs(mj - c))                  # NaN if either is NaN (or both -inf)
+            big = mj >= c
+            S = (sj if big else Sp) + (Sp if big else sj) * e
+            S = 0.0 if M == NEG_INF else S
+            m[j] = M
+            s[j] = S
+            Mp = M
+            Sp = S
+    for j in range(nu):
+        mj = m[j]
+        out[j] = mj + _log64(s[j]) if mj > NEG_INF else mj
 
 
 @njit(**JIT)
