@@ -58,14 +58,17 @@ def generic_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("opt", list(OPTIONS) + ["inplace", "inplace_logprob"])
-@pytest.mark.parametrize("topo_name", list(TOPOLOGIES) + ["regular_kernels"])
+@pytest.mark.parametrize("topo_name", list(TOPOLOGIES) + ["regular_kernels",
+                                                         "regular_kernels_own_lattice"])
 def test_matches_reference(topo_name, opt, monkeypatch):
     """Every case (ragged, U=0, T=1, T=0, infeasible rows) in float64, signed upstream;
     "regular_kernels": the regular topology through the kernels kept for it (which take
-    the options without sigma, delay penalty or boundary), the others through the generic
-    kernels."""
-    monkeypatch.setattr(cpu, "REGULAR_KERNELS", topo_name == "regular_kernels")
-    topo_name = "regular" if topo_name == "regular_kernels" else topo_name
+    the options without sigma, delay penalty or boundary), with the generic row-wise
+    lattice pass (the default) or its own (``cpu.REGULAR_LATTICE``); the others through
+    the generic kernels."""
+    monkeypatch.setattr(cpu, "REGULAR_KERNELS", topo_name.startswith("regular_kernels"))
+    monkeypatch.setattr(cpu, "REGULAR_LATTICE", topo_name == "regular_kernels_own_lattice")
+    topo_name = "regular" if topo_name.startswith("regular_kernels") else topo_name
     kw = dict(OPTIONS.get(opt, {}))
     fused = kw.pop("fused", opt != "inplace_logprob")
     use_boundary = kw.pop("boundary", False)

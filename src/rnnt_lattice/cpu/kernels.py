@@ -383,6 +383,35 @@ def viterbi_alpha(lpb, lpl, logit_lengths, target_lengths, alpha):
 
 
 @pjit
+def regular_weights(lpb, lpl, logit_lengths, target_lengths, w, nan_row):
+    """The standard lattice's arc weights in the generic layout, for ``kind_lattice``
+    (the regular loss's pass 2): ``w[b, 0] = b(t, u)`` on the blank arcs (``t < T_b - 1``,
+    or the final blank from ``(T_b - 1, U_b)``), ``w[b, 1] = e(t, u)`` on the label arcs
+    (``t < T_b, u < U_b``), -inf elsewhere; ``nan_row[b, t]`` = 1 where an arc of frame t
+    weighs NaN (math.md 8.1: its sequence is NaN). lpb, lpl (B, T, U+1) from ``row_pass``;
+    w (B, 2, T, U+1) float64, nan_row (B, T) uint8."""
+    B, T, U1 = lpb.shape
+    for i in prange(B * T):
+        b = i // T
+        t = i - b * T
+        T_b = logit_lengths[b]
+        U_b = target_lengths[b]
+        bad = 0
+        for u in range(U1):
+            x = NEG_INF
+            if t < T_b - 1 or (t == T_b - 1 and u == U_b):
+                x = lpb[b, t, u]
+            w[b, 0, t, u] = x
+            y = NEG_INF
+            if t < T_b and u < U_b:
+                y = lpl[b, t, u]
+            w[b, 1, t, u] = y
+            if x != x or y != y:
+                bad = 1
+        nan_row[b, t] = bad
+
+
+@pjit
 def lattice(lpb, lpl, logit_lengths, target_lengths, alpha, beta, log_like, gamma_blank, gamma_label):
     """Forward/backward recursion and occupations, one sequence per thread (math.md 2-3).
 
