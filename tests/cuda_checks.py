@@ -17,6 +17,9 @@ script itself without a GPU.
    ``best_alignment``.
 3. Forward+backward captured in a CUDA graph and replayed on new logits in the same
    buffers gives bit-identical losses and gradients to eager calls.
+4. The pruned pipeline (simple/smoothed losses with occupations, the window DP, the pruned
+   loss) and the lattice tools of a non-regular topology (TDT) on the Triton kernels equal
+   the PyTorch reference, and the losses and tools make no host synchronisation.
 """
 from __future__ import annotations
 
@@ -135,6 +138,95 @@ def topology_exactness(device, smoke):
         check_topology_exact(f"{name} tdt bfloat16", "tdt", B, T, U, V, torch.bfloat16, device)
 
 
+def _err(got, want):
+    """Largest error relative to max(1, max |want|) on the finite entries (same inf pattern)."""
+    got, want = got.detach().double(), want.detach().double()
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    if not fin.any():
+        return 0.0
+    return ((got - want)[fin].abs().max() / want[fin].abs().max().clamp_min(1.0)).item()
+
+
+def pruned_and_tools(device, smoke):
+    """Issue 10's pipeline and issue 9's lattice tools on the Triton kernels against the
+    PyTorch reference on the same numbers: the simple and smoothed losses (values,
+    gradients w.r.t. lm and am, occupations), the window DP (``prune_ranges`` exact: the
+    same windows as the PyTorch loop), the pruned loss, and ``occupancy`` /
+    ``best_alignment`` of a non-regular topology (TDT)."""
+    from rnnt_lattice.analysis import coverage
+    B, T, U, V = (3, 7, 4, 6) if smoke else (8, 200, 50, 500)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    am = torch.randn(B, T, V, generator=g, dtype=torch.float64).to(device)
+    lm = torch.randn(B, U + 1, V, generator=g, dtype=torch.float64).to(device)
+    y = torch.randint(1, V, (B, U), generator=g).to(device)
+    tl = torch.tensor([T] + [max(U, T - 2)] * (B - 1)).to(device)
+    ul = torch.tensor([U] + [U - 1] * (B - 1)).to(device)
+    w = torch.tensor([(-1.0) ** b * (0.5 + 0.25 * b) for b in range(B)], dtype=torch.float64,
+                     device=device)
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        out = {}
+        for backend in ("triton", "torch"):
+            lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+            loss, occ = getattr(rnnt_lattice, name)(lm_, am_, y, tl, ul, blank=0,
+                                                    reduction="none", backend=backend,
+                                                    return_occupations=True)
+            (loss * w).sum().backward()
+            out[backend] = (loss, lm_.grad, am_.grad, occ.gamma_blank, occ.gamma_label)
+        errs = [_err(a, b) for a, b in zip(out["triton"], out["torch"])]
+        print(f"{name:24s} triton vs torch: loss {errs[0]:.1e} grad lm {errs[1]:.1e} "
+              f"am {errs[2]:.1e} occupations {max(errs[3:]):.1e}", flush=True)
+        assert max(errs) <= 1e-9, (name, errs)
+    occ = out["triton"][3:]
+    with torch.no_grad():
+        lo = rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0, return_occupations=True,
+                                           reduction="none")[1]
+    win = rnnt_lattice.prune_ranges(lo, 4)
+    mass = torch.rand(B, T, U, dtype=torch.float64, generator=g).to(device)
+    got = coverage.best_window_starts(mass, torch.full((B,), U, device=device), 3)
+    want = coverage.window_dp_torch(mass, 3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    print(f"window DP on the kernel equals the PyTorch loop ({B}x{T}x{U})", flush=True)
+    logits = torch.randn(B, T, win.window, V, generator=g, dtype=torch.float64).to(device)
+    res = {}
+    for backend in ("triton", "torch"):
+        leaf = logits.clone().requires_grad_()
+        loss = rnnt_lattice.rnnt_loss_pruned(leaf, y, win.ranges, tl, ul, blank=0,
+                                             reduction="none", backend=backend)
+        (loss * w).sum().backward()
+        res[backend] = (loss, leaf.grad)
+    e = [_err(a, b) for a, b in zip(res["triton"], res["torch"])]
+    print(f"rnnt_loss_pruned (R = {win.window}) triton vs torch: loss {e[0]:.1e} grad {e[1]:.1e}",
+          flush=True)
+    assert max(e) <= 1e-9, e
+    x = torch.randn(B, T, U + 1, V + 3, generator=g, dtype=torch.float64).to(device)
+    yt = y % (V - 1)
+    kw = dict(rnnt_type="regular", topology=rnnt_lattice.topology.tdt([0, 1, 2]), sigma=0.05)
+    o = {b: rnnt_lattice.occupancy(x, yt, tl, ul, V - 1, backend=b, **kw) for b in ("triton", "torch")}
+    a = {b: rnnt_lattice.best_alignment(x, yt, tl, ul, V - 1, backend=b, **kw)
+         for b in ("triton", "torch")}
+    e_occ = _err(o["triton"].gamma, o["torch"].gamma)
+    e_ali = _err(a["triton"].log_prob, a["torch"].log_prob)
+    print(f"TDT occupancy / best_alignment triton vs torch: gamma {e_occ:.1e} "
+          f"log_prob {e_ali:.1e}", flush=True)
+    assert e_occ <= 1e-9 and e_ali <= 1e-9
+    assert torch.equal(a["triton"].arc_kinds, a["torch"].arc_kinds)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+            loss = rnnt_lattice.rnnt_loss_smoothed(lm_, am_, y, tl, ul, blank=0)
+            loss.backward()
+            leaf = logits.clone().requires_grad_()
+            rnnt_lattice.rnnt_loss_pruned(leaf, y, win.ranges, tl, ul, blank=0).backward()
+            _ = (rnnt_lattice.occupancy(x, yt, tl, ul, V - 1, **kw).gamma,
+                 rnnt_lattice.best_alignment(x, yt, tl, ul, V - 1, **kw).arc_kinds)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        print("no host sync: smoothed loss, pruned loss, TDT occupancy / best_alignment", flush=True)
+
+
 def big_offsets(device):
     """(3, 1100, 1000, 1000) float32: 3.3e9 elements; the last sequence's rows lie past
     2**31 elements. Short sequences keep the reference small: it runs on their slices."""
@@ -240,6 +332,7 @@ def main():
     if args.smoke:
         exactness("cpu", smoke=True)
         topology_exactness("cpu", smoke=True)
+        pruned_and_tools("cpu", smoke=True)
     else:
         if not torch.cuda.is_available():
             sys.exit("cuda_checks.py needs a CUDA device (or --smoke)")
@@ -247,6 +340,7 @@ def main():
         cuda_graph("cuda")
         exactness("cuda", smoke=False)
         topology_exactness("cuda", smoke=False)
+        pruned_and_tools("cuda", smoke=False)
         if args.big:
             big_offsets("cuda")
     print("OK")
