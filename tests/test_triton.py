@@ -633,3 +633,50 @@ def test_cuda_checks_script_under_the_interpreter():
     out = subprocess.run([sys.executable, script, "--smoke"], env=dict(os.environ, TRITON_INTERPRET="1"),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr[-4000:]
+
+
+class _RecordSyncSites(_RecordOps):
+    """Records, for every syncing op, the innermost rnnt_lattice function that ran it."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(f"aten.{name}" in str(func) for name in SYNCING_OPS):
+            import traceback
+            frames = [f for f in traceback.extract_stack() if "rnnt_lattice" in f.filename]
+            self.ops.append(frames[-1].name if frames else "?")
+        return func(*args, **(kwargs or {}))
+
+
+# Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
+# they are skipped, so their host reads are not on the GPU path.
+CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values"}
+
+
+def test_pruned_pipeline_synchronises_once():
+    """The pruned pipeline on the Triton kernels, structurally (see
+    ``test_hot_path_never_synchronises``): the smoothed loss, its backward and the pruned
+    loss read nothing on the host; ``prune_ranges`` reads once (``_window_size``: the
+    window actually used sets the output's shape). Host reads of CPU-only value checks
+    are set aside; the window DP's kernel is the Numba one on CPU tensors (its Triton twin
+    is checked by ``cuda_checks.py``), so its conversions are set aside too."""
+    B, T, U, V = 3, 7, 4, 6
+    g = torch.Generator().manual_seed(0)
+    am = torch.randn(B, T, V, generator=g, requires_grad=True)
+    lm = torch.randn(B, U + 1, V, generator=g, requires_grad=True)
+    y = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([7, 5, 5]), torch.tensor([4, 3, 3])
+    sites = {}
+    for step in ("smoothed", "ranges", "pruned"):
+        with _RecordSyncSites() as rec:
+            if step == "smoothed":
+                loss, occ = rnnt_lattice.rnnt_loss_smoothed(lm, am, y, tl, ul, blank=0,
+                                                            backend="triton",
+                                                            return_occupations=True)
+                loss.backward()
+            elif step == "ranges":
+                win = rnnt_lattice.prune_ranges(occ, 3)
+            else:
+                logits = torch.randn(B, T, win.window, V, generator=g, requires_grad=True)
+                rnnt_lattice.rnnt_loss_pruned(logits, y, win.ranges, tl, ul, blank=0,
+                                              backend="triton").backward()
+        sites[step] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS | {"window_dp"}]
+    assert sites == {"smoothed": [], "ranges": ["_window_size"], "pruned": []}, sites

@@ -743,21 +743,22 @@ def prune_ranges(
 
 
 def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> int:
-    """The window actually used (see :func:`prune_ranges`); one host sync."""
+    """The window actually used (see :func:`prune_ranges`): the output's shape depends on
+    the lengths, so this is the one host read (a single one) of the window choice."""
     has_frames = t_end > 0
     R_min = 1
-    if has_frames.any():
-        T_b, U_b = t_end[has_frames], u_end[has_frames]
+    if t_end.numel() and (regular or method == "exact"):
         if regular:
             # k2: the smallest R with (R - 1) T_b >= U_b, written (U_b - 1) // T_b + 2 with
             # truncating division (so U_b = 0, T_b = 1 gives 1; the R >= 2 rule follows).
-            R_min = int(torch.div(U_b - 1, T_b, rounding_mode="trunc").add(2).max())
-        elif method == "exact":
+            need = torch.div(u_end - 1, t_end.clamp(min=1), rounding_mode="trunc").add(2)
+            counts = has_frames
+        else:
             # One label per frame: from 0 to max(U_b - R + 1, 0) in T_b - 1 steps of <= 1.
             # Sequences with T_b < U_b have no path at all: no window helps them.
-            has_path = T_b >= U_b
-            if has_path.any():
-                R_min = max(1, int((U_b - T_b + 2)[has_path].max()))
+            need = u_end - t_end + 2
+            counts = has_frames & (t_end >= u_end)
+        R_min = max(1, int(torch.where(counts, need, 1).max()))
     asked = R
     if R < R_min:
         R = R_min
