@@ -232,15 +232,6 @@ def test_pruned_rows(topo_name, fused):
     assert not torch.isnan(grad).any()
 
 
-def test_supports_everything():
-    for make in (topology.regular, topology.modified, topology.constrained,
-                 topology.one_sym_per_frame, lambda: topology.tdt([0, 1, 2]),
-                 lambda: topology.multiblank(5, [2, 4])):
-        opts = LossOptions(blank=0, topology=make(), sigma=0.1, delay_penalty=0.2)
-        assert cpu.supports(opts, torch.zeros(1, 4, dtype=torch.int64),
-                            torch.zeros(1, 1, 1, dtype=torch.int64))
-
-
 @pytest.mark.parametrize("topo_name", ["modified", "tdt012", "multiblank"])
 def test_public_api_runs_numba(topo_name):
     """``backend="numba"`` computes every topology (no fallback, no warning) and agrees

@@ -80,49 +80,19 @@ def resolve(backend: str, device: torch.device):
         raise ValueError(f"backend={backend!r} is not available: {err}") from err
 
 
-_warned_generic: set = set()
-
-
-def resolve_for(backend: str, device: torch.device, opts, boundary=None, node_rows=None):
-    """The backend module for a loss with options ``opts``: ``resolve``, except that a
-    backend whose kernels do not compute this topology or per-arc term (``supports``) is
-    replaced by the pure-PyTorch one under ``"auto"`` (one ``RuntimeWarning`` per topology),
-    and refused with a ``ValueError`` when asked for by name."""
-    impl = resolve(backend, device)
-    if impl.supports(opts, boundary, node_rows):
-        return impl
-    name = opts.topology.name if opts.topology is not None else "regular"
-    what = (f"topology {name!r}" + (" with sigma" if opts.sigma else "")
-            + (" with delay_penalty" if opts.delay_penalty else "")
-            + (" with boundary" if boundary is not None else "")
-            + (" on packed or pruned rows" if node_rows is not None else ""))
-    if backend != "auto":
-        raise ValueError(f"backend={backend!r} does not compute the {what} yet; use "
-                         f"backend='torch' (the vectorised reference, any device) or 'auto'")
-    if what not in _warned_generic:
-        _warned_generic.add(what)
-        warnings.warn(f"rnnt_lattice: the {what} runs on the pure-PyTorch backend for now "
-                      f"(its Numba/Triton kernels are not written yet): exact, but slower",
-                      RuntimeWarning, stacklevel=5)
-    return _load("torch")
-
-
 def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
-            traced: bool = False, opts=None, boundary=None, n_tokens=None, node_rows=None):
+            traced: bool = False, n_tokens=None, node_rows=None):
     """Validate, pick the backend, and bring the logits to what its kernels read:
     ``(impl, chk)`` with ``chk.logits`` contiguous, float16/bfloat16 promoted to float32
     unless the backend reads them natively (autograd casts the gradient back), and int32
     ids kept where the backend reads them. ``traced``: under ``torch.compile`` the backend
     is resolved when the custom op runs (``impl`` is None) and half types are promoted.
-    ``opts``/``boundary``: a loss whose topology the chosen backend may not compute
-    (``resolve_for``); ``n_tokens``: see ``check_lattice_args``; ``node_rows``: the logits
+    Every backend computes every topology, per-arc term and layout; ``n_tokens``: see ``check_lattice_args``; ``node_rows``: the logits
     are rows ``(N, V)`` of that node -> row map (``_ops``)."""
     from ._validate import Checked, check_lattice_args
     if traced:
         check_name(backend)
         impl = None
-    elif opts is not None:
-        impl = resolve_for(backend, logits.device, opts, boundary, node_rows)
     else:
         impl = resolve(backend, logits.device)
     chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,

@@ -8,7 +8,6 @@ Every backend module provides (``_backends`` loads them)::
         -> (costs (B,), saved: tuple of tensors, state)
     loss_backward(saved, state, upstream (B,), opts) -> gradient, the shape of the logits
     INPLACE_WRITES_IN = "forward" | "backward"
-    supports(opts, boundary, node_rows) -> bool   # the topologies, terms and layouts it computes
 
 Layouts (math.md section 9): with ``node_rows=None`` the logits are padded ``(B, T, U+1,
 V)``. Otherwise they are rows ``(N, V)`` and ``node_rows`` ``(B, T, U+1)`` int64 says which
@@ -123,7 +122,7 @@ def _costs_and_grad(
     opts = LossOptions(blank, fused, clamp, fastemit_lambda,
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
-    impl = _backends.resolve_for(backend, logits.device, opts, boundary, node_rows)
+    impl = _backends.resolve(backend, logits.device)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
                                                 opts, need_grad, boundary, node_rows)

@@ -451,8 +451,7 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     if topology is not None and topology.n_durations:
         n_tokens = topology.token_classes(logits.shape[-1]) if logits.dim() in (2, 4) else None
     impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
-                                  traced=compiling, opts=opts, boundary=boundary, n_tokens=n_tokens,
-                                  node_rows=node_rows)
+                                  traced=compiling, n_tokens=n_tokens, node_rows=node_rows)
     if topology is not None:
         topology.check(chk.logits.shape[-1], chk.blank)
     boundary = check_boundary(boundary, chk.logits.shape[0] if node_rows is None else node_rows.shape[0],

@@ -697,11 +697,6 @@ def logit_grad(logits, lse, lat: Lattice, targets, logit_lengths, target_lengths
 INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
 
 
-def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
-    """Every topology, per-arc term, boundary and layout: this is the generic recursion."""
-    return True
-
-
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
                  boundary=None, node_rows=None):
     """``_ops`` protocol: costs, and (when wanted) the per-sequence gradient, computed here

@@ -73,7 +73,7 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     if topo is not None and topo.n_durations and isinstance(x, torch.Tensor) and x.dim() == 4:
         n_tokens = topo.token_classes(x.shape[-1])
     impl, chk = _backends.prepare(x, targets, logit_lengths, target_lengths, blank, backend,
-                                  opts=opts, boundary=boundary, n_tokens=n_tokens)
+                                  n_tokens=n_tokens)
     topo = topo if topo is not None else regular()
     blank = topo.check(chk.logits.shape[-1], chk.blank)
     boundary = check_boundary(boundary, chk.logits.shape[0], chk.logits.device, chk.logit_lengths,

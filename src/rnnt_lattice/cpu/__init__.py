@@ -53,7 +53,7 @@ from ..reference import Ends, GenericLattice
 from ..topology import Topology, regular
 from . import _config, kernels
 
-__all__ = ["loss_forward", "loss_backward", "supports", "compute_lattice", "viterbi", "kind_occupancy",
+__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "kind_occupancy",
            "kind_viterbi", "empty_cache"]
 
 _REGULAR = regular()
@@ -243,12 +243,6 @@ class _State:
         self.lat = lat
         self.gamma, self.log_like, self.ends, self.node_rows = gamma, log_like, ends, node_rows
         self.kinds, self.blank, self.n_dur = kinds, blank, n_dur
-
-
-def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
-    """Every topology (math.md 9), per-arc term, boundary and row layout: the kernels run
-    the one recursion over arc kinds."""
-    return True
 
 
 def _kind_rows(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions, buf):

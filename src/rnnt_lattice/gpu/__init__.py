@@ -302,12 +302,6 @@ def _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st: _Top
 INPLACE_WRITES_IN = "backward"    # the gradient pass writes over the logits
 
 
-def supports(opts: LossOptions, boundary=None, node_rows=None) -> bool:
-    """Every topology of ``rnnt_lattice.topology``, sigma, delay penalty, boundary and
-    both logits layouts (padded, or rows through ``node_rows``)."""
-    return True
-
-
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
                  boundary=None, node_rows=None):
     """Passes 1-2 (``_ops`` protocol): costs, and the float64 lattice state saved for the
