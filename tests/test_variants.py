@@ -203,12 +203,14 @@ def test_regular_rnnt_type_is_the_kernel_loss():
     ("rnnt_loss", dict(boundary=torch.tensor([[0, 0, 2, 4], [2, 0, 1, 3]])), r"boundary\[1\].*begin_symbol <= end_symbol"),
     ("tdt_loss", dict(blank=5, durations=[2, 1]), "durations must be strictly ascending"),
     ("tdt_loss", dict(blank=5, durations=[0]), "durations needs a duration >= 1"),
-    ("tdt_loss", dict(blank=5, durations=[-1, 1]), "durations must be >= 0"),
+    ("tdt_loss", dict(blank=5, durations=[-1, 1]), "durations must all be >= 0"),
     ("tdt_loss", dict(blank=5, durations=[0, 1.5]), "durations must hold ints"),
     ("tdt_loss", dict(blank=0, durations=[0, 1]), "the blank must be the last token"),
     ("tdt_loss", dict(blank=5, durations=[0, 1], omega=1.5), "omega must be in"),
     ("tdt_loss", dict(blank=5, durations=[0, 1], sigma=float("nan")), "sigma must not be NaN"),
-    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[1, 2]), "big_blank_durations must be >= 2"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[1, 2]), "big_blank_durations must all be >= 2"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[-2, 4]), r"big_blank_durations must all be >= 2, got \[-2, 4\]"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[3, 3]), "big_blank_durations must be distinct"),
     ("multiblank_rnnt_loss", dict(blank=0, big_blank_durations=[2]), "must be the last class"),
 ])
 def test_bad_arguments(fn_name, kw, match):
@@ -220,6 +222,27 @@ def test_bad_arguments(fn_name, kw, match):
             fn(x, *args, 0, **kw)
         else:
             fn(x, *args, **kw)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+def test_big_blank_durations_in_any_order(backend):
+    """NeMo accepts ``big_blank_durations`` in any order, the big blank of duration
+    ``d_i`` being class ``blank - 1 - i``: [4, 2] on some logits is [2, 4] on the logits
+    with those two classes swapped (losses and gradients). NumPy ints are ints."""
+    import numpy as np
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 4, 8, generator=g, dtype=torch.float64)
+    args = (torch.tensor([[1, 2, 3], [4, 1, 0]]), torch.tensor([9, 6]), torch.tensor([3, 2]))
+    perm = [0, 1, 2, 3, 4, 6, 5, 7]
+    a, b = x.clone().requires_grad_(), x[..., perm].clone().requires_grad_()
+    la = rnnt_lattice.multiblank_rnnt_loss(a, *args, blank=7, big_blank_durations=np.array([4, 2]),
+                                           reduction="none", backend=backend)
+    lb = rnnt_lattice.multiblank_rnnt_loss(b, *args, blank=7, big_blank_durations=[2, 4],
+                                           reduction="none", backend=backend)
+    (la * torch.tensor([1.0, -2.0], dtype=la.dtype)).sum().backward()
+    (lb * torch.tensor([1.0, -2.0], dtype=lb.dtype)).sum().backward()
+    torch.testing.assert_close(la, lb, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(a.grad, b.grad[..., perm], rtol=1e-12, atol=1e-12)
 
 
 def test_tdt_targets_are_tokens_and_multiblank_targets_not_big_blanks():

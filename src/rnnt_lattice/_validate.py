@@ -8,6 +8,7 @@ there the kernels treat out-of-range values as documented in ``rnnt_loss``. Unde
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -169,10 +170,13 @@ def check_float(name: str, value, *, minimum: float | None = None, finite: bool 
     return value
 
 
-def check_durations(name: str, durations, *, allow_zero: bool, need_positive: bool = True
-                    ) -> tuple[int, ...]:
-    """A strictly ascending tuple of non-negative frame counts (NeMo's kernels rely on the
-    order), e.g. TDT's ``durations`` or multi-blank's ``big_blank_durations``."""
+def check_durations(name: str, durations, *, minimum: int, ascending: bool,
+                    need_positive: bool = True) -> tuple[int, ...]:
+    """Distinct frame counts ``>= minimum``, as a tuple of ints (anything ``operator.index``
+    accepts: Python, NumPy or 0-d tensor integers). ``ascending``: they must also be strictly
+    ascending (TDT's ``durations``: the duration softmax group is read in that order);
+    multi-blank's ``big_blank_durations`` may come in any order (NeMo accepts any, the big
+    blank of ``big_blank_durations[i]`` being class ``blank - 1 - i``)."""
     if isinstance(durations, torch.Tensor):
         durations = durations.tolist()
     try:
@@ -181,15 +185,22 @@ def check_durations(name: str, durations, *, allow_zero: bool, need_positive: bo
         raise ValueError(f"{name} must be a sequence of ints, got {durations!r}") from None
     if not out:
         raise ValueError(f"{name} must not be empty")
+    ints = []
     for d in out:
-        if isinstance(d, bool) or not isinstance(d, int):
-            raise ValueError(f"{name} must hold ints, got {d!r} in {list(out)}")
-    lo = 0 if allow_zero else 1
-    if any(d < lo for d in out):
-        raise ValueError(f"{name} must be >= {lo}, got {list(out)}")
-    if any(b <= a for a, b in zip(out, out[1:])):
+        try:
+            if isinstance(d, bool):
+                raise TypeError
+            ints.append(operator.index(d))
+        except TypeError:
+            raise ValueError(f"{name} must hold ints, got {d!r} in {list(out)}") from None
+    out = tuple(ints)
+    if any(d < minimum for d in out):
+        raise ValueError(f"{name} must all be >= {minimum}, got {list(out)}")
+    if ascending and any(b <= a for a, b in zip(out, out[1:])):
         raise ValueError(f"{name} must be strictly ascending, got {list(out)}")
-    if need_positive and out[-1] < 1:
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must be distinct, got {list(out)}")
+    if need_positive and max(out) < 1:
         raise ValueError(f"{name} needs a duration >= 1 (a blank must advance), got {list(out)}")
     return out
 

@@ -220,7 +220,7 @@ def tdt_loss(
     also with FastEmit (NeMo reports it multiplied by ``1 + fastemit_lambda``).
     """
     from . import topology
-    durations = check_durations("durations", durations, allow_zero=True)
+    durations = check_durations("durations", durations, minimum=0, ascending=True)
     omega = check_float("omega", omega, minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be in [0, 1], got {omega}")
@@ -277,15 +277,14 @@ def multiblank_rnnt_loss(
 
     Args:
         blank: the standard blank, the last class (``V - 1`` or ``-1``).
-        big_blank_durations: strictly ascending durations ``>= 2`` (1 is the standard blank).
+        big_blank_durations: distinct durations ``>= 2`` (1 is the standard blank), in any
+            order: the big blank of ``big_blank_durations[i]`` is class ``blank - 1 - i``.
         sigma, and the rest: as :func:`tdt_loss` / :func:`rnnt_loss`. The targets must not
             use the big blanks' classes.
     """
     from . import topology
-    durations = check_durations("big_blank_durations", big_blank_durations, allow_zero=False)
-    if durations[0] < 2:
-        raise ValueError(f"big_blank_durations must be >= 2 (1 is the standard blank), got "
-                         f"{list(durations)}")
+    durations = check_durations("big_blank_durations", big_blank_durations, minimum=2,
+                                ascending=False)
     if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4):
         V = logits.shape[-1]
         if isinstance(blank, int) and not isinstance(blank, bool) and -V <= blank < V:
