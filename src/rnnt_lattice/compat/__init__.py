@@ -1,2 +1,16 @@
-"""Drop-in modules for the peers' users: the same names and argument conventions, computed
-by rnnt_lattice's kernels. ``rnnt_lattice.compat.k2``: k2 / fast_rnnt."""
+"""Drop-in modules for the peers' users: the same names, argument conventions and return
+values, computed by rnnt_lattice's kernels. One module per peer; a user switches by
+changing one import (docs/migrating.md):
+
+- ``rnnt_lattice.compat.k2``: k2 and fast_rnnt (icefall);
+- ``rnnt_lattice.compat.torchaudio``: ``torchaudio.functional.rnnt_loss`` and
+  ``torchaudio.transforms.RNNTLoss``;
+- ``rnnt_lattice.compat.nemo``: NeMo's numba RNN-T, TDT and multi-blank losses, and
+  ``install()`` for NeMo's own ``RNNTLoss``;
+- ``rnnt_lattice.compat.warp_rnnt``: warp-rnnt;
+- ``rnnt_lattice.compat.warp_transducer``: warp-transducer's ``warprnnt_pytorch``;
+- ``rnnt_lattice.compat.optimized_transducer``: optimized_transducer;
+- ``rnnt_lattice.compat.speechbrain``: SpeechBrain's transducer loss.
+
+Importing ``rnnt_lattice.compat`` imports none of them (each loads on its own import).
+"""
