@@ -10,11 +10,15 @@
 #   * nemo-toolkit is installed with --no-deps: peers.py imports only
 #     nemo.collections.asr.parts.numba.rnnt_loss (needs torch, numpy, numba), bypassing
 #     the parent packages' __init__ files that import the whole ASR collection.
+#   * step nemo_full adds what `import nemo.collections.asr` needs (lightning, hydra, lhotse,
+#     transformers, ...), with torch/numpy/numba held at the versions already installed:
+#     benchmarks/check_nemo_install.py (NeMo's own RNNTLoss through
+#     rnnt_lattice.compat.nemo.install()) and NeMo's test files need the full import.
 # Nothing of the peers' code is written into the repository; the script only builds, in
 # a temp dir under /tmp (removed after a successful build, kept after a failed one).
 #
 # Usage: bash benchmarks/setup_peers.sh [step ...]
-#   steps: venv torch peers fast_rnnt optimized_transducer self check  (default: all)
+#   steps: venv torch peers nemo_full fast_rnnt optimized_transducer self check  (default: all)
 #   Re-running is cheap: pip skips what is installed; a built peer that imports is not
 #   rebuilt unless FORCE_BUILD=1.
 # Log: appended to benchmarks/.venv-peers/setup_peers.log (and printed).
@@ -39,9 +43,16 @@ NEMO_SPEC='nemo-toolkit==3.0.0'
 # Its parents' __init__ files import the whole ASR collection (hydra, lightning, lhotse, ...),
 # so peers.py imports the loss module with bare parent packages instead of installing those.
 NEMO_DEPS=(numpy numba)
+# `import nemo.collections.asr` (NeMo's RNNTLoss, its configs and test files): NeMo 3.0's
+# runtime requirements that this import reaches, found by importing it with --no-deps.
+NEMO_FULL_DEPS=("lightning<=2.4.0,>2.2.1" "hydra-core<=1.3.2,>1.3" "omegaconf<=2.3" torchmetrics
+  nv-one-logger-core nv-one-logger-pytorch-lightning-integration
+  nv-one-logger-training-telemetry lhotse urllib3 einops transformers sentencepiece pandas
+  kaldialign librosa braceexpand webdataset text-unidecode tensorboard datasets wrapt onnx
+  pytest)
 
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(venv torch peers fast_rnnt optimized_transducer self check)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(venv torch peers nemo_full fast_rnnt optimized_transducer self check)
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 log() { echo "[setup_peers $(date -u +%H:%M:%S)] $*"; }
 
@@ -69,6 +80,23 @@ if want peers; then
   "${PIP[@]}" install "torch==$TORCH_VER" "warprnnt-numba==$WARP_NUMBA_VER" "${NEMO_DEPS[@]}" \
       'pybind11<3' psutil
   "${PIP[@]}" install --no-deps "$NEMO_SPEC"
+fi
+
+if want nemo_full; then
+  log "NeMo's full ASR import: ${NEMO_FULL_DEPS[*]}"
+  # Hold what the other peers were built or measured with (the CUDA torch wheel, numpy, numba).
+  cons="$(mktemp /tmp/nemo-constraints-XXXX.txt)"
+  "$PY" - > "$cons" <<'PYCONS'
+import importlib.metadata as md
+for dist in ("torch", "torchvision", "torchaudio", "numpy", "numba", "llvmlite"):
+    try:
+        print(f"{dist}=={md.version(dist)}")
+    except md.PackageNotFoundError:
+        pass
+PYCONS
+  "${PIP[@]}" install -c "$cons" "${NEMO_FULL_DEPS[@]}"
+  rm -f "$cons"
+  "$PY" -c "import nemo.collections.asr.losses.rnnt as r; print('nemo.collections.asr imports:', r.__name__)"
 fi
 
 # Build one sdist CPU-only against the venv's torch. $1 = pip name, $2 = version, $3 = patch function
