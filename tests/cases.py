@@ -83,3 +83,14 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
         return 0.0
     scale = max(1.0, want[finite].abs().max().item())
     return (got[finite] - want[finite]).abs().max().item() / scale
+
+
+def loss_and_grad(fn, logits, *args, weights=None, **kw):
+    """``fn(logits, *args, **kw)`` on a fresh leaf copy of ``logits``: its output (detached)
+    and the gradient of ``sum(weights * output)`` w.r.t. the logits (``weights``: signed
+    per-sequence upstream gradients for a ``(B,)`` output; default 1)."""
+    x = logits.detach().clone().requires_grad_()
+    out = fn(x, *args, **kw)
+    w = torch.ones(()) if weights is None else weights
+    (out * w.to(out.dtype)).sum().backward()
+    return out.detach(), x.grad

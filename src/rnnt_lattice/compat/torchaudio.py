@@ -1,0 +1,147 @@
+"""torchaudio's RNN-T loss on rnnt_lattice's kernels: a torchaudio user switches by changing
+one import,
+
+    from torchaudio.functional import rnnt_loss        # before
+    from torchaudio.transforms import RNNTLoss
+    from rnnt_lattice.compat.torchaudio import rnnt_loss, RNNTLoss     # after
+
+Same names, argument names and order, defaults, accepted dtypes, return shapes and dtypes
+and reduction semantics as ``torchaudio.functional.rnnt_loss`` and
+``torchaudio.transforms.RNNTLoss`` (torchaudio 2.9): ``logits`` ``(B, T, U+1, V)`` float32
+or float16 (the loss comes back in the logits' dtype), ``targets`` ``(B, U)``,
+``logit_lengths`` and ``target_lengths`` ``(B,)``, all three int32; ``blank=-1`` (the last
+class), ``clamp=-1`` (off), ``reduction="mean"`` (sum / B), ``fused_log_softmax=True``.
+
+Both are TorchScript-compatible, like torchaudio's: ``torch.jit.script`` compiles a caller
+(and ``torch.jit.save`` / ``torch.jit.load`` round-trip it, this module being imported
+before the load), through the registered op ``rnnt_lattice::torchaudio_rnnt_loss``. The op
+is composite: its kernel is :func:`rnnt_lattice.rnnt_loss` itself, so eager calls, scripted
+and traced callers and ``torch.compile`` run the same code, with the library's own autograd
+(the upstream gradient fused into the gradient write, no saved gradient to rescale).
+
+Differences from torchaudio, all deliberate:
+- bad arguments raise ``ValueError`` naming them (torchaudio raises ``RuntimeError``);
+- a target id outside ``[0, V)`` or equal to the blank is a ``ValueError`` on CPU
+  (torchaudio reads out of bounds: a silent wrong loss);
+- padded sizes may exceed the longest sequence (torchaudio demands ``T == max
+  logit_lengths`` and ``U == max target_lengths``), any strides are accepted (torchaudio
+  demands contiguous logits), and ``T_b = 0`` gives an infinite loss with a zero gradient;
+- ``reduction="mean"`` of an empty batch is 0 (torchaudio fails).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import rnnt_lattice
+
+__all__ = ["rnnt_loss", "RNNTLoss"]
+
+# The op the TorchScript-compatible wrapper calls: registered once, at import (kept alive
+# by this module-level Library).
+_LIB = torch.library.Library("rnnt_lattice", "FRAGMENT")
+_LIB.define("torchaudio_rnnt_loss(Tensor logits, Tensor targets, Tensor logit_lengths, "
+            "Tensor target_lengths, int blank, float clamp, bool fused_log_softmax) -> Tensor")
+
+_LOGIT_DTYPES = (torch.float32, torch.float16)
+
+
+def _costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax):
+    """The op's kernel: per-sequence costs ``(B,)`` in the logits' dtype, differentiable
+    w.r.t. ``logits`` through :func:`rnnt_lattice.rnnt_loss` (registered
+    CompositeImplicitAutograd: autograd records what the public function does)."""
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise ValueError(f"logits must be float32 or float16 (as torchaudio), got {logits.dtype} "
+                         f"logits of shape {tuple(logits.shape)}; rnnt_lattice.rnnt_loss also "
+                         f"takes float64 and bfloat16")
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32 (as torchaudio), got {x.dtype} of shape "
+                             f"{tuple(x.shape)}; rnnt_lattice.rnnt_loss also takes int64")
+    costs = rnnt_lattice.rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
+                                   "none", fused_log_softmax)
+    return costs.to(logits.dtype)        # float16 logits: a float16 loss, as torchaudio
+
+
+_LIB.impl("torchaudio_rnnt_loss", _costs, "CompositeImplicitAutograd")
+
+
+def rnnt_loss(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int = -1,
+    clamp: float = -1,
+    reduction: str = "mean",
+    fused_log_softmax: bool = True,
+):
+    """``torchaudio.functional.rnnt_loss``: the RNN-T loss ``-log P(y|x)`` (Graves 2012).
+
+    Example::
+
+        >>> import torch
+        >>> from rnnt_lattice.compat.torchaudio import rnnt_loss
+        >>> logits = torch.randn(2, 5, 3, 4, requires_grad=True)          # (B, T, U+1, V)
+        >>> targets = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+        >>> lengths = torch.tensor([5, 4], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
+        >>> loss = rnnt_loss(logits, targets, *lengths, blank=0)
+        >>> loss.backward()
+        >>> scripted = torch.jit.script(rnnt_loss)                        # TorchScript, as torchaudio
+
+    Args:
+        logits: ``(B, T, U+1, V)`` joiner output, float32 or float16.
+        targets: ``(B, U)`` int32 label ids, zero-padded.
+        logit_lengths: ``(B,)`` int32 frames ``T_b`` of each sequence.
+        target_lengths: ``(B,)`` int32 labels ``U_b`` of each sequence.
+        blank: the blank id; negative counts from the end (``-1``: ``V - 1``).
+        clamp: if ``> 0``, every element of the per-sequence gradient is clipped to
+            ``[-clamp, clamp]`` before the upstream gradient is applied.
+        reduction: ``"none"`` -> ``(B,)``, ``"mean"`` (sum / B) or ``"sum"`` -> a scalar.
+        fused_log_softmax: ``False`` when ``logits`` already are log-probabilities.
+
+    Returns:
+        The loss in the logits' dtype: ``(B,)`` for ``"none"``, otherwise a scalar.
+    """
+    if reduction not in ["none", "mean", "sum"]:
+        raise ValueError('reduction should be one of "none", "mean", or "sum"')
+    costs = torch.ops.rnnt_lattice.torchaudio_rnnt_loss(
+        logits, targets, logit_lengths, target_lengths, blank, float(clamp), fused_log_softmax)
+    if reduction == "sum" or (reduction == "mean" and costs.numel() == 0):
+        return costs.sum()                # an empty batch: "mean" is 0, not 0/0
+    if reduction == "mean":
+        return costs.mean()
+    return costs
+
+
+class RNNTLoss(torch.nn.Module):
+    """``torchaudio.transforms.RNNTLoss``: :func:`rnnt_loss` with its options fixed.
+
+    Example::
+
+        >>> import torch
+        >>> from rnnt_lattice.compat.torchaudio import RNNTLoss
+        >>> criterion = RNNTLoss(blank=0)
+        >>> logits = torch.randn(1, 2, 3, 5, requires_grad=True)          # (B, T, U+1, V)
+        >>> loss = criterion(logits, torch.tensor([[1, 2]], dtype=torch.int32),
+        ...                  torch.tensor([2], dtype=torch.int32), torch.tensor([2], dtype=torch.int32))
+        >>> loss.backward()
+
+    Args: ``blank=-1``, ``clamp=-1.0``, ``reduction="mean"``, ``fused_log_softmax=True``,
+    as :func:`rnnt_loss`. Forward args: ``logits (B, T, U+1, V)``, ``targets (B, U)``,
+    ``logit_lengths (B,)``, ``target_lengths (B,)``.
+    """
+
+    def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
+                 fused_log_softmax: bool = True):
+        super().__init__()
+        self.blank = blank
+        self.clamp = clamp
+        self.reduction = reduction
+        self.fused_log_softmax = fused_log_softmax
+
+    def forward(self, logits: Tensor, targets: Tensor, logit_lengths: Tensor,
+                target_lengths: Tensor):
+        return rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
+                         self.clamp, self.reduction, self.fused_log_softmax)
