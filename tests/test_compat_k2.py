@@ -1,11 +1,15 @@
-"""``rnnt_lattice.compat.k2``: fast_rnnt's names, argument conventions and return values on
-our kernels. The occupations ``return_grad`` gives are checked against autograd through an
-independent loop implementation of k2's recursion on its own ``px``/``py`` layout
-(variants.md A), so the layout conversion cannot hide a transposition or an off-by-one."""
+"""``rnnt_lattice.compat.k2`` (k2 and fast_rnnt) against independent references: a
+Python-loop transcription of k2's recursion with autograd, on its own ``px``/``py`` layout
+(variants.md A), with ``px``/``py`` read from naive 4-D log-prob tensors (``log_softmax``
+of the full logits; the smoothed and HAT formulas written out). So a layout conversion,
+a transposition or an off-by-one at the boundary cannot hide. Every case has ragged
+boundaries; symbols past ``boundary[:, 2]`` are padded with the blank (icefall) or with
+out-of-range garbage, and some labels inside equal ``termination_symbol``."""
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,17 +18,18 @@ import rnnt_lattice
 from rnnt_lattice.compat import k2
 
 NEG_INF = -math.inf
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}    # relative; the lattices run in float64
 
 
 def _lae(a, b):
-    if float(a) == NEG_INF and float(b) == NEG_INF:
+    if float(a.detach()) == NEG_INF and float(b.detach()) == NEG_INF:
         return a.detach()               # no path: gradient 0 (logaddexp's would be NaN)
     return torch.logaddexp(a, b)
 
 
 def k2_recursion(px, py, regular: bool, start=(0, 0), end=None):
     """k2's ``mutual_information_recursion`` for one sequence, as a Python loop with
-    autograd (float64): ``p[s0, t0] = 0``; regular ``p[s,t] = lae(p[s-1,t] + px[s-1,t],
+    autograd: ``p[s0, t0] = 0``; regular ``p[s,t] = lae(p[s-1,t] + px[s-1,t],
     p[s,t-1] + py[s,t-1])``, else ``lae(p[s-1,t-1] + px[s-1,t-1], p[s,t-1] + py[s,t-1])``;
     returns ``p[s1, t1]``. ``px`` ``(S, T+1)`` or ``(S, T)``, ``py`` ``(S+1, T)``."""
     S1, T = py.shape
@@ -48,103 +53,394 @@ def k2_recursion(px, py, regular: bool, start=(0, 0), end=None):
     return p[s1, t1]
 
 
-def k2_px_py(logits, symbols, blank, rnnt_type, delay_penalty=0.0, boundary=None):
-    """k2's ``get_rnnt_logprobs`` layout from full logits ``(B, T, S+1, C)``."""
-    B, T, S1, C = logits.shape
+def ref_px_py(logp, symbols, blank, rnnt_type, boundary):
+    """k2's ``(px, py)`` read from node log-probs ``logp`` ``(B, T, S+1, C)``, or from a
+    pair ``(blank log-probs, label log-probs)`` of such tensors where a label's entry is not
+    the blank's even for the blank's class (HAT)."""
+    logp_blank, logp_label = logp if isinstance(logp, tuple) else (logp, logp)
+    B, T, S1, C = logp_blank.shape
     S = S1 - 1
-    logp = torch.log_softmax(logits, -1)
-    py = logp[..., blank].transpose(1, 2)                                   # (B, S+1, T)
-    px = torch.gather(logp[:, :, :S], 3, symbols[:, None, :, None].expand(B, T, S, 1))
+    py = logp_blank[..., blank].transpose(1, 2)                             # (B, S+1, T)
+    y = symbols.clamp(0, C - 1)                     # entries past the end: read nowhere
+    px = torch.gather(logp_label[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))
     px = px[..., 0].transpose(1, 2)                                         # (B, S, T)
     if rnnt_type == "regular":
         px = torch.cat([px, px.new_full((B, S, 1), NEG_INF)], 2)            # (B, S, T+1)
-    if rnnt_type == "regular" and boundary is not None:
-        # k2's fix_for_boundary: no label arc on the end frame (it plays the virtual frame T).
-        px = px.clone()
-        for b in range(B):
-            px[b, :, int(boundary[b, 3])] = NEG_INF
+        if boundary is not None:    # no label on the end frame (k2's fix_for_boundary)
+            t = torch.arange(T + 1)
+            px = torch.where(t == boundary[:, 3, None, None], NEG_INF, px)
     if rnnt_type == "constrained":
         px = px + py[:, 1:, :]
-    if delay_penalty > 0:
-        T_b = boundary[:, 3] if boundary is not None else torch.full((B,), T)
-        t = torch.arange(px.shape[2], dtype=px.dtype)
-        px = px + delay_penalty * ((T_b[:, None, None].to(px.dtype) - 1) / 2 - t)
     return px, py
 
 
-@pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
-@pytest.mark.parametrize("with_boundary", [False, True])
-def test_rnnt_loss_and_return_grad_match_k2_recursion(rnnt_type, with_boundary):
-    g = torch.Generator().manual_seed(3)
-    B, T, S, C, blank = 2, 5, 3, 6, 0
-    logits = torch.randn(B, T, S + 1, C, generator=g, dtype=torch.float64)
-    symbols = torch.randint(1, C, (B, S), generator=g)
-    boundary = torch.tensor([[0, 0, 3, 5], [1, 1, 2, 4]]) if with_boundary else None
-    x = logits.clone().requires_grad_()
-    loss, (px_grad, py_grad) = k2.rnnt_loss(x, symbols, blank, boundary=boundary,
-                                            rnnt_type=rnnt_type, delay_penalty=0.2,
-                                            reduction="none", return_grad=True)
-    assert px_grad.shape == (B, S, T + 1 if rnnt_type == "regular" else T)
-    assert py_grad.shape == (B, S + 1, T)
-    px, py = k2_px_py(logits, symbols, blank, rnnt_type, 0.2, boundary)
-    px.requires_grad_()
-    py.requires_grad_()
+def ref_scores(px, py, boundary, delay_penalty, regular):
+    """``(B,)`` log-likelihoods by the loop, with k2's delay penalty on ``px``."""
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    out = []
     for b in range(B):
-        start, end = ((0, 0), None) if boundary is None else \
+        start, end = ((0, 0), (S, T)) if boundary is None else \
             ((int(boundary[b, 0]), int(boundary[b, 1])), (int(boundary[b, 2]), int(boundary[b, 3])))
-        ll = k2_recursion(px[b], py[b], rnnt_type == "regular", start, end)
-        gx, gy = torch.autograd.grad(ll, (px, py))
-        assert abs(float(loss[b].detach()) + float(ll)) <= 1e-10 * max(1.0, abs(float(ll)))
-        torch.testing.assert_close(px_grad[b], gx[b], rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(py_grad[b], gy[b], rtol=1e-9, atol=1e-12)
-    loss.sum().backward()                       # the loss is differentiable, as k2's
-    assert torch.isfinite(x.grad).all()
+        t_end = end[1]
+        pen = delay_penalty * ((t_end - 1) / 2 - torch.arange(T1, dtype=px.dtype))
+        out.append(k2_recursion(px[b] + pen, py[b], regular, start, end))
+    return torch.stack(out)
 
 
-def test_simple_pruned_pipeline_as_icefall_calls_it():
-    """simple loss (return_grad) -> get_rnnt_prune_ranges -> do_rnnt_pruning -> joiner ->
-    rnnt_loss_pruned; with s_range = S + 1 the pruned loss is the full loss."""
-    g = torch.Generator().manual_seed(5)
-    B, T, S, C, D, blank = 2, 6, 3, 7, 4, 0
-    am = torch.randn(B, T, C, generator=g, dtype=torch.float64)
-    lm = torch.randn(B, S + 1, C, generator=g, dtype=torch.float64)
-    symbols = torch.randint(1, C, (B, S), generator=g)
-    simple, (px_grad, py_grad) = k2.rnnt_loss_simple(lm, am, symbols, blank, return_grad=True,
-                                                     reduction="sum")
-    full = k2.rnnt_loss(am[:, :, None] + lm[:, None], symbols, blank, reduction="sum")
-    assert abs(float(simple) - float(full)) <= 1e-10 * abs(float(full))
-    smoothed = k2.rnnt_loss_smoothed(lm, am, symbols, blank, lm_only_scale=0.0,
-                                     am_only_scale=0.0, reduction="sum")
-    assert abs(float(smoothed) - float(full)) <= 1e-8 * abs(float(full))
-    for s_range, exact in ((S + 1, True), (2, False)):
+def hat_log_probs(logits):
+    """HAT's node log-probs (blank's, labels'): a Bernoulli blank (class 0), then a softmax
+    over the other classes; k2 reads a label's entry the same way for class 0 too."""
+    x0 = logits[..., :1]
+    labels = logits - torch.logsumexp(logits[..., 1:], -1, keepdim=True) + torch.nn.functional.logsigmoid(-x0)
+    return torch.nn.functional.logsigmoid(x0).expand(logits.shape), labels
+
+
+def smoothed_log_probs(lm, am, s_lm, s_am):
+    """k2's smoothed node log-probs written out on ``(B, T, S+1, C)`` tensors (variants.md A)."""
+    uni = torch.softmax(lm, -1).mean((0, 1)) + torch.finfo(lm.dtype).tiny
+    full = torch.log_softmax(am[:, :, None] + lm[:, None], -1)
+    lm_only = torch.log_softmax(lm, -1)[:, None]
+    am_only = (am + uni.log() - torch.logsumexp(am + uni.log(), -1, keepdim=True))[:, :, None]
+    return (1 - s_lm - s_am) * full + s_lm * lm_only + s_am * am_only
+
+
+def window_log_probs(logits, ranges, S, hat):
+    """Node log-probs ``(B, T, S+1, C)`` of window logits ``(B, T, R, C)`` (HAT: the pair of
+    ``hat_log_probs``); -inf outside the windows."""
+    B, T, R, C = logits.shape
+    full = logits.new_full((B, T, S + 1, C), NEG_INF)
+    index = ranges[..., None].expand(B, T, R, C)
+    if hat:
+        return tuple(full.scatter(2, index, lp) for lp in hat_log_probs(logits))
+    return full.scatter(2, index, torch.log_softmax(logits, -1))
+
+
+# ---------------------------------------------------------------------------------------
+# The case table
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class K2Case:
+    name: str
+    rnnt_type: str
+    boundary: tuple | None      # rows [begin_symbol, begin_frame, end_symbol, end_frame]
+    padding: str                # symbols past end_symbol: "blank" (icefall), "garbage", "none"
+    blank_label: bool           # some labels inside equal termination_symbol
+    blank: int
+
+
+B, T, S, C = 3, 5, 3, 5
+CASES = [
+    K2Case("regular_blank_padded", "regular", ((0, 0, 3, 5), (0, 0, 1, 4), (0, 0, 0, 3)), "blank", False, 0),
+    K2Case("regular_garbage_padded", "regular", ((0, 0, 2, 5), (0, 0, 3, 3), (0, 0, 1, 2)), "garbage", True, 2),
+    K2Case("modified_blank_label", "modified", ((0, 0, 3, 5), (0, 0, 2, 3), (0, 0, 1, 4)), "blank", True, 0),
+    K2Case("constrained_offsets", "constrained", ((1, 1, 3, 5), (0, 0, 2, 4), (0, 2, 1, 5)), "garbage", False, 4),
+    K2Case("regular_no_boundary", "regular", None, "none", True, 1),
+    K2Case("modified_no_boundary", "modified", None, "none", False, 0),
+]
+FUNCTIONS = ["rnnt_loss", "rnnt_loss_return_grad", "simple", "smoothed", "pruned",
+             "pruned_return_grad", "hat"]
+
+
+def make_case(case: K2Case, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    boundary = None if case.boundary is None else torch.tensor(case.boundary)
+    others = torch.tensor([c for c in range(C) if c != case.blank])
+    symbols = others[torch.randint(C - 1, (B, S), generator=g)]
+    ends = torch.full((B,), S) if boundary is None else boundary[:, 2]
+    past = torch.arange(S)[None, :] >= ends[:, None]
+    if case.padding != "none":
+        pad = torch.tensor([[99, -3, 7]]).expand(B, S) if case.padding == "garbage" else case.blank
+        symbols = torch.where(past, pad, symbols)
+    if case.blank_label:
+        symbols[0, 0] = case.blank
+        symbols[1, int(ends[1]) - 1] = case.blank
+    am = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
+    lm = torch.randn(B, S + 1, C, generator=g, dtype=torch.float64).to(dtype)
+    logits = torch.randn(B, T, S + 1, C, generator=g, dtype=torch.float64).to(dtype)
+    # Windows of R = 3 rows ending at each sequence's last symbol (finite losses).
+    s_begin = torch.minimum(torch.tensor([0, 0, 1, 1, 1]), (ends - 2).clamp(min=0)[:, None])
+    ranges = s_begin[..., None] + torch.arange(3)
+    window = torch.randn(B, T, 3, C, generator=g, dtype=torch.float64).to(dtype)
+    return symbols, boundary, am, lm, logits, ranges, window
+
+
+def inputs(fn, am, lm, logits, window):
+    """The tensors ``fn`` differentiates."""
+    if fn in ("simple", "smoothed"):
+        return lm, am
+    return (logits,) if fn.startswith("rnnt_loss") else (window,)
+
+
+def call(fn, case, xs, symbols, boundary, ranges, reduction="none"):
+    """``compat.k2``'s function ``fn`` on ``xs``: the loss, or ``(loss, (px_grad, py_grad))``."""
+    kw = dict(boundary=boundary, rnnt_type=case.rnnt_type, delay_penalty=0.1, reduction=reduction)
+    if fn == "simple":
+        return k2.rnnt_loss_simple(*xs, symbols, case.blank, return_grad=True, **kw)
+    if fn == "smoothed":
+        return k2.rnnt_loss_smoothed(*xs, symbols, case.blank, 0.2, 0.1, return_grad=True, **kw)
+    if fn.startswith("rnnt_loss"):
+        return k2.rnnt_loss(*xs, symbols, case.blank, return_grad=fn.endswith("grad"), **kw)
+    return k2.rnnt_loss_pruned(*xs, symbols, ranges, case.blank, return_grad=fn.endswith("grad"),
+                               use_hat_loss=fn == "hat", **kw)
+
+
+def ref_log_probs(fn, xs, ranges):
+    """The reference's node log-probs ``(B, T, S+1, C)`` of ``fn``'s inputs."""
+    if fn == "simple":
+        return torch.log_softmax(xs[1][:, :, None] + xs[0][:, None], -1)
+    if fn == "smoothed":
+        return smoothed_log_probs(xs[0], xs[1], 0.2, 0.1)
+    if fn.startswith("rnnt_loss"):
+        return torch.log_softmax(xs[0], -1)
+    return window_log_probs(xs[0], ranges, S, fn == "hat")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("fn", FUNCTIONS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_losses_match_k2_recursion(case, fn, dtype):
+    """Loss (reductions too), gradient w.r.t. the inputs with signed upstream weights, and
+    ``return_grad``'s ``(px_grad, py_grad)``, against the loop on the reference ``(px, py)``."""
+    symbols, boundary, am, lm, logits, ranges, window = make_case(case, dtype)
+    xs = tuple(x.clone().requires_grad_() for x in inputs(fn, am, lm, logits, window))
+    if fn == "hat" and case.blank != 0:
+        with pytest.raises(ValueError, match="termination_symbol = 0"):
+            call(fn, case, xs, symbols, boundary, ranges)
+        return
+    out = call(fn, case, xs, symbols, boundary, ranges)
+    loss, grads = out if isinstance(out, tuple) else (out, None)
+    assert loss.shape == (B,) and loss.dtype == dtype
+    assert (grads is not None) == (fn in ("simple", "smoothed") or fn.endswith("grad"))
+
+    x_ref = tuple(x.detach().double().requires_grad_() for x in xs)
+    px, py = ref_px_py(ref_log_probs(fn, x_ref, ranges), symbols, case.blank, case.rnnt_type,
+                       boundary)
+    want = -ref_scores(px, py, boundary, 0.1, case.rnnt_type == "regular")
+    assert torch.isfinite(want).all()
+    tol = TOL[dtype]
+    torch.testing.assert_close(loss.double(), want.detach(), rtol=tol, atol=tol)
+    for reduction, reduce in (("sum", torch.sum), ("mean", torch.mean)):
+        got = call(fn, case, xs, symbols, boundary, ranges, reduction)
+        got = got[0] if isinstance(got, tuple) else got
+        torch.testing.assert_close(got.double(), reduce(want.detach()), rtol=tol, atol=tol)
+
+    up = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    (loss * up.to(dtype)).sum().backward()
+    (want * up).sum().backward()
+    for got, ref in zip(xs, x_ref):
+        torch.testing.assert_close(got.grad.double(), ref.grad, rtol=tol, atol=tol)
+    if grads is not None:
+        # d log-likelihood / d (px, py), px and py the recursion's inputs: the occupations
+        leaves = px.detach().requires_grad_(), py.detach().requires_grad_()
+        scores = ref_scores(*leaves, boundary, 0.1, case.rnnt_type == "regular")
+        for got, ref, in zip(grads, torch.autograd.grad(scores.sum(), leaves)):
+            assert got.shape == ref.shape and got.dtype == dtype
+            torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_px_py_functions(case):
+    """``get_rnnt_logprobs*``: k2's layout and values where k2's recursion reads them (the
+    rows of symbols past ``end_symbol`` are ``-inf``: never read, never checked)."""
+    symbols, boundary, am, lm, logits, ranges, window = make_case(case, torch.float64)
+    ends = torch.full((B,), S) if boundary is None else boundary[:, 2]
+    read = (torch.arange(S)[None, :] < ends[:, None])[:, :, None]            # (B, S, 1)
+    got = {
+        "simple": k2.get_rnnt_logprobs(lm, am, symbols, case.blank, case.rnnt_type, boundary),
+        "smoothed": k2.get_rnnt_logprobs_smoothed(lm, am, symbols, case.blank, 0.2, 0.1,
+                                                  boundary, case.rnnt_type),
+        "rnnt_loss": k2.get_rnnt_logprobs_joint(logits, symbols, case.blank, boundary,
+                                                case.rnnt_type),
+        "pruned": k2.get_rnnt_logprobs_pruned(window, symbols, ranges, case.blank, boundary,
+                                              case.rnnt_type),
+    }
+    # k2's argument order (rnnt_type, boundary) for the joint one
+    k2_order = k2.get_rnnt_logprobs_joint(logits, symbols, case.blank, case.rnnt_type, boundary)
+    for x, y in zip(k2_order, got["rnnt_loss"]):
+        assert torch.equal(x, y)
+    for fn, (px, py) in got.items():
+        xs = (lm, am) if fn in ("simple", "smoothed") else (logits if fn == "rnnt_loss" else window,)
+        want_px, want_py = ref_px_py(ref_log_probs(fn, xs, ranges), symbols, case.blank,
+                                     case.rnnt_type, boundary)
+        assert px.shape == want_px.shape and py.shape == want_py.shape
+        torch.testing.assert_close(px, torch.where(read, want_px, NEG_INF), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(py, want_py, rtol=1e-12, atol=1e-12)
+
+
+# (B, S, T) = (4, 3, 5); rows [s_begin, t_begin, s_end, t_end]: full, empty (start = end),
+# no frame (t_begin = t_end: labels only, regular), an offset start.
+MI_BOUNDARIES = [None, ((0, 0, 3, 5), (1, 2, 1, 2), (0, 1, 2, 1), (2, 0, 3, 4))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("regular", [True, False], ids=["regular", "modified"])
+@pytest.mark.parametrize("bi", range(len(MI_BOUNDARIES)), ids=["no_boundary", "ragged"])
+def test_mutual_information_recursion(bi, regular, dtype):
+    """The general recursion, ``px`` finite on the last frame, entries outside each
+    boundary NaN (never read): value, ``return_grad``, autograd with signed upstream
+    weights, and the per-term split of ``joint_mutual_information_recursion``."""
+    g = torch.Generator().manual_seed(11)
+    Bm, Sm, Tm = 4, 3, 5
+    boundary = None if MI_BOUNDARIES[bi] is None else torch.tensor(MI_BOUNDARIES[bi])
+    px = 2 * torch.randn(Bm, Sm, Tm + regular, generator=g, dtype=torch.float64)
+    py = 2 * torch.randn(Bm, Sm + 1, Tm, generator=g, dtype=torch.float64)
+    if boundary is not None:
+        s = torch.arange(Sm + 1)[None, :, None]
+        t = torch.arange(Tm + 1)[None, None, :]
+        s0, t0, s1, t1 = (boundary[:, i, None, None] for i in range(4))
+        inside = (s >= s0) & (t >= t0)
+        px = px.masked_fill(~(inside & (s < s1) & (t <= t1))[:, :Sm, :px.shape[2]], math.nan)
+        py = py.masked_fill(~(inside & (s <= s1) & (t < t1))[:, :, :Tm], math.nan)
+    px, py = px.to(dtype), py.to(dtype)
+    xp, xq = px.clone().requires_grad_(), py.clone().requires_grad_()
+    got, (gx, gy) = k2.mutual_information_recursion(xp, xq, boundary, return_grad=True)
+    assert got.dtype == dtype and gx.dtype == dtype and gx.shape == px.shape and gy.shape == py.shape
+    up = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    (got * up.to(dtype)).sum().backward()
+    rp, rq = (torch.nan_to_num(x.double(), nan=0.0).requires_grad_() for x in (px, py))
+    want = ref_scores(rp, rq, boundary, 0.0, regular)
+    if boundary is not None:   # the empty sequence: log 1; modified without a frame: no path
+        assert want[1].item() == 0.0 and (want[2].item() == NEG_INF) != regular
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want.detach(), rtol=tol, atol=tol)
+    occ = torch.autograd.grad(want.sum(), (rp, rq), retain_graph=True)
+    weighted = torch.autograd.grad((want * up).sum(), (rp, rq))
+    for x, returned, o, w in zip((xp, xq), (gx, gy), occ, weighted):
+        torch.testing.assert_close(returned.double(), o, rtol=tol, atol=tol)
+        torch.testing.assert_close(x.grad.double(), w, rtol=tol, atol=tol)
+    # joint: terms (px/2, px/2) and (py/4, 3py/4); term n = sum(occupation * weights_n)
+    parts = (xp.detach() / 2, xp.detach() / 2), (py / 4, 3 * py / 4)
+    terms = k2.joint_mutual_information_recursion(*parts, boundary)
+    assert terms.shape == (2, Bm)
+    torch.testing.assert_close(terms.sum(0).double(), want.detach(), rtol=tol, atol=tol)
+    term1 = ((occ[0] * torch.nan_to_num(parts[0][1].double())).sum((1, 2))
+             + (occ[1] * torch.nan_to_num(parts[1][1].double())).sum((1, 2)))
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(terms[1].double()[finite], term1[finite], rtol=tol, atol=tol)
+
+
+def k2_ranges_loop(px_grad, py_grad, boundary, R, deprecated=False):
+    """k2's ``get_rnnt_prune_ranges`` (and its deprecated score) as loops (variants.md A,
+    steps 3-6): per frame the first argmax of the window score, the tail frames' start,
+    then the monotone repair."""
+    Bx, S_, T1 = px_grad.shape
+    T_ = py_grad.shape[2]
+    R_e = R if T1 == T_ + 1 else 2
+    out = torch.empty(Bx, T_, R, dtype=torch.int64)
+    for b in range(Bx):
+        s_end, t_end = int(boundary[b, 2]), int(boundary[b, 3])
+        starts = []
+        for t in range(T_):
+            def score(s):
+                if deprecated:
+                    return sum(float(py_grad[b, k, t]) + (float(px_grad[b, k, t]) if k < S_ else 0.0)
+                               for k in range(s, s + R))
+                return (sum(float(py_grad[b, k, t]) for k in range(s, s + R))
+                        - (float(px_grad[b, s - 1, t]) if s > 0 else 0.0))
+            scores = [score(s) for s in range(S_ + 2 - R)]
+            starts.append(max(s_end - R + 1, 0) if t >= t_end - 1 else scores.index(max(scores)))
+        starts = [min(starts[t:]) for t in range(T_)]
+        x = [(R_e - 1) * t - s for t, s in enumerate(starts)]
+        x = [max(min(x[t:]), 0) for t in range(T_)]
+        for t in range(T_):
+            out[b, t] = (R_e - 1) * t - x[t] + torch.arange(R)
+    return out
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified"])
+@pytest.mark.parametrize("deprecated", [False, True], ids=["k2", "deprecated"])
+def test_prune_ranges_match_k2_loop(deprecated, rnnt_type):
+    g = torch.Generator().manual_seed(2)
+    Bp, Tp, Sp, Cp = 3, 8, 5, 6
+    am = torch.randn(Bp, Tp, Cp, generator=g, dtype=torch.float64)
+    lm = torch.randn(Bp, Sp + 1, Cp, generator=g, dtype=torch.float64)
+    symbols = torch.randint(1, Cp, (Bp, Sp), generator=g)
+    boundary = torch.tensor([[0, 0, 5, 8], [0, 0, 3, 6], [0, 0, 2, 4]])
+    _, (pxg, pyg) = k2.rnnt_loss_simple(lm, am, symbols, 0, boundary, rnnt_type, return_grad=True)
+    fn = k2.get_rnnt_prune_ranges_deprecated if deprecated else k2.get_rnnt_prune_ranges
+    for R in (2, 3, 4):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ranges = k2.get_rnnt_prune_ranges(px_grad, py_grad, None, s_range)
-        R = ranges.shape[-1]
-        ours = rnnt_lattice.prune_ranges((py_grad.transpose(1, 2), torch.nn.functional.pad(
-            px_grad[:, :, :T], (0, 0, 0, 1)).transpose(1, 2)), s_range, method="k2",
-            logit_lengths=torch.full((B,), T), target_lengths=torch.full((B,), S),
-            rnnt_type="regular")
-        assert torch.equal(ranges, ours.ranges)
-        enc = torch.randn(B, T, D, generator=g, dtype=torch.float64)
-        dec = torch.randn(B, S + 1, D, generator=g, dtype=torch.float64)
-        am_p, lm_p = k2.do_rnnt_pruning(enc, dec, ranges)
-        assert am_p.shape == (B, T, R, D) and lm_p.shape == (B, T, R, D)
-        proj = torch.randn(D, C, generator=g, dtype=torch.float64)
-        logits = torch.tanh(am_p + lm_p) @ proj                               # (B, T, R, C)
-        pruned, (pxg, pyg) = k2.rnnt_loss_pruned(logits, symbols, ranges, blank,
-                                                 reduction="none", return_grad=True)
-        assert pxg.shape == (B, S, T + 1) and pyg.shape == (B, S + 1, T)
-        if exact:
-            full_logits = torch.tanh(enc[:, :, None] + dec[:, None]) @ proj
-            want = k2.rnnt_loss(full_logits, symbols, blank, reduction="none")
-            torch.testing.assert_close(pruned, want, rtol=1e-10, atol=1e-10)
-        else:
-            # every label is emitted once: the label occupations of a label sum to 1
-            assert torch.isfinite(pruned).all()
-            torch.testing.assert_close(pxg.sum(2), torch.ones(B, S, dtype=pxg.dtype))
+            warnings.simplefilter("error")          # no window needs raising here
+            got = fn(pxg, pyg, boundary, R)
+        assert torch.equal(got, k2_ranges_loop(pxg, pyg, boundary, R, deprecated))
 
 
-def test_k2_layout_errors():
-    with pytest.raises(ValueError, match=r"px_grad .* must be \(B, S, T\+1\)"):
-        k2.get_rnnt_prune_ranges(torch.zeros(2, 3, 9), torch.zeros(2, 4, 6), None, 2)
+def test_prune_ranges_raised_window_warns_at_the_call():
+    """A window too small to reach a sequence's end is raised to k2's ``(S_b - 1) // T_b +
+    2`` (k2 prints), and the ``RuntimeWarning`` names the caller's line."""
+    pxg, pyg = torch.zeros(1, 6, 3), torch.zeros(1, 7, 2)          # regular: S = 6, T = 2
+    pyg[0, :, 0] = 1.0
+    with pytest.warns(RuntimeWarning, match="R=2 cannot reach") as record:
+        ranges = k2.get_rnnt_prune_ranges(pxg, pyg, torch.tensor([[0, 0, 6, 2]]), 2)
+    assert ranges.shape == (1, 2, 4) and record[0].filename == __file__   # (6 - 1) // 2 + 2
+
+
+def test_icefall_pipeline_with_blank_padding():
+    """icefall's calls, blank-padded symbols of unequal lengths: smoothed loss with
+    ``return_grad`` -> ranges -> ``do_rnnt_pruning`` -> joiner -> pruned loss; with
+    ``s_range = S + 1`` the pruned loss is the full loss."""
+    g = torch.Generator().manual_seed(5)
+    Bi, Ti, Si, Ci, D, blank = 3, 7, 4, 6, 4, 0
+    boundary = torch.tensor([[0, 0, 4, 7], [0, 0, 2, 5], [0, 0, 1, 6]])
+    symbols = torch.randint(1, Ci, (Bi, Si), generator=g)
+    symbols = torch.where(torch.arange(Si)[None, :] < boundary[:, 2:3], symbols, blank)
+    am = torch.randn(Bi, Ti, Ci, generator=g, dtype=torch.float64)
+    lm = torch.randn(Bi, Si + 1, Ci, generator=g, dtype=torch.float64)
+    simple, (px_grad, py_grad) = k2.rnnt_loss_smoothed(
+        lm=lm, am=am, symbols=symbols, termination_symbol=blank, lm_only_scale=0.0,
+        am_only_scale=0.0, boundary=boundary, reduction="sum", return_grad=True)
+    full = k2.rnnt_loss(am[:, :, None] + lm[:, None], symbols, blank, boundary, reduction="sum")
+    torch.testing.assert_close(simple, full, rtol=1e-9, atol=0)
+    enc = torch.randn(Bi, Ti, D, generator=g, dtype=torch.float64)
+    dec = torch.randn(Bi, Si + 1, D, generator=g, dtype=torch.float64)
+    proj = torch.randn(D, Ci, generator=g, dtype=torch.float64)
+    ranges = k2.get_rnnt_prune_ranges(px_grad=px_grad, py_grad=py_grad, boundary=boundary,
+                                      s_range=Si + 1)
+    am_p, lm_p = k2.do_rnnt_pruning(am=enc, lm=dec, ranges=ranges)
+    assert am_p.shape == (Bi, Ti, Si + 1, D) and lm_p.shape == (Bi, Ti, Si + 1, D)
+    pruned = k2.rnnt_loss_pruned(logits=torch.tanh(am_p + lm_p) @ proj, symbols=symbols,
+                                 ranges=ranges, termination_symbol=blank, boundary=boundary,
+                                 reduction="none")
+    want = k2.rnnt_loss(torch.tanh(enc[:, :, None] + dec[:, None]) @ proj, symbols, blank,
+                        boundary, reduction="none")
+    torch.testing.assert_close(pruned, want, rtol=1e-10, atol=1e-10)
+
+
+def test_with_cuda_is_a_bool_and_a_function():
+    assert isinstance(k2.with_cuda(), bool) and bool(k2.with_cuda) is k2.with_cuda()
+
+
+_x4, _x3, _s = torch.zeros(2, 5, 4, 3), torch.zeros(2, 5, 3), torch.zeros(2, 3, dtype=torch.int64)
+ERRORS = [
+    (lambda: k2.rnnt_loss(_x3, _s, 0), r"logits must have 4 dims \(B, T, S\+1, C\), got shape \(2, 5, 3\)"),
+    (lambda: k2.rnnt_loss(_x4, _s[0], 0), r"symbols must have 2 dims \(B, S\), got shape \(3,\)"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, return_grad=True, boundary=torch.zeros(2, 3, dtype=torch.int64)),
+     r"boundary must have shape \(B, 4\) = \(2, 4\)"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, boundary=torch.tensor([[0, 0, 4, 5], [0, 0, 1, 5]])),
+     r"boundary\[0\] = \[0, 0, 4, 5\] must satisfy .* end_symbol <= S = 3"),
+    (lambda: k2.rnnt_loss(_x4, _s + 3, 0), r"symbols\[0, 0\] = 3 must be in \[0, C\) = \[0, 3\)"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, delay_penalty=-0.1), "delay_penalty must be >= 0"),
+    (lambda: k2.rnnt_loss_simple(_x4[:, 0], _x3[0], _s, 0), r"am must have 3 dims \(B, T, C\), got shape \(5, 3\)"),
+    (lambda: k2.rnnt_loss_simple(_x3, _x4, _s, 0), r"am must have 3 dims \(B, T, C\), got shape \(2, 5, 4, 3\)"),
+    (lambda: k2.rnnt_loss_smoothed(_x3[:, :4], _x3, _s, 0, rnnt_type="x"), "rnnt_type must be one of"),
+    (lambda: k2.rnnt_loss_pruned(_x4, _s, _s, 0), r"ranges must have 3 dims \(B, T, R\), got shape \(2, 3\)"),
+    (lambda: k2.rnnt_loss_pruned(_x4, _s, _s, 0, None, "regular", 0.0, "mean", True),
+     "ninth is return_grad in fast_rnnt and use_hat_loss in k2"),
+    (lambda: k2.mutual_information_recursion(_x3[0], _x3), r"px must have 3 dims \(B, S, T\+1\), got shape \(5, 3\)"),
+    (lambda: k2.mutual_information_recursion(_x3, _x4), r"py must have 3 dims \(B, S\+1, T\), got shape \(2, 5, 4, 3\)"),
+    (lambda: k2.mutual_information_recursion(_x3, _x3), r"px \(2, 5, 3\) must be \(B, S, T\+1\) or \(B, S, T\)"),
+    (lambda: k2.joint_mutual_information_recursion(_x3, _x3), "px must be a non-empty sequence of tensors"),
+    (lambda: k2.get_rnnt_prune_ranges(_x3[0], _x3, None, 2), r"px_grad must have 3 dims .* got shape \(5, 3\)"),
+    (lambda: k2.get_rnnt_prune_ranges(torch.zeros(2, 3, 9), torch.zeros(2, 4, 6), None, 2),
+     r"px_grad \(2, 3, 9\) must be \(B, S, T\+1\)"),
+    (lambda: k2.do_rnnt_pruning(_x3[0], _x3, _s), r"am must have 3 dims, got shape \(5, 3\)"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(ERRORS)))
+def test_errors_name_the_argument_and_its_shape(i):
+    fn, message = ERRORS[i]
+    with pytest.raises(ValueError, match=message):
+        fn()

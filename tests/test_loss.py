@@ -289,3 +289,59 @@ def test_long_targets(backend):
     lat = rnnt_lattice._backends.resolve(backend, logits.device).compute_lattice(
         logits, targets, tl, ul, blank % case.V, True)
     torch.testing.assert_close(lat.gamma_label[0, :, :1100].sum(0), torch.ones(1100, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["triton"])
+@pytest.mark.parametrize("with_boundary", [False, True], ids=["lengths", "boundary"])
+@pytest.mark.parametrize("clamp,fastemit_lambda", [(-1.0, 0.0), (0.2, 0.5)], ids=["plain", "clamp_fe"])
+def test_allow_blank_targets(clamp, fastemit_lambda, with_boundary, backend):
+    """k2's semantics: a label equal to the blank reads the blank's column, and its
+    gradient adds to the blank arc's on that one entry (the regular Numba path, taken
+    without a boundary, writes both); by default such a label is a ValueError."""
+    case = Case("blank_labels", (4, 3, 2), (3, 2, 1), 5, 1)
+    logits, targets, tl, ul, blank = make_inputs(case)
+    targets = targets.clone()
+    targets[0, :2] = blank
+    targets[1, 1] = blank
+    boundary = torch.stack([0 * tl, 0 * tl, ul, tl], 1) if with_boundary else None
+    with pytest.raises(ValueError, match=r"targets\[0, 0\] equals the blank id 1"):
+        rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank, backend=backend)
+    w = upstream_weights(case.B)
+    want_loss, want_grad = batch_grad(logits, targets, tl, ul, blank, True, clamp, fastemit_lambda)
+    loss, grad = run(backend, logits, targets, tl, ul, blank, w, clamp=clamp,
+                     fastemit_lambda=fastemit_lambda, boundary=boundary, allow_blank_targets=True)
+    assert rel_err(loss, want_loss) <= TOL[torch.float64]
+    assert rel_err(grad, want_grad * w[:, None, None, None]) <= TOL[torch.float64]
+
+
+def test_allow_blank_targets_simple_and_pruned():
+    """The simple/smoothed losses and the pruned loss take the option too: equal to
+    ``rnnt_loss`` on the same lattice (the simple joiner ``am + lm``; windows covering
+    every label position)."""
+    g = torch.Generator().manual_seed(3)
+    B, T, U, V, blank = 2, 4, 3, 5, 0
+    am = torch.randn(B, T, V, generator=g, dtype=torch.float64, requires_grad=True)
+    lm = torch.randn(B, U + 1, V, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([[0, 2, 0], [3, 0, 4]])
+    tl, ul = torch.tensor([4, 3]), torch.tensor([3, 2])
+    with pytest.raises(ValueError, match="differ from the blank"):
+        rnnt_lattice.rnnt_loss_simple(lm, am, targets, tl, ul, blank=blank)
+    logits = am[:, :, None] + lm[:, None]
+    full = rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank, reduction="none",
+                                  allow_blank_targets=True)
+    want_logits = torch.autograd.grad(full.sum(), logits, retain_graph=True)[0]
+    want = torch.autograd.grad(full.sum(), (am, lm))
+    for fn, kw in ((rnnt_lattice.rnnt_loss_simple, {}),
+                   (rnnt_lattice.rnnt_loss_smoothed, dict(lm_only_scale=0.0, am_only_scale=0.0))):
+        loss = fn(lm, am, targets, tl, ul, blank=blank, reduction="none",
+                  allow_blank_targets=True, **kw)
+        assert rel_err(loss, full) <= 1e-9
+        for got, ref in zip(torch.autograd.grad(loss.sum(), (am, lm)), want):
+            assert rel_err(got, ref) <= 1e-9
+    ranges = torch.arange(U + 1).expand(B, T, U + 1)
+    x = logits.detach().requires_grad_()
+    pruned = rnnt_lattice.rnnt_loss_pruned(x, targets, ranges, tl, ul, blank=blank,
+                                           reduction="none", allow_blank_targets=True)
+    pruned.sum().backward()
+    assert rel_err(pruned, full) <= TOL[torch.float64]
+    assert rel_err(x.grad, want_logits) <= TOL[torch.float64]

@@ -7,7 +7,7 @@ from .functional import (empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_lo
 from .modules import MultiblankRNNTLoss, RNNTLoss, TDTLoss
 from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment, occupancy,
                       prune_coverage)
-from .pruned import (ArcOccupations, PruneRanges, do_rnnt_pruning, prune_ranges,
+from .pruned import (ArcOccupations, PruneRanges, do_rnnt_pruning, lattice_loss, prune_ranges,
                      rnnt_loss_simple, rnnt_loss_smoothed)
 
 __version__ = "0.1.0"
@@ -16,4 +16,4 @@ __all__ = ["rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_rnnt_loss
            "MultiblankRNNTLoss", "rnnt_loss_pruned", "pack_logits", "empty_cache", "__version__",
            "occupancy", "Occupancy", "best_alignment", "Alignment", "Arc", "prune_coverage", "PruneCoverage",
            "rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges", "PruneRanges",
-           "do_rnnt_pruning"]
+           "do_rnnt_pruning", "lattice_loss"]

@@ -81,14 +81,15 @@ def resolve(backend: str, device: torch.device):
 
 
 def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
-            traced: bool = False, n_tokens=None, node_rows=None):
+            traced: bool = False, n_tokens=None, node_rows=None, allow_blank_targets=False):
     """Validate, pick the backend, and bring the logits to what its kernels read:
     ``(impl, chk)`` with ``chk.logits`` contiguous, float16/bfloat16 promoted to float32
     unless the backend reads them natively (autograd casts the gradient back), and int32
     ids kept where the backend reads them. ``traced``: under ``torch.compile`` the backend
     is resolved when the custom op runs (``impl`` is None) and half types are promoted.
     Every backend computes every topology, per-arc term and layout; ``n_tokens``: see ``check_lattice_args``; ``node_rows``: the logits
-    are rows ``(N, V)`` of that node -> row map (``_ops``)."""
+    are rows ``(N, V)`` of that node -> row map (``_ops``); ``allow_blank_targets``: see
+    ``check_lattice_args``."""
     from ._validate import Checked, check_lattice_args
     if traced:
         check_name(backend)
@@ -98,7 +99,8 @@ def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
     chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
                              int64_ids=not getattr(impl, "NATIVE_INT32_IDS", False),
                              n_tokens=n_tokens,
-                             grid=None if node_rows is None else tuple(node_rows.shape))
+                             grid=None if node_rows is None else tuple(node_rows.shape),
+                             allow_blank_targets=allow_blank_targets)
     x = chk.logits
     if x.dtype in (torch.float16, torch.bfloat16) and not getattr(impl, "NATIVE_LOW_PRECISION", False):
         x = x.float()

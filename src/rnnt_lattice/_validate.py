@@ -42,6 +42,7 @@ def check_lattice_args(
     int64_ids: bool = True,
     n_tokens: int | None = None,
     grid: tuple[int, int, int] | None = None,
+    allow_blank_targets: bool = False,
 ) -> Checked:
     """Validate the lattice inputs and return them normalised (see :class:`Checked`).
     ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
@@ -49,7 +50,8 @@ def check_lattice_args(
     ``n_tokens``: only the first ``n_tokens`` classes of the last axis are tokens (TDT: the
     durations follow); the blank and the target ids must lie among them. ``grid``:
     ``(B, T, U+1)`` of a node -> row layout whose logits are rows ``(N, V)`` (packed or
-    pruned); the shapes are checked against the grid."""
+    pruned); the shapes are checked against the grid. ``allow_blank_targets``: a target equal
+    to the blank is an ordinary label (k2's semantics), not a ValueError."""
     for name, x in (("logits", logits), ("targets", targets),
                     ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
@@ -115,12 +117,14 @@ def check_lattice_args(
 
     # Under torch.compile the value checks are skipped: reading a value is a graph break.
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_values(logits, targets, logit_lengths, target_lengths, blank, Vt, (B, T, U1))
+        _check_values(logits, targets, logit_lengths, target_lengths, blank, Vt, (B, T, U1),
+                      allow_blank_targets)
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank)
 
 
-def _check_values(logits, targets, logit_lengths, target_lengths, blank, V, grid) -> None:
+def _check_values(logits, targets, logit_lengths, target_lengths, blank, V, grid,
+                  allow_blank_targets=False) -> None:
     B, T, U1 = grid
     U = U1 - 1
     if B == 0:
@@ -143,7 +147,7 @@ def _check_values(logits, targets, logit_lengths, target_lengths, blank, V, grid
             raise ValueError(
                 f"targets[{b}, {u}] = {int(targets[b, u])} is outside [0, V) = [0, {V})")
         bad = valid & (targets == blank)
-        if bool(bad.any()):
+        if not allow_blank_targets and bool(bad.any()):
             b, u = (int(i) for i in bad.nonzero()[0])
             raise ValueError(
                 f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")

@@ -31,6 +31,7 @@ def rnnt_loss(
     delay_penalty: float = 0.0,
     boundary: torch.Tensor | None = None,
     packed: bool = False,
+    allow_blank_targets: bool = False,
 ) -> torch.Tensor:
     r"""RNN-Transducer loss ``-log P(y|x)`` with its exact gradient.
 
@@ -121,6 +122,10 @@ def rnnt_loss(
             gradients equal those of the padded batch. Building the row map reads the
             lengths on the host (one synchronisation on CUDA: ``max T_b`` and the row count,
             which must equal ``logits.shape[0]``). See :func:`pack_logits`.
+        allow_blank_targets: a target equal to ``blank`` is an ordinary label: its arc reads
+            the blank's log-prob, and its gradient adds to the blank arc's (k2 and fast_rnnt
+            compute such labels). By default it is a ``ValueError`` (checked for CPU inputs),
+            since a label that is the blank is almost always padding read as a label.
 
     Every topology, per-arc term, boundary and layout runs on the same Numba (CPU) and
     Triton (GPU) kernels: one recursion driven by the topology's arc kinds.
@@ -156,7 +161,7 @@ def rnnt_loss(
                  clamp=clamp, reduction=reduction, fused=fused_log_softmax,
                  fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
                  inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
-                 packed=packed)
+                 packed=packed, allow_blank_targets=allow_blank_targets)
 
 
 def tdt_loss(
@@ -323,6 +328,7 @@ def rnnt_loss_pruned(
     rnnt_type: str = "regular",
     delay_penalty: float = 0.0,
     boundary: torch.Tensor | None = None,
+    allow_blank_targets: bool = False,
 ) -> torch.Tensor:
     r"""Pruned RNN-T loss (Kuang et al. 2022; docs/math.md sections 7 and 9): the loss of
     the full lattice with every arc outside the windows removed, on logits evaluated only
@@ -352,8 +358,8 @@ def rnnt_loss_pruned(
         ranges: ``(B, T, R)`` int label positions of each window row, strictly increasing
             along ``R`` and within ``[0, U]`` (k2's ``ranges``, e.g. from ``prune_ranges``).
         logit_lengths, target_lengths, blank, clamp, reduction, fastemit_lambda,
-            zero_infinity, backend, inplace_grad, rnnt_type, delay_penalty, boundary: as
-            :func:`rnnt_loss`.
+            zero_infinity, backend, inplace_grad, rnnt_type, delay_penalty, boundary,
+            allow_blank_targets: as :func:`rnnt_loss`.
 
     Windows that hold no complete path give ``+inf`` (0 with ``zero_infinity``), as a too
     small ``R`` does in k2.
@@ -364,7 +370,7 @@ def rnnt_loss_pruned(
                  _rnnt_topology(rnnt_type), clamp=clamp, reduction=reduction, fused=True,
                  fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
                  inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
-                 node_rows=node_rows)
+                 node_rows=node_rows, allow_blank_targets=allow_blank_targets)
 
 
 def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
@@ -431,7 +437,8 @@ def _rnnt_topology(rnnt_type):
 
 def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, clamp, reduction,
           fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
-          delay_penalty=0.0, boundary=None, packed=False, node_rows=None):
+          delay_penalty=0.0, boundary=None, packed=False, node_rows=None,
+          allow_blank_targets=False):
     """validate -> pick a backend -> the one autograd Function (or the custom op while
     compiling) -> zero_infinity -> reduce; shared by every public loss. ``packed``: build
     the packed layout's node -> row map; ``node_rows``: a layout's map given directly
@@ -450,7 +457,8 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     if topology is not None and topology.n_durations:
         n_tokens = topology.token_classes(logits.shape[-1]) if logits.dim() in (2, 4) else None
     impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
-                                  traced=compiling, n_tokens=n_tokens, node_rows=node_rows)
+                                  traced=compiling, n_tokens=n_tokens, node_rows=node_rows,
+                                  allow_blank_targets=allow_blank_targets)
     if topology is not None:
         topology.check(chk.logits.shape[-1], chk.blank)
     boundary = check_boundary(boundary, chk.logits.shape[0] if node_rows is None else node_rows.shape[0],

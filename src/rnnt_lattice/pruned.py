@@ -26,6 +26,8 @@ one generic recursion over arc weights (any topology of k2: ``regular``, ``modif
 gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and
 ``e``) and the normaliser's (``_JointMass``: the masses and the entries read, with one
 in-place gradient buffer per input); the float64 glue between them is plain autograd.
+:func:`lattice_loss` offers that recursion on arc weights the caller computes (k2's
+``mutual_information_recursion``, HAT; ``rnnt_lattice.compat.k2`` builds on it).
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ from ._validate import check_boundary, check_float, check_reduction
 from .analysis.coverage import best_window_starts
 from .reference import Ends, arc_weights, lattice_dtype, lattice_generic
 
-__all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges",
-           "PruneRanges", "do_rnnt_pruning"]
+__all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations",
+           "prune_ranges", "PruneRanges", "do_rnnt_pruning"]
 
 NEG_INF = float("-inf")
 RNNT_TYPES = ("regular", "modified", "constrained")     # k2's rnnt_type values
@@ -120,10 +122,11 @@ def _shape(x) -> str:
     return str(tuple(x.shape))
 
 
-def _check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type):
+def _check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
+                       allow_blank_targets=False):
     """Shapes, dtypes, devices and (CPU only, as everywhere) values of the simple losses'
     arguments. Returns ``(targets, logit_lengths, target_lengths, blank)`` normalised
-    (int64, blank in ``[0, V)``)."""
+    (int64, blank in ``[0, V)``). ``allow_blank_targets``: a target may be the blank."""
     for name, x in (("lm", lm), ("am", am), ("targets", targets),
                     ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
@@ -174,11 +177,14 @@ def _check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rn
         U = U1 - 1
         if U:
             valid = torch.arange(U)[None, :] < target_lengths[:, None]
-            bad = valid & ((targets < 0) | (targets >= V) | (targets == blank))
+            bad = valid & ((targets < 0) | (targets >= V))
+            if not allow_blank_targets:
+                bad |= valid & (targets == blank)
             if bool(bad.any()):
                 b, u = (int(i) for i in bad.nonzero()[0])
                 raise ValueError(f"targets[{b}, {u}] = {int(targets[b, u])} must be in [0, V) = "
-                                 f"[0, {V}) and differ from the blank {blank}")
+                                 f"[0, {V})" + ("" if allow_blank_targets else
+                                                f" and differ from the blank {blank}"))
     return targets, logit_lengths, target_lengths, blank
 
 
@@ -412,6 +418,130 @@ class _LatticeNLL(torch.autograd.Function):
 # Public losses
 # ---------------------------------------------------------------------------------------
 
+def lattice_loss(
+    blank_weights: torch.Tensor,
+    label_weights: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    *,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    boundary: torch.Tensor | None = None,
+    return_occupations: bool = False,
+    backend: str = "auto",
+):
+    r"""Per-sequence ``-log P`` of the transducer lattice whose arcs carry log-weights the
+    caller computed, with its exact gradient w.r.t. both weight tensors: the recursion of
+    :func:`rnnt_lattice.rnnt_loss` for weights that do not come from one softmax per node
+    (HAT's sigmoid blank, an external LM, k2's ``mutual_information_recursion``).
+
+    ``blank_weights[b, t, u]`` is the log-weight ``w_b(t,u)`` of the blank arc ``(t,u) ->
+    (t+1,u)``, ``label_weights[b, t, u]`` the log-weight ``w_e(t,u)`` of the label arc
+    leaving ``(t,u)``, to ``(t,u+1)`` (``regular``) or ``(t+1,u+1)`` (``modified``;
+    ``constrained``: that arc carries ``w_e(t,u) + w_b(t,u+1)``); math.md sections 2 and 9
+    with ``b = w_b``, ``e = w_e``. For ``regular``::
+
+        alpha(t,u) = lae(alpha(t-1,u) + w_b(t-1,u), alpha(t,u-1) + w_e(t,u-1))
+        loss_b     = -(alpha(T_b-1,U_b) + w_b(T_b-1,U_b))
+        d loss_b / d w_b(t,u) = -gamma_blank(t,u),   d loss_b / d w_e(t,u) = -gamma_label(t,u)
+
+    The weights need not be normalised (any reals, ``-inf`` for a missing arc). k2's delay
+    penalty adds ``delay_penalty ((T_b - 1)/2 - t)`` to the label arcs, as in
+    :func:`rnnt_loss_simple`. The recursion runs in float64 on the backend's lattice
+    kernel, the one :func:`rnnt_loss_simple` uses.
+
+    Example (log-probs gathered by hand give :func:`rnnt_lattice.rnnt_loss`)::
+
+        >>> import torch, rnnt_lattice
+        >>> logp = torch.randn(2, 6, 4, 5, dtype=torch.float64).log_softmax(-1)   # (B, T, U+1, V)
+        >>> targets, T_b, U_b = torch.tensor([[1, 2, 3], [4, 1, 0]]), torch.tensor([6, 4]), torch.tensor([3, 2])
+        >>> label_ids = torch.nn.functional.pad(targets, (0, 1))[:, None, :, None].expand(2, 6, 4, 1)
+        >>> w_b = logp[..., 0].requires_grad_()                                 # blank = 0
+        >>> w_e = logp.gather(3, label_ids)[..., 0].requires_grad_()            # (B, T, U+1)
+        >>> loss = rnnt_lattice.lattice_loss(w_b, w_e, T_b, U_b)                # (B,)
+        >>> loss.sum().backward()                                               # -gamma
+        >>> ref = rnnt_lattice.rnnt_loss(logp, targets, T_b, U_b, blank=0, reduction="none",
+        ...                              fused_log_softmax=False)
+        >>> bool(torch.allclose(loss.detach(), ref))
+        True
+
+    Args:
+        blank_weights, label_weights: ``(B, T, U+1)``, one float dtype (float16/bfloat16 are
+            computed in float32). Entries of no arc (padding ``t >= T_b`` or ``u > U_b``,
+            the label at ``u = U_b``, arcs into the end frame ``T_b`` other than into
+            ``(T_b, U_b)``) are never read: gradient 0, NaN allowed.
+        logit_lengths, target_lengths: ``(B,)`` int32/int64, ``T_b`` and ``U_b``.
+        rnnt_type: ``"regular"``, ``"modified"`` or ``"constrained"`` (k2's lattices).
+        delay_penalty: k2's ``lambda >= 0``; the loss is that of the penalised lattice.
+        boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``,
+            within the lengths.
+        return_occupations: also return the arc occupations.
+        backend: ``"auto"``, ``"numba"``, ``"triton"`` or ``"torch"``, as
+            :func:`rnnt_loss_simple`.
+
+    Returns:
+        ``(B,)`` losses in the weights' dtype (float32 for half inputs; ``+inf`` where no
+        path exists), or with ``return_occupations=True`` the pair ``(loss,
+        ArcOccupations)``.
+    """
+    _backends.check_name(backend)
+    delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
+    logit_lengths, target_lengths = _check_weight_args(blank_weights, label_weights,
+                                                       logit_lengths, target_lengths, rnnt_type)
+    B, T, U1 = blank_weights.shape
+    dev = blank_weights.device
+    boundary = check_boundary(boundary, B, dev, logit_lengths, target_lengths)
+    ends = Ends.of(logit_lengths, target_lengths, boundary)
+    if boundary is not None and dev.type == "cpu":
+        ends.check(T, U1)
+    out_dtype = blank_weights.dtype if blank_weights.dtype in (torch.float32, torch.float64) \
+        else torch.float32
+    ldt = lattice_dtype(dev)
+    costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
+                                     getattr(_topology, rnnt_type)(), ends, delay_penalty,
+                                     _lattice_of_weights(backend, dev))
+    costs = costs.to(out_dtype)
+    if not return_occupations:
+        return costs
+    return costs, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,
+                                 boundary, rnnt_type)
+
+
+def _check_weight_args(blank_weights, label_weights, logit_lengths, target_lengths, rnnt_type):
+    """:func:`lattice_loss`'s checks; returns the lengths as int64."""
+    named = (("blank_weights", blank_weights), ("label_weights", label_weights),
+             ("logit_lengths", logit_lengths), ("target_lengths", target_lengths))
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    for name, x in named[:2]:
+        if x.dim() != 3 or x.shape[2] < 1:
+            raise ValueError(f"{name} must have 3 dims (B, T, U+1), got shape {_shape(x)}")
+        if x.dtype not in _FLOATS:
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if label_weights.shape != blank_weights.shape or label_weights.dtype != blank_weights.dtype:
+        raise ValueError(f"blank_weights and label_weights must have one shape (B, T, U+1) and "
+                         f"dtype, got {blank_weights.dtype} {_shape(blank_weights)} and "
+                         f"{label_weights.dtype} {_shape(label_weights)}")
+    B, T, U1 = blank_weights.shape
+    for name, x in named[1:]:
+        if x.device != blank_weights.device:
+            raise ValueError(f"tensors on different devices: blank_weights on "
+                             f"{blank_weights.device}, {name} on {x.device}")
+    for name, x in named[2:]:
+        if x.dim() != 1 or x.shape[0] != B or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32/int64 tensor of shape (B,) = ({B},), got "
+                             f"{x.dtype} {_shape(x)}")
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    logit_lengths, target_lengths = (x.to(torch.int64).contiguous()
+                                     for x in (logit_lengths, target_lengths))
+    if blank_weights.device.type == "cpu" and B and not torch.compiler.is_compiling():
+        what = f"blank_weights {_shape(blank_weights)}"
+        _check_lengths(logit_lengths, target_lengths, T, U1 - 1, what, what)
+    return logit_lengths, target_lengths
+
+
 def rnnt_loss_simple(
     lm: torch.Tensor,
     am: torch.Tensor,
@@ -427,6 +557,7 @@ def rnnt_loss_simple(
     zero_infinity: bool = False,
     return_occupations: bool = False,
     backend: str = "auto",
+    allow_blank_targets: bool = False,
 ):
     r"""RNN-T loss of the simple joiner ``logits(t,u,v) = am(t,v) + lm(u,v)`` (k2's
     ``rnnt_loss_simple``), without ever building the ``(B, T, U+1, V)`` logits.
@@ -488,6 +619,9 @@ def rnnt_loss_simple(
             PyTorch): ``"auto"`` (Numba on CPU, Triton on CUDA, PyTorch elsewhere),
             ``"numba"``, ``"triton"`` or ``"torch"`` (the vectorised reference), as
             :func:`rnnt_lattice.rnnt_loss`.
+        allow_blank_targets: a target equal to ``blank`` is an ordinary label (its arc reads
+            the blank's entries of ``am`` and ``lm``), as in k2; by default a ``ValueError``
+            (CPU inputs), as :func:`rnnt_lattice.rnnt_loss`.
 
     Returns:
         The loss (the input dtype; float32 for half inputs), or with
@@ -501,7 +635,7 @@ def rnnt_loss_simple(
     """
     return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                         delay_penalty, boundary, reduction, zero_infinity, return_occupations,
-                        backend, smooth=None)
+                        backend, smooth=None, allow_blank_targets=allow_blank_targets)
 
 
 def rnnt_loss_smoothed(
@@ -521,6 +655,7 @@ def rnnt_loss_smoothed(
     zero_infinity: bool = False,
     return_occupations: bool = False,
     backend: str = "auto",
+    allow_blank_targets: bool = False,
 ):
     r"""k2's ``rnnt_loss_smoothed``: the simple loss with its arc log-probs interpolated,
     log-linearly, with LM-only and AM-only log-probs (variants.md A)::
@@ -550,7 +685,7 @@ def rnnt_loss_smoothed(
     s_am = check_float("am_only_scale", am_only_scale, finite=True)
     return _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                         delay_penalty, boundary, reduction, zero_infinity, return_occupations,
-                        backend, smooth=(s_lm, s_am))
+                        backend, smooth=(s_lm, s_am), allow_blank_targets=allow_blank_targets)
 
 
 def _smoothed(b, e, lm, parts, targets, blank, s_lm, s_am, lse_dtype):
@@ -581,12 +716,12 @@ def _smoothed(b, e, lm, parts, targets, blank, s_lm, s_am, lse_dtype):
 
 def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                  delay_penalty, boundary, reduction, zero_infinity, return_occupations, backend,
-                 smooth):
+                 smooth, allow_blank_targets=False):
     check_reduction(reduction)
     _backends.check_name(backend)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
     targets, logit_lengths, target_lengths, blank = _check_simple_args(
-        lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type)
+        lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type, allow_blank_targets)
     boundary = check_boundary(boundary, am.shape[0], am.device, logit_lengths, target_lengths)
     out_dtype = am.dtype if am.dtype in (torch.float32, torch.float64) else torch.float32
     if am.dtype != out_dtype:

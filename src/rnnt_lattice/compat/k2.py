@@ -1,63 +1,249 @@
-"""k2 / fast_rnnt's RNN-T API on rnnt_lattice's kernels: an icefall recipe switches by
+"""k2's and fast_rnnt's RNN-T API on rnnt_lattice's kernels: an icefall recipe switches by
 changing its import,
 
-    import fast_rnnt                          # or: import k2
-    import rnnt_lattice.compat.k2 as fast_rnnt
+    import k2                                 # or: import fast_rnnt
+    import rnnt_lattice.compat.k2 as k2       #     import rnnt_lattice.compat.k2 as fast_rnnt
 
-Same names, argument order, defaults, shapes and return values as fast_rnnt 1.x
-(``../shared/docs/variants.md`` A): ``rnnt_loss``, ``rnnt_loss_simple``,
-``rnnt_loss_smoothed``, ``get_rnnt_prune_ranges``, ``do_rnnt_pruning`` and
-``rnnt_loss_pruned``, with ``symbols`` ``(B, S)``, ``termination_symbol`` (the blank),
-``boundary`` ``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]`` (the only way
-to give lengths, as in k2: without it every sequence is ``S`` symbols over ``T`` frames),
-``rnnt_type``, ``delay_penalty``, ``reduction`` and ``return_grad``.
+One module serves both (``../shared/docs/variants.md`` A): the names, argument names and
+order, defaults, shapes, dtypes and reductions of fast_rnnt 1.3 and of k2's
+``rnnt_loss.py`` / ``mutual_information.py`` (k2 master @a741ae8, 2025-07):
 
-``return_grad=True`` returns ``(loss, (px_grad, py_grad))``: the arc occupations in k2's
-layout, ``px_grad`` ``(B, S, T+1)`` for ``"regular"`` (``(B, S, T)`` otherwise) with
-``px_grad[b, s, t]`` the occupation of the label arc leaving ``(t, s)``, and ``py_grad``
-``(B, S+1, T)`` that of the blank arc (the derivatives of the log-likelihood w.r.t. k2's
-``px``/``py``).
+- losses: ``rnnt_loss``, ``rnnt_loss_simple``, ``rnnt_loss_smoothed``, ``rnnt_loss_pruned``
+  (also k2's ``use_hat_loss=True``, the HAT loss);
+- the lattice inputs ``(px, py)``: ``get_rnnt_logprobs``, ``get_rnnt_logprobs_joint``,
+  ``get_rnnt_logprobs_pruned``, ``get_rnnt_logprobs_smoothed``;
+- the recursion: ``mutual_information_recursion`` and ``joint_mutual_information_recursion``;
+- pruning: ``get_rnnt_prune_ranges``, ``get_rnnt_prune_ranges_deprecated``,
+  ``do_rnnt_pruning``; and ``with_cuda`` (k2 reads it as a bool, fast_rnnt calls it).
 
-Differences from k2, all deliberate:
+k2's vocabulary: ``symbols`` ``(B, S)``, ``termination_symbol`` (the blank), ``boundary``
+``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]`` (the lengths: without it
+every sequence spans ``S`` symbols and ``T`` frames), ``px`` ``(B, S, T+1)`` for
+``"regular"`` (``(B, S, T)`` otherwise) the label arcs' log-weights with ``px[b, s, t]`` the
+arc leaving frame ``t``, symbol position ``s``, and ``py`` ``(B, S+1, T)`` the blank arcs'.
+``return_grad=True`` returns ``(loss, (px_grad, py_grad))``, the occupations of those arcs
+(the derivatives of the log-likelihood w.r.t. ``px``/``py``), in ``px``'s layout and dtype.
+
+Every recursion runs on the library's lattice kernels (Numba on CPU, Triton on CUDA) in
+float64; the losses without ``return_grad`` use the fused kernels of
+:func:`rnnt_lattice.rnnt_loss`, :func:`rnnt_lattice.rnnt_loss_pruned`,
+:func:`rnnt_lattice.rnnt_loss_simple` and :func:`rnnt_lattice.rnnt_loss_smoothed`; the
+others build ``(px, py)`` as k2 does and run :func:`rnnt_lattice.lattice_loss` on them
+(autograd through the ``(px, py)`` construction).
+
+Where k2 and fast_rnnt differ, both are accepted where it is unambiguous:
+``get_rnnt_logprobs_joint`` takes ``boundary, rnnt_type`` (fast_rnnt) or ``rnnt_type,
+boundary`` (k2) positionally, told apart by type; ``rnnt_loss_pruned``'s ninth parameter is
+``return_grad`` in fast_rnnt and ``use_hat_loss`` in k2, so both are keyword-only here (a
+ninth positional argument is a ValueError); ``rnnt_loss`` has fast_rnnt's ``return_grad``;
+``S = 0`` is accepted (k2; fast_rnnt asserts); ``get_rnnt_prune_ranges_deprecated`` is k2's.
+
+As in k2, a label equal to ``termination_symbol`` before ``boundary[:, 2]`` is an ordinary
+label: its arc reads the blank's entry (``allow_blank_targets=True`` of the library's losses).
+
+Differences from k2, all deliberate (docs/migrating.md lists them with their reasons):
+- ``symbols[b, s]`` for ``s >= boundary[b, 2]`` are never read nor checked (k2 gathers
+  them: out-of-range padding crashes there); their ``px`` rows are ``-inf``;
+- bad arguments raise ``ValueError`` naming them and their shapes (k2 asserts);
 - a negative ``delay_penalty`` is a ``ValueError`` (k2 silently ignores it);
-- ``get_rnnt_prune_ranges`` warns through ``warnings.warn`` (k2 prints), and a batch whose
-  symbols are all empty works (k2 fails its ``R >= 2`` assertion);
-- bad arguments raise ``ValueError`` naming them (k2 asserts);
-- losses are exact in float64 lattices, for float32 inputs too.
+- sequences without a path (``T_b < S_b`` for modified/constrained) give ``+inf`` losses
+  with zero gradient (k2 asserts on the whole batch);
+- ``get_rnnt_prune_ranges`` warns through ``warnings.warn`` when it raises ``s_range`` and
+  is silent when it caps it at ``S + 1`` (k2 prints both); a batch of empty symbol
+  sequences works (k2 fails its ``s_range >= 2`` assertion); the deprecated variant follows
+  the same window-size rules (k2's keeps a window that gives ``inf`` losses);
+- recursions are exact float64 lattices for float32 inputs too; gradients of impossible
+  sequences are 0 (k2's CPU backward may give 1s);
+- HAT's label term uses ``logsigmoid(-x_blank)`` (k2: ``logsigmoid(x) - x``, the same
+  value, which cancels for very negative blank logits).
 """
 from __future__ import annotations
 
+import importlib.util
+import math
+import operator
+import warnings
+from collections.abc import Sequence
+
 import torch
 
-from .. import functional, pruned
-from ..reference import Ends, arc_weights, kind_log_probs, lattice_dtype
+import rnnt_lattice as _lib          # the public API only
 
-__all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "get_rnnt_prune_ranges",
-           "do_rnnt_pruning", "rnnt_loss_pruned"]
+__all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
+           "get_rnnt_logprobs", "get_rnnt_logprobs_joint", "get_rnnt_logprobs_pruned",
+           "get_rnnt_logprobs_smoothed", "mutual_information_recursion",
+           "joint_mutual_information_recursion", "get_rnnt_prune_ranges",
+           "get_rnnt_prune_ranges_deprecated", "do_rnnt_pruning", "with_cuda"]
+
+NEG_INF = float("-inf")
+RNNT_TYPES = ("regular", "modified", "constrained")
+_REDUCTIONS = ("none", "mean", "sum")
 
 
-def _lengths(B: int, T: int, S: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """k2 has no lengths: every sequence spans the padded sizes, ``boundary`` narrows it."""
-    return (torch.full((B,), T, dtype=torch.int64, device=device),
-            torch.full((B,), S, dtype=torch.int64, device=device))
+class _WithCuda:
+    """Whether this module runs on CUDA tensors (torch built with CUDA, Triton installed):
+    truthy for k2's ``k2.with_cuda`` and callable for fast_rnnt's ``with_cuda()``."""
+
+    def __bool__(self) -> bool:
+        return torch.backends.cuda.is_built() and importlib.util.find_spec("triton") is not None
+
+    def __call__(self) -> bool:
+        return bool(self)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
 
 
-def _to_k2(gamma_blank: torch.Tensor, gamma_label: torch.Tensor, rnnt_type: str):
-    """Our occupations ``(B, T, S+1)`` -> k2's ``(px_grad, py_grad)``."""
-    T = gamma_blank.shape[1]
-    px = gamma_label[:, :, :-1].transpose(1, 2)                        # (B, S, T)
-    if rnnt_type == "regular":
-        px = torch.nn.functional.pad(px, (0, 1))                        # (B, S, T+1): no label at T
-    return px.contiguous(), gamma_blank.transpose(1, 2).contiguous()    # py: (B, S+1, T)
+with_cuda = _WithCuda()
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks: ValueError naming the argument and its shape (k2 asserts)
+# ---------------------------------------------------------------------------------------
+
+def _tensor(name: str, x, dims: str) -> torch.Size:
+    """``x.shape``, after checking that ``x`` is a tensor of the rank ``dims`` spells."""
+    n = dims.count(",") + 1
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {dims}, got {type(x).__name__}")
+    if x.dim() != n:
+        raise ValueError(f"{name} must have {n} dims {dims}, got shape {tuple(x.shape)}")
+    return x.shape
+
+
+def _float(name: str, x: torch.Tensor, ref: torch.Tensor | None = None, half: bool = True):
+    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)[0 if half else 2:]
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} must be {', '.join(str(d) for d in dtypes)}, got {x.dtype}")
+    if ref is not None and (x.dtype != ref.dtype or x.device != ref.device):
+        raise ValueError(f"{name} ({x.dtype} on {x.device}) must have the dtype and device of "
+                         f"the first input ({ref.dtype} on {ref.device})")
+
+
+def _rnnt_type(rnnt_type) -> bool:
+    """True for the regular lattice."""
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    return rnnt_type == "regular"
+
+
+def _blank(termination_symbol, C: int) -> int:
+    try:
+        if isinstance(termination_symbol, bool):
+            raise TypeError
+        termination_symbol = operator.index(termination_symbol)
+    except TypeError:
+        raise ValueError(f"termination_symbol must be an int, got {termination_symbol!r}") from None
+    if not -C <= termination_symbol < C:
+        raise ValueError(f"termination_symbol={termination_symbol} is outside [-C, C) = "
+                         f"[{-C}, {C}) for C = {C} classes")
+    return termination_symbol % C
+
+
+def _boundary(boundary, B: int, S: int, T: int, device) -> torch.Tensor | None:
+    """k2's ``boundary`` as int64, checked (values on CPU only, as everywhere): every row
+    ``0 <= begin_symbol <= end_symbol <= S`` and ``0 <= begin_frame <= end_frame <= T``."""
+    if boundary is None:
+        return None
+    if tuple(_tensor("boundary", boundary, "(B, 4)")) != (B, 4):
+        raise ValueError(f"boundary must have shape (B, 4) = ({B}, 4) [begin_symbol, "
+                         f"begin_frame, end_symbol, end_frame], got {tuple(boundary.shape)}")
+    if boundary.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"boundary must be int64 (or int32), got {boundary.dtype}")
+    if boundary.device != device:
+        raise ValueError(f"boundary is on {boundary.device}, the inputs on {device}")
+    boundary = boundary.to(torch.int64)
+    if boundary.device.type == "cpu" and B and not torch.compiler.is_compiling():
+        s0, t0, s1, t1 = boundary.unbind(1)
+        ok = (s0 >= 0) & (s0 <= s1) & (s1 <= S) & (t0 >= 0) & (t0 <= t1) & (t1 <= T)
+        if not bool(ok.all()):
+            b = int((~ok).nonzero()[0, 0])
+            raise ValueError(f"boundary[{b}] = {boundary[b].tolist()} must satisfy 0 <= "
+                             f"begin_symbol <= end_symbol <= S = {S} and 0 <= begin_frame <= "
+                             f"end_frame <= T = {T}")
+    return boundary
+
+
+def _ends(boundary, B: int, S: int, T: int, device):
+    """``(end_frame, end_symbol)`` ``(B,)`` int64: the lengths the library's losses take."""
+    if boundary is None:
+        return (torch.full((B,), T, dtype=torch.int64, device=device),
+                torch.full((B,), S, dtype=torch.int64, device=device))
+    return boundary[:, 3], boundary[:, 2]
+
+
+def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
+    """``symbols`` ``(B, S)`` checked (ids in ``[0, C)`` before each ``end_symbol``, on
+    CPU), as int64 with the entries past ``end_symbol`` (never read) replaced by 0."""
+    if tuple(_tensor("symbols", symbols, "(B, S)")) != (B, S):
+        raise ValueError(f"symbols must have shape (B, S) = ({B}, {S}), got {tuple(symbols.shape)}")
+    if symbols.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"symbols must be int64 (or int32), got {symbols.dtype}")
+    if symbols.device != device:
+        raise ValueError(f"symbols is on {symbols.device}, the inputs on {device}")
+    valid = _read_symbols(boundary, B, S, device)
+    if device.type == "cpu" and symbols.numel() and not torch.compiler.is_compiling():
+        bad = valid & ((symbols < 0) | (symbols >= C))
+        if bool(bad.any()):
+            b, s = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"symbols[{b}, {s}] = {int(symbols[b, s])} must be in [0, C) = "
+                             f"[0, {C}) (entries past boundary[:, 2] are not read)")
+    return torch.where(valid, symbols.to(torch.int64), 0)
+
+
+def _read_symbols(boundary, B: int, S: int, device) -> torch.Tensor:
+    """``(B, S)`` bool: the symbols k2's recursion reads, ``s < end_symbol``."""
+    s = torch.arange(S, device=device)[None, :]
+    return s < (S if boundary is None else boundary[:, 2:3])
+
+
+def _reduce(costs: torch.Tensor, reduction) -> torch.Tensor:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if reduction == "none":
+        return costs
+    return costs.sum() if reduction == "sum" else costs.mean()
+
+
+def _number(name: str, x) -> float:
+    try:
+        value = float(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{name} must be a number, got {x!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _delay_penalty(delay_penalty) -> float:
+    value = _number("delay_penalty", delay_penalty)
+    if value < 0:
+        raise ValueError(f"delay_penalty must be >= 0, got {value} (k2 silently ignores a "
+                         "negative one)")
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts: k2's (px, py) <-> the library's occupations (B, T, S+1)
+# ---------------------------------------------------------------------------------------
+
+def _to_k2(gamma_blank, gamma_label, T: int, regular: bool, dtype):
+    """Occupations ``(B, T', S+1)`` (``T' >= T`` frames) -> k2's ``(px_grad, py_grad)``:
+    ``(B, S, T+1)`` (regular; frame ``T`` holds no label arc of an RNN-T lattice) or
+    ``(B, S, T)``, and ``(B, S+1, T)``, in ``dtype``."""
+    S = gamma_label.shape[2] - 1
+    T1 = T + 1 if regular else T
+    px = gamma_label[:, :T1, :S]
+    px = torch.nn.functional.pad(px, (0, 0, 0, T1 - px.shape[1]))
+    py = gamma_blank[:, :T]
+    return px.transpose(1, 2).to(dtype).contiguous(), py.transpose(1, 2).to(dtype).contiguous()
 
 
 def _from_k2(px_grad: torch.Tensor, py_grad: torch.Tensor):
-    """k2's ``(px_grad, py_grad)`` -> our ``(gamma_blank, gamma_label)`` ``(B, T, S+1)`` and
+    """k2's ``(px_grad, py_grad)`` -> ``(gamma_blank, gamma_label)`` ``(B, T, S+1)`` and
     whether the lattice is regular (k2 infers it from ``px_grad.shape[-1] == T + 1``)."""
-    if px_grad.dim() != 3 or py_grad.dim() != 3:
-        raise ValueError(f"px_grad and py_grad must be 3-D, got {tuple(px_grad.shape)} and "
-                         f"{tuple(py_grad.shape)}")
-    B, S1, T = py_grad.shape
+    _tensor("px_grad", px_grad, "(B, S, T+1)")
+    B, S1, T = _tensor("py_grad", py_grad, "(B, S+1, T)")
     if px_grad.shape[:2] != (B, S1 - 1) or px_grad.shape[2] not in (T, T + 1):
         raise ValueError(f"px_grad {tuple(px_grad.shape)} must be (B, S, T+1) (regular) or "
                          f"(B, S, T) to match py_grad {tuple(py_grad.shape)} = (B, S+1, T)")
@@ -66,59 +252,348 @@ def _from_k2(px_grad: torch.Tensor, py_grad: torch.Tensor):
     return py_grad.transpose(1, 2), gamma_label, regular
 
 
-def _occupations(logits, symbols, termination_symbol, boundary, rnnt_type, delay_penalty,
-                 node_rows=None, grid=None):
-    """Arc occupations ``(gamma_blank, gamma_label)`` ``(B, T, S+1)`` of the (full or
-    pruned) lattice, from the one recursion (for ``return_grad``; no gradient)."""
+# ---------------------------------------------------------------------------------------
+# The recursion
+# ---------------------------------------------------------------------------------------
+
+def mutual_information_recursion(px: torch.Tensor, py: torch.Tensor,
+                                 boundary: torch.Tensor | None = None,
+                                 return_grad: bool = False):
+    """k2's general recursion over given arc weights: ``px`` ``(B, S, T+1)`` (or ``(B, S,
+    T)``, the "modified" lattice), ``py`` ``(B, S+1, T)``, float32 or float64 (one dtype)::
+
+        p[b, s_begin, t_begin] = 0
+        p[b, s, t] = lae(p[b, s-1, t] + px[b, s-1, t], p[b, s, t-1] + py[b, s, t-1])    # regular
+        p[b, s, t] = lae(p[b, s-1, t-1] + px[b, s-1, t-1], p[b, s, t-1] + py[b, s, t-1])  # modified
+        returns p[b, s_end, t_end]                                          (B,), px's dtype
+
+    (out-of-range terms ``-inf``). ``boundary`` ``(B, 4)`` int64 ``[s_begin, t_begin, s_end,
+    t_end]`` (default ``[0, 0, S, T]``); indices into ``px``/``py`` are absolute. Unlike the
+    RNN-T functions' ``px``, ``px[:, :, t_end]`` may be finite here: label arcs on the last
+    frame. With ``return_grad`` also ``(px_grad, py_grad)``, the derivatives of the result
+    w.r.t. ``px`` and ``py`` (the arcs' occupations). Differentiable w.r.t. both.
+
+    It is :func:`rnnt_lattice.lattice_loss` on a lattice one frame longer: node ``(t, s)``
+    of p is lattice node ``(t, u = s)``, ``px``/``py`` are the label/blank arc weights, frame
+    ``t_end`` keeps its label arcs (regular) and ends with a blank of weight 0 from
+    ``(t_end, s_end)`` into the end node ``(t_end + 1, s_end)``.
+    """
+    B, S, T1 = _tensor("px", px, "(B, S, T+1)")
+    _float("px", px, half=False)
+    _tensor("py", py, "(B, S+1, T)")
+    _float("py", py, px, half=False)
+    T = py.shape[2]
+    if tuple(py.shape) != (B, S + 1, T) or T1 not in (T, T + 1):
+        raise ValueError(f"px {tuple(px.shape)} must be (B, S, T+1) or (B, S, T) and py "
+                         f"{tuple(py.shape)} (B, S+1, T)")
+    boundary = _boundary(boundary, B, S, T, px.device)
+    return _recursion(px, py, boundary, T1 == T + 1, bool(return_grad))
+
+
+def _recursion(px, py, boundary, regular: bool, return_grad: bool):
+    """:func:`mutual_information_recursion` on checked arguments."""
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    t_end, s_end = _ends(boundary, B, S, T, px.device)
+    last = torch.arange(T + 1, device=px.device)[None, :, None] == t_end[:, None, None]
+    w_blank = torch.nn.functional.pad(py.transpose(1, 2), (0, 0, 0, 1))        # (B, T+1, S+1)
+    w_blank = torch.where(last, 0.0, w_blank)          # the blank into the end node weighs 0
+    w_label = torch.nn.functional.pad(px.transpose(1, 2), (0, 1, 0, T + 1 - T1), value=NEG_INF)
+    if not regular:
+        w_label = torch.where(last, NEG_INF, w_label)  # a label from t_end would overshoot
+    ends = None if boundary is None else torch.stack(
+        (boundary[:, 0], boundary[:, 1], s_end, t_end + 1), 1)
+    out = _lib.lattice_loss(w_blank, w_label, t_end + 1, s_end, boundary=ends,
+                            rnnt_type="regular" if regular else "modified",
+                            return_occupations=return_grad)
+    if not return_grad:
+        return -out
+    costs, occ = out
+    gamma_blank = torch.where(last, 0.0, occ.gamma_blank)    # py[:, :, t_end] is never read
+    return -costs, _to_k2(gamma_blank, occ.gamma_label, T, regular, px.dtype)
+
+
+def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[torch.Tensor],
+                                       boundary: torch.Tensor | None = None) -> torch.Tensor:
+    """k2's recursion on ``sum(px)``, ``sum(py)`` reported per term: ``(N, B)`` with
+    ``out[n, b] = sum(occupation * px[n]) + sum(occupation * py[n])`` over sequence b's arcs,
+    where the occupations are those of the summed lattice; ``out.sum(0)`` is
+    :func:`mutual_information_recursion` of the sums, the difference (log of a sum minus
+    the expected sum of logs) being added to term 0. The gradient w.r.t. ``px[n]`` is the
+    occupation (a constant), as in k2. ``px``, ``py``: equal-length sequences of tensors of
+    one shape each, as :func:`mutual_information_recursion`."""
+    for name, xs in (("px", px), ("py", py)):
+        if isinstance(xs, torch.Tensor) or not isinstance(xs, Sequence) or not xs:
+            raise ValueError(f"{name} must be a non-empty sequence of tensors, got "
+                             f"{type(xs).__name__}")
+    if len(px) != len(py):
+        raise ValueError(f"px and py must hold as many tensors, got {len(px)} and {len(py)}")
+    for name, xs in (("px", px), ("py", py)):
+        for n, x in enumerate(xs):
+            _tensor(f"{name}[{n}]", x, "(B, S, T+1)" if name == "px" else "(B, S+1, T)")
+            if x.shape != xs[0].shape:
+                raise ValueError(f"{name}[{n}] {tuple(x.shape)} must have the shape of "
+                                 f"{name}[0] {tuple(xs[0].shape)}")
     with torch.no_grad():
-        B, T, S1 = grid if grid is not None else logits.shape[:3]
-        ll, tl = _lengths(B, T, S1 - 1, logits.device)
-        topo = functional._rnnt_topology(rnnt_type)
-        from ..topology import regular
-        topo = topo or regular()
-        ends = Ends.of(ll, tl, boundary)
-        V = logits.shape[-1]
-        blank = termination_symbol % V
-        _, _, lp = kind_log_probs(logits, symbols.to(torch.int64), topo, blank, True, ends,
-                                  node_rows=node_rows)
-        w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, 0.0, delay_penalty)
-        _, gamma = pruned._lattice_of_weights("auto", w.device)(w, topo, ends)
-        return gamma[:, 0], gamma[:, 1]
+        scores, grads = mutual_information_recursion(torch.stack(tuple(px)).sum(0),
+                                                     torch.stack(tuple(py)).sum(0),
+                                                     boundary, return_grad=True)
+
+    def expected(grad, x):
+        # a -inf weight has occupation 0: a select, not 0 * -inf
+        return torch.where(grad != 0, grad * x, 0.0).sum((1, 2))             # (B,)
+
+    prods = torch.stack([expected(grads[0], x) + expected(grads[1], y) for x, y in zip(px, py)])
+    offset = scores - prods.detach().sum(0)
+    return torch.cat([prods[:1] + offset, prods[1:]])                      # (N, B)
 
 
-def _with_grad(loss, occ, rnnt_type, return_grad):
-    return (loss, _to_k2(*occ, rnnt_type)) if return_grad else loss
+def _px_py_loss(px, py, boundary, delay_penalty, reduction, return_grad):
+    """The RNN-T losses computed from ``(px, py)`` as k2 does: the delay penalty on ``px``,
+    the recursion, the reduction."""
+    delay_penalty = _delay_penalty(delay_penalty)
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    if delay_penalty > 0:
+        t_end = _ends(boundary, B, S, T, px.device)[0].to(px.dtype)
+        t = torch.arange(T1, device=px.device, dtype=px.dtype)
+        px = px + delay_penalty * ((t_end[:, None, None] - 1) / 2 - t)    # earlier labels gain
+    out = _recursion(px, py, boundary, T1 == T + 1, return_grad)
+    if not return_grad:
+        return _reduce(-out, reduction)
+    scores, grads = out
+    return _reduce(-scores, reduction), grads
 
+
+# ---------------------------------------------------------------------------------------
+# The lattice inputs (px, py)
+# ---------------------------------------------------------------------------------------
+
+def _finish(px, py, boundary, rnnt_type, symbols_read):
+    """k2's last steps on ``px (B, S, T)``, ``py (B, S+1, T)``: ``-inf`` for the symbols
+    not read; regular: the empty frame ``T`` and no label on ``end_frame`` (k2's
+    ``fix_for_boundary``); constrained: the forced blank folded into the label arc."""
+    px = torch.where(symbols_read[:, :, None], px, NEG_INF)
+    if rnnt_type == "regular":
+        px = torch.nn.functional.pad(px, (0, 1), value=NEG_INF)            # (B, S, T+1)
+        if boundary is not None:
+            t = torch.arange(px.shape[2], device=px.device)
+            px = torch.where(t == boundary[:, 3, None, None], NEG_INF, px)
+    elif rnnt_type == "constrained":
+        px = px + py[:, 1:, :]
+    return px, py
+
+
+def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary):
+    """Checks of the simple joiner's inputs: ``(B, S, T, C, blank, y, boundary)``, ``y`` the
+    symbols with the unread ones replaced by 0."""
+    B, T, C = _tensor("am", am, "(B, T, C)")
+    _float("am", am)
+    if _tensor("lm", lm, "(B, S+1, C)")[0] != B or lm.shape[2] != C or lm.shape[1] < 1:
+        raise ValueError(f"lm {tuple(lm.shape)} must be (B, S+1, C) with am's B = {B} and "
+                         f"C = {C} (am {tuple(am.shape)})")
+    _float("lm", lm, am)
+    S = lm.shape[1] - 1
+    _rnnt_type(rnnt_type)
+    boundary = _boundary(boundary, B, S, T, am.device)
+    y = _symbols(symbols, B, S, C, boundary, am.device)
+    return B, S, T, C, _blank(termination_symbol, C), y, boundary
+
+
+def _simple_parts(lm, am, y, blank):
+    """The simple joiner's pieces: ``norm (B, S+1, T)`` = log sum_c exp(am(t,c) + lm(s,c))
+    (k2's shifted matmul, ``+ tiny``), the shifted exps, and the entries the arcs read."""
+    S = y.shape[1]
+    am_max = am.amax(2, keepdim=True)                                          # (B, T, 1)
+    lm_max = lm.amax(2, keepdim=True)                                          # (B, S+1, 1)
+    am_probs, lm_probs = (am - am_max).exp(), (lm - lm_max).exp()
+    norm = (torch.matmul(lm_probs, am_probs.transpose(1, 2)) + torch.finfo(am.dtype).tiny).log()
+    norm = norm + lm_max + am_max.transpose(1, 2)                             # (B, S+1, T)
+    px_am = torch.gather(am.transpose(1, 2), 1, y[:, :, None].expand(-1, -1, am.shape[1]))
+    px_lm = torch.gather(lm[:, :S], 2, y[:, :, None])                         # (B, S, 1)
+    py_am, py_lm = am[:, None, :, blank], lm[:, :, blank, None]     # (B, 1, T), (B, S+1, 1)
+    return norm, (am_max, lm_max, am_probs, lm_probs), (px_am, px_lm, py_am, py_lm)
+
+
+def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                      termination_symbol: int, rnnt_type: str = "regular",
+                      boundary: torch.Tensor | None = None):
+    """k2's ``(px, py)`` of the simple joiner ``logits(t, s, c) = am(t, c) + lm(s, c)``:
+    ``lm`` ``(B, S+1, C)``, ``am`` ``(B, T, C)``, ``symbols`` ``(B, S)``::
+
+        px[b, s, t] = am(t, y_s) + lm(s, y_s) - norm(s, t)     (B, S, T+1) regular, else (B, S, T)
+        py[b, s, t] = am(t, blank) + lm(s, blank) - norm(s, t)   (B, S+1, T)
+
+    with ``px[:, :, T] = -inf`` (and ``px[b, :, end_frame]``) for ``regular``, ``px += py[:,
+    1:]`` for ``constrained``, and ``-inf`` for the symbols past ``end_symbol``."""
+    B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
+                                                  rnnt_type, boundary)
+    norm, _, (px_am, px_lm, py_am, py_lm) = _simple_parts(lm, am, y, blank)
+    return _finish(px_am + px_lm - norm[:, :S], py_am + py_lm - norm, boundary, rnnt_type,
+                   _read_symbols(boundary, B, S, am.device))
+
+
+def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                               termination_symbol: int, lm_only_scale: float = 0.1,
+                               am_only_scale: float = 0.1, boundary: torch.Tensor | None = None,
+                               rnnt_type: str = "regular"):
+    """k2's smoothed ``(px, py)``: :func:`get_rnnt_logprobs`'s, log-linearly interpolated
+    with LM-only and AM-only log-probs (variants.md A; a scale of 0 becomes 1e-20)::
+
+        uni(c)   = mean over b and all S+1 positions of softmax(lm(b, s))(c) + tiny
+        px_lm    = lm(s, y_s) - logsumexp_c lm(s, c)
+        px_am    = am(t, y_s) + log uni(y_s) - log sum_c exp(am(t, c)) uni(c)
+        px'      = (1 - s_lm - s_am) px + s_lm px_lm + s_am px_am   (s_lm = lm_only_scale, ...)
+
+    (``py`` likewise with the blank)."""
+    B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
+                                                  rnnt_type, boundary)
+    lm_only_scale, am_only_scale = (_number(name, x) for name, x in (
+        ("lm_only_scale", lm_only_scale), ("am_only_scale", am_only_scale)))
+    norm, (am_max, lm_max, am_probs, lm_probs), (px_am, px_lm, py_am, py_lm) = \
+        _simple_parts(lm, am, y, blank)
+    tiny = torch.finfo(lm_probs.dtype).tiny
+    lm_sum = lm_probs.sum(2, keepdim=True)                                     # (B, S+1, 1)
+    unigram = (lm_probs / lm_sum).mean((0, 1)) + tiny                          # (C,)
+    am_norm = (torch.matmul(am_probs, unigram).log() + am_max[..., 0])[:, None, :]   # (B, 1, T)
+    lm_norm = lm_sum.log() + lm_max                                            # (B, S+1, 1)
+    log_uni = unigram.log()
+    px = px_am + px_lm - norm[:, :S]
+    py = py_am + py_lm - norm
+    px_amonly = px_am + log_uni[y][:, :, None] - am_norm
+    py_amonly = py_am + log_uni[blank] - am_norm
+    px_lmonly, py_lmonly = px_lm - lm_norm[:, :S], py_lm - lm_norm
+    combined = 1.0 - lm_only_scale - am_only_scale
+    s_lm = lm_only_scale if lm_only_scale != 0 else 1e-20       # k2: 0 * -inf would be NaN
+    s_am = am_only_scale if am_only_scale != 0 else 1e-20
+    px = combined * px + s_lm * px_lmonly + s_am * px_amonly
+    py = combined * py + s_lm * py_lmonly + s_am * py_amonly
+    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, am.device))
+
+
+def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+                            boundary: torch.Tensor | None = None, rnnt_type: str = "regular"):
+    """k2's ``(px, py)`` of full joiner logits ``(B, T, S+1, C)``::
+
+        px[b, s, t] = logits(t, s, y_s) - logsumexp_c logits(t, s, c)     (B, S, T+1) / (B, S, T)
+        py[b, s, t] = logits(t, s, blank) - logsumexp_c logits(t, s, c)   (B, S+1, T)
+
+    finished as :func:`get_rnnt_logprobs`. fast_rnnt's order ``boundary, rnnt_type`` and
+    k2's ``rnnt_type, boundary`` are both accepted positionally (a ``str`` is the
+    ``rnnt_type``)."""
+    if isinstance(boundary, str):                   # k2's order: (..., rnnt_type, boundary)
+        boundary, rnnt_type = (None if isinstance(rnnt_type, str) else rnnt_type), boundary
+    B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
+    _float("logits", logits)
+    S = S1 - 1
+    _rnnt_type(rnnt_type)
+    boundary = _boundary(boundary, B, S, T, logits.device)
+    y = _symbols(symbols, B, S, C, boundary, logits.device)
+    blank = _blank(termination_symbol, C)
+    norm = torch.logsumexp(logits, 3)                                          # (B, T, S+1)
+    px = torch.gather(logits[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))[..., 0]
+    px = (px - norm[:, :, :S]).transpose(1, 2)                                 # (B, S, T)
+    py = (logits[..., blank] - norm).transpose(1, 2)                           # (B, S+1, T)
+    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device))
+
+
+def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundary):
+    B, T, R, C = _tensor("logits", logits, "(B, T, R, C)")
+    _float("logits", logits)
+    if tuple(_tensor("ranges", ranges, "(B, T, R)")) != (B, T, R):
+        raise ValueError(f"ranges must have shape (B, T, R) = {(B, T, R)} to match logits "
+                         f"{tuple(logits.shape)}, got {tuple(ranges.shape)}")
+    if ranges.dtype not in (torch.int32, torch.int64) or ranges.device != logits.device:
+        raise ValueError(f"ranges must be int64 on the logits' device, got {ranges.dtype} on "
+                         f"{ranges.device}")
+    S = _tensor("symbols", symbols, "(B, S)")[1]
+    _rnnt_type(rnnt_type)
+    boundary = _boundary(boundary, B, S, T, logits.device)
+    y = _symbols(symbols, B, S, C, boundary, logits.device)
+    ranges = ranges.to(torch.int64)
+    if ranges.device.type == "cpu" and ranges.numel() and not torch.compiler.is_compiling():
+        bad = (ranges < 0) | (ranges > S)
+        bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+        if bool(bad.any()):
+            b, t, _ = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be increasing "
+                             f"symbol positions in [0, S] = [0, {S}]")
+    return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges
+
+
+def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat: bool):
+    """``(px, py)`` of window logits ``(B, T, R, C)``: the window rows' arc log-probs
+    scattered to their symbol positions, ``-inf`` outside the windows."""
+    B, S, T, C, blank, y, boundary, ranges = _pruned_args(logits, symbols, ranges,
+                                                          termination_symbol, rnnt_type, boundary)
+    if hat and blank != 0:
+        raise ValueError(f"use_hat_loss=True needs termination_symbol = 0 (HAT's blank is the "
+                         f"first class), got {termination_symbol}")
+    R = ranges.shape[2]
+    y_row = torch.nn.functional.pad(y, (0, 1), value=blank)          # position S reads no label
+    y_row = torch.gather(y_row, 1, ranges.reshape(B, T * R)).view(B, T, R, 1)
+    x_label = torch.gather(logits, 3, y_row)[..., 0]                            # (B, T, R)
+    if hat:
+        # HAT: a Bernoulli blank, then a softmax over the other classes.
+        blank_w = torch.nn.functional.logsigmoid(logits[..., 0])
+        label_w = (x_label - torch.logsumexp(logits[..., 1:], 3)
+                   + torch.nn.functional.logsigmoid(-logits[..., 0]))
+    else:
+        norm = torch.logsumexp(logits, 3)
+        blank_w, label_w = logits[..., blank] - norm, x_label - norm
+    grid = logits.new_full((B, T, S + 1), NEG_INF)
+    px = grid.scatter(2, ranges, label_w)[:, :, :S].transpose(1, 2)            # (B, S, T)
+    py = grid.scatter(2, ranges, blank_w).transpose(1, 2)                      # (B, S+1, T)
+    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device))
+
+
+def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
+                             termination_symbol: int, boundary: torch.Tensor | None = None,
+                             rnnt_type: str = "regular"):
+    """k2's ``(px, py)`` of the pruned joiner: ``logits`` ``(B, T, R, C)`` on the windows
+    ``ranges`` ``(B, T, R)`` (row ``k`` of frame ``t`` is symbol position ``ranges[b, t,
+    k]``); each window row's log-probs as :func:`get_rnnt_logprobs_joint`, every arc
+    outside the windows ``-inf``."""
+    return _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
+                         hat=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Losses
+# ---------------------------------------------------------------------------------------
 
 def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
               boundary: torch.Tensor | None = None, rnnt_type: str = "regular",
-              delay_penalty: float = 0.0, reduction: str = "mean",
-              return_grad: bool = False):
-    """fast_rnnt's ``rnnt_loss``: ``logits`` ``(B, T, S+1, C)``, ``symbols`` ``(B, S)``.
-    Returns the loss (``(B,)`` for ``reduction="none"``), and with ``return_grad`` also
-    ``(px_grad, py_grad)``. Computed by :func:`rnnt_lattice.rnnt_loss`."""
-    B, T, S1, _ = logits.shape
-    ll, tl = _lengths(B, T, S1 - 1, logits.device)
-    loss = functional.rnnt_loss(logits, symbols, ll, tl, termination_symbol,
-                                reduction=reduction, rnnt_type=rnnt_type,
-                                delay_penalty=delay_penalty, boundary=boundary)
-    if not return_grad:
-        return loss
-    occ = _occupations(logits.detach(), symbols, termination_symbol, boundary, rnnt_type,
-                       delay_penalty)
-    return _with_grad(loss, occ, rnnt_type, True)
+              delay_penalty: float = 0.0, reduction: str = "mean", return_grad: bool = False):
+    """k2's ``rnnt_loss``: ``logits`` ``(B, T, S+1, C)``, ``symbols`` ``(B, S)``; the loss
+    ``(B,)`` for ``reduction="none"``, else a scalar (``"mean"``: sum / B), of
+    :func:`rnnt_lattice.rnnt_loss` (fused kernels). ``return_grad`` (fast_rnnt): also
+    ``(px_grad, py_grad)``, then computed as k2 does, from
+    :func:`get_rnnt_logprobs_joint`."""
+    B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
+    if return_grad:
+        px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type)
+        return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
+                           delay_penalty, reduction, True)
+    _float("logits", logits)
+    _rnnt_type(rnnt_type)
+    boundary = _boundary(boundary, B, S1 - 1, T, logits.device)
+    _symbols(symbols, B, S1 - 1, C, boundary, logits.device)
+    T_b, S_b = _ends(boundary, B, S1 - 1, T, logits.device)
+    return _lib.rnnt_loss(logits, symbols, T_b, S_b, _blank(termination_symbol, C),
+                          reduction=reduction, rnnt_type=rnnt_type,
+                          delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
+                          allow_blank_targets=True)
 
 
 def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                      termination_symbol: int, boundary: torch.Tensor | None = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      reduction: str = "mean", return_grad: bool = False):
-    """fast_rnnt's ``rnnt_loss_simple``: ``lm`` ``(B, S+1, C)``, ``am`` ``(B, T, C)``; the
-    joiner ``am + lm`` without building ``(B, T, S+1, C)``
-    (:func:`rnnt_lattice.rnnt_loss_simple`)."""
-    return _simple_like(pruned.rnnt_loss_simple, lm, am, symbols, termination_symbol,
-                        rnnt_type, return_grad, delay_penalty=delay_penalty,
-                        boundary=boundary, reduction=reduction)
+    """k2's ``rnnt_loss_simple``: the joiner ``am + lm`` (``lm`` ``(B, S+1, C)``, ``am``
+    ``(B, T, C)``) without building ``(B, T, S+1, C)``: :func:`rnnt_lattice.rnnt_loss_simple`."""
+    return _simple_like(_lib.rnnt_loss_simple, lm, am, symbols, termination_symbol, boundary,
+                        rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
@@ -126,61 +601,106 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
                        am_only_scale: float = 0.1, boundary: torch.Tensor | None = None,
                        rnnt_type: str = "regular", delay_penalty: float = 0.0,
                        reduction: str = "mean", return_grad: bool = False):
-    """fast_rnnt's ``rnnt_loss_smoothed`` (:func:`rnnt_lattice.rnnt_loss_smoothed`)."""
-    return _simple_like(pruned.rnnt_loss_smoothed, lm, am, symbols, termination_symbol,
-                        rnnt_type, return_grad, lm_only_scale=lm_only_scale,
-                        am_only_scale=am_only_scale, delay_penalty=delay_penalty,
-                        boundary=boundary, reduction=reduction)
+    """k2's ``rnnt_loss_smoothed``: :func:`rnnt_lattice.rnnt_loss_smoothed`
+    (:func:`get_rnnt_logprobs_smoothed`'s interpolation)."""
+    return _simple_like(_lib.rnnt_loss_smoothed, lm, am, symbols, termination_symbol, boundary,
+                        rnnt_type, delay_penalty, reduction, return_grad,
+                        lm_only_scale=lm_only_scale, am_only_scale=am_only_scale)
 
 
-def _simple_like(fn, lm, am, symbols, termination_symbol, rnnt_type, return_grad, **kw):
-    """One of our simple losses (``fn``) called the k2 way: full lengths ``(T, S)`` (k2
-    takes ragged ones through ``boundary``), occupations in k2's ``(px_grad, py_grad)``
-    layout with ``return_grad``."""
-    B, T, _ = am.shape
-    ll, tl = _lengths(B, T, symbols.shape[1], am.device)
-    out = fn(lm, am, symbols, ll, tl, blank=termination_symbol, rnnt_type=rnnt_type,
-             return_occupations=return_grad, backend="auto", **kw)
+def _simple_like(fn, lm, am, symbols, termination_symbol, boundary, rnnt_type, delay_penalty,
+                 reduction, return_grad, **kw):
+    """One of the library's simple losses called the k2 way: the lengths from ``boundary``,
+    the occupations in k2's layout and dtype."""
+    B, S, T, C, blank, _, boundary = _simple_args(lm, am, symbols, termination_symbol,
+                                                  rnnt_type, boundary)
+    T_b, S_b = _ends(boundary, B, S, T, am.device)
+    out = fn(lm, am, symbols, T_b, S_b, blank=blank, rnnt_type=rnnt_type,
+             delay_penalty=_delay_penalty(delay_penalty), boundary=boundary, reduction=reduction,
+             return_occupations=bool(return_grad), allow_blank_targets=True, **kw)
     if not return_grad:
         return out
     loss, occ = out
-    return _with_grad(loss, tuple(occ), rnnt_type, True)
-
-
-def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor,
-                          boundary: torch.Tensor | None, s_range: int) -> torch.Tensor:
-    """fast_rnnt's ``get_rnnt_prune_ranges``, reproduced exactly
-    (``rnnt_lattice.prune_ranges(method="k2")``): ``ranges`` ``(B, T, R')`` int64, where
-    ``R'`` may differ from ``s_range`` (read ``ranges.shape[-1]``)."""
-    gamma_blank, gamma_label, regular = _from_k2(px_grad, py_grad)
-    B, T, S1 = gamma_blank.shape
-    ll, tl = _lengths(B, T, S1 - 1, py_grad.device)
-    return pruned.prune_ranges((gamma_blank, gamma_label), s_range, method="k2",
-                               logit_lengths=ll, target_lengths=tl, boundary=boundary,
-                               rnnt_type="regular" if regular else "modified").ranges
-
-
-def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
-    """fast_rnnt's ``do_rnnt_pruning``: ``(am (B, T, R, Da), lm (B, T, R, Dl))``."""
-    return pruned.do_rnnt_pruning(am, lm, ranges)
+    return loss, _to_k2(occ.gamma_blank, occ.gamma_label, T, rnnt_type == "regular", am.dtype)
 
 
 def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
                      termination_symbol: int, boundary: torch.Tensor | None = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: str = "mean", return_grad: bool = False):
-    """fast_rnnt's ``rnnt_loss_pruned``: ``logits`` ``(B, T, R, C)`` on the windows
-    ``ranges`` ``(B, T, R)`` (:func:`rnnt_lattice.rnnt_loss_pruned`)."""
-    B, T, R, _ = logits.shape
-    S = symbols.shape[1]
-    ll, tl = _lengths(B, T, S, logits.device)
-    loss = functional.rnnt_loss_pruned(logits, symbols, ranges, ll, tl, blank=termination_symbol,
-                                       reduction=reduction, rnnt_type=rnnt_type,
-                                       delay_penalty=delay_penalty, boundary=boundary)
-    if not return_grad:
-        return loss
-    node_rows = functional.pruned_node_rows(logits, symbols, ranges)
-    occ = _occupations(logits.detach().reshape(B * T * R, -1), symbols, termination_symbol,
-                       boundary, rnnt_type, delay_penalty, node_rows=node_rows,
-                       grid=(B, T, S + 1))
-    return _with_grad(loss, occ, rnnt_type, True)
+                     reduction: str = "mean", *ambiguous, return_grad: bool = False,
+                     use_hat_loss: bool = False):
+    """k2's ``rnnt_loss_pruned``: ``logits`` ``(B, T, R, C)`` on the windows ``ranges``
+    ``(B, T, R)``: :func:`rnnt_lattice.rnnt_loss_pruned` (fused kernels).
+
+    ``use_hat_loss=True`` (k2): the HAT loss (Variani et al. 2020, arXiv:2003.07705), whose
+    blank is a Bernoulli and whose labels a softmax over the other classes; it needs
+    ``termination_symbol = 0``::
+
+        py = logsigmoid(x[..., 0])
+        px = x[..., y] - logsumexp(x[..., 1:]) + logsigmoid(-x[..., 0])     # x: the logits
+
+    ``return_grad=True`` (fast_rnnt): also ``(px_grad, py_grad)``. Both are keyword-only:
+    fast_rnnt's ninth parameter is ``return_grad``, k2's ``use_hat_loss``. With either, the
+    loss is computed as k2 does, from ``(px, py)``, with autograd."""
+    if ambiguous:
+        raise ValueError("rnnt_loss_pruned takes 8 positional arguments: the ninth is "
+                         "return_grad in fast_rnnt and use_hat_loss in k2; pass it by keyword")
+    if use_hat_loss or return_grad:
+        px, py = _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
+                               hat=bool(use_hat_loss))
+        return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
+                           delay_penalty, reduction, bool(return_grad))
+    B, S, T, C, blank, _, boundary, _ = _pruned_args(logits, symbols, ranges, termination_symbol,
+                                                     rnnt_type, boundary)
+    T_b, S_b = _ends(boundary, B, S, T, logits.device)
+    return _lib.rnnt_loss_pruned(logits, symbols, ranges, T_b, S_b, blank=blank,
+                                 reduction=reduction, rnnt_type=rnnt_type,
+                                 delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
+                                 allow_blank_targets=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Pruning
+# ---------------------------------------------------------------------------------------
+
+def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor,
+                          boundary: torch.Tensor | None, s_range: int) -> torch.Tensor:
+    """k2's ``get_rnnt_prune_ranges`` (``rnnt_lattice.prune_ranges(method="k2")``): ``ranges``
+    ``(B, T, R')`` int64 from the occupations ``return_grad`` gave. Per frame, the window
+    start maximising ``sum_{k<R} py_grad[s+k, t] - px_grad[s-1, t]``, then made monotone.
+    ``R'`` may differ from ``s_range`` (read ``ranges.shape[-1]``): raised, with a
+    ``RuntimeWarning``, where a sequence's end is out of reach, capped at ``S + 1``."""
+    gamma_blank, gamma_label, regular = _from_k2(px_grad, py_grad)
+    return _prune(gamma_blank, gamma_label, regular, boundary, s_range)
+
+
+def get_rnnt_prune_ranges_deprecated(px_grad: torch.Tensor, py_grad: torch.Tensor,
+                                     boundary: torch.Tensor | None, s_range: int) -> torch.Tensor:
+    """k2's older window choice (kept in k2 for comparison): the start maximising the
+    window's total occupation ``sum_{k<R} (px_grad + py_grad)[s+k, t]``, with the window-size
+    rules and the monotone repair of :func:`get_rnnt_prune_ranges`."""
+    gamma_blank, gamma_label, regular = _from_k2(px_grad, py_grad)
+    # k2's score with no label term: the window sum of both occupations.
+    return _prune(gamma_blank + gamma_label, torch.zeros_like(gamma_label), regular, boundary,
+                  s_range)
+
+
+def _prune(gamma_blank, gamma_label, regular, boundary, s_range):
+    B, T, S1 = gamma_blank.shape
+    boundary = _boundary(boundary, B, S1 - 1, T, gamma_blank.device)
+    T_b, S_b = _ends(boundary, B, S1 - 1, T, gamma_blank.device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ranges = _lib.prune_ranges((gamma_blank, gamma_label), s_range, method="k2",
+                                   logit_lengths=T_b, target_lengths=S_b, boundary=boundary,
+                                   rnnt_type="regular" if regular else "modified").ranges
+    for w in caught:            # a raised window, reported at the caller's line
+        warnings.warn(w.message, stacklevel=3)
+    return ranges
+
+
+def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
+    """k2's ``do_rnnt_pruning``: ``am`` ``(B, T, Da)``, ``lm`` ``(B, S+1, Dl)`` -> the joiner's
+    inputs on the windows, ``(am (B, T, R, Da), lm (B, T, R, Dl))``
+    (:func:`rnnt_lattice.do_rnnt_pruning`)."""
+    return _lib.do_rnnt_pruning(am, lm, ranges)

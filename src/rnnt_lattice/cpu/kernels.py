@@ -473,8 +473,12 @@ def _finish_row(row, blank, y, has_label, gb, gl, inv_s, w, clamp, fused):
 
     fused:   d/dz_v = p_v (gb + gl) - [v=blank] gb - [v=y] gl,   p_v = row[v] * inv_s
     log-prob: d/dlogp_v = -[v=blank] gb - [v=y] gl   (row holds zeros on entry)
-    gl already carries the FastEmit factor (1 + lambda).
+    gl already carries the FastEmit factor (1 + lambda). A label that is the blank
+    (``allow_blank_targets``) reads the blank arc's class: its occupation joins gb, so
+    that one entry gets both subtractions (two writes would keep only the last).
     """
+    if has_label and y == blank:
+        gb, gl, has_label = gb + gl, 0.0, False      # p_v (gb + gl) unchanged, one read
     if fused:
         c = (gb + gl) * inv_s
         e_blank = np.float64(row[blank])
