@@ -635,13 +635,21 @@ def test_cuda_checks_script_under_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr[-4000:]
 
 
+# The package's own source files, by directory: frames are matched by where their file
+# lies, never by a name, so a checkout in a folder named "rnnt_lattice" (whose tests/ and
+# virtual environment would match a substring) changes nothing.
+PACKAGE_DIR = os.path.join(os.path.dirname(os.path.realpath(rnnt_lattice.__file__)), "")
+
+
 class _RecordSyncSites(_RecordOps):
-    """Records, for every syncing op, the innermost rnnt_lattice function that ran it."""
+    """Records, for every syncing op, the innermost function of the package (a file under
+    ``PACKAGE_DIR``) that ran it."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(f"aten.{name}" in str(func) for name in SYNCING_OPS):
             import traceback
-            frames = [f for f in traceback.extract_stack() if "rnnt_lattice" in f.filename]
+            frames = [f for f in traceback.extract_stack()
+                      if os.path.realpath(f.filename).startswith(PACKAGE_DIR)]
             self.ops.append(frames[-1].name if frames else "?")
         return func(*args, **(kwargs or {}))
 
