@@ -42,6 +42,7 @@ def test_demo_smoke_writes_every_file(tmp_path, capsys):
     assert cli.main(["demo", "--steps", "3", "--out", str(out), "--threads", "1"]) == 0
     printed = capsys.readouterr()
     assert "held-out TER" in printed.out
+    assert "TER = edit distance / reference length" in printed.out     # said in words, first
     assert "progress 3/3" in printed.err                     # not a TTY: plain progress lines
     assert sorted(os.listdir(out)) == sorted(DEMO_FILES)
     for name in DEMO_FILES:
@@ -305,3 +306,42 @@ def test_demo_pruned_smoke_writes_the_comparison(tmp_path, capsys):
 def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
     assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- warmup
+# Kernels that no public function runs (``cpu.compute_lattice`` / ``cpu.viterbi`` keep the
+# dedicated regular passes for comparisons; the loss and the lattice tools run the generic
+# ones): warmup has nothing to compile them for.
+NOT_PUBLIC_KERNELS = {"lattice", "viterbi_alpha"}
+
+
+def test_warmup_covers_every_kernel():
+    """``warmup --list`` names the calls and their kernels, which are every CPU kernel a
+    public function runs; it compiles nothing."""
+    pytest.importorskip("numba")
+    from rnnt_lattice.cpu import _config, kernels
+    every = {name for name in dir(kernels) if isinstance(getattr(kernels, name), _config.ParallelKernel)}
+    listed = {k for _, ks in cli.WARMUP_CALLS for k in ks}
+    assert listed == every - NOT_PUBLIC_KERNELS
+    out = _run_cli("warmup", "--list")
+    assert out.returncode == 0
+    lines = out.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [c for c, _ in cli.WARMUP_CALLS]
+    assert "compiled" not in out.stdout and "loaded" not in out.stdout
+
+
+def test_warmup_reports_each_kernel(capsys):
+    """A fresh process (the kernel is loaded from the disk cache, or compiled): one progress
+    line for the call, one per kernel made, both variants with --serial, then the total."""
+    pytest.importorskip("numba")
+    out = _run_cli("warmup", "--only", "prune_ranges", "--serial")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "prune_ranges (float32) ..."
+    assert lines[1].startswith("  window_dp (parallel, float64): ")
+    assert lines[2] == "prune_ranges (float32, serial) ..."
+    assert lines[3].startswith("  window_dp (serial, float64): ")
+    assert lines[-1].startswith("warmup done in ") and len(lines) == 5
+    with pytest.raises(SystemExit):
+        cli.main(["warmup", "--help"])
+    assert "--dtype" in capsys.readouterr().out

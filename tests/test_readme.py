@@ -1,5 +1,6 @@
 """The Python examples of the README and docs/*.md run as written, and so do the docstring
 examples of every public function (doctest)."""
+import ast
 import doctest
 import importlib
 import pathlib
@@ -19,10 +20,27 @@ def test_readme_has_examples():
     assert any(p == README for p, _ in BLOCKS), "README.md should show a runnable Python example"
 
 
+def _silent_expressions(code: str) -> list[str]:
+    """Top-level expression statements that are no call (``occ.node``): a REPL shows them,
+    a script prints nothing."""
+    return [ast.get_source_segment(code, node) for node in ast.parse(code).body
+            if isinstance(node, ast.Expr) and not isinstance(node.value, ast.Call)]
+
+
 @pytest.mark.parametrize("path, code", BLOCKS,
                          ids=[f"{p.name}-block{i}" for i, (p, _) in enumerate(BLOCKS)])
-def test_doc_example_runs(path, code):
-    exec(compile(code, str(path), "exec"), {"__name__": "doc_example"})
+def test_doc_example_runs(path, code, tmp_path, monkeypatch, capsys):
+    """Each block runs as a script (in a scratch folder: it may write files). The README's
+    are scripts a new user pastes into a file: they print what they show."""
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, str(path), "exec"), {"__name__": "__main__"})
+    if path == README:
+        assert not _silent_expressions(code), f"prints nothing as a script: {_silent_expressions(code)}"
+        assert capsys.readouterr().out.strip(), "the example prints nothing"
+
+
+def test_silent_expressions_are_found():
+    assert _silent_expressions("x = 1\nx\nprint(x)\nx.shape\n") == ["x", "x.shape"]
 
 
 DOCTEST_MODULES = ["rnnt_lattice.functional", "rnnt_lattice.modules", "rnnt_lattice.pruned",

@@ -655,8 +655,10 @@ class _RecordSyncSites(_RecordOps):
 
 
 # Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
-# they are skipped, so their host reads are not on the GPU path.
-CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values"}
+# they are skipped, so their host reads are not on the GPU path. ``_rescue`` (the simple
+# losses' log-domain recomputation of nodes beyond float64's range) likewise.
+CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values",
+                   "_rescue"}
 
 
 def test_pruned_pipeline_synchronises_once():
