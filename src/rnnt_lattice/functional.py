@@ -11,7 +11,7 @@ from ._validate import (FLOAT_RANGES, check_boundary, check_class_targets, check
                         check_float, check_int, check_logits_rank, check_reduction)
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "rnnt_loss_pruned", "pack_logits",
-           "empty_cache", "check_options"]
+           "empty_cache"]
 
 
 def rnnt_loss(
@@ -71,14 +71,15 @@ def rnnt_loss(
         logit_lengths: ``(B,)`` int32 or int64, number of valid frames ``T_b``.
         target_lengths: ``(B,)`` int32 or int64, number of valid labels ``U_b``.
         blank: blank id; negative values count from the end (``-1`` is ``V-1``).
-        clamp: if ``> 0``, every element of the per-sequence gradient (w.r.t. logits, or
-            w.r.t. log-probs when ``fused_log_softmax=False``) is clipped to
-            ``[-clamp, clamp]`` before the upstream gradient is applied.
+        clamp: any number but NaN. If ``> 0``, every element of the per-sequence gradient
+            (w.r.t. logits, or w.r.t. log-probs when ``fused_log_softmax=False``) is clipped
+            to ``[-clamp, clamp]`` before the upstream gradient is applied; ``<= 0``: no
+            clipping.
         reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` (sum / B, as torchaudio;
             0 with a zero gradient for an empty batch, B = 0).
         fused_log_softmax: ``True``: ``logits`` are raw scores and log-softmax is fused in.
             ``False``: ``logits`` already are log-probabilities.
-        fastemit_lambda: FastEmit regularisation (Yu et al. 2021), a finite number. It changes the
+        fastemit_lambda: FastEmit regularisation (Yu et al. 2021), in ``[-1, 1000]``. It changes the
             *gradient*: label arcs get their gradient scaled by ``1 + fastemit_lambda``.
             The returned loss stays the plain ``-log P`` (comparable across lambdas).
         zero_infinity: if ``True``, infinite losses (impossible alignments, e.g.
@@ -109,7 +110,7 @@ def rnnt_loss(
             ``"one_sym_per_frame"`` (label arc ``(t,u) -> (t+1,u+1)``, mandatory final
             blank; needs ``T_b >= U_b + 1``). Lengths that allow no path give ``+inf`` (or 0
             with ``zero_infinity``), never undefined values.
-        delay_penalty: k2's delay penalty ``lambda >= 0``: label arcs get
+        delay_penalty: k2's delay penalty ``lambda`` in ``[0, 1000]``: label arcs get
             ``lambda * ((T_b - 1)/2 - t)`` added to their log-weight (earlier labels are
             favoured); the returned loss is that of the penalised lattice, as in k2.
         boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``:
@@ -144,8 +145,9 @@ def rnnt_loss(
         The reduced loss (a scalar), or ``(B,)`` per-sequence losses for ``"none"``.
 
     Raises:
-        ValueError: on bad shapes, dtypes, devices, lengths, targets, blank, reduction or
-            backend. Checks of tensor *values* (lengths, target ids) run for CPU inputs only,
+        ValueError: on bad shapes, dtypes, devices, lengths, targets, blank, reduction,
+            backend, or a float option outside its range (``_validate.FLOAT_RANGES``: inside
+            it every backend gives the same numbers and the same inf/NaN pattern). Checks of tensor *values* (lengths, target ids) run for CPU inputs only,
             to keep the CUDA path free of host synchronisation.
 
     Notes:
@@ -213,8 +215,8 @@ def tdt_loss(
             durations' logits after the tokens in the last axis.
         blank: the blank id, which must be the last token (``V_tok - 1``, or ``-1``).
         durations: strictly ascending frame counts, ``>= 0``, at least one ``>= 1``.
-        sigma: logit under-normalisation, subtracted once per arc.
-        omega: with probability ``omega`` per call (drawn from torch's CPU generator, so
+        sigma: logit under-normalisation in ``[0, 1000]``, subtracted once per arc.
+        omega: in ``[0, 1]``; with probability ``omega`` per call (drawn from torch's CPU generator, so
             ``torch.manual_seed`` makes it reproducible), the loss is the standard RNN-T
             loss of the token part instead (no durations, no sigma; the durations' gradient
             is 0), as NeMo samples it.

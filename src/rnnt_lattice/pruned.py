@@ -651,10 +651,13 @@ def rnnt_loss_simple(
 
     then the lattice of ``rnnt_type`` (math.md section 9; ``constrained``: the label arc
     carries ``e(t,u) + b(t,u+1)``) with k2's delay penalty on label arcs. Memory is
-    ``O(B T U + B (T + U) V)``. If a node's joint mass underflows relative to
-    ``am_max(t) + lm_max(u)`` (the largest sum can lie far below the sum of the largest
-    parts) its lse is taken as ``-inf`` and no arc leaves it; k2 adds ``finfo.tiny`` there
-    instead. Neither happens for logits within a few hundred of each other.
+    ``O(B T U + B (T + U) V)``. The exps and the matmul run in float64 (for float32 inputs
+    too), so lse is float64-accurate; a node whose joint mass still leaves float64's range
+    (the largest sum ``am(t,v) + lm(u,v)`` lies more than ~650 below ``am_max(t) +
+    lm_max(u)``: am and lm peak at different classes) is recomputed in the log domain from
+    its two rows, so the loss is finite wherever the full loss on ``am + lm`` is (k2 adds
+    ``finfo.tiny`` there instead, and returns a wrong loss). Finding those nodes reads the
+    tensors: it runs for CPU tensors only; on CUDA such a node has no mass (lse ``-inf``).
 
     Example::
 
@@ -684,9 +687,9 @@ def rnnt_loss_simple(
         blank: the blank id (k2's ``termination_symbol``); negative counts from the end.
         rnnt_type: ``"regular"``, ``"modified"`` or ``"constrained"`` (k2's; the latter two
             need ``T_b >= U_b``, else the loss is ``+inf``).
-        delay_penalty: k2's ``lambda >= 0``: label arcs get ``lambda ((T_b - 1)/2 - t)``; the
-            loss is that of the penalised lattice, as in k2. Negative: ValueError (k2
-            silently ignores it).
+        delay_penalty: k2's ``lambda`` in ``[0, 1000]``: label arcs get ``lambda ((T_b - 1)/2
+            - t)``; the loss is that of the penalised lattice, as in k2. Negative: ValueError
+            (k2 silently ignores it).
         boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``,
             within the lengths.
         reduction: ``"none"`` (B,), ``"sum"`` or ``"mean"`` (sum / B; 0 for B = 0), as
@@ -743,7 +746,7 @@ def rnnt_loss_smoothed(
         b_am(t)  = am(t, blank) + log uni(blank) - log sum_v exp(am(t, v)) uni(v)  (e_am: y_u)
         b'(t,u)  = (1 - s_lm - s_am) b(t,u) + s_lm b_lm(u) + s_am b_am(t)   (e' likewise)
 
-    with ``s_lm = lm_only_scale``, ``s_am = am_only_scale``, a scale of 0 replaced by
+    with ``s_lm = lm_only_scale``, ``s_am = am_only_scale`` (each in ``[0, 1]``), a scale of 0 replaced by
     ``1e-20`` in its own term (so ``0 * -inf`` never makes a NaN; the first factor keeps
     the given scales) and ``tiny = finfo(dtype).tiny``. As in k2, the unigram ``uni``
     averages over *every* row of ``lm``, padding included (and its gradient reaches those
