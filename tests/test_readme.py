@@ -56,3 +56,20 @@ def test_docstring_examples(name):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0, f"{name} has no docstring example"
     assert result.failed == 0, f"{result.failed} docstring example(s) of {name} failed"
+
+
+def test_quoted_demo_output_is_the_programs():
+    """The demo output the README quotes has the program's own lines: the TER meaning
+    verbatim, and the first and last TER lines in the formats ``demo.run`` prints."""
+    from rnnt_lattice import demo
+    quoted = "\n".join(re.findall(r"```text\n(.*?)```", README.read_text(), flags=re.S))
+    assert demo.TER_MEANING in quoted.splitlines()
+    num = r"\d+\.\d{3}"
+    assert re.search(rf"^held-out TER at initialisation {num} \(chance {num}\); training 2000 steps "
+                     rf"on cpu with 2 thread\(s\)$", quoted, flags=re.M)
+    last = re.search(rf"^held-out TER ({num}) \(at initialisation ({num}), chance ({num})\); \d+ s; "
+                     rf"wrote rnnt_lattice_demo/$", quoted, flags=re.M)
+    assert last, "the demo's last line is not quoted in its format"
+    text = README.read_text()
+    assert f"goes from {last.group(2)} to **{last.group(1)}**" in text
+    assert f"score {last.group(3)}" in text
