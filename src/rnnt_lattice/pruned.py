@@ -578,7 +578,7 @@ def lattice_loss(
     costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
                                      getattr(_topology, rnnt_type)(), ends, delay_penalty,
                                      _lattice_of_weights(backend, dev))
-    costs = costs.to(out_dtype)
+    costs = _output_costs(costs, out_dtype)
     if not return_occupations:
         return costs
     return costs, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,
