@@ -233,9 +233,10 @@ class _JointMass(torch.autograd.Function):
 
     ``mass`` is exact while it is above ``V * MASS_MIN``. Below, the products
     ``ea(t,v) el(u,v)`` have left the float range (the classes where am and lm peak differ,
-    by more than ~650 nats in all): those nodes (``rescued``, CPU tensors only: finding them
-    reads the device) get their lse from the log domain, ``lse_rescued = logsumexp_v
-    (am(t,v) + lm(u,v))``, over their two rows only (``_rescue``), and their mass is not used.
+    by more than ~650 nats in all): those nodes (``rescued``) get their lse from the log
+    domain, ``lse_rescued = logsumexp_v (am(t,v) + lm(u,v))``, over their two rows only
+    (``_rescue``: on the host for CPU tensors, a Triton kernel on CUDA), and their mass is
+    not used.
 
     Backward (``d ea / d am = ea``; for a rescued node ``p(v) = exp(am + lm - lse)``)::
 
@@ -258,15 +259,9 @@ class _JointMass(torch.autograd.Function):
         am_uni = torch.matmul(ea, uni.to(ldt)) if uni is not None else ea.new_empty(0)  # (B, T)
         am_cols = torch.gather(am, 2, am_idx).masked_fill_(~am_ok[..., None], 0.0)
         lm_cols = torch.gather(lm, 2, lm_idx).masked_fill_(~lm_ok[..., None], 0.0)
-        nodes, lse_rescued = _rescue(am, lm, am_ok, lm_ok, mass)
-        rescued = torch.zeros_like(mass, dtype=torch.bool)
-        if nodes is not None:
-            rescued[nodes.unbind(1)] = True
-            nodes = nodes.contiguous()
-        if nodes is not None:                  # dead nodes (lse -inf) get no gradient
-            nodes = nodes[lse_rescued[nodes.unbind(1)] > NEG_INF]
-        ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm,
-                              *(() if nodes is None else (nodes, lse_rescued[nodes.unbind(1)])))
+        rescued, lse_rescued = _rescue(am, lm, am_ok, lm_ok, mass)
+        ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued,
+                              lse_rescued)
         ctx.mark_non_differentiable(rescued)
         if uni is None:
             ctx.mark_non_differentiable(am_uni)
@@ -274,17 +269,12 @@ class _JointMass(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols, g_rescued, _g):
-        ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, *rescue = ctx.saved_tensors
+        ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued, lse = ctx.saved_tensors
         B, T, V = ea.shape
         grad_am = grad_lm = grad_uni = None
         if g_mass is None:
             g_mass = ea.new_zeros(B, T, el.shape[1])
         g_mass = g_mass.to(ea.dtype)
-        if rescue and g_rescued is not None:
-            nodes, lse = rescue
-            g_rescued = g_rescued[nodes.unbind(1)].to(ea.dtype)
-        else:
-            rescue = ()
         if ctx.needs_input_grad[0]:
             grad_am = torch.bmm(g_mass, el)                                              # (B, T, V)
             if uni is not None and g_am_uni is not None:
@@ -296,8 +286,8 @@ class _JointMass(torch.autograd.Function):
             grad_lm = torch.bmm(g_mass.transpose(1, 2), ea).mul_(el)                    # (B, U+1, V)
             if g_lm_cols is not None:
                 grad_lm.scatter_add_(2, lm_idx, g_lm_cols.to(el.dtype))
-        if rescue:
-            _rescue_backward(am, lm, nodes, lse, g_rescued, grad_am, grad_lm)
+        if g_rescued is not None and (grad_am is not None or grad_lm is not None):
+            _rescue_backward(am, lm, rescued, lse, g_rescued, grad_am, grad_lm)
         if grad_am is not None:
             grad_am = grad_am.masked_fill_(~am_ok[..., None], 0.0).to(am.dtype)
         if grad_lm is not None:
@@ -317,36 +307,51 @@ RESCUE_ELEMENTS = 1 << 22
 
 
 def _rescue(am, lm, am_ok, lm_ok, mass):
-    """``(nodes (N, 3) int64 [b, t, u], lse_rescued (B, T, U+1) float64)``: the nodes of
-    ``ok`` rows whose ``mass`` is below ``V * MASS_MIN`` and their exact lse,
-    ``logsumexp_v (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere); ``(None, that)``
-    when there are none. CPU tensors only: finding the nodes reads their values, a host
-    synchronisation on a GPU (there the matmul's range holds, ~650 nats of disagreement
-    between am's and lm's peaks; beyond it a node has no mass: lse ``-inf``)."""
+    """``(rescued (B, T, U+1) bool, lse_rescued (B, T, U+1) float64)``: the nodes of ``ok``
+    rows whose ``mass`` is below ``V * MASS_MIN``, and their exact lse, ``logsumexp_v
+    (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere). CPU: only those nodes, found on
+    the host; CUDA: the Triton kernel (``gpu.simple_rescue``), one program per node, which
+    returns at once for the others (no host synchronisation). Elsewhere (or while
+    compiling, or without Triton on CUDA) nothing is rescued: such a node has no mass,
+    lse ``-inf``."""
+    V = am.shape[2]
+    need = (mass < V * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
     lse = torch.full_like(mass, NEG_INF, dtype=torch.float64)
-    if am.device.type != "cpu" or torch.compiler.is_compiling():
-        return None, lse
-    need = (mass < am.shape[2] * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
-    if not bool(need.any()):
-        return None, lse
-    nodes = need.nonzero()                                                        # (N, 3)
-    b, t, u = nodes.unbind(1)
-    out = torch.empty(nodes.shape[0], dtype=torch.float64)
-    step = max(1, RESCUE_ELEMENTS // am.shape[2])
-    for i in range(0, nodes.shape[0], step):
+    if torch.compiler.is_compiling():
+        return torch.zeros_like(need), lse
+    if am.device.type == "cuda":
+        gpu = _gpu()
+        if gpu is None:
+            return torch.zeros_like(need), lse
+        return need, gpu.simple_rescue(am, lm, need)
+    if am.device.type != "cpu" or not bool(need.any()):
+        return torch.zeros_like(need), lse
+    b, t, u = need.nonzero().unbind(1)
+    step = max(1, RESCUE_ELEMENTS // V)
+    for i in range(0, b.shape[0], step):
         j = slice(i, i + step)
         x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
-        out[j] = torch.logsumexp(x, -1)
-    lse[b, t, u] = out
-    return nodes, lse
+        lse[b[j], t[j], u[j]] = torch.logsumexp(x, -1)
+    return need, lse
 
 
-def _rescue_backward(am, lm, nodes, lse, g, grad_am, grad_lm):
+def _rescue_backward(am, lm, rescued, lse, g, grad_am, grad_lm):
     """Adds ``g p`` of the rescued nodes into ``grad_am`` rows t and ``grad_lm`` rows u
-    (float64, either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``, by chunks."""
-    b, t, u = nodes.unbind(1)
+    (float64; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``; dead nodes
+    (lse ``-inf``) add nothing. CUDA: ``gpu.simple_rescue_backward``; CPU: by chunks."""
+    if am.device.type == "cuda":
+        B, T, V = am.shape
+        grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
+        grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
+        _gpu().simple_rescue_backward(am, lm, rescued, lse, g, grad_am, grad_lm)
+        return
+    if am.device.type != "cpu" or not bool(rescued.any()):
+        return
+    b, t, u = (rescued & (lse > NEG_INF)).nonzero().unbind(1)
+    g = g[b, t, u].to(torch.float64)
+    lse = lse[b, t, u]
     step = max(1, RESCUE_ELEMENTS // am.shape[2])
-    for i in range(0, nodes.shape[0], step):
+    for i in range(0, b.shape[0], step):
         j = slice(i, i + step)
         x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
         p = torch.exp(x - lse[j, None]).mul_(g[j, None])
@@ -354,6 +359,15 @@ def _rescue_backward(am, lm, nodes, lse, g, grad_am, grad_lm):
             grad_am.index_put_((b[j], t[j]), p, accumulate=True)
         if grad_lm is not None:
             grad_lm.index_put_((b[j], u[j]), p, accumulate=True)
+
+
+def _gpu():
+    """The Triton backend module, or None where Triton is not importable."""
+    try:
+        from . import gpu
+    except ImportError:
+        return None
+    return gpu
 
 
 def _unigram(lm: torch.Tensor) -> torch.Tensor:
@@ -656,8 +670,10 @@ def rnnt_loss_simple(
     (the largest sum ``am(t,v) + lm(u,v)`` lies more than ~650 below ``am_max(t) +
     lm_max(u)``: am and lm peak at different classes) is recomputed in the log domain from
     its two rows, so the loss is finite wherever the full loss on ``am + lm`` is (k2 adds
-    ``finfo.tiny`` there instead, and returns a wrong loss). Finding those nodes reads the
-    tensors: it runs for CPU tensors only; on CUDA such a node has no mass (lse ``-inf``).
+    ``finfo.tiny`` there instead, and returns a wrong loss). On CPU those nodes are found on
+    the host; on CUDA a Triton kernel over all nodes does the rest of the work for the ones
+    it finds, with no host synchronisation (without Triton, or under ``torch.compile``,
+    such a node has no mass: lse ``-inf``).
 
     Example::
 
