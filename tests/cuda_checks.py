@@ -177,6 +177,23 @@ def pruned_and_tools(device, smoke):
         print(f"{name:24s} triton vs torch: loss {errs[0]:.1e} grad lm {errs[1]:.1e} "
               f"am {errs[2]:.1e} occupations {max(errs[3:]):.1e}", flush=True)
         assert max(errs) <= 1e-9, (name, errs)
+    # Logits whose am and lm peak at classes 1000 nats apart: nodes beyond the float64
+    # matmul's range, rescued in the log domain (on CUDA by the Triton kernel).
+    far_am, far_lm = am.clone(), lm.clone()
+    far_am[..., 1] += 1000.0
+    far_lm[..., 2] += 1000.0
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        extra = dict(lm_only_scale=0.0, am_only_scale=0.0) if name == "rnnt_loss_smoothed" else {}
+        lm_, am_ = far_lm.clone().requires_grad_(), far_am.clone().requires_grad_()
+        loss = getattr(rnnt_lattice, name)(lm_, am_, y, tl, ul, blank=0, reduction="none", **extra)
+        (loss * w).sum().backward()
+        full = (far_am[:, :, None] + far_lm[:, None]).requires_grad_()
+        want = rnnt_lattice.rnnt_loss(full, y, tl, ul, blank=0, reduction="none", backend="torch")
+        (want * w).sum().backward()
+        errs = [_err(loss, want), _err(lm_.grad, full.grad.sum(1)), _err(am_.grad, full.grad.sum(2))]
+        print(f"{name:24s} peaks 1000 apart vs the full loss: loss {errs[0]:.1e} grad lm "
+              f"{errs[1]:.1e} am {errs[2]:.1e}", flush=True)
+        assert torch.isfinite(loss).all() and max(errs) <= 1e-9, (name, errs)
     occ = out["triton"][3:]
     with torch.no_grad():
         lo = rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0, return_occupations=True,
@@ -218,13 +235,16 @@ def pruned_and_tools(device, smoke):
             lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
             loss = rnnt_lattice.rnnt_loss_smoothed(lm_, am_, y, tl, ul, blank=0)
             loss.backward()
+            lm_, am_ = far_lm.clone().requires_grad_(), far_am.clone().requires_grad_()
+            rnnt_lattice.rnnt_loss_simple(lm_, am_, y, tl, ul, blank=0).backward()   # rescued nodes
             leaf = logits.clone().requires_grad_()
             rnnt_lattice.rnnt_loss_pruned(leaf, y, win.ranges, tl, ul, blank=0).backward()
             _ = (rnnt_lattice.occupancy(x, yt, tl, ul, V - 1, **kw).gamma,
                  rnnt_lattice.best_alignment(x, yt, tl, ul, V - 1, **kw).arc_kinds)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        print("no host sync: smoothed loss, pruned loss, TDT occupancy / best_alignment", flush=True)
+        print("no host sync: smoothed loss, simple loss with rescued nodes, pruned loss, TDT "
+              "occupancy / best_alignment", flush=True)
 
 
 def big_offsets(device):

@@ -352,6 +352,26 @@ def test_lattice_options_are_validated():
             fn(logits, targets % 2, tl, ul, blank=0, topology=topology.tdt([0, 1]), backend="torch")
 
 
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+def test_multiblank_topology_must_agree_with_blank_and_targets(backend):
+    """A multi-blank topology places its big blanks below the blank it was built for: with
+    another ``blank=`` it would be another lattice, and a big blank's class is no label.
+    Both are ValueErrors, as in multiblank_rnnt_loss (they computed a lattice before)."""
+    x = torch.randn(1, 6, 3, 7, generator=torch.Generator().manual_seed(0))
+    tl, ul = torch.tensor([6]), torch.tensor([2])
+    topo = topology.multiblank(6, [2, 3])
+    for fn in (rnnt_lattice.occupancy, rnnt_lattice.best_alignment):
+        fn(x, torch.tensor([[1, 2]]), tl, ul, blank=6, topology=topo, backend=backend)   # agrees
+        fn(x, torch.tensor([[1, 2]]), tl, ul, blank=-1, topology=topo, backend=backend)
+        with pytest.raises(ValueError, match="built for blank=6.*got blank=0"):
+            fn(x, torch.tensor([[1, 2]]), tl, ul, blank=0, topology=topo, backend=backend)
+        with pytest.raises(ValueError, match=r"targets\[0, 1\] = 4 is the class of the arc kind 'big_blank_3'"):
+            fn(x, torch.tensor([[1, 4]]), tl, ul, blank=6, topology=topo, backend=backend)
+    with pytest.raises(ValueError, match=r"targets\[0, 0\] = 5 is the class"):
+        rnnt_lattice.multiblank_rnnt_loss(x, torch.tensor([[5, 1]]), tl, ul, blank=6,
+                                          big_blank_durations=[2, 3], backend=backend)
+
+
 @pytest.mark.parametrize("backend", ["auto", "numba"])
 def test_kernel_backends_run_every_lattice_without_fallback(backend, monkeypatch):
     """Non-regular lattices run on the named backend's kernels (no fallback warning, no

@@ -42,6 +42,7 @@ def test_demo_smoke_writes_every_file(tmp_path, capsys):
     assert cli.main(["demo", "--steps", "3", "--out", str(out), "--threads", "1"]) == 0
     printed = capsys.readouterr()
     assert "held-out TER" in printed.out
+    assert "TER = edit distance / reference length" in printed.out     # said in words, first
     assert "progress 3/3" in printed.err                     # not a TTY: plain progress lines
     assert sorted(os.listdir(out)) == sorted(DEMO_FILES)
     for name in DEMO_FILES:
@@ -77,6 +78,16 @@ def test_default_demo_learns(tmp_path):
     assert metrics["heldout_ter"] < 0.5 * metrics["chance_ter"]
     assert metrics["heldout_ter"] < 0.3
     assert metrics["heldout_loss_per_token"] < metrics["evals"][0]["loss_per_token"] / 3
+    # The README quotes a recorded run: the same seed gives the same chance level, and a
+    # final TER within a few errors of the quoted one (another CPU or torch version sums
+    # in another order, which moves the last digits).
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quoted = re.search(r"^held-out TER (\S+) \(at initialisation \S+, chance (\S+)\);", readme, flags=re.M)
+    assert quoted, "README.md quotes no final demo line"
+    assert f"{metrics['chance_ter']:.3f}" == quoted.group(2)
+    assert abs(metrics["heldout_ter"] - float(quoted.group(1))) <= 0.02
 
 
 # --------------------------------------------------------------------------- plot
@@ -305,3 +316,42 @@ def test_demo_pruned_smoke_writes_the_comparison(tmp_path, capsys):
 def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
     assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- warmup
+# Kernels that no public function runs (``cpu.compute_lattice`` / ``cpu.viterbi`` keep the
+# dedicated regular passes for comparisons; the loss and the lattice tools run the generic
+# ones): warmup has nothing to compile them for.
+NOT_PUBLIC_KERNELS = {"lattice", "viterbi_alpha"}
+
+
+def test_warmup_covers_every_kernel():
+    """``warmup --list`` names the calls and their kernels, which are every CPU kernel a
+    public function runs; it compiles nothing."""
+    pytest.importorskip("numba")
+    from rnnt_lattice.cpu import _config, kernels
+    every = {name for name in dir(kernels) if isinstance(getattr(kernels, name), _config.ParallelKernel)}
+    listed = {k for _, ks in cli.WARMUP_CALLS for k in ks}
+    assert listed == every - NOT_PUBLIC_KERNELS
+    out = _run_cli("warmup", "--list")
+    assert out.returncode == 0
+    lines = out.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [c for c, _ in cli.WARMUP_CALLS]
+    assert "compiled" not in out.stdout and "loaded" not in out.stdout
+
+
+def test_warmup_reports_each_kernel(capsys):
+    """A fresh process (the kernel is loaded from the disk cache, or compiled): one progress
+    line for the call, one per kernel made, both variants with --serial, then the total."""
+    pytest.importorskip("numba")
+    out = _run_cli("warmup", "--only", "prune_ranges", "--serial")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "prune_ranges (float32) ..."
+    assert lines[1].startswith("  window_dp (parallel, float64): ")
+    assert lines[2] == "prune_ranges (float32, serial) ..."
+    assert lines[3].startswith("  window_dp (serial, float64): ")
+    assert lines[-1].startswith("warmup done in ") and len(lines) == 5
+    with pytest.raises(SystemExit):
+        cli.main(["warmup", "--help"])
+    assert "--dtype" in capsys.readouterr().out

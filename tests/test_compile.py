@@ -54,10 +54,20 @@ def no_compile_cache():
     """Compile from scratch: the on-disk FX-graph / AOT-autograd caches key on the traced
     graph, not on the Python source of the op's registered backward, so a cached graph
     could hide a change to it."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-    with inductor_config.patch(fx_graph_cache=False), \
-            functorch_config.patch(enable_autograd_cache=False):
+    import contextlib
+    import importlib
+    with contextlib.ExitStack() as stack:
+        # Private configs: patch each switch only where this torch has it (older versions
+        # have no autograd cache, a newer one may rename a switch), so the test does not
+        # depend on the torch version.
+        for module, key in (("torch._inductor.config", "fx_graph_cache"),
+                            ("torch._functorch.config", "enable_autograd_cache")):
+            try:
+                config = importlib.import_module(module)
+            except ImportError:
+                continue
+            if hasattr(config, key):
+                stack.enter_context(config.patch(**{key: False}))
         yield
 
 

@@ -355,3 +355,30 @@ def test_row_max_sees_every_nan():
             else:
                 assert m == row.max(), (row, m)
         check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", ["eager", "custom_op"])
+def test_cost_overflowing_float32_has_zero_gradient(backend, path):
+    """A float32 loss that overflows to +inf (logits near 3.4e38; the float64 lattice is
+    finite) has a zero gradient, like every infinite loss (math.md 8.1), on every backend
+    and through the torch.compile custom op; with zero_infinity it is 0."""
+    from rnnt_lattice import _ops
+    from rnnt_lattice._types import LossOptions
+    x = torch.zeros(2, 4, 2, 5)
+    x[0, :, :, 3] = 3.0e38                       # sequence 0: the label 1 is 3e38 below class 3
+    targets, tl, ul = torch.tensor([[1], [2]]), torch.tensor([4, 4]), torch.tensor([1, 1])
+    for zero_infinity in (False, True):
+        leaf = x.clone().requires_grad_()
+        if path == "eager":
+            costs = rnnt_lattice.rnnt_loss(leaf, targets, tl, ul, blank=0, reduction="none",
+                                           zero_infinity=zero_infinity, backend=backend)
+        else:
+            costs = _ops.rnnt_costs_traced(leaf, targets, tl, ul, LossOptions(0, True), backend)
+            costs = torch.where(torch.isinf(costs), 0.0, costs) if zero_infinity else costs
+        costs.sum().backward()
+        assert float(costs[0]) == (0.0 if zero_infinity else INF) and torch.isfinite(costs[1])
+        assert torch.equal(leaf.grad[0], torch.zeros_like(leaf.grad[0]))
+        assert leaf.grad[1].abs().sum() > 0
+    assert torch.isfinite(rnnt_lattice.rnnt_loss(x.double(), targets, tl, ul, blank=0,
+                                                 reduction="none", backend=backend)).all()

@@ -98,3 +98,18 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="delay_penalty"):
         rnnt_lattice.lattice_loss(w, w, *lengths, delay_penalty=-1.0)
 
+
+
+def test_cost_overflowing_float32_has_zero_gradient():
+    """Weights near -3.4e38: the float64 lattice is finite, its float32 cost +inf, and like
+    every infinite loss it has a zero gradient (math.md 8.1)."""
+    w_b = torch.full((2, 4, 2), -3.0e38)
+    w_b[1] = -1.0
+    w_e = w_b.clone()
+    tl, ul = torch.tensor([4, 4]), torch.tensor([1, 1])
+    b, e = w_b.clone().requires_grad_(), w_e.clone().requires_grad_()
+    loss = rnnt_lattice.lattice_loss(b, e, tl, ul)
+    loss.sum().backward()
+    assert loss[0] == float("inf") and torch.isfinite(loss[1])
+    assert torch.equal(b.grad[0], torch.zeros_like(b.grad[0])) and b.grad[1].abs().sum() > 0
+    assert torch.isfinite(rnnt_lattice.lattice_loss(w_b.double(), w_e.double(), tl, ul)).all()

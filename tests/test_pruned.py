@@ -129,3 +129,13 @@ def test_bad_ranges(ranges, match):
     with pytest.raises(ValueError, match=match):
         rnnt_lattice.rnnt_loss_pruned(logits, torch.ones(2, 3, dtype=torch.int64), ranges,
                                       torch.tensor([4, 4]), torch.tensor([3, 3]), blank=0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+def test_empty_window_is_refused(backend):
+    """R = 0 (logits (B, T, 0, V)): one ValueError on every backend (it was an IndexError on
+    one and +inf on the others)."""
+    with pytest.raises(ValueError, match=r"window R >= 1"):
+        rnnt_lattice.rnnt_loss_pruned(torch.randn(1, 4, 0, 5), torch.tensor([[1, 2]]),
+                                      torch.zeros(1, 4, 0, dtype=torch.int64), torch.tensor([4]),
+                                      torch.tensor([2]), blank=0, backend=backend)

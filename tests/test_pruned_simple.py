@@ -511,6 +511,107 @@ def test_masked_classes_and_dead_rows_equal_full_joiner(rnnt_type):
         assert rel_err(g, w) < TOL
 
 
+def _disagreeing_peaks(spread: float, dtype):
+    """am and lm (B=2, T=6, U=3, V=5) whose rows peak at different classes, each row
+    spanning ``spread``: the joint max of a node lies up to ``spread`` below the sum of the
+    row maxima, where a product of the rows' exps underflows."""
+    g = torch.Generator().manual_seed(2)
+    am = spread * torch.rand(2, 6, 5, generator=g, dtype=torch.float64)
+    lm = spread * torch.rand(2, 4, 5, generator=g, dtype=torch.float64)
+    am[:, :, 1] = spread                                        # am peaks at class 1
+    lm[:, :, 2] = spread                                        # lm at class 2
+    am[:, :, 2] = lm[:, :, 1] = 0.0
+    targets, T_b, U_b = torch.tensor([[1, 2, 3], [4, 1, 2]]), torch.tensor([6, 5]), torch.tensor([3, 2])
+    return lm.to(dtype), am.to(dtype), targets, T_b, U_b
+
+
+@pytest.mark.parametrize("fn", ["simple", "smoothed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("spread", [100.0, 400.0, 1000.0, 1e4])
+def test_large_logit_spreads_equal_full_joiner(fn, dtype, spread):
+    """The normaliser stays exact and finite where the full loss on am + lm is, whatever
+    the spread of the logits (float32 underflowed at ~110, float64 at ~650: those nodes
+    are recomputed in the log domain). Loss and gradients against the full loss in float64,
+    to the output dtype's rounding."""
+    lm, am, targets, T_b, U_b = _disagreeing_peaks(spread, dtype)
+    kw = dict(lm_only_scale=0.0, am_only_scale=0.0) if fn == "smoothed" else {}
+    loss_fn = getattr(rnnt_lattice, f"rnnt_loss_{fn}")
+    up = upstream_weights(2)
+    got = _grads(lambda l, a: loss_fn(l, a, targets, T_b, U_b, blank=0, reduction="none", **kw),
+                 lm, am, up)
+    want = _grads(lambda l, a: rnnt_lattice.rnnt_loss(_full(l, a), targets, T_b, U_b, 0,
+                                                      backend="torch", reduction="none"),
+                  lm.double(), am.double(), up)
+    # The output's rounding, plus float64's on sums of logits of size ~spread.
+    tol = 8 * torch.finfo(dtype).eps + 16 * spread * torch.finfo(torch.float64).eps
+    assert torch.isfinite(got[0]).all()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol * max(1.0, float(w.abs().max())))
+
+
+def test_transposed_am_backward():
+    """am as a Conv1d head gives it, ``(B, V, T)`` transposed: the backward of the smoothed
+    loss (which reads am's exps as rows) equals that of a contiguous copy."""
+    g = torch.Generator().manual_seed(5)
+    am_t = torch.randn(2, 5, 6, generator=g).transpose(1, 2)            # (B, T, V), strided
+    lm = torch.randn(2, 4, 5, generator=g)
+    args = (torch.tensor([[1, 2, 3], [4, 1, 0]]), torch.tensor([6, 5]), torch.tensor([3, 2]))
+    grads = []
+    for a in (am_t, am_t.contiguous()):
+        a = a.detach().clone() if a.is_contiguous() else a.detach().requires_grad_()
+        a.requires_grad_()
+        l = lm.clone().requires_grad_()
+        rnnt_lattice.rnnt_loss_smoothed(l, a, *args, blank=0).backward()
+        grads.append((a.grad, l.grad))
+    for x, y in zip(*grads):
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("fn", ["simple", "smoothed"])
+def test_cost_overflowing_the_output_dtype_has_zero_gradient(fn):
+    """A float32 cost finite in the float64 lattice but beyond float32's range is +inf, and
+    like every infinite loss it has a zero gradient (0 with zero_infinity)."""
+    lm = torch.zeros(1, 2, 3)
+    am = torch.zeros(1, 4, 3)
+    am[0, :, 1] = 3.0e38                        # the label 2 is 3e38 below class 1 on every frame
+    targets, T_b, U_b = torch.tensor([[2]]), torch.tensor([4]), torch.tensor([1])
+    loss_fn = getattr(rnnt_lattice, f"rnnt_loss_{fn}")
+    for zero_infinity in (False, True):
+        a, l = am.clone().requires_grad_(), lm.clone().requires_grad_()
+        cost = loss_fn(l, a, targets, T_b, U_b, blank=0, reduction="sum", zero_infinity=zero_infinity)
+        cost.backward()
+        assert float(cost.detach()) == (0.0 if zero_infinity else float("inf"))
+        assert torch.equal(a.grad, torch.zeros_like(a)) and torch.equal(l.grad, torch.zeros_like(l))
+    want = loss_fn(lm.double(), am.double(), targets, T_b, U_b, blank=0)
+    assert torch.finfo(torch.float32).max < float(want) < float("inf")
+
+
+def test_covered_is_nan_for_nan_occupations():
+    """prune_ranges' covered share of a sequence whose occupations are NaN is NaN (not 1)."""
+    gb = torch.rand(2, 4, 3, dtype=torch.float64)
+    gl = torch.rand(2, 4, 3, dtype=torch.float64)
+    gb[1] = float("nan")
+    win = rnnt_lattice.prune_ranges((gb, gl), 2, logit_lengths=torch.tensor([4, 4]),
+                                    target_lengths=torch.tensor([2, 2]))
+    assert torch.isfinite(win.covered[0]) and torch.isnan(win.covered[1])
+
+
+def test_integer_like_arguments():
+    """NumPy integers are ints (anything operator.index takes) for blank and R, and int32
+    ranges are ranges, as for rnnt_loss_pruned."""
+    import numpy as np
+    lm, am, targets, T_b, U_b, blank = make_simple(CASES[-1], seed=1, poison=False)
+    loss, occ = rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=np.int64(blank),
+                                              return_occupations=True)
+    assert torch.equal(loss, rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=blank))
+    win = rnnt_lattice.prune_ranges(occ, np.int32(3))
+    assert torch.equal(win.ranges, rnnt_lattice.prune_ranges(occ, 3).ranges)
+    x, y = torch.randn(lm.shape[0], am.shape[1], 4), torch.randn(lm.shape[0], lm.shape[1], 6)
+    for a, b in zip(rnnt_lattice.do_rnnt_pruning(x, y, win.ranges.int()),
+                    rnnt_lattice.do_rnnt_pruning(x, y, win.ranges)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_low_precision_inputs(dtype):
     lm, am, targets, T_b, U_b, blank = make_simple(CASES[-1], seed=4, poison=False)

@@ -1,5 +1,6 @@
 """The Python examples of the README and docs/*.md run as written, and so do the docstring
 examples of every public function (doctest)."""
+import ast
 import doctest
 import importlib
 import pathlib
@@ -19,10 +20,27 @@ def test_readme_has_examples():
     assert any(p == README for p, _ in BLOCKS), "README.md should show a runnable Python example"
 
 
+def _silent_expressions(code: str) -> list[str]:
+    """Top-level expression statements that are no call (``occ.node``): a REPL shows them,
+    a script prints nothing."""
+    return [ast.get_source_segment(code, node) for node in ast.parse(code).body
+            if isinstance(node, ast.Expr) and not isinstance(node.value, ast.Call)]
+
+
 @pytest.mark.parametrize("path, code", BLOCKS,
                          ids=[f"{p.name}-block{i}" for i, (p, _) in enumerate(BLOCKS)])
-def test_doc_example_runs(path, code):
-    exec(compile(code, str(path), "exec"), {"__name__": "doc_example"})
+def test_doc_example_runs(path, code, tmp_path, monkeypatch, capsys):
+    """Each block runs as a script (in a scratch folder: it may write files). The README's
+    are scripts a new user pastes into a file: they print what they show."""
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, str(path), "exec"), {"__name__": "__main__"})
+    if path == README:
+        assert not _silent_expressions(code), f"prints nothing as a script: {_silent_expressions(code)}"
+        assert capsys.readouterr().out.strip(), "the example prints nothing"
+
+
+def test_silent_expressions_are_found():
+    assert _silent_expressions("x = 1\nx\nprint(x)\nx.shape\n") == ["x", "x.shape"]
 
 
 DOCTEST_MODULES = ["rnnt_lattice.functional", "rnnt_lattice.modules", "rnnt_lattice.pruned",
@@ -38,3 +56,20 @@ def test_docstring_examples(name):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0, f"{name} has no docstring example"
     assert result.failed == 0, f"{result.failed} docstring example(s) of {name} failed"
+
+
+def test_quoted_demo_output_is_the_programs():
+    """The demo output the README quotes has the program's own lines: the TER meaning
+    verbatim, and the first and last TER lines in the formats ``demo.run`` prints."""
+    from rnnt_lattice import demo
+    quoted = "\n".join(re.findall(r"```text\n(.*?)```", README.read_text(), flags=re.S))
+    assert demo.TER_MEANING in quoted.splitlines()
+    num = r"\d+\.\d{3}"
+    assert re.search(rf"^held-out TER at initialisation {num} \(chance {num}\); training 2000 steps "
+                     rf"on cpu with 2 thread\(s\)$", quoted, flags=re.M)
+    last = re.search(rf"^held-out TER ({num}) \(at initialisation ({num}), chance ({num})\); \d+ s; "
+                     rf"wrote rnnt_lattice_demo/$", quoted, flags=re.M)
+    assert last, "the demo's last line is not quoted in its format"
+    text = README.read_text()
+    assert f"goes from {last.group(2)} to **{last.group(1)}**" in text
+    assert f"score {last.group(3)}" in text

@@ -514,11 +514,11 @@ from rnnt_lattice.gpu import kernels
 # int64 or int32, the node_rows map and the boundary int64, the max-plus pointers int8,
 # costs and upstream gradient in the costs' dtype, every other pointer (the lattice)
 # float64; the options' float32 parts "fp32"; other plain arguments int32.
-INPUT_PTRS = {"logits_ptr", "grad_ptr"}
+INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"node_rows_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
-INT8_PTRS = {"best_kind_ptr"}
+INT8_PTRS = {"best_kind_ptr", "need_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
@@ -531,7 +531,7 @@ def variants():
     durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
     boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
     semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
-    the lattice tools and the window DP of prune_ranges.\"\"\"
+    the lattice tools, the window DP of prune_ranges and the simple losses' rescue.\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
@@ -556,6 +556,9 @@ def variants():
                                                     BLOCK_U=256, **terms), fp32)
             yield "_topo_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
+    for backward in (False, True):                             # the simple losses' rescue
+        yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),
+               [("fp32", "i64"), ("fp64", "i64")])
 
 
 n = 0
@@ -635,20 +638,60 @@ def test_cuda_checks_script_under_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr[-4000:]
 
 
+# The package's own source files, by directory: frames are matched by where their file
+# lies, never by a name, so a checkout in a folder named "rnnt_lattice" (whose tests/ and
+# virtual environment would match a substring) changes nothing.
+PACKAGE_DIR = os.path.join(os.path.dirname(os.path.realpath(rnnt_lattice.__file__)), "")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_simple_rescue_kernel(dtype):
+    """The simple losses' log-domain rescue on the Triton kernel (what CUDA runs) against
+    logsumexp and its autograd gradient: the marked nodes only (others -inf, no gradient),
+    strided am (a Conv1d head's transpose), logits 500 nats apart."""
+    g = torch.Generator().manual_seed(0)
+    am = (500 * torch.randn(2, 7, 6, generator=g, dtype=torch.float64)).to(dtype)
+    am = am.transpose(1, 2)                                            # (B, T, V), strided
+    lm = (500 * torch.randn(2, 4, 7, generator=g, dtype=torch.float64)).to(dtype)
+    need = torch.rand(2, 6, 4, generator=g) < 0.5
+    need[0, 0, 0] = True
+    lm[0, 0] = float("-inf")                                           # a dead marked node
+    up = torch.randn(2, 6, 4, generator=g, dtype=torch.float64)
+    lse = gpu.simple_rescue(am, lm, need)
+    grad_am = torch.zeros(am.shape, dtype=torch.float64)
+    grad_lm = torch.zeros(lm.shape, dtype=torch.float64)
+    gpu.simple_rescue_backward(am, lm, need, lse, up, grad_am, grad_lm)
+    x = am.double()[:, :, None] + lm.double()[:, None]                 # (B, T, U+1, V)
+    want = torch.logsumexp(x, -1)
+    live = need & (want > float("-inf"))
+    p = torch.where(live[..., None], torch.exp(x - want[..., None]) * up[..., None], 0.0)
+    assert torch.equal(lse[~need], torch.full_like(lse[~need], float("-inf")))
+    assert lse[0, 0, 0] == float("-inf")
+    tol = 64 * torch.finfo(torch.float64).eps * 500
+    torch.testing.assert_close(lse[need], want[need], rtol=tol, atol=tol)
+    torch.testing.assert_close(grad_am, p.sum(2), rtol=tol, atol=tol)
+    torch.testing.assert_close(grad_lm, p.sum(1), rtol=tol, atol=tol)
+
+
 class _RecordSyncSites(_RecordOps):
-    """Records, for every syncing op, the innermost rnnt_lattice function that ran it."""
+    """Records, for every syncing op, the innermost function of the package (a file under
+    ``PACKAGE_DIR``) that ran it."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(f"aten.{name}" in str(func) for name in SYNCING_OPS):
             import traceback
-            frames = [f for f in traceback.extract_stack() if "rnnt_lattice" in f.filename]
+            frames = [f for f in traceback.extract_stack()
+                      if os.path.realpath(f.filename).startswith(PACKAGE_DIR)]
             self.ops.append(frames[-1].name if frames else "?")
         return func(*args, **(kwargs or {}))
 
 
 # Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
-# they are skipped, so their host reads are not on the GPU path.
-CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values"}
+# they are skipped, so their host reads are not on the GPU path. The CPU branch of the
+# simple losses' log-domain rescue (``_rescue``, ``_rescue_backward``: the nodes beyond the
+# float64 matmul's range) likewise: on CUDA a Triton kernel finds them.
+CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values",
+                   "_rescue", "_rescue_backward"}
 
 
 def test_pruned_pipeline_synchronises_once():

@@ -77,11 +77,111 @@ def test_padding_targets_are_not_checked():
     assert torch.isfinite(loss)
 
 
-def test_module_validates_too():
-    crit = rnnt_lattice.RNNTLoss(blank=0, reduction="bogus")
+@pytest.mark.parametrize("module, kw, words", [
+    ("RNNTLoss", dict(blank=0, reduction="bogus"), ["reduction", "'bogus'"]),
+    ("RNNTLoss", dict(blank=0.5), ["blank", "0.5"]),
+    ("RNNTLoss", dict(blank=0, delay_penalty=-1.0), ["delay_penalty", ">= 0"]),
+    ("RNNTLoss", dict(blank=0, rnnt_type="hat"), ["rnnt_type", "'hat'"]),
+    ("RNNTLoss", dict(blank=0, backend="cuda"), ["backend", "'cuda'"]),
+    ("TDTLoss", dict(blank=3, durations=[0, 1], sigma=float("nan")), ["sigma", "NaN"]),
+    ("TDTLoss", dict(blank=3, durations=[2, 1]), ["durations", "ascending"]),
+    ("TDTLoss", dict(blank=3, durations=[0, 1], omega=2.0), ["omega", "[0, 1]"]),
+    ("MultiblankRNNTLoss", dict(blank=3, big_blank_durations=[1]), ["big_blank_durations", ">= 2"]),
+    ("MultiblankRNNTLoss", dict(blank=3, big_blank_durations=[2], sigma=-0.1), ["sigma", ">= 0"]),
+])
+def test_modules_validate_at_construction(module, kw, words):
+    """A module's options are checked when it is built, not at its first call."""
+    with pytest.raises(ValueError) as err:
+        getattr(rnnt_lattice, module)(**kw)
+    for w in words:
+        assert w in str(err.value), f"{w!r} not in: {err.value}"
+
+
+# Every float option at the edges of its valid range (``_validate.FLOAT_RANGES``), and
+# just beyond them. ``fn``: which loss reads it.
+RANGE_EDGES = [
+    ("rnnt_loss", "fastemit_lambda", -1.0, 1e3),
+    ("rnnt_loss", "delay_penalty", 0.0, 1e3),
+    ("tdt_loss", "sigma", 0.0, 1e3),
+    ("multiblank_rnnt_loss", "sigma", 0.0, 1e3),
+    ("tdt_loss", "omega", 0.0, 1.0),
+]
+
+
+def _edge_call(fn, backend, x, **kw):
+    args = tuple(a.to(x.device) for a in (torch.tensor([[1, 2], [2, 1]]), torch.tensor([5, 4]),
+                                          torch.tensor([2, 1])))
+    if fn == "tdt_loss":
+        return rnnt_lattice.tdt_loss(x, *args, blank=-1, durations=[0, 1, 2], backend=backend,
+                                     reduction="none", **kw)
+    if fn == "multiblank_rnnt_loss":
+        return rnnt_lattice.multiblank_rnnt_loss(x, *args, blank=6, big_blank_durations=[2],
+                                                 backend=backend, reduction="none", **kw)
+    return rnnt_lattice.rnnt_loss(x, *args, blank=0, backend=backend, reduction="none", **kw)
+
+
+@pytest.mark.parametrize("fn, name, lo, hi", RANGE_EDGES, ids=[f"{f}-{n}" for f, n, *_ in RANGE_EDGES])
+def test_float_options_agree_at_the_range_edges(fn, name, lo, hi):
+    """Inside its documented range an option gives the same losses and gradients on every
+    backend (same inf/NaN pattern, values to float32 rounding); past the range it is a
+    ValueError naming the option and the range (delay_penalty=1e100 gave -inf on two
+    backends and NaN on the third)."""
+    x0 = torch.randn(2, 5, 3, 7, generator=torch.Generator().manual_seed(0))
+    extra = dict(clamp=1e-3) if name == "fastemit_lambda" else {}     # clamp at its edge too
+    for value in (lo, hi):
+        results = []
+        for backend in ("torch", "numba", "triton"):
+            x = x0.clone().requires_grad_()
+            loss = _edge_call(fn, backend, x, **{name: value}, **extra)
+            loss.sum().backward()
+            results.append((loss.detach(), x.grad))
+        for got in results[1:]:
+            for g, w in zip(got, results[0]):
+                assert torch.equal(torch.isfinite(g), torch.isfinite(w)) and torch.isfinite(w).any()
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * max(1.0, float(w.abs().max())))
+    span = hi - lo
+    for value, words in ((lo - span, [name, f">= {lo:g}"]), (hi + span, [name, f"<= {hi:g}"]),
+                         (float("inf"), [name, "finite"])):
+        with pytest.raises(ValueError) as err:
+            _edge_call(fn, "torch", x0, **{name: value})
+        for w in words + [f"[{lo:g}, {hi:g}]"]:
+            assert w in str(err.value), f"{w!r} not in: {err.value}"
+
+
+def test_smoothed_scales_have_a_range():
+    am, lm = torch.randn(1, 5, 4), torch.randn(1, 3, 4)
+    args = (torch.tensor([[1, 2]]), torch.tensor([5]), torch.tensor([2]))
+    for kw in (dict(lm_only_scale=-0.1), dict(am_only_scale=1.5)):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} must be .* \\(valid range \\[0, 1\\]\\)"):
+            rnnt_lattice.rnnt_loss_smoothed(lm, am, *args, blank=0, **kw)
+
+
+def test_integer_like_blank():
+    """A NumPy integer (anything operator.index takes) is an int for blank."""
+    import numpy as np
     a = good()
-    with pytest.raises(ValueError, match="reduction"):
-        crit(a["logits"], a["targets"], a["logit_lengths"], a["target_lengths"])
+    want = rnnt_lattice.rnnt_loss(**a, blank=0)
+    for blank in (np.int64(0), np.int32(0), torch.tensor(0)):
+        assert torch.equal(rnnt_lattice.rnnt_loss(**a, blank=blank), want)
+
+
+@pytest.mark.parametrize("fn", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss"])
+def test_meta_tensors(fn):
+    """On the meta device (shapes only; backend="auto" picks the PyTorch one) the losses
+    give a loss and a gradient of the right shapes, as rnnt_loss_simple does; packed
+    logits need the lengths' values: a ValueError says so."""
+    x = torch.randn(2, 5, 3, 7, device="meta", requires_grad=True)
+    loss = _edge_call(fn, "auto", x, **(dict(sigma=0.05) if fn != "rnnt_loss" else {}))
+    assert loss.shape == (2,) and loss.device.type == "meta"
+    loss.sum().backward()
+    assert x.grad.shape == x.shape and x.grad.device.type == "meta"
+
+
+def test_packed_meta_tensors_are_refused():
+    m = lambda t: t.to("meta")  # noqa: E731
+    with pytest.raises(ValueError, match="packed=True.*meta"):
+        rnnt_lattice.rnnt_loss(torch.randn(20, 7, device="meta"), m(torch.tensor([[1, 2]])),
+                               m(torch.tensor([5])), m(torch.tensor([2])), blank=0, packed=True)
 
 
 def test_numba_backend_rejects_other_devices():

@@ -206,7 +206,13 @@ def test_regular_rnnt_type_is_the_kernel_loss():
     ("tdt_loss", dict(blank=5, durations=[-1, 1]), "durations must all be >= 0"),
     ("tdt_loss", dict(blank=5, durations=[0, 1.5]), "durations must hold ints"),
     ("tdt_loss", dict(blank=0, durations=[0, 1]), "the blank must be the last token"),
-    ("tdt_loss", dict(blank=5, durations=[0, 1], omega=1.5), "omega must be in"),
+    ("tdt_loss", dict(blank=5, durations=[0, 1], omega=1.5), r"omega must be <= 1 \(valid range \[0, 1\]\)"),
+    ("tdt_loss", dict(blank=5, durations=[0, 1], sigma=-0.05), r"sigma must be >= 0 \(valid range \[0, 1000\]\)"),
+    ("multiblank_rnnt_loss", dict(blank=7.0, big_blank_durations=[2]), "blank must be an int, got 7.0"),
+    ("multiblank_rnnt_loss", dict(blank=9, big_blank_durations=[2]), r"blank=9 is outside \[-V, V\) = \[-8, 8\)"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[2], sigma=-1.0), "sigma must be >= 0"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[2], logits_3d=True),
+     r"logits must have 4 dims \(B, T, U\+1, V\), got 3 dims with shape \(4, 3, 8\)"),
     ("tdt_loss", dict(blank=5, durations=[0, 1], sigma=float("nan")), "sigma must not be NaN"),
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[1, 2]), "big_blank_durations must all be >= 2"),
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[-2, 4]), r"big_blank_durations must all be >= 2, got \[-2, 4\]"),
@@ -215,6 +221,9 @@ def test_regular_rnnt_type_is_the_kernel_loss():
 ])
 def test_bad_arguments(fn_name, kw, match):
     x = torch.randn(2, 4, 3, 8)
+    kw = dict(kw)
+    if kw.pop("logits_3d", False):
+        x = x[0]
     args = (torch.tensor([[1, 2], [3, 1]]), torch.tensor([4, 3]), torch.tensor([2, 1]))
     fn = getattr(rnnt_lattice, fn_name)
     with pytest.raises(ValueError, match=match):
@@ -251,7 +260,7 @@ def test_tdt_targets_are_tokens_and_multiblank_targets_not_big_blanks():
     # 6 tokens + 2 durations: id 6 is a duration, not a token
     with pytest.raises(ValueError, match=r"targets\[0, 1\] = 6 is outside \[0, V\) = \[0, 6\)"):
         rnnt_lattice.tdt_loss(x, torch.tensor([[1, 6]]), tl, ul, blank=5, durations=[0, 1])
-    with pytest.raises(ValueError, match=r"targets\[0, 0\] = 6 is a big blank's class"):
+    with pytest.raises(ValueError, match=r"targets\[0, 0\] = 6 is the class of the arc kind 'big_blank_2'"):
         rnnt_lattice.multiblank_rnnt_loss(x, torch.tensor([[6, 1]]), tl, ul, blank=7,
                                           big_blank_durations=[2, 3])
 

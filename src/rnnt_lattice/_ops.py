@@ -74,6 +74,7 @@ class _RNNTLoss(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.impl, ctx.state, ctx.opts = impl, state, opts
             ctx.logits = logits if opts.inplace_grad else None
+            ctx.infinite = torch.isinf(costs)
         return costs
 
     @staticmethod
@@ -83,10 +84,19 @@ class _RNNTLoss(torch.autograd.Function):
         opts: LossOptions = ctx.opts
         if opts.inplace_grad and ctx.impl.INPLACE_WRITES_IN == "backward":
             torch.autograd.graph.increment_version(ctx.logits)
-        grad = ctx.impl.loss_backward(saved, ctx.state, grad_costs, opts)
+        grad = ctx.impl.loss_backward(saved, ctx.state, without_infinite(grad_costs, ctx.infinite),
+                                      opts)
         if opts.inplace_grad:
             grad = grad.detach()                  # a new tensor over the same memory
         return grad, None, None, None, None, None, None, None
+
+
+def without_infinite(upstream: torch.Tensor, infinite: torch.Tensor) -> torch.Tensor:
+    """The upstream gradient with 0 for the sequences whose cost is infinite in the output
+    dtype: an infinite loss has a zero gradient (math.md 8.1), also where the float64 lattice
+    was finite and only the cast overflowed (a float32 cost beyond 3.4e38). The backends see
+    an upstream of exactly 0 there, which gives an exactly zero gradient."""
+    return upstream.masked_fill(infinite, 0.0)
 
 
 def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,
@@ -143,16 +153,16 @@ def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, faste
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(output[1])
+    ctx.save_for_backward(output[1], torch.isinf(output[0]))
     node_rows = inputs[-1]
     # The sequence of each row of a node_rows layout (B for a row no node reads).
     ctx.row_seq = None if node_rows is None else row_sequences(node_rows, inputs[0].shape[0])
 
 
 def _backward(ctx, grad_costs, _grad_of_grad):
-    (grad,) = ctx.saved_tensors
+    grad, infinite = ctx.saved_tensors
     # d loss / d logits = upstream[b] * (per-sequence gradient of sequence b).
-    up = grad_costs.to(grad.dtype)
+    up = without_infinite(grad_costs, infinite).to(grad.dtype)
     if ctx.row_seq is not None:                    # rows of a node_rows layout
         up = torch.cat([up, up.new_zeros(1)])[ctx.row_seq][:, None]
     else:

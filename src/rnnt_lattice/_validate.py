@@ -52,18 +52,11 @@ def check_lattice_args(
     ``(B, T, U+1)`` of a node -> row layout whose logits are rows ``(N, V)`` (packed or
     pruned); the shapes are checked against the grid. ``allow_blank_targets``: a target equal
     to the blank is an ordinary label (k2's semantics), not a ValueError."""
-    for name, x in (("logits", logits), ("targets", targets),
-                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+    check_logits_rank(logits, rows=grid is not None)
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-
-    if grid is not None:
-        if logits.dim() != 2:
-            raise ValueError(f"logits must have 2 dims (N, V) (rows of a packed or pruned layout), "
-                             f"got {logits.dim()} dims with shape {_shape(logits)}")
-    elif logits.dim() != 4:
-        raise ValueError(
-            f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
     if targets.dim() != 2:
         raise ValueError(
             f"targets must have 2 dims (B, U), got {targets.dim()} dims with shape {_shape(targets)}")
@@ -98,10 +91,7 @@ def check_lattice_args(
             raise ValueError(
                 f"tensors on different devices: logits on {logits.device}, {name} on {x.device}")
 
-    if isinstance(blank, torch.Tensor):
-        raise ValueError(f"blank must be an int, got a {blank.dtype} tensor of shape {_shape(blank)}")
-    if isinstance(blank, bool) or not isinstance(blank, int):
-        raise ValueError(f"blank must be an int, got {blank!r}")
+    blank = check_int("blank", blank)
     Vt = V if n_tokens is None else n_tokens
     what = "V" if n_tokens is None else "V_tok"
     if not -Vt <= blank < Vt:
@@ -121,6 +111,39 @@ def check_lattice_args(
                       allow_blank_targets)
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank)
+
+
+def check_logits_rank(logits, *, rows: bool = False) -> int:
+    """``V``, the size of the last axis of ``logits``: a tensor of 4 dims ``(B, T, U+1, V)``,
+    or with ``rows`` of 2 dims ``(N, V)`` (the rows of a packed or pruned layout)."""
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if rows and logits.dim() != 2:
+        raise ValueError(f"logits must have 2 dims (N, V) (rows of a packed or pruned layout), "
+                         f"got {logits.dim()} dims with shape {_shape(logits)}")
+    if not rows and logits.dim() != 4:
+        raise ValueError(
+            f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
+    return logits.shape[-1]
+
+
+def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, topology) -> None:
+    """CPU value check (as ``_check_values``): no label may be a class that an arc kind of
+    ``topology`` reads as a fixed class (multi-blank's big blanks): a label cannot be a
+    blank. ``targets`` and ``target_lengths`` are already checked (``check_lattice_args``)."""
+    fixed = {k.class_id: k.name for k in topology.kinds if k.reads == "class"}
+    U = targets.shape[1]
+    if (not fixed or U == 0 or targets.shape[0] == 0 or targets.device.type != "cpu"
+            or torch.compiler.is_compiling()):
+        return
+    valid = torch.arange(U)[None, :] < target_lengths[:, None]
+    classes = torch.tensor(sorted(fixed), dtype=targets.dtype)
+    bad = valid & torch.isin(targets, classes)
+    if bool(bad.any()):
+        b, u = (int(i) for i in bad.nonzero()[0])
+        c = int(targets[b, u])
+        raise ValueError(f"targets[{b}, {u}] = {c} is the class of the arc kind {fixed[c]!r} of "
+                         f"topology {topology.name!r}: a label cannot be a blank")
 
 
 def _check_values(logits, targets, logit_lengths, target_lengths, blank, V, grid,
@@ -158,7 +181,41 @@ def check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
+def check_int(name: str, value) -> int:
+    """``value`` as a Python int: anything ``operator.index`` accepts (Python and NumPy
+    integers, a 0-d integer tensor), but not a bool."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    if isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be an int, got a {value.dtype} tensor of shape {_shape(value)}")
+    raise ValueError(f"{name} must be an int, got {value!r}")
+
+
+INF = float("inf")
+
+# The valid range of every float option, inclusive (docs/api.md, "Options"). Inside it
+# every backend computes the same numbers, up to float rounding, with the same inf/NaN
+# pattern (tests/test_validation.py::test_float_options_agree_at_the_range_edges); far
+# outside it the float64 lattice overflows (e.g. ``delay_penalty=1e100``) and the kernels
+# disagree (-inf on one, NaN on another), or the option means nothing (a negative
+# ``sigma`` rewards every arc: the loss goes negative). ``clamp <= 0`` means no clipping.
+FLOAT_RANGES = {
+    "clamp": (-INF, INF),
+    "fastemit_lambda": (-1.0, 1e3),
+    "delay_penalty": (0.0, 1e3),
+    "sigma": (0.0, 1e3),
+    "omega": (0.0, 1.0),
+    "lm_only_scale": (0.0, 1.0),
+    "am_only_scale": (0.0, 1.0),
+}
+
+
 def check_float(name: str, value, *, minimum: float | None = None, finite: bool = False) -> float:
+    """``value`` as a Python float: a number, not NaN, ``>= minimum`` and finite if asked,
+    and inside ``FLOAT_RANGES[name]`` for the options listed there."""
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         raise ValueError(f"{name} must be a number, got a tensor of shape {_shape(value)}")
     try:
@@ -167,10 +224,15 @@ def check_float(name: str, value, *, minimum: float | None = None, finite: bool 
         raise ValueError(f"{name} must be a number, got {value!r}") from None
     if value != value:
         raise ValueError(f"{name} must not be NaN")
-    if finite and value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    lo, hi = FLOAT_RANGES.get(name, (-INF, INF))
+    where = "" if (lo, hi) == (-INF, INF) else f" (valid range [{lo:g}, {hi:g}])"
+    if (finite or lo > -INF or hi < INF) and value in (INF, -INF):
+        raise ValueError(f"{name} must be finite{where}, got {value}")
+    for bound in (lo, minimum):
+        if bound is not None and value < bound:
+            raise ValueError(f"{name} must be >= {bound:g}{where}, got {value}")
+    if value > hi:
+        raise ValueError(f"{name} must be <= {hi:g}{where}, got {value}")
     return value
 
 

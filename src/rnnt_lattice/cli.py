@@ -1,6 +1,7 @@
 """The ``rnnt-lattice`` command (also ``python -m rnnt_lattice``).
 
     rnnt-lattice demo  [--steps N] [--out DIR] [--device D] [--threads N] [--seed S]
+    rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
     rnnt-lattice bench [ARGS...]        (forwarded to rnnt_lattice.bench.main)
 
@@ -86,6 +87,23 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--blank", type=int, default=None, help="blank id (overrides the file's)")
     pl.add_argument("--log-probs", action="store_true",
                     help="logits are already log-probabilities (fused_log_softmax=False)")
+
+    w = sub.add_parser("warmup", help="compile every CPU kernel once (Numba), so that the first "
+                                      "training step does not wait for it",
+                       description="Compile (or load from Numba's disk cache) every CPU kernel "
+                                   "of the public functions, with a line per kernel as it is "
+                                   "done. With an empty cache this takes about 30-45 s on 2 "
+                                   "cores; later processes load the kernels in under a second.")
+    w.add_argument("--dtype", nargs="+", choices=("float32", "float64"), default=["float32"],
+                   help="logits dtypes to compile for (default float32; float16 and bfloat16 "
+                        "run the float32 kernels)")
+    w.add_argument("--serial", action="store_true",
+                   help="also the serial variants (RNNT_LATTICE_NUMBA_PARALLEL=0, forked "
+                        "DataLoader workers)")
+    w.add_argument("--only", nargs="+", choices=[c for c, _ in WARMUP_CALLS], default=None,
+                   metavar="CALL", help="only these calls: " + ", ".join(c for c, _ in WARMUP_CALLS))
+    w.add_argument("--list", action="store_true",
+                   help="list the calls and the kernels each compiles, and compile nothing")
 
     b = sub.add_parser("bench", help="run the benchmark registry (quick mode by default)",
                        add_help=False)
@@ -208,6 +226,71 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+# The calls ``rnnt-lattice warmup`` makes, each on a tiny problem, and the CPU kernels
+# (``rnnt_lattice.cpu.kernels``) whose specialisations they compile: together every kernel
+# that a public function runs. (``tests/test_cli.py`` holds this list to the kernels.)
+WARMUP_CALLS = [
+    ("rnnt_loss", ("row_pass", "regular_weights", "kind_lattice", "grad_rows")),
+    ("tdt_loss", ("kind_row_pass", "kind_lattice", "kind_grad_rows")),
+    ("best_alignment", ("kind_row_pass", "kind_viterbi")),
+    ("prune_ranges", ("window_dp",)),
+]
+
+
+def _warmup_call(name: str, dtype):
+    """Runs ``name`` (a key of ``WARMUP_CALLS``) once on a tiny problem in ``dtype``."""
+    import torch
+
+    import rnnt_lattice
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 7, generator=g, dtype=dtype, requires_grad=True)
+    args = (torch.tensor([[1, 2], [2, 1]]), torch.tensor([5, 4]), torch.tensor([2, 1]))
+    if name == "rnnt_loss":
+        rnnt_lattice.rnnt_loss(x, *args, blank=0, backend="numba").backward()
+    elif name == "tdt_loss":
+        rnnt_lattice.tdt_loss(x, *args, blank=-1, durations=[0, 1, 2], backend="numba").backward()
+    elif name == "best_alignment":
+        rnnt_lattice.best_alignment(x.detach(), *args, blank=0, backend="numba")
+    else:
+        occ = torch.rand(2, 5, 3, generator=g, dtype=torch.float64)
+        rnnt_lattice.prune_ranges((occ, occ), 2, logit_lengths=args[1], target_lengths=args[2])
+
+
+def _cmd_warmup(args) -> int:
+    import time
+    calls = [(c, k) for c, k in WARMUP_CALLS if args.only is None or c in args.only]
+    if args.list:
+        for call, kernels in calls:
+            print(f"{call}: {', '.join(kernels)}")
+        return 0
+    import torch
+    try:
+        from .cpu import _config
+    except ImportError as err:
+        raise UserError(f"the CPU backend needs numba ({err})") from None
+
+    def report(kernel, variant, dtype, seconds, from_cache):
+        how = "loaded from the disk cache" if from_cache else "compiled"
+        print(f"  {kernel} ({variant}, {dtype}): {how} in {seconds:.1f} s", flush=True)
+
+    variants = [True, False] if args.serial else [_config.PARALLEL]
+    start = time.perf_counter()
+    saved = _config.ON_COMPILE, _config.PARALLEL
+    _config.ON_COMPILE = report
+    try:
+        for parallel in variants:
+            _config.PARALLEL = parallel
+            for dtype in args.dtype:
+                for call, _ in calls:
+                    print(f"{call} ({dtype}{'' if parallel else ', serial'}) ...", flush=True)
+                    _warmup_call(call, getattr(torch, dtype))
+    finally:
+        _config.ON_COMPILE, _config.PARALLEL = saved
+    cache = "off" if not _config.CACHE else "on disk (NUMBA_CACHE_DIR, else next to the package)"
+    print(f"warmup done in {time.perf_counter() - start:.1f} s (kernel cache: {cache})")
+    return 0
+
+
 def _cmd_bench(rest: list[str]) -> int:
     try:
         from . import bench
@@ -230,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             return main_from_args(args)
         if args.command == "plot":
             return _cmd_plot(args)
+        if args.command == "warmup":
+            return _cmd_warmup(args)
         parser.print_help()
         return 2
     except (UserError, ValueError) as err:

@@ -58,6 +58,12 @@ class Config:
     warm_steps: int = 500    # --pruned: icefall's warm-up of the loss weights
 
 
+# Printed before the first TER: an untrained model emits a label on almost every frame,
+# so its TER is far above 1.
+TER_MEANING = ("TER = edit distance / reference length (0 is perfect; above 1 when the "
+               "hypothesis is longer than the reference, as an untrained model's are)")
+
+
 # --------------------------------------------------------------------------- data
 def _formants(g: torch.Generator):
     """Per digit: start/end bin of a gliding ridge and a fixed second ridge."""
@@ -300,6 +306,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
             "(pip install rnnt-lattice[plot]); training, metrics and tables still run")
     occ0, ali0 = _lattice_views(model, Xh[show], Th[show], Yh[show], Uh[show])
     evals = [evaluate(0)]
+    log(TER_MEANING)
     log(f"held-out TER at initialisation {evals[0]['ter']:.3f} (chance {chance_ter:.3f}); "
         f"training {cfg.steps} steps on {cfg.device} with {cfg.threads} thread(s)")
     history = []
@@ -437,6 +444,7 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     cuda = device.type == "cuda"
 
     results = {}
+    log(TER_MEANING)
     for name, step_loss in (("full", _full_step), ("pruned", _pruned_step)):
         model = copy.deepcopy(init)
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)

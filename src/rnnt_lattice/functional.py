@@ -7,7 +7,8 @@ import torch
 
 from . import _backends, _ops
 from ._types import LossOptions
-from ._validate import check_boundary, check_durations, check_float, check_reduction
+from ._validate import (FLOAT_RANGES, check_boundary, check_class_targets, check_durations,
+                        check_float, check_int, check_logits_rank, check_reduction)
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "rnnt_loss_pruned", "pack_logits",
            "empty_cache"]
@@ -70,14 +71,15 @@ def rnnt_loss(
         logit_lengths: ``(B,)`` int32 or int64, number of valid frames ``T_b``.
         target_lengths: ``(B,)`` int32 or int64, number of valid labels ``U_b``.
         blank: blank id; negative values count from the end (``-1`` is ``V-1``).
-        clamp: if ``> 0``, every element of the per-sequence gradient (w.r.t. logits, or
-            w.r.t. log-probs when ``fused_log_softmax=False``) is clipped to
-            ``[-clamp, clamp]`` before the upstream gradient is applied.
+        clamp: any number but NaN. If ``> 0``, every element of the per-sequence gradient
+            (w.r.t. logits, or w.r.t. log-probs when ``fused_log_softmax=False``) is clipped
+            to ``[-clamp, clamp]`` before the upstream gradient is applied; ``<= 0``: no
+            clipping.
         reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` (sum / B, as torchaudio;
             0 with a zero gradient for an empty batch, B = 0).
         fused_log_softmax: ``True``: ``logits`` are raw scores and log-softmax is fused in.
             ``False``: ``logits`` already are log-probabilities.
-        fastemit_lambda: FastEmit regularisation (Yu et al. 2021), a finite number. It changes the
+        fastemit_lambda: FastEmit regularisation (Yu et al. 2021), in ``[-1, 1000]``. It changes the
             *gradient*: label arcs get their gradient scaled by ``1 + fastemit_lambda``.
             The returned loss stays the plain ``-log P`` (comparable across lambdas).
         zero_infinity: if ``True``, infinite losses (impossible alignments, e.g.
@@ -108,7 +110,7 @@ def rnnt_loss(
             ``"one_sym_per_frame"`` (label arc ``(t,u) -> (t+1,u+1)``, mandatory final
             blank; needs ``T_b >= U_b + 1``). Lengths that allow no path give ``+inf`` (or 0
             with ``zero_infinity``), never undefined values.
-        delay_penalty: k2's delay penalty ``lambda >= 0``: label arcs get
+        delay_penalty: k2's delay penalty ``lambda`` in ``[0, 1000]``: label arcs get
             ``lambda * ((T_b - 1)/2 - t)`` added to their log-weight (earlier labels are
             favoured); the returned loss is that of the penalised lattice, as in k2.
         boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``:
@@ -143,8 +145,9 @@ def rnnt_loss(
         The reduced loss (a scalar), or ``(B,)`` per-sequence losses for ``"none"``.
 
     Raises:
-        ValueError: on bad shapes, dtypes, devices, lengths, targets, blank, reduction or
-            backend. Checks of tensor *values* (lengths, target ids) run for CPU inputs only,
+        ValueError: on bad shapes, dtypes, devices, lengths, targets, blank, reduction,
+            backend, or a float option outside its range (``_validate.FLOAT_RANGES``: inside
+            it every backend gives the same numbers and the same inf/NaN pattern). Checks of tensor *values* (lengths, target ids) run for CPU inputs only,
             to keep the CUDA path free of host synchronisation.
 
     Notes:
@@ -212,8 +215,8 @@ def tdt_loss(
             durations' logits after the tokens in the last axis.
         blank: the blank id, which must be the last token (``V_tok - 1``, or ``-1``).
         durations: strictly ascending frame counts, ``>= 0``, at least one ``>= 1``.
-        sigma: logit under-normalisation, subtracted once per arc.
-        omega: with probability ``omega`` per call (drawn from torch's CPU generator, so
+        sigma: logit under-normalisation in ``[0, 1000]``, subtracted once per arc.
+        omega: in ``[0, 1]``; with probability ``omega`` per call (drawn from torch's CPU generator, so
             ``torch.manual_seed`` makes it reproducible), the loss is the standard RNN-T
             loss of the token part instead (no durations, no sigma; the durations' gradient
             is 0), as NeMo samples it.
@@ -226,9 +229,7 @@ def tdt_loss(
     """
     from . import topology
     durations = check_durations("durations", durations, minimum=0, ascending=True)
-    omega = check_float("omega", omega, minimum=0.0)
-    if omega > 1.0:
-        raise ValueError(f"omega must be in [0, 1], got {omega}")
+    omega = check_float("omega", omega)
     if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4) and logits.shape[-1] <= len(durations):
         raise ValueError(f"logits {tuple(logits.shape)} must hold V_tok >= 1 token classes before "
                          f"the {len(durations)} durations in the last axis")
@@ -290,21 +291,21 @@ def multiblank_rnnt_loss(
     from . import topology
     durations = check_durations("big_blank_durations", big_blank_durations, minimum=2,
                                 ascending=False)
-    if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4):
-        V = logits.shape[-1]
-        if isinstance(blank, int) and not isinstance(blank, bool) and -V <= blank < V:
-            blank_id = blank % V
-            if blank_id != V - 1:
-                raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
-                                 f"(NeMo's multi-blank layout)")
-            if blank_id < len(durations) + 1:
-                raise ValueError(f"logits {tuple(logits.shape)} have no room for "
-                                 f"{len(durations)} big blanks and a label before the blank")
-            _check_not_big_blank(targets, target_lengths, blank_id, len(durations))
-        topo = topology.multiblank(blank % V if isinstance(blank, int) and -V <= blank < V else 0,
-                                   durations)
-    else:
-        topo = topology.multiblank(0, durations)
+    # The topology places the big blanks below the blank: the blank and the logits are
+    # checked first, each with its own message.
+    blank = check_int("blank", blank)
+    V = check_logits_rank(logits, rows=packed)
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits "
+                         f"{tuple(logits.shape)}")
+    blank_id = blank % V
+    if blank_id != V - 1:
+        raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
+                         f"(NeMo's multi-blank layout)")
+    if blank_id < len(durations) + 1:
+        raise ValueError(f"logits {tuple(logits.shape)} have no room for "
+                         f"{len(durations)} big blanks and a label before the blank")
+    topo = topology.multiblank(blank_id, durations)
     return _loss(logits, targets, logit_lengths, target_lengths, blank, topo,
                  clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                  zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
@@ -383,6 +384,9 @@ def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
     if logits.dim() != 4:
         raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
     B, T, R, V = logits.shape
+    if R < 1:
+        raise ValueError(f"logits {tuple(logits.shape)} must have a window R >= 1 (ranges "
+                         f"{tuple(ranges.shape)}): an empty window holds no path")
     if tuple(ranges.shape) != (B, T, R):
         raise ValueError(f"ranges must have shape (B, T, R) = {(B, T, R)} to match logits "
                          f"{tuple(logits.shape)}, got {tuple(ranges.shape)}")
@@ -408,24 +412,28 @@ def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
     return node_rows.scatter_(2, ranges, rows)
 
 
-def _check_not_big_blank(targets, target_lengths, blank, n_big):
-    """CPU value check: no label may be one of the big blanks' classes."""
-    if not (isinstance(targets, torch.Tensor) and isinstance(target_lengths, torch.Tensor)):
-        return
-    if targets.device.type != "cpu" or targets.dim() != 2 or torch.compiler.is_compiling():
-        return
-    U = targets.shape[1]
-    if U == 0 or target_lengths.shape != (targets.shape[0],):
-        return
-    valid = torch.arange(U)[None, :] < target_lengths[:, None]
-    bad = valid & (targets >= blank - n_big) & (targets < blank)
-    if bool(bad.any()):
-        b, u = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"targets[{b}, {u}] = {int(targets[b, u])} is a big blank's class "
-                         f"({blank - n_big}..{blank - 1}): a label cannot be a blank")
-
-
 RNNT_TYPES = ("regular", "modified", "constrained", "one_sym_per_frame")
+
+
+def check_options(**options) -> None:
+    """The checks of the losses' options that need no tensor (the modules run them at
+    construction; each call runs them again): ``blank`` an int, ``reduction``, ``backend``,
+    ``rnnt_type``, the durations, and every float option within its range
+    (``_validate.FLOAT_RANGES``). Other names are left to the call."""
+    checks = {
+        "blank": lambda v: check_int("blank", v),
+        "reduction": check_reduction,
+        "backend": _backends.check_name,
+        "rnnt_type": _rnnt_topology,
+        "durations": lambda v: check_durations("durations", v, minimum=0, ascending=True),
+        "big_blank_durations": lambda v: check_durations("big_blank_durations", v, minimum=2,
+                                                         ascending=False),
+    }
+    for name, value in options.items():
+        if name in checks:
+            checks[name](value)
+        elif name in FLOAT_RANGES:
+            check_float(name, value)
 
 
 def _rnnt_topology(rnnt_type):
@@ -461,6 +469,7 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
                                   allow_blank_targets=allow_blank_targets)
     if topology is not None:
         topology.check(chk.logits.shape[-1], chk.blank)
+        check_class_targets(chk.targets, chk.target_lengths, topology)
     boundary = check_boundary(boundary, chk.logits.shape[0] if node_rows is None else node_rows.shape[0],
                               chk.logits.device, chk.logit_lengths, chk.target_lengths)
     opts = replace(opts, blank=chk.blank)
@@ -509,6 +518,9 @@ def packed_node_rows(logits, targets, logit_lengths, target_lengths) -> torch.Te
         raise ValueError(f"logit_lengths and target_lengths must be int32 or int64, got "
                          f"{logit_lengths.dtype} and {target_lengths.dtype}")
     dev = logits.device
+    if dev.type == "meta":
+        raise ValueError("packed=True reads the lengths' values (the row layout depends on "
+                         "them): tensors on the meta device have none")
     T_b, U_b = logit_lengths.to(dev, torch.int64), target_lengths.to(dev, torch.int64)
     B, U = targets.shape
     sizes = T_b * (U_b + 1)                                               # rows per sequence

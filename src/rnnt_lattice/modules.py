@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .functional import multiblank_rnnt_loss, rnnt_loss, tdt_loss
+from .functional import check_options, multiblank_rnnt_loss, rnnt_loss, tdt_loss
 
 __all__ = ["RNNTLoss", "TDTLoss", "MultiblankRNNTLoss"]
 
@@ -30,6 +30,8 @@ class RNNTLoss(torch.nn.Module):
                  zero_infinity: bool = False, backend: str = "auto", inplace_grad: bool = False,
                  rnnt_type: str = "regular", delay_penalty: float = 0.0, packed: bool = False):
         super().__init__()
+        check_options(blank=blank, clamp=clamp, reduction=reduction, fastemit_lambda=fastemit_lambda,
+                      backend=backend, rnnt_type=rnnt_type, delay_penalty=delay_penalty)
         self.packed = packed
         self.rnnt_type = rnnt_type
         self.delay_penalty = delay_penalty
@@ -66,6 +68,7 @@ class _KeywordLoss(torch.nn.Module):
 
     def __init__(self, **options):
         super().__init__()
+        check_options(**options)              # at construction, not at the first call
         self.options = options
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
@@ -88,6 +91,7 @@ class TDTLoss(_KeywordLoss):
     _fn = staticmethod(tdt_loss)
 
     def __init__(self, *, blank: int, durations, **options):
+        check_options(durations=durations)
         super().__init__(blank=blank, durations=list(durations), **options)
 
 
@@ -104,4 +108,5 @@ class MultiblankRNNTLoss(_KeywordLoss):
     _fn = staticmethod(multiblank_rnnt_loss)
 
     def __init__(self, *, blank: int, big_blank_durations, **options):
+        check_options(big_blank_durations=big_blank_durations)
         super().__init__(blank=blank, big_blank_durations=list(big_blank_durations), **options)

@@ -38,7 +38,7 @@ import torch
 
 from . import _backends
 from . import topology as _topology
-from ._validate import check_boundary, check_float, check_reduction
+from ._validate import check_boundary, check_float, check_int, check_reduction
 from .analysis.coverage import best_window_starts
 from .reference import Ends, arc_weights, lattice_dtype, lattice_generic
 
@@ -163,8 +163,7 @@ def _check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rn
                     ("target_lengths", target_lengths)):
         if x.device != am.device:
             raise ValueError(f"tensors on different devices: am on {am.device}, {name} on {x.device}")
-    if isinstance(blank, bool) or not isinstance(blank, int):
-        raise ValueError(f"blank must be an int, got {blank!r}")
+    blank = check_int("blank", blank)
     if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for am {_shape(am)}")
     blank %= V
@@ -223,38 +222,54 @@ class _JointMass(torch.autograd.Function):
     """The simple joiner's normaliser sums and the entries its arcs read, with a hand-written
     backward that makes one gradient buffer per input and updates it in place.
 
-    Forward, with ``ea = exp(am - am_shift)`` on the rows ``am_ok`` (0 on the others) and
-    ``el`` likewise::
+    Forward, in the lattice dtype ``ldt`` (float64: an exp of a float32 row, rounded to
+    float32, would underflow 580 nats sooner and lose float64 accuracy), with
+    ``ea = exp(am - am_shift)`` on the rows ``am_ok`` (0 on the others) and ``el``
+    likewise::
 
         mass  (B, T, U+1) = ea @ el^T                 (the joint mass of node (t, u))
         am_uni (B, T)     = ea @ uni                  (smoothed loss only; else empty)
         am_cols = am[b, t, am_idx[b, t, j]],  lm_cols = lm[b, u, lm_idx[b, u, j]]  (0 off ok)
 
-    Backward (``d ea / d am = ea``)::
+    ``mass`` is exact while it is above ``V * MASS_MIN``. Below, the products
+    ``ea(t,v) el(u,v)`` have left the float range (the classes where am and lm peak differ,
+    by more than ~650 nats in all): those nodes (``rescued``) get their lse from the log
+    domain, ``lse_rescued = logsumexp_v (am(t,v) + lm(u,v))``, over their two rows only
+    (``_rescue``: on the host for CPU tensors, a Triton kernel on CUDA), and their mass is
+    not used.
 
-        d am = ea * (g_mass @ el + g_am_uni uni^T) + scatter(am_idx, g_am_cols),  0 off ok
-        d lm = el * (g_mass^T @ ea)                + scatter(lm_idx, g_lm_cols),  0 off ok
+    Backward (``d ea / d am = ea``; for a rescued node ``p(v) = exp(am + lm - lse)``)::
+
+        d am = ea * (g_mass @ el + g_am_uni uni^T) + scatter(am_idx, g_am_cols)
+               + sum_{rescued u} g_lse p,                                        0 off ok
+        d lm = el * (g_mass^T @ ea) + scatter(lm_idx, g_lm_cols) + sum_{rescued t} g_lse p
         d uni = g_am_uni^T ea
 
     against autograd's chain of where, sub, exp, matmul and gather, each with its own
     buffer of the inputs' size in the backward."""
 
     @staticmethod
-    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni):
-        ea = torch.where(am_ok[..., None], am, NEG_INF).sub_(am_shift[..., None]).exp_()   # (B, T, V)
-        el = torch.where(lm_ok[..., None], lm, NEG_INF).sub_(lm_shift[..., None]).exp_()   # (B, U+1, V)
+    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt):
+        # (B, T, V) and (B, U+1, V), contiguous in ldt whatever the inputs' strides
+        ea = am.to(ldt, memory_format=torch.contiguous_format, copy=True)
+        ea.masked_fill_(~am_ok[..., None], NEG_INF).sub_(am_shift.to(ldt)[..., None]).exp_()
+        el = lm.to(ldt, memory_format=torch.contiguous_format, copy=True)
+        el.masked_fill_(~lm_ok[..., None], NEG_INF).sub_(lm_shift.to(ldt)[..., None]).exp_()
         mass = torch.bmm(ea, el.transpose(1, 2))                                         # (B, T, U+1)
-        am_uni = torch.matmul(ea, uni) if uni is not None else ea.new_empty(0)          # (B, T)
+        am_uni = torch.matmul(ea, uni.to(ldt)) if uni is not None else ea.new_empty(0)  # (B, T)
         am_cols = torch.gather(am, 2, am_idx).masked_fill_(~am_ok[..., None], 0.0)
         lm_cols = torch.gather(lm, 2, lm_idx).masked_fill_(~lm_ok[..., None], 0.0)
-        ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni)
+        rescued, lse_rescued = _rescue(am, lm, am_ok, lm_ok, mass)
+        ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued,
+                              lse_rescued)
+        ctx.mark_non_differentiable(rescued)
         if uni is None:
             ctx.mark_non_differentiable(am_uni)
-        return mass, am_uni, am_cols, lm_cols
+        return mass, am_uni, am_cols, lm_cols, lse_rescued, rescued
 
     @staticmethod
-    def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols):
-        ea, el, am_ok, lm_ok, am_idx, lm_idx, uni = ctx.saved_tensors
+    def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols, g_rescued, _g):
+        ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued, lse = ctx.saved_tensors
         B, T, V = ea.shape
         grad_am = grad_lm = grad_uni = None
         if g_mass is None:
@@ -263,19 +278,96 @@ class _JointMass(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_am = torch.bmm(g_mass, el)                                              # (B, T, V)
             if uni is not None and g_am_uni is not None:
-                grad_am.view(-1, V).addr_(g_am_uni.to(ea.dtype).reshape(-1), uni)
+                grad_am.view(-1, V).addr_(g_am_uni.to(ea.dtype).reshape(-1), uni.to(ea.dtype))
             grad_am.mul_(ea)
             if g_am_cols is not None:
                 grad_am.scatter_add_(2, am_idx, g_am_cols.to(ea.dtype))
-            grad_am.masked_fill_(~am_ok[..., None], 0.0)
         if ctx.needs_input_grad[1]:
             grad_lm = torch.bmm(g_mass.transpose(1, 2), ea).mul_(el)                    # (B, U+1, V)
             if g_lm_cols is not None:
                 grad_lm.scatter_add_(2, lm_idx, g_lm_cols.to(el.dtype))
-            grad_lm.masked_fill_(~lm_ok[..., None], 0.0)
+        if g_rescued is not None and (grad_am is not None or grad_lm is not None):
+            _rescue_backward(am, lm, rescued, lse, g_rescued, grad_am, grad_lm)
+        if grad_am is not None:
+            grad_am = grad_am.masked_fill_(~am_ok[..., None], 0.0).to(am.dtype)
+        if grad_lm is not None:
+            grad_lm = grad_lm.masked_fill_(~lm_ok[..., None], 0.0).to(lm.dtype)
         if uni is not None and g_am_uni is not None and ctx.needs_input_grad[8]:
             grad_uni = torch.matmul(g_am_uni.to(ea.dtype).reshape(1, -1), ea.view(-1, V))[0]
-        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni
+            grad_uni = grad_uni.to(uni.dtype)
+        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni, None
+
+
+# A node's float64 mass is exact (relative error below 2^-60) while it is at least
+# V * MASS_MIN: each of its V products then carries an absolute error of at most 2^-1074
+# (the subnormal spacing). Below, the node is recomputed in the log domain (``_rescue``).
+MASS_MIN = 2.0 ** -1000
+# Rows of the log-domain rescue per chunk: (rows, V) float64 temporaries of ~32 MB at most.
+RESCUE_ELEMENTS = 1 << 22
+
+
+def _rescue(am, lm, am_ok, lm_ok, mass):
+    """``(rescued (B, T, U+1) bool, lse_rescued (B, T, U+1) float64)``: the nodes of ``ok``
+    rows whose ``mass`` is below ``V * MASS_MIN``, and their exact lse, ``logsumexp_v
+    (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere). CPU: only those nodes, found on
+    the host; CUDA: the Triton kernel (``gpu.simple_rescue``), one program per node, which
+    returns at once for the others (no host synchronisation). Elsewhere (or while
+    compiling, or without Triton on CUDA) nothing is rescued: such a node has no mass,
+    lse ``-inf``."""
+    V = am.shape[2]
+    need = (mass < V * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
+    lse = torch.full_like(mass, NEG_INF, dtype=torch.float64)
+    if torch.compiler.is_compiling():
+        return torch.zeros_like(need), lse
+    if am.device.type == "cuda":
+        gpu = _gpu()
+        if gpu is None:
+            return torch.zeros_like(need), lse
+        return need, gpu.simple_rescue(am, lm, need)
+    if am.device.type != "cpu" or not bool(need.any()):
+        return torch.zeros_like(need), lse
+    b, t, u = need.nonzero().unbind(1)
+    step = max(1, RESCUE_ELEMENTS // V)
+    for i in range(0, b.shape[0], step):
+        j = slice(i, i + step)
+        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
+        lse[b[j], t[j], u[j]] = torch.logsumexp(x, -1)
+    return need, lse
+
+
+def _rescue_backward(am, lm, rescued, lse, g, grad_am, grad_lm):
+    """Adds ``g p`` of the rescued nodes into ``grad_am`` rows t and ``grad_lm`` rows u
+    (float64; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``; dead nodes
+    (lse ``-inf``) add nothing. CUDA: ``gpu.simple_rescue_backward``; CPU: by chunks."""
+    if am.device.type == "cuda":
+        B, T, V = am.shape
+        grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
+        grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
+        _gpu().simple_rescue_backward(am, lm, rescued, lse, g, grad_am, grad_lm)
+        return
+    if am.device.type != "cpu" or not bool(rescued.any()):
+        return
+    b, t, u = (rescued & (lse > NEG_INF)).nonzero().unbind(1)
+    g = g[b, t, u].to(torch.float64)
+    lse = lse[b, t, u]
+    step = max(1, RESCUE_ELEMENTS // am.shape[2])
+    for i in range(0, b.shape[0], step):
+        j = slice(i, i + step)
+        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
+        p = torch.exp(x - lse[j, None]).mul_(g[j, None])
+        if grad_am is not None:
+            grad_am.index_put_((b[j], t[j]), p, accumulate=True)
+        if grad_lm is not None:
+            grad_lm.index_put_((b[j], u[j]), p, accumulate=True)
+
+
+def _gpu():
+    """The Triton backend module, or None where Triton is not importable."""
+    try:
+        from . import gpu
+    except ImportError:
+        return None
+    return gpu
 
 
 def _unigram(lm: torch.Tensor) -> torch.Tensor:
@@ -303,12 +395,12 @@ def _simple_terms(lm, am, targets, blank, frames, positions, smooth: bool):
     lm_idx = torch.stack((cols.new_full((B, U1), blank), cols.roll(-1, 1)), -1)   # (B, U+1, 2)
     x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
     uni = _unigram(x).to(am.dtype) if smooth else None
-    mass, am_uni, am_cols, lm_cols = _JointMass.apply(am, lm, am_ok, lm_ok, am_shift, lm_shift,
-                                                      am_idx, lm_idx, uni)
-    mass = mass.to(ldt)
-    pos = mass > 0                                 # 0: the row's mass underflowed or is dead
+    mass, am_uni, am_cols, lm_cols, lse_rescued, rescued = _JointMass.apply(
+        am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt)
+    pos = (mass > 0) & ~rescued                    # 0: a dead node (or one without mass on GPU)
     lse = torch.log(torch.where(pos, mass, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
     lse = torch.where(pos, lse, NEG_INF)
+    lse = torch.where(rescued, lse_rescued.to(ldt), lse)
     bad = am_bad[:, :, None] | lm_bad[:, None, :]
     lse = torch.where(bad, float("nan"), lse)                               # (B, T, U+1)
 
@@ -500,7 +592,7 @@ def lattice_loss(
     costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
                                      getattr(_topology, rnnt_type)(), ends, delay_penalty,
                                      _lattice_of_weights(backend, dev))
-    costs = costs.to(out_dtype)
+    costs = _output_costs(costs, out_dtype)
     if not return_occupations:
         return costs
     return costs, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,
@@ -573,10 +665,15 @@ def rnnt_loss_simple(
 
     then the lattice of ``rnnt_type`` (math.md section 9; ``constrained``: the label arc
     carries ``e(t,u) + b(t,u+1)``) with k2's delay penalty on label arcs. Memory is
-    ``O(B T U + B (T + U) V)``. If a node's joint mass underflows relative to
-    ``am_max(t) + lm_max(u)`` (the largest sum can lie far below the sum of the largest
-    parts) its lse is taken as ``-inf`` and no arc leaves it; k2 adds ``finfo.tiny`` there
-    instead. Neither happens for logits within a few hundred of each other.
+    ``O(B T U + B (T + U) V)``. The exps and the matmul run in float64 (for float32 inputs
+    too), so lse is float64-accurate; a node whose joint mass still leaves float64's range
+    (the largest sum ``am(t,v) + lm(u,v)`` lies more than ~650 below ``am_max(t) +
+    lm_max(u)``: am and lm peak at different classes) is recomputed in the log domain from
+    its two rows, so the loss is finite wherever the full loss on ``am + lm`` is (k2 adds
+    ``finfo.tiny`` there instead, and returns a wrong loss). On CPU those nodes are found on
+    the host; on CUDA a Triton kernel over all nodes does the rest of the work for the ones
+    it finds, with no host synchronisation (without Triton, or under ``torch.compile``,
+    such a node has no mass: lse ``-inf``).
 
     Example::
 
@@ -606,9 +703,9 @@ def rnnt_loss_simple(
         blank: the blank id (k2's ``termination_symbol``); negative counts from the end.
         rnnt_type: ``"regular"``, ``"modified"`` or ``"constrained"`` (k2's; the latter two
             need ``T_b >= U_b``, else the loss is ``+inf``).
-        delay_penalty: k2's ``lambda >= 0``: label arcs get ``lambda ((T_b - 1)/2 - t)``; the
-            loss is that of the penalised lattice, as in k2. Negative: ValueError (k2
-            silently ignores it).
+        delay_penalty: k2's ``lambda`` in ``[0, 1000]``: label arcs get ``lambda ((T_b - 1)/2
+            - t)``; the loss is that of the penalised lattice, as in k2. Negative: ValueError
+            (k2 silently ignores it).
         boundary: k2's ``(B, 4)`` int ``[begin_symbol, begin_frame, end_symbol, end_frame]``,
             within the lengths.
         reduction: ``"none"`` (B,), ``"sum"`` or ``"mean"`` (sum / B; 0 for B = 0), as
@@ -665,7 +762,7 @@ def rnnt_loss_smoothed(
         b_am(t)  = am(t, blank) + log uni(blank) - log sum_v exp(am(t, v)) uni(v)  (e_am: y_u)
         b'(t,u)  = (1 - s_lm - s_am) b(t,u) + s_lm b_lm(u) + s_am b_am(t)   (e' likewise)
 
-    with ``s_lm = lm_only_scale``, ``s_am = am_only_scale``, a scale of 0 replaced by
+    with ``s_lm = lm_only_scale``, ``s_am = am_only_scale`` (each in ``[0, 1]``), a scale of 0 replaced by
     ``1e-20`` in its own term (so ``0 * -inf`` never makes a NaN; the first factor keeps
     the given scales) and ``tiny = finfo(dtype).tiny``. As in k2, the unigram ``uni``
     averages over *every* row of ``lm``, padding included (and its gradient reaches those
@@ -714,6 +811,14 @@ def _smoothed(b, e, lm, parts, targets, blank, s_lm, s_am, lse_dtype):
     return b2, e2
 
 
+def _output_costs(costs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float64 costs in the output dtype, where a cost that overflows there (finite in
+    float64, ``+inf`` in float32) gets a zero gradient like any infinite loss (math.md 8.1;
+    the kernel losses apply the same rule in ``_ops``)."""
+    out = costs.to(dtype)
+    return torch.where(torch.isinf(out), out.detach(), out)
+
+
 def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                  delay_penalty, boundary, reduction, zero_infinity, return_occupations, backend,
                  smooth, allow_blank_targets=False):
@@ -742,7 +847,7 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
         b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
     costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty,
                                      _lattice_of_weights(backend, am.device))
-    costs = costs.to(out_dtype)
+    costs = _output_costs(costs, out_dtype)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
     if reduction == "none":
@@ -850,7 +955,8 @@ def prune_ranges(
         if x.device != gamma_blank.device:
             raise ValueError(f"tensors on different devices: gamma_blank on {gamma_blank.device}, "
                              f"{name} on {x.device}")
-    if isinstance(R, bool) or not isinstance(R, int) or R < 1:
+    R = check_int("R", R)
+    if R < 1:
         raise ValueError(f"R must be an int >= 1, got {R!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -960,10 +1066,12 @@ def _exact_starts(node, t_end, u_end, R: int, regular: bool):
 
 
 def _covered(node, ranges):
-    """Share of each sequence's occupancy mass inside its windows (1 without mass)."""
+    """Share of each sequence's occupancy mass inside its windows (1 without mass, NaN for
+    NaN occupations)."""
     inside = torch.gather(node, 2, ranges).sum((1, 2))
     total = node.sum((1, 2))
-    return torch.where(total > 0, inside / torch.where(total > 0, total, 1.0), 1.0).clamp(max=1.0)
+    share = torch.where(total > 0, inside / torch.where(total > 0, total, 1.0), 1.0).clamp(max=1.0)
+    return torch.where(torch.isnan(total), total, share)
 
 
 def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
@@ -982,7 +1090,7 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
 
     Args:
         am: ``(B, T, Da)`` encoder output; lm: ``(B, U+1, Dl)`` prediction-network output.
-        ranges: ``(B, T, R)`` int64 label positions in ``[0, U]`` (:func:`prune_ranges`).
+        ranges: ``(B, T, R)`` int32/int64 label positions in ``[0, U]`` (:func:`prune_ranges`).
     """
     for name, x in (("am", am), ("lm", lm), ("ranges", ranges)):
         if not isinstance(x, torch.Tensor):
@@ -990,8 +1098,9 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
         if x.dim() != 3:
             raise ValueError(f"{name} must have 3 dims, got shape {_shape(x)}")
     B, T, R = ranges.shape
-    if ranges.dtype != torch.int64:
-        raise ValueError(f"ranges must be int64, got {ranges.dtype}")
+    if ranges.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
+    ranges = ranges.to(torch.int64)
     if am.shape[0] != B or lm.shape[0] != B or am.shape[1] != T:
         raise ValueError(f"ranges {_shape(ranges)} must be (B, T, R) with am's (B, T) and lm's B: "
                          f"am {_shape(am)}, lm {_shape(lm)}")

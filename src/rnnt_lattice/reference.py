@@ -82,6 +82,8 @@ class Ends:
         """ValueError unless ``0 <= t0 <= t1 <= T`` and ``0 <= u0 <= u1 <= U`` for every
         sequence, as k2 checks its boundary (one device sync: the reference's entry points
         call it, the recursion does not)."""
+        if self.t0.device.type == "meta":
+            return                            # no values to read: shapes only
         ok = ((self.t0 >= 0) & (self.t0 <= self.t1) & (self.t1 <= T)
               & (self.u0 >= 0) & (self.u0 <= self.u1) & (self.u1 <= U1 - 1))
         if not bool(ok.all()):
@@ -604,6 +606,9 @@ def grad_generic(logits, lse, lse_dur, lat: GenericLattice, targets, topo: Topol
         nan_rows = per_row(region & torch.isnan(lat.log_like)[:, None, None], False)
         grad = torch.where(nan_rows[:, None], float("nan"), grad)
     if clamp > 0:
+        # Beyond the dtype's range a clamp clips nothing (the gradient is bounded); torch
+        # would refuse to convert it to the gradient's dtype.
+        clamp = min(clamp, torch.finfo(grad.dtype).max)
         if topo.n_durations:
             grad = torch.cat([grad[:, :V_tok].clamp(-clamp, clamp), grad[:, V_tok:]], -1)
         else:

@@ -79,6 +79,7 @@ class Topology:
     name: str
     kinds: tuple[ArcKind, ...]
     n_durations: int = 0    # size of the duration softmax group (TDT); 0 otherwise
+    blank: int | None = None  # the blank id its fixed classes are placed around (multi-blank); None: any
 
     def __post_init__(self):
         if not self.kinds:
@@ -121,6 +122,11 @@ class Topology:
         if not -V_tok <= blank < V_tok:
             raise ValueError(f"blank={blank} is out of range for {V_tok} token classes")
         blank = blank % V_tok
+        if self.blank is not None and blank != self.blank:
+            # Its big blanks are the classes below the blank it was built for: with another
+            # blank it would be another lattice.
+            raise ValueError(f"topology {self.name!r} was built for blank={self.blank} (its "
+                             f"classes are placed around it), got blank={blank}")
         if self.n_durations and blank != V_tok - 1:
             # NeMo's layout (variants.md B): tokens then durations, the blank last of the tokens.
             raise ValueError(f"topology {self.name!r}: the blank must be the last token "
@@ -185,7 +191,7 @@ def multiblank(blank: int, big_blank_durations) -> Topology:
              ArcKind("label", 0, 1, "label", fastemit=True, delay=True)]
     kinds += [ArcKind(f"big_blank_{d}", d, 0, "class", class_id=blank - 1 - i, may_end=True)
               for i, d in enumerate(durations)]
-    return Topology("multiblank", tuple(kinds))
+    return Topology("multiblank", tuple(kinds), blank=blank)
 
 
 def tdt(durations) -> Topology:

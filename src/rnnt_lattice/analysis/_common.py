@@ -11,7 +11,7 @@ import torch
 
 from .. import _backends
 from .._types import LossOptions
-from .._validate import check_boundary, check_float
+from .._validate import check_boundary, check_class_targets, check_float
 from ..topology import Topology, regular
 
 RNNT_TYPES = ("regular", "modified", "constrained", "one_sym_per_frame")
@@ -76,6 +76,7 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
                                   n_tokens=n_tokens)
     topo = topo if topo is not None else regular()
     blank = topo.check(chk.logits.shape[-1], chk.blank)
+    check_class_targets(chk.targets, chk.target_lengths, topo)
     boundary = check_boundary(boundary, chk.logits.shape[0], chk.logits.device, chk.logit_lengths,
                               chk.target_lengths)
     opts = replace(opts, blank=blank, topology=topo)

@@ -138,12 +138,35 @@ class ParallelKernel:
         self.__doc__, self.__module__ = fn.__doc__, fn.__module__
 
     def __call__(self, *args):
+        if ON_COMPILE is not None:
+            return self._watched(args)
         if not PARALLEL or FORKED:
             return self.serial(*args)
         return _launch(self.parallel, args)
 
+    def _watched(self, args):
+        """The call, reporting to ``ON_COMPILE`` when it made a new specialisation."""
+        import time
+        serial = not PARALLEL or FORKED
+        fn = self.serial if serial else self.parallel
+        n, hits = len(fn.overloads), sum(fn.stats.cache_hits.values())
+        start = time.perf_counter()
+        out = fn(*args) if serial else _launch(fn, args)
+        if len(fn.overloads) > n:
+            dtype = getattr(args[0], "dtype", type(args[0]).__name__)
+            ON_COMPILE(self.__name__, "serial" if serial else "parallel", str(dtype),
+                       time.perf_counter() - start,
+                       sum(fn.stats.cache_hits.values()) > hits)
+        return out
+
     def __repr__(self):
         return f"<ParallelKernel {self.__module__}.{self.__qualname__}>"
+
+
+# ``on_compile(kernel, variant, dtype, seconds, from_cache)``, called after a kernel call
+# that made a new specialisation (compiled, or loaded from the disk cache), or None (the
+# default: no check on the hot path). ``rnnt-lattice warmup`` sets it to report progress.
+ON_COMPILE = None
 
 
 def pjit(fn):

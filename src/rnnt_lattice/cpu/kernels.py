@@ -21,10 +21,12 @@ alignment's backtrack.
 One exp per logit element in total. The exp of float32 rows is a polynomial that LLVM
 vectorises (``math.exp`` is a scalar libm call in Numba without SVML, ~6x slower).
 
-Compilation: the four prange kernels are ``@pjit`` (``_config.ParallelKernel``): each is
+Compilation: the prange kernels are ``@pjit`` (``_config.ParallelKernel``): each is
 compiled as a parallel and a serial variant with separate cache files, and every call
 picks one (the serial one under ``RNNT_LATTICE_NUMBA_PARALLEL=0`` and in forked children).
-The helpers are ``@njit(**JIT)`` and get compiled into both.
+The helpers are ``@njit(**JIT)`` and get compiled into both. Each kernel is compiled once
+per logits dtype (ids arrive as int64); ``rnnt-lattice warmup`` compiles them all ahead
+(docs/benchmarks.md, "First use").
 """
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ from ..topology import Topology, regular
 from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "kind_occupancy",
-           "kind_viterbi"]
+           "kind_viterbi", "simple_rescue", "simple_rescue_backward"]
 
 # The kernels read float16/bfloat16 logits and int32 ids/lengths directly: the public layer
 # need not convert them (each conversion would be a launch of its own).
@@ -493,3 +493,38 @@ def window_dp(mass: torch.Tensor, max_step: int):
             kernels._window_dp_kernel[(B,)](x, f, arg, total, starts, T, S, int(max_step),
                                             BLOCK_S=_pow2(S, 1 << 16), num_warps=4)
     return total, starts
+
+
+# --------------------------------------------------------------------------- simple loss
+def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """``(B, T, U+1)`` float64: ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need``
+    marks, -inf elsewhere (``kernels._simple_rescue_kernel``, one program per node, those
+    not marked return at once; no host synchronisation): the simple losses' normaliser of
+    the nodes beyond the float64 matmul's range (``pruned._rescue``)."""
+    check_device(am)
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    lse = torch.full((B, T, U1), float("-inf"), dtype=torch.float64, device=am.device)
+    if lse.numel() and V:
+        flags = need.to(torch.int8).contiguous()
+        with _device(am):
+            kernels._simple_rescue_kernel[(lse.numel(),)](
+                am, lm, flags, lse, lse, lse, lse, T, U1, V, *am.stride(), *lm.stride(),
+                BACKWARD=False, BLOCK_V=_pow2(V, 1024))
+    return lse
+
+
+def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
+    """Adds ``g p`` of the nodes ``need`` marks, ``p(v) = exp(am(t,v) + lm(u,v) - lse)``,
+    into ``grad_am (B, T, V)`` and ``grad_lm (B, U+1, V)`` (float64, contiguous) with
+    atomics (the backward of :func:`simple_rescue`)."""
+    check_device(am)
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    if lse.numel() and V:
+        flags = need.to(torch.int8).contiguous()
+        with _device(am):
+            kernels._simple_rescue_kernel[(lse.numel(),)](
+                am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
+                grad_lm, T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
+                BLOCK_V=_pow2(V, 1024))
