@@ -319,9 +319,8 @@ def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
 
 
 # --------------------------------------------------------------------------- warmup
-# Kernels that no public function runs (``cpu.compute_lattice`` / ``cpu.viterbi`` keep the
-# dedicated regular passes for comparisons; the loss and the lattice tools run the generic
-# ones): warmup has nothing to compile them for.
+# Kernels that no public function runs (the dedicated regular lattice pass behind
+# ``cpu.REGULAR_LATTICE``, and its max-plus twin): warmup has nothing to compile them for.
 NOT_PUBLIC_KERNELS = {"lattice", "viterbi_alpha"}
 
 

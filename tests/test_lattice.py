@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rnnt_lattice import _backends
+from rnnt_lattice._types import LossOptions
 from cases import TINY, Case, make_inputs
 from oracle import occupations
 
@@ -15,8 +16,10 @@ BACKENDS = ["numba", "torch"]
 
 
 def lattice_of(backend, logits, targets, tl, ul, blank, fused=True):
+    """The backend's ``occupancy`` of the regular lattice: alpha, beta ``(B, T+1, U+1)``
+    (frame T_b holds the end node), gamma ``(B, 2, T, U+1)`` (blank, label)."""
     impl = _backends.resolve(backend, logits.device)
-    return impl.compute_lattice(logits, targets, tl, ul, blank % logits.shape[-1], fused)
+    return impl.occupancy(logits, targets, tl, ul, LossOptions(blank % logits.shape[-1], fused))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -27,11 +30,12 @@ def test_occupations_match_enumeration(case, backend):
     for b in range(case.B):
         T_b, U_b = int(tl[b]), int(ul[b])
         gb, gl = occupations(logits[b, :T_b, :U_b + 1], targets[b, :U_b], blank % case.V, True)
-        torch.testing.assert_close(lat.gamma_blank[b, :T_b, :U_b + 1], gb, rtol=0, atol=1e-12)
-        torch.testing.assert_close(lat.gamma_label[b, :T_b, :U_b + 1], gl, rtol=0, atol=1e-12)
-        # Padding: zero occupation, -inf alpha/beta.
-        assert (lat.gamma_blank[b, T_b:] == 0).all() and (lat.gamma_blank[b, :, U_b + 1:] == 0).all()
-        assert (lat.alpha[b, T_b:] == -math.inf).all() and (lat.beta[b, :, U_b + 1:] == -math.inf).all()
+        torch.testing.assert_close(lat.gamma[b, 0, :T_b, :U_b + 1], gb, rtol=0, atol=1e-12)
+        torch.testing.assert_close(lat.gamma[b, 1, :T_b, :U_b + 1], gl, rtol=0, atol=1e-12)
+        # Padding: zero occupation, -inf alpha/beta (the end frame T_b holds only the end node).
+        assert (lat.gamma[b, :, T_b:] == 0).all() and (lat.gamma[b, :, :, U_b + 1:] == 0).all()
+        assert (lat.alpha[b, T_b + 1:] == -math.inf).all() and (lat.alpha[b, T_b, :U_b] == -math.inf).all()
+        assert (lat.beta[b, :, U_b + 1:] == -math.inf).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -41,16 +45,18 @@ def test_invariants_and_self_check(backend):
     case = Case("inv", (30, 17, 25, 1), (9, 12, 0, 4), 11, 4, T=31, U=13)
     logits, targets, tl, ul, blank = make_inputs(case, scale=2.0)
     lat = lattice_of(backend, logits, targets, tl, ul, blank)
-    occ = lat.gamma_blank + lat.gamma_label
+    gamma_blank, gamma_label = lat.gamma[:, 0], lat.gamma[:, 1]
+    occ = gamma_blank + gamma_label
     assert ((occ >= 0) & (occ <= 1 + 1e-12)).all()
     for b in range(case.B):
         T_b, U_b = int(tl[b]), int(ul[b])
-        torch.testing.assert_close(lat.gamma_blank[b, :T_b].sum(1), torch.ones(T_b, dtype=torch.float64))
-        torch.testing.assert_close(lat.gamma_label[b, :T_b, :U_b].sum(0), torch.ones(U_b, dtype=torch.float64))
+        torch.testing.assert_close(gamma_blank[b, :T_b].sum(1), torch.ones(T_b, dtype=torch.float64))
+        torch.testing.assert_close(gamma_label[b, :T_b, :U_b].sum(0), torch.ones(U_b, dtype=torch.float64))
         # alpha(T_b-1, U_b) + b(T_b-1, U_b) = beta(0, 0) = log P
         lp = torch.log_softmax(logits[b, T_b - 1, U_b], -1)[blank % case.V]
         assert (lat.alpha[b, T_b - 1, U_b] + lp).item() == pytest.approx(lat.log_like[b].item(), abs=1e-10)
         assert lat.beta[b, 0, 0].item() == pytest.approx(lat.log_like[b].item(), abs=1e-12)
+        assert lat.alpha[b, T_b, U_b].item() == pytest.approx(lat.log_like[b].item(), abs=1e-10)
         # node occupancy = exp(alpha + beta - log P)
         node = torch.exp(lat.alpha[b, :T_b, :U_b + 1] + lat.beta[b, :T_b, :U_b + 1] - lat.log_like[b])
         torch.testing.assert_close(node, occ[b, :T_b, :U_b + 1])
@@ -61,5 +67,5 @@ def test_backends_agree_on_the_lattice():
     logits, targets, tl, ul, blank = make_inputs(case, torch.float32, scale=3.0)
     a = lattice_of("numba", logits, targets, tl, ul, blank)
     r = lattice_of("torch", logits.double(), targets, tl, ul, blank)
-    for f in ("alpha", "beta", "log_like", "gamma_blank", "gamma_label"):
+    for f in ("alpha", "beta", "log_like", "gamma"):
         torch.testing.assert_close(getattr(a, f), getattr(r, f), rtol=1e-6, atol=1e-6, msg=f)

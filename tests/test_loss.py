@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rnnt_lattice
+from rnnt_lattice._types import LossOptions
 from cases import TINY, Case, make_inputs, rel_err, upstream_weights
 from oracle import batch_grad
 
@@ -286,9 +287,9 @@ def test_long_targets(backend):
     assert rel_err(grad, want_grad) <= TOL[torch.float64]
     # Each label is emitted exactly once: the label occupations of a column sum to 1, so
     # the gradient on the label entries sums to -(1 - sum p) ... checked via the lattice:
-    lat = rnnt_lattice._backends.resolve(backend, logits.device).compute_lattice(
-        logits, targets, tl, ul, blank % case.V, True)
-    torch.testing.assert_close(lat.gamma_label[0, :, :1100].sum(0), torch.ones(1100, dtype=torch.float64))
+    lat = rnnt_lattice._backends.resolve(backend, logits.device).occupancy(
+        logits, targets, tl, ul, LossOptions(blank % case.V, True))
+    torch.testing.assert_close(lat.gamma[0, 1, :, :1100].sum(0), torch.ones(1100, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("backend", BACKENDS + ["triton"])

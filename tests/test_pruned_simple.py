@@ -775,10 +775,6 @@ def test_backend_argument():
         rnnt_lattice.rnnt_loss_simple(lm, am, targets, T_b, U_b, blank=blank, backend="cuda")
     with pytest.raises(ValueError, match="backend"):
         rnnt_lattice.rnnt_loss_smoothed(lm, am, targets, T_b, U_b, blank=blank, backend=None)
-    from rnnt_lattice import cpu
-    assert pruned._lattice_of_weights("auto", torch.device("cpu")) is cpu.lattice_of_weights
-    assert pruned._lattice_of_weights("numba", torch.device("cpu")) is cpu.lattice_of_weights
-    assert pruned._lattice_of_weights("torch", torch.device("cpu")) is pruned._reference_lattice
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)

@@ -273,18 +273,6 @@ def test_boundary_default_rows_equal_lengths():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_regular_entry_points_are_the_generic_recursion():
-    """The regular backends' entry points agree with the generic call (same numbers)."""
-    case = Case("entry", (5, 3), (2, 3), 6, 2)
-    logits, targets, tl, ul, blank = make_inputs(case)
-    lse, lpb, lpl = reference.arc_log_probs(logits, targets, tl, ul, blank, True)
-    lat = reference.lattice(lpb, lpl, tl, ul)
-    grad = reference.logit_grad(logits, lse, lat, targets, tl, ul, blank, True, 0.1, 0.2)
-    loss2, grad2 = generic(logits, targets, tl, ul, topology.regular(), blank, clamp=0.1,
-                           fastemit_lambda=0.2)
-    assert torch.equal(-lat.log_like, loss2) and torch.equal(grad, grad2)
-
-
 @pytest.mark.parametrize("topo_name,kw", [("constrained", dict(delay_penalty=0.3)),
                                           ("tdt012", dict(sigma=0.05))])
 def test_gradcheck(topo_name, kw):

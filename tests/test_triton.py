@@ -29,7 +29,8 @@ import torch.utils._python_dispatch  # noqa: E402
 pytest.importorskip("triton")
 
 import rnnt_lattice  # noqa: E402
-from rnnt_lattice import gpu, reference  # noqa: E402
+from rnnt_lattice import gpu, reference, torch_backend  # noqa: E402
+from rnnt_lattice._types import LossOptions  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
     raise RuntimeError("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1 was set: "
@@ -277,7 +278,6 @@ def test_topologies_never_synchronise(topo):
     layer validates a CPU boundary on the host, which it never does on CUDA), and with the
     packed ``node_rows`` layout."""
     from rnnt_lattice import topology
-    from rnnt_lattice._types import LossOptions
     B, T, U, V = 2, 4, 2, 6
     topology_ = {"tdt": topology.tdt([0, 1, 2]), "constrained": topology.constrained(),
                  "multiblank": topology.multiblank(V - 1, [2, 3])}[topo]
@@ -334,10 +334,11 @@ def reference_lowp(batch: Batch, dtype, fused=True):
     """The torch reference recursion run entirely in ``dtype`` (row pass, alpha/beta and
     gradient): the yardstick of the low-precision criterion."""
     x = batch.logits.to(dtype)
-    args = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
-    lse, lpb, lpl = reference.arc_log_probs(x, *args, batch.blank, fused)
-    lat = reference.lattice(lpb, lpl, *args[1:])
-    grad = reference.logit_grad(x, lse, lat, *args, batch.blank, fused, -1.0, 0.0)
+    targets, tl, ul = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
+    topo, ends = rnnt_lattice.topology.regular(), reference.Ends.of(tl, ul)
+    lse, _, lp = reference.kind_log_probs(x, targets, topo, batch.blank, fused, ends)
+    lat = reference.lattice_generic(reference.arc_weights(lp, topo, ends), topo, ends)
+    grad = reference.grad_generic(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
     return -lat.log_like, grad * batch.weights.to(dtype)[:, None, None, None]
 
 
@@ -425,23 +426,25 @@ def test_noncontiguous_inputs():
                                      backend="triton")
     (costs_s * batch.weights.float()).sum().backward()
     assert torch.equal(costs_s.detach(), costs) and torch.equal(strided.grad, grad)
-    lat = gpu.compute_lattice(strided.detach(), batch.targets, batch.logit_lengths,
-                              batch.target_lengths, batch.blank, True)
+    lat = gpu.occupancy(strided.detach(), batch.targets, batch.logit_lengths,
+                        batch.target_lengths, LossOptions(batch.blank % strided.shape[-1], True))
     assert torch.equal((-lat.log_like).to(costs.dtype), costs)
 
 
 # --------------------------------------------------------------------------- lattice, viterbi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", ["ragged", "u_blocks", "masked", "no_frames"])
-def test_compute_lattice(case, dtype):
+def test_occupancy(case, dtype):
+    """The lattice tools' occupancy (row pass, lattice, occupation kernel) of the regular
+    topology against the PyTorch backend's, float64 whatever the logits."""
     batch = make_batch(CASES[case])
     x = batch.logits.to(dtype)
     args = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long(),
-            batch.blank % x.shape[-1], True)
-    lat = gpu.compute_lattice(x, *args)
-    ref = reference.compute_lattice(x.double(), *args)
+            LossOptions(batch.blank % x.shape[-1], True))
+    lat = gpu.occupancy(x, *args)
+    ref = torch_backend.occupancy(x.double(), *args)
     tol = tolerance(dtype, -ref.log_like)
-    for field in ("alpha", "beta", "log_like", "gamma_blank", "gamma_label"):
+    for field in ("alpha", "beta", "log_like", "gamma"):
         assert getattr(lat, field).dtype == torch.float64, field      # a float64 lattice
         got, want = getattr(lat, field), getattr(ref, field)
         assert torch.equal(torch.isneginf(got), torch.isneginf(want)), field
@@ -456,31 +459,28 @@ def test_compute_lattice(case, dtype):
             assert lat.log_like[b] == NEG_INF
             continue
         ones = torch.ones(T_b, dtype=torch.float64)
-        torch.testing.assert_close(lat.gamma_blank[b, :T_b].double().sum(1), ones,
+        torch.testing.assert_close(lat.gamma[b, 0, :T_b].double().sum(1), ones,
                                    rtol=0, atol=64 * torch.finfo(dtype).eps * (T_b + U_b))
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
 @pytest.mark.parametrize("case", ["ragged", "u_blocks", "masked"])
 def test_viterbi(case, fused):
-    """The max-plus sweep (same kernel, MAX_SEMIRING=True) against the reference's."""
+    """The max-plus sweep (same kernel, MAX_SEMIRING=True) against the PyTorch backend's."""
     batch = make_batch(CASES[case], fused=fused)
     x = batch.logits.float()
     args = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long(),
-            batch.blank % x.shape[-1], fused)
-    alpha_max, lpb, lpl = gpu.viterbi(x, *args)
-    ref_alpha, ref_lpb, ref_lpl = reference.viterbi(x.double(), *args)
-    nodes = ~batch.padding
-    assert alpha_max.dtype == lpb.dtype == lpl.dtype == torch.float64
-    assert torch.isneginf(alpha_max[batch.padding]).all()        # -inf off the lattice
-    for got, want in ((alpha_max, ref_alpha), (lpb, ref_lpb), (lpl, ref_lpl)):
-        got, want = got.double()[nodes], want[nodes]
+            LossOptions(batch.blank % x.shape[-1], fused))
+    alpha_max, _, log_prob = gpu.viterbi(x, *args)
+    ref_alpha, _, ref_log_prob = torch_backend.viterbi(x.double(), *args)
+    assert alpha_max.dtype == log_prob.dtype == torch.float64
+    for got, want in ((alpha_max, ref_alpha), (log_prob, ref_log_prob)):
         assert torch.equal(torch.isneginf(got), torch.isneginf(want))
         fin = torch.isfinite(want)
         torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
     # The max-plus alpha is a lower bound of the log-sum alpha, and the best path is one of
     # the paths: alpha_max <= alpha on every node.
-    lat = gpu.compute_lattice(x, *args)
+    lat = gpu.occupancy(x, *args)
     fin = torch.isfinite(lat.alpha)
     assert (alpha_max[fin] <= lat.alpha[fin] + 1e-5).all()
 
@@ -687,11 +687,8 @@ class _RecordSyncSites(_RecordOps):
 
 
 # Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
-# they are skipped, so their host reads are not on the GPU path. The CPU branch of the
-# simple losses' log-domain rescue (``_rescue``, ``_rescue_backward``: the nodes beyond the
-# float64 matmul's range) likewise: on CUDA a Triton kernel finds them.
-CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values",
-                   "_rescue", "_rescue_backward"}
+# they are skipped, so their host reads are not on the GPU path.
+CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values"}
 
 
 def test_pruned_pipeline_synchronises_once():

@@ -1,7 +1,7 @@
 """The window dynamic program of math.md section 10 (``prune_ranges(method="exact")``,
 ``prune_coverage``): the Numba kernel (``cpu.window_dp``), the Triton kernel
 (``gpu.window_dp``, under the interpreter) and the PyTorch loop
-(``analysis.coverage.window_dp_torch``) against an enumeration of every sequence of
+(``torch_backend.window_dp``) against an enumeration of every sequence of
 starts on tiny problems, and against each other (totals, and the starts, ties to the
 lowest) on larger ones; ``best_window_starts`` with its pins runs the device's kernel."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from rnnt_lattice import cpu  # noqa: E402
+from rnnt_lattice import cpu, torch_backend  # noqa: E402
 from rnnt_lattice.analysis import coverage  # noqa: E402
 
 NEG_INF = float("-inf")
@@ -31,7 +31,7 @@ def _triton_dp():
 DPS = {
     "numba": lambda: cpu.window_dp,
     "triton": _triton_dp,
-    "torch": lambda: coverage.window_dp_torch,
+    "torch": lambda: torch_backend.window_dp,
 }
 
 
@@ -92,7 +92,7 @@ def test_kernels_equal_torch_loop(dp, T, S, max_step, integer):
     mass = _mass(6, T, S, seed=T + S + max_step, holes=0.1, integer=integer)
     mass[0] = NEG_INF                                       # no finite path at all
     total, starts = DPS[dp]()(mass, max_step)
-    want_total, want_starts = coverage.window_dp_torch(mass, max_step)
+    want_total, want_starts = torch_backend.window_dp(mass, max_step)
     assert torch.equal(total, want_total)
     assert torch.equal(starts, want_starts)
     assert ((starts >= 0) & (starts < S)).all()
@@ -110,13 +110,14 @@ def test_best_window_starts_pins_on_the_kernel(monkeypatch):
     args = (mass, n_starts, 2)
     kw = dict(first=first, last=last, n_frames=n_frames)
     got = coverage.best_window_starts(*args, **kw)
-    monkeypatch.setattr(coverage, "_dp_kernel", lambda device, S: None)
+    monkeypatch.setattr(cpu, "window_dp", torch_backend.window_dp)      # the PyTorch loop
     want = coverage.best_window_starts(*args, **kw)
     assert torch.equal(got[0], want[0])
     fin = torch.isfinite(want[0])
     assert torch.equal(got[1][fin], want[1][fin])
     calls = []
-    monkeypatch.setattr(coverage, "_dp_kernel",
-                        lambda device, S: (lambda m, k: calls.append(1) or cpu.window_dp(m, k)))
+    monkeypatch.undo()
+    kernel = cpu.window_dp
+    monkeypatch.setattr(cpu, "window_dp", lambda m, k: calls.append(1) or kernel(m, k))
     coverage.best_window_starts(*args, **kw)
     assert calls

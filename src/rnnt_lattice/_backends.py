@@ -1,55 +1,107 @@
-"""Backend selection and the one preparation of the inputs. Backends are loaded only when
-first used, so importing rnnt_lattice needs torch and numpy only.
+"""The backend protocol, declared once, and backend selection. Backends are loaded only
+when first used, so importing rnnt_lattice needs torch and numpy only.
 
-Every backend module provides the same functions (the loss protocol is ``_ops``'s):
-
-    loss_forward(logits, targets, logit_lengths, target_lengths, opts, need_grad)
-        -> (costs (B,), saved tensors, state)
-    loss_backward(saved, state, upstream (B,), opts) -> gradient (B, T, U+1, V)
-    INPLACE_WRITES_IN = "forward" | "backward"
-    compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice
-    viterbi(logits, targets, logit_lengths, target_lengths, blank, fused)
-        -> (alpha_max, lpb, lpl), each (B, T, U+1): max-plus alpha and the arc log-probs
-
-The Numba and Triton backends also give the lattice tools (``rnnt_lattice.analysis``) any
-topology (``opts``: topology, blank, fused, sigma, delay penalty; k2 ``boundary``):
-
-    kind_occupancy(logits, targets, logit_lengths, target_lengths, opts, boundary)
-        -> reference.GenericLattice: alpha, beta (B, T+1, U+1), log_like, gamma (B, K, T, U+1)
-    kind_viterbi(logits, targets, logit_lengths, target_lengths, opts, boundary)
-        -> (alpha_max, best_kind (B, T+1, U+1) int8, log_prob (B,))
-
-(the pure-PyTorch backend's are ``reference.lattice_generic`` / ``sweep_alpha``), and
-may set ``NATIVE_LOW_PRECISION`` (its kernels read float16/bfloat16 logits) and
-``NATIVE_INT32_IDS`` (they read int32 ids and lengths) to skip the conversions.
+Three modules implement :class:`Backend`, all of it: ``cpu`` (Numba), ``gpu`` (Triton) and
+``torch_backend`` (PyTorch, on :mod:`rnnt_lattice.reference`). Callers use the protocol's
+members and nothing else: no capability probing, no fallback written in a caller.
 """
 from __future__ import annotations
 
 import importlib
 import warnings
+from typing import Any, Protocol
 
 import torch
+
+from ._types import Ends, Lattice, LossOptions
+from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
 
 _MODULES = {
-    "torch": ".reference",
+    "torch": ".torch_backend",
     "numba": ".cpu",
     "triton": ".gpu",
 }
+_loaded: dict[str, Any] = {}
 _warned_fallback: set[str] = set()
 
 
-def _load(name: str):
-    return importlib.import_module(_MODULES[name], __package__)
+class Backend(Protocol):
+    """What every backend module provides. Shapes: logits ``(B, T, U+1, V)`` (or rows
+    ``(N, V)`` with ``node_rows (B, T, U+1)`` int64, math.md section 9.1: ``_ops``), targets
+    ``(B, U)``, lengths ``(B,)``, arc weights ``w (B, K, T, U+1)``, lattice node tensors
+    ``(B, T+1, U+1)``, window masses ``(B, T, S)``; ``am (B, T, V)``, ``lm (B, U+1, V)``."""
+
+    NAME: str                    # "numba", "triton", "torch"
+    INPLACE_WRITES_IN: str       # "forward" | "backward": when inplace_grad overwrites the logits
+    NATIVE_LOW_PRECISION: bool   # the kernels read float16/bfloat16 logits (else promoted first)
+    NATIVE_INT32_IDS: bool       # the kernels read int32 ids and lengths (else converted first)
+
+    # The loss (``_ops``): costs (B,), tensors for ctx.save_for_backward, any other state;
+    # then upstream[b] * d cost_b / d logits, shaped like the logits.
+    def loss_forward(self, logits: torch.Tensor, targets: torch.Tensor,
+                     logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                     opts: LossOptions, need_grad: bool, boundary: torch.Tensor | None = None,
+                     node_rows: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, tuple, Any]: ...
+
+    def loss_backward(self, saved: tuple, state: Any, upstream: torch.Tensor,
+                      opts: LossOptions) -> torch.Tensor: ...
+
+    # The lattice tools (``analysis``): alpha, beta, log P and per-kind occupations; the
+    # max-plus sweep ``(alpha_max, best_kind int8, log_prob (B,))``.
+    def occupancy(self, logits: torch.Tensor, targets: torch.Tensor,
+                  logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                  opts: LossOptions, boundary: torch.Tensor | None = None) -> Lattice: ...
+
+    def viterbi(self, logits: torch.Tensor, targets: torch.Tensor,
+                logit_lengths: torch.Tensor, target_lengths: torch.Tensor, opts: LossOptions,
+                boundary: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    # The recursion on given arc weights (the simple losses, ``lattice_loss``):
+    # ``(log_like (B,), gamma (B, K, T, U+1))``.
+    def lattice_of_weights(self, w: torch.Tensor, topo: Topology,
+                           ends: Ends) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    # Window choice (math.md section 10): ``(total (B,), starts (B, T) int64)``.
+    def window_dp(self, mass: torch.Tensor, max_step: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    # The simple losses' normaliser of the nodes beyond the float64 matmul's range:
+    # ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need`` marks, and its backward.
+    def simple_rescue(self, am: torch.Tensor, lm: torch.Tensor,
+                      need: torch.Tensor) -> torch.Tensor: ...
+
+    def simple_rescue_backward(self, am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor,
+                               lse: torch.Tensor, g: torch.Tensor, grad_am: torch.Tensor | None,
+                               grad_lm: torch.Tensor | None) -> None: ...
+
+    # Release what the backend keeps between calls (``rnnt_lattice.empty_cache``).
+    def empty_cache(self) -> None: ...
+
+
+def load(name: str) -> Backend:
+    """The backend module ``name`` (``"numba"``, ``"triton"``, ``"torch"``), imported on
+    first use; ImportError where its library (Numba, Triton) is missing."""
+    if name not in _loaded:
+        _loaded[name] = importlib.import_module(_MODULES[name], __package__)
+    return _loaded[name]
 
 
 def _available(name: str) -> bool:
     try:
-        _load(name)
+        load(name)
     except ImportError:
         return False
     return True
+
+
+def empty_cache() -> None:
+    """``empty_cache`` of every backend loaded so far."""
+    for impl in list(_loaded.values()):
+        impl.empty_cache()
 
 
 def check_name(backend) -> None:
@@ -57,7 +109,7 @@ def check_name(backend) -> None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def resolve(backend: str, device: torch.device):
+def resolve(backend: str, device: torch.device) -> Backend:
     """The backend module for ``backend`` on ``device``; raises ValueError for bad choices."""
     check_name(backend)
     if backend == "auto":
@@ -71,11 +123,11 @@ def resolve(backend: str, device: torch.device):
                     f"{'numba' if preferred == 'numba' else 'triton'} to use it.",
                     RuntimeWarning, stacklevel=3)
             preferred = "torch"
-        return _load(preferred)
+        return load(preferred)
     if backend == "numba" and device.type != "cpu":
         raise ValueError(f"backend='numba' runs on CPU tensors only, got logits on {device}")
     try:
-        return _load(backend)
+        return load(backend)
     except ImportError as err:
         raise ValueError(f"backend={backend!r} is not available: {err}") from err
 
@@ -97,12 +149,12 @@ def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
     else:
         impl = resolve(backend, logits.device)
     chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
-                             int64_ids=not getattr(impl, "NATIVE_INT32_IDS", False),
+                             int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
                              n_tokens=n_tokens,
                              grid=None if node_rows is None else tuple(node_rows.shape),
                              allow_blank_targets=allow_blank_targets)
     x = chk.logits
-    if x.dtype in (torch.float16, torch.bfloat16) and not getattr(impl, "NATIVE_LOW_PRECISION", False):
+    if x.dtype in (torch.float16, torch.bfloat16) and (impl is None or not impl.NATIVE_LOW_PRECISION):
         x = x.float()
     if x is not chk.logits or not x.is_contiguous():
         chk = Checked(x.contiguous(), chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)

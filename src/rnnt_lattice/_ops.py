@@ -1,13 +1,8 @@
 """The one autograd Function of the loss, and the same loss as a ``torch.library`` custom
-op for ``torch.compile``; both drive any backend through the same two calls.
-
-Every backend module provides (``_backends`` loads them)::
-
-    loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None, node_rows=None)
-        -> (costs (B,), saved: tuple of tensors, state)
-    loss_backward(saved, state, upstream (B,), opts) -> gradient, the shape of the logits
-    INPLACE_WRITES_IN = "forward" | "backward"
+op for ``torch.compile``; both drive any backend through the same two calls of the
+backend protocol (``_backends.Backend``): ``loss_forward`` -> ``(costs (B,), saved
+tensors, state)`` and ``loss_backward(saved, state, upstream (B,), opts)`` -> the
+gradient, shaped like the logits.
 
 Layouts (math.md section 9): with ``node_rows=None`` the logits are padded ``(B, T, U+1,
 V)``. Otherwise they are rows ``(N, V)`` and ``node_rows`` ``(B, T, U+1)`` int64 says which

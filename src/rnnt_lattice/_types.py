@@ -12,17 +12,15 @@ if TYPE_CHECKING:                                    # pragma: no cover
 
 @dataclass
 class Lattice:
-    """Forward/backward variables and arc occupations of a batch of RNN-T lattices.
+    """Forward/backward variables and per-kind arc occupations of a batch of lattices of one
+    topology (docs/math.md sections 2-3 and 9). Node tensors are ``(B, T+1, U+1)`` (frame
+    ``T`` holds the end nodes), ``-inf`` outside each sequence's nodes ``t0 <= t <= t1,
+    u0 <= u <= u1``; ``gamma`` is ``(B, K, T, U+1)`` over source nodes, 0 off the arcs."""
 
-    All node tensors have shape ``(B, T, U+1)``; entries outside ``[0, T_b) x [0, U_b]``
-    are ``-inf`` (alpha, beta) or ``0`` (occupations). See ``docs/math.md`` sections 2-3.
-    """
-
-    alpha: torch.Tensor        # (B, T, U+1)  log-sum of paths from (0,0) to (t,u)
-    beta: torch.Tensor         # (B, T, U+1)  log-sum of paths from (t,u) to the end
-    log_like: torch.Tensor     # (B,)         log P(y|x) = beta(0,0); -inf when impossible
-    gamma_blank: torch.Tensor  # (B, T, U+1)  occupation of the blank arc (t,u)->(t+1,u)
-    gamma_label: torch.Tensor  # (B, T, U+1)  occupation of the label arc (t,u)->(t,u+1); 0 at u=U_b
+    alpha: torch.Tensor        # (B, T+1, U+1)  log-sum of paths from the start to (t,u)
+    beta: torch.Tensor         # (B, T+1, U+1)  log-sum of paths from (t,u) to the end
+    log_like: torch.Tensor     # (B,)  log P = beta(start); -inf without a path, NaN for a NaN arc
+    gamma: torch.Tensor        # (B, K, T, U+1) occupation of kind k's arc leaving (t,u)
 
 
 @dataclass(frozen=True)
@@ -50,3 +48,51 @@ class LossOptions:
         """The plain RNN-T lattice with no per-arc term: what every kernel computes."""
         return (self.topology is None or self.topology.name == "regular") \
             and self.sigma == 0.0 and self.delay_penalty == 0.0
+
+
+@dataclass(frozen=True)
+class Ends:
+    """Per-sequence start node ``(t0, u0)`` and end node ``(t1, u1)``, each ``(B,)`` int64.
+
+    Without a boundary: ``(0, 0)`` and ``(T_b, U_b)``. k2's ``boundary`` row
+    ``[begin_symbol, begin_frame, end_symbol, end_frame]`` gives ``(begin_frame,
+    begin_symbol)`` and ``(end_frame, end_symbol)``. The logits read are the rows of the
+    region ``t0 <= t < t1, u0 <= u <= u1``; everything else is padding (never read,
+    gradient 0). ``t1`` plays ``T_b`` everywhere, the delay penalty included.
+    """
+
+    t0: torch.Tensor
+    u0: torch.Tensor
+    t1: torch.Tensor
+    u1: torch.Tensor
+    custom_start: bool = False   # False: every start is (0, 0), known without a device sync
+
+    @staticmethod
+    def of(logit_lengths, target_lengths, boundary=None) -> "Ends":
+        if boundary is None:
+            zero = torch.zeros_like(logit_lengths)
+            return Ends(zero, zero, logit_lengths, target_lengths)
+        boundary = boundary.to(device=logit_lengths.device, dtype=torch.int64)
+        return Ends(boundary[:, 1], boundary[:, 0], boundary[:, 3], boundary[:, 2], True)
+
+    def check(self, T: int, U1: int) -> None:
+        """ValueError unless ``0 <= t0 <= t1 <= T`` and ``0 <= u0 <= u1 <= U`` for every
+        sequence, as k2 checks its boundary (one device sync: the reference's entry points
+        call it, the recursion does not)."""
+        if self.t0.device.type == "meta":
+            return                            # no values to read: shapes only
+        ok = ((self.t0 >= 0) & (self.t0 <= self.t1) & (self.t1 <= T)
+              & (self.u0 >= 0) & (self.u0 <= self.u1) & (self.u1 <= U1 - 1))
+        if not bool(ok.all()):
+            b = int((~ok).nonzero()[0, 0])
+            raise ValueError(f"sequence {b}: start ({int(self.t0[b])}, {int(self.u0[b])}) and end "
+                             f"({int(self.t1[b])}, {int(self.u1[b])}) must satisfy 0 <= t0 <= t1 "
+                             f"<= T = {T} and 0 <= u0 <= u1 <= U = {U1 - 1} (boundary rows are "
+                             "[begin_symbol, begin_frame, end_symbol, end_frame])")
+
+    def region(self, T: int, U1: int) -> torch.Tensor:
+        """(B, T, U+1) bool: the nodes whose logits are read, ``t0 <= t < t1, u0 <= u <= u1``."""
+        t = torch.arange(T, device=self.t0.device)[None, :, None]
+        u = torch.arange(U1, device=self.t0.device)[None, None, :]
+        return ((t >= self.t0[:, None, None]) & (t < self.t1[:, None, None])
+                & (u >= self.u0[:, None, None]) & (u <= self.u1[:, None, None]))

@@ -482,7 +482,7 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     else:
         if inplace_grad:
             # Checked on what the user passed: any copy (dtype, layout) would defeat it.
-            _check_inplace(logits, getattr(impl, "NATIVE_LOW_PRECISION", False))
+            _check_inplace(logits, impl.NATIVE_LOW_PRECISION)
         costs = _ops.rnnt_costs(impl, chk.logits, chk.targets, chk.logit_lengths,
                                 chk.target_lengths, opts, boundary, node_rows)
     if zero_infinity:
@@ -605,9 +605,5 @@ def empty_cache() -> None:
     uses it), or set ``RNNT_LATTICE_CACHE_GRAD=0`` before the first call to turn the reuse
     off. Safe to call at any time; a no-op when the CPU backend was never used.
     """
-    import sys
-
-    cpu = sys.modules.get(f"{__package__}.cpu")
-    if cpu is not None:
-        cpu.empty_cache()
+    _backends.empty_cache()
 

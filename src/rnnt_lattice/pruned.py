@@ -40,7 +40,7 @@ from . import _backends
 from . import topology as _topology
 from ._validate import check_boundary, check_float, check_int, check_reduction
 from .analysis.coverage import best_window_starts
-from .reference import Ends, arc_weights, lattice_dtype, lattice_generic
+from .reference import Ends, arc_weights, lattice_dtype
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations",
            "prune_ranges", "PruneRanges", "do_rnnt_pruning"]
@@ -249,7 +249,7 @@ class _JointMass(torch.autograd.Function):
     buffer of the inputs' size in the backward."""
 
     @staticmethod
-    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt):
+    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt, impl):
         # (B, T, V) and (B, U+1, V), contiguous in ldt whatever the inputs' strides
         ea = am.to(ldt, memory_format=torch.contiguous_format, copy=True)
         ea.masked_fill_(~am_ok[..., None], NEG_INF).sub_(am_shift.to(ldt)[..., None]).exp_()
@@ -259,9 +259,10 @@ class _JointMass(torch.autograd.Function):
         am_uni = torch.matmul(ea, uni.to(ldt)) if uni is not None else ea.new_empty(0)  # (B, T)
         am_cols = torch.gather(am, 2, am_idx).masked_fill_(~am_ok[..., None], 0.0)
         lm_cols = torch.gather(lm, 2, lm_idx).masked_fill_(~lm_ok[..., None], 0.0)
-        rescued, lse_rescued = _rescue(am, lm, am_ok, lm_ok, mass)
+        rescued, lse_rescued = _rescue(impl, am, lm, am_ok, lm_ok, mass)
         ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued,
                               lse_rescued)
+        ctx.impl = impl
         ctx.mark_non_differentiable(rescued)
         if uni is None:
             ctx.mark_non_differentiable(am_uni)
@@ -287,7 +288,7 @@ class _JointMass(torch.autograd.Function):
             if g_lm_cols is not None:
                 grad_lm.scatter_add_(2, lm_idx, g_lm_cols.to(el.dtype))
         if g_rescued is not None and (grad_am is not None or grad_lm is not None):
-            _rescue_backward(am, lm, rescued, lse, g_rescued, grad_am, grad_lm)
+            ctx.impl.simple_rescue_backward(am, lm, rescued, lse, g_rescued, grad_am, grad_lm)
         if grad_am is not None:
             grad_am = grad_am.masked_fill_(~am_ok[..., None], 0.0).to(am.dtype)
         if grad_lm is not None:
@@ -295,79 +296,27 @@ class _JointMass(torch.autograd.Function):
         if uni is not None and g_am_uni is not None and ctx.needs_input_grad[8]:
             grad_uni = torch.matmul(g_am_uni.to(ea.dtype).reshape(1, -1), ea.view(-1, V))[0]
             grad_uni = grad_uni.to(uni.dtype)
-        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni, None
+        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni, None, None
 
 
 # A node's float64 mass is exact (relative error below 2^-60) while it is at least
 # V * MASS_MIN: each of its V products then carries an absolute error of at most 2^-1074
 # (the subnormal spacing). Below, the node is recomputed in the log domain (``_rescue``).
 MASS_MIN = 2.0 ** -1000
-# Rows of the log-domain rescue per chunk: (rows, V) float64 temporaries of ~32 MB at most.
-RESCUE_ELEMENTS = 1 << 22
 
 
-def _rescue(am, lm, am_ok, lm_ok, mass):
+def _rescue(impl, am, lm, am_ok, lm_ok, mass):
     """``(rescued (B, T, U+1) bool, lse_rescued (B, T, U+1) float64)``: the nodes of ``ok``
     rows whose ``mass`` is below ``V * MASS_MIN``, and their exact lse, ``logsumexp_v
-    (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere). CPU: only those nodes, found on
-    the host; CUDA: the Triton kernel (``gpu.simple_rescue``), one program per node, which
-    returns at once for the others (no host synchronisation). Elsewhere (or while
-    compiling, or without Triton on CUDA) nothing is rescued: such a node has no mass,
-    lse ``-inf``."""
+    (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere), from the backend's
+    ``simple_rescue`` (CPU: only those nodes, found on the host; CUDA: a Triton kernel, one
+    program per node, which returns at once for the others: no host synchronisation).
+    While compiling nothing is rescued: such a node has no mass, lse ``-inf``."""
     V = am.shape[2]
     need = (mass < V * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
-    lse = torch.full_like(mass, NEG_INF, dtype=torch.float64)
     if torch.compiler.is_compiling():
-        return torch.zeros_like(need), lse
-    if am.device.type == "cuda":
-        gpu = _gpu()
-        if gpu is None:
-            return torch.zeros_like(need), lse
-        return need, gpu.simple_rescue(am, lm, need)
-    if am.device.type != "cpu" or not bool(need.any()):
-        return torch.zeros_like(need), lse
-    b, t, u = need.nonzero().unbind(1)
-    step = max(1, RESCUE_ELEMENTS // V)
-    for i in range(0, b.shape[0], step):
-        j = slice(i, i + step)
-        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
-        lse[b[j], t[j], u[j]] = torch.logsumexp(x, -1)
-    return need, lse
-
-
-def _rescue_backward(am, lm, rescued, lse, g, grad_am, grad_lm):
-    """Adds ``g p`` of the rescued nodes into ``grad_am`` rows t and ``grad_lm`` rows u
-    (float64; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``; dead nodes
-    (lse ``-inf``) add nothing. CUDA: ``gpu.simple_rescue_backward``; CPU: by chunks."""
-    if am.device.type == "cuda":
-        B, T, V = am.shape
-        grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
-        grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
-        _gpu().simple_rescue_backward(am, lm, rescued, lse, g, grad_am, grad_lm)
-        return
-    if am.device.type != "cpu" or not bool(rescued.any()):
-        return
-    b, t, u = (rescued & (lse > NEG_INF)).nonzero().unbind(1)
-    g = g[b, t, u].to(torch.float64)
-    lse = lse[b, t, u]
-    step = max(1, RESCUE_ELEMENTS // am.shape[2])
-    for i in range(0, b.shape[0], step):
-        j = slice(i, i + step)
-        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
-        p = torch.exp(x - lse[j, None]).mul_(g[j, None])
-        if grad_am is not None:
-            grad_am.index_put_((b[j], t[j]), p, accumulate=True)
-        if grad_lm is not None:
-            grad_lm.index_put_((b[j], u[j]), p, accumulate=True)
-
-
-def _gpu():
-    """The Triton backend module, or None where Triton is not importable."""
-    try:
-        from . import gpu
-    except ImportError:
-        return None
-    return gpu
+        return torch.zeros_like(need), torch.full_like(mass, NEG_INF, dtype=torch.float64)
+    return need, impl.simple_rescue(am, lm, need)
 
 
 def _unigram(lm: torch.Tensor) -> torch.Tensor:
@@ -376,7 +325,7 @@ def _unigram(lm: torch.Tensor) -> torch.Tensor:
     return torch.softmax(lm, -1).mean((0, 1)) + torch.finfo(lm.dtype).tiny
 
 
-def _simple_terms(lm, am, targets, blank, frames, positions, smooth: bool):
+def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth: bool):
     """The simple joiner's ``(lse, b, e, parts)``: ``lse, b, e`` ``(B, T, U+1)`` in the
     lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable w.r.t. ``am`` and ``lm``;
     ``parts`` what the smoothed terms need (:func:`_smoothed`). ``frames (B, T)`` /
@@ -396,7 +345,7 @@ def _simple_terms(lm, am, targets, blank, frames, positions, smooth: bool):
     x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
     uni = _unigram(x).to(am.dtype) if smooth else None
     mass, am_uni, am_cols, lm_cols, lse_rescued, rescued = _JointMass.apply(
-        am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt)
+        am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt, impl)
     pos = (mass > 0) & ~rescued                    # 0: a dead node (or one without mass on GPU)
     lse = torch.log(torch.where(pos, mass, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
     lse = torch.where(pos, lse, NEG_INF)
@@ -449,25 +398,12 @@ def _kind_log_probs(b, e, topo, ends: Ends):
 # The recursion as an autograd Function of the arc weights
 # ---------------------------------------------------------------------------------------
 
-def _reference_lattice(w, topo, ends):
-    lat = lattice_generic(w, topo, ends)
-    return lat.log_like, lat.gamma
-
-
-def _lattice_of_weights(backend: str, device: torch.device):
-    """The function ``(w, topo, ends) -> (log_like, gamma)`` of ``backend`` on ``device``
-    (``_backends.resolve``: ``"auto"`` is the Numba kernel on CPU, the Triton one on CUDA):
-    ``lattice_of_weights`` of ``cpu`` / ``gpu``, or the vectorised reference."""
-    impl = _backends.resolve(backend, device)
-    return getattr(impl, "lattice_of_weights", _reference_lattice)
-
-
 class _LatticeNLL(torch.autograd.Function):
     """``-log P (B,)`` of the lattice whose arcs read the blank / label log-probs ``b, e``
     ``(B, T, U+1)``, and the per-kind occupations ``gamma (B, K, T, U+1)`` (not
     differentiable). The arc weights ``w`` (:func:`_kind_log_probs`, ``arc_weights``: the
     delay penalty, ``-inf`` off the arcs) are built here without a graph and run through
-    ``lattice`` (one of :func:`_lattice_of_weights`).
+    ``lattice`` (the backend's ``lattice_of_weights``).
 
     Backward: ``d(-log P)/dw_k = -gamma_k`` times the upstream gradient, exactly 0 where the
     upstream is 0 (a select, math.md 8.1) and for sequences without a path (their gamma is
@@ -591,7 +527,7 @@ def lattice_loss(
     ldt = lattice_dtype(dev)
     costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
                                      getattr(_topology, rnnt_type)(), ends, delay_penalty,
-                                     _lattice_of_weights(backend, dev))
+                                     _backends.resolve(backend, dev).lattice_of_weights)
     costs = _output_costs(costs, out_dtype)
     if not return_occupations:
         return costs
@@ -842,11 +778,12 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     frames = (t >= ends.t0[:, None]) & (t < ends.t1[:, None])                # (B, T) rows read
     positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
 
-    lse, b, e, parts = _simple_terms(lm, am, targets, blank, frames, positions, smooth is not None)
+    impl = _backends.resolve(backend, am.device)
+    lse, b, e, parts = _simple_terms(impl, lm, am, targets, blank, frames, positions,
+                                     smooth is not None)
     if smooth is not None:
         b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
-    costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty,
-                                     _lattice_of_weights(backend, am.device))
+    costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty, impl.lattice_of_weights)
     costs = _output_costs(costs, out_dtype)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)

@@ -17,10 +17,8 @@ where ``lae`` is ``torch.logaddexp`` (``max`` in the max-plus semiring). The gri
 tensors is ``(B, T+1, U+1)``: frame ``T_b`` is the virtual end frame (math.md section 9.1),
 it reads no logits. Per-kind tensors over source nodes are ``(B, K, T, U+1)``.
 
-The regular-topology entry points (``arc_log_probs``, ``forward_alpha``, ``lattice``,
-``logit_grad``) are thin calls into this recursion with ``topology.regular()``. It is used
-by ``rnnt_loss(..., backend="torch")``, by the tests as the oracle for large lattices, and
-wherever no kernel applies.
+The PyTorch backend (``torch_backend``, ``rnnt_loss(..., backend="torch")``) runs on it,
+and the tests use it as the oracle for large lattices.
 """
 from __future__ import annotations
 
@@ -30,11 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ._types import Lattice, LossOptions
-from .topology import Topology, regular
+from ._types import Ends, Lattice, LossOptions
+from .topology import Topology
 
 NEG_INF = float("-inf")
-_REGULAR = regular()
 
 
 def lattice_dtype(device: torch.device) -> torch.dtype:
@@ -52,54 +49,6 @@ def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 # Start and end nodes, arc masks
 # ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Ends:
-    """Per-sequence start node ``(t0, u0)`` and end node ``(t1, u1)``, each ``(B,)`` int64.
-
-    Without a boundary: ``(0, 0)`` and ``(T_b, U_b)``. k2's ``boundary`` row
-    ``[begin_symbol, begin_frame, end_symbol, end_frame]`` gives ``(begin_frame,
-    begin_symbol)`` and ``(end_frame, end_symbol)``. The logits read are the rows of the
-    region ``t0 <= t < t1, u0 <= u <= u1``; everything else is padding (never read,
-    gradient 0). ``t1`` plays ``T_b`` everywhere, the delay penalty included.
-    """
-
-    t0: torch.Tensor
-    u0: torch.Tensor
-    t1: torch.Tensor
-    u1: torch.Tensor
-    custom_start: bool = False   # False: every start is (0, 0), known without a device sync
-
-    @staticmethod
-    def of(logit_lengths, target_lengths, boundary=None) -> "Ends":
-        if boundary is None:
-            zero = torch.zeros_like(logit_lengths)
-            return Ends(zero, zero, logit_lengths, target_lengths)
-        boundary = boundary.to(device=logit_lengths.device, dtype=torch.int64)
-        return Ends(boundary[:, 1], boundary[:, 0], boundary[:, 3], boundary[:, 2], True)
-
-    def check(self, T: int, U1: int) -> None:
-        """ValueError unless ``0 <= t0 <= t1 <= T`` and ``0 <= u0 <= u1 <= U`` for every
-        sequence, as k2 checks its boundary (one device sync: the reference's entry points
-        call it, the recursion does not)."""
-        if self.t0.device.type == "meta":
-            return                            # no values to read: shapes only
-        ok = ((self.t0 >= 0) & (self.t0 <= self.t1) & (self.t1 <= T)
-              & (self.u0 >= 0) & (self.u0 <= self.u1) & (self.u1 <= U1 - 1))
-        if not bool(ok.all()):
-            b = int((~ok).nonzero()[0, 0])
-            raise ValueError(f"sequence {b}: start ({int(self.t0[b])}, {int(self.u0[b])}) and end "
-                             f"({int(self.t1[b])}, {int(self.u1[b])}) must satisfy 0 <= t0 <= t1 "
-                             f"<= T = {T} and 0 <= u0 <= u1 <= U = {U1 - 1} (boundary rows are "
-                             "[begin_symbol, begin_frame, end_symbol, end_frame])")
-
-    def region(self, T: int, U1: int) -> torch.Tensor:
-        """(B, T, U+1) bool: the nodes whose logits are read, ``t0 <= t < t1, u0 <= u <= u1``."""
-        t = torch.arange(T, device=self.t0.device)[None, :, None]
-        u = torch.arange(U1, device=self.t0.device)[None, None, :]
-        return ((t >= self.t0[:, None, None]) & (t < self.t1[:, None, None])
-                & (u >= self.u0[:, None, None]) & (u <= self.u1[:, None, None]))
-
 
 def arc_mask(topo: Topology, ends: Ends, T: int, U1: int) -> torch.Tensor:
     """(B, K, T, U+1) bool: the arcs of each lattice (math.md section 9.1). Kind k leaves
@@ -119,13 +68,6 @@ def arc_mask(topo: Topology, ends: Ends, T: int, U1: int) -> torch.Tensor:
             lands = lands | ((lt == t1) & (lu == u1))
         masks.append(region & lands)
     return torch.stack(masks, 1)
-
-
-def arc_masks(logit_lengths, target_lengths, T: int, U1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T, U+1) bool masks of the regular lattice's blank arcs (``t < T_b - 1``, or the
-    final blank at ``(T_b-1, U_b)``) and label arcs (``t < T_b, u < U_b``)."""
-    mask = arc_mask(_REGULAR, Ends.of(logit_lengths, target_lengths), T, U1)
-    return mask[:, 0], mask[:, 1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,31 +195,6 @@ def arc_weights(lp: torch.Tensor, topo: Topology, ends: Ends, sigma: float = 0.0
         delay = torch.tensor([k.delay for k in topo.kinds], device=lp.device)
         w = w + torch.where(delay[None, :, None, None], penalty[:, None, :, None], 0.0)
     return torch.where(arc_mask(topo, ends, T, U1), w, NEG_INF)
-
-
-def arc_log_probs(logits, targets, logit_lengths, target_lengths, blank: int, fused: bool,
-                  dtype: torch.dtype | None = None):
-    """Blank and label log-probabilities of every regular lattice arc.
-
-    Args:
-        logits: ``(B, T, U+1, V)``; raw scores (``fused``) or log-probabilities.
-        targets: ``(B, U)`` int64.
-        logit_lengths, target_lengths: ``(B,)`` int64.
-        dtype: dtype of the row computations (default: that of ``logits``).
-
-    Returns:
-        ``(lse, lpb, lpl)``, each ``(B, T, U+1)``: the row log-normaliser (0 in log-prob
-        mode), ``b(t,u)`` and ``e(t,u)`` of math.md section 1, ``-inf`` off the lattice
-        (padding, and ``e`` in the last valid column). ``b`` is also given on the last
-        frame's nodes ``u < U_b``, where no blank arc leaves (``lattice`` ignores it).
-
-    NaN and infinities (math.md section 8): a row whose max is NaN or +inf has NaN arcs
-    (and ``lse`` NaN); an all ``-inf`` row has ``-inf`` arcs; in log-prob mode a ``+inf``
-    arc entry reads as NaN.
-    """
-    lse, _, lp = kind_log_probs(logits, targets, _REGULAR, blank, fused,
-                                Ends.of(logit_lengths, target_lengths), dtype)
-    return lse, lp[:, 0], lp[:, 1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,20 +336,7 @@ def sweep_beta(w: torch.Tensor, topo: Topology, ends: Ends) -> torch.Tensor:
     return _unflat(bf, T + 1, U1)
 
 
-@dataclass
-class GenericLattice:
-    """Forward/backward variables and per-kind arc occupations of a batch of lattices of one
-    topology. Node tensors are ``(B, T+1, U+1)`` (frame ``T`` holds end nodes), ``-inf``
-    outside each sequence's nodes ``t0 <= t <= t1, u0 <= u <= u1``; ``gamma`` is
-    ``(B, K, T, U+1)`` over source nodes, 0 off the arcs."""
-
-    alpha: torch.Tensor        # (B, T+1, U+1)  log-sum of paths from the start to (t,u)
-    beta: torch.Tensor         # (B, T+1, U+1)  log-sum of paths from (t,u) to the end
-    log_like: torch.Tensor     # (B,)  log P = beta(start); -inf without a path, NaN for a NaN arc
-    gamma: torch.Tensor        # (B, K, T, U+1) occupation of kind k's arc leaving (t,u)
-
-
-def lattice_generic(w: torch.Tensor, topo: Topology, ends: Ends) -> GenericLattice:
+def lattice_generic(w: torch.Tensor, topo: Topology, ends: Ends) -> Lattice:
     """alpha, beta, log P and per-kind occupations (math.md section 9) from arc weights
     ``w (B, K, T, U+1)`` (``arc_weights``: ``-inf`` off the arcs).
 
@@ -458,10 +362,12 @@ def lattice_generic(w: torch.Tensor, topo: Topology, ends: Ends) -> GenericLatti
 
     t = torch.arange(T + 1, device=w.device)[None, :, None]
     u = torch.arange(U1, device=w.device)[None, None, :]
+    # A sequence without frames (t1 <= t0) has no node at all, as in the kernels.
     nodes = ((t >= ends.t0[:, None, None]) & (t <= ends.t1[:, None, None])
-             & (u >= ends.u0[:, None, None]) & (u <= ends.u1[:, None, None]))
-    return GenericLattice(torch.where(nodes, alpha, NEG_INF), torch.where(nodes, beta, NEG_INF),
-                          log_like, gamma)
+             & (u >= ends.u0[:, None, None]) & (u <= ends.u1[:, None, None])
+             & (ends.t1 > ends.t0)[:, None, None])
+    return Lattice(torch.where(nodes, alpha, NEG_INF), torch.where(nodes, beta, NEG_INF),
+                   log_like, gamma)
 
 
 def backtrack_generic(best_kind: torch.Tensor, topo: Topology, ends: Ends) -> list:
@@ -514,7 +420,7 @@ def _shift_down_u(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x[..., :-1], (1, 0))
 
 
-def grad_generic(logits, lse, lse_dur, lat: GenericLattice, targets, topo: Topology, blank: int,
+def grad_generic(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int,
                  fused: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0,
                  node_rows: torch.Tensor | None = None):
     """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6 and 9),
@@ -646,115 +552,3 @@ def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo:
             return costs, None
         return costs, grad_generic(logits, lse, lse_dur, lat, targets, topo, blank, fused, ends,
                                    clamp, fastemit_lambda, node_rows)
-
-
-# ---------------------------------------------------------------------------------------
-# The regular topology: the entry points of the backends (thin calls into the above)
-# ---------------------------------------------------------------------------------------
-
-def forward_alpha(lpb: torch.Tensor, lpl: torch.Tensor, max_plus: bool = False) -> torch.Tensor:
-    """Regular-topology alpha ``(B, T, U+1)`` swept along anti-diagonals ``d = t + u``
-    (math.md section 2), from blank / label log-probs ``(B, T, U+1)`` used as given.
-
-    ``max_plus=True``: the Viterbi score (``sweep_alpha``'s semiring switch). Nodes off the
-    lattice may hold finite values (they are never read through a finite arc).
-    """
-    B, T, U1 = lpb.shape
-    w = torch.stack([lpb, lpl], 1)
-    alpha = sweep_alpha(w, _REGULAR, max_plus=max_plus)
-    return (alpha[0] if max_plus else alpha)[:, :T]
-
-
-def lattice(lpb: torch.Tensor, lpl: torch.Tensor, logit_lengths, target_lengths) -> Lattice:
-    """alpha, beta, log P and arc occupations (math.md sections 2-3) of the regular
-    topology, from arc log-probs.
-
-    Args:
-        lpb, lpl: ``(B, T, U+1)`` blank / label log-probs, ``-inf`` off the lattice.
-        logit_lengths, target_lengths: ``(B,)`` int64.
-    """
-    B, T, U1 = lpb.shape
-    ends = Ends.of(logit_lengths, target_lengths)
-    # Only real arcs are read: no blank leaves the last frame but the final one (in
-    # log-prob mode a NaN there must change nothing, math.md section 8.1).
-    w = torch.where(arc_mask(_REGULAR, ends, T, U1), torch.stack([lpb, lpl], 1), NEG_INF)
-    lat = lattice_generic(w, _REGULAR, ends)
-    # The Lattice contract: (B, T, U+1) nodes, -inf off each sequence's lattice (the end
-    # node (T_b, U_b) included).
-    nodes = node_mask(logit_lengths, target_lengths, T, U1)
-    alpha = torch.where(nodes, lat.alpha[:, :T], NEG_INF)
-    beta = torch.where(nodes, lat.beta[:, :T], NEG_INF)
-    return Lattice(alpha, beta, lat.log_like, lat.gamma[:, 0], lat.gamma[:, 1])
-
-
-def logit_grad(logits, lse, lat: Lattice, targets, logit_lengths, target_lengths, blank: int,
-               fused: bool, clamp: float, fastemit_lambda: float) -> torch.Tensor:
-    """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6) of the
-    regular topology, before the upstream gradient. Shape ``(B, T, U+1, V)``, dtype of
-    ``logits``; padding is 0."""
-    generic = GenericLattice(lat.alpha, lat.beta, lat.log_like,
-                             torch.stack([lat.gamma_blank, lat.gamma_label], 1))
-    return grad_generic(logits, lse, None, generic, targets, _REGULAR, blank, fused,
-                        Ends.of(logit_lengths, target_lengths), clamp, fastemit_lambda)
-
-
-# --------------------------------------------------------------------------- loss
-INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
-
-
-def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None, node_rows=None):
-    """``_ops`` protocol: costs, and (when wanted) the per-sequence gradient, computed here
-    by the generic recursion and saved for the backward pass, which only applies the
-    upstream factor."""
-    costs, grad = costs_and_grad_generic(
-        logits, targets, logit_lengths, target_lengths, opts.topology or regular(), opts.blank,
-        opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
-        need_grad, node_rows)
-    if not need_grad:
-        return costs, (), None
-    row_seq = None
-    if node_rows is not None:
-        from ._ops import row_sequences     # B for a row no node reads: upstream factor 0
-        row_seq = row_sequences(node_rows, logits.shape[0])
-    return costs, (grad,) + ((logits,) if opts.inplace_grad else ()), row_seq
-
-
-def loss_backward(saved, state, upstream, opts: LossOptions):
-    """``_ops`` protocol: ``upstream[b] * grad_b`` (exactly 0 where ``upstream[b] == 0``),
-    into the logits' storage with ``opts.inplace_grad``."""
-    from ._ops import scale_upstream
-    grad, *into = saved
-    if grad.dim() == 2:
-        # Rows of a node_rows layout: a row's sequence is where its node sits; rows no
-        # node reads carry a zero gradient, and any upstream factor keeps them 0.
-        up = torch.cat([upstream.to(grad.dtype), upstream.new_zeros(1, dtype=grad.dtype)])
-        up = up[state][:, None]
-    else:
-        up = upstream.to(grad.dtype)[:, None, None, None]
-    if into:
-        return scale_upstream(grad, up, out=into[0])
-    return scale_upstream(grad, up)
-
-
-def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
-    """The lattice (alpha, beta, occupations) without any gradient work."""
-    with torch.no_grad():
-        _, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
-        ldt = lattice_dtype(logits.device)
-        return lattice(lpb.to(ldt), lpl.to(ldt), logit_lengths, target_lengths)
-
-
-def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
-    """Max-plus forward pass: ``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` in the lattice
-    dtype. ``alpha_max(t,u)`` is the log-probability of the best path from (0,0) to (t,u);
-    ``lpb``/``lpl`` are the arc log-probs (``-inf`` off the lattice). The backtracking is
-    shared by every backend (``rnnt_lattice.analysis.alignment``)."""
-    with torch.no_grad():
-        _, lpb, lpl = arc_log_probs(logits, targets, logit_lengths, target_lengths, blank, fused)
-        ldt = lattice_dtype(logits.device)
-        lpb, lpl = lpb.to(ldt), lpl.to(ldt)
-        alpha_max = forward_alpha(lpb, lpl, max_plus=True)
-        B, T, U1 = lpb.shape
-        alpha_max = torch.where(node_mask(logit_lengths, target_lengths, T, U1), alpha_max, NEG_INF)
-        return alpha_max, lpb, lpl

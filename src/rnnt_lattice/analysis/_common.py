@@ -10,19 +10,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import _backends
-from .._types import LossOptions
+from .._types import Lattice, LossOptions
 from .._validate import check_boundary, check_class_targets, check_float
 from ..topology import Topology, regular
 
 RNNT_TYPES = ("regular", "modified", "constrained", "one_sym_per_frame")
-
-
-def prepare(logits, targets, logit_lengths, target_lengths, blank, backend):
-    """``(chk, impl)``: the checked arguments (logits detached, in the dtype the backend
-    reads, contiguous) and the backend module."""
-    impl, chk = _backends.prepare(logits.detach() if hasattr(logits, "detach") else logits,
-                                  targets, logit_lengths, target_lengths, blank, backend)
-    return chk, impl
 
 
 def resolve_topology(rnnt_type: str, topology) -> Topology | None:
@@ -83,20 +75,6 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     return Request(topo, chk, impl, opts, boundary)
 
 
-def generic_weights(req: Request):
-    """``(w, ends)``: the arc weights ``(B, K, T, U+1)`` in the lattice dtype (``-inf`` off
-    the arcs) and the start/end nodes, exactly as the generic loss builds them."""
-    from ..reference import Ends, arc_weights, kind_log_probs, lattice_dtype
-    chk = req.chk
-    ends = Ends.of(chk.logit_lengths, chk.target_lengths, req.boundary)
-    if req.boundary is not None:
-        ends.check(chk.logits.shape[1], chk.logits.shape[2])   # one device sync, as the loss
-    _, _, lp = kind_log_probs(chk.logits, chk.targets, req.topo, req.opts.blank, req.fused, ends)
-    w = arc_weights(lp.to(lattice_dtype(chk.logits.device)), req.topo, ends, req.opts.sigma,
-                    req.opts.delay_penalty)
-    return w, ends
-
-
 def kind_field(topo: Topology, name: str, device) -> torch.Tensor:
     """``(K,)`` int64 on ``device``: field ``name`` (``"dt"``, ``"du"``) of every kind,
     written entry by entry (a fill each), not built from a Python list: that would be a
@@ -112,29 +90,18 @@ def _kernel_args(req: Request):
     return (chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths, req.opts, req.boundary)
 
 
-def lattice(req: Request):
-    """The :class:`rnnt_lattice.reference.GenericLattice` of the request: alpha, beta
-    ``(B, T+1, U+1)``, log P ``(B,)``, per-kind occupations ``gamma (B, K, T, U+1)``."""
+def lattice(req: Request) -> Lattice:
+    """The :class:`rnnt_lattice._types.Lattice` of the request (the backend's ``occupancy``):
+    alpha, beta ``(B, T+1, U+1)``, log P ``(B,)``, per-kind occupations ``gamma (B, K, T,
+    U+1)``."""
     with torch.no_grad():
-        if hasattr(req.impl, "kind_occupancy"):
-            return req.impl.kind_occupancy(*_kernel_args(req))
-        from ..reference import lattice_generic
-        w, ends = generic_weights(req)
-        return lattice_generic(w, req.topo, ends)
+        return req.impl.occupancy(*_kernel_args(req))
 
 
 def viterbi(req: Request):
-    """The max-plus sweep of the request: ``(alpha_max, best_kind, log_prob)``, node tensors
-    ``(B, T+1, U+1)`` (``best_kind`` int8: the kind of the best arc into each node, -1 where
-    none), ``log_prob (B,)`` the best complete path's score (-inf without one, NaN for NaN
-    logits on the lattice)."""
+    """The max-plus sweep of the request (the backend's ``viterbi``): ``(alpha_max,
+    best_kind, log_prob)``, node tensors ``(B, T+1, U+1)`` (``best_kind`` int8: the kind of
+    the best arc into each node, -1 where none), ``log_prob (B,)`` the best complete path's
+    score (-inf without one, NaN for NaN logits on the lattice)."""
     with torch.no_grad():
-        if hasattr(req.impl, "kind_viterbi"):
-            return req.impl.kind_viterbi(*_kernel_args(req))
-        from ..reference import sweep_alpha
-        w, ends = generic_weights(req)
-        alpha_max, best_kind = sweep_alpha(w, req.topo, ends, max_plus=True)
-        bidx = torch.arange(w.shape[0], device=w.device)
-        log_prob = torch.where(ends.t1 > ends.t0, alpha_max[bidx, ends.t1, ends.u1], float("-inf"))
-        nan_seq = torch.isnan(w).flatten(1).any(1)        # NaN logits on the lattice
-        return alpha_max, best_kind, torch.where(nan_seq, float("nan"), log_prob)
+        return req.impl.viterbi(*_kernel_args(req))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _backends
 from .occupancy import Occupancy
 
 NEG_INF = float("-inf")
@@ -77,53 +78,8 @@ def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int
             pinned = (t_idx >= n_frames[:, None, None] - 1) & (n_frames[:, None, None] > 0)
             allowed = allowed & (~pinned | (s_idx[None, None, :] == last[:, None, None]))
     mass = torch.where(allowed, mass, NEG_INF)
-    dp = _dp_kernel(mass.device, S)
-    if dp is not None:
-        total, starts = dp(mass, max_step)
-        return total.to(mass.dtype), starts
-    return window_dp_torch(mass, max_step)
-
-
-def _dp_kernel(device: torch.device, S: int):
-    """The backend kernel of the DP for ``device`` (Numba on CPU, Triton on CUDA with S
-    within one program's lanes), or None: then the PyTorch loop runs."""
-    import importlib
-    name = {"cpu": ".cpu", "cuda": ".gpu"}.get(device.type)
-    if name is None or S < 1 or (name == ".gpu" and S > 8192):
-        return None
-    try:
-        return importlib.import_module(name, "rnnt_lattice").window_dp
-    except ImportError:                      # no Triton here: the PyTorch loop
-        return None
-
-
-def window_dp_torch(mass: torch.Tensor, max_step: int):
-    """The DP of :func:`best_window_starts` on prepared ``mass (B, T, S)`` (-inf where a
-    start is not allowed), as a loop over frames of vectorised PyTorch operations: the
-    readable reference of the kernels (``cpu.window_dp``, ``gpu.window_dp``), and what runs
-    on other devices. Where no finite path exists the starts are still in ``[0, S)``."""
-    B, T, S = mass.shape
-    dev = mass.device
-    s_idx = torch.arange(S, device=dev)
-    W = max_step + 1
-    f = mass[:, 0]
-    arg = torch.zeros((B, T, S), dtype=torch.int64, device=dev)             # best s' per (t, s)
-    for t in range(1, T):
-        # sliding max of f over s' in [s - max_step, s]: pad max_step on the left with -inf.
-        padded = torch.nn.functional.pad(f, (W - 1, 0), value=NEG_INF)
-        win = padded.unfold(-1, W, 1)                                          # (B, S, W)
-        best, k = win.max(-1)                       # ties: the lowest start (first max)
-        # All -inf (no finite path): k = 0, the padding; the lowest real start instead.
-        arg[:, t] = (s_idx[None, :] - (W - 1) + k).clamp(min=0)
-        f = mass[:, t] + best
-    starts = torch.empty((B, T), dtype=torch.int64, device=dev)
-    total, s = f.max(-1)
-    starts[:, T - 1] = s
-    bidx = torch.arange(B, device=dev)
-    for t in range(T - 1, 0, -1):
-        s = arg[bidx, t, s]
-        starts[:, t - 1] = s
-    return total, starts
+    total, starts = _backends.resolve("auto", dev).window_dp(mass, max_step)
+    return total.to(mass.dtype), starts
 
 
 def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:

@@ -1,13 +1,13 @@
-"""CPU backend: Numba kernels (``kernels.py``) behind the loss protocol of ``_ops``.
+"""CPU backend: Numba kernels (``kernels.py``) behind the backend protocol
+(``_backends.Backend``).
 
 Every topology, per-arc term (sigma, delay penalty), k2 boundary and row layout
 (``node_rows``: packed or pruned logits rows) runs on the generic kernels over a table of
 arc kinds (``kind_table``); the plain regular loss keeps its own row and gradient passes
 (``REGULAR_KERNELS``) and shares the generic lattice pass (``REGULAR_LATTICE``).
-The lattice tools of every topology (``kind_occupancy``, ``kind_viterbi``: per-kind
-occupations, and the max-plus sweep with the best incoming kind of every node) run the
-loss's generic passes too; the regular ``compute_lattice`` / ``viterbi`` keep the regular
-kernels, which are faster on the regular lattice (see ``compute_lattice``).
+The lattice tools of every topology (``occupancy``, ``viterbi``: per-kind occupations, and
+the max-plus sweep with the best incoming kind of every node) run the loss's generic
+passes.
 
 Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
 compile on first use and are cached on disk (``_config.CACHE``).
@@ -44,19 +44,40 @@ import functools
 import os
 import sys
 import threading
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from .. import torch_backend
 from .._types import Lattice, LossOptions
-from ..reference import Ends, GenericLattice
+from ..reference import Ends
 from ..topology import Topology, regular
 from . import _config, kernels
 
-__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "kind_occupancy",
-           "kind_viterbi", "empty_cache"]
+__all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
+           "window_dp", "simple_rescue", "simple_rescue_backward", "empty_cache"]
+
+NAME = "numba"
+NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
+NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
+
+# The simple losses' log-domain rescue of the few nodes beyond the float64 matmul's range
+# (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.
+simple_rescue = torch_backend.simple_rescue
+simple_rescue_backward = torch_backend.simple_rescue_backward
 
 _REGULAR = regular()
+
+
+class _RegularLattice(NamedTuple):
+    """The regular kernels' lattice, ``(B, T, U+1)`` node tensors (no end frame)."""
+
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    log_like: torch.Tensor       # (B,)
+    gamma_blank: torch.Tensor
+    gamma_label: torch.Tensor
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -169,11 +190,11 @@ def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store
         beta = np.where(past, -np.inf, beta[:, :T])
         gamma_blank = np.ascontiguousarray(gamma[:, 0])
         gamma_label = np.ascontiguousarray(gamma[:, 1])
-    return buf, shift, inv_sum, Lattice(*(torch.from_numpy(a) for a in
+    return buf, shift, inv_sum, _RegularLattice(*(torch.from_numpy(a) for a in
                                           (alpha, beta, log_like, gamma_blank, gamma_label)))
 
 
-# Pass 2 of the regular loss and ``compute_lattice``: the dedicated kernel
+# Pass 2 of the regular loss: the dedicated kernel
 # (``kernels.lattice``, ``REGULAR_LATTICE = True``) or the generic row-wise one
 # (``kernels.kind_lattice`` on ``kernels.regular_weights``), which measured ~2.7x faster at
 # s4 (14.7 against 5.4 ms, 1 thread). The tests run both.
@@ -235,7 +256,7 @@ REGULAR_KERNELS = True
 class _State:
     """What the backward pass needs besides saved tensors. ``buf`` (the forward's exp
     buffer, or the logits themselves in place, shaped like the logits) is handed over once.
-    ``lat`` is the regular kernels' Lattice, or None for the generic ones (``gamma``...)."""
+    ``lat`` is the regular kernels' ``_RegularLattice``, or None for the generic ones (``gamma``...)."""
 
     def __init__(self, buf, stats, inplace, shape, lat=None, gamma=None, log_like=None,
                  ends=None, node_rows=None, kinds=None, blank=None, n_dur=0):
@@ -379,31 +400,6 @@ def loss_backward(saved, st: _State, upstream, opts: LossOptions):
     return dst
 
 
-def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
-    """The regular lattice (alpha, beta, occupations) without any gradient work, on the
-    regular kernels (``row_pass``, ``lattice``): the generic ones (``kind_occupancy``) give
-    the same numbers 10-15% slower here (B=8, T=200, U=50, V=1024 float32, serial),
-    and ``viterbi`` likewise."""
-    with torch.no_grad():
-        return _forward(logits.contiguous(), targets, logit_lengths, target_lengths, blank, fused,
-                        store=False)[3]
-
-
-def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
-    """Max-plus forward pass: ``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` float64.
-
-    The arc log-probs come from the same ``row_pass`` as the loss (no exps stored) and
-    alpha from the same recursion in the max-plus semiring (``kernels.viterbi_alpha``);
-    the backtracking is shared by every backend (``rnnt_lattice.analysis.alignment``).
-    """
-    with torch.no_grad():
-        logits = logits.contiguous()
-        _, _, lpb, lpl = _row_pass(logits, targets, logit_lengths, target_lengths, blank, fused)
-        alpha = np.full(lpb.shape, -np.inf)
-        kernels.viterbi_alpha(lpb, lpl, _np(logit_lengths), _np(target_lengths), alpha)
-        return torch.from_numpy(alpha), torch.from_numpy(lpb), torch.from_numpy(lpl)
-
-
 # --------------------------------------------------------------------------- lattice tools
 def _kind_weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
     """Pass 1 of the lattice tools (no gradient work, no exps stored) for any topology:
@@ -419,22 +415,21 @@ def _kind_weights(logits, targets, logit_lengths, target_lengths, opts: LossOpti
     return w, nan_row, kinds, ends
 
 
-def kind_occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                   boundary=None) -> GenericLattice:
+def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+              boundary=None) -> Lattice:
     """The lattice of any topology (``opts``: topology, blank, fused, sigma, delay
     penalty; k2 ``boundary``) without gradient work: the loss's passes 1-2
     (``kernels.kind_row_pass``, ``kernels.kind_lattice``). A
-    :class:`rnnt_lattice.reference.GenericLattice` as ``reference.lattice_generic``
+    :class:`rnnt_lattice._types.Lattice` as ``reference.lattice_generic``
     returns it: alpha, beta ``(B, T+1, U+1)`` (-inf off each sequence's nodes), log P
     ``(B,)``, per-kind occupations ``gamma (B, K, T, U+1)`` (0 off the arcs)."""
     with torch.no_grad():
         w, nan_row, kinds, ends = _kind_weights(logits, targets, logit_lengths, target_lengths,
                                                 opts, boundary)
-        return GenericLattice(*(torch.from_numpy(a) for a in _kind_lattice(w, nan_row, kinds, ends)))
+        return Lattice(*(torch.from_numpy(a) for a in _kind_lattice(w, nan_row, kinds, ends)))
 
 
-def kind_viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                 boundary=None):
+def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary=None):
     """Max-plus sweep of any topology (``kernels.kind_viterbi``): ``(alpha_max, best_kind,
     log_prob)`` as ``reference.viterbi_generic`` returns them: ``(B, T+1, U+1)`` float64
     and int8 (the kind of the best arc into each node, -1 where none), and ``(B,)`` the
@@ -474,6 +469,8 @@ def window_dp(mass: torch.Tensor, max_step: int):
     mass and is the interface)."""
     x = np.ascontiguousarray(_np(mass.to(torch.float64)))
     B, T, S = x.shape
+    if S < 1:
+        return torch_backend.window_dp(mass, max_step)      # no start at all: nothing to run
     total = np.empty(B)
     starts = np.empty((B, T), dtype=np.int64)
     kernels.window_dp(x, int(max_step), total, starts, np.empty((B, T, S), dtype=np.int64))

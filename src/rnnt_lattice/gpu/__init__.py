@@ -1,4 +1,5 @@
-"""GPU backend: Triton kernels (``kernels.py``) behind the loss protocol of ``_ops``.
+"""GPU backend: Triton kernels (``kernels.py``) behind the backend protocol
+(``_backends.Backend``).
 
 Importing this module imports Triton (that is how ``_backends`` detects it). It runs on
 CUDA tensors, and on CPU tensors through the Triton interpreter, which is how the tests
@@ -26,8 +27,7 @@ log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank l
 that k2's constrained label arcs add) besides the logits; the backward pass writes the
 gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
 
-The lattice tools (``kind_occupancy``, ``kind_viterbi``; the regular ``compute_lattice``,
-``viterbi``) run the loss's row and lattice passes, then the occupation kernel, or the
+The lattice tools (``occupancy``, ``viterbi``) run the loss's row and lattice passes, then the occupation kernel, or the
 lattice pass in the max-plus semiring with the best incoming kind of every node: one
 recursion for the losses and the tools, with the same no-synchronisation guarantee.
 
@@ -50,13 +50,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import torch_backend
 from .._types import Lattice, LossOptions
-from ..reference import GenericLattice, node_mask
 from ..topology import Topology, regular
 from . import kernels
 
-__all__ = ["loss_forward", "loss_backward", "compute_lattice", "viterbi", "kind_occupancy",
-           "kind_viterbi", "simple_rescue", "simple_rescue_backward"]
+__all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
+           "window_dp", "simple_rescue", "simple_rescue_backward", "empty_cache"]
+
+NAME = "triton"
 
 # The kernels read float16/bfloat16 logits and int32 ids/lengths directly: the public layer
 # need not convert them (each conversion would be a launch of its own).
@@ -75,6 +77,13 @@ BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice
 NUM_WARPS_LATTICE = 4
 
 LATTICE_DTYPE = torch.float64
+
+WINDOW_DP_MAX_S = 8192   # window starts one program of the window DP holds in its lanes
+
+
+def empty_cache() -> None:
+    """Nothing of this backend's own to release (PyTorch's caching allocator holds the
+    buffers: ``torch.cuda.empty_cache``)."""
 
 
 def _pow2(n: int, cap: int) -> int:
@@ -353,11 +362,11 @@ def _tool_args(logits, targets, logit_lengths, target_lengths, boundary):
     return logits, targets, logit_lengths, target_lengths, boundary
 
 
-def kind_occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                   boundary=None) -> GenericLattice:
+def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+              boundary=None) -> Lattice:
     """The lattice of any topology (``opts``: topology, blank, fused, sigma, delay
     penalty; k2 ``boundary``) without gradient work: the loss's row and lattice passes,
-    then ``_topo_gamma_kernel``. A :class:`rnnt_lattice.reference.GenericLattice` as
+    then ``_topo_gamma_kernel``. A :class:`rnnt_lattice._types.Lattice` as
     ``reference.lattice_generic`` returns it, float64: alpha, beta ``(B, T+1, U+1)``
     (-inf off each sequence's nodes), log P ``(B,)``, per-kind occupations ``gamma
     (B, K, T, U+1)`` (0 off the arcs). No host synchronisation."""
@@ -379,7 +388,7 @@ def kind_occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOpt
                     n_nodes, T, U1, *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
                     **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
                     BOUNDARY=boundary is not None, BLOCK=block)
-        return GenericLattice(st.alpha, st.beta, st.log_like, gamma)
+        return Lattice(st.alpha, st.beta, st.log_like, gamma)
 
 
 def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
@@ -395,8 +404,7 @@ def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOpt
     return st, best_kind
 
 
-def kind_viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                 boundary=None):
+def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary=None):
     """Max-plus sweep of any topology (``_topo_lattice_kernel`` with ``MAX_SEMIRING``):
     ``(alpha_max, best_kind, log_prob)`` as ``reference.viterbi_generic`` returns them:
     ``(B, T+1, U+1)`` float64 and int8 (the kind of the best arc into each node, -1
@@ -405,30 +413,6 @@ def kind_viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     synchronisation."""
     st, best_kind = _viterbi_state(logits, targets, logit_lengths, target_lengths, opts, boundary)
     return st.alpha, best_kind, st.log_like
-
-
-def compute_lattice(logits, targets, logit_lengths, target_lengths, blank, fused) -> Lattice:
-    """The regular lattice (alpha, beta, occupations), float64, without any gradient work:
-    ``kind_occupancy`` of the regular topology (kinds blank, label) on the frames
-    ``t < T``; -inf off the lattice."""
-    lat = kind_occupancy(logits, targets, logit_lengths, target_lengths, LossOptions(blank, fused))
-    B, K, T, U1 = lat.gamma.shape
-    # The end node (T_b, U_b) of the generic grid is no node of the regular lattice.
-    nodes = node_mask(logit_lengths, target_lengths, T, U1)
-    alpha, beta = (torch.where(nodes, x[:, :T], float("-inf")) for x in (lat.alpha, lat.beta))
-    return Lattice(alpha, beta, lat.log_like, lat.gamma[:, 0], lat.gamma[:, 1])
-
-
-def viterbi(logits, targets, logit_lengths, target_lengths, blank, fused):
-    """``(alpha_max, lpb, lpl)``, each ``(B, T, U+1)`` float64: the regular alpha in the
-    max-plus semiring (``kind_viterbi``'s sweep) and the arc log-probs b, e of the row
-    pass; -inf off the lattice."""
-    st, _ = _viterbi_state(logits, targets, logit_lengths, target_lengths,
-                           LossOptions(blank, fused), None)
-    B, K, T, U1 = st.lp.shape
-    alpha = torch.where(node_mask(logit_lengths, target_lengths, T, U1), st.alpha[:, :T],
-                        float("-inf"))
-    return alpha, st.lp[:, 0], st.lp[:, 1]
 
 
 # --------------------------------------------------------------------------- arc weights
@@ -484,6 +468,9 @@ def window_dp(mass: torch.Tensor, max_step: int):
     check_device(mass)
     x = mass.to(torch.float64).contiguous()
     B, T, S = x.shape
+    if S < 1 or S > WINDOW_DP_MAX_S:
+        # No start at all, or more starts than one program's lanes: the PyTorch loop.
+        return torch_backend.window_dp(mass, max_step)
     total = torch.empty(B, dtype=torch.float64, device=x.device)
     starts = torch.empty((B, T), dtype=torch.int64, device=x.device)
     if B:
@@ -516,11 +503,14 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
 
 def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     """Adds ``g p`` of the nodes ``need`` marks, ``p(v) = exp(am(t,v) + lm(u,v) - lse)``,
-    into ``grad_am (B, T, V)`` and ``grad_lm (B, U+1, V)`` (float64, contiguous) with
-    atomics (the backward of :func:`simple_rescue`)."""
+    into ``grad_am (B, T, V)`` and ``grad_lm (B, U+1, V)`` (float64, contiguous; either may
+    be None: not wanted) with atomics (the backward of :func:`simple_rescue`)."""
     check_device(am)
     B, T, V = am.shape
     U1 = lm.shape[1]
+    # The kernel writes both: a scratch buffer for the one not wanted.
+    grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
+    grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
     if lse.numel() and V:
         flags = need.to(torch.int8).contiguous()
         with _device(am):

@@ -1,0 +1,179 @@
+"""The pure-PyTorch backend: the :class:`rnnt_lattice._backends.Backend` protocol on the
+readable vectorised recursion of :mod:`rnnt_lattice.reference`. It runs on any device
+(``backend="torch"``, and ``"auto"`` on devices other than CPU and CUDA).
+
+Everything is computed by ``reference``: the arc log-probs and weights of any topology
+(``kind_log_probs``, ``arc_weights``), the lattice in the log or the max-plus semiring
+(``lattice_generic``, ``sweep_alpha``) and the fused gradient (``grad_generic``). The loss's
+forward pass computes the per-sequence gradient too; the backward pass only applies the
+upstream factor. Reading values on the host is allowed here (this backend makes no
+CUDA-graph promise); the window DP and the simple losses' log-domain rescue are loops of
+vectorised operations.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._ops import row_sequences, scale_upstream
+from ._types import Lattice, LossOptions
+from .reference import (Ends, arc_weights, costs_and_grad_generic, kind_log_probs, lattice_dtype,
+                        lattice_generic, sweep_alpha)
+from .topology import Topology, regular
+
+NAME = "torch"
+INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
+NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
+NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
+
+NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------- loss
+def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
+                 boundary=None, node_rows=None):
+    """Costs, and (when wanted) the per-sequence gradient, computed here by the generic
+    recursion and saved for the backward pass, which only applies the upstream factor."""
+    costs, grad = costs_and_grad_generic(
+        logits, targets, logit_lengths, target_lengths, opts.topology or regular(), opts.blank,
+        opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
+        need_grad, node_rows)
+    if not need_grad:
+        return costs, (), None
+    # Rows of a node_rows layout: the sequence each row belongs to (B: no node reads it).
+    row_seq = None if node_rows is None else row_sequences(node_rows, logits.shape[0])
+    return costs, (grad,) + ((logits,) if opts.inplace_grad else ()), row_seq
+
+
+def loss_backward(saved, state, upstream, opts: LossOptions):
+    """``upstream[b] * grad_b`` (exactly 0 where ``upstream[b] == 0``), into the logits'
+    storage with ``opts.inplace_grad``."""
+    grad, *into = saved
+    if grad.dim() == 2:
+        # Rows of a node_rows layout: a row's sequence is where its node sits; rows no
+        # node reads carry a zero gradient, and any upstream factor keeps them 0.
+        up = torch.cat([upstream.to(grad.dtype), upstream.new_zeros(1, dtype=grad.dtype)])
+        up = up[state][:, None]
+    else:
+        up = upstream.to(grad.dtype)[:, None, None, None]
+    if into:
+        return scale_upstream(grad, up, out=into[0])
+    return scale_upstream(grad, up)
+
+
+# --------------------------------------------------------------------------- lattice tools
+def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
+    """``(w, ends, topo)``: the arc weights ``(B, K, T, U+1)`` in the lattice dtype (``-inf``
+    off the arcs) and the start/end nodes, exactly as the loss builds them."""
+    topo = opts.topology or regular()
+    ends = Ends.of(logit_lengths, target_lengths, boundary)
+    if boundary is not None:
+        ends.check(logits.shape[1], logits.shape[2])
+    _, _, lp = kind_log_probs(logits, targets, topo, opts.blank, opts.fused, ends)
+    w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, opts.sigma,
+                    opts.delay_penalty)
+    return w, ends, topo
+
+
+def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
+              boundary=None) -> Lattice:
+    """The :class:`rnnt_lattice._types.Lattice` of any topology, without gradient work."""
+    with torch.no_grad():
+        w, ends, topo = _weights(logits, targets, logit_lengths, target_lengths, opts, boundary)
+        return lattice_generic(w, topo, ends)
+
+
+def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary=None):
+    """The max-plus sweep: ``(alpha_max, best_kind, log_prob)``, node tensors ``(B, T+1,
+    U+1)`` (``best_kind`` int8: the kind of the best arc into each node, -1 where none) and
+    ``log_prob (B,)`` (-inf without a complete path, NaN for NaN logits on the lattice)."""
+    with torch.no_grad():
+        w, ends, topo = _weights(logits, targets, logit_lengths, target_lengths, opts, boundary)
+        alpha_max, best_kind = sweep_alpha(w, topo, ends, max_plus=True)
+        bidx = torch.arange(w.shape[0], device=w.device)
+        log_prob = torch.where(ends.t1 > ends.t0, alpha_max[bidx, ends.t1, ends.u1], NEG_INF)
+        nan_seq = torch.isnan(w).flatten(1).any(1)
+        return alpha_max, best_kind, torch.where(nan_seq, float("nan"), log_prob)
+
+
+def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` of arc weights ``w (B, K, T, U+1)``."""
+    lat = lattice_generic(w, topo, ends)
+    return lat.log_like, lat.gamma
+
+
+# --------------------------------------------------------------------------- window choice
+def window_dp(mass: torch.Tensor, max_step: int):
+    """``(total (B,), starts (B, T) int64)`` of the window DP (math.md section 10) on
+    prepared ``mass (B, T, S)`` (-inf where a start is not allowed), as a loop over frames
+    of vectorised PyTorch operations: the readable reference of the Numba and Triton
+    kernels. Ties: the lowest starts. Where no finite path exists the starts are still in
+    ``[0, S)``."""
+    B, T, S = mass.shape
+    dev = mass.device
+    s_idx = torch.arange(S, device=dev)
+    W = max_step + 1
+    f = mass[:, 0]
+    arg = torch.zeros((B, T, S), dtype=torch.int64, device=dev)             # best s' per (t, s)
+    for t in range(1, T):
+        # sliding max of f over s' in [s - max_step, s]: pad max_step on the left with -inf.
+        padded = torch.nn.functional.pad(f, (W - 1, 0), value=NEG_INF)
+        win = padded.unfold(-1, W, 1)                                          # (B, S, W)
+        best, k = win.max(-1)                       # ties: the lowest start (first max)
+        # All -inf (no finite path): k = 0, the padding; the lowest real start instead.
+        arg[:, t] = (s_idx[None, :] - (W - 1) + k).clamp(min=0)
+        f = mass[:, t] + best
+    starts = torch.empty((B, T), dtype=torch.int64, device=dev)
+    total, s = f.max(-1)
+    starts[:, T - 1] = s
+    bidx = torch.arange(B, device=dev)
+    for t in range(T - 1, 0, -1):
+        s = arg[bidx, t, s]
+        starts[:, t - 1] = s
+    return total, starts
+
+
+# --------------------------------------------------------------------------- simple loss
+# Rows of the log-domain rescue per chunk: (rows, V) float64 temporaries of ~32 MB at most.
+RESCUE_ELEMENTS = 1 << 22
+
+
+def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """``(B, T, U+1)`` float64: ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need``
+    marks, -inf elsewhere (the simple losses' normaliser of the nodes beyond the float64
+    matmul's range): only those nodes, found on the host, by chunks of rows."""
+    B, T, V = am.shape
+    lse = torch.full((B, T, lm.shape[1]), NEG_INF, dtype=torch.float64, device=am.device)
+    if not bool(need.any()):
+        return lse
+    b, t, u = need.nonzero().unbind(1)
+    step = max(1, RESCUE_ELEMENTS // max(V, 1))
+    for i in range(0, b.shape[0], step):
+        j = slice(i, i + step)
+        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
+        lse[b[j], t[j], u[j]] = torch.logsumexp(x, -1)
+    return lse
+
+
+def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
+    """Adds ``g p`` of the nodes ``need`` marks into ``grad_am`` rows t and ``grad_lm`` rows
+    u (float64; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``; dead nodes
+    (lse ``-inf``) add nothing."""
+    if not bool(need.any()):
+        return
+    b, t, u = (need & (lse > NEG_INF)).nonzero().unbind(1)
+    g = g[b, t, u].to(torch.float64)
+    lse = lse[b, t, u]
+    step = max(1, RESCUE_ELEMENTS // max(am.shape[2], 1))
+    for i in range(0, b.shape[0], step):
+        j = slice(i, i + step)
+        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
+        p = torch.exp(x - lse[j, None]).mul_(g[j, None])
+        if grad_am is not None:
+            grad_am.index_put_((b[j], t[j]), p, accumulate=True)
+        if grad_lm is not None:
+            grad_lm.index_put_((b[j], u[j]), p, accumulate=True)
+
+
+# --------------------------------------------------------------------------- memory
+def empty_cache() -> None:
+    """Nothing to release: this backend keeps no buffer between calls."""
