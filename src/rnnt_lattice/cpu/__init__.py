@@ -352,11 +352,12 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     return costs, saved, state
 
 
-def loss_backward(saved, st: _State, upstream, opts: LossOptions):
+def loss_backward(saved, state: _State, upstream, opts: LossOptions):
     """Pass 3 (``_ops`` protocol): the gradient, upstream factor fused, shaped like the
     logits, into the forward's buffer (handed over: no reference stays here, so autograd
     adopts it without a copy); a second backward recomputes the exps from the saved logits
     with the same code, so it returns a bit-identical gradient."""
+    st = state
     targets, logit_lengths, target_lengths, *rest = saved
     logits = rest[0] if rest else None
     if st.inplace and st.buf is None:
