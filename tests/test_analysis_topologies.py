@@ -16,15 +16,13 @@ import torch
 import rnnt_lattice
 from rnnt_lattice import topology
 from rnnt_lattice.analysis import Arc
-from oracle import _kind_weights, topology_best_path, topology_occupations, topology_paths
+from support import backends
+from support.oracle import _kind_weights, topology_best_path, topology_occupations, topology_paths
 
 # NumPy warns (Triton interpreter) on exp/log of -inf in lanes that the kernels mask out.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-_NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="needs triton (the interpreter runs it on CPU)")
-BACKENDS = ["torch", "numba", pytest.param("triton", marks=_NO_TRITON)]
-KERNELS = ["numba", pytest.param("triton", marks=_NO_TRITON)]
+BACKENDS, KERNELS = backends.ALL, backends.KERNELS
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +141,7 @@ def test_occupancy_matches_oracle(name, backend):
     if backend != "torch":
         _same_occupancy(occ, rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank,
                                                     backend="torch", **_kw(name)))
-    pad = ~rnnt_lattice.reference.node_mask(tl, ul, T, U + 1)
+    pad = ~rnnt_lattice._layout.node_mask(tl, ul, T, U + 1)
     assert (occ.node[pad] == 0).all()
     if name in ("modified", "one_sym_per_frame"):
         assert occ.log_likelihood[3] == -math.inf              # (T_b, U_b) = (1, 2): no path
@@ -384,7 +382,7 @@ def test_kernel_backends_run_every_lattice_without_fallback(backend, monkeypatch
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the reference's recursion was called")
-    for name in ("lattice_generic", "sweep_alpha", "arc_weights"):
+    for name in ("lattice", "sweep_alpha", "arc_weights"):
         monkeypatch.setattr(reference, name, forbidden)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

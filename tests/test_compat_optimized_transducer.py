@@ -14,8 +14,8 @@ import torch
 
 import rnnt_lattice.compat.optimized_transducer as optimized_transducer
 from rnnt_lattice import topology
-from cases import Case, make_inputs, rel_err
-from oracle import topology_batch_grad
+from support.cases import Case, make_inputs, rel_err
+from support.oracle import topology_batch_grad
 
 CASES = [Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0), Case("blank_last", (3, 4, 1), (3, 1, 2), 5, 4),
          Case("blank_middle", (4, 3), (2, 3), 7, 3)]

@@ -10,9 +10,10 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice import topology
-from oracle import topology_paths
+from support import backends
+from support.oracle import topology_paths
 
-BACKENDS = ["numba", "torch", "triton"]
+BACKENDS = backends.ALL
 RNNT_TYPES = ("regular", "modified", "constrained")
 TOL = {dt: 64 * torch.finfo(dt).eps for dt in (torch.float64, torch.float32)}   # lattice in float64
 

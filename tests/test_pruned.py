@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import rnnt_lattice
-from cases import Case, rel_err, upstream_weights
-from oracle import topology_batch_grad
-from test_topology import make_topo_inputs
+from support import backends
+from support.cases import Case, rel_err, upstream_weights
+from support.oracle import topology_batch_grad
+from support.topologies import make_topo_inputs
 
 CASES = [
     Case("ragged", (5, 3, 4), (3, 1, 0), 6, 0, T=5, U=3),
@@ -28,7 +29,7 @@ OPTIONS = {
 }
 RNNT_TYPES = {"regular": "regular", "modified": "modified", "constrained": "constrained",
               "one_sym": "one_sym_per_frame"}
-BACKENDS = ["torch", "numba"]
+BACKENDS = backends.CPU
 
 
 def windows(B, T, U, R, seed):

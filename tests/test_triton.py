@@ -29,7 +29,7 @@ import torch.utils._python_dispatch  # noqa: E402
 pytest.importorskip("triton")
 
 import rnnt_lattice  # noqa: E402
-from rnnt_lattice import gpu, reference, torch_backend  # noqa: E402
+from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
@@ -116,7 +116,7 @@ def make_batch(case: Case, fused: bool = True, seed: int = 0) -> Batch:
         x = torch.log_softmax(x, dim=-1).nan_to_num(nan=NEG_INF)       # the dead row stays -inf
     tl = torch.tensor(case.T_b, dtype=torch.int32)
     ul = torch.tensor(case.U_b, dtype=torch.int32)
-    padding = ~reference.node_mask(tl.long(), ul.long(), T, U + 1)
+    padding = ~_layout.node_mask(tl.long(), ul.long(), T, U + 1)
     x = x.masked_fill(padding[..., None], float("nan"))
     weights = torch.tensor([1.0, -0.5, 2.0, -1.5][:B], dtype=torch.float64)
     return Batch(x, targets, tl, ul, case.blank, padding, weights)
@@ -337,8 +337,8 @@ def reference_lowp(batch: Batch, dtype, fused=True):
     targets, tl, ul = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
     topo, ends = rnnt_lattice.topology.regular(), reference.Ends.of(tl, ul)
     lse, _, lp = reference.kind_log_probs(x, targets, topo, batch.blank, fused, ends)
-    lat = reference.lattice_generic(reference.arc_weights(lp, topo, ends), topo, ends)
-    grad = reference.grad_generic(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
+    lat = reference.lattice(reference.arc_weights(lp, topo, ends), topo, ends)
+    grad = reference.grad(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
     return -lat.log_like, grad * batch.weights.to(dtype)[:, None, None, None]
 
 

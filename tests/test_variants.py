@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import rnnt_lattice
-from cases import Case, upstream_weights
-from oracle import topology_batch_grad
-from test_topology import make_topo_inputs
+from support import backends
+from support.cases import Case, upstream_weights
+from support.oracle import topology_batch_grad
+from support.topologies import make_topo_inputs
 
 CASES = [
     Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
@@ -354,7 +355,7 @@ def test_torch_compile_fullgraph(which):
 
 
 # --------------------------------------------------------------------------- packed logits
-LAYOUT_BACKENDS = ["torch", "numba"]
+LAYOUT_BACKENDS = backends.CPU
 
 
 @pytest.mark.parametrize("backend", LAYOUT_BACKENDS)
