@@ -17,7 +17,8 @@ from rnnt_lattice._ops import scale_upstream
 from rnnt_lattice._types import LossOptions
 from support.cases import Case, rel_err, upstream_weights
 from support.oracle import topology_batch_grad
-from support.topologies import TOPOLOGY_CASES as CASES, OPTIONS, TOPOLOGIES, make_topo_inputs
+from support.cases import TOPOLOGY as CASES
+from support.topologies import OPTIONS, TOPOLOGIES, make_topo_inputs
 
 # Relative to the largest loss / gradient entry (at least 1). float64: the rounding of a
 # few hundred operations. float32 inputs (the lattice in float64 on both sides): the

@@ -12,15 +12,12 @@ import torch
 
 import rnnt_lattice
 from support import backends
+from support import cases
 from support.cases import Case, rel_err, upstream_weights
 from support.oracle import topology_batch_grad
 from support.topologies import make_topo_inputs
 
-CASES = [
-    Case("ragged", (5, 3, 4), (3, 1, 0), 6, 0, T=5, U=3),
-    Case("blank_middle", (4, 5), (2, 3), 7, 3, T=5, U=3),
-    Case("T1", (1, 3), (0, 2), 5, 1, T=3, U=2),
-]
+CASES = cases.WINDOWS
 
 OPTIONS = {
     "plain": dict(),

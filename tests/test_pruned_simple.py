@@ -12,20 +12,14 @@ import torch
 import rnnt_lattice
 from rnnt_lattice.pruned import windows
 from support import backends
+from support import cases
 from support.cases import Case, rel_err, upstream_weights
 
 TOL = 1e-9
 RNNT_TYPES = ("regular", "modified", "constrained")
 
 # (B, T, U, V) padded sizes with ragged lengths; T_b = 0, U_b = 0, T_b < U_b included.
-CASES = [
-    Case("single", (3,), (2,), 5, 0),
-    Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
-    Case("blank_last", (3, 4, 1), (3, 1, 2), 5, -1),
-    Case("U0", (5, 2), (0, 0), 3, 1),
-    Case("T0", (0, 3), (1, 2), 4, 0),
-    Case("longer", (6, 5, 7), (3, 2, 4), 7, 2, T=8, U=5),
-]
+CASES = cases.SIMPLE
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -640,7 +634,7 @@ def test_exact_windows_of_a_batch_with_an_impossible_sequence():
 # the kernels must reproduce backend="torch" to float64 rounding, and in float32 to a few
 # ulps of the float32 outputs.
 KERNEL_BACKENDS = backends.KERNELS
-BACKEND_CASES = CASES + [Case("T1", (1, 1), (0, 2), 4, 0)]     # one frame: modified has no path
+BACKEND_CASES = CASES + cases.pick("T1_U2")     # one frame: modified has no path
 BACKEND_TOL = {torch.float64: 1e-12, torch.float32: 64 * 2.0**-23}
 # The interpreter's NumPy warns on -inf - -inf in lanes that the kernel then masks out.
 interpreter_lanes = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -17,7 +17,8 @@ from rnnt_lattice._types import Ends
 from support.cases import Case, rel_err, upstream_weights
 from support.oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
                     topology_paths)
-from support.topologies import OPTIONS, TOPOLOGIES, TOPOLOGY_CASES, make_topo_inputs
+from support.cases import TOPOLOGY as TOPOLOGY_CASES
+from support.topologies import OPTIONS, TOPOLOGIES, make_topo_inputs
 
 # Relative to the largest loss / gradient entry (at least 1): float64 carries only the
 # rounding of a few hundred operations; float32 inputs (the lattice still in float64) the

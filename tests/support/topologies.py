@@ -1,6 +1,6 @@
 """The topology table of the tests: every builder of ``rnnt_lattice.topology`` by a short
 name, the options every backend is checked with, the tiny ragged cases of the topology
-tests and their input factory (NaN outside each lattice, valid targets for the topology)."""
+tests (``cases.TOPOLOGY``) and their input factory (NaN outside each lattice, valid targets for the topology)."""
 from __future__ import annotations
 
 import torch
@@ -8,17 +8,6 @@ import torch
 from rnnt_lattice import topology
 
 from .cases import Case, make_inputs
-
-# Tiny ragged lattices: the enumeration stays cheap (TDT with duration 0 has the most paths).
-TOPOLOGY_CASES = [
-    Case("single", (3,), (2,), 5, 0),
-    Case("ragged_blank0", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
-    Case("ragged_blank_last", (3, 4, 1), (3, 1, 2), 5, -1),     # infeasible rows for some topologies
-    Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
-    Case("T1", (1, 1), (0, 3), 4, 0),
-    Case("U0", (5, 2), (0, 0), 4, 1),
-    Case("T0", (0, 3), (1, 1), 4, 2),
-]
 
 TOPOLOGIES = {
     "regular": lambda V_tok, blank: (topology.regular(), blank),
