@@ -5,7 +5,6 @@ recursion) and, for the kernel backends (Numba; Triton through the interpreter, 
 options, TDT durations, and a plot per topology."""
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import warnings
@@ -18,6 +17,7 @@ from rnnt_lattice import topology
 from rnnt_lattice.analysis import Arc
 from support import backends
 from support.oracle import _kind_weights, topology_best_path, topology_occupations, topology_paths
+from support.topologies import TOPOLOGIES
 
 # NumPy warns (Triton interpreter) on exp/log of -inf in lanes that the kernels mask out.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -36,15 +36,17 @@ def small_tiles(request, monkeypatch):
         monkeypatch.setattr(gpu, "ROW_TILE", 32)
         monkeypatch.setattr(gpu, "BLOCK_NODES", 16)
 
-# name: (topology, V (all classes, durations included), blank)
-TOPOS = {
-    "regular": (topology.regular(), 5, 0),
-    "modified": (topology.modified(), 5, 0),
-    "constrained": (topology.constrained(), 5, 0),
-    "one_sym_per_frame": (topology.one_sym_per_frame(), 5, 0),
-    "multiblank": (topology.multiblank(5, [2, 3]), 6, 5),      # big blanks: classes 4 (d=2), 3 (d=3)
-    "tdt": (topology.tdt([0, 1, 2]), 4 + 3, 3),                  # 4 tokens (blank 3), 3 durations
-}
+# name: (topology, V (all classes, durations included), blank), from the shared topology
+# table: 5 tokens (TDT: 4 tokens, blank 3, and 3 durations; multi-blank: 6 classes, big
+# blanks 4 (d=2) and 3 (d=3) below the blank 5).
+def _entry(name, V_tok):
+    topo, blank = TOPOLOGIES[name](V_tok, 0)
+    return topo, V_tok + topo.n_durations, blank
+
+
+TOPOS = {"regular": _entry("regular", 5), "modified": _entry("modified", 5),
+         "constrained": _entry("constrained", 5), "one_sym_per_frame": _entry("one_sym", 5),
+         "multiblank": _entry("multiblank", 6), "tdt": _entry("tdt012", 4)}
 # Ragged batch, padded T = 5, U = 3: (1, 2) has no path for modified / one_sym_per_frame.
 TL, UL = [5, 3, 4, 1], [2, 2, 0, 2]
 T, U = 5, 3

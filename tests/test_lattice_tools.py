@@ -14,23 +14,17 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice.analysis.alignment import backtrack_arcs
-from support import backends
+from support import backends, cases
 
 BACKENDS = backends.CPU
 
-# name: (logit_lengths, target_lengths, T, U, V, blank); padded sizes T, U may exceed the lengths.
-CASES = {
-    "single_3x2": ([3], [2], 3, 2, 4, 0),
-    "ragged_batch": ([5, 3, 4], [3, 1, 0], 6, 4, 5, 0),
-    "blank_last": ([4, 2], [2, 2], 4, 3, 5, -1),
-    "blank_middle": ([3, 4], [3, 1], 4, 3, 6, 2),
-    "T1": ([1, 1], [0, 2], 1, 2, 4, 0),
-    "U0": ([4], [0], 4, 0, 3, 0),
-}
+CASES = {c.name: c for c in cases.TOOLS}
 
 
 def _case(name, dtype=torch.float64, seed=0, poison=True):
-    tl, ul, T, U, V, blank = CASES[name]
+    case = CASES[name]
+    tl, ul, blank = list(case.T_lens), list(case.U_lens), case.blank
+    _, T, U, V = case.shape
     g = torch.Generator().manual_seed(seed)
     B = len(tl)
     logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64) * 2

@@ -56,6 +56,11 @@ CASES = {c.name: c for c in [
     Case("windows_ragged", (5, 3, 4), (3, 1, 0), 6, 0, T=5, U=3),
     Case("windows_blank_middle", (4, 5), (2, 3), 7, 3, T=5, U=3),
     Case("windows_T1", (1, 3), (0, 2), 5, 1, T=3, U=2),
+    Case("single_3x2", (3,), (2,), 4, 0),
+    Case("ragged_batch", (5, 3, 4), (3, 1, 0), 5, 0, T=6, U=4),
+    Case("blank_last", (4, 2), (2, 2), 5, -1, T=4, U=3),
+    Case("blank_middle_V6", (3, 4), (3, 1), 6, 2),
+    Case("U0_single", (4,), (0,), 3, 0),
 ]}
 
 
@@ -77,6 +82,8 @@ WINDOWS = pick("windows_ragged", "windows_blank_middle", "windows_T1")
 VARIANTS = pick("ragged_blank0", "blank_middle", "T1_U0")
 # Packed rows (optimized_transducer).
 PACKED = pick("ragged_tight", "blank_last_id", "blank_middle_tight")
+# The lattice tools against their own enumeration.
+TOOLS = pick("single_3x2", "ragged_batch", "blank_last", "blank_middle_V6", "T1_U2", "U0_single")
 
 
 def make_inputs(case: Case, dtype=torch.float64, seed: int = 0, scale: float = 1.0,
