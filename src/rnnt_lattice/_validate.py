@@ -116,7 +116,7 @@ def check_lattice_args(
         x.contiguous() for x in (targets, logit_lengths, target_lengths))
 
     if may_read_values(logits) and B:
-        where = f"logits {_shape(logits)}"
+        where = ("logits", logits)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
         check_targets(targets, target_lengths, blank, Vt, allow_blank_targets)
 
@@ -155,11 +155,13 @@ def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, top
                          f"topology {topology.name!r}: a label cannot be a blank")
 
 
-def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src: str, u_src: str) -> None:
-    """Value check: ``0 <= T_b <= T`` and ``0 <= U_b <= U`` (the padded sizes of ``t_src``
-    and ``u_src``, named in the message). Call it where :func:`may_read_values`."""
-    for name, x, hi, what in (("logit_lengths", logit_lengths, T, f"T = {T} of {t_src}"),
-                              ("target_lengths", target_lengths, U, f"U = {U} of {u_src}")):
+def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -> None:
+    """Value check: ``0 <= T_b <= T`` and ``0 <= U_b <= U``, the padded sizes of the tensors
+    ``t_src`` and ``u_src``, each ``(name, tensor)`` (named in the message: formatted only
+    on an error, so that a passing check costs no string work). Call it where
+    :func:`may_read_values`."""
+    for name, x, hi, dim, (src, tensor) in (("logit_lengths", logit_lengths, T, "T", t_src),
+                                            ("target_lengths", target_lengths, U, "U", u_src)):
         if x.numel() == 0:
             continue
         lo_v, hi_v = int(x.min()), int(x.max())
@@ -168,7 +170,8 @@ def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src: str, u_s
             raise ValueError(f"{name} must be >= 0, got {name}[{b}] = {lo_v}")
         if hi_v > hi:
             b = int(torch.argmax(x))
-            raise ValueError(f"{name}[{b}] = {hi_v} exceeds the padded size {what}")
+            raise ValueError(f"{name}[{b}] = {hi_v} exceeds the padded size {dim} = {hi} of "
+                             f"{src} {_shape(tensor)}")
 
 
 def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targets: bool,
@@ -510,7 +513,7 @@ def check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnn
     targets, logit_lengths, target_lengths = (
         x.to(torch.int64).contiguous() for x in (targets, logit_lengths, target_lengths))
     if may_read_values(am) and B:
-        check_lengths(logit_lengths, target_lengths, T, U1 - 1, f"am {_shape(am)}", f"lm {_shape(lm)}")
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, ("am", am), ("lm", lm))
         check_targets(targets, target_lengths, blank, V, allow_blank_targets, joint=True)
     return targets, logit_lengths, target_lengths, blank, topo
 
@@ -542,7 +545,7 @@ def check_weight_args(blank_weights, label_weights, logit_lengths, target_length
     logit_lengths, target_lengths = (x.to(torch.int64).contiguous()
                                      for x in (logit_lengths, target_lengths))
     if may_read_values(blank_weights) and B:
-        what = f"blank_weights {_shape(blank_weights)}"
+        what = ("blank_weights", blank_weights)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, what, what)
     return logit_lengths, target_lengths, topo
 
@@ -593,7 +596,7 @@ def check_occupation_lengths(gamma_blank, logit_lengths, target_lengths) -> None
     occupations' ``(T, U)``."""
     B, T, U1 = gamma_blank.shape
     if may_read_values(gamma_blank) and B:
-        what = f"gamma_blank {_shape(gamma_blank)}"
+        what = ("gamma_blank", gamma_blank)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, what, what)
 
 
