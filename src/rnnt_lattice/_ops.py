@@ -9,8 +9,8 @@ V)``. Otherwise they are rows ``(N, V)`` and ``node_rows`` ``(B, T, U+1)`` int64
 row each node reads (``-1``: none, every arc leaving the node is ``-inf``); every row is
 read by exactly one node (the gradient passes write each row once, from its node; a row no
 node read would keep whatever the buffer held). Packed logits (``packed=True``) and the
-pruned windows of ``rnnt_loss_pruned`` are such layouts by construction (``packed_node_rows``,
-``pruned_node_rows``); the gradient comes back in the same rows.
+pruned windows of ``rnnt_loss_pruned`` are such layouts by construction (``_layout``:
+``packed_node_rows``, ``pruned_node_rows``); the gradient comes back in the same rows.
 
 ``saved`` goes through ``ctx.save_for_backward`` (autograd's version checks apply), ``state``
 is anything else the backend keeps. ``loss_backward`` returns ``upstream[b] * clip(d loss_b
