@@ -1,7 +1,6 @@
 """The rnnt-lattice command: demo, plot and bench subcommands."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import struct

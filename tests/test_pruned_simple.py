@@ -10,13 +10,14 @@ import pytest
 import torch
 
 import rnnt_lattice
+from rnnt_lattice import topology
 from rnnt_lattice.pruned import windows
 from support import backends
 from support import cases
 from support.cases import Case, rel_err, upstream_weights
 
 TOL = 1e-9
-RNNT_TYPES = ("regular", "modified", "constrained")
+RNNT_TYPES = topology.K2_TYPES                    # k2's lattices
 
 # (B, T, U, V) padded sizes with ragged lengths; T_b = 0, U_b = 0, T_b < U_b included.
 CASES = cases.SIMPLE

@@ -261,3 +261,20 @@ def test_empty_shapes(topo_name, B, T, U):
     loss, grad = generic(logits, torch.ones(B, U, dtype=torch.int64), torch.full((B,), T),
                          torch.full((B,), U), topo, blank)
     assert loss.shape == (B,) and (loss == math.inf).all() and grad.shape == logits.shape
+
+
+def test_by_name_is_the_one_name_table():
+    """Every name -> topology goes through ``by_name``; ``allowed`` narrows the names (k2's
+    three), with the message naming the option; ``to_spec``/``from_spec`` round-trip."""
+    for name in topology.RNNT_TYPES:
+        topo = topology.by_name(name)
+        assert topo.name == name and topo == getattr(topology, name)()
+        spec_name, durations = topology.to_spec(topo)
+        assert topology.from_spec(spec_name, 0, durations) == topo
+    assert topology.K2_TYPES == ("regular", "modified", "constrained")
+    with pytest.raises(ValueError, match=r"rnnt_type must be one of \('regular', 'modified', "
+                                         r"'constrained'\), got 'one_sym_per_frame'"):
+        topology.by_name("one_sym_per_frame", topology.K2_TYPES)
+    for topo in (topology.tdt([0, 2]), topology.multiblank(5, [2, 4])):
+        spec_name, durations = topology.to_spec(topo)
+        assert topology.from_spec(spec_name, 5, durations) == topo

@@ -255,7 +255,7 @@ def test_hot_path_never_synchronises(monkeypatch, option):
     (``cuda_checks.py``): every aten op of forward+backward is recorded, and none of them
     reads a value on the host or builds a tensor from Python values. The CPU-only value
     checks of ``_validate`` (which never run on CUDA) are switched off to see the CUDA path."""
-    monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
+    monkeypatch.setattr(rnnt_lattice._validate, "may_read_values", lambda x: False)
     batch = make_batch(CASES["ragged"], fused=option != "logprob_none")
     kw = dict(plain=dict(), clamp_fastemit_sum=dict(clamp=0.1, fastemit_lambda=0.2, reduction="sum"),
               logprob_none=dict(fused_log_softmax=False, reduction="none"),
@@ -303,7 +303,7 @@ def test_lattice_tools_never_synchronise(monkeypatch, lattice):
     """occupancy and best_alignment, regular and a non-regular lattice with per-arc terms:
     their tensor outputs (and ``arc_durations``) come without a host read
     (``Alignment.frame_labels``, Python lists, are built on first access only)."""
-    monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
+    monkeypatch.setattr(rnnt_lattice._validate, "may_read_values", lambda x: False)
     batch = make_batch(CASES["ragged"])
     args = (batch.logits.float(), batch.targets, batch.logit_lengths, batch.target_lengths,
             batch.blank)
@@ -688,7 +688,7 @@ class _RecordSyncSites(_RecordOps):
 
 # Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
 # they are skipped, so their host reads are not on the GPU path.
-CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values"}
+CPU_ONLY_CHECKS = {"check_lengths", "check_targets", "check_window_args"}
 
 
 def test_pruned_pipeline_synchronises_once():
