@@ -1,10 +1,10 @@
-"""What the runner (run.py) needs besides the package's ``rnnt_lattice.bench`` (registry,
-clocks, timing, floors, thread setter): the thread environment, peak-RSS measurement in a
+"""What the runner (run.py) needs besides the registry (``shapes``) and the clocks
+(``timing``): the thread environment, peak-RSS measurement in a
 fresh subprocess, machine/version metadata, and result files.
 
 Import this module *before* torch (it sets OMP_NUM_THREADS & co., which OpenMP reads
 once at start-up). The thread count is ``RNNT_BENCH_THREADS`` (default 2: the size of
-every machine of this project); ``rnnt_lattice.bench.set_threads(THREADS)`` applies it to
+every machine of this project); ``rnnt_lattice._cli_util.set_threads(THREADS)`` applies it to
 torch and Numba.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "rnnt-lattice", "to
             "warprnnt-numba", "nemo-toolkit", "fast_rnnt", "optimized_transducer")
 
 
-from rnnt_lattice.bench import fmt_s  # noqa: E402,F401
+from timing import fmt_s  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- memory

@@ -15,7 +15,7 @@ Peers are optional: a provider whose import fails is reported as unavailable wit
 reason, never an error. Peers live in ``benchmarks/.venv-peers`` (``setup_peers.sh``).
 
 Each provider says where it runs (``devices``: the runner's ``--device``), which loss variants
-it implements (``variants``, see ``rnnt_lattice.bench.VARIANTS``; a case with another one is
+it implements (``variants``, see ``rnnt_lattice.shapes.VARIANTS``; a case with another one is
 reported "unsupported") and whether it overwrites its logits with the gradient (``inplace``:
 the runner restores them before each timed call, outside the timing).
 
@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
-from rnnt_lattice.bench import VARIANTS
+from shapes import VARIANTS
 
 
 @dataclass
@@ -67,7 +67,7 @@ def _ours(backend: str, inplace_grad: bool = False):
     def load():
         import rnnt_lattice
 
-        from rnnt_lattice.bench import variant_loss
+        from shapes import variant_loss
 
         def fn(logits, targets, logit_lengths, target_lengths, blank, variant="regular"):
             return variant_loss(variant, logits, targets, logit_lengths, target_lengths, blank,
@@ -156,7 +156,7 @@ def _nemo_numba_topology(variant: str):
     the last token, TDT's duration logits follow the tokens, multi-blank's big blank of
     duration d_i sits at blank-1-i. The losses return per-sequence costs for a reduction
     other than 'sum'/'mean', multiplied by (1 + fastemit_lambda) (0 here)."""
-    from rnnt_lattice.bench import BIG_BLANK_DURATIONS, TDT_DURATIONS
+    from shapes import BIG_BLANK_DURATIONS, TDT_DURATIONS
 
     def load():
         _numpy2_aliases()

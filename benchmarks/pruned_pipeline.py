@@ -44,7 +44,9 @@ from typing import Callable, Optional  # noqa: E402
 
 import torch                      # noqa: E402
 
-from rnnt_lattice import bench    # noqa: E402
+import shapes                     # noqa: E402
+import timing                     # noqa: E402
+from rnnt_lattice._cli_util import set_threads  # noqa: E402
 
 WINDOWS = (5, 10)                                    # R, the issue's two
 SCALES = dict(lm_only_scale=0.25, am_only_scale=0.0)  # icefall's pruned-transducer recipes
@@ -214,7 +216,7 @@ def agreement(steps, x, R) -> dict:
 def time_step(step, x, R, device, args) -> dict:
     am, lm = leaves(x)
     first = run_step(step, x, R, am, lm)
-    t = bench.time_calls(lambda: run_step(step, x, R, am, lm), warmup=max(0, args.warmup - 1),
+    t = timing.time_calls(lambda: run_step(step, x, R, am, lm), warmup=max(0, args.warmup - 1),
                          reps=args.reps, cap_s=args.cap, min_time_s=device.min_time_s,
                          clock=device.clock)
     return {"fwd_bwd_s": t["median"], "fwd_bwd_min_s": t["min"], "fwd_bwd_reps": t["reps"],
@@ -241,8 +243,8 @@ def cpu_memory(kind: str, name: str, shape: str, R: int, seed: int) -> dict:
     return {"peak_extra_mb": json.loads(p.stdout.strip().splitlines()[-1])["extra_kb"] / 1024}
 
 
-def _full_inputs(x) -> bench.Inputs:
-    return bench.Inputs(x.logits(), x.targets.to(torch.int32), x.logit_lengths.to(torch.int32),
+def _full_inputs(x) -> shapes.Inputs:
+    return shapes.Inputs(x.logits(), x.targets.to(torch.int32), x.logit_lengths.to(torch.int32),
                         x.target_lengths.to(torch.int32), x.blank)
 
 
@@ -250,9 +252,9 @@ def mem_child(kind: str, name: str, shape: str, R: int, seed: int) -> None:
     """Subprocess body of :func:`cpu_memory`: warm-up on a small shape, inputs, reset of
     the high-water mark, one step; prints ``{"extra_kb": VmHWM - VmRSS at the reset}``."""
     import peers
-    bench.set_threads(common.THREADS)
-    small = bench.make_joiner_inputs(bench.SHAPES["s1"], seed=seed)
-    x = bench.make_joiner_inputs(bench.SHAPES[shape], seed=seed)
+    set_threads(common.THREADS)
+    small = shapes.make_joiner_inputs(shapes.SHAPES["s1"], seed=seed)
+    x = shapes.make_joiner_inputs(shapes.SHAPES[shape], seed=seed)
     if kind == "pipeline":
         step = PIPELINES[name].load()
         run_step(step, small, R, *leaves(small))
@@ -261,11 +263,11 @@ def mem_child(kind: str, name: str, shape: str, R: int, seed: int) -> None:
     else:
         fn = peers.PROVIDERS[name].get()
         w = _full_inputs(small)
-        bench.fwd_bwd(fn, w, w.logits.requires_grad_())
+        timing.fwd_bwd(fn, w, w.logits.requires_grad_())
         f = _full_inputs(x)
         leaf = f.logits.requires_grad_()
-        go = lambda: bench.fwd_bwd(fn, f, leaf)            # noqa: E731
-    bench.set_threads(common.THREADS)
+        go = lambda: timing.fwd_bwd(fn, f, leaf)            # noqa: E731
+    set_threads(common.THREADS)
     rss = _vm("VmRSS")
     common.reset_peak_rss()
     go()
@@ -279,7 +281,7 @@ def _vm(key: str) -> int:
     return 0
 
 
-def run(shapes, device, args, meta) -> list:
+def run(shape_list, device, args, meta) -> list:
     """Every shape x R x pipeline, then the full losses; rows for the tables."""
     import peers
     names = args.providers or list(DEFAULT_PIPELINES)
@@ -289,10 +291,10 @@ def run(shapes, device, args, meta) -> list:
     full = [n for n in (args.providers or FULL) if n in peers.PROVIDERS]
     meta["pipelines"] = {n: PIPELINES[n].note for n in steps}
     meta["smoothing"] = SCALES
-    small = device.joiner_inputs(bench.SHAPES["s1"], args.seed)
+    small = device.joiner_inputs(shapes.SHAPES["s1"], args.seed)
     for n, step in steps.items():                     # JIT / lazy init, untimed
         run_step(step, small, WINDOWS[0], *leaves(small))
-    for shape in shapes:
+    for shape in shape_list:
         x = device.joiner_inputs(shape, args.seed)
         base = {"shape": shape.name, "shape_desc": shape.describe(), "device": device.name}
         print(f"\n## {shape.name} ({shape.describe()})", flush=True)
@@ -314,7 +316,7 @@ def run(shapes, device, args, meta) -> list:
                 if n == REFERENCE_PAIR[0]:
                     row.update(agree)
                 rows.append(row)
-                print(f"  R={R:<3d} {n:24s} fwd+bwd {bench.fmt_s(row.get('fwd_bwd_s')):>9s}  "
+                print(f"  R={R:<3d} {n:24s} fwd+bwd {timing.fmt_s(row.get('fwd_bwd_s')):>9s}  "
                       f"{_mem(row)}  simple {row.get('simple_loss', float('nan')):.6g} pruned "
                       f"{row.get('pruned_loss', float('nan')):.6g}  {row['status']} "
                       f"{row.get('note', '')}", flush=True)
@@ -327,15 +329,15 @@ def run(shapes, device, args, meta) -> list:
                 try:
                     fn = peers.PROVIDERS[n].get()
                     f = device.full_inputs(x)
-                    bench.set_threads(common.THREADS)
-                    t = bench.time_loss(fn, f, clock=device.clock, warmup=args.warmup,
+                    set_threads(common.THREADS)
+                    t = timing.time_loss(fn, f, clock=device.clock, warmup=args.warmup,
                                         reps=args.reps, cap_s=args.cap,
                                         min_time_s=device.min_time_s, forward=False)
                     row.update(fwd_bwd_s=t["fwd_bwd_s"], fwd_bwd_reps=t["fwd_bwd_reps"],
                                status="capped" if t["fwd_bwd_capped"] else "ok")
                     if not args.no_memory:
                         leaf = f.logits.detach().clone().requires_grad_()
-                        row.update(cuda_memory(lambda: bench.fwd_bwd(fn, f, leaf))
+                        row.update(cuda_memory(lambda: timing.fwd_bwd(fn, f, leaf))
                                    if device.name == "cuda"
                                    else cpu_memory("full", n, shape.name, 0, args.seed))
                     del f
@@ -344,7 +346,7 @@ def run(shapes, device, args, meta) -> list:
                 except Exception as err:
                     row.update(status="error", note=f"{type(err).__name__}: {str(err)[:200]}")
             rows.append(row)
-            print(f"  full  {n:24s} fwd+bwd {bench.fmt_s(row.get('fwd_bwd_s')):>9s}  {_mem(row)}  "
+            print(f"  full  {n:24s} fwd+bwd {timing.fmt_s(row.get('fwd_bwd_s')):>9s}  {_mem(row)}  "
                   f"{row['status']} {row.get('note', '')}", flush=True)
             device.release()
         del x
@@ -410,7 +412,7 @@ def _line(r, what, ref) -> list:
     ratio = f"{t / ref:.2f}" if isinstance(t, float) and isinstance(ref, float) else "-"
     mem = ("-" if "peak_extra_mb" not in r and "peak_bytes" not in r else
            f"{max(r['peak_extra_mb'], 0):.0f}" if "peak_extra_mb" in r else f"{r['peak_bytes'] / 2**20:.0f}")
-    return [r["provider"], what, bench.fmt_s(t) + (" capped" if r["status"] == "capped" else ""),
+    return [r["provider"], what, timing.fmt_s(t) + (" capped" if r["status"] == "capped" else ""),
             ratio, mem]
 
 

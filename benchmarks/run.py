@@ -3,7 +3,7 @@
     python benchmarks/run.py --device cpu|cuda --mode floor|peers|pruned [options]
 
 One case list, ``(shape, dtype, loss variant)`` from the package's registry
-(``rnnt_lattice.bench``: ``SHAPES``/``GROUPS``, ``VARIANTS``, ``make_inputs``), one provider
+(``shapes.py``: ``SHAPES``/``GROUPS``, ``VARIANTS``, ``make_inputs``), one provider
 table (``peers.py``: ours and the peers), and for every case and provider:
 
 1. agreement: the provider's per-sequence losses and gradient (of their sum) against a
@@ -11,7 +11,7 @@ table (``peers.py``: ours and the peers), and for every case and provider:
    same device): relative loss error max|dl|/max|l| and gradient error max|dg|/max|g|,
    flagged when beyond rounding (16 eps max|L|, ``--tol-factor``; see ``tolerance``);
 2. speed: median of fwd+bwd and of forward only after warm-up, by the device's clock (wall
-   clock on CPU, CUDA events on GPU; ``rnnt_lattice.bench.time_loss``), with a time cap per
+   clock on CPU, CUDA events on GPU; ``rnnt_lattice.timing.time_loss``), with a time cap per
    provider and case (a provider whose time, extrapolated from its previous shape by
    element count, would exceed the cap is skipped with that reason);
 3. memory: on CPU the peak RSS of a fresh subprocess doing one fwd+bwd minus that of a
@@ -59,7 +59,8 @@ import torch                    # noqa: E402
 import peers                    # noqa: E402
 import pruned_pipeline          # noqa: E402
 import shapes                   # noqa: E402
-from rnnt_lattice import bench  # noqa: E402
+import timing                   # noqa: E402
+from rnnt_lattice._cli_util import set_threads  # noqa: E402
 
 DEVICES = ("cpu", "cuda")
 MODES = ("floor", "peers", "pruned")
@@ -106,7 +107,7 @@ def default_providers(device: str, mode: str) -> list:
 class CPU:
     """Wall clock, the exp floor, peak RSS of a subprocess."""
     name = "cpu"
-    clock = bench.WALL
+    clock = timing.WALL
     min_time_s = 0.3                    # more samples until they add up to this
     floor_row = "(exp floor)"
     ratio_key = "x_exp"
@@ -123,14 +124,14 @@ class CPU:
     def inputs(self, case, seed: int) -> shapes.Inputs:
         return shapes.make_inputs(case.shape, case.dtype, seed, case.variant)
 
-    def joiner_inputs(self, shape, seed: int) -> bench.JoinerInputs:
-        return bench.make_joiner_inputs(shape, seed=seed)
+    def joiner_inputs(self, shape, seed: int) -> shapes.JoinerInputs:
+        return shapes.make_joiner_inputs(shape, seed=seed)
 
-    def full_inputs(self, x: bench.JoinerInputs) -> shapes.Inputs:
+    def full_inputs(self, x: shapes.JoinerInputs) -> shapes.Inputs:
         return pruned_pipeline._full_inputs(x)
 
     def floor(self, x, args) -> dict:
-        f = bench.exp_floor(x.logits, reps=max(3, args.reps))
+        f = timing.exp_floor(x.logits, reps=max(3, args.reps))
         return {**f, "floor_s": f["exp_out_s"]}
 
     def memory(self, prov, case, x, leaf, setup, args) -> dict:
@@ -152,7 +153,7 @@ class CPU:
 class CUDA:
     """CUDA events, the copy-bandwidth floor, max_memory_allocated."""
     name = "cuda"
-    clock = bench.CUDA_EVENTS
+    clock = timing.CUDA_EVENTS
     min_time_s = 0.0                    # exactly --reps samples
     floor_row = "(copy floor)"
     ratio_key = "x_floor"
@@ -172,7 +173,7 @@ class CUDA:
                 "cuda": torch.version.cuda, "device_capability": f"{props.major}.{props.minor}"}
 
     def prepare(self, args) -> None:
-        self.copy_gbs = bench.copy_bandwidth(args.warmup, args.reps)
+        self.copy_gbs = timing.copy_bandwidth(args.warmup, args.reps)
         print(f"# copy bandwidth {self.copy_gbs:.4g} GB/s (1 GiB buffer)", flush=True)
 
     def inputs(self, case, seed: int) -> shapes.Inputs:
@@ -180,10 +181,10 @@ class CUDA:
         return shapes.Inputs(*(t.cuda() for t in (x.logits, x.targets, x.logit_lengths,
                                                   x.target_lengths)), x.blank, x.variant)
 
-    def joiner_inputs(self, shape, seed: int) -> bench.JoinerInputs:
-        return bench.make_joiner_inputs(shape, seed=seed, device="cuda")
+    def joiner_inputs(self, shape, seed: int) -> shapes.JoinerInputs:
+        return shapes.make_joiner_inputs(shape, seed=seed, device="cuda")
 
-    def full_inputs(self, x: bench.JoinerInputs) -> shapes.Inputs:
+    def full_inputs(self, x: shapes.JoinerInputs) -> shapes.Inputs:
         return pruned_pipeline._full_inputs(x)
 
     def floor(self, x, args) -> dict:
@@ -197,7 +198,7 @@ class CUDA:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        bench.fwd_bwd(prov.get(), x, leaf)
+        timing.fwd_bwd(prov.get(), x, leaf)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         return {"peak_bytes": peak, "peak_x_logits": peak / x.nbytes}
@@ -220,7 +221,7 @@ def reference(x: shapes.Inputs):
     """Float64 per-sequence losses and gradient of their sum, on x's numbers and device."""
     fn = peers.PROVIDERS[REFERENCE].get()
     lg = x.logits.detach().double().requires_grad_()
-    costs = bench.fwd_bwd(fn, x, lg)
+    costs = timing.fwd_bwd(fn, x, lg)
     return costs.detach(), lg.grad
 
 
@@ -272,10 +273,10 @@ def measure(prov: peers.Provider, x: shapes.Inputs, case, args, device, ref=None
     # Process-wide thread counts are not the providers' to keep: warprnnt-numba and NeMo set
     # Numba's to 1 on every call (num_threads=0 in their functional API), which would leave
     # every Numba provider timed after them single-threaded.
-    bench.set_threads(common.THREADS)
+    set_threads(common.THREADS)
     try:
         t0 = time.perf_counter()
-        costs = bench.fwd_bwd(fn, x, leaf)         # warm-up call 1, and the agreement sample
+        costs = timing.fwd_bwd(fn, x, leaf)         # warm-up call 1, and the agreement sample
         device.clock.sync()
         first = time.perf_counter() - t0
         if ref is not None:
@@ -288,7 +289,7 @@ def measure(prov: peers.Provider, x: shapes.Inputs, case, args, device, ref=None
         else:
             row["agree"] = "not checked"
         del costs
-        t = bench.time_loss(fn, x, leaf=leaf, setup=setup, clock=device.clock,
+        t = timing.time_loss(fn, x, leaf=leaf, setup=setup, clock=device.clock,
                             warmup=args.warmup - 1, fwd_warmup=args.warmup, reps=args.reps,
                             cap_s=max(args.cap - first, first), min_time_s=device.min_time_s,
                             forward=not args.no_forward)
@@ -343,7 +344,7 @@ def _case(shape: str, dtype: str, variant: str):
 def _warm_up(fn, device, seed: int, dtype=None):
     """JIT compilation / lazy init / autotuning, untimed, on the smallest shape."""
     w = device.inputs(shapes.Case(shapes.SHAPES["s1"], dtype or torch.float32), seed)
-    bench.fwd_bwd(fn, w, w.logits.clone().requires_grad_())
+    timing.fwd_bwd(fn, w, w.logits.clone().requires_grad_())
 
 
 def thp_child(argv, args):
@@ -351,7 +352,7 @@ def thp_child(argv, args):
     device = CPU()
     case = _case(*argv[1:4])
     prov = peers.PROVIDERS[argv[0]]
-    bench.set_threads(common.THREADS)
+    set_threads(common.THREADS)
     _warm_up(prov.get(), device, args.seed)
     x = device.inputs(case, args.seed)
     args.no_memory = True
@@ -366,16 +367,16 @@ def mem_child(argv):
     mode, provider, seed = argv[0], argv[1], int(argv[5])
     case = _case(*argv[2:5])
     device = CPU()
-    bench.set_threads(common.THREADS)
+    set_threads(common.THREADS)
     fn = peers.PROVIDERS[provider].get()
     # JIT / lazy-init warm-up on the smallest shape, so compile-time memory is in both runs.
     _warm_up(fn, device, seed)
-    bench.set_threads(common.THREADS)            # see measure()
+    set_threads(common.THREADS)            # see measure()
     x = device.inputs(case, seed)
     lg = x.logits.requires_grad_()
     common.reset_peak_rss()
     if mode == "run":
-        bench.fwd_bwd(fn, x, lg)
+        timing.fwd_bwd(fn, x, lg)
     print(json.dumps({"maxrss_kb": common.maxrss_kb()}))
 
 
@@ -707,7 +708,7 @@ def main(argv=None) -> int:
         if n not in peers.PROVIDERS:
             ap.error(f"unknown provider {n!r}; known: {list(peers.PROVIDERS)}")
 
-    bench.set_threads(common.THREADS)
+    set_threads(common.THREADS)
     meta = common.machine_info()
     meta.update(device.info())
     meta["args"] = {k: v for k, v in vars(args).items()
@@ -756,7 +757,7 @@ def main_pruned(ap, args, device) -> int:
     except ValueError as err:
         ap.error(str(err))
     args.warmup = max(1, args.warmup)
-    bench.set_threads(common.THREADS)
+    set_threads(common.THREADS)
     meta = common.machine_info()
     meta.update(device.info())
     meta["args"] = {k: v for k, v in vars(args).items() if k not in ("mem_child", "thp_child", "render")}

@@ -155,7 +155,7 @@ def pruned_and_tools(device, smoke):
     same windows as the PyTorch loop), the pruned loss, and ``occupancy`` /
     ``best_alignment`` of a non-regular topology (TDT)."""
     from rnnt_lattice import torch_backend
-    from rnnt_lattice.analysis import coverage
+    from rnnt_lattice.pruned import windows as coverage
     B, T, U, V = (3, 7, 4, 6) if smoke else (8, 200, 50, 500)
     g = torch.Generator(device="cpu").manual_seed(5)
     am = torch.randn(B, T, V, generator=g, dtype=torch.float64).to(device)

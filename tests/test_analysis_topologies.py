@@ -5,7 +5,6 @@ recursion) and, for the kernel backends (Numba; Triton through the interpreter, 
 options, TDT durations, and a plot per topology."""
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import warnings
@@ -16,15 +15,14 @@ import torch
 import rnnt_lattice
 from rnnt_lattice import topology
 from rnnt_lattice.analysis import Arc
-from oracle import _kind_weights, topology_best_path, topology_occupations, topology_paths
+from support import backends
+from support.oracle import _kind_weights, topology_best_path, topology_occupations, topology_paths
+from support.topologies import TOPOLOGIES
 
 # NumPy warns (Triton interpreter) on exp/log of -inf in lanes that the kernels mask out.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-_NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="needs triton (the interpreter runs it on CPU)")
-BACKENDS = ["torch", "numba", pytest.param("triton", marks=_NO_TRITON)]
-KERNELS = ["numba", pytest.param("triton", marks=_NO_TRITON)]
+BACKENDS, KERNELS = backends.ALL, backends.KERNELS
 
 
 @pytest.fixture(autouse=True)
@@ -38,15 +36,17 @@ def small_tiles(request, monkeypatch):
         monkeypatch.setattr(gpu, "ROW_TILE", 32)
         monkeypatch.setattr(gpu, "BLOCK_NODES", 16)
 
-# name: (topology, V (all classes, durations included), blank)
-TOPOS = {
-    "regular": (topology.regular(), 5, 0),
-    "modified": (topology.modified(), 5, 0),
-    "constrained": (topology.constrained(), 5, 0),
-    "one_sym_per_frame": (topology.one_sym_per_frame(), 5, 0),
-    "multiblank": (topology.multiblank(5, [2, 3]), 6, 5),      # big blanks: classes 4 (d=2), 3 (d=3)
-    "tdt": (topology.tdt([0, 1, 2]), 4 + 3, 3),                  # 4 tokens (blank 3), 3 durations
-}
+# name: (topology, V (all classes, durations included), blank), from the shared topology
+# table: 5 tokens (TDT: 4 tokens, blank 3, and 3 durations; multi-blank: 6 classes, big
+# blanks 4 (d=2) and 3 (d=3) below the blank 5).
+def _entry(name, V_tok):
+    topo, blank = TOPOLOGIES[name](V_tok, 0)
+    return topo, V_tok + topo.n_durations, blank
+
+
+TOPOS = {"regular": _entry("regular", 5), "modified": _entry("modified", 5),
+         "constrained": _entry("constrained", 5), "one_sym_per_frame": _entry("one_sym", 5),
+         "multiblank": _entry("multiblank", 6), "tdt": _entry("tdt012", 4)}
 # Ragged batch, padded T = 5, U = 3: (1, 2) has no path for modified / one_sym_per_frame.
 TL, UL = [5, 3, 4, 1], [2, 2, 0, 2]
 T, U = 5, 3
@@ -143,7 +143,7 @@ def test_occupancy_matches_oracle(name, backend):
     if backend != "torch":
         _same_occupancy(occ, rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank,
                                                     backend="torch", **_kw(name)))
-    pad = ~rnnt_lattice.reference.node_mask(tl, ul, T, U + 1)
+    pad = ~rnnt_lattice._layout.node_mask(tl, ul, T, U + 1)
     assert (occ.node[pad] == 0).all()
     if name in ("modified", "one_sym_per_frame"):
         assert occ.log_likelihood[3] == -math.inf              # (T_b, U_b) = (1, 2): no path
@@ -384,7 +384,7 @@ def test_kernel_backends_run_every_lattice_without_fallback(backend, monkeypatch
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the reference's recursion was called")
-    for name in ("lattice_generic", "sweep_alpha", "arc_weights"):
+    for name in ("lattice", "sweep_alpha", "arc_weights"):
         monkeypatch.setattr(reference, name, forbidden)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,5 +1,5 @@
-"""benchmarks/run.py (the one runner, --device cpu|cuda --mode floor|peers) and the package's
-timing primitives it shares with ``rnnt-lattice bench``. Tiny shapes only; the CUDA path is
+"""benchmarks/run.py (the one runner, --device cpu|cuda --mode floor|peers) and the registry
+and timing primitives (benchmarks/shapes.py, timing.py) it shares with ``rnnt-lattice bench``. Tiny shapes only; the CUDA path is
 exercised through a stand-in device on the CPU (same measurement loop and tables, wall clock)."""
 import importlib.util
 import json
@@ -10,11 +10,14 @@ import sys
 import pytest
 import torch
 
-from rnnt_lattice import bench
+from rnnt_lattice._cli_util import set_threads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT / "benchmarks"
 RESULTS = BENCH_DIR / "results"
+sys.path.insert(0, str(BENCH_DIR))            # the benchmark scripts import each other by name
+import shapes  # noqa: E402
+import timing  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +69,13 @@ def test_variants_are_the_registrys(run):
     with pytest.raises(SystemExit):
         run.parse(["--variants", "ctc"])
     with pytest.raises(ValueError, match="unknown variant"):
-        bench.cases(["s1"], variants=["ctc"])
+        shapes.cases(["s1"], variants=["ctc"])
     labels, _ = _cases(run, "--shapes", "s1", "--variants", "regular", "tdt", "multiblank")
     assert labels == ["s1", "s1 tdt", "s1 multiblank"]
     for variant in ("tdt", "multiblank"):
         assert variant in run.peers.PROVIDERS["rnnt_lattice"].variants
         assert variant not in run.peers.PROVIDERS["torchaudio"].variants
-    c = bench.Case(bench.SHAPES["s5"], torch.float16, "regular")
+    c = shapes.Case(shapes.SHAPES["s5"], torch.float16, "regular")
     assert c.label == "s5 float16" and c.dtype_name == "float16"
 
 
@@ -120,11 +123,11 @@ def test_time_calls_runs_setup_outside_the_clock():
             return 0.5
 
     clock, log = FakeClock(), []
-    r = bench.time_calls(lambda: log.append("call"), warmup=2, reps=3, min_time_s=0.0,
+    r = timing.time_calls(lambda: log.append("call"), warmup=2, reps=3, min_time_s=0.0,
                          clock=clock, setup=lambda: log.append("setup"))
     assert r["reps"] == 3 and r["median"] == 0.5 and not r["capped"]
     assert log == ["setup", "call"] * 5 and clock.calls == 5
-    r = bench.time_calls(lambda: None, warmup=1, reps=5, cap_s=1.2, clock=clock)
+    r = timing.time_calls(lambda: None, warmup=1, reps=5, cap_s=1.2, clock=clock)
     assert r["capped"] and r["reps"] == 1
 
 
@@ -137,11 +140,11 @@ def test_one_thread_setter():
     n = torch.get_num_threads()
     try:
         for k in (1, 2, 1):
-            assert bench.set_threads(k) == k
+            assert set_threads(k) == k
             assert torch.get_num_threads() == k
             assert numba.get_num_threads() == min(k, numba.config.NUMBA_NUM_THREADS)
     finally:
-        bench.set_threads(n)
+        set_threads(n)
 
 
 # --------------------------------------------------------------------------- runs and tables
@@ -174,15 +177,15 @@ def test_cpu_run_end_to_end(run, tmp_path, mode):
 def test_variant_inputs():
     """make_inputs per variant: TDT's durations after the tokens, NeMo's blank V-1 with the
     labels below the blank(s); the regular inputs are unchanged by the variant argument."""
-    shape = bench.SHAPES["s1"]
-    reg = bench.make_inputs(shape, seed=3)
-    assert torch.equal(reg.logits, bench.make_inputs(shape, seed=3, variant="regular").logits)
-    tdt = bench.make_inputs(shape, seed=3, variant="tdt")
-    assert tdt.logits.shape[-1] == shape.V + len(bench.TDT_DURATIONS) and tdt.blank == shape.V - 1
+    shape = shapes.SHAPES["s1"]
+    reg = shapes.make_inputs(shape, seed=3)
+    assert torch.equal(reg.logits, shapes.make_inputs(shape, seed=3, variant="regular").logits)
+    tdt = shapes.make_inputs(shape, seed=3, variant="tdt")
+    assert tdt.logits.shape[-1] == shape.V + len(shapes.TDT_DURATIONS) and tdt.blank == shape.V - 1
     assert int(tdt.targets.max()) < shape.V - 1
-    mb = bench.make_inputs(shape, seed=3, variant="multiblank")
+    mb = shapes.make_inputs(shape, seed=3, variant="multiblank")
     assert mb.logits.shape[-1] == shape.V and mb.blank == shape.V - 1
-    assert int(mb.targets.max()) < shape.V - 1 - len(bench.BIG_BLANK_DURATIONS)
+    assert int(mb.targets.max()) < shape.V - 1 - len(shapes.BIG_BLANK_DURATIONS)
     assert mb.call_kwargs() == {"variant": "multiblank"} and reg.call_kwargs() == {}
 
 
@@ -205,7 +208,7 @@ class StandIn:
     """The CUDA device's measurement loop and tables, on CPU tensors with the wall clock."""
     def __new__(cls, run):
         class Fake(run.CUDA):
-            clock = bench.WALL
+            clock = timing.WALL
             copy_gbs = 100.0
 
             def check(self):
@@ -324,3 +327,10 @@ def test_pruned_mode_end_to_end(run, tmp_path, monkeypatch):
     # the tables re-render from the json
     run.render(tmp_path / "p.json")
     assert (tmp_path / "p.md").read_text() == md
+
+
+def test_registry_docstring_example():
+    """The registry's example (it was in the package's docstring examples before it moved)."""
+    import doctest
+    result = doctest.testmod(shapes, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

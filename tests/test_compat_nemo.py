@@ -19,8 +19,8 @@ import torch
 
 from rnnt_lattice import topology
 from rnnt_lattice.compat import nemo
-from cases import upstream_weights
-from oracle import topology_batch_grad
+from support.cases import upstream_weights
+from support.oracle import topology_batch_grad
 
 T_LENS, U_LENS = (5, 3, 4), (2, 1, 0)          # ragged; T = max T_b, U + 1 = max U_b + 1
 

@@ -14,11 +14,11 @@ import torch
 
 import rnnt_lattice.compat.optimized_transducer as optimized_transducer
 from rnnt_lattice import topology
-from cases import Case, make_inputs, rel_err
-from oracle import topology_batch_grad
+from support import cases
+from support.cases import Case, make_inputs, rel_err
+from support.oracle import topology_batch_grad
 
-CASES = [Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0), Case("blank_last", (3, 4, 1), (3, 1, 2), 5, 4),
-         Case("blank_middle", (4, 3), (2, 3), 7, 3)]
+CASES = cases.PACKED
 TOL = 4 * 2.0**-23          # float32 outputs of a float64 lattice: a few float32 roundings
 
 

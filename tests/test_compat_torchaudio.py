@@ -10,8 +10,8 @@ import io
 import pytest
 import torch
 
-from cases import TINY, Case, loss_and_grad, make_inputs, rel_err, upstream_weights
-from oracle import batch_grad
+from support.cases import TINY, Case, loss_and_grad, make_inputs, rel_err, upstream_weights
+from support.oracle import batch_grad
 from rnnt_lattice.compat import torchaudio as ta
 
 # The lattice runs in float64 for float32 logits (a few eps of rounding remain); float16

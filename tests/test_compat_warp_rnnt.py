@@ -14,8 +14,8 @@ import torch
 
 import rnnt_lattice.compat.warp_rnnt as warp_rnnt
 from rnnt_lattice.compat.warp_rnnt import _C as core
-from cases import TINY, Case, make_inputs, rel_err, upstream_weights
-from oracle import batch_grad
+from support.cases import TINY, Case, make_inputs, rel_err, upstream_weights
+from support.oracle import batch_grad
 
 CASES = [c for c in TINY if c.name in ("ragged_blank0", "blank_middle", "T1", "longer")]
 TOL = 4 * 2.0**-23          # float32 outputs of a float64 lattice: a few float32 roundings

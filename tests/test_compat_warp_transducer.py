@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cases import TINY, Case, loss_and_grad, make_inputs, rel_err, upstream_weights
-from oracle import batch_grad
+from support.cases import TINY, Case, loss_and_grad, make_inputs, rel_err, upstream_weights
+from support.oracle import batch_grad
 from rnnt_lattice.compat import warp_transducer as wt
 
 TOL = {torch.float64: 1e-10, torch.float32: 4 * 2.0**-23 * 8}

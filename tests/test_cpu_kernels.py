@@ -62,7 +62,7 @@ import torch  # noqa: E402
 
 import rnnt_lattice  # noqa: E402
 from rnnt_lattice import cpu  # noqa: E402
-from cases import Case, make_inputs  # noqa: E402
+from support.cases import Case, make_inputs  # noqa: E402
 
 # 2 * 64 * 33 * 256 float32 = 4.3 MB: above the cache's MIN_BYTES.
 BIG = Case("big", (64, 50), (32, 20), 256, 0)

@@ -12,12 +12,13 @@ import math
 import pytest
 import torch
 
-from rnnt_lattice import cpu, reference, topology
+from rnnt_lattice import _layout, cpu, reference, topology
 from rnnt_lattice._ops import scale_upstream
 from rnnt_lattice._types import LossOptions
-from cases import Case, rel_err, upstream_weights
-from oracle import topology_batch_grad
-from test_topology import CASES, OPTIONS, TOPOLOGIES, make_topo_inputs
+from support.cases import Case, rel_err, upstream_weights
+from support.oracle import topology_batch_grad
+from support.cases import TOPOLOGY as CASES
+from support.topologies import OPTIONS, TOPOLOGIES, make_topo_inputs
 
 # Relative to the largest loss / gradient entry (at least 1). float64: the rounding of a
 # few hundred operations. float32 inputs (the lattice in float64 on both sides): the
@@ -43,7 +44,7 @@ def numba_loss(logits, targets, tl, ul, topo, blank, fused=True, clamp=-1.0, fas
 
 def reference_loss(logits, targets, tl, ul, topo, blank, fused=True, boundary=None, upstream=None,
                    **kw):
-    loss, grad = reference.costs_and_grad_generic(logits, targets, tl, ul, topo, blank, fused,
+    loss, grad = reference.costs_and_grad(logits, targets, tl, ul, topo, blank, fused,
                                                   boundary=boundary, **kw)
     if upstream is not None:
         grad = scale_upstream(grad, upstream.to(grad.dtype)[:, None, None, None])
@@ -217,7 +218,7 @@ def test_pruned_rows(topo_name, fused):
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=5, fused=fused)
     rows, node_rows, ranges = _pruned(logits, tl, ul, R)
     window = node_rows >= 0
-    region = reference.node_mask(tl, ul, *node_rows.shape[1:])
+    region = _layout.node_mask(tl, ul, *node_rows.shape[1:])
     masked = logits.masked_fill((region & ~window)[..., None], -math.inf)
     up = upstream_weights(case.B)
     want_loss, want_grad = reference_loss(masked, targets, tl, ul, topo, blank, fused, upstream=up,

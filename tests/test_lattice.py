@@ -9,10 +9,11 @@ import torch
 
 from rnnt_lattice import _backends
 from rnnt_lattice._types import LossOptions
-from cases import TINY, Case, make_inputs
-from oracle import occupations
+from support import backends
+from support.cases import TINY, Case, make_inputs
+from support.oracle import occupations
 
-BACKENDS = ["numba", "torch"]
+BACKENDS = backends.CPU
 
 
 def lattice_of(backend, logits, targets, tl, ul, blank, fused=True):

@@ -10,10 +10,11 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice import topology
-from oracle import topology_paths
+from support import backends
+from support.oracle import topology_paths
 
-BACKENDS = ["numba", "torch", "triton"]
-RNNT_TYPES = ("regular", "modified", "constrained")
+BACKENDS = backends.ALL
+RNNT_TYPES = topology.K2_TYPES                    # k2's lattices
 TOL = {dt: 64 * torch.finfo(dt).eps for dt in (torch.float64, torch.float32)}   # lattice in float64
 
 # (T_b, U_b) per sequence, padded to (T, U) = (5, 3); boundary rows [u0, t0, u1, t1] or None.

@@ -14,22 +14,17 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice.analysis.alignment import backtrack_arcs
+from support import backends, cases
 
-BACKENDS = ["torch", "numba"]
+BACKENDS = backends.CPU
 
-# name: (logit_lengths, target_lengths, T, U, V, blank); padded sizes T, U may exceed the lengths.
-CASES = {
-    "single_3x2": ([3], [2], 3, 2, 4, 0),
-    "ragged_batch": ([5, 3, 4], [3, 1, 0], 6, 4, 5, 0),
-    "blank_last": ([4, 2], [2, 2], 4, 3, 5, -1),
-    "blank_middle": ([3, 4], [3, 1], 4, 3, 6, 2),
-    "T1": ([1, 1], [0, 2], 1, 2, 4, 0),
-    "U0": ([4], [0], 4, 0, 3, 0),
-}
+CASES = {c.name: c for c in cases.TOOLS}
 
 
 def _case(name, dtype=torch.float64, seed=0, poison=True):
-    tl, ul, T, U, V, blank = CASES[name]
+    case = CASES[name]
+    tl, ul, blank = list(case.T_lens), list(case.U_lens), case.blank
+    _, T, U, V = case.shape
     g = torch.Generator().manual_seed(seed)
     B = len(tl)
     logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64) * 2
@@ -109,7 +104,7 @@ def test_occupancy_matches_brute_force_and_invariants(name, backend):
         assert (occ.gamma_label[b, :, U_b] == 0).all()
     assert ((occ.node >= 0) & (occ.node <= 1 + 1e-12)).all()
     torch.testing.assert_close(occ.node, occ.gamma_blank + occ.gamma_label)
-    pad = ~rnnt_lattice.reference.node_mask(tl, ul, T, U1)
+    pad = ~rnnt_lattice._layout.node_mask(tl, ul, T, U1)
     for x in (occ.node, occ.gamma_blank, occ.gamma_label):
         assert (x[pad] == 0).all() and not torch.isnan(x).any()
 
@@ -193,9 +188,9 @@ def test_viterbi_torch_and_numba_agree_on_larger_lattices():
     logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
     targets = torch.randint(1, V, (B, U), generator=g)
     tl, ul = torch.tensor([40, 33, 7, 1]), torch.tensor([12, 5, 12, 3])
-    from rnnt_lattice import cpu, reference, torch_backend
-    from rnnt_lattice._types import LossOptions
-    ends = reference.Ends.of(tl, ul)
+    from rnnt_lattice import cpu, torch_backend
+    from rnnt_lattice._types import Ends, LossOptions
+    ends = Ends.of(tl, ul)
     opts = LossOptions(0, True)
     ref = torch_backend.viterbi(logits, targets, tl, ul, opts)
     got = cpu.viterbi(logits, targets, tl, ul, opts)
@@ -306,17 +301,6 @@ def test_plot_occupancy_saves_png_and_svg(tmp_path):
         plot_occupancy(occ, 5)
     with pytest.raises(ValueError, match=".png or .svg"):
         save(fig, tmp_path / "o.jpg")
-
-
-@pytest.mark.parametrize("module", ["rnnt_lattice.analysis.occupancy", "rnnt_lattice.analysis.alignment",
-                                    "rnnt_lattice.analysis.coverage", "rnnt_lattice.plot"])
-def test_docstring_examples_run(module):
-    import doctest
-    import importlib
-    if module.endswith("plot"):
-        pytest.importorskip("matplotlib")
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

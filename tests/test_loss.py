@@ -11,10 +11,11 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice._types import LossOptions
-from cases import TINY, Case, make_inputs, rel_err, upstream_weights
-from oracle import batch_grad
+from support import backends
+from support.cases import TINY, Case, make_inputs, rel_err, upstream_weights
+from support.oracle import batch_grad
 
-BACKENDS = ["numba", "torch"]
+BACKENDS = backends.CPU
 
 # Relative tolerance per dtype of the logits: errors are measured against the float64
 # oracle on the same (rounded) input values, relative to the largest loss / gradient.

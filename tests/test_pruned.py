@@ -11,15 +11,13 @@ import pytest
 import torch
 
 import rnnt_lattice
-from cases import Case, rel_err, upstream_weights
-from oracle import topology_batch_grad
-from test_topology import make_topo_inputs
+from support import backends
+from support import cases
+from support.cases import Case, rel_err, upstream_weights
+from support.oracle import topology_batch_grad
+from support.topologies import make_topo_inputs
 
-CASES = [
-    Case("ragged", (5, 3, 4), (3, 1, 0), 6, 0, T=5, U=3),
-    Case("blank_middle", (4, 5), (2, 3), 7, 3, T=5, U=3),
-    Case("T1", (1, 3), (0, 2), 5, 1, T=3, U=2),
-]
+CASES = cases.WINDOWS
 
 OPTIONS = {
     "plain": dict(),
@@ -28,7 +26,7 @@ OPTIONS = {
 }
 RNNT_TYPES = {"regular": "regular", "modified": "modified", "constrained": "constrained",
               "one_sym": "one_sym_per_frame"}
-BACKENDS = ["torch", "numba"]
+BACKENDS = backends.CPU
 
 
 def windows(B, T, U, R, seed):

@@ -3,7 +3,6 @@ and a naive 4-D formula, and the windows (k2's rule against a loop transcription
 spec, the exact DP against enumeration and against k2's coverage)."""
 from __future__ import annotations
 
-import doctest
 import itertools
 import warnings
 
@@ -11,21 +10,17 @@ import pytest
 import torch
 
 import rnnt_lattice
-from rnnt_lattice import pruned
-from cases import Case, rel_err, upstream_weights
+from rnnt_lattice import topology
+from rnnt_lattice.pruned import windows
+from support import backends
+from support import cases
+from support.cases import Case, rel_err, upstream_weights
 
 TOL = 1e-9
-RNNT_TYPES = ("regular", "modified", "constrained")
+RNNT_TYPES = topology.K2_TYPES                    # k2's lattices
 
 # (B, T, U, V) padded sizes with ragged lengths; T_b = 0, U_b = 0, T_b < U_b included.
-CASES = [
-    Case("single", (3,), (2,), 5, 0),
-    Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
-    Case("blank_last", (3, 4, 1), (3, 1, 2), 5, -1),
-    Case("U0", (5, 2), (0, 0), 3, 1),
-    Case("T0", (0, 3), (1, 2), 4, 0),
-    Case("longer", (6, 5, 7), (3, 2, 4), 7, 2, T=8, U=5),
-]
+CASES = cases.SIMPLE
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -475,13 +470,6 @@ def test_windows_keep_a_path(rnnt_type):
         assert rel_err(k2_like, pruned) < TOL
 
 
-def test_docstring_examples():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        result = doctest.testmod(pruned, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
-
-
 @pytest.mark.parametrize("rnnt_type", RNNT_TYPES)
 def test_masked_classes_and_dead_rows_equal_full_joiner(rnnt_type):
     """-inf entries of am or lm are masked classes; a joint row with no finite entry (a dead
@@ -646,8 +634,8 @@ def test_exact_windows_of_a_batch_with_an_impossible_sequence():
 # conftest.py turns on); the arc weights are the same PyTorch code for every backend, so
 # the kernels must reproduce backend="torch" to float64 rounding, and in float32 to a few
 # ulps of the float32 outputs.
-KERNEL_BACKENDS = ["numba", "triton"]
-BACKEND_CASES = CASES + [Case("T1", (1, 1), (0, 2), 4, 0)]     # one frame: modified has no path
+KERNEL_BACKENDS = backends.KERNELS
+BACKEND_CASES = CASES + cases.pick("T1_U2")     # one frame: modified has no path
 BACKEND_TOL = {torch.float64: 1e-12, torch.float32: 64 * 2.0**-23}
 # The interpreter's NumPy warns on -inf - -inf in lanes that the kernel then masks out.
 interpreter_lanes = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -806,7 +794,7 @@ def _k2_vectorised(gamma_blank, gamma_label, t_end, u_end, R, regular):
     s_begin = torch.argmax(blk - px_pad[:, :U1 - R + 1], 1)                 # (B, T)
     mask = torch.arange(T)[None] < t_end[:, None] - 1
     s_begin = torch.where(mask, s_begin, (u_end[:, None] - R + 1).clamp(min=0))
-    return pruned._k2_adjust(s_begin, R if regular else 2)[..., None] + torch.arange(R)
+    return windows._k2_adjust(s_begin, R if regular else 2)[..., None] + torch.arange(R)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -10,46 +10,15 @@ import math
 import pytest
 import torch
 
+import rnnt_lattice
 from rnnt_lattice import reference, topology
 from rnnt_lattice._ops import scale_upstream
-from rnnt_lattice.reference import Ends
-from cases import Case, make_inputs, rel_err, upstream_weights
-from oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
+from rnnt_lattice._types import Ends
+from support.cases import Case, rel_err, upstream_weights
+from support.oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
                     topology_paths)
-
-# Tiny ragged lattices: the enumeration stays cheap (TDT with duration 0 has the most paths).
-CASES = [
-    Case("single", (3,), (2,), 5, 0),
-    Case("ragged_blank0", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
-    Case("ragged_blank_last", (3, 4, 1), (3, 1, 2), 5, -1),     # infeasible rows for some topologies
-    Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
-    Case("T1", (1, 1), (0, 3), 4, 0),
-    Case("U0", (5, 2), (0, 0), 4, 1),
-    Case("T0", (0, 3), (1, 1), 4, 2),
-]
-
-TOPOLOGIES = {
-    "regular": lambda V_tok, blank: (topology.regular(), blank),
-    "modified": lambda V_tok, blank: (topology.modified(), blank),
-    "constrained": lambda V_tok, blank: (topology.constrained(), blank),
-    "one_sym": lambda V_tok, blank: (topology.one_sym_per_frame(), blank),
-    # NeMo layouts: the standard blank is the last token (big blanks just below it).
-    "multiblank": lambda V_tok, blank: (topology.multiblank(V_tok - 1, [2, 3]), V_tok - 1),
-    "tdt012": lambda V_tok, blank: (topology.tdt([0, 1, 2]), V_tok - 1),
-    "tdt13": lambda V_tok, blank: (topology.tdt([1, 3]), V_tok - 1),
-}
-
-OPTIONS = {
-    "fused": dict(),
-    "logprob": dict(fused=False),
-    "fastemit": dict(fastemit_lambda=0.5),
-    "clamp": dict(clamp=0.05),
-    "sigma": dict(sigma=0.05),
-    "delay": dict(delay_penalty=0.3),
-    "boundary": dict(boundary=True),
-    "all_logprob": dict(fused=False, fastemit_lambda=0.25, clamp=0.2, sigma=0.1, delay_penalty=0.2,
-                        boundary=True),
-}
+from support.cases import TOPOLOGY as TOPOLOGY_CASES
+from support.topologies import OPTIONS, TOPOLOGIES, make_topo_inputs
 
 # Relative to the largest loss / gradient entry (at least 1): float64 carries only the
 # rounding of a few hundred operations; float32 inputs (the lattice still in float64) the
@@ -57,53 +26,15 @@ OPTIONS = {
 TOL = {torch.float64: 1e-10, torch.float32: 4 * 2.0**-23 * 8}
 
 
-def make_topo_inputs(case: Case, topo_name: str, dtype=torch.float64, seed: int = 0,
-                     fused: bool = True, boundary: bool = False):
-    """``(logits, targets, tl, ul, topo, blank, boundary)``: logits ``(B, T, U+1, V_tok + D)``
-    NaN outside each lattice (and outside each boundary region), targets any token but the
-    blank(s), garbage past each target length."""
-    V_tok = case.V
-    topo, blank = TOPOLOGIES[topo_name](V_tok, case.blank % V_tok)
-    V = V_tok + topo.n_durations
-    logits, _, tl, ul, _ = make_inputs(Case(case.name, case.T_lens, case.U_lens, V, 0, case.T, case.U),
-                                       torch.float64, seed=seed)
-    B, T, U1, _ = logits.shape
-    blanks = {blank} | {k.class_id for k in topo.kinds if k.reads == "class"}
-    others = torch.tensor([v for v in range(V_tok) if v not in blanks], dtype=torch.int64)
-    g = torch.Generator().manual_seed(seed + 1)
-    targets = others[torch.randint(len(others), (B, U1 - 1), generator=g)]
-    targets = targets.masked_fill(torch.arange(U1 - 1)[None, :] >= ul[:, None], -7)
-    bnd = None
-    if boundary:
-        rows = []
-        for b in range(B):
-            T_b, U_b = int(tl[b]), int(ul[b])
-            rows.append([[0, 0, U_b, T_b],                                      # the default
-                         [min(1, U_b), min(1, T_b), U_b, T_b],                  # later start
-                         [0, 0, max(U_b - 1, 0), max(T_b - 1, 0)]][b % 3])      # earlier end
-        bnd = torch.tensor(rows, dtype=torch.int64)
-        region = torch.zeros(B, T, U1, dtype=torch.bool)
-        for b, (s0, t0, s1, t1) in enumerate(rows):
-            region[b, t0:t1, s0:s1 + 1] = True
-        logits = logits.masked_fill(~region[..., None], float("nan"))
-    if not fused:
-        V_tok_ = topo.token_classes(V)
-        logits = torch.cat([torch.log_softmax(logits[..., :V_tok_], -1),
-                            torch.log_softmax(logits[..., V_tok_:], -1)], -1)
-    return logits.to(dtype), targets, tl, ul, topo, blank, bnd
-
-
-
-
 def generic(logits, targets, tl, ul, topo, blank, fused=True, clamp=-1.0, fastemit_lambda=0.0,
             sigma=0.0, delay_penalty=0.0, boundary=None):
-    return reference.costs_and_grad_generic(logits, targets, tl, ul, topo, blank, fused, clamp,
-                                            fastemit_lambda, sigma, delay_penalty, boundary)
+    return reference.costs_and_grad(logits, targets, tl, ul, topo, blank, fused, clamp,
+                                    fastemit_lambda, sigma, delay_penalty, boundary)
 
 
 @pytest.mark.parametrize("opt", list(OPTIONS))
 @pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", TOPOLOGY_CASES, ids=lambda c: c.name)
 def test_matches_enumeration(case, topo_name, opt):
     kw = dict(OPTIONS[opt])
     fused = kw.pop("fused", True)
@@ -189,7 +120,7 @@ def test_occupations_match_enumeration(topo_name):
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=5)
     ends = Ends.of(tl, ul)
     _, _, lp = reference.kind_log_probs(logits, targets, topo, blank, True, ends)
-    lat = reference.lattice_generic(reference.arc_weights(lp, topo, ends, 0.05, 0.1), topo, ends)
+    lat = reference.lattice(reference.arc_weights(lp, topo, ends, 0.05, 0.1), topo, ends)
     for b in range(case.B):
         want = topology_occupations(logits[b], targets[b], topo, blank, True, (0, 0),
                                     (int(tl[b]), int(ul[b])), 0.05, 0.1)
@@ -204,9 +135,9 @@ def test_max_plus_pointers(topo_name):
     """The max-plus sweep's score is the best path's; following its pointers gives that path."""
     case = Case("vit", (5, 4, 2), (3, 2, 2), 6, 0, T=5, U=3)
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=7)
-    alpha_max, best_kind, log_prob = reference.viterbi_generic(logits, targets, tl, ul, topo, blank,
-                                                               sigma=0.05)
-    paths = reference.backtrack_generic(best_kind, topo, Ends.of(tl, ul))
+    ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, blank, topology=topo, sigma=0.05,
+                                      backend="torch")
+    log_prob, paths = ali.log_prob, _paths(ali)
     for b in range(case.B):
         score, path = topology_best_path(logits[b], targets[b], topo, blank, True, (0, 0),
                                          (int(tl[b]), int(ul[b])), sigma=0.05)
@@ -217,14 +148,21 @@ def test_max_plus_pointers(topo_name):
         assert paths[b] == path
 
 
+def _paths(ali) -> list:
+    """The best path of each sequence as arcs ``(t, u, kind index)`` in path order."""
+    return [[(int(ali.arc_frames[b, i]), int(ali.arc_positions[b, i]), int(ali.arc_kinds[b, i]))
+             for i in range(int(ali.n_arcs[b]))] for b in range(ali.n_arcs.shape[0])]
+
+
 def test_max_plus_tie_goes_to_the_first_kind():
     """On an exact tie the first kind (the blank in every builder) wins: with uniform
     probabilities the label is emitted at the earliest frame, as ``lattice.alignment``."""
     logits = torch.zeros(1, 3, 3, 4, dtype=torch.float64)
     tl, ul = torch.tensor([3]), torch.tensor([2])
     topo = topology.regular()
-    _, best_kind, _ = reference.viterbi_generic(logits, torch.tensor([[1, 2]]), tl, ul, topo, 0)
-    path = reference.backtrack_generic(best_kind, topo, Ends.of(tl, ul))[0]
+    ali = rnnt_lattice.best_alignment(logits, torch.tensor([[1, 2]]), tl, ul, 0, topology=topo,
+                                      backend="torch")
+    path = _paths(ali)[0]
     assert path == [(0, 0, 1), (0, 1, 1), (0, 2, 0), (1, 2, 0), (2, 2, 0)]
 
 
@@ -323,3 +261,20 @@ def test_empty_shapes(topo_name, B, T, U):
     loss, grad = generic(logits, torch.ones(B, U, dtype=torch.int64), torch.full((B,), T),
                          torch.full((B,), U), topo, blank)
     assert loss.shape == (B,) and (loss == math.inf).all() and grad.shape == logits.shape
+
+
+def test_by_name_is_the_one_name_table():
+    """Every name -> topology goes through ``by_name``; ``allowed`` narrows the names (k2's
+    three), with the message naming the option; ``to_spec``/``from_spec`` round-trip."""
+    for name in topology.RNNT_TYPES:
+        topo = topology.by_name(name)
+        assert topo.name == name and topo == getattr(topology, name)()
+        spec_name, durations = topology.to_spec(topo)
+        assert topology.from_spec(spec_name, 0, durations) == topo
+    assert topology.K2_TYPES == ("regular", "modified", "constrained")
+    with pytest.raises(ValueError, match=r"rnnt_type must be one of \('regular', 'modified', "
+                                         r"'constrained'\), got 'one_sym_per_frame'"):
+        topology.by_name("one_sym_per_frame", topology.K2_TYPES)
+    for topo in (topology.tdt([0, 2]), topology.multiblank(5, [2, 4])):
+        spec_name, durations = topology.to_spec(topo)
+        assert topology.from_spec(spec_name, 5, durations) == topo

@@ -29,7 +29,7 @@ import torch.utils._python_dispatch  # noqa: E402
 pytest.importorskip("triton")
 
 import rnnt_lattice  # noqa: E402
-from rnnt_lattice import gpu, reference, torch_backend  # noqa: E402
+from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
@@ -116,7 +116,7 @@ def make_batch(case: Case, fused: bool = True, seed: int = 0) -> Batch:
         x = torch.log_softmax(x, dim=-1).nan_to_num(nan=NEG_INF)       # the dead row stays -inf
     tl = torch.tensor(case.T_b, dtype=torch.int32)
     ul = torch.tensor(case.U_b, dtype=torch.int32)
-    padding = ~reference.node_mask(tl.long(), ul.long(), T, U + 1)
+    padding = ~_layout.node_mask(tl.long(), ul.long(), T, U + 1)
     x = x.masked_fill(padding[..., None], float("nan"))
     weights = torch.tensor([1.0, -0.5, 2.0, -1.5][:B], dtype=torch.float64)
     return Batch(x, targets, tl, ul, case.blank, padding, weights)
@@ -255,7 +255,7 @@ def test_hot_path_never_synchronises(monkeypatch, option):
     (``cuda_checks.py``): every aten op of forward+backward is recorded, and none of them
     reads a value on the host or builds a tensor from Python values. The CPU-only value
     checks of ``_validate`` (which never run on CUDA) are switched off to see the CUDA path."""
-    monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
+    monkeypatch.setattr(rnnt_lattice._validate, "may_read_values", lambda x: False)
     batch = make_batch(CASES["ragged"], fused=option != "logprob_none")
     kw = dict(plain=dict(), clamp_fastemit_sum=dict(clamp=0.1, fastemit_lambda=0.2, reduction="sum"),
               logprob_none=dict(fused_log_softmax=False, reduction="none"),
@@ -303,7 +303,7 @@ def test_lattice_tools_never_synchronise(monkeypatch, lattice):
     """occupancy and best_alignment, regular and a non-regular lattice with per-arc terms:
     their tensor outputs (and ``arc_durations``) come without a host read
     (``Alignment.frame_labels``, Python lists, are built on first access only)."""
-    monkeypatch.setattr(rnnt_lattice._validate, "_check_values", lambda *a: None)
+    monkeypatch.setattr(rnnt_lattice._validate, "may_read_values", lambda x: False)
     batch = make_batch(CASES["ragged"])
     args = (batch.logits.float(), batch.targets, batch.logit_lengths, batch.target_lengths,
             batch.blank)
@@ -337,8 +337,8 @@ def reference_lowp(batch: Batch, dtype, fused=True):
     targets, tl, ul = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
     topo, ends = rnnt_lattice.topology.regular(), reference.Ends.of(tl, ul)
     lse, _, lp = reference.kind_log_probs(x, targets, topo, batch.blank, fused, ends)
-    lat = reference.lattice_generic(reference.arc_weights(lp, topo, ends), topo, ends)
-    grad = reference.grad_generic(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
+    lat = reference.lattice(reference.arc_weights(lp, topo, ends), topo, ends)
+    grad = reference.grad(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
     return -lat.log_like, grad * batch.weights.to(dtype)[:, None, None, None]
 
 
@@ -688,7 +688,7 @@ class _RecordSyncSites(_RecordOps):
 
 # Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
 # they are skipped, so their host reads are not on the GPU path.
-CPU_ONLY_CHECKS = {"_check_lengths", "_check_simple_args", "pruned_node_rows", "_check_values"}
+CPU_ONLY_CHECKS = {"check_lengths", "check_targets", "check_window_args"}
 
 
 def test_pruned_pipeline_synchronises_once():

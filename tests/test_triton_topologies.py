@@ -22,10 +22,10 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 import rnnt_lattice  # noqa: E402
-from rnnt_lattice import gpu, reference, topology  # noqa: E402
+from rnnt_lattice import _layout, gpu, reference, topology  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
-from cases import Case, rel_err, upstream_weights  # noqa: E402
-from test_topology import TOPOLOGIES, make_topo_inputs  # noqa: E402
+from support.cases import Case, rel_err, upstream_weights  # noqa: E402
+from support.topologies import TOPOLOGIES, make_topo_inputs  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
     raise RuntimeError("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1 was set")
@@ -83,7 +83,7 @@ def triton_costs_grad(logits, targets, tl, ul, topo, blank, opts, upstream, *, b
 def reference_costs_grad(logits, targets, tl, ul, topo, blank, opts, upstream, boundary=None):
     """float64 reference on the numbers the kernels see, times the upstream gradient
     (exactly 0 where it is 0)."""
-    costs, grad = reference.costs_and_grad_generic(
+    costs, grad = reference.costs_and_grad(
         logits.double(), targets, tl, ul, topo, blank, opts.get("fused", True),
         opts.get("clamp", -1.0), opts.get("fastemit_lambda", 0.0), opts.get("sigma", 0.0),
         opts.get("delay_penalty", 0.0), boundary)
@@ -158,7 +158,7 @@ def test_long_steps(name, monkeypatch):
     B, T, U1 = 2, max(T_b), max(U_b) + 1
     logits = torch.randn(B, T, U1, 6 + topo.n_durations, generator=g, dtype=torch.float64)
     tl, ul = torch.tensor(T_b), torch.tensor(U_b)
-    logits = logits.masked_fill(~reference.node_mask(tl, ul, T, U1)[..., None], float("nan"))
+    logits = logits.masked_fill(~_layout.node_mask(tl, ul, T, U1)[..., None], float("nan"))
     targets = torch.randint(0, 3, (B, U1 - 1), generator=g)
     opts = dict(fastemit_lambda=0.2, sigma=0.03)
     up = upstream_weights(B)
@@ -237,7 +237,7 @@ def packed(logits, tl, ul):
     """Packed rows ``(sum_b T_b (U_b+1), V)``, row ``offset_b + t (U_b+1) + u``, and the
     ``(B, T, U+1)`` map (-1 off each lattice)."""
     B, T, U1, _ = logits.shape
-    mask = reference.node_mask(tl, ul, T, U1)
+    mask = _layout.node_mask(tl, ul, T, U1)
     node_rows = torch.full((B, T, U1), -1, dtype=torch.int64)
     node_rows[mask] = torch.arange(int(mask.sum()))          # row-major (b, t, u) order
     return logits[mask].contiguous(), node_rows, mask

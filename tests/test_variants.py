@@ -12,15 +12,13 @@ import pytest
 import torch
 
 import rnnt_lattice
-from cases import Case, upstream_weights
-from oracle import topology_batch_grad
-from test_topology import make_topo_inputs
+from support import backends
+from support import cases
+from support.cases import upstream_weights
+from support.oracle import topology_batch_grad
+from support.topologies import make_topo_inputs
 
-CASES = [
-    Case("ragged", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
-    Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
-    Case("T1_U0", (1, 5), (0, 0), 4, 1),
-]
+CASES = cases.VARIANTS
 
 # topology name in test_topology -> how the public API spells it
 PUBLIC = {
@@ -354,7 +352,7 @@ def test_torch_compile_fullgraph(which):
 
 
 # --------------------------------------------------------------------------- packed logits
-LAYOUT_BACKENDS = ["torch", "numba"]
+LAYOUT_BACKENDS = backends.CPU
 
 
 @pytest.mark.parametrize("backend", LAYOUT_BACKENDS)

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from rnnt_lattice import cpu, torch_backend  # noqa: E402
-from rnnt_lattice.analysis import coverage  # noqa: E402
+from rnnt_lattice.pruned import windows as coverage  # noqa: E402
 
 NEG_INF = float("-inf")
 

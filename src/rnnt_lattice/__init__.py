@@ -2,13 +2,12 @@
 
 Importing this package needs torch and numpy only; Numba and Triton load on first use.
 """
-from .functional import (empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_loss,
-                         rnnt_loss_pruned, tdt_loss)
+from .functional import empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_loss, tdt_loss
 from .modules import MultiblankRNNTLoss, RNNTLoss, TDTLoss
 from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment, occupancy,
                       prune_coverage)
 from .pruned import (ArcOccupations, PruneRanges, do_rnnt_pruning, lattice_loss, prune_ranges,
-                     rnnt_loss_simple, rnnt_loss_smoothed)
+                     rnnt_loss_pruned, rnnt_loss_simple, rnnt_loss_smoothed)
 
 __version__ = "0.1.0"
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from ._types import Ends, Lattice, LossOptions
+from ._validate import Checked, check_lattice_args
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -142,7 +143,6 @@ def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
     Every backend computes every topology, per-arc term and layout; ``n_tokens``: see ``check_lattice_args``; ``node_rows``: the logits
     are rows ``(N, V)`` of that node -> row map (``_ops``); ``allow_blank_targets``: see
     ``check_lattice_args``."""
-    from ._validate import Checked, check_lattice_args
     if traced:
         check_name(backend)
         impl = None

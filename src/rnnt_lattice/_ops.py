@@ -9,8 +9,8 @@ V)``. Otherwise they are rows ``(N, V)`` and ``node_rows`` ``(B, T, U+1)`` int64
 row each node reads (``-1``: none, every arc leaving the node is ``-inf``); every row is
 read by exactly one node (the gradient passes write each row once, from its node; a row no
 node read would keep whatever the buffer held). Packed logits (``packed=True``) and the
-pruned windows of ``rnnt_loss_pruned`` are such layouts by construction (``packed_node_rows``,
-``pruned_node_rows``); the gradient comes back in the same rows.
+pruned windows of ``rnnt_loss_pruned`` are such layouts by construction (``_layout``:
+``packed_node_rows``, ``pruned_node_rows``); the gradient comes back in the same rows.
 
 ``saved`` goes through ``ctx.save_for_backward`` (autograd's version checks apply), ``state``
 is anything else the backend keeps. ``loss_backward`` returns ``upstream[b] * clip(d loss_b
@@ -38,9 +38,11 @@ from typing import List, Optional
 import torch
 
 from . import _backends
+from ._layout import row_sequences
 from ._types import LossOptions
+from .topology import from_spec, to_spec
 
-__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream"]
+__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs"]
 
 
 def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
@@ -123,7 +125,6 @@ def _costs_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # A custom op's schema takes primitives: the options are rebuilt here (the topology
     # from its name and durations, topology.from_spec).
-    from .topology import from_spec
     opts = LossOptions(blank, fused, clamp, fastemit_lambda,
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
@@ -168,18 +169,9 @@ def _backward(ctx, grad_costs, _grad_of_grad):
 _costs_and_grad.register_autograd(_backward, setup_context=_setup_context)
 
 
-def row_sequences(node_rows: torch.Tensor, N: int) -> torch.Tensor:
-    """``(N,)`` int64: the sequence whose node reads each row, ``B`` for a row no node reads."""
-    from .reference import _row_nodes
-    B, T, U1 = node_rows.shape
-    nodes = _row_nodes(node_rows, N)
-    return torch.where(nodes >= 0, nodes // (T * U1), B)
-
-
 def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
                       backend: str, boundary=None, node_rows=None) -> torch.Tensor:
     """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``."""
-    from .topology import to_spec
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     name, durations = to_spec(opts.topology)
     costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
@@ -187,3 +179,26 @@ def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: Loss
                                name, list(durations), opts.sigma, opts.delay_penalty, boundary,
                                node_rows)
     return costs
+
+
+# --------------------------------------------------------------------------- costs out
+def output_costs(costs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 costs in the output ``dtype``, where a cost that overflows there (finite in
+    float64, ``+inf`` in float32) gets a zero gradient like any infinite loss (math.md 8.1;
+    the Function above applies the same rule through ``without_infinite``)."""
+    out = costs.to(dtype)
+    return torch.where(torch.isinf(out), out.detach(), out)
+
+
+def reduce_costs(costs: torch.Tensor, reduction: str, zero_infinity: bool) -> torch.Tensor:
+    """Every loss's last step: ``zero_infinity`` (infinite costs, and their gradients, become
+    0: ``torch.where``'s gradient is 0 for the replaced entries, with no host sync and no
+    NaN), then ``"none"`` (B,), ``"sum"`` or ``"mean"`` (sum / B; 0 for an empty batch, like
+    ``"sum"``, not 0/0)."""
+    if zero_infinity:
+        costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
+    if reduction == "none":
+        return costs
+    if reduction == "sum" or costs.shape[0] == 0:
+        return costs.sum()
+    return costs.mean()

@@ -1,13 +1,11 @@
 """Small containers passed between the backends and the public layer."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from dataclasses import dataclass, field, replace
 
 import torch
 
-if TYPE_CHECKING:                                    # pragma: no cover
-    from .topology import Topology
+from .topology import Topology, regular
 
 
 @dataclass
@@ -36,7 +34,7 @@ class LossOptions:
     clamp: float = -1.0             # > 0: clip the per-sequence gradient to [-clamp, clamp]
     fastemit_lambda: float = 0.0    # FastEmit: label arcs' gradient x (1 + lambda)
     inplace_grad: bool = False      # write the gradient over the logits
-    topology: Optional["Topology"] = None   # None: the regular RNN-T lattice (math.md 1-6)
+    topology: Topology = field(default_factory=regular)   # the lattice (math.md 1-6, 9)
     sigma: float = 0.0              # subtracted once per arc (NeMo's logit under-normalisation)
     delay_penalty: float = 0.0      # k2's delay penalty on label arcs (math.md section 9)
 
@@ -45,9 +43,9 @@ class LossOptions:
 
     @property
     def regular(self) -> bool:
-        """The plain RNN-T lattice with no per-arc term: what every kernel computes."""
-        return (self.topology is None or self.topology.name == "regular") \
-            and self.sigma == 0.0 and self.delay_penalty == 0.0
+        """The plain RNN-T lattice with no per-arc term: what a backend's regular fast path
+        (the Numba ``regular_`` kernels) may compute instead of its general recursion."""
+        return self.topology.name == "regular" and self.sigma == 0.0 and self.delay_penalty == 0.0
 
 
 @dataclass(frozen=True)

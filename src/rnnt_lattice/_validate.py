@@ -1,10 +1,11 @@
 """Argument checks shared by every public entry point.
 
 Every failure is a ``ValueError`` that names the argument and the shapes or values
-involved. Checks that need to read tensor *values* (length ranges, target ids) run only
-for CPU tensors: on CUDA they would force a host synchronisation on the hot path, so
-there the kernels treat out-of-range values as documented in ``rnnt_loss``. Under
-``torch.compile`` they are skipped too (reading a tensor value would break the graph).
+involved. Checks that need to read tensor *values* (length ranges, target ids, windows,
+boundaries) run only where :func:`may_read_values` says so: for CPU tensors, outside
+``torch.compile``. On CUDA they would force a host synchronisation on the hot path, so
+there the kernels treat out-of-range values as documented in ``rnnt_loss``; while
+compiling, reading a tensor value would break the graph.
 """
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
+from .topology import K2_TYPES, by_name
+
 _REDUCTIONS = ("none", "sum", "mean")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INTS = (torch.int32, torch.int64)
+
+
+def may_read_values(x: torch.Tensor) -> bool:
+    """Whether a check may read the values of ``x`` (and of the tensors beside it) on the
+    host: a CPU tensor, outside ``torch.compile``. The one rule of every value check."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 @dataclass(frozen=True)
@@ -105,10 +115,10 @@ def check_lattice_args(
     targets, logit_lengths, target_lengths = (
         x.contiguous() for x in (targets, logit_lengths, target_lengths))
 
-    # Under torch.compile the value checks are skipped: reading a value is a graph break.
-    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_values(logits, targets, logit_lengths, target_lengths, blank, Vt, (B, T, U1),
-                      allow_blank_targets)
+    if may_read_values(logits) and B:
+        where = ("logits", logits)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+        check_targets(targets, target_lengths, blank, Vt, allow_blank_targets)
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank)
 
@@ -128,13 +138,12 @@ def check_logits_rank(logits, *, rows: bool = False) -> int:
 
 
 def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, topology) -> None:
-    """CPU value check (as ``_check_values``): no label may be a class that an arc kind of
+    """Value check (where :func:`may_read_values`): no label may be a class that an arc kind of
     ``topology`` reads as a fixed class (multi-blank's big blanks): a label cannot be a
     blank. ``targets`` and ``target_lengths`` are already checked (``check_lattice_args``)."""
     fixed = {k.class_id: k.name for k in topology.kinds if k.reads == "class"}
     U = targets.shape[1]
-    if (not fixed or U == 0 or targets.shape[0] == 0 or targets.device.type != "cpu"
-            or torch.compiler.is_compiling()):
+    if not fixed or U == 0 or targets.shape[0] == 0 or not may_read_values(targets):
         return
     valid = torch.arange(U)[None, :] < target_lengths[:, None]
     classes = torch.tensor(sorted(fixed), dtype=targets.dtype)
@@ -146,34 +155,53 @@ def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, top
                          f"topology {topology.name!r}: a label cannot be a blank")
 
 
-def _check_values(logits, targets, logit_lengths, target_lengths, blank, V, grid,
-                  allow_blank_targets=False) -> None:
-    B, T, U1 = grid
-    U = U1 - 1
-    if B == 0:
-        return
-    for name, x, hi, dim in (("logit_lengths", logit_lengths, T, "T"),
-                             ("target_lengths", target_lengths, U, "U")):
+def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -> None:
+    """Value check: ``0 <= T_b <= T`` and ``0 <= U_b <= U``, the padded sizes of the tensors
+    ``t_src`` and ``u_src``, each ``(name, tensor)`` (named in the message: formatted only
+    on an error, so that a passing check costs no string work). Call it where
+    :func:`may_read_values`."""
+    for name, x, hi, dim, (src, tensor) in (("logit_lengths", logit_lengths, T, "T", t_src),
+                                            ("target_lengths", target_lengths, U, "U", u_src)):
+        if x.numel() == 0:
+            continue
         lo_v, hi_v = int(x.min()), int(x.max())
         if lo_v < 0:
             b = int(torch.argmin(x))
             raise ValueError(f"{name} must be >= 0, got {name}[{b}] = {lo_v}")
         if hi_v > hi:
             b = int(torch.argmax(x))
-            raise ValueError(
-                f"{name}[{b}] = {hi_v} exceeds the padded size {dim} = {hi} of logits {_shape(logits)}")
-    if U > 0:
-        valid = torch.arange(U, device=targets.device)[None, :] < target_lengths[:, None]
-        bad = valid & ((targets < 0) | (targets >= V))
+            raise ValueError(f"{name}[{b}] = {hi_v} exceeds the padded size {dim} = {hi} of "
+                             f"{src} {_shape(tensor)}")
+
+
+def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targets: bool,
+                  joint: bool = False) -> None:
+    """Value check: every target before its length in ``[0, V)`` and, unless
+    ``allow_blank_targets``, not the blank. ``joint``: one message for both rules (the
+    simple losses')."""
+    U = targets.shape[1]
+    if U == 0 or targets.shape[0] == 0:
+        return
+    valid = torch.arange(U, device=targets.device)[None, :] < target_lengths[:, None]
+    bad = valid & ((targets < 0) | (targets >= V))
+    if joint:
+        if not allow_blank_targets:
+            bad |= valid & (targets == blank)
         if bool(bad.any()):
             b, u = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"targets[{b}, {u}] = {int(targets[b, u])} is outside [0, V) = [0, {V})")
-        bad = valid & (targets == blank)
-        if not allow_blank_targets and bool(bad.any()):
-            b, u = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
+            raise ValueError(f"targets[{b}, {u}] = {int(targets[b, u])} must be in [0, V) = "
+                             f"[0, {V})" + ("" if allow_blank_targets else
+                                            f" and differ from the blank {blank}"))
+        return
+    if bool(bad.any()):
+        b, u = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"targets[{b}, {u}] = {int(targets[b, u])} is outside [0, V) = [0, {V})")
+    bad = valid & (targets == blank)
+    if not allow_blank_targets and bool(bad.any()):
+        b, u = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
 
 
 def check_reduction(reduction: str) -> None:
@@ -290,7 +318,7 @@ def check_boundary(boundary, B: int, device: torch.device, logit_lengths: torch.
         raise ValueError(f"tensors on different devices: logits on {device}, boundary on "
                          f"{boundary.device}")
     boundary = boundary.to(torch.int64).contiguous()
-    if boundary.device.type == "cpu" and B and not torch.compiler.is_compiling():
+    if may_read_values(boundary) and B:
         s0, f0, s1, f1 = boundary.unbind(1)
         for ok, what in (((s0 >= 0) & (s0 <= s1) & (s1 <= target_lengths),
                           "0 <= begin_symbol <= end_symbol <= target_lengths[b]"),
@@ -302,3 +330,299 @@ def check_boundary(boundary, B: int, device: torch.device, logit_lengths: torch.
                                  f"(logit_lengths[{b}] = {int(logit_lengths[b])}, "
                                  f"target_lengths[{b}] = {int(target_lengths[b])})")
     return boundary
+
+
+# --------------------------------------------------------------------------- layouts
+def check_packed_args(logits, targets, logit_lengths, target_lengths) -> None:
+    """``packed=True``: rows ``(N, V)``, lengths ``(B,)`` int and targets ``(B, U)``, on a
+    device with values (the layout is built from the lengths)."""
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
+                    ("targets", targets)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("packed=True: logits must be rows (sum_b T_b (U_b+1), V), got "
+                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
+                            else type(logits).__name__))
+    if (logit_lengths.dim() != 1 or target_lengths.shape != logit_lengths.shape
+            or targets.dim() != 2 or targets.shape[0] != logit_lengths.shape[0]):
+        raise ValueError(f"packed=True: need logit_lengths (B,), target_lengths (B,) and targets "
+                         f"(B, U), got {tuple(logit_lengths.shape)}, {tuple(target_lengths.shape)} "
+                         f"and {tuple(targets.shape)}")
+    if logit_lengths.dtype not in _INTS or target_lengths.dtype not in _INTS:
+        raise ValueError(f"logit_lengths and target_lengths must be int32 or int64, got "
+                         f"{logit_lengths.dtype} and {target_lengths.dtype}")
+    if logits.device.type == "meta":
+        raise ValueError("packed=True reads the lengths' values (the row layout depends on "
+                         "them): tensors on the meta device have none")
+
+
+def check_packed_sizes(logits, T_b, U_b, U: int, N: int, lo: int, hi: int) -> None:
+    """``packed=True``, on the values read once (``_layout.packed_node_rows``): lengths
+    ``>= 0`` (``lo``: the least of both), ``U_b <= U`` (``hi``: the largest) and ``N``
+    rows, as many as ``logits`` has."""
+    if lo < 0 or hi > U:
+        raise ValueError(f"packed=True: lengths must be >= 0 and target_lengths <= U = {U}, got "
+                         f"logit_lengths {T_b.tolist()} and target_lengths {U_b.tolist()}")
+    if N != logits.shape[0]:
+        raise ValueError(f"packed=True: logits {tuple(logits.shape)} must have sum_b T_b (U_b+1) "
+                         f"= {N} rows for logit_lengths {T_b.tolist()} and target_lengths "
+                         f"{U_b.tolist()}")
+
+
+def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:
+    """``pack_logits``: padded logits ``(B, T, U+1, V)`` and lengths ``(B,)``."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
+        raise ValueError("pack_logits: logits must be (B, T, U+1, V), got "
+                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
+                            else type(logits).__name__))
+    B = logits.shape[0]
+    if tuple(logit_lengths.shape) != (B,) or tuple(target_lengths.shape) != (B,):
+        raise ValueError(f"pack_logits: logit_lengths and target_lengths must be (B,) = ({B},), got "
+                         f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
+
+
+def check_window_args(logits, targets, ranges) -> torch.Tensor:
+    """``rnnt_loss_pruned``'s window logits ``(B, T, R, V)`` and ``ranges (B, T, R)``:
+    strictly increasing label positions in ``[0, U]`` (values where
+    :func:`may_read_values`). Returns ``ranges`` as int64."""
+    for name, x in (("logits", logits), ("targets", targets), ("ranges", ranges)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if logits.dim() != 4:
+        raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
+    B, T, R, V = logits.shape
+    if R < 1:
+        raise ValueError(f"logits {tuple(logits.shape)} must have a window R >= 1 (ranges "
+                         f"{tuple(ranges.shape)}): an empty window holds no path")
+    if tuple(ranges.shape) != (B, T, R):
+        raise ValueError(f"ranges must have shape (B, T, R) = {(B, T, R)} to match logits "
+                         f"{tuple(logits.shape)}, got {tuple(ranges.shape)}")
+    if ranges.dtype not in _INTS:
+        raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
+    if targets.dim() != 2:
+        raise ValueError(f"targets must have 2 dims (B, U), got shape {tuple(targets.shape)}")
+    if ranges.device != logits.device:
+        raise ValueError(f"tensors on different devices: logits on {logits.device}, ranges on "
+                         f"{ranges.device}")
+    U = targets.shape[1]
+    ranges = ranges.to(torch.int64)
+    if may_read_values(ranges) and ranges.numel():
+        bad = (ranges < 0) | (ranges > U)
+        if R > 1:
+            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+        if bool(bad.any()):
+            b, t, k = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be strictly "
+                             f"increasing label positions in [0, U] = [0, {U}]")
+    return ranges
+
+
+def check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:
+    """``inplace_grad=True`` writes the gradient over ``logits``: refuse inputs that would
+    be copied first (the gradient would land in the copy)."""
+    dtypes = (torch.float32, torch.float64)
+    if native_low_precision:
+        dtypes += (torch.float16, torch.bfloat16)
+    if logits.dtype not in dtypes:
+        raise ValueError(
+            f"inplace_grad=True needs logits of dtype {' or '.join(str(d) for d in dtypes)} with "
+            f"this backend (any other dtype is copied first), got {logits.dtype} logits of shape "
+            f"{tuple(logits.shape)}")
+    if not logits.is_contiguous():
+        raise ValueError(
+            f"inplace_grad=True needs contiguous logits (a non-contiguous tensor is copied first), "
+            f"got logits of shape {tuple(logits.shape)} with strides {logits.stride()}")
+
+
+# --------------------------------------------------------------------------- topologies
+def check_tdt_logits(logits, durations) -> None:
+    """``tdt_loss``: room for at least one token before the durations in the last axis."""
+    if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4) and logits.shape[-1] <= len(durations):
+        raise ValueError(f"logits {tuple(logits.shape)} must hold V_tok >= 1 token classes before "
+                         f"the {len(durations)} durations in the last axis")
+
+
+def check_multiblank_blank(logits, blank: int, durations, packed: bool) -> int:
+    """``multiblank_rnnt_loss``: the blank is the last class, with room below it for the big
+    blanks and a label (NeMo's layout). Checked before the topology is built, which places
+    the big blanks below the blank, so that each mistake gets its own message. Returns the
+    blank id in ``[0, V)``."""
+    V = check_logits_rank(logits, rows=packed)
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits "
+                         f"{tuple(logits.shape)}")
+    blank_id = blank % V
+    if blank_id != V - 1:
+        raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
+                         f"(NeMo's multi-blank layout)")
+    if blank_id < len(durations) + 1:
+        raise ValueError(f"logits {tuple(logits.shape)} have no room for "
+                         f"{len(durations)} big blanks and a label before the blank")
+    return blank_id
+
+
+# --------------------------------------------------------------------------- pruned RNN-T
+def check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
+                      allow_blank_targets=False):
+    """Shapes, dtypes, devices and values (where :func:`may_read_values`) of the simple
+    losses' arguments. Returns ``(targets, logit_lengths, target_lengths, blank, topo)``
+    normalised (int64, blank in ``[0, V)``, the topology of k2's ``rnnt_type``).
+    ``allow_blank_targets``: a target may be the blank."""
+    for name, x in (("lm", lm), ("am", am), ("targets", targets),
+                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if lm.dim() != 3:
+        raise ValueError(f"lm must have 3 dims (B, U+1, V), got shape {_shape(lm)}")
+    if am.dim() != 3:
+        raise ValueError(f"am must have 3 dims (B, T, V), got shape {_shape(am)}")
+    for name, x in (("lm", lm), ("am", am)):
+        if x.dtype not in _FLOATS:
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if lm.dtype != am.dtype:
+        raise ValueError(f"lm and am must have one dtype, got {lm.dtype} and {am.dtype}")
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    if lm.shape[0] != B or lm.shape[2] != V:
+        raise ValueError(f"lm {_shape(lm)} must be (B, U+1, V) with am's B = {B} and V = {V} "
+                         f"(am {_shape(am)})")
+    if U1 < 1:
+        raise ValueError(f"lm {_shape(lm)} must have U+1 >= 1 label positions")
+    if V < 1:
+        raise ValueError(f"am {_shape(am)} must have a vocabulary V >= 1")
+    if targets.dim() != 2 or tuple(targets.shape) != (B, U1 - 1):
+        raise ValueError(f"targets must have shape (B, U) = ({B}, {U1 - 1}) to match lm "
+                         f"{_shape(lm)}, got {_shape(targets)}")
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if x.dim() != 1 or x.shape[0] != B:
+            raise ValueError(f"{name} must have shape (B,) = ({B},), got {_shape(x)}")
+    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.dtype not in _INTS:
+            raise ValueError(f"{name} must be int32 or int64, got {x.dtype}")
+    for name, x in (("lm", lm), ("targets", targets), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if x.device != am.device:
+            raise ValueError(f"tensors on different devices: am on {am.device}, {name} on {x.device}")
+    blank = check_int("blank", blank)
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for am {_shape(am)}")
+    blank %= V
+    topo = by_name(rnnt_type, K2_TYPES)
+    targets, logit_lengths, target_lengths = (
+        x.to(torch.int64).contiguous() for x in (targets, logit_lengths, target_lengths))
+    if may_read_values(am) and B:
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, ("am", am), ("lm", lm))
+        check_targets(targets, target_lengths, blank, V, allow_blank_targets, joint=True)
+    return targets, logit_lengths, target_lengths, blank, topo
+
+
+def check_weight_args(blank_weights, label_weights, logit_lengths, target_lengths, rnnt_type):
+    """``lattice_loss``'s checks; returns the lengths as int64 and the topology of k2's
+    ``rnnt_type``."""
+    named = (("blank_weights", blank_weights), ("label_weights", label_weights),
+             ("logit_lengths", logit_lengths), ("target_lengths", target_lengths))
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    for name, x in named[:2]:
+        if x.dim() != 3 or x.shape[2] < 1:
+            raise ValueError(f"{name} must have 3 dims (B, T, U+1), got shape {_shape(x)}")
+        if x.dtype not in _FLOATS:
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if label_weights.shape != blank_weights.shape or label_weights.dtype != blank_weights.dtype:
+        raise ValueError(f"blank_weights and label_weights must have one shape (B, T, U+1) and "
+                         f"dtype, got {blank_weights.dtype} {_shape(blank_weights)} and "
+                         f"{label_weights.dtype} {_shape(label_weights)}")
+    B, T, U1 = blank_weights.shape
+    for name, x in named[1:]:
+        if x.device != blank_weights.device:
+            raise ValueError(f"tensors on different devices: blank_weights on "
+                             f"{blank_weights.device}, {name} on {x.device}")
+    check_lengths_shape(logit_lengths, target_lengths, B)
+    topo = by_name(rnnt_type, K2_TYPES)
+    logit_lengths, target_lengths = (x.to(torch.int64).contiguous()
+                                     for x in (logit_lengths, target_lengths))
+    if may_read_values(blank_weights) and B:
+        what = ("blank_weights", blank_weights)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, what, what)
+    return logit_lengths, target_lengths, topo
+
+
+def check_lengths_shape(logit_lengths, target_lengths, B: int, device=None) -> None:
+    """Lengths of a lattice given by per-node tensors: int32/int64 ``(B,)``, and on the
+    occupations' ``device`` where given."""
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if x.dim() != 1 or x.shape[0] != B or x.dtype not in _INTS:
+            raise ValueError(f"{name} must be an int32/int64 tensor of shape (B,) = ({B},), got "
+                             f"{x.dtype} {_shape(x)}")
+        if device is not None and x.device != device:
+            raise ValueError(f"tensors on different devices: gamma_blank on {device}, "
+                             f"{name} on {x.device}")
+
+
+def check_occupations(occupations, logit_lengths, target_lengths, R, method: str, methods):
+    """``prune_ranges``: the occupations ``(gamma_blank, gamma_label)`` ``(B, T, U+1)``, the
+    lengths (values where :func:`may_read_values`), ``R >= 1`` and the method. Returns
+    ``(gamma_blank, gamma_label, logit_lengths, target_lengths, R)``, the lengths int64."""
+    try:
+        gamma_blank, gamma_label = occupations
+    except (TypeError, ValueError):
+        raise ValueError("occupations must be an ArcOccupations or a pair (gamma_blank, "
+                         f"gamma_label), got {type(occupations).__name__}") from None
+    for name, x in (("gamma_blank", gamma_blank), ("gamma_label", gamma_label),
+                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if gamma_blank.dim() != 3 or gamma_blank.shape != gamma_label.shape:
+        raise ValueError(f"gamma_blank and gamma_label must both be (B, T, U+1), got "
+                         f"{_shape(gamma_blank)} and {_shape(gamma_label)}")
+    if not gamma_blank.is_floating_point() or not gamma_label.is_floating_point():
+        raise ValueError(f"gamma_blank and gamma_label must be floating point, got "
+                         f"{gamma_blank.dtype} and {gamma_label.dtype}")
+    B, T, U1 = gamma_blank.shape
+    check_lengths_shape(logit_lengths, target_lengths, B, gamma_blank.device)
+    R = check_int("R", R)
+    if R < 1:
+        raise ValueError(f"R must be an int >= 1, got {R!r}")
+    if method not in methods:
+        raise ValueError(f"method must be one of {methods}, got {method!r}")
+    return gamma_blank, gamma_label, logit_lengths.long(), target_lengths.long(), R
+
+
+def check_occupation_lengths(gamma_blank, logit_lengths, target_lengths) -> None:
+    """``prune_ranges``, values (where :func:`may_read_values`): the lengths within the
+    occupations' ``(T, U)``."""
+    B, T, U1 = gamma_blank.shape
+    if may_read_values(gamma_blank) and B:
+        what = ("gamma_blank", gamma_blank)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, what, what)
+
+
+def check_pruning_args(am, lm, ranges) -> torch.Tensor:
+    """``do_rnnt_pruning``: ``am (B, T, Da)``, ``lm (B, U+1, Dl)`` and ``ranges (B, T, R)``
+    in ``[0, U]`` (values where :func:`may_read_values`). Returns ``ranges`` as int64."""
+    for name, x in (("am", am), ("lm", lm), ("ranges", ranges)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims, got shape {_shape(x)}")
+    B, T, R = ranges.shape
+    if ranges.dtype not in _INTS:
+        raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
+    ranges = ranges.to(torch.int64)
+    if am.shape[0] != B or lm.shape[0] != B or am.shape[1] != T:
+        raise ValueError(f"ranges {_shape(ranges)} must be (B, T, R) with am's (B, T) and lm's B: "
+                         f"am {_shape(am)}, lm {_shape(lm)}")
+    for name, x in (("am", am), ("lm", lm)):
+        if x.device != ranges.device:
+            raise ValueError(f"tensors on different devices: ranges on {ranges.device}, "
+                             f"{name} on {x.device}")
+    U1 = lm.shape[1]
+    if may_read_values(ranges) and ranges.numel():
+        lo, hi = int(ranges.min()), int(ranges.max())
+        if lo < 0 or hi >= U1:
+            raise ValueError(f"ranges must lie in [0, U] = [0, {U1 - 1}] for lm {_shape(lm)}, "
+                             f"got values in [{lo}, {hi}]")
+    return ranges

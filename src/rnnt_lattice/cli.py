@@ -11,8 +11,12 @@ status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
+from pathlib import Path
+
+from ._cli_util import check_output_file
 
 PLOT_FILE_HELP = """\
 FILE is a torch.save'd dict with the keys:
@@ -28,38 +32,6 @@ FILE is a torch.save'd dict with the keys:
 
 class UserError(Exception):
     """A problem with the user's input: reported as one line, no traceback."""
-
-
-def check_output_file(path: str, option: str) -> None:
-    """Raise ``ValueError`` (one line for the user) unless a file can be written at ``path``:
-    checked before any work is done, so that a long run does not fail at its very end."""
-    if os.path.isdir(path):
-        raise ValueError(f"{option} {path!r} is a directory, expected a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(parent):
-        ancestor = parent
-        while not os.path.exists(ancestor):
-            ancestor = os.path.dirname(ancestor)
-        if not os.path.isdir(ancestor):
-            raise ValueError(f"{option} {path!r}: {ancestor!r} is a file, not a directory")
-        raise ValueError(f"{option} {path!r}: the directory {parent!r} does not exist")
-    if not os.path.isdir(parent):
-        raise ValueError(f"{option} {path!r}: {parent!r} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path!r}: the directory {parent!r} is not writable")
-
-
-def check_output_dir(path: str, option: str) -> None:
-    """Raise ``ValueError`` unless ``path`` is, or can be created as, a writable folder
-    (creates it)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{option} {path!r} is an existing file, expected a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{option} {path!r}: cannot create the folder ({err.strerror or err})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path!r}: the folder is not writable")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -291,12 +263,30 @@ def _cmd_warmup(args) -> int:
     return 0
 
 
+# The benchmarks live in the repository, next to the package's source (src/rnnt_lattice):
+# a checkout (pip install -e .) has them, an installed wheel does not.
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def bench_runner():
+    """``benchmarks/quick.py`` of the checkout this package runs from, as a module;
+    ``UserError`` where the package is installed without the repository."""
+    script = BENCHMARKS / "quick.py"
+    if not script.is_file():
+        raise UserError("rnnt-lattice bench runs benchmarks/quick.py of a checkout of the "
+                        "repository (pip install -e .), and this install has none: clone the "
+                        "repository and run python benchmarks/quick.py (docs/benchmarks.md)")
+    if "rnnt_lattice_bench_quick" not in sys.modules:
+        sys.path.insert(0, str(BENCHMARKS))              # quick.py imports shapes, timing
+        spec = importlib.util.spec_from_file_location("rnnt_lattice_bench_quick", script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["rnnt_lattice_bench_quick"]
+
+
 def _cmd_bench(rest: list[str]) -> int:
-    try:
-        from . import bench
-    except ImportError as err:
-        raise UserError(f"the benchmark runner is not available in this install ({err})") from None
-    return int(bench.main(rest) or 0)
+    return int(bench_runner().main(rest) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from ._cli_util import check_output_dir, set_threads
+
 N_DIGITS = 10          # labels 1..10 are the digits 0..9
 BLANK = 0
 VOCAB = N_DIGITS + 1
@@ -266,7 +268,6 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
 
     t_start = time.perf_counter()
     device = torch.device(cfg.device)
-    from .bench import set_threads
     set_threads(cfg.threads)
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -430,7 +431,6 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     import rnnt_lattice
 
     device = torch.device(cfg.device)
-    from .bench import set_threads
     set_threads(cfg.threads)
     os.makedirs(out, exist_ok=True)
     formants = _formants(torch.Generator().manual_seed(12345))
@@ -549,7 +549,6 @@ def main_from_args(args) -> int:
     except Exception as err:   # a device type torch knows but cannot use here
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ValueError(f"--device {args.device!r} cannot be used here: {first}") from None
-    from .cli import check_output_dir
     check_output_dir(args.out, "--out")
     if args.window < 1:
         raise ValueError(f"--window must be >= 1, got {args.window}")

@@ -6,12 +6,14 @@ from dataclasses import replace
 import torch
 
 from . import _backends, _ops
+from ._layout import pack, packed_node_rows
 from ._types import LossOptions
 from ._validate import (FLOAT_RANGES, check_boundary, check_class_targets, check_durations,
-                        check_float, check_int, check_logits_rank, check_reduction)
+                        check_float, check_inplace, check_int, check_multiblank_blank,
+                        check_pack_logits_args, check_reduction, check_tdt_logits)
+from .topology import Topology, by_name, multiblank, regular, tdt
 
-__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "rnnt_loss_pruned", "pack_logits",
-           "empty_cache"]
+__all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "pack_logits", "empty_cache"]
 
 
 def rnnt_loss(
@@ -159,9 +161,8 @@ def rnnt_loss(
         ``exp(logits - max)``: one exp per logit element in total. The gradient is an
         ``once_differentiable`` function (no double backward).
     """
-    topology = _rnnt_topology(rnnt_type)
-    return _loss(logits, targets, logit_lengths, target_lengths, blank, topology,
-                 clamp=clamp, reduction=reduction, fused=fused_log_softmax,
+    return logits_loss(logits, targets, logit_lengths, target_lengths, blank,
+                 by_name(rnnt_type), clamp=clamp, reduction=reduction, fused=fused_log_softmax,
                  fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
                  inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
                  packed=packed, allow_blank_targets=allow_blank_targets)
@@ -227,20 +228,17 @@ def tdt_loss(
     The returned loss is the plain negative log-likelihood of the sigma-weighted lattice,
     also with FastEmit (NeMo reports it multiplied by ``1 + fastemit_lambda``).
     """
-    from . import topology
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     omega = check_float("omega", omega)
-    if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4) and logits.shape[-1] <= len(durations):
-        raise ValueError(f"logits {tuple(logits.shape)} must hold V_tok >= 1 token classes before "
-                         f"the {len(durations)} durations in the last axis")
+    check_tdt_logits(logits, durations)
     if omega > 0.0 and float(torch.rand(())) < omega:
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         V_tok = logits.shape[-1] - len(durations)
-        return _loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank, None,
+        return logits_loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank, regular(),
                      clamp=clamp, reduction=reduction, fused=True,
                      fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
                      backend=backend, inplace_grad=False, packed=packed)
-    return _loss(logits, targets, logit_lengths, target_lengths, blank, topology.tdt(durations),
+    return logits_loss(logits, targets, logit_lengths, target_lengths, blank, tdt(durations),
                  clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                  zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
                  sigma=sigma, packed=packed)
@@ -288,131 +286,14 @@ def multiblank_rnnt_loss(
         sigma, and the rest: as :func:`tdt_loss` / :func:`rnnt_loss`. The targets must not
             use the big blanks' classes.
     """
-    from . import topology
     durations = check_durations("big_blank_durations", big_blank_durations, minimum=2,
                                 ascending=False)
-    # The topology places the big blanks below the blank: the blank and the logits are
-    # checked first, each with its own message.
     blank = check_int("blank", blank)
-    V = check_logits_rank(logits, rows=packed)
-    if not -V <= blank < V:
-        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits "
-                         f"{tuple(logits.shape)}")
-    blank_id = blank % V
-    if blank_id != V - 1:
-        raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
-                         f"(NeMo's multi-blank layout)")
-    if blank_id < len(durations) + 1:
-        raise ValueError(f"logits {tuple(logits.shape)} have no room for "
-                         f"{len(durations)} big blanks and a label before the blank")
-    topo = topology.multiblank(blank_id, durations)
-    return _loss(logits, targets, logit_lengths, target_lengths, blank, topo,
+    blank_id = check_multiblank_blank(logits, blank, durations, packed)
+    return logits_loss(logits, targets, logit_lengths, target_lengths, blank, multiblank(blank_id, durations),
                  clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                  zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
                  sigma=sigma, packed=packed)
-
-
-def rnnt_loss_pruned(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    ranges: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-    *,
-    blank: int,
-    clamp: float = -1.0,
-    reduction: str = "mean",
-    fastemit_lambda: float = 0.0,
-    zero_infinity: bool = False,
-    backend: str = "auto",
-    inplace_grad: bool = False,
-    rnnt_type: str = "regular",
-    delay_penalty: float = 0.0,
-    boundary: torch.Tensor | None = None,
-    allow_blank_targets: bool = False,
-) -> torch.Tensor:
-    r"""Pruned RNN-T loss (Kuang et al. 2022; docs/math.md sections 7 and 9): the loss of
-    the full lattice with every arc outside the windows removed, on logits evaluated only
-    inside the windows.
-
-    ``logits`` is ``(B, T, R, V)``: row ``k`` of frame ``t`` is node ``(t, ranges[b, t, k])``.
-    A node outside its frame's window has no logits, so every arc leaving it weighs
-    ``-inf`` (k2's semantics); the recursion, the fused gradient and every option are those
-    of :func:`rnnt_loss` (it is the same kernel, reading rows through a node -> row map).
-    With ``R = U + 1`` and windows starting at 0 it *is* :func:`rnnt_loss`.
-
-    Example::
-
-        >>> import torch, rnnt_lattice
-        >>> B, T, U, V, R = 2, 6, 4, 8, 3
-        >>> s_begin = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2, 2]])     # (B, T)
-        >>> ranges = s_begin[..., None] + torch.arange(R)                        # (B, T, R)
-        >>> logits = torch.randn(B, T, R, V, requires_grad=True)                 # the joiner on the windows
-        >>> targets = torch.randint(1, V, (B, U))
-        >>> loss = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, torch.tensor([6, 6]),
-        ...                                      torch.tensor([4, 4]), blank=0)
-        >>> loss.backward()
-
-    Args:
-        logits: ``(B, T, R, V)`` the joiner's output on the windows.
-        targets: ``(B, U)`` label ids (``U`` sets the lattice's label axis).
-        ranges: ``(B, T, R)`` int label positions of each window row, strictly increasing
-            along ``R`` and within ``[0, U]`` (k2's ``ranges``, e.g. from ``prune_ranges``).
-        logit_lengths, target_lengths, blank, clamp, reduction, fastemit_lambda,
-            zero_infinity, backend, inplace_grad, rnnt_type, delay_penalty, boundary,
-            allow_blank_targets: as :func:`rnnt_loss`.
-
-    Windows that hold no complete path give ``+inf`` (0 with ``zero_infinity``), as a too
-    small ``R`` does in k2.
-    """
-    node_rows = pruned_node_rows(logits, targets, ranges)
-    B, T, R, V = logits.shape
-    return _loss(logits.reshape(B * T * R, V), targets, logit_lengths, target_lengths, blank,
-                 _rnnt_topology(rnnt_type), clamp=clamp, reduction=reduction, fused=True,
-                 fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
-                 inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
-                 node_rows=node_rows, allow_blank_targets=allow_blank_targets)
-
-
-def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
-    """The node -> row map ``(B, T, U+1)`` int64 of window logits ``(B, T, R, V)`` viewed
-    as rows ``(B T R, V)``: node ``(t, ranges[b, t, k])`` reads row ``(b T + t) R + k``;
-    ``-1`` outside the windows. No host synchronisation (the value checks run on CPU only)."""
-    for name, x in (("logits", logits), ("targets", targets), ("ranges", ranges)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if logits.dim() != 4:
-        raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
-    B, T, R, V = logits.shape
-    if R < 1:
-        raise ValueError(f"logits {tuple(logits.shape)} must have a window R >= 1 (ranges "
-                         f"{tuple(ranges.shape)}): an empty window holds no path")
-    if tuple(ranges.shape) != (B, T, R):
-        raise ValueError(f"ranges must have shape (B, T, R) = {(B, T, R)} to match logits "
-                         f"{tuple(logits.shape)}, got {tuple(ranges.shape)}")
-    if ranges.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
-    if targets.dim() != 2:
-        raise ValueError(f"targets must have 2 dims (B, U), got shape {tuple(targets.shape)}")
-    if ranges.device != logits.device:
-        raise ValueError(f"tensors on different devices: logits on {logits.device}, ranges on "
-                         f"{ranges.device}")
-    U = targets.shape[1]
-    ranges = ranges.to(torch.int64)
-    if ranges.device.type == "cpu" and ranges.numel() and not torch.compiler.is_compiling():
-        bad = (ranges < 0) | (ranges > U)
-        if R > 1:
-            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
-        if bool(bad.any()):
-            b, t, k = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be strictly "
-                             f"increasing label positions in [0, U] = [0, {U}]")
-    rows = torch.arange(B * T * R, device=logits.device).view(B, T, R)
-    node_rows = torch.full((B, T, U + 1), -1, dtype=torch.int64, device=logits.device)
-    return node_rows.scatter_(2, ranges, rows)
-
-
-RNNT_TYPES = ("regular", "modified", "constrained", "one_sym_per_frame")
 
 
 def check_options(**options) -> None:
@@ -424,7 +305,7 @@ def check_options(**options) -> None:
         "blank": lambda v: check_int("blank", v),
         "reduction": check_reduction,
         "backend": _backends.check_name,
-        "rnnt_type": _rnnt_topology,
+        "rnnt_type": by_name,
         "durations": lambda v: check_durations("durations", v, minimum=0, ascending=True),
         "big_blank_durations": lambda v: check_durations("big_blank_durations", v, minimum=2,
                                                          ascending=False),
@@ -436,19 +317,12 @@ def check_options(**options) -> None:
             check_float(name, value)
 
 
-def _rnnt_topology(rnnt_type):
-    from . import topology
-    if rnnt_type not in RNNT_TYPES:
-        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
-    return None if rnnt_type == "regular" else getattr(topology, rnnt_type)()
-
-
-def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, clamp, reduction,
-          fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
+def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology: Topology, *, clamp,
+          reduction, fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
           delay_penalty=0.0, boundary=None, packed=False, node_rows=None,
           allow_blank_targets=False):
     """validate -> pick a backend -> the one autograd Function (or the custom op while
-    compiling) -> zero_infinity -> reduce; shared by every public loss. ``packed``: build
+    compiling) -> zero_infinity -> reduce; shared by every loss on logits. ``packed``: build
     the packed layout's node -> row map; ``node_rows``: a layout's map given directly
     (the pruned loss), the logits being its rows ``(N, V)``."""
     check_reduction(reduction)
@@ -462,14 +336,13 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     if packed:
         node_rows = packed_node_rows(logits, targets, logit_lengths, target_lengths)
     n_tokens = None
-    if topology is not None and topology.n_durations:
-        n_tokens = topology.token_classes(logits.shape[-1]) if logits.dim() in (2, 4) else None
+    if topology.n_durations and logits.dim() in (2, 4):
+        n_tokens = topology.token_classes(logits.shape[-1])
     impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   traced=compiling, n_tokens=n_tokens, node_rows=node_rows,
                                   allow_blank_targets=allow_blank_targets)
-    if topology is not None:
-        topology.check(chk.logits.shape[-1], chk.blank)
-        check_class_targets(chk.targets, chk.target_lengths, topology)
+    topology.check(chk.logits.shape[-1], chk.blank)
+    check_class_targets(chk.targets, chk.target_lengths, topology)
     boundary = check_boundary(boundary, chk.logits.shape[0] if node_rows is None else node_rows.shape[0],
                               chk.logits.device, chk.logit_lengths, chk.target_lengths)
     opts = replace(opts, blank=chk.blank)
@@ -482,64 +355,10 @@ def _loss(logits, targets, logit_lengths, target_lengths, blank, topology, *, cl
     else:
         if inplace_grad:
             # Checked on what the user passed: any copy (dtype, layout) would defeat it.
-            _check_inplace(logits, impl.NATIVE_LOW_PRECISION)
+            check_inplace(logits, impl.NATIVE_LOW_PRECISION)
         costs = _ops.rnnt_costs(impl, chk.logits, chk.targets, chk.logit_lengths,
                                 chk.target_lengths, opts, boundary, node_rows)
-    if zero_infinity:
-        # torch.where's gradient is 0 for the replaced entries: no host sync, no NaN.
-        costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
-    if reduction == "none":
-        return costs
-    if reduction == "sum" or costs.shape[0] == 0:
-        return costs.sum()             # an empty batch: "mean" is 0, like "sum", not 0/0
-    return costs.mean()
-
-
-def packed_node_rows(logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
-    """The node -> row map ``(B, T, U+1)`` int64 of packed logits ``(sum_b T_b (U_b+1), V)``
-    (row ``offset_b + t (U_b+1) + u``; ``-1`` off each lattice), with ``T = max_b T_b`` and
-    ``U = targets.shape[1]``. Reads ``max T_b`` and the row count on the host (one sync on
-    CUDA); ValueError unless the row count equals ``logits.shape[0]``."""
-    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
-                    ("targets", targets)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError("packed=True: logits must be rows (sum_b T_b (U_b+1), V), got "
-                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
-                            else type(logits).__name__))
-    if (logit_lengths.dim() != 1 or target_lengths.shape != logit_lengths.shape
-            or targets.dim() != 2 or targets.shape[0] != logit_lengths.shape[0]):
-        raise ValueError(f"packed=True: need logit_lengths (B,), target_lengths (B,) and targets "
-                         f"(B, U), got {tuple(logit_lengths.shape)}, {tuple(target_lengths.shape)} "
-                         f"and {tuple(targets.shape)}")
-    if logit_lengths.dtype not in (torch.int32, torch.int64) or \
-            target_lengths.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"logit_lengths and target_lengths must be int32 or int64, got "
-                         f"{logit_lengths.dtype} and {target_lengths.dtype}")
-    dev = logits.device
-    if dev.type == "meta":
-        raise ValueError("packed=True reads the lengths' values (the row layout depends on "
-                         "them): tensors on the meta device have none")
-    T_b, U_b = logit_lengths.to(dev, torch.int64), target_lengths.to(dev, torch.int64)
-    B, U = targets.shape
-    sizes = T_b * (U_b + 1)                                               # rows per sequence
-    # The one host read: the grid's T, the row count and the lengths' range.
-    T, N, lo, hi = (torch.stack([T_b.max(), sizes.sum(), torch.minimum(T_b.min(), U_b.min()),
-                                 U_b.max()]).tolist() if B else (0, 0, 0, 0))
-    if lo < 0 or hi > U:
-        raise ValueError(f"packed=True: lengths must be >= 0 and target_lengths <= U = {U}, got "
-                         f"logit_lengths {T_b.tolist()} and target_lengths {U_b.tolist()}")
-    if N != logits.shape[0]:
-        raise ValueError(f"packed=True: logits {tuple(logits.shape)} must have sum_b T_b (U_b+1) "
-                         f"= {N} rows for logit_lengths {T_b.tolist()} and target_lengths "
-                         f"{U_b.tolist()}")
-    offsets = torch.cumsum(sizes, 0) - sizes                              # (B,)
-    t = torch.arange(T, device=dev)[None, :, None]
-    u = torch.arange(U + 1, device=dev)[None, None, :]
-    rows = offsets[:, None, None] + t * (U_b[:, None, None] + 1) + u       # (B, T, U+1)
-    valid = (t < T_b[:, None, None]) & (u <= U_b[:, None, None])
-    return torch.where(valid, rows, -1)
+    return _ops.reduce_costs(costs, reduction, zero_infinity)
 
 
 def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,
@@ -563,36 +382,8 @@ def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,
         >>> torch.allclose(a, b)
         True
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
-        raise ValueError("pack_logits: logits must be (B, T, U+1, V), got "
-                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
-                            else type(logits).__name__))
-    B, T, U1, V = logits.shape
-    if tuple(logit_lengths.shape) != (B,) or tuple(target_lengths.shape) != (B,):
-        raise ValueError(f"pack_logits: logit_lengths and target_lengths must be (B,) = ({B},), got "
-                         f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
-    t = torch.arange(T, device=logits.device)[None, :, None]
-    u = torch.arange(U1, device=logits.device)[None, None, :]
-    valid = ((t < logit_lengths.to(logits.device)[:, None, None])
-             & (u <= target_lengths.to(logits.device)[:, None, None]))
-    return logits[valid]                     # boolean indexing keeps (b, t, u) row-major order
-
-
-def _check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:
-    """``inplace_grad=True`` writes the gradient over ``logits``: refuse inputs that would
-    be copied first (the gradient would land in the copy)."""
-    dtypes = (torch.float32, torch.float64)
-    if native_low_precision:
-        dtypes += (torch.float16, torch.bfloat16)
-    if logits.dtype not in dtypes:
-        raise ValueError(
-            f"inplace_grad=True needs logits of dtype {' or '.join(str(d) for d in dtypes)} with "
-            f"this backend (any other dtype is copied first), got {logits.dtype} logits of shape "
-            f"{tuple(logits.shape)}")
-    if not logits.is_contiguous():
-        raise ValueError(
-            f"inplace_grad=True needs contiguous logits (a non-contiguous tensor is copied first), "
-            f"got logits of shape {tuple(logits.shape)} with strides {logits.stride()}")
+    check_pack_logits_args(logits, logit_lengths, target_lengths)
+    return pack(logits, logit_lengths, target_lengths)
 
 
 def empty_cache() -> None:

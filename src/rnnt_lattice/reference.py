@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._types import Ends, Lattice, LossOptions
+from ._layout import row_nodes, rows_view
+from ._types import Ends, Lattice
 from .topology import Topology
 
 NEG_INF = float("-inf")
@@ -37,13 +38,6 @@ NEG_INF = float("-inf")
 def lattice_dtype(device: torch.device) -> torch.dtype:
     """The dtype the recursion runs in: float64 wherever the device has it."""
     return torch.float32 if device.type == "mps" else torch.float64
-
-
-def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
-    """(B, T, U+1) bool: True on the nodes ``t < T_b, u <= U_b`` of each sequence."""
-    t = torch.arange(T, device=logit_lengths.device)
-    u = torch.arange(U1, device=logit_lengths.device)
-    return (t[None, :, None] < logit_lengths[:, None, None]) & (u[None, None, :] <= target_lengths[:, None, None])
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,34 +78,12 @@ def _row_lse(x: torch.Tensor, fused: bool) -> torch.Tensor:
     return torch.where(torch.isnan(row_max) | (row_max == float("inf")), float("nan"), lse)
 
 
-def _read(entry: torch.Tensor, lse: torch.Tensor, fused: bool) -> torch.Tensor:
+def read_entry(entry: torch.Tensor, lse: torch.Tensor, fused: bool) -> torch.Tensor:
     """Log-prob ``entry - lse`` of one class per row; a dead row (all -inf, ``lse = -inf``)
     has ``-inf`` arcs, and in log-prob mode a ``+inf`` entry reads as NaN."""
     if not fused:
         entry = torch.where(entry == float("inf"), float("nan"), entry)
     return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
-
-
-def _rows_view(logits, node_rows):
-    """The logits as rows ``(N, V)`` and the node -> row map ``(B, T, U+1)`` int64 (``-1``:
-    the node reads no row). Padded logits ``(B, T, U+1, V)`` are their own rows with the
-    identity map; with ``node_rows`` (packed or pruned layouts, math.md section 9) the
-    logits already are rows."""
-    if node_rows is None:
-        B, T, U1, V = logits.shape
-        return logits.reshape(B * T * U1, V), torch.arange(B * T * U1, device=logits.device).view(B, T, U1)
-    return logits, node_rows
-
-
-def _row_nodes(node_rows: torch.Tensor, N: int) -> torch.Tensor:
-    """Inverse of the node -> row map: ``(N,)`` int64, the flat node ``(b T + t)(U+1) + u``
-    that reads each row, ``-1`` for a row no node reads. (Every row is read by at most one
-    node: the layouts' contract.) No host synchronisation."""
-    flat = node_rows.reshape(-1)
-    nodes = torch.arange(flat.numel(), device=flat.device)
-    out = torch.full((N + 1,), -1, dtype=torch.int64, device=flat.device)
-    out.scatter_(0, torch.where(flat >= 0, flat, N), nodes)   # slot N takes the rowless nodes
-    return out[:N]
 
 
 def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, ends: Ends,
@@ -134,9 +106,9 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, end
         kind's class log-prob (blank, ``y[u]`` or ``class_id``), plus its duration
         log-prob, plus ``b(t, u+1)`` for ``plus_next_blank``; ``-inf`` where the source
         node is outside the region or ``u + du > u1``. The end-frame rule of ``arc_mask``
-        is not applied here (``lattice_generic`` applies it).
+        is not applied here (``lattice`` applies it).
     """
-    x, rows = _rows_view(logits if dtype is None else logits.to(dtype), node_rows)
+    x, rows = rows_view(logits if dtype is None else logits.to(dtype), node_rows)
     B, T, U1 = rows.shape
     V = x.shape[-1]
     V_tok = topo.token_classes(V)
@@ -162,21 +134,34 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, end
                 entry = torch.where(torch.arange(U1, device=x.device) < U1 - 1, entry, NEG_INF)
             else:
                 entry = x[:, blank if key == "blank" else key][r]
-            cache[key] = _read(entry, lse, fused)
+            cache[key] = read_entry(entry, lse, fused)
         return cache[key]
 
+    duration = (lambda i: read_entry(x[:, V_tok + i][r], lse_dur, fused)) if topo.n_durations else None
+    return lse, lse_dur, stack_kinds(topo, ends, token, duration)
+
+
+def stack_kinds(topo: Topology, ends: Ends, token, duration=None) -> torch.Tensor:
+    """``lp (B, K, T, U+1)``: every kind's log-prob at its source nodes, from the per-node
+    log-probs ``token(key)`` ``(B, T, U+1)`` of the class it reads (``key``: ``"blank"``,
+    ``"label"`` or a class id) and, for TDT, ``duration(i)`` of duration index ``i``: the
+    class's, plus the duration's, plus ``b(t, u+1)`` for ``plus_next_blank``; ``-inf``
+    where the source node is outside the region or ``u + du > u1``. Shared by the logits'
+    lattice (:func:`kind_log_probs`) and the simple joiner's (``pruned.simple``)."""
+    blank = token("blank")
+    B, T, U1 = blank.shape
     region = ends.region(T, U1)
-    u = torch.arange(U1, device=x.device)[None, None, :]
+    u = torch.arange(U1, device=blank.device)[None, None, :]
     lps = []
     for k in topo.kinds:
         lp = token(k.class_id if k.reads == "class" else k.reads)
         if k.duration >= 0:
-            lp = lp + _read(x[:, V_tok + k.duration][r], lse_dur, fused)
+            lp = lp + duration(k.duration)
         if k.plus_next_blank:
-            lp = lp + torch.nn.functional.pad(token("blank")[..., 1:], (0, 1), value=NEG_INF)  # b(t, u+1)
+            lp = lp + torch.nn.functional.pad(blank[..., 1:], (0, 1), value=NEG_INF)   # b(t, u+1)
         valid = region & (u + k.du <= ends.u1[:, None, None])
         lps.append(torch.where(valid, lp, NEG_INF))
-    return lse, lse_dur, torch.stack(lps, 1)
+    return torch.stack(lps, 1)
 
 
 def arc_weights(lp: torch.Tensor, topo: Topology, ends: Ends, sigma: float = 0.0,
@@ -275,7 +260,7 @@ def sweep_alpha(w: torch.Tensor, topo: Topology, ends: Ends | None = None, max_p
     Returns:
         ``alpha``, and for ``max_plus`` ``(alpha, best_kind)`` with ``best_kind (B, T+1, U+1)``
         int8: the kind of the best arc into the node, ``-1`` where none (start node, no
-        finite path). A backtrack then only follows pointers (``backtrack_generic``).
+        finite path). A backtrack then only follows pointers (``analysis.alignment``).
     """
     B, K, T, U1 = w.shape
     diagonals, _ = _schedule(T, U1, _steps(topo), w.device)
@@ -336,7 +321,7 @@ def sweep_beta(w: torch.Tensor, topo: Topology, ends: Ends) -> torch.Tensor:
     return _unflat(bf, T + 1, U1)
 
 
-def lattice_generic(w: torch.Tensor, topo: Topology, ends: Ends) -> Lattice:
+def lattice(w: torch.Tensor, topo: Topology, ends: Ends) -> Lattice:
     """alpha, beta, log P and per-kind occupations (math.md section 9) from arc weights
     ``w (B, K, T, U+1)`` (``arc_weights``: ``-inf`` off the arcs).
 
@@ -370,46 +355,6 @@ def lattice_generic(w: torch.Tensor, topo: Topology, ends: Ends) -> Lattice:
                    log_like, gamma)
 
 
-def backtrack_generic(best_kind: torch.Tensor, topo: Topology, ends: Ends) -> list:
-    """Best path of each sequence from the max-plus pointers of ``sweep_alpha``: a list of
-    ``B`` lists of arcs ``(t, u, kind)`` in path order, from the start to the end node
-    (empty when the end has no finite best path, or for a sequence without frames)."""
-    best = best_kind.cpu()
-    paths = []
-    for b in range(best.shape[0]):
-        t, u = int(ends.t1[b]), int(ends.u1[b])
-        t0, u0 = int(ends.t0[b]), int(ends.u0[b])
-        arcs = []
-        while (t, u) != (t0, u0):
-            k = int(best[b, t, u])
-            if k < 0:
-                arcs = []
-                break
-            t, u = t - topo.kinds[k].dt, u - topo.kinds[k].du
-            arcs.append((t, u, k))
-        paths.append(arcs[::-1] if int(ends.t1[b]) > t0 else [])
-    return paths
-
-
-def viterbi_generic(logits, targets, logit_lengths, target_lengths, topo: Topology, blank: int,
-                    fused: bool = True, sigma: float = 0.0, delay_penalty: float = 0.0,
-                    boundary=None):
-    """Max-plus sweep of any topology: ``(alpha_max, best_kind, log_prob)``, with
-    ``alpha_max``/``best_kind`` ``(B, T+1, U+1)`` as ``sweep_alpha`` returns them and
-    ``log_prob (B,)`` the score of the best complete path (``-inf`` when there is none).
-    ``backtrack_generic(best_kind, topo, ends)`` gives the path itself."""
-    with torch.no_grad():
-        blank = topo.check(logits.shape[-1], blank)
-        ends = Ends.of(logit_lengths, target_lengths, boundary)
-        ends.check(logits.shape[1], logits.shape[2])
-        _, _, lp = kind_log_probs(logits, targets, topo, blank, fused, ends)
-        w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, sigma, delay_penalty)
-        alpha_max, best_kind = sweep_alpha(w, topo, ends, max_plus=True)
-        bidx = torch.arange(w.shape[0], device=w.device)
-        log_prob = torch.where(ends.t1 > ends.t0, alpha_max[bidx, ends.t1, ends.u1], NEG_INF)
-        return alpha_max, best_kind, log_prob
-
-
 # ---------------------------------------------------------------------------------------
 # The gradient
 # ---------------------------------------------------------------------------------------
@@ -420,7 +365,7 @@ def _shift_down_u(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x[..., :-1], (1, 0))
 
 
-def grad_generic(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int,
+def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int,
                  fused: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0,
                  node_rows: torch.Tensor | None = None):
     """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6 and 9),
@@ -442,14 +387,14 @@ def grad_generic(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, bl
     region in fused mode, on its arc entries in log-prob mode.
 
     Everything is computed per row: node quantities ``(B, T, U+1)`` are carried to the row
-    the node reads through the inverse map ``_row_nodes`` (the identity for padded logits).
+    the node reads through the inverse map ``_layout.row_nodes`` (the identity for padded logits).
     """
-    x, rows = _rows_view(logits, node_rows)
+    x, rows = rows_view(logits, node_rows)
     B, T, U1 = rows.shape
     N, V = x.shape
     V_tok = topo.token_classes(V)
     dt = logits.dtype
-    row_node = _row_nodes(rows, N) if node_rows is not None else torch.arange(N, device=x.device)
+    row_node = row_nodes(rows, N) if node_rows is not None else torch.arange(N, device=x.device)
     has_node = row_node >= 0
     rn = row_node.clamp(min=0)
 
@@ -522,7 +467,7 @@ def grad_generic(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, bl
     return grad.reshape(logits.shape)
 
 
-def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo: Topology,
+def costs_and_grad(logits, targets, logit_lengths, target_lengths, topo: Topology,
                            blank: int, fused: bool = True, clamp: float = -1.0,
                            fastemit_lambda: float = 0.0, sigma: float = 0.0,
                            delay_penalty: float = 0.0, boundary=None, need_grad: bool = True,
@@ -546,9 +491,9 @@ def costs_and_grad_generic(logits, targets, logit_lengths, target_lengths, topo:
         lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends,
                                           node_rows=node_rows)
         w = arc_weights(lp.to(ldt), topo, ends, sigma, delay_penalty)
-        lat = lattice_generic(w, topo, ends)
+        lat = lattice(w, topo, ends)
         costs = (-lat.log_like).to(logits.dtype)
         if not need_grad:
             return costs, None
-        return costs, grad_generic(logits, lse, lse_dur, lat, targets, topo, blank, fused, ends,
+        return costs, grad(logits, lse, lse_dur, lat, targets, topo, blank, fused, ends,
                                    clamp, fastemit_lambda, node_rows)

@@ -2,7 +2,7 @@
 
 A topology is a description, not an algorithm: a tuple of :class:`ArcKind` (how far an arc
 moves, which softmax entry it reads, which per-arc terms it carries). One recursion
-(``reference.lattice_generic``, and later the kernels) runs every topology; the
+per backend runs every topology (``reference.lattice``, the Numba and Triton kernels); the
 brute-force oracle of the tests enumerates paths over the same description.
 
 Lattice conventions, the one rule for all topologies (math.md section 9.1): nodes ``(t, u)``
@@ -211,20 +211,25 @@ def tdt(durations) -> Topology:
     return Topology("tdt", tuple(kinds), n_durations=len(durations))
 
 
-BUILDERS = {"regular": regular, "modified": modified, "constrained": constrained,
-            "one_sym_per_frame": one_sym_per_frame}
-
-
-# Named builders, and a topology as primitives (name, durations) for the torch.compile
-# custom op, whose schema cannot carry a dataclass.
+# The topologies named by a string (``rnnt_type``), and a topology as primitives (name,
+# durations) for the torch.compile custom op, whose schema cannot carry a dataclass.
 _PLAIN = {"regular": regular, "modified": modified, "constrained": constrained,
           "one_sym_per_frame": one_sym_per_frame}
+_NAMED = {name: build() for name, build in _PLAIN.items()}   # frozen: one object serves every call
+RNNT_TYPES = tuple(_PLAIN)                        # rnnt_loss, rnnt_loss_pruned, the lattice tools
+K2_TYPES = ("regular", "modified", "constrained")  # k2's: the simple losses, windows, lattice_loss
 
 
-def to_spec(topo: "Topology | None") -> tuple[str, tuple[int, ...]]:
-    """``(name, durations)`` of a topology built by this module's builders (None: regular)."""
-    if topo is None:
-        return "regular", ()
+def by_name(name, allowed: tuple[str, ...] = RNNT_TYPES, option: str = "rnnt_type") -> Topology:
+    """The topology ``name`` among ``allowed`` (a subset of :data:`RNNT_TYPES`); ValueError
+    naming ``option`` otherwise."""
+    if name not in allowed:
+        raise ValueError(f"{option} must be one of {allowed}, got {name!r}")
+    return _NAMED[name]
+
+
+def to_spec(topo: Topology) -> tuple[str, tuple[int, ...]]:
+    """``(name, durations)`` of a topology built by this module's builders."""
     if topo.name in _PLAIN:
         return topo.name, ()
     if topo.name == "tdt":
@@ -234,14 +239,10 @@ def to_spec(topo: "Topology | None") -> tuple[str, tuple[int, ...]]:
     raise ValueError(f"topology {topo.name!r} has no spec (build it with rnnt_lattice.topology)")
 
 
-def from_spec(name: str, blank: int, durations: tuple) -> "Topology | None":
+def from_spec(name: str, blank: int, durations: tuple) -> Topology:
     """The inverse of :func:`to_spec` (``blank``: the multi-blank standard blank id)."""
-    if name == "regular":
-        return None
-    if name in _PLAIN:
-        return _PLAIN[name]()
     if name == "tdt":
         return tdt(durations)
     if name == "multiblank":
         return multiblank(blank, durations)
-    raise ValueError(f"unknown topology {name!r}")
+    return by_name(name, option="topology")

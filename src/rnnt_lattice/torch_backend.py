@@ -4,7 +4,7 @@ readable vectorised recursion of :mod:`rnnt_lattice.reference`. It runs on any d
 
 Everything is computed by ``reference``: the arc log-probs and weights of any topology
 (``kind_log_probs``, ``arc_weights``), the lattice in the log or the max-plus semiring
-(``lattice_generic``, ``sweep_alpha``) and the fused gradient (``grad_generic``). The loss's
+(``lattice``, ``sweep_alpha``) and the fused gradient (``grad``). The loss's
 forward pass computes the per-sequence gradient too; the backward pass only applies the
 upstream factor. Reading values on the host is allowed here (this backend makes no
 CUDA-graph promise); the window DP and the simple losses' log-domain rescue are loops of
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from ._ops import row_sequences, scale_upstream
-from ._types import Lattice, LossOptions
-from .reference import (Ends, arc_weights, costs_and_grad_generic, kind_log_probs, lattice_dtype,
-                        lattice_generic, sweep_alpha)
-from .topology import Topology, regular
+from ._layout import row_sequences
+from ._ops import scale_upstream
+from ._types import Ends, Lattice, LossOptions
+from .reference import arc_weights, costs_and_grad, kind_log_probs, lattice, lattice_dtype, sweep_alpha
+from .topology import Topology
 
 NAME = "torch"
 INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass, written later
@@ -33,8 +33,8 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
                  boundary=None, node_rows=None):
     """Costs, and (when wanted) the per-sequence gradient, computed here by the generic
     recursion and saved for the backward pass, which only applies the upstream factor."""
-    costs, grad = costs_and_grad_generic(
-        logits, targets, logit_lengths, target_lengths, opts.topology or regular(), opts.blank,
+    costs, grad = costs_and_grad(
+        logits, targets, logit_lengths, target_lengths, opts.topology, opts.blank,
         opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
         need_grad, node_rows)
     if not need_grad:
@@ -64,7 +64,7 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
 def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
     """``(w, ends, topo)``: the arc weights ``(B, K, T, U+1)`` in the lattice dtype (``-inf``
     off the arcs) and the start/end nodes, exactly as the loss builds them."""
-    topo = opts.topology or regular()
+    topo = opts.topology
     ends = Ends.of(logit_lengths, target_lengths, boundary)
     if boundary is not None:
         ends.check(logits.shape[1], logits.shape[2])
@@ -79,7 +79,7 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
     """The :class:`rnnt_lattice._types.Lattice` of any topology, without gradient work."""
     with torch.no_grad():
         w, ends, topo = _weights(logits, targets, logit_lengths, target_lengths, opts, boundary)
-        return lattice_generic(w, topo, ends)
+        return lattice(w, topo, ends)
 
 
 def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary=None):
@@ -97,7 +97,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
 
 def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
     """``(log_like (B,), gamma (B, K, T, U+1))`` of arc weights ``w (B, K, T, U+1)``."""
-    lat = lattice_generic(w, topo, ends)
+    lat = lattice(w, topo, ends)
     return lat.log_like, lat.gamma
 
 

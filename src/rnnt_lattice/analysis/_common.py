@@ -1,8 +1,7 @@
 """Validate -> pick a backend, shared by the lattice tools (the loss's own preparation), and
-the one lattice of every topology: the backend's ``kind_occupancy`` / ``kind_viterbi``
-(Numba, Triton: the loss's kernels, per-kind occupations and max-plus pointers), or the
-reference's generic recursion for the pure-PyTorch backend (``reference.kind_log_probs``,
-``arc_weights``, ``lattice_generic``, ``sweep_alpha``)."""
+the one lattice of every topology: the backend protocol's ``occupancy`` / ``viterbi``
+(per-kind occupations and max-plus pointers, on the loss's kernels; the torch backend
+runs the reference's recursion)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -12,16 +11,13 @@ import torch
 from .. import _backends
 from .._types import Lattice, LossOptions
 from .._validate import check_boundary, check_class_targets, check_float
-from ..topology import Topology, regular
-
-RNNT_TYPES = ("regular", "modified", "constrained", "one_sym_per_frame")
+from ..topology import Topology, by_name
 
 
-def resolve_topology(rnnt_type: str, topology) -> Topology | None:
+def resolve_topology(rnnt_type: str, topology) -> Topology:
     """The topology asked for: ``topology`` (a :class:`rnnt_lattice.topology.Topology`) or
-    the named ``rnnt_type``; None for the regular one."""
-    if rnnt_type not in RNNT_TYPES:
-        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    the named ``rnnt_type``."""
+    named = by_name(rnnt_type)
     if topology is not None:
         if not isinstance(topology, Topology):
             raise ValueError(f"topology must be an rnnt_lattice.topology.Topology or None, got "
@@ -30,15 +26,12 @@ def resolve_topology(rnnt_type: str, topology) -> Topology | None:
             raise ValueError(f"give either rnnt_type ({rnnt_type!r}) or topology "
                              f"({topology.name!r}), not both")
         return topology
-    if rnnt_type == "regular":
-        return None
-    from .. import topology as topo_mod
-    return getattr(topo_mod, rnnt_type)()
+    return named
 
 
 @dataclass(frozen=True)
 class Request:
-    """One analysis call after validation: the topology (never None), the checked tensors,
+    """One analysis call after validation: the topology, the checked tensors,
     the backend module and the lattice options (``opts.blank`` resolved for the topology)."""
 
     topo: Topology
@@ -62,11 +55,10 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     opts = LossOptions(0, bool(fused), topology=topo, sigma=sigma, delay_penalty=delay_penalty)
     x = logits.detach() if hasattr(logits, "detach") else logits
     n_tokens = None
-    if topo is not None and topo.n_durations and isinstance(x, torch.Tensor) and x.dim() == 4:
+    if topo.n_durations and isinstance(x, torch.Tensor) and x.dim() == 4:
         n_tokens = topo.token_classes(x.shape[-1])
     impl, chk = _backends.prepare(x, targets, logit_lengths, target_lengths, blank, backend,
                                   n_tokens=n_tokens)
-    topo = topo if topo is not None else regular()
     blank = topo.check(chk.logits.shape[-1], chk.blank)
     check_class_targets(chk.targets, chk.target_lengths, topo)
     boundary = check_boundary(boundary, chk.logits.shape[0], chk.logits.device, chk.logit_lengths,

@@ -1,6 +1,6 @@
 """The best (Viterbi) alignment: the loss's recursion in the max-plus semiring, which also
-records the best arc kind into every node (the backend's ``kind_viterbi``: Numba, Triton;
-the reference's ``sweep_alpha(max_plus=True)`` for the pure-PyTorch backend), then one
+records the best arc kind into every node (the backend protocol's ``viterbi``; the torch
+backend runs the reference's ``sweep_alpha(max_plus=True)``), then one
 backtracking pass over those pointers, written once, in torch, for every backend and
 topology."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..reference import Ends
+from .._types import Ends
 from ..topology import Topology, regular
 from ._common import kind_field, request, viterbi
 

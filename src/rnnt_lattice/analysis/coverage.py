@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import _backends
+from ..pruned.windows import best_window_starts
 from .occupancy import Occupancy
 
 NEG_INF = float("-inf")
@@ -39,47 +39,6 @@ class PruneCoverage:
     def rows(self) -> list[tuple[int, float]]:
         """``[(R, total share), ...]``, e.g. for a CSV or markdown table."""
         return [(int(r), float(c)) for r, c in zip(self.window, self.total)]
-
-
-def _best_windows(mass: torch.Tensor, n_starts: torch.Tensor, R: int):
-    """:func:`best_window_starts` with steps ``<= R - 1`` and free ends (prune_coverage)."""
-    return best_window_starts(mass, n_starts, R - 1)
-
-
-def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int, *,
-                       first: torch.Tensor | None = None, last: torch.Tensor | None = None,
-                       n_frames: torch.Tensor | None = None):
-    """Max over non-decreasing ``s(0..T-1)`` with ``s(t+1) - s(t) <= max_step`` and
-    ``0 <= s(t) < n_starts[b]`` of ``sum_t mass[b, t, s(t)]``, by dynamic programming over
-    frames (exact, O(T * S * max_step); math.md section 10):
-
-        f(0, s) = mass(0, s)
-        f(t, s) = mass(t, s) + max_{s - max_step <= s' <= s} f(t-1, s')
-
-    Optional pins, per sequence: ``first`` fixes ``s(0)``; with ``n_frames`` (``T_b``) and
-    ``last``, ``s(t) = last[b]`` for every ``t >= T_b - 1`` and frames ``t >= T_b`` carry no
-    mass (a sequence with ``T_b = 0`` has no pinned end). Ties: the lowest starts.
-
-    mass: ``(B, T, S)`` window sums (``S`` starts). Returns (best ``(B,)``, starts ``(B, T)``
-    int64); ``best`` is ``-inf`` where no sequence of starts satisfies the pins.
-    """
-    B, T, S = mass.shape
-    dev = mass.device
-    if T == 0:
-        return torch.zeros(B, dtype=mass.dtype, device=dev), torch.zeros((B, 0), dtype=torch.int64, device=dev)
-    s_idx = torch.arange(S, device=dev)
-    allowed = (s_idx[None, :] < n_starts[:, None])[:, None, :].expand(B, T, S)   # (B, T, S)
-    t_idx = torch.arange(T, device=dev)[None, :, None]
-    if first is not None:
-        allowed = allowed & ((t_idx > 0) | (s_idx[None, None, :] == first[:, None, None]))
-    if n_frames is not None:
-        mass = torch.where(t_idx < n_frames[:, None, None], mass, 0.0)
-        if last is not None:
-            pinned = (t_idx >= n_frames[:, None, None] - 1) & (n_frames[:, None, None] > 0)
-            allowed = allowed & (~pinned | (s_idx[None, None, :] == last[:, None, None]))
-    mass = torch.where(allowed, mass, NEG_INF)
-    total, starts = _backends.resolve("auto", dev).window_dp(mass, max_step)
-    return total.to(mass.dtype), starts
 
 
 def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
@@ -130,7 +89,7 @@ def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
         stop = torch.clamp(torch.arange(S, device=dev) + R, max=U1)
         mass = cum[..., stop] - cum[..., :S]                                  # (B, T, S) window sums
         n_starts = torch.clamp(Ul + 2 - R, min=1)                             # s <= max(0, U_b+1-R)
-        best, starts = _best_windows(mass, n_starts, R)
+        best, starts = best_window_starts(mass, n_starts, R - 1)
         covered[:, R - 1] = best
         if R == max_window:
             s_begin = starts

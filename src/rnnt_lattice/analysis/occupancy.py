@@ -1,7 +1,7 @@
 """Node and arc occupation probabilities of a transducer lattice (math.md sections 3 and 9),
 for every topology of ``rnnt_lattice.topology``, computed by the backend's kernels (the
-loss's forward-backward pass: ``kind_occupancy`` of the Numba and Triton backends; the
-reference's ``lattice_generic`` for the pure-PyTorch one)."""
+loss's forward-backward pass: the backend protocol's ``occupancy``; the torch backend runs
+the reference's ``lattice``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

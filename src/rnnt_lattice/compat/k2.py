@@ -68,6 +68,7 @@ from collections.abc import Sequence
 import torch
 
 import rnnt_lattice as _lib          # the public API only
+from rnnt_lattice.topology import K2_TYPES, by_name
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
            "get_rnnt_logprobs", "get_rnnt_logprobs_joint", "get_rnnt_logprobs_pruned",
@@ -76,7 +77,6 @@ __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pru
            "get_rnnt_prune_ranges_deprecated", "do_rnnt_pruning", "with_cuda"]
 
 NEG_INF = float("-inf")
-RNNT_TYPES = ("regular", "modified", "constrained")
 _REDUCTIONS = ("none", "mean", "sum")
 
 
@@ -118,13 +118,6 @@ def _float(name: str, x: torch.Tensor, ref: torch.Tensor | None = None, half: bo
     if ref is not None and (x.dtype != ref.dtype or x.device != ref.device):
         raise ValueError(f"{name} ({x.dtype} on {x.device}) must have the dtype and device of "
                          f"the first input ({ref.dtype} on {ref.device})")
-
-
-def _rnnt_type(rnnt_type) -> bool:
-    """True for the regular lattice."""
-    if rnnt_type not in RNNT_TYPES:
-        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
-    return rnnt_type == "regular"
 
 
 def _blank(termination_symbol, C: int) -> int:
@@ -394,7 +387,7 @@ def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary):
                          f"C = {C} (am {tuple(am.shape)})")
     _float("lm", lm, am)
     S = lm.shape[1] - 1
-    _rnnt_type(rnnt_type)
+    by_name(rnnt_type, K2_TYPES)
     boundary = _boundary(boundary, B, S, T, am.device)
     y = _symbols(symbols, B, S, C, boundary, am.device)
     return B, S, T, C, _blank(termination_symbol, C), y, boundary
@@ -486,7 +479,7 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     _float("logits", logits)
     S = S1 - 1
-    _rnnt_type(rnnt_type)
+    by_name(rnnt_type, K2_TYPES)
     boundary = _boundary(boundary, B, S, T, logits.device)
     y = _symbols(symbols, B, S, C, boundary, logits.device)
     blank = _blank(termination_symbol, C)
@@ -507,7 +500,7 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
         raise ValueError(f"ranges must be int64 on the logits' device, got {ranges.dtype} on "
                          f"{ranges.device}")
     S = _tensor("symbols", symbols, "(B, S)")[1]
-    _rnnt_type(rnnt_type)
+    by_name(rnnt_type, K2_TYPES)
     boundary = _boundary(boundary, B, S, T, logits.device)
     y = _symbols(symbols, B, S, C, boundary, logits.device)
     ranges = ranges.to(torch.int64)
@@ -576,7 +569,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
         return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
                            delay_penalty, reduction, True)
     _float("logits", logits)
-    _rnnt_type(rnnt_type)
+    by_name(rnnt_type, K2_TYPES)
     boundary = _boundary(boundary, B, S1 - 1, T, logits.device)
     _symbols(symbols, B, S1 - 1, C, boundary, logits.device)
     T_b, S_b = _ends(boundary, B, S1 - 1, T, logits.device)

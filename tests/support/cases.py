@@ -32,17 +32,58 @@ class Case:
         return self.B, T, U, self.V
 
 
-# Tiny lattices: brute-force enumeration stays cheap (T_b - 1 + U_b <= 8).
-TINY = [
+# Every named lattice case of the tests, each defined once: ``(T_b...), (U_b...), V, blank``
+# and the padded ``T, U`` where they exceed the longest sequence. The tables below pick
+# from it by name; the tests parametrise over the tables (or pick a case by name).
+CASES = {c.name: c for c in [
     Case("single", (3,), (2,), 5, 0),
     Case("ragged_blank0", (4, 2, 3), (2, 1, 0), 6, 0, T=5, U=3),
     Case("ragged_blank_last", (3, 4, 1), (3, 1, 2), 5, -1),
+    Case("blank_last_id", (3, 4, 1), (3, 1, 2), 5, 4),               # the blank as V - 1
     Case("blank_middle", (4, 3), (2, 3), 7, 3, T=4, U=4),
+    Case("blank_middle_tight", (4, 3), (2, 3), 7, 3),                 # no padding beyond the longest
+    Case("ragged_tight", (4, 2, 3), (2, 1, 0), 6, 0),
     Case("T1", (1, 1), (0, 3), 4, 0),
+    Case("T1_U2", (1, 1), (0, 2), 4, 0),                              # one frame: modified has no path
+    Case("T1_U0", (1, 5), (0, 0), 4, 1),
     Case("U0", (5, 2), (0, 0), 3, 1),
+    Case("U0_V4", (5, 2), (0, 0), 4, 1),
+    Case("T0", (0, 3), (1, 1), 4, 2),
+    Case("T0_blank0", (0, 3), (1, 2), 4, 0),
     Case("V1_U0", (3,), (0,), 1, 0),
     Case("longer", (5, 6), (3, 2), 4, 2),
-]
+    Case("longer_T8", (6, 5, 7), (3, 2, 4), 7, 2, T=8, U=5),
+    Case("windows_ragged", (5, 3, 4), (3, 1, 0), 6, 0, T=5, U=3),
+    Case("windows_blank_middle", (4, 5), (2, 3), 7, 3, T=5, U=3),
+    Case("windows_T1", (1, 3), (0, 2), 5, 1, T=3, U=2),
+    Case("single_3x2", (3,), (2,), 4, 0),
+    Case("ragged_batch", (5, 3, 4), (3, 1, 0), 5, 0, T=6, U=4),
+    Case("blank_last", (4, 2), (2, 2), 5, -1, T=4, U=3),
+    Case("blank_middle_V6", (3, 4), (3, 1), 6, 2),
+    Case("U0_single", (4,), (0,), 3, 0),
+]}
+
+
+def pick(*names: str) -> list:
+    """The cases ``names``, in that order."""
+    return [CASES[n] for n in names]
+
+
+# Tiny lattices: brute-force enumeration stays cheap (T_b - 1 + U_b <= 8).
+TINY = pick("single", "ragged_blank0", "ragged_blank_last", "blank_middle", "T1", "U0", "V1_U0",
+            "longer")
+# The topology tests (TDT with duration 0 has the most paths); infeasible rows for some.
+TOPOLOGY = pick("single", "ragged_blank0", "ragged_blank_last", "blank_middle", "T1", "U0_V4", "T0")
+# The simple losses (indices are used: 1 ragged, 3 U0, 4 T0, 5 longer).
+SIMPLE = pick("single", "ragged_blank0", "ragged_blank_last", "U0", "T0_blank0", "longer_T8")
+# The pruned loss on random windows.
+WINDOWS = pick("windows_ragged", "windows_blank_middle", "windows_T1")
+# The public losses of every topology.
+VARIANTS = pick("ragged_blank0", "blank_middle", "T1_U0")
+# Packed rows (optimized_transducer).
+PACKED = pick("ragged_tight", "blank_last_id", "blank_middle_tight")
+# The lattice tools against their own enumeration.
+TOOLS = pick("single_3x2", "ragged_batch", "blank_last", "blank_middle_V6", "T1_U2", "U0_single")
 
 
 def make_inputs(case: Case, dtype=torch.float64, seed: int = 0, scale: float = 1.0,
