@@ -1,4 +1,5 @@
-"""Numba settings for every CPU kernel, in one place, and how the kernels are compiled.
+"""Numba settings for every CPU kernel, in one place, how the kernels are compiled, and the
+order in which their prange loops visit the rows (``spread_stride``).
 
 Environment overrides (read once, at first use of the CPU backend):
     RNNT_LATTICE_NUMBA_CACHE=0     do not cache compiled kernels on disk
@@ -20,6 +21,7 @@ Reliability (docs/api.md, "Reliability"):
 - When no cache directory is writable (read-only install, no writable HOME), the kernels
   are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
 """
+import math
 import os
 import threading
 import types
@@ -38,8 +40,8 @@ def _cache_usable() -> bool:
     Numba looks for one when a ``cache=True`` function is created: ``NUMBA_CACHE_DIR`` if
     set, then ``__pycache__`` next to the source, then the user cache dir
     (``~/.cache/numba`` on Linux), and raises ``RuntimeError("cannot cache function ...:
-    no locator available")`` when none is writable. This probe is a function of this file, which lives next to ``kernels.py``:
-    same directory, same answer. Nothing is compiled.
+    no locator available")`` when none is writable. This probe is a function of this file,
+    which lives next to the kernel modules: same directory, same answer. Nothing is compiled.
     """
     def _probe():                                   # pragma: no cover - never compiled
         return 0
@@ -56,7 +58,7 @@ def _cache_usable() -> bool:
     return True
 
 
-# Compiled kernels go to NUMBA_CACHE_DIR if set, else __pycache__ next to kernels.py, else
+# Compiled kernels go to NUMBA_CACHE_DIR if set, else __pycache__ next to their modules, else
 # Numba's user cache dir (~/.cache/numba), so a second process does not recompile; without
 # any writable place they are compiled in memory only (one RuntimeWarning).
 CACHE = _flag("RNNT_LATTICE_NUMBA_CACHE", True) and _cache_usable()
@@ -172,3 +174,24 @@ ON_COMPILE = None
 def pjit(fn):
     """Decorator of the prange kernels (see ``ParallelKernel``)."""
     return ParallelKernel(fn)
+
+
+# --------------------------------------------------------------------------- row order
+def spread_stride(n: int) -> int:
+    """A stride coprime to ``n`` near n / golden ratio. prange hands each thread one
+    contiguous block of iterations; visiting rows (b, t) in the order ``i * stride mod n``
+    gives every thread a similar mix of long and short (ragged, padded) sequences."""
+    if n <= 2:
+        return 1
+    p = max(1, int(n * 0.6180339887498949)) | 1
+    while math.gcd(p, n) != 1:
+        p += 2
+    return p
+
+
+@njit(**JIT)
+def spread_row(i, spread, B, T):
+    """The row ``(b, t)`` that prange iteration ``i`` visits (see ``spread_stride``)."""
+    bt = (i * spread) % (B * T)
+    b = bt // T
+    return b, bt - b * T
