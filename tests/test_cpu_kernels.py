@@ -1,4 +1,5 @@
-"""The Numba helpers the CPU kernels are built from: the vectorised exp and the row max."""
+"""The Numba helpers the CPU kernels are built from (``cpu.fastmath``): the vectorised exp,
+the row max, the row exps stored in place; the gradient buffer's reuse."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,6 +56,23 @@ def test_row_max(dtype):
     _row_maxes(x, out)
     want = x.max(axis=1)
     assert np.array_equal(out, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_exp_store_in_place(dtype):
+    """``exp_store`` into the row itself (in-place mode, its own loop: through two views
+    of one row LLVM runs the scalar loop) writes the same exps as into another buffer, and
+    the same sum up to the order of its float32 partial sums."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(1000) * 5).astype(dtype)
+    x[[3, 700]] = -np.inf
+    m = x.max()
+    out = np.empty_like(x)
+    want = fastmath.exp_store(x, m, out)
+    y = x.copy()
+    got = fastmath.exp_store(y, m, y)
+    assert np.array_equal(y, out)
+    assert abs(got - want) <= fastmath.SUM_BLOCK * np.finfo(dtype).eps * want
 
 
 # --------------------------------------------------------------------------- buffer reuse
