@@ -75,6 +75,28 @@ def test_exp_store_in_place(dtype):
     assert abs(got - want) <= fastmath.SUM_BLOCK * np.finfo(dtype).eps * want
 
 
+def test_kernel_cache_follows_every_kernel_module(tmp_path):
+    """Numba keys a cached kernel on its own file only: the cache names carry a hash of
+    all the kernel modules, so a change to a helper's module (``fastmath``) compiles the
+    kernels of the other modules anew instead of loading them with the old helper."""
+    import shutil
+    from pathlib import Path
+
+    from rnnt_lattice.cpu import _config, kernels
+    here = Path(_config.__file__).parent
+    assert len(_config.SOURCES) == 12 and _config.SOURCES == _config.sources_hash(str(here))
+    for variant in (kernels.row_pass.parallel, kernels.row_pass.serial):
+        assert variant.py_func.__qualname__.endswith("_" + _config.SOURCES)
+    for p in here.glob("*.py"):
+        shutil.copy(p, tmp_path / p.name)
+    assert _config.sources_hash(str(tmp_path)) == _config.SOURCES
+    (tmp_path / "__init__.py").write_text("# kernels are not here\n")
+    assert _config.sources_hash(str(tmp_path)) == _config.SOURCES
+    with open(tmp_path / "fastmath.py", "a") as f:
+        f.write("# a change\n")
+    assert _config.sources_hash(str(tmp_path)) != _config.SOURCES
+
+
 # --------------------------------------------------------------------------- buffer reuse
 import torch  # noqa: E402
 
