@@ -21,7 +21,7 @@ so memory is ``O(B T U + B (T + U) V)``. The arc log-probs ``b(t,u) = am(t,blank
 lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then feed the
 one generic recursion over arc weights (any topology of k2: ``regular``, ``modified``,
 ``constrained``; delay penalty; boundary), run by the backend's lattice kernel (Numba's
-``kind_lattice`` on CPU, Triton's ``_topo_lattice_kernel`` on CUDA) or by
+``kernels.lattice`` on CPU, Triton's ``_lattice_kernel`` on CUDA) or by
 :mod:`rnnt_lattice.reference` (``backend=``). Two small autograd Functions carry the
 gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and
 ``e``) and the normaliser's (``_JointMass``: the masses and the entries read, with one
