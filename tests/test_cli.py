@@ -314,19 +314,21 @@ def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
 
 
 # --------------------------------------------------------------------------- warmup
-# Kernels that no public function runs (the dedicated regular lattice pass behind
-# ``cpu.REGULAR_LATTICE``, and its max-plus twin): warmup has nothing to compile them for.
-NOT_PUBLIC_KERNELS = {"lattice", "viterbi_alpha"}
-
-
 def test_warmup_covers_every_kernel():
     """``warmup --list`` names the calls and their kernels, which are every CPU kernel a
     public function runs; it compiles nothing."""
     pytest.importorskip("numba")
-    from rnnt_lattice.cpu import _config, kernels
-    every = {name for name in dir(kernels) if isinstance(getattr(kernels, name), _config.ParallelKernel)}
+    import importlib
+    import pkgutil
+
+    from rnnt_lattice import cpu
+    from rnnt_lattice.cpu import _config
+    modules = [importlib.import_module(f"rnnt_lattice.cpu.{m.name}")
+               for m in pkgutil.iter_modules(cpu.__path__)]
+    every = {name for mod in modules for name, obj in vars(mod).items()
+             if isinstance(obj, _config.ParallelKernel)}
     listed = {k for _, ks in cli.WARMUP_CALLS for k in ks}
-    assert listed == every - NOT_PUBLIC_KERNELS
+    assert listed == every
     out = _run_cli("warmup", "--list")
     assert out.returncode == 0
     lines = out.stdout.strip().splitlines()

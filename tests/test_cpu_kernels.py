@@ -1,23 +1,24 @@
-"""The Numba helpers the CPU kernels are built from: the vectorised exp and the row max."""
+"""The Numba helpers the CPU kernels are built from (``cpu.fastmath``): the vectorised exp,
+the row max, the row exps stored in place; the gradient buffer's reuse."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 numba = pytest.importorskip("numba")
-from rnnt_lattice.cpu import kernels as K  # noqa: E402
+from rnnt_lattice.cpu import fastmath  # noqa: E402
 
 
 @numba.njit(cache=False)
 def _apply_exp(x, out):
     for i in range(x.shape[0]):
-        out[i] = K.exp_nonpos(x[i])
+        out[i] = fastmath.exp_nonpos(x[i])
 
 
 @numba.njit(cache=False)
 def _row_maxes(x, out):
     for i in range(x.shape[0]):
-        out[i] = K._row_max(x[i])
+        out[i] = fastmath.row_max(x[i])
 
 
 # Relative error bound of exp_nonpos per dtype (a couple of units in the last place).
@@ -55,6 +56,45 @@ def test_row_max(dtype):
     _row_maxes(x, out)
     want = x.max(axis=1)
     assert np.array_equal(out, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_exp_store_in_place(dtype):
+    """``exp_store`` into the row itself (in-place mode, its own loop: through two views
+    of one row LLVM runs the scalar loop) writes the same exps as into another buffer, and
+    the same sum up to the order of its float32 partial sums."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(1000) * 5).astype(dtype)
+    x[[3, 700]] = -np.inf
+    m = x.max()
+    out = np.empty_like(x)
+    want = fastmath.exp_store(x, m, out)
+    y = x.copy()
+    got = fastmath.exp_store(y, m, y)
+    assert np.array_equal(y, out)
+    assert abs(got - want) <= fastmath.SUM_BLOCK * np.finfo(dtype).eps * want
+
+
+def test_kernel_cache_follows_every_kernel_module(tmp_path):
+    """Numba keys a cached kernel on its own file only: the cache names carry a hash of
+    all the kernel modules, so a change to a helper's module (``fastmath``) compiles the
+    kernels of the other modules anew instead of loading them with the old helper."""
+    import shutil
+    from pathlib import Path
+
+    from rnnt_lattice.cpu import _config, kernels
+    here = Path(_config.__file__).parent
+    assert len(_config.SOURCES) == 12 and _config.SOURCES == _config.sources_hash(str(here))
+    for variant in (kernels.row_pass.parallel, kernels.row_pass.serial):
+        assert variant.py_func.__qualname__.endswith("_" + _config.SOURCES)
+    for p in here.glob("*.py"):
+        shutil.copy(p, tmp_path / p.name)
+    assert _config.sources_hash(str(tmp_path)) == _config.SOURCES
+    (tmp_path / "__init__.py").write_text("# kernels are not here\n")
+    assert _config.sources_hash(str(tmp_path)) == _config.SOURCES
+    with open(tmp_path / "fastmath.py", "a") as f:
+        f.write("# a change\n")
+    assert _config.sources_hash(str(tmp_path)) != _config.SOURCES
 
 
 # --------------------------------------------------------------------------- buffer reuse

@@ -4,7 +4,10 @@ test_topology.py): losses and gradients for every option (fused / log-prob, Fast
 clamp, sigma, delay penalty, k2 boundary, in place), ragged lengths with NaN-poisoned
 padding, signed upstream gradients, float64 and float32; the path oracle on tiny
 lattices; impossible alignments; NaN rules; the packed and pruned row layouts
-(``node_rows``)."""
+(``node_rows``). The regular topology runs both the regular fast path
+(``cpu.uses_regular_fast_path``) and the generic kernels ("regular_generic": the same
+logits as rows with the identity ``node_rows``, which the fast path does not take), and
+the two give the same bits."""
 from __future__ import annotations
 
 import math
@@ -28,17 +31,24 @@ TOL = {torch.float64: 1e-10, torch.float32: 4 * 2.0**-23 * 8}
 
 def numba_loss(logits, targets, tl, ul, topo, blank, fused=True, clamp=-1.0, fastemit_lambda=0.0,
                sigma=0.0, delay_penalty=0.0, boundary=None, inplace=False, upstream=None,
-               node_rows=None):
-    """``(costs, upstream-scaled gradient)`` through the backend protocol (``_ops``)."""
+               node_rows=None, generic=False):
+    """``(costs, upstream-scaled gradient)`` through the backend protocol (``_ops``).
+    ``generic``: padded logits go in as rows with the identity ``node_rows`` (the generic
+    kernels, whatever the topology), the gradient comes back padded."""
     opts = LossOptions(blank=blank, fused=fused, clamp=clamp, fastemit_lambda=fastemit_lambda,
                        inplace_grad=inplace, topology=topo, sigma=sigma, delay_penalty=delay_penalty)
     x = logits.clone()
+    if generic:
+        node_rows = torch.arange(x[..., 0].numel()).reshape(x.shape[:3])
+        x = x.view(-1, x.shape[-1])
+    assert not (generic and cpu.uses_regular_fast_path(opts, boundary, node_rows))
     costs, saved, state = cpu.loss_forward(x, targets, tl, ul, opts, True, boundary, node_rows)
     up = torch.ones(len(tl), dtype=torch.float64) if upstream is None else upstream
     grad = cpu.loss_backward(saved, state, up, opts)
-    assert grad.shape == logits.shape and grad.dtype == logits.dtype
     if inplace:
         assert grad.data_ptr() == x.data_ptr()
+    grad = grad.view(logits.shape)
+    assert grad.dtype == logits.dtype
     return costs, grad
 
 
@@ -51,25 +61,22 @@ def reference_loss(logits, targets, tl, ul, topo, blank, fused=True, boundary=No
     return loss, grad
 
 
-@pytest.fixture
-def generic_kernels(monkeypatch):
-    """The plain regular loss has its own kernels (``cpu.REGULAR_KERNELS``); the generic
-    ones must compute it too."""
-    monkeypatch.setattr(cpu, "REGULAR_KERNELS", False)
+# Every topology, and the regular one through the generic kernels too.
+PATHS = list(TOPOLOGIES) + ["regular_generic"]
+
+
+def _path(topo_name):
+    """``(topology name, generic)`` of a name of ``PATHS``."""
+    return ("regular", True) if topo_name == "regular_generic" else (topo_name, False)
 
 
 @pytest.mark.parametrize("opt", list(OPTIONS) + ["inplace", "inplace_logprob"])
-@pytest.mark.parametrize("topo_name", list(TOPOLOGIES) + ["regular_kernels",
-                                                         "regular_kernels_own_lattice"])
-def test_matches_reference(topo_name, opt, monkeypatch):
+@pytest.mark.parametrize("topo_name", PATHS)
+def test_matches_reference(topo_name, opt):
     """Every case (ragged, U=0, T=1, T=0, infeasible rows) in float64, signed upstream;
-    "regular_kernels": the regular topology through the kernels kept for it (which take
-    the options without sigma, delay penalty or boundary), with the generic row-wise
-    lattice pass (the default) or its own (``cpu.REGULAR_LATTICE``); the others through
-    the generic kernels."""
-    monkeypatch.setattr(cpu, "REGULAR_KERNELS", topo_name.startswith("regular_kernels"))
-    monkeypatch.setattr(cpu, "REGULAR_LATTICE", topo_name == "regular_kernels_own_lattice")
-    topo_name = "regular" if topo_name.startswith("regular_kernels") else topo_name
+    "regular" runs the regular fast path where the options allow it (no sigma, delay
+    penalty or boundary), "regular_generic" the generic kernels everywhere."""
+    topo_name, generic = _path(topo_name)
     kw = dict(OPTIONS.get(opt, {}))
     fused = kw.pop("fused", opt != "inplace_logprob")
     use_boundary = kw.pop("boundary", False)
@@ -80,16 +87,59 @@ def test_matches_reference(topo_name, opt, monkeypatch):
         want_loss, want_grad = reference_loss(logits, targets, tl, ul, topo, blank, fused, bnd,
                                               up, **kw)
         loss, grad = numba_loss(logits, targets, tl, ul, topo, blank, fused, boundary=bnd,
-                                inplace=opt.startswith("inplace"), upstream=up, **kw)
+                                inplace=opt.startswith("inplace"), upstream=up,
+                                generic=generic, **kw)
         assert loss.dtype == torch.float64
         assert rel_err(loss, want_loss) <= TOL[torch.float64], case.name
         assert rel_err(grad, want_grad) <= TOL[torch.float64], case.name
         assert not torch.isnan(grad).any(), "NaN padding leaked into the gradient"
 
 
-@pytest.mark.parametrize("topo_name", list(TOPOLOGIES))
+def test_regular_fast_path_is_chosen():
+    """The regular fast path takes the plain regular loss on padded logits, nothing else."""
+    plain = LossOptions(blank=0)
+    ids = torch.zeros(1, 2, 3, dtype=torch.int64)
+    assert cpu.uses_regular_fast_path(plain, None, None)
+    assert cpu.uses_regular_fast_path(LossOptions(blank=0, topology=topology.regular(), clamp=0.1,
+                                                  fastemit_lambda=0.2, fused=False,
+                                                  inplace_grad=True), None, None)
+    assert not cpu.uses_regular_fast_path(LossOptions(blank=0, sigma=0.1), None, None)
+    assert not cpu.uses_regular_fast_path(LossOptions(blank=0, delay_penalty=0.1), None, None)
+    assert not cpu.uses_regular_fast_path(LossOptions(blank=0, topology=topology.modified()),
+                                          None, None)
+    assert not cpu.uses_regular_fast_path(plain, torch.tensor([[0, 0, 1, 2]]), None)
+    assert not cpu.uses_regular_fast_path(plain, None, ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("opt", ["fused", "logprob", "fastemit", "clamp", "inplace",
+                                 "inplace_logprob"])
+def test_regular_fast_path_equals_generic(opt, dtype):
+    """The regular fast path and the generic kernels on the same lattice, through the
+    identity ``node_rows`` layout and through a k2 boundary equal to the full lattice
+    (``[0, 0, U_b, T_b]``), every case, signed upstream: the same losses, bit for bit, and
+    the same gradients up to one rounding of the dtype (the fast path computes the blank
+    entry in float64 at every node, the generic kernels only where an arc reads it)."""
+    kw = dict(OPTIONS.get(opt, {}))
+    fused = kw.pop("fused", opt != "inplace_logprob")
+    for case in CASES:
+        logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, "regular", dtype,
+                                                                  fused=fused)
+        full = torch.stack([torch.zeros_like(ul), torch.zeros_like(tl), ul, tl], 1)
+        up = upstream_weights(case.B)
+        run = dict(inplace=opt.startswith("inplace"), upstream=up, **kw)
+        fast = numba_loss(logits, targets, tl, ul, topo, blank, fused, **run)
+        rows = numba_loss(logits, targets, tl, ul, topo, blank, fused, generic=True, **run)
+        bound = numba_loss(logits, targets, tl, ul, topo, blank, fused, boundary=full, **run)
+        for other in (rows, bound):
+            assert torch.equal(fast[0], other[0]), case.name
+            assert rel_err(fast[1], other[1]) <= torch.finfo(dtype).eps, case.name
+
+
+@pytest.mark.parametrize("topo_name", PATHS)
 @pytest.mark.parametrize("opt", ["fused", "logprob", "all_logprob", "clamp"])
-def test_float32(topo_name, opt, generic_kernels):
+def test_float32(topo_name, opt):
+    topo_name, generic = _path(topo_name)
     kw = dict(OPTIONS[opt], fastemit_lambda=0.1, sigma=0.05)
     fused = kw.pop("fused", True)
     case = Case("f32", (4, 3, 5), (2, 3, 1), 6, 0, T=5, U=3)
@@ -99,7 +149,7 @@ def test_float32(topo_name, opt, generic_kernels):
     want_loss, want_grad = reference_loss(logits.double(), targets, tl, ul, topo, blank, fused,
                                           bnd, up, **kw)
     loss, grad = numba_loss(logits, targets, tl, ul, topo, blank, fused, boundary=bnd,
-                            upstream=up, **kw)
+                            upstream=up, generic=generic, **kw)
     assert loss.dtype == torch.float32
     assert rel_err(loss, want_loss) <= TOL[torch.float32]
     assert rel_err(grad, want_grad) <= TOL[torch.float32]
@@ -152,14 +202,19 @@ def test_nan_rules(topo_name, fused):
     assert (grad[0] == 0).all() and rel_err(grad[1], -2 * want_grad[1]) <= TOL[torch.float64]
 
 
-@pytest.mark.parametrize("topo_name", ["tdt012", "regular"])
-def test_second_backward_is_bit_identical(topo_name, generic_kernels):
+@pytest.mark.parametrize("topo_name", ["tdt012", "regular", "regular_generic"])
+def test_second_backward_is_bit_identical(topo_name):
     """Without the stored exps (retain_graph), the gradient is recomputed from the logits
     with the same code: the same bits."""
+    topo_name, generic = _path(topo_name)
     case = Case("twice", (5, 3), (2, 3), 7, 0)
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, torch.float32)
     opts = LossOptions(blank=blank, topology=topo, clamp=0.1, fastemit_lambda=0.2)
-    _, saved, state = cpu.loss_forward(logits, targets, tl, ul, opts, True)
+    node_rows = None
+    if generic:
+        node_rows = torch.arange(logits[..., 0].numel()).reshape(logits.shape[:3])
+        logits = logits.view(-1, logits.shape[-1])
+    _, saved, state = cpu.loss_forward(logits, targets, tl, ul, opts, True, None, node_rows)
     up = upstream_weights(case.B)
     first = cpu.loss_backward(saved, state, up, opts).clone()
     second = cpu.loss_backward(saved, state, up, opts)
@@ -180,7 +235,7 @@ def _packed(logits, tl, ul):
 
 @pytest.mark.parametrize("topo_name", ["regular", "constrained", "tdt012", "multiblank"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
-def test_packed_rows(topo_name, fused, generic_kernels):
+def test_packed_rows(topo_name, fused):
     case = Case("packed", (5, 2, 4), (3, 0, 2), 7, 0, T=6, U=4)
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, fused=fused)
     up = upstream_weights(case.B)

@@ -630,7 +630,7 @@ def test_exact_windows_of_a_batch_with_an_impossible_sequence():
 
 # --------------------------------------------------------------------------- backends
 # The lattice of the simple/smoothed losses runs on the backend's kernel (Numba's
-# kind_lattice; Triton's _topo_lattice_kernel, here through the interpreter that
+# kernels.lattice; Triton's _lattice_kernel, here through the interpreter that
 # conftest.py turns on); the arc weights are the same PyTorch code for every backend, so
 # the kernels must reproduce backend="torch" to float64 rounding, and in float32 to a few
 # ulps of the float32 outputs.

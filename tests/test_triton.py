@@ -540,21 +540,20 @@ def variants():
     for tname, topo in topologies.items():
         kinds = gpu._kinds(topo)
         n_dur = topo.n_durations
-        rows = dict(kinds, N_DUR=n_dur, HAS_NEXT=any(kinds["NEXT"]), ROWS=4, BLOCK_V=1024,
-                    BLOCK_DUR=gpu._pow2(n_dur, 1 << 30))
+        rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30))
         lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
         for on in ((False, True) if tname == "regular" else (True,)):
             where = dict(BOUNDARY=on, NODE_ROWS=on)
             terms = dict(SIGMA=on, DELAY_ON=on)
             dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
-            yield "_topo_row_kernel", dict(rows, FUSED=True, **where), dtypes
-            yield "_topo_row_kernel", dict(rows, FUSED=False, **where), fp32
-            yield "_topo_grad_kernel", dict(rows, FUSED=True, CLAMP=True, **where, **terms), dtypes
-            yield "_topo_grad_kernel", dict(rows, FUSED=False, CLAMP=False, **where, **terms), fp32
+            yield "_row_kernel", dict(rows, FUSED=True, **where), dtypes
+            yield "_row_kernel", dict(rows, FUSED=False, **where), fp32
+            yield "_grad_kernel", dict(rows, FUSED=True, CLAMP=True, **where, **terms), dtypes
+            yield "_grad_kernel", dict(rows, FUSED=False, CLAMP=False, **where, **terms), fp32
             for semiring in (False, True):
-                yield ("_topo_lattice_kernel", dict(lattice, BOUNDARY=on, MAX_SEMIRING=semiring,
-                                                    BLOCK_U=256, **terms), fp32)
-            yield "_topo_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
+                yield ("_lattice_kernel", dict(lattice, BOUNDARY=on, MAX_SEMIRING=semiring,
+                                               BLOCK_U=256, **terms), fp32)
+            yield "_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
     for backward in (False, True):                             # the simple losses' rescue
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),

@@ -1,6 +1,6 @@
 """The Triton backend's kernels for every topology (math.md section 9), run on CPU tensors
 through the Triton interpreter, against the float64 generic reference
-(``reference.costs_and_grad_generic``): losses and gradients for every topology x option
+(``reference.costs_and_grad``): losses and gradients for every topology x option
 (sigma, delay penalty, k2 boundary, FastEmit, clamp, log-prob mode, in-place gradient) on
 ragged lattices with NaN-poisoned padding and signed upstream gradients; impossible
 alignments; one frame and no labels; float16 logits; the ``node_rows`` layouts (packed

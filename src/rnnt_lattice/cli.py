@@ -3,7 +3,7 @@
     rnnt-lattice demo  [--steps N] [--out DIR] [--device D] [--threads N] [--seed S]
     rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
-    rnnt-lattice bench [ARGS...]        (forwarded to rnnt_lattice.bench.main)
+    rnnt-lattice bench [ARGS...]        (forwarded to benchmarks/quick.py)
 
 Errors in the user's input print one line ``rnnt-lattice: error: ...`` and exit with
 status 2, without a traceback.
@@ -199,12 +199,13 @@ def _cmd_plot(args) -> int:
 
 
 # The calls ``rnnt-lattice warmup`` makes, each on a tiny problem, and the CPU kernels
-# (``rnnt_lattice.cpu.kernels``) whose specialisations they compile: together every kernel
-# that a public function runs. (``tests/test_cli.py`` holds this list to the kernels.)
+# (the ``@pjit`` kernels of ``rnnt_lattice.cpu``'s modules) whose specialisations they
+# compile: together every kernel that a public function runs. (``tests/test_cli.py``
+# holds this list to the kernels.)
 WARMUP_CALLS = [
-    ("rnnt_loss", ("row_pass", "regular_weights", "kind_lattice", "grad_rows")),
-    ("tdt_loss", ("kind_row_pass", "kind_lattice", "kind_grad_rows")),
-    ("best_alignment", ("kind_row_pass", "kind_viterbi")),
+    ("rnnt_loss", ("regular_row_pass", "lattice", "regular_grad_rows")),
+    ("tdt_loss", ("row_pass", "lattice", "grad_rows")),
+    ("best_alignment", ("row_pass", "viterbi")),
     ("prune_ranges", ("window_dp",)),
 ]
 

@@ -1,13 +1,17 @@
-"""CPU backend: Numba kernels (``kernels.py``) behind the backend protocol
-(``_backends.Backend``).
+"""CPU backend: Numba kernels behind the backend protocol (``_backends.Backend``).
 
-Every topology, per-arc term (sigma, delay penalty), k2 boundary and row layout
-(``node_rows``: packed or pruned logits rows) runs on the generic kernels over a table of
-arc kinds (``kind_table``); the plain regular loss keeps its own row and gradient passes
-(``REGULAR_KERNELS``) and shares the generic lattice pass (``REGULAR_LATTICE``).
-The lattice tools of every topology (``occupancy``, ``viterbi``: per-kind occupations, and
-the max-plus sweep with the best incoming kind of every node) run the loss's generic
-passes.
+The modules, by concept:
+
+- ``kernels``: the generic passes (row pass, lattice, gradient rows; the max-plus
+  ``viterbi``), driven by a table of arc kinds (``kernels.kind_table``). Every topology,
+  per-arc term (sigma, delay penalty), k2 boundary and row layout (``node_rows``: packed
+  or pruned logits rows) runs on them, and so do the lattice tools (``occupancy``,
+  ``viterbi``).
+- ``regular``: the regular fast path, its own row and gradient passes for the plain
+  regular loss, with the generic lattice pass in between (``uses_regular_fast_path``).
+- ``fastmath``: the exp, log, row max and row sums the kernels share.
+- ``windows``: the window DP of the pruned losses' window choice.
+- ``_config``: Numba settings, the parallel/serial variants, threads and the row order.
 
 Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
 compile on first use and are cached on disk (``_config.CACHE``).
@@ -40,11 +44,11 @@ and in forked children is ``_config``'s business (docs/api.md, "Reliability").
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -52,8 +56,8 @@ import torch
 from .. import torch_backend
 from .._types import Lattice, LossOptions
 from ..reference import Ends
-from ..topology import Topology, regular
-from . import _config, kernels
+from ..topology import Topology, regular as regular_topology
+from . import _config, kernels, regular, windows
 
 __all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
            "window_dp", "simple_rescue", "simple_rescue_backward", "empty_cache"]
@@ -67,17 +71,7 @@ NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
 simple_rescue = torch_backend.simple_rescue
 simple_rescue_backward = torch_backend.simple_rescue_backward
 
-_REGULAR = regular()
-
-
-class _RegularLattice(NamedTuple):
-    """The regular kernels' lattice, ``(B, T, U+1)`` node tensors (no end frame)."""
-
-    alpha: torch.Tensor
-    beta: torch.Tensor
-    log_like: torch.Tensor       # (B,)
-    gamma_blank: torch.Tensor
-    gamma_label: torch.Tensor
+_REGULAR = regular_topology()
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -144,80 +138,18 @@ def _zeros_like(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _row_pass(logits, targets, logit_lengths, target_lengths, blank, fused, buf=None):
-    """Pass 1 (``kernels.row_pass``): ``(shift, inv_sum, lpb, lpl)``, each ``(B, T, U+1)``;
-    the exps go into ``buf`` when one is given."""
-    B, T, U1, V = logits.shape
-    x = _np(logits)
-    shift = np.empty((B, T, U1), dtype=x.dtype)
-    inv_sum, lpb, lpl = (np.empty((B, T, U1)) for _ in range(3))
-    kernels.row_pass(x, _np(targets), _np(logit_lengths), _np(target_lengths), blank, fused,
-                     buf is not None, kernels.spread_stride(B * T),
-                     np.empty((0, 0, 0, 0), dtype=x.dtype) if buf is None else _np(buf),
-                     shift, inv_sum, lpb, lpl)
-    return shift, inv_sum, lpb, lpl
-
-
-def _forward(logits, targets, logit_lengths, target_lengths, blank, fused, store, into=None):
-    """Passes 1-2: row statistics (+ exps stored in ``into`` or a new buffer) and the lattice.
-
-    ``into`` may be ``logits`` itself (in-place mode): each row is read completely (max,
-    then exp) before its exps overwrite it, so the row pass is safe in place.
-    """
-    B, T, U1, V = logits.shape
-    buf = (_empty_like(logits) if into is None else into) if store else None
-    shift, inv_sum, lpb, lpl = _row_pass(logits, targets, logit_lengths, target_lengths, blank,
-                                         fused, buf)
-    tl, ul = _np(logit_lengths), _np(target_lengths)
-    if REGULAR_LATTICE:
-        alpha = np.full((B, T, U1), -np.inf)
-        beta = np.full((B, T, U1), -np.inf)
-        log_like = np.empty(B)
-        gamma_blank = np.zeros((B, T, U1))
-        gamma_label = np.zeros((B, T, U1))
-        kernels.lattice(lpb, lpl, tl, ul, alpha, beta, log_like, gamma_blank, gamma_label)
-    else:
-        # The generic row-wise pass 2 on the two kinds (faster than the dedicated one), its
-        # results in the regular layout: (B, T, U+1), -inf / 0 off each sequence's nodes
-        # (the generic lattice's virtual end frame t = T_b is no node here).
-        w = np.empty((B, 2, T, U1))
-        nan_row = np.empty((B, T), dtype=np.uint8)
-        kernels.regular_weights(lpb, lpl, tl, ul, w, nan_row)
-        ends = _ends(logit_lengths, target_lengths, None, T, U1)
-        alpha, beta, log_like, gamma = _kind_lattice(w, nan_row, kind_table(_REGULAR, 0), ends)
-        past = np.arange(T)[None, :, None] >= tl.astype(np.int64)[:, None, None]   # t >= T_b
-        alpha = np.where(past, -np.inf, alpha[:, :T])
-        beta = np.where(past, -np.inf, beta[:, :T])
-        gamma_blank = np.ascontiguousarray(gamma[:, 0])
-        gamma_label = np.ascontiguousarray(gamma[:, 1])
-    return buf, shift, inv_sum, _RegularLattice(*(torch.from_numpy(a) for a in
-                                          (alpha, beta, log_like, gamma_blank, gamma_label)))
-
-
-# Pass 2 of the regular loss: the dedicated kernel
-# (``kernels.lattice``, ``REGULAR_LATTICE = True``) or the generic row-wise one
-# (``kernels.kind_lattice`` on ``kernels.regular_weights``), which measured ~2.7x faster at
-# s4 (14.7 against 5.4 ms, 1 thread). The tests run both.
-REGULAR_LATTICE = False
-
-
 # --------------------------------------------------------------------------- loss
 INPLACE_WRITES_IN = "forward"     # in-place mode stores the exps in the logits right away
 
 
-@functools.lru_cache(maxsize=64)
-def kind_table(topo: Topology, blank: int) -> np.ndarray:
-    """The arc kinds of ``topo`` as the ``(N_FIELDS, K)`` int64 table the kernels read
-    (``kernels.DT`` ...): the class each kind reads resolved to a token id (-1: the label
-    y[u]). Read-only: it is shared by every call with this topology and blank."""
-    rows = []
-    for k in topo.kinds:
-        cls = blank if k.reads == "blank" else (k.class_id if k.reads == "class" else -1)
-        rows.append((k.dt, k.du, cls, k.duration, int(k.plus_next_blank), int(k.fastemit),
-                     int(k.delay), int(k.may_end)))
-    table = np.ascontiguousarray(np.array(rows, dtype=np.int64).T.reshape(kernels.N_FIELDS, -1))
-    table.setflags(write=False)
-    return table
+def uses_regular_fast_path(opts: LossOptions, boundary, node_rows) -> bool:
+    """Whether a loss runs the regular fast path (``regular``: its own row and gradient
+    passes, the generic lattice pass) instead of the generic kernels: the plain regular
+    loss (``opts.regular``: no sigma, no delay penalty) on padded logits without a k2
+    boundary. Both give the same numbers; the fast path skips the generic passes'
+    bookkeeping over the kind table and measured faster on the standard loss
+    (docs/benchmarks.md, "CPU kernels after the restructuring")."""
+    return opts.regular and boundary is None and node_rows is None
 
 
 def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
@@ -231,7 +163,8 @@ def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
         return zero, zero, tl, ul
     ends = Ends.of(logit_lengths, target_lengths, boundary)
     ends.check(T, U1)
-    return tuple(np.ascontiguousarray(_np(x.to(torch.int64))) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
+    return tuple(np.ascontiguousarray(_np(x.to(torch.int64)))
+                 for x in (ends.t0, ends.u0, ends.t1, ends.u1))
 
 
 def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
@@ -242,32 +175,38 @@ def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
     return np.ascontiguousarray(_np(node_rows).astype(np.int64, copy=False))
 
 
-# Two kernel sets compute the loss. The generic one (``kind_row_pass``, ``kind_lattice``,
-# ``kind_grad_rows``) runs every topology, per-arc term, boundary and row layout. The plain
-# regular loss (no sigma, no delay penalty, no boundary, padded logits) keeps its own
-# kernels (``row_pass``, ``lattice``, ``grad_rows``): the generic ones give the same
-# numbers but were measured 10-18% slower on it (per-node bookkeeping over the kind table
-# in the row and gradient passes; B=8, T=200, U=50, V=1024 float32, serial CPU time), and
-# the standard loss must not lose speed. ``REGULAR_KERNELS = False`` sends it through the
-# generic ones too (the tests do, to check them on the regular lattice).
-REGULAR_KERNELS = True
-
-
+@dataclass
 class _State:
     """What the backward pass needs besides saved tensors. ``buf`` (the forward's exp
-    buffer, or the logits themselves in place, shaped like the logits) is handed over once.
-    ``lat`` is the regular kernels' ``_RegularLattice``, or None for the generic ones (``gamma``...)."""
+    buffer, or the logits themselves in place, shaped like the logits) is handed over
+    once. ``node_rows`` is None on the regular fast path."""
 
-    def __init__(self, buf, stats, inplace, shape, lat=None, gamma=None, log_like=None,
-                 ends=None, node_rows=None, kinds=None, blank=None, n_dur=0):
-        self.buf, self.stats, self.inplace, self.shape = buf, stats, inplace, shape
-        self.lat = lat
-        self.gamma, self.log_like, self.ends, self.node_rows = gamma, log_like, ends, node_rows
-        self.kinds, self.blank, self.n_dur = kinds, blank, n_dur
+    buf: Optional[torch.Tensor]
+    inplace: bool
+    shape: tuple
+    stats: tuple                  # the row pass's statistics, as its gradient pass reads them
+    gamma: np.ndarray             # (B, K, T, U+1) per-kind occupations
+    log_like: np.ndarray          # (B,)
+    ends: tuple                   # (t0, u0, t1, u1), each (B,) int64
+    kinds: np.ndarray             # kernels.kind_table
+    blank: int
+    n_durations: int
+    node_rows: Optional[np.ndarray] = None
 
 
-def _kind_rows(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions, buf):
-    """Pass 1 (``kernels.kind_row_pass``) on logits rows ``(N, V)``: ``(stats, w, nan_row)``
+def _lattice(w, nan_row, kinds, ends):
+    """Pass 2 (``kernels.lattice``): ``(alpha, beta, log_like, gamma)``."""
+    B, K, T, U1 = w.shape
+    alpha = np.full((B, T + 1, U1), -np.inf)
+    beta = np.full((B, T + 1, U1), -np.inf)
+    log_like = np.empty(B)
+    gamma = np.zeros((B, K, T, U1))
+    kernels.lattice(w, nan_row, *ends, kinds, alpha, beta, log_like, gamma)
+    return alpha, beta, log_like, gamma
+
+
+def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: LossOptions, buf):
+    """Pass 1 (``kernels.row_pass``) on logits rows ``(N, V)``: ``(stats, w, nan_row)``
     with the arc weights ``w (B, K, T, U+1)``; the exps go into ``buf`` (N, V) unless None
     (it may be ``rows`` itself: in-place mode)."""
     B, T, U1 = node_rows.shape
@@ -278,37 +217,38 @@ def _kind_rows(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOp
     # The stored exp of each class a node reads (one column per distinct class of the
     # kinds, + the blank of plus_next_blank arcs): the gradient pass needs them before it
     # overwrites the row, and reading them from the row costs it a memory latency per node.
-    n_reads = len(set(kinds[kernels.CLS].tolist())) + 1 if buf is not None else 0
+    n_reads = len(set(kinds[kernels.CLASS_ID].tolist())) + 1 if buf is not None else 0
     e_read = np.empty((B, T, U1, n_reads) if n_reads else (0, 0, 0, 0), dtype=x.dtype)
     w = np.empty((B, K, T, U1))
     nan_row = np.empty((B, T), dtype=np.uint8)
-    t0, u0, t1, u1 = ends
-    kernels.kind_row_pass(x, node_rows, _np(targets), t0, u0, t1, u1, kinds, blank, n_dur,
-                          opts.fused, buf is not None, float(opts.sigma),
-                          float(opts.delay_penalty), kernels.spread_stride(B * T),
-                          np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
-                          shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row)
+    kernels.row_pass(x, node_rows, _np(targets), *ends,
+                     kinds, blank, n_durations,
+                     float(opts.sigma), float(opts.delay_penalty),
+                     opts.fused, buf is not None,
+                     _config.spread_stride(B * T),
+                     np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
+                     shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row)
     return (shift, inv_sum, shift_d, inv_sum_d, e_read), w, nan_row
 
 
-def _kind_lattice(w, nan_row, kinds, ends):
-    """Pass 2 (``kernels.kind_lattice``): ``(alpha, beta, log_like, gamma)``."""
-    B, K, T, U1 = w.shape
-    alpha = np.full((B, T + 1, U1), -np.inf)
-    beta = np.full((B, T + 1, U1), -np.inf)
-    log_like = np.empty(B)
-    gamma = np.zeros((B, K, T, U1))
-    kernels.kind_lattice(w, kinds, *ends, nan_row, alpha, beta, log_like, gamma)
-    return alpha, beta, log_like, gamma
-
-
-def _kind_forward(rows, targets, ends, node_rows, kinds, blank, n_dur, opts: LossOptions, buf):
-    """Passes 1-2 (``kernels.kind_row_pass``, ``kernels.kind_lattice``) on logits rows
-    ``(N, V)``: ``(stats, gamma, log_like)``; the exps go into ``buf`` (N, V) unless None
-    (it may be ``rows`` itself: in-place mode)."""
-    stats, w, nan_row = _kind_rows(rows, targets, ends, node_rows, kinds, blank, n_dur, opts, buf)
-    _, _, log_like, gamma = _kind_lattice(w, nan_row, kinds, ends)
-    return stats, gamma, log_like
+def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opts: LossOptions,
+                      buf):
+    """Pass 1 of the regular fast path (``regular.regular_row_pass``) on padded logits:
+    ``(stats, w, nan_row)`` as :func:`_row_pass` returns them, the stats ``(shift,
+    inv_sum)``; the exps go into ``buf`` unless None (it may be ``logits`` itself)."""
+    B, T, U1, V = logits.shape
+    x = _np(logits)
+    shift = np.empty((B, T, U1), dtype=x.dtype)
+    inv_sum = np.empty((B, T, U1))
+    w = np.empty((B, 2, T, U1))
+    nan_row = np.empty((B, T), dtype=np.uint8)
+    regular.regular_row_pass(x, _np(targets), _np(logit_lengths), _np(target_lengths),
+                             blank,
+                             opts.fused, buf is not None,
+                             _config.spread_stride(B * T),
+                             np.empty((0, 0, 0, 0), dtype=x.dtype) if buf is None else _np(buf),
+                             shift, inv_sum, w, nan_row)
+    return (shift, inv_sum), w, nan_row
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
@@ -325,30 +265,28 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     shape = tuple(logits.shape)
     V = shape[-1]
     buf = (logits if inplace else _empty_like(logits)) if store else None
-    if REGULAR_KERNELS and opts.regular and boundary is None and node_rows is None:
-        buf, shift, inv_sum, lat = _forward(logits, targets, logit_lengths, target_lengths,
-                                            opts.blank, opts.fused, store, into=buf)
-        log_like = lat.log_like.numpy()
-        state = _State(buf, (shift, inv_sum), inplace, shape, lat=lat)
+    topo = opts.topology or _REGULAR
+    blank = topo.check(V, opts.blank)
+    B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
+    ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
+    kinds = kernels.kind_table(topo, blank)
+    if uses_regular_fast_path(opts, boundary, node_rows):
+        nodes = None
+        stats, w, nan_row = _regular_row_pass(logits, targets, logit_lengths, target_lengths,
+                                              blank, opts, buf)
     else:
-        topo = opts.topology or _REGULAR
-        blank = topo.check(V, opts.blank)
-        B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
         nodes = _node_rows(node_rows, B, T, U1)
-        ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
-        kinds = kind_table(topo, blank)
-        stats, gamma, log_like = _kind_forward(logits.view(-1, V), targets, ends, nodes, kinds,
-                                               blank, topo.n_durations, opts,
-                                               None if buf is None else buf.view(-1, V))
-        state = _State(buf, stats, inplace, shape, gamma=gamma, log_like=log_like, ends=ends,
-                       node_rows=nodes, kinds=kinds, blank=blank, n_dur=topo.n_durations)
+        stats, w, nan_row = _row_pass(logits.view(-1, V), targets, ends, nodes, kinds, blank,
+                                      topo.n_durations, opts,
+                                      None if buf is None else buf.view(-1, V))
+    _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends)
     costs = torch.from_numpy(-log_like).to(logits.dtype)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
     saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
-    if inplace:
-        state.buf = logits
+    state = _State(logits if inplace else buf, inplace, shape, stats, gamma, log_like, ends,
+                   kinds, blank, topo.n_durations, nodes)
     return costs, saved, state
 
 
@@ -377,32 +315,32 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
         dst, from_logits = _empty_like(logits), True
     src = dst if logits is None else logits
     up = upstream.detach().to(torch.float64).contiguous().numpy()
-    if st.lat is not None:                    # the regular kernels
+    fastemit_scale = 1.0 + float(opts.fastemit_lambda)   # FastEmit (math.md section 6)
+    B, T = st.gamma.shape[0], st.gamma.shape[2]
+    spread = _config.spread_stride(B * T)
+    if st.node_rows is None:                  # the regular fast path
         shift, inv_sum = st.stats
-        # FastEmit (math.md section 6): label arcs get (1 + lambda) times their gradient.
-        gamma_label = st.lat.gamma_label.numpy()
-        if opts.fastemit_lambda != 0.0:
-            gamma_label = gamma_label * (1.0 + opts.fastemit_lambda)
-        B, T = dst.shape[:2]
-        kernels.grad_rows(_np(src), _np(dst), from_logits, _np(targets), _np(logit_lengths),
-                          _np(target_lengths), opts.blank, opts.fused, kernels.spread_stride(B * T),
-                          shift, inv_sum, st.lat.gamma_blank.numpy(), gamma_label, up,
-                          float(opts.clamp))
+        regular.regular_grad_rows(_np(src), _np(dst), _np(targets), _np(logit_lengths),
+                                  _np(target_lengths),
+                                  st.blank,
+                                  shift, inv_sum, st.gamma,
+                                  fastemit_scale, float(opts.clamp), up,
+                                  opts.fused, from_logits,
+                                  spread)
         return dst
     V = st.shape[-1]
-    B, T = st.node_rows.shape[:2]
-    t0, u0, t1, u1 = st.ends
-    shift, inv_sum, shift_d, inv_sum_d, e_read = st.stats
-    kernels.kind_grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), from_logits,
-                           st.node_rows, _np(targets), t0, u0, t1, u1, st.kinds, st.blank,
-                           st.n_dur, opts.fused, kernels.spread_stride(B * T), shift, inv_sum,
-                           shift_d, inv_sum_d, e_read, st.gamma, st.log_like,
-                           1.0 + float(opts.fastemit_lambda), up, float(opts.clamp))
+    kernels.grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), st.node_rows,
+                      _np(targets), *st.ends,
+                      st.kinds, st.blank, st.n_durations,
+                      *st.stats, st.gamma, st.log_like,
+                      fastemit_scale, float(opts.clamp), up,
+                      opts.fused, from_logits,
+                      spread)
     return dst
 
 
 # --------------------------------------------------------------------------- lattice tools
-def _kind_weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
+def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
     """Pass 1 of the lattice tools (no gradient work, no exps stored) for any topology:
     ``(w, nan_row, kinds, ends)``."""
     logits = logits.contiguous()
@@ -410,9 +348,9 @@ def _kind_weights(logits, targets, logit_lengths, target_lengths, opts: LossOpti
     topo = opts.topology or _REGULAR
     blank = topo.check(V, opts.blank)
     ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
-    kinds = kind_table(topo, blank)
-    _, w, nan_row = _kind_rows(logits.view(-1, V), targets, ends, _node_rows(None, B, T, U1),
-                               kinds, blank, topo.n_durations, opts, None)
+    kinds = kernels.kind_table(topo, blank)
+    _, w, nan_row = _row_pass(logits.view(-1, V), targets, ends, _node_rows(None, B, T, U1),
+                              kinds, blank, topo.n_durations, opts, None)
     return w, nan_row, kinds, ends
 
 
@@ -420,53 +358,53 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
               boundary=None) -> Lattice:
     """The lattice of any topology (``opts``: topology, blank, fused, sigma, delay
     penalty; k2 ``boundary``) without gradient work: the loss's passes 1-2
-    (``kernels.kind_row_pass``, ``kernels.kind_lattice``). A
-    :class:`rnnt_lattice._types.Lattice` as ``reference.lattice_generic``
-    returns it: alpha, beta ``(B, T+1, U+1)`` (-inf off each sequence's nodes), log P
-    ``(B,)``, per-kind occupations ``gamma (B, K, T, U+1)`` (0 off the arcs)."""
+    (``kernels.row_pass``, ``kernels.lattice``). A :class:`rnnt_lattice._types.Lattice`
+    as ``reference.lattice`` returns it: alpha, beta ``(B, T+1, U+1)`` (-inf off
+    each sequence's nodes), log P ``(B,)``, per-kind occupations ``gamma (B, K, T, U+1)``
+    (0 off the arcs)."""
     with torch.no_grad():
-        w, nan_row, kinds, ends = _kind_weights(logits, targets, logit_lengths, target_lengths,
-                                                opts, boundary)
-        return Lattice(*(torch.from_numpy(a) for a in _kind_lattice(w, nan_row, kinds, ends)))
+        w, nan_row, kinds, ends = _weights(logits, targets, logit_lengths, target_lengths,
+                                           opts, boundary)
+        return Lattice(*(torch.from_numpy(a) for a in _lattice(w, nan_row, kinds, ends)))
 
 
 def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary=None):
-    """Max-plus sweep of any topology (``kernels.kind_viterbi``): ``(alpha_max, best_kind,
-    log_prob)`` as ``reference.viterbi_generic`` returns them: ``(B, T+1, U+1)`` float64
-    and int8 (the kind of the best arc into each node, -1 where none), and ``(B,)`` the
+    """Max-plus sweep of any topology (``kernels.viterbi``): ``(alpha_max, best_kind,
+    log_prob)`` as ``reference.sweep_alpha(max_plus=True)`` returns them: ``(B, T+1,
+    U+1)`` float64 and int8 (the kind of the best arc into each node, -1 where none), and ``(B,)`` the
     score of the best complete path (-inf without one, NaN for a NaN arc weight).
     ``analysis.alignment.backtrack_arcs`` follows the pointers."""
     with torch.no_grad():
-        w, nan_row, kinds, ends = _kind_weights(logits, targets, logit_lengths, target_lengths,
-                                                opts, boundary)
+        w, nan_row, kinds, ends = _weights(logits, targets, logit_lengths, target_lengths,
+                                           opts, boundary)
         B, K, T, U1 = w.shape
         alpha = np.full((B, T + 1, U1), -np.inf)
         best_kind = np.full((B, T + 1, U1), -1, dtype=np.int8)
         log_prob = np.empty(B)
-        kernels.kind_viterbi(w, kinds, *ends, nan_row, alpha, best_kind, log_prob)
+        kernels.viterbi(w, nan_row, *ends, kinds, alpha, best_kind, log_prob)
         return torch.from_numpy(alpha), torch.from_numpy(best_kind), torch.from_numpy(log_prob)
 
 
 # --------------------------------------------------------------------------- arc weights
 def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
     """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
-    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice_generic``
-    computes them, on ``kernels.kind_lattice``: the simple/smoothed losses of
+    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice``
+    computes them, on ``kernels.lattice``: the simple/smoothed losses of
     ``rnnt_lattice.pruned``, whose arc log-probs come from a matmul, not from logits rows.
     A NaN weight anywhere makes its sequence NaN (math.md 8.1), as in the reference."""
     x = np.ascontiguousarray(_np(w.to(torch.float64)))
-    kinds = kind_table(topo, 0)     # the lattice reads DT, DU and END only, never the class
+    kinds = kernels.kind_table(topo, 0)   # the lattice reads DT, DU, MAY_END, never the class
     t0, u0, t1, u1 = (np.ascontiguousarray(_np(e.to(torch.int64)))
                       for e in (ends.t0, ends.u0, ends.t1, ends.u1))
     nan_row = np.isnan(x).any(axis=(1, 3)).astype(np.uint8)                  # (B, T)
-    _, _, log_like, gamma = _kind_lattice(x, nan_row, kinds, (t0, u0, t1, u1))
+    _, _, log_like, gamma = _lattice(x, nan_row, kinds, (t0, u0, t1, u1))
     return torch.from_numpy(log_like), torch.from_numpy(gamma)
 
 
 # --------------------------------------------------------------------------- window choice
 def window_dp(mass: torch.Tensor, max_step: int):
     """``(total (B,), starts (B, T) int64)`` of the window DP over ``mass (B, T, S)``
-    float64 (``kernels.window_dp``; ``analysis.coverage.best_window_starts`` prepares the
+    float64 (``windows.window_dp``; ``pruned.windows.best_window_starts`` prepares the
     mass and is the interface)."""
     x = np.ascontiguousarray(_np(mass.to(torch.float64)))
     B, T, S = x.shape
@@ -474,5 +412,5 @@ def window_dp(mass: torch.Tensor, max_step: int):
         return torch_backend.window_dp(mass, max_step)      # no start at all: nothing to run
     total = np.empty(B)
     starts = np.empty((B, T), dtype=np.int64)
-    kernels.window_dp(x, int(max_step), total, starts, np.empty((B, T, S), dtype=np.int64))
+    windows.window_dp(x, int(max_step), total, starts, np.empty((B, T, S), dtype=np.int64))
     return torch.from_numpy(total), torch.from_numpy(starts)

@@ -1,4 +1,5 @@
-"""Numba settings for every CPU kernel, in one place, and how the kernels are compiled.
+"""Numba settings for every CPU kernel, in one place, how the kernels are compiled, and the
+order in which their prange loops visit the rows (``spread_stride``).
 
 Environment overrides (read once, at first use of the CPU backend):
     RNNT_LATTICE_NUMBA_CACHE=0     do not cache compiled kernels on disk
@@ -12,6 +13,11 @@ Reliability (docs/api.md, "Reliability"):
   parallel and a serial variant, each with its own on-disk cache file, so that
   ``RNNT_LATTICE_NUMBA_PARALLEL`` picks the variant at call time and a cached build of one
   can never be loaded for the other (Numba's cache does not key on ``parallel=``).
+- Only those kernels are cached, under names that carry a hash of this package's kernel
+  modules (``SOURCES``): Numba keys a cached function on its own source file, so a kernel
+  cached before a change to a helper of another module (``fastmath``...) would keep
+  running the old helper. The helpers (``@njit(**JIT)``) are compiled into each kernel
+  and not cached on their own.
 - Parallel launches are serialised by a lock when the threading layer Numba picked is not
   thread-safe (``workqueue``); with ``omp`` and ``tbb`` threads launch concurrently.
 - A forked child process runs the serial variants: GNU OpenMP (Numba's ``omp`` layer on
@@ -20,6 +26,8 @@ Reliability (docs/api.md, "Reliability"):
 - When no cache directory is writable (read-only install, no writable HOME), the kernels
   are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
 """
+import hashlib
+import math
 import os
 import threading
 import types
@@ -38,8 +46,8 @@ def _cache_usable() -> bool:
     Numba looks for one when a ``cache=True`` function is created: ``NUMBA_CACHE_DIR`` if
     set, then ``__pycache__`` next to the source, then the user cache dir
     (``~/.cache/numba`` on Linux), and raises ``RuntimeError("cannot cache function ...:
-    no locator available")`` when none is writable. This probe is a function of this file, which lives next to ``kernels.py``:
-    same directory, same answer. Nothing is compiled.
+    no locator available")`` when none is writable. This probe is a function of this file,
+    which lives next to the kernel modules: same directory, same answer. Nothing is compiled.
     """
     def _probe():                                   # pragma: no cover - never compiled
         return 0
@@ -56,7 +64,7 @@ def _cache_usable() -> bool:
     return True
 
 
-# Compiled kernels go to NUMBA_CACHE_DIR if set, else __pycache__ next to kernels.py, else
+# Compiled kernels go to NUMBA_CACHE_DIR if set, else __pycache__ next to their modules, else
 # Numba's user cache dir (~/.cache/numba), so a second process does not recompile; without
 # any writable place they are compiled in memory only (one RuntimeWarning).
 CACHE = _flag("RNNT_LATTICE_NUMBA_CACHE", True) and _cache_usable()
@@ -69,7 +77,25 @@ CACHE_GRAD = _flag("RNNT_LATTICE_CACHE_GRAD", True)
 # "nnan"/"ninf" would let LLVM fold the checks for them away.
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
-JIT = dict(nogil=True, cache=CACHE, fastmath=FASTMATH)
+# The helpers' settings; the kernels' add the cache and ``parallel`` (``ParallelKernel``).
+JIT = dict(nogil=True, fastmath=FASTMATH)
+
+
+def sources_hash(package_dir: str) -> str:
+    """A short hash of every module of the package in ``package_dir`` but ``__init__``
+    (here: the kernels and the helpers compiled into them), "" where they cannot be read."""
+    h = hashlib.sha256()
+    try:
+        for name in sorted(os.listdir(package_dir)):
+            if name.endswith(".py") and name != "__init__.py":
+                with open(os.path.join(package_dir, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+    except OSError:
+        return ""
+    return h.hexdigest()[:12]
+
+
+SOURCES = sources_hash(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --------------------------------------------------------------------------- threads, fork
@@ -116,11 +142,13 @@ def _launch(kernel, args):
 
 def _variant(fn, suffix: str):
     """A copy of ``fn`` with its own qualified name: Numba names the cache files of a
-    function after its module and qualname, so each variant gets its own files."""
+    function after its module and qualname, so each variant, and each version of the
+    package's kernel sources (``SOURCES``), gets its own files."""
     g = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
                            fn.__closure__)
     g.__kwdefaults__ = fn.__kwdefaults__
-    g.__qualname__ = f"{fn.__qualname__}__{suffix}"
+    g.__qualname__ = f"{fn.__qualname__}__{suffix}_{SOURCES}" if SOURCES else \
+        f"{fn.__qualname__}__{suffix}"
     g.__doc__, g.__module__ = fn.__doc__, fn.__module__
     return g
 
@@ -132,8 +160,8 @@ class ParallelKernel:
 
     def __init__(self, fn):
         self.py_func = fn
-        self.parallel = njit(**JIT, parallel=True)(_variant(fn, "parallel"))
-        self.serial = njit(**JIT, parallel=False)(_variant(fn, "serial"))
+        self.parallel = njit(**JIT, cache=CACHE, parallel=True)(_variant(fn, "parallel"))
+        self.serial = njit(**JIT, cache=CACHE, parallel=False)(_variant(fn, "serial"))
         self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
         self.__doc__, self.__module__ = fn.__doc__, fn.__module__
 
@@ -172,3 +200,24 @@ ON_COMPILE = None
 def pjit(fn):
     """Decorator of the prange kernels (see ``ParallelKernel``)."""
     return ParallelKernel(fn)
+
+
+# --------------------------------------------------------------------------- row order
+def spread_stride(n: int) -> int:
+    """A stride coprime to ``n`` near n / golden ratio. prange hands each thread one
+    contiguous block of iterations; visiting rows (b, t) in the order ``i * stride mod n``
+    gives every thread a similar mix of long and short (ragged, padded) sequences."""
+    if n <= 2:
+        return 1
+    p = max(1, int(n * 0.6180339887498949)) | 1
+    while math.gcd(p, n) != 1:
+        p += 2
+    return p
+
+
+@njit(**JIT)
+def spread_row(i, spread, B, T):
+    """The row ``(b, t)`` that prange iteration ``i`` visits (see ``spread_stride``)."""
+    bt = (i * spread) % (B * T)
+    b = bt // T
+    return b, bt - b * T

@@ -1,4 +1,4 @@
-"""GPU backend: Triton kernels (``kernels.py``) behind the backend protocol
+"""GPU backend: Triton kernels (``kernels``) behind the backend protocol
 (``_backends.Backend``).
 
 Importing this module imports Triton (that is how ``_backends`` detects it). It runs on
@@ -18,8 +18,7 @@ Launches and allocations of a loss's forward+backward, for every topology: the r
 the lattice (alpha and beta in parallel programs; the alpha programs also write the
 costs), the gradient pass — three kernels — and three allocations: one float64 workspace
 for the lattice state, the costs, and the gradient (none with ``inplace_grad=True``). The
-regular topology goes through the same kernels (kinds blank and label): the same
-launches, passes over V and bytes as its former dedicated kernels.
+regular topology goes through the same kernels (kinds blank and label).
 
 Memory: the forward pass keeps ``(K + 1) x B*T*(U+1) + 2 x B*(T+1)*(U+1) + B`` float64
 values (lse, the K per-kind arc log-probs, alpha, beta over the frames and the end frame,
@@ -27,9 +26,10 @@ log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank l
 that k2's constrained label arcs add) besides the logits; the backward pass writes the
 gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
 
-The lattice tools (``occupancy``, ``viterbi``) run the loss's row and lattice passes, then the occupation kernel, or the
-lattice pass in the max-plus semiring with the best incoming kind of every node: one
-recursion for the losses and the tools, with the same no-synchronisation guarantee.
+The lattice tools (``occupancy``, ``viterbi``) run the loss's row and lattice passes, then
+the occupation kernel, or the lattice pass in the max-plus semiring with the best incoming
+kind of every node: one recursion for the losses and the tools, with the same
+no-synchronisation guarantee.
 
 Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
 map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
@@ -66,7 +66,7 @@ NATIVE_LOW_PRECISION = True
 NATIVE_INT32_IDS = True
 
 # Decorated as interpreted functions iff TRITON_INTERPRET=1 was set at import.
-INTERPRETED = not isinstance(kernels._topo_row_kernel, triton.runtime.JITFunction)
+INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
@@ -162,29 +162,35 @@ _REGULAR = regular()
 def _kinds(topo: Topology) -> dict:
     """The compile-time description of a topology's arc kinds (``kernels``, "any
     topology"): one tuple per field, indexed by kind, plus ``K``, ``KP`` (a power of two
-    >= K, the class-read tile), ``N_DUR`` and ``HAS_NEXT``. Cached per topology (frozen,
-    hashable); each distinct topology compiles its own kernels."""
+    >= K, the class-read tile), ``N_DURATIONS`` (``Topology.n_durations``) and
+    ``HAS_PLUS_NEXT_BLANK`` (any kind is); the names are the fields of
+    ``topology.ArcKind``. The lattice kernels take ``_LATTICE_KINDS`` of them. Cached per
+    topology (frozen, hashable); each distinct topology compiles its own kernels."""
     kinds = topo.kinds
     return dict(
         K=len(kinds), KP=triton.next_power_of_2(len(kinds)),
         DT=tuple(k.dt for k in kinds), DU=tuple(k.du for k in kinds),
-        READ=tuple({"blank": 0, "label": 1, "class": 2}[k.reads] for k in kinds),
-        CLS=tuple(k.class_id for k in kinds), DUR=tuple(k.duration for k in kinds),
-        NEXT=tuple(k.plus_next_blank for k in kinds), FE=tuple(k.fastemit for k in kinds),
-        DELAY=tuple(k.delay for k in kinds), END=tuple(k.may_end for k in kinds),
+        READS=tuple({"blank": 0, "label": 1, "class": 2}[k.reads] for k in kinds),
+        CLASS_ID=tuple(k.class_id for k in kinds), DURATION=tuple(k.duration for k in kinds),
+        PLUS_NEXT_BLANK=tuple(k.plus_next_blank for k in kinds),
+        FASTEMIT=tuple(k.fastemit for k in kinds),
+        DELAY=tuple(k.delay for k in kinds), MAY_END=tuple(k.may_end for k in kinds),
+        N_DURATIONS=topo.n_durations, HAS_PLUS_NEXT_BLANK=any(k.plus_next_blank for k in kinds),
     )
 
 
-_LATTICE_KINDS = ("K", "KP", "DT", "DU", "READ", "CLS", "DUR", "NEXT", "FE", "DELAY", "END")
+_LATTICE_KINDS = ("K", "KP", "DT", "DU", "READS", "CLASS_ID", "DURATION", "PLUS_NEXT_BLANK",
+                  "FASTEMIT", "DELAY", "MAY_END")
 
 
 @dataclass
-class _TopoState:
+class _State:
     """The float64 lattice state of a batch of any topology: views of one workspace.
-    ``lse_dur`` (TDT) and ``lpblank`` (``plus_next_blank`` kinds) are empty when unused."""
+    ``lse_dur`` (TDT) and ``next_blank`` (``plus_next_blank`` kinds) are empty when unused."""
     lse: torch.Tensor        # (B, T, U+1)     token group log-normaliser
     lse_dur: torch.Tensor    # (B, T, U+1)     duration group log-normaliser, or (0,)
-    lpblank: torch.Tensor    # (B, T, U+1)     blank log-prob, or (0,)
+    next_blank: torch.Tensor # (B, T, U+1)     blank log-prob b(t, u), added by the
+                             #                 plus_next_blank arcs from (t, u-1); or (0,)
     lp: torch.Tensor         # (B, K, T, U+1)  per-kind arc log-probs over source nodes
     alpha: torch.Tensor      # (B, T+1, U+1)   frame T holds the end nodes
     beta: torch.Tensor       # (B, T+1, U+1)
@@ -192,20 +198,22 @@ class _TopoState:
     workspace: torch.Tensor  # the allocation behind all of them
 
     @staticmethod
-    def sizes(B, T, U1, K, dur: bool, nxt: bool):
+    def sizes(B, T, U1, K, durations: bool, plus_next_blank: bool):
         n = B * T * U1
-        return (n, n * dur, n * nxt, K * n, B * (T + 1) * U1, B * (T + 1) * U1, B)
+        return (n, n * durations, n * plus_next_blank, K * n, B * (T + 1) * U1,
+                B * (T + 1) * U1, B)
 
     @classmethod
-    def new(cls, B, T, U1, K, dur, nxt, device) -> "_TopoState":
-        ws = torch.empty(sum(cls.sizes(B, T, U1, K, dur, nxt)), dtype=LATTICE_DTYPE,
-                         device=device)
-        return cls.of(ws, B, T, U1, K, dur, nxt)
+    def new(cls, B, T, U1, K, durations, plus_next_blank, device) -> "_State":
+        ws = torch.empty(sum(cls.sizes(B, T, U1, K, durations, plus_next_blank)),
+                         dtype=LATTICE_DTYPE, device=device)
+        return cls.of(ws, B, T, U1, K, durations, plus_next_blank)
 
     @classmethod
-    def of(cls, ws, B, T, U1, K, dur, nxt) -> "_TopoState":
-        parts = ws.split(cls.sizes(B, T, U1, K, dur, nxt))
-        shapes = ((B, T, U1), (B, T, U1) if dur else (0,), (B, T, U1) if nxt else (0,),
+    def of(cls, ws, B, T, U1, K, durations, plus_next_blank) -> "_State":
+        parts = ws.split(cls.sizes(B, T, U1, K, durations, plus_next_blank))
+        shapes = ((B, T, U1), (B, T, U1) if durations else (0,),
+                  (B, T, U1) if plus_next_blank else (0,),
                   (B, K, T, U1), (B, T + 1, U1), (B, T + 1, U1), (B,))
         return cls(*(p.view(s) for p, s in zip(parts, shapes)), ws)
 
@@ -229,8 +237,8 @@ def _terms(opts: LossOptions, kinds: dict) -> dict:
                 DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]))
 
 
-def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
-                  boundary, node_rows, beta: bool, best_kind=None, fill_nodes: bool = False):
+def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
+             boundary, node_rows, beta: bool, best_kind=None, fill_nodes: bool = False):
     """Passes 1-2 of any topology: ``(state, costs)``; costs ``(B,)`` = -log P.
 
     ``best_kind``: a ``(B, T+1, U+1)`` int8 tensor filled with -1 switches the lattice
@@ -242,8 +250,8 @@ def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOpti
     kinds = _kinds(topo)
     B, T, U1, V = _shape(logits, node_rows)
     n_dur = topo.n_durations
-    has_next = any(kinds["NEXT"])
-    st = _TopoState.new(B, T, U1, kinds["K"], n_dur > 0, has_next, logits.device)
+    st = _State.new(B, T, U1, kinds["K"], n_dur > 0, kinds["HAS_PLUS_NEXT_BLANK"],
+                    logits.device)
     if fill_nodes:
         st.alpha.fill_(float("-inf"))
         if beta:
@@ -255,19 +263,19 @@ def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOpti
     with _device(logits):
         if n_nodes:
             rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
-            kernels._topo_row_kernel[(triton.cdiv(n_nodes, rows),)](
+            kernels._row_kernel[(triton.cdiv(n_nodes, rows),)](
                 logits, _or(node_rows, logit_lengths), ids, logit_lengths, target_lengths,
                 _or(boundary, logit_lengths),
-                st.lse, _or(st.lse_dur, st.lse), _or(st.lpblank, st.lse), st.lp,
+                st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp,
                 n_nodes, T, U1, V - n_dur, opts.blank,
-                **kinds, N_DUR=n_dur, HAS_NEXT=has_next,
+                **kinds,
                 FUSED=opts.fused, NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype),
                 ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), **flags,
                 num_warps=num_warps)
         if B:
             # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
-            kernels._topo_lattice_kernel[(B, 2 if beta else 1)](
-                st.lp, _or(st.lpblank, st.lse), logit_lengths, target_lengths,
+            kernels._lattice_kernel[(B, 2 if beta else 1)](
+                st.lp, _or(st.next_blank, st.lse), logit_lengths, target_lengths,
                 _or(boundary, logit_lengths),
                 st.alpha, st.beta, st.log_like, costs, _or(best_kind, logit_lengths), T, U1,
                 *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
@@ -279,8 +287,8 @@ def _topo_forward(logits, targets, logit_lengths, target_lengths, opts: LossOpti
     return st, costs
 
 
-def _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st: _TopoState,
-                   opts: LossOptions, upstream, *, boundary, node_rows):
+def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
+              opts: LossOptions, upstream, *, boundary, node_rows):
     """Pass 3 of any topology: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst``
     may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides included)."""
     topo = opts.topology or _REGULAR
@@ -292,15 +300,15 @@ def _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st: _Top
         return dst
     rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
     with _device(logits):
-        kernels._topo_grad_kernel[(triton.cdiv(n_nodes, rows),)](
+        kernels._grad_kernel[(triton.cdiv(n_nodes, rows),)](
             logits, dst, _or(node_rows, logit_lengths), _nonempty(targets, logit_lengths),
             logit_lengths, target_lengths, _or(boundary, logit_lengths),
-            st.lse, _or(st.lse_dur, st.lse), _or(st.lpblank, st.lse), st.lp, st.alpha, st.beta,
+            st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp, st.alpha, st.beta,
             st.log_like, upstream,
             n_nodes, T, U1, V - n_dur, opts.blank, upstream.stride(0),
             *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
             *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
-            **kinds, N_DUR=n_dur, HAS_NEXT=any(kinds["NEXT"]), **_terms(opts, kinds),
+            **kinds, **_terms(opts, kinds),
             FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
             NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype), ROWS=rows,
             BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), num_warps=num_warps)
@@ -327,8 +335,8 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
         logits, targets, logit_lengths, target_lengths)
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
     node_rows = None if node_rows is None else node_rows.to(torch.int64).contiguous()
-    st, costs = _topo_forward(logits, targets, logit_lengths, target_lengths, opts,
-                              boundary=boundary, node_rows=node_rows, beta=need_grad)
+    st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts,
+                         boundary=boundary, node_rows=node_rows, beta=need_grad)
     if not need_grad:
         return costs, (), None
     extra = tuple(x for x in (boundary, node_rows) if x is not None)
@@ -346,11 +354,11 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     node_rows = extra.pop(0) if has_rows else None
     topo = opts.topology or _REGULAR
     B, T, U1, _ = _shape(logits, node_rows)
-    st = _TopoState.of(ws, B, T, U1, topo.K, topo.n_durations > 0,
-                       any(k.plus_next_blank for k in topo.kinds))
+    st = _State.of(ws, B, T, U1, topo.K, topo.n_durations > 0,
+                   any(k.plus_next_blank for k in topo.kinds))
     dst = logits if opts.inplace_grad else torch.empty_like(logits)
-    return _topo_gradient(dst, logits, targets, logit_lengths, target_lengths, st, opts,
-                          upstream, boundary=boundary, node_rows=node_rows)
+    return _gradient(dst, logits, targets, logit_lengths, target_lengths, st, opts,
+                     upstream, boundary=boundary, node_rows=node_rows)
 
 
 # --------------------------------------------------------------------------- lattice tools
@@ -366,15 +374,15 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
               boundary=None) -> Lattice:
     """The lattice of any topology (``opts``: topology, blank, fused, sigma, delay
     penalty; k2 ``boundary``) without gradient work: the loss's row and lattice passes,
-    then ``_topo_gamma_kernel``. A :class:`rnnt_lattice._types.Lattice` as
-    ``reference.lattice_generic`` returns it, float64: alpha, beta ``(B, T+1, U+1)``
+    then ``_gamma_kernel``. A :class:`rnnt_lattice._types.Lattice` as
+    ``reference.lattice`` returns it, float64: alpha, beta ``(B, T+1, U+1)``
     (-inf off each sequence's nodes), log P ``(B,)``, per-kind occupations ``gamma
     (B, K, T, U+1)`` (0 off the arcs). No host synchronisation."""
     logits, targets, logit_lengths, target_lengths, boundary = _tool_args(
         logits, targets, logit_lengths, target_lengths, boundary)
     with torch.no_grad():
-        st, _ = _topo_forward(logits, targets, logit_lengths, target_lengths, opts,
-                              boundary=boundary, node_rows=None, beta=True, fill_nodes=True)
+        st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
+                         boundary=boundary, node_rows=None, beta=True, fill_nodes=True)
         kinds = _kinds(opts.topology or _REGULAR)
         B, K, T, U1 = st.lp.shape
         gamma = torch.empty((B, K, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
@@ -382,8 +390,8 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
         if n_nodes:
             block = _pow2(n_nodes, BLOCK_NODES)
             with _device(logits):
-                kernels._topo_gamma_kernel[(triton.cdiv(n_nodes, block),)](
-                    st.lp, _or(st.lpblank, st.lse), logit_lengths, target_lengths,
+                kernels._gamma_kernel[(triton.cdiv(n_nodes, block),)](
+                    st.lp, _or(st.next_blank, st.lse), logit_lengths, target_lengths,
                     _or(boundary, logit_lengths), st.alpha, st.beta, st.log_like, gamma,
                     n_nodes, T, U1, *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
                     **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
@@ -398,15 +406,15 @@ def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOpt
     B, T, U1, _ = logits.shape
     best_kind = torch.full((B, T + 1, U1), -1, dtype=torch.int8, device=logits.device)
     with torch.no_grad():
-        st, _ = _topo_forward(logits, targets, logit_lengths, target_lengths, opts,
-                              boundary=boundary, node_rows=None, beta=False,
-                              best_kind=best_kind, fill_nodes=True)
+        st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
+                         boundary=boundary, node_rows=None, beta=False,
+                         best_kind=best_kind, fill_nodes=True)
     return st, best_kind
 
 
 def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary=None):
-    """Max-plus sweep of any topology (``_topo_lattice_kernel`` with ``MAX_SEMIRING``):
-    ``(alpha_max, best_kind, log_prob)`` as ``reference.viterbi_generic`` returns them:
+    """Max-plus sweep of any topology (``_lattice_kernel`` with ``MAX_SEMIRING``):
+    ``(alpha_max, best_kind, log_prob)`` as ``reference.sweep_alpha(max_plus=True)`` returns them:
     ``(B, T+1, U+1)`` float64 and int8 (the kind of the best arc into each node, -1
     where none), and ``(B,)`` the best complete path's score (-inf without one, NaN for a
     NaN arc weight). ``analysis.alignment.backtrack_arcs`` follows the pointers. No host
@@ -418,8 +426,8 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
 # --------------------------------------------------------------------------- arc weights
 def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
-    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice_generic``
-    computes them: alpha and beta on ``kernels._topo_lattice_kernel``, which reads ``w`` as
+    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice``
+    computes them: alpha and beta on ``kernels._lattice_kernel``, which reads ``w`` as
     its per-kind log-probs (the kinds' ``plus_next_blank``, sigma and delay terms switched
     off: ``w`` holds them already), and the occupations
 
@@ -432,7 +440,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     B, K, T, U1 = w.shape
     x = w.to(LATTICE_DTYPE).contiguous()
     off = (False,) * K
-    kinds = dict(_kinds(topo), NEXT=off, DELAY=off)
+    kinds = dict(_kinds(topo), PLUS_NEXT_BLANK=off, DELAY=off)
     # The kernel reads each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
     corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()
     alpha = torch.full((B, T + 1, U1), float("-inf"), dtype=LATTICE_DTYPE, device=w.device)
@@ -441,7 +449,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     costs = torch.empty_like(log_like)
     if B:
         with _device(w):
-            kernels._topo_lattice_kernel[(B, 2)](
+            kernels._lattice_kernel[(B, 2)](
                 x, x, corners, corners, corners, alpha, beta, log_like, costs,
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
                 *_f64_parts(0.0), *_f64_parts(0.0),
@@ -463,7 +471,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
 def window_dp(mass: torch.Tensor, max_step: int):
     """``(total (B,), starts (B, T) int64)`` of the window DP over ``mass (B, T, S)``
     float64 (``kernels._window_dp_kernel``, one program per sequence, no host
-    synchronisation; ``analysis.coverage.best_window_starts`` prepares the mass and is the
+    synchronisation; ``pruned.windows.best_window_starts`` prepares the mass and is the
     interface)."""
     check_device(mass)
     x = mass.to(torch.float64).contiguous()

@@ -1,29 +1,29 @@
 """Triton kernels of the GPU backend (docs/math.md, sections 1-6 and 9).
 
-The loss of every topology (``_topo_*``: regular, k2 modified/constrained,
+The loss of every topology (regular, k2 modified/constrained,
 one_sym_per_frame, multi-blank, TDT; sigma, delay penalty, k2 boundary, node_rows) runs in
 three passes, as in the CPU backend, driven by the arc kinds of ``rnnt_lattice.topology``
 given as compile-time constant tuples (section "any topology" below):
 
-1. ``_topo_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the token
+1. ``_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the token
    group's log-normaliser ``lse(t,u)`` over V_tok in chunks of ``BLOCK_V`` (any V; one exp
    per element), TDT's duration group normaliser, and every kind's arc log-prob, float64.
-2. ``_topo_lattice_kernel`` — two programs per sequence, alpha and beta at the same time
+2. ``_lattice_kernel`` — two programs per sequence, alpha and beta at the same time
    (they only read the arc log-probs), each swept along the anti-diagonals ``d = t + u``.
    A kind steps ``dt + du >= 1`` diagonals, so a diagonal depends only on earlier ones
    (up to the longest duration): the lanes of a program cover the label positions of a
    diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between diagonals, and read
    the earlier diagonals back from the float64 workspace. The alpha program writes the
    costs.
-3. ``_topo_grad_kernel`` — ``ROWS`` nodes per program: the occupations of every arc that
+3. ``_grad_kernel`` — ``ROWS`` nodes per program: the occupations of every arc that
    reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
    and the upstream gradient fused.
 
-The lattice tools (``occupancy``, ``best_alignment``; the backend's ``kind_occupancy``,
-``kind_viterbi``, and the regular ``compute_lattice``, ``viterbi``) run the same passes 1-2:
-``_topo_lattice_kernel`` with ``MAX_SEMIRING`` is the Viterbi sweep, which also records
+The lattice tools (``occupancy``, ``best_alignment``; the backend's ``occupancy`` and
+``viterbi``) run the same passes 1-2:
+``_lattice_kernel`` with ``MAX_SEMIRING`` is the Viterbi sweep, which also records
 the best incoming arc kind of every node (so a backtrack only follows pointers), and
-``_topo_gamma_kernel`` writes the per-kind occupations with the gradient pass's formula
+``_gamma_kernel`` writes the per-kind occupations with the gradient pass's formula
 (``_arc_occupation``). One recursion, for the losses and the tools.
 
 Precision. The lattice — ``lse``, ``b``, ``e``, alpha, beta, ``log P`` and the occupations
@@ -99,16 +99,21 @@ def _node_coords(node, T, U1):
 
 # =========================================================================== any topology
 # The loss of every topology (math.md section 9): the same three passes, driven by the arc
-# kinds of ``rnnt_lattice.topology`` given as compile-time constants (``gpu._kinds``):
+# kinds of ``rnnt_lattice.topology`` given as compile-time constants (``gpu._kinds``),
 #
-#     K            number of kinds; KP the next power of two (a tile axis)
-#     DT[k], DU[k] the step of kind k: (t, u) -> (t + DT[k], u + DU[k])
-#     READ[k]      token class it reads: 0 the blank, 1 the label y[u], 2 the class CLS[k]
-#     DUR[k]       TDT duration index whose log-prob it adds (-1: none); N_DUR the group size
-#     NEXT[k]      plus_next_blank: also adds b(t, u+1) (k2 constrained)
-#     FE[k]        FastEmit scales the gradient of its class read
-#     DELAY[k]     carries the delay penalty
-#     END[k]       may land on the end frame (only at the end node)
+# one field of ``topology.ArcKind`` each, under its name:
+#
+#     K                   number of kinds; KP the next power of two (a tile axis)
+#     DT[k], DU[k]        the step of kind k: (t, u) -> (t + DT[k], u + DU[k])
+#     READS[k]            token class it reads: 0 the blank, 1 the label y[u], 2 CLASS_ID[k]
+#     CLASS_ID[k]         the fixed class of READS[k] == 2 (multi-blank's big blanks)
+#     DURATION[k]         TDT duration index whose log-prob it adds (-1: none)
+#     PLUS_NEXT_BLANK[k]  also adds b(t, u+1) (k2 constrained)
+#     FASTEMIT[k]         FastEmit scales the gradient of its class read
+#     DELAY[k]            carries the delay penalty
+#     MAY_END[k]          may land on the end frame (only at the end node)
+#     N_DURATIONS         the size of TDT's duration group (``Topology.n_durations``)
+#     HAS_PLUS_NEXT_BLANK whether any kind is PLUS_NEXT_BLANK
 #
 # Each is a tuple of Python constants, indexed by the ``tl.static_range`` index of an
 # unrolled loop over kinds: every ``if`` on a kind's field is resolved at compile time and
@@ -151,16 +156,16 @@ def _lands(lt, lu, t1, u1, MAY_END: tl.constexpr):
 
 
 @triton.jit
-def _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
-                K: tl.constexpr, k: tl.constexpr, NEXT: tl.constexpr, DELAY: tl.constexpr,
-                SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+def _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
+                K: tl.constexpr, k: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+                DELAY: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
     """Weight ``w_k(t, u)`` (float64) of kind k's arc leaving ``(t, u)``, -inf where not
     ``ok``: its log-prob (class, plus duration: the row pass), plus ``b(t, u+1)`` for
     ``plus_next_blank``, minus sigma, plus ``delay_penalty ((t1 - 1)/2 - t)`` on delay
     kinds — the order of ``reference.kind_log_probs`` and ``reference.arc_weights``."""
     w = tl.load(lp_ptr + ((b * K + k) * T + t) * U1 + u, mask=ok, other=NEG_INF)
-    if NEXT:
-        w = w + tl.load(lpblank_ptr + (b * T + t) * U1 + u + 1, mask=ok, other=NEG_INF)
+    if PLUS_NEXT_BLANK:
+        w = w + tl.load(next_blank_ptr + (b * T + t) * U1 + u + 1, mask=ok, other=NEG_INF)
     if SIGMA:
         w = w - sigma
     if DELAY_ON:
@@ -218,28 +223,30 @@ def _split(x, ACC: tl.constexpr):
 
 # --------------------------------------------------------------------------- pass 1
 @triton.jit
-def _topo_row_kernel(
+def _row_kernel(
     # data ptrs
     logits_ptr, node_rows_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
-    lse_ptr, lse_dur_ptr, lpblank_ptr, lp_ptr,
+    lse_ptr, lse_dur_ptr, next_blank_ptr, lp_ptr,
     # shapes
     n_nodes, T, U1, V_tok, blank,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
-    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
-    DELAY: tl.constexpr, END: tl.constexpr, N_DUR: tl.constexpr, HAS_NEXT: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+    FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
+    N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, NODE_ROWS: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
 ):
     """Row pass of ``ROWS`` nodes: the token group's ``lse`` over its ``V_tok`` entries in
-    chunks of BLOCK_V (and TDT's duration group ``lse_dur`` over its ``N_DUR`` entries in
-    one chunk), then every kind's log-prob at the node (math.md 9, ``kind_log_probs``):
+    chunks of BLOCK_V (and TDT's duration group ``lse_dur`` over its ``N_DURATIONS``
+    entries in one chunk), then every kind's log-prob at the node (math.md 9,
+    ``kind_log_probs``):
 
-        lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DUR[k]) - lse_dur(t,u)]
+        lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DURATION[k]) - lse_dur(t,u)]
 
-    with ``c_k`` the blank, ``y[u]`` or ``CLS[k]``; -inf outside the region and where
-    ``u + DU[k] > u1``. ``lpblank (B, T, U+1)`` (only with a ``plus_next_blank`` kind) is
+    with ``c_k`` the blank, ``y[u]`` or ``CLASS_ID[k]``; -inf outside the region and where
+    ``u + DU[k] > u1``. ``next_blank (B, T, U+1)`` (only with a ``plus_next_blank`` kind) is
     the blank's log-prob, read by the arc from ``(t, u-1)``. Outputs are float64; padding
     gets ``lse = 0`` and -inf arcs."""
     node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS], int64
@@ -253,7 +260,7 @@ def _topo_row_kernel(
         valid = valid & (row_id >= 0)
     else:
         row_id = node
-    row = row_id * (V_tok + N_DUR)          # int64: past 2**31 logits
+    row = row_id * (V_tok + N_DURATIONS)    # int64: past 2**31 logits
     if FUSED:
         lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V)
     else:
@@ -265,45 +272,47 @@ def _topo_row_kernel(
     x_label = tl.load(logits_ptr + row + y, mask=has_label, other=0.0).to(tl.float64)
     lp_blank = _read(x_blank, lse, live, FUSED)
     lp_label = _read(x_label, lse, has_label, FUSED)
-    if N_DUR > 0:
+    if N_DURATIONS > 0:
         if FUSED:
-            lse_dur = _group_lse(logits_ptr, row, V_tok, N_DUR, valid, ACC, ROWS, BLOCK_DUR)
+            lse_dur = _group_lse(logits_ptr, row, V_tok, N_DURATIONS, valid, ACC, ROWS,
+                                 BLOCK_DUR)
         else:
             lse_dur = tl.zeros([ROWS], tl.float64)
         live_dur = valid & (lse_dur != NEG_INF)
         tl.store(lse_dur_ptr + node, tl.where(valid, lse_dur, 0.0), mask=inside)
     for k in tl.static_range(K):
-        if READ[k] == 0:
+        if READS[k] == 0:
             lp = lp_blank
-        elif READ[k] == 1:
+        elif READS[k] == 1:
             lp = lp_label
         else:
-            x = tl.load(logits_ptr + row + CLS[k], mask=live, other=0.0).to(tl.float64)
+            x = tl.load(logits_ptr + row + CLASS_ID[k], mask=live, other=0.0).to(tl.float64)
             lp = _read(x, lse, live, FUSED)
-        if DUR[k] >= 0:
-            x = tl.load(logits_ptr + row + V_tok + DUR[k], mask=live_dur, other=0.0).to(tl.float64)
+        if DURATION[k] >= 0:
+            x = tl.load(logits_ptr + row + V_tok + DURATION[k], mask=live_dur,
+                        other=0.0).to(tl.float64)
             lp = lp + _read(x, lse_dur, live_dur, FUSED)
         ok = valid & (u + DU[k] <= u1)
         tl.store(lp_ptr + ((b * K + k) * T + t) * U1 + u, tl.where(ok, lp, NEG_INF), mask=inside)
     tl.store(lse_ptr + node, tl.where(valid, lse, 0.0), mask=inside)
-    if HAS_NEXT:
-        tl.store(lpblank_ptr + node, lp_blank, mask=inside)
+    if HAS_PLUS_NEXT_BLANK:
+        tl.store(next_blank_ptr + node, lp_blank, mask=inside)
 
 
 # --------------------------------------------------------------------------- pass 2
 @triton.jit
-def _topo_lattice_kernel(
+def _lattice_kernel(
     # data ptrs
-    lp_ptr, lpblank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
     alpha_ptr, beta_ptr, log_like_ptr, costs_ptr, best_kind_ptr,
     # shapes
     T, U1,
     # options: sigma and delay_penalty, each a float64 in three float32 parts
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
-    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
-    DELAY: tl.constexpr, END: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+    FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr,
     MAX_SEMIRING: tl.constexpr, BLOCK_U: tl.constexpr,
@@ -366,9 +375,10 @@ def _topo_lattice_kernel(
                     st = t - DT[k]
                     su = u - DU[k]
                     ok = (on & (st >= t0) & (st < t1) & (su >= u0)
-                          & _lands(t, u, t1, u1, END[k]))
-                    w = _arc_weight(lp_ptr, lpblank_ptr, b, st, su, t1, ok, T, U1, sigma,
-                                    delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+                          & _lands(t, u, t1, u1, MAY_END[k]))
+                    w = _arc_weight(lp_ptr, next_blank_ptr, b, st, su, t1, ok, T, U1, sigma,
+                                    delay_penalty, K, k, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                                    DELAY_ON)
                     a = tl.load(alpha_ptr + base + st * U1 + su, mask=ok, other=NEG_INF)
                     nan_arcs = nan_arcs | (w != w).to(tl.int32)
                     if MAX_SEMIRING:
@@ -400,9 +410,10 @@ def _topo_lattice_kernel(
                 for k in tl.static_range(K):
                     lt = t + DT[k]
                     lu = u + DU[k]
-                    ok = on & (t < t1) & _lands(lt, lu, t1, u1, END[k])
-                    w = _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma,
-                                    delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+                    ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
+                    w = _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma,
+                                    delay_penalty, K, k, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                                    DELAY_ON)
                     nb = tl.load(beta_ptr + base + lt * U1 + lu, mask=ok, other=NEG_INF)
                     acc = _combine(acc, w + nb, MAX_SEMIRING)
                 tl.store(beta_ptr + base + t * U1 + u, acc, mask=on)
@@ -410,10 +421,10 @@ def _topo_lattice_kernel(
 
 
 @triton.jit
-def _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1, T, U1, sigma,
-                    delay_penalty, K: tl.constexpr, k: tl.constexpr, DT: tl.constexpr,
-                    DU: tl.constexpr, NEXT: tl.constexpr, DELAY: tl.constexpr,
-                    END: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+def _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1, u1, T, U1,
+                    sigma, delay_penalty, K: tl.constexpr, k: tl.constexpr, DT: tl.constexpr,
+                    DU: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr,
+                    MAY_END: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
     """Occupation of kind k's arc leaving ``(t, u)`` (math.md 9), float64, given ``a =
     alpha(t, u)`` and ``ll = log P``:
 
@@ -422,31 +433,31 @@ def _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1,
     0 where not ``keep`` (off the region, no path) or where the arc does not exist; NaN on
     every arc of a NaN sequence (``ll`` NaN). The one formula of the gradient pass and the
     occupation kernel."""
-    ok = keep & _lands(t + DT, u + DU, t1, u1, END)
-    w = _arc_weight(lp_ptr, lpblank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
-                    K, k, NEXT, DELAY, SIGMA, DELAY_ON)
+    ok = keep & _lands(t + DT, u + DU, t1, u1, MAY_END)
+    w = _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
+                    K, k, PLUS_NEXT_BLANK, DELAY, SIGMA, DELAY_ON)
     nb = tl.load(beta_ptr + (b * (T + 1) + t + DT) * U1 + u + DU, mask=ok, other=NEG_INF)
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
 
 @triton.jit
-def _topo_gamma_kernel(
+def _gamma_kernel(
     # data ptrs
-    lp_ptr, lpblank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
     alpha_ptr, beta_ptr, log_like_ptr, gamma_ptr,
     # shapes
     n_nodes, T, U1,
     # options: sigma and delay_penalty, each a float64 in three float32 parts
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
-    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
-    DELAY: tl.constexpr, END: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+    FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Per-kind occupations ``gamma (B, K, T, U+1)`` float64 of ``BLOCK`` nodes (the lattice
-    tools; ``reference.lattice_generic``), from the row pass's arc log-probs and the lattice
+    tools; ``reference.lattice``), from the row pass's arc log-probs and the lattice
     pass's alpha, beta and log P (``_arc_occupation``). Every entry is written: 0 off the
     arcs and for sequences without a path, NaN on the arcs of a NaN sequence."""
     node = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)    # [BLOCK], int64
@@ -462,19 +473,19 @@ def _topo_gamma_kernel(
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
     a = tl.load(alpha_ptr + (b * (T + 1) + t) * U1 + u, mask=keep, other=NEG_INF)
     for k in tl.static_range(K):
-        gamma = _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1, T,
-                                U1, sigma, delay_penalty, K, k, DT[k], DU[k], NEXT[k], DELAY[k],
-                                END[k], SIGMA, DELAY_ON)
+        gamma = _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1,
+                                u1, T, U1, sigma, delay_penalty, K, k, DT[k], DU[k],
+                                PLUS_NEXT_BLANK[k], DELAY[k], MAY_END[k], SIGMA, DELAY_ON)
         tl.store(gamma_ptr + ((b * K + k) * T + t) * U1 + u, gamma, mask=inside)
 
 
 # --------------------------------------------------------------------------- pass 3
 @triton.jit
-def _topo_grad_kernel(
+def _grad_kernel(
     # data ptrs
     logits_ptr, grad_ptr, node_rows_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
-    boundary_ptr, lse_ptr, lse_dur_ptr, lpblank_ptr, lp_ptr, alpha_ptr, beta_ptr, log_like_ptr,
-    upstream_ptr,
+    boundary_ptr, lse_ptr, lse_dur_ptr, next_blank_ptr, lp_ptr, alpha_ptr, beta_ptr,
+    log_like_ptr, upstream_ptr,
     # shapes and strides
     n_nodes, T, U1, V_tok, blank, upstream_stride,
     # options, each a float64 in three float32 parts: clamp, s = 1 + fastemit_lambda,
@@ -482,16 +493,17 @@ def _topo_grad_kernel(
     clamp_hi, clamp_mid, clamp_lo, scale_hi, scale_mid, scale_lo,
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READ: tl.constexpr,
-    CLS: tl.constexpr, DUR: tl.constexpr, NEXT: tl.constexpr, FE: tl.constexpr,
-    DELAY: tl.constexpr, END: tl.constexpr, N_DUR: tl.constexpr, HAS_NEXT: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+    FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
+    N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
     BOUNDARY: tl.constexpr, NODE_ROWS: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` nodes
-    for any topology (math.md 9, ``reference.grad_generic``), written once; ``grad_ptr``
+    for any topology (math.md 9, ``reference.grad``), written once; ``grad_ptr``
     may equal ``logits_ptr`` (every chunk is read before it is overwritten, by the same
     program). First the occupations of the arcs that read this node's row:
 
@@ -539,34 +551,34 @@ def _topo_grad_kernel(
     gb = tl.zeros([ROWS], tl.float64)          # reads of the blank
     gl = tl.zeros([ROWS], tl.float64)          # reads of y[u]
     kidx = tl.arange(0, KP)
-    g_cls = tl.zeros([ROWS, KP], tl.float64)   # column k: kind k's read of CLS[k]
+    g_cls = tl.zeros([ROWS, KP], tl.float64)   # column k: kind k's read of CLASS_ID[k]
     s_dur = tl.zeros([ROWS], tl.float64)       # S of the duration group
     didx = tl.arange(0, BLOCK_DUR)
     g_dur = tl.zeros([ROWS, BLOCK_DUR], tl.float64)
     for k in tl.static_range(K):
-        gamma = _arc_occupation(a, ll, keep, lp_ptr, lpblank_ptr, beta_ptr, b, t, u, t1, u1, T,
-                                U1, sigma, delay_penalty, K, k, DT[k], DU[k], NEXT[k], DELAY[k],
-                                END[k], SIGMA, DELAY_ON)
-        if FE[k]:
+        gamma = _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1,
+                                u1, T, U1, sigma, delay_penalty, K, k, DT[k], DU[k],
+                                PLUS_NEXT_BLANK[k], DELAY[k], MAY_END[k], SIGMA, DELAY_ON)
+        if FASTEMIT[k]:
             sg = gamma * scale                 # FastEmit: this kind's class read x s
         else:
             sg = gamma
         s_tok += sg
-        if READ[k] == 0:
+        if READS[k] == 0:
             gb += sg
-        elif READ[k] == 1:
+        elif READS[k] == 1:
             gl += sg
         else:
             g_cls += tl.where(kidx[None, :] == k, sg[:, None], 0.0)
-        if DUR[k] >= 0:                        # the duration read: never scaled
+        if DURATION[k] >= 0:                   # the duration read: never scaled
             s_dur += gamma
-            g_dur += tl.where(didx[None, :] == DUR[k], gamma[:, None], 0.0)
-        if NEXT[k]:
+            g_dur += tl.where(didx[None, :] == DURATION[k], gamma[:, None], 0.0)
+        if PLUS_NEXT_BLANK[k]:
             # Kind k's arc from (t, u-1) lands on (t + DT[k], u) and reads this row's blank.
-            okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, END[k])
+            okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, MAY_END[k])
             ap = tl.load(alpha_ptr + (b * TP1 + t) * U1 + u - 1, mask=okp, other=NEG_INF)
-            wp = _arc_weight(lp_ptr, lpblank_ptr, b, t, u - 1, t1, okp, T, U1, sigma,
-                             delay_penalty, K, k, NEXT[k], DELAY[k], SIGMA, DELAY_ON)
+            wp = _arc_weight(lp_ptr, next_blank_ptr, b, t, u - 1, t1, okp, T, U1, sigma,
+                             delay_penalty, K, k, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
             nbp = tl.load(beta_ptr + (b * TP1 + t + DT[k]) * U1 + u, mask=okp, other=NEG_INF)
             gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
             s_tok += gp
@@ -574,7 +586,7 @@ def _topo_grad_kernel(
 
     nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
     write = keep & (w_up != 0.0)
-    row = row_id * (V_tok + N_DUR)
+    row = row_id * (V_tok + N_DURATIONS)
     offs = tl.arange(0, BLOCK_V)
     clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
     y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
@@ -599,9 +611,9 @@ def _topo_grad_kernel(
         g = (g - tl.where(v[None, :] == blank, gb_a[:, None], 0.0)
              - tl.where(v[None, :] == y[:, None], gl_a[:, None], 0.0))
         for k in tl.static_range(K):
-            if READ[k] == 2:
+            if READS[k] == 2:
                 gk = tl.sum(tl.where(kidx[None, :] == k, g_cls, 0.0), axis=1).to(ACC)
-                g = g - tl.where(v[None, :] == CLS[k], gk[:, None], 0.0)
+                g = g - tl.where(v[None, :] == CLASS_ID[k], gk[:, None], 0.0)
         if FUSED:
             g = tl.where(nan_row[:, None], NAN, g)
         if CLAMP:                              # both bounds, token group only
@@ -610,14 +622,15 @@ def _topo_grad_kernel(
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
                  mask=has_row[:, None] & (v[None, :] < V_tok))
-    if N_DUR > 0:
+    if N_DURATIONS > 0:
         # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
         if FUSED:
             lse_d = tl.load(lse_dur_ptr + node, mask=keep, other=NEG_INF)
             live_d = keep & (lse_d != NEG_INF) & (s_dur != 0.0)
             d_hi, d_lo = _split(tl.where(live_d, lse_d, 0.0), ACC)
             x = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
-                        mask=live_d[:, None] & (didx[None, :] < N_DUR), other=NEG_INF).to(ACC)
+                        mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
+                        other=NEG_INF).to(ACC)
             g = tl.exp((x - d_hi[:, None]) - d_lo[:, None]) * s_dur.to(ACC)[:, None]
             g = tl.where((s_dur == 0.0)[:, None], 0.0, g)
         else:
@@ -627,7 +640,7 @@ def _topo_grad_kernel(
             g = tl.where(nan_row[:, None], NAN, g)
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=has_row[:, None] & (didx[None, :] < N_DUR))
+                 mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
 
 
 # --------------------------------------------------------------------------- window choice

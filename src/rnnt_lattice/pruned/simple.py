@@ -10,13 +10,14 @@ matmul per sequence,
 so memory is ``O(B T U + B (T + U) V)``. The arc log-probs ``b(t,u) = am(t,blank) +
 lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then feed the
 one recursion over arc weights (any topology of k2: ``regular``, ``modified``,
-``constrained``; delay penalty; boundary): the backend's ``lattice_of_weights``. Two small
-autograd Functions carry the gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw =
--gamma``, mapped onto ``b`` and ``e``) and the normaliser's (``_JointMass``: the masses and
-the entries read, with one in-place gradient buffer per input); the float64 glue between
-them is plain autograd. :func:`lattice_loss` offers that recursion on arc weights the
-caller computes (k2's ``mutual_information_recursion``, HAT; ``rnnt_lattice.compat.k2``
-builds on it).
+``constrained``; delay penalty; boundary): the backend's ``lattice_of_weights`` (Numba's
+``kernels.lattice`` on CPU, Triton's ``_lattice_kernel`` on CUDA, the reference's
+recursion on ``backend="torch"``). Two small autograd Functions carry the gradient: the
+recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and ``e``) and the
+normaliser's (``_JointMass``: the masses and the entries read, with one in-place gradient
+buffer per input); the float64 glue between them is plain autograd. :func:`lattice_loss`
+offers that recursion on arc weights the caller computes (k2's
+``mutual_information_recursion``, HAT; ``rnnt_lattice.compat.k2`` builds on it).
 """
 from __future__ import annotations
 
