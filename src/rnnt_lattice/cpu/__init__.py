@@ -56,7 +56,7 @@ import torch
 from .. import torch_backend
 from .._types import Lattice, LossOptions
 from ..reference import Ends
-from ..topology import Topology, regular as regular_topology
+from ..topology import Topology
 from . import _config, kernels, regular, windows
 
 __all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
@@ -70,8 +70,6 @@ NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.
 simple_rescue = torch_backend.simple_rescue
 simple_rescue_backward = torch_backend.simple_rescue_backward
-
-_REGULAR = regular_topology()
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -265,7 +263,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     shape = tuple(logits.shape)
     V = shape[-1]
     buf = (logits if inplace else _empty_like(logits)) if store else None
-    topo = opts.topology or _REGULAR
+    topo = opts.topology
     blank = topo.check(V, opts.blank)
     B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
     ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
@@ -345,7 +343,7 @@ def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     ``(w, nan_row, kinds, ends)``."""
     logits = logits.contiguous()
     B, T, U1, V = logits.shape
-    topo = opts.topology or _REGULAR
+    topo = opts.topology
     blank = topo.check(V, opts.blank)
     ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
     kinds = kernels.kind_table(topo, blank)

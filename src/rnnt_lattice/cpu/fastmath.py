@@ -209,7 +209,9 @@ def _exp_row(row, m, in_place):
     return s
 
 
-@njit(**JIT)
+# Inlined in Numba's IR: called as a function, its loop lost the caller's vectorisation
+# and the regular gradient pass took 25% longer (2.3 -> 2.9 ms at s3, 1 thread).
+@njit(inline="always", **JIT)
 def scale_row(row, c, w, clamp):
     """The bulk of a gradient row from its stored exps: ``row[v] = min(row[v] c, clamp) w``
     (no bound without a clamp > 0), in the row's dtype. The exps and ``c`` (occupations

@@ -52,7 +52,7 @@ import triton.language as tl
 
 from .. import torch_backend
 from .._types import Lattice, LossOptions
-from ..topology import Topology, regular
+from ..topology import Topology
 from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
@@ -155,7 +155,6 @@ def _costs_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # --------------------------------------------------------------------------- any topology
-_REGULAR = regular()
 
 
 @functools.lru_cache(maxsize=64)
@@ -246,7 +245,7 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     receives the best incoming kind of every node. ``fill_nodes``: alpha and beta are -inf
     off each sequence's nodes, for the lattice tools to hand out (the loss never reads
     them there)."""
-    topo = opts.topology or _REGULAR
+    topo = opts.topology
     kinds = _kinds(topo)
     B, T, U1, V = _shape(logits, node_rows)
     n_dur = topo.n_durations
@@ -291,7 +290,7 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
               opts: LossOptions, upstream, *, boundary, node_rows):
     """Pass 3 of any topology: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst``
     may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides included)."""
-    topo = opts.topology or _REGULAR
+    topo = opts.topology
     kinds = _kinds(topo)
     B, T, U1, V = _shape(logits, node_rows)
     n_dur = topo.n_durations
@@ -352,7 +351,7 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     has_boundary, has_rows = state
     boundary = extra.pop(0) if has_boundary else None
     node_rows = extra.pop(0) if has_rows else None
-    topo = opts.topology or _REGULAR
+    topo = opts.topology
     B, T, U1, _ = _shape(logits, node_rows)
     st = _State.of(ws, B, T, U1, topo.K, topo.n_durations > 0,
                    any(k.plus_next_blank for k in topo.kinds))
@@ -383,7 +382,7 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
     with torch.no_grad():
         st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
                          boundary=boundary, node_rows=None, beta=True, fill_nodes=True)
-        kinds = _kinds(opts.topology or _REGULAR)
+        kinds = _kinds(opts.topology)
         B, K, T, U1 = st.lp.shape
         gamma = torch.empty((B, K, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
         n_nodes = B * T * U1
