@@ -42,10 +42,18 @@ from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
 
-# One tile's logits: 64 MiB is 16k rows at V = 1000 in float32 (enough for the joiner's
-# matrix products to run at full speed) and keeps a tile's logits and activations small
-# beside the lattice at training sizes (docs/benchmarks.md, "Fused joiner and loss").
-DEFAULT_TILE = "64MiB"
+# One tile's logits by default, per device type. CPU: a tile's logits and the joiner's
+# activations stay in the last-level cache between the joiner and the row pass (measured
+# fastest among 4-64 MiB on 2 cores, docs/benchmarks.md "Fused joiner and loss"), and 16
+# MiB is 4k rows at V = 1000 in float32, enough for the joiner's matrix products.
+# Elsewhere (CUDA): fewer, larger tiles, so that the launches of a tile's joiner and passes
+# stay small beside its work (not yet measured on a GPU).
+DEFAULT_TILE = {"cpu": "16MiB", "other": "256MiB"}
+
+
+def default_tile(device: torch.device) -> str:
+    """The byte budget of ``tile=None`` on ``device`` (:data:`DEFAULT_TILE`)."""
+    return DEFAULT_TILE.get(device.type, DEFAULT_TILE["other"])
 
 
 @dataclass(frozen=True)
@@ -298,7 +306,7 @@ def _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank
     """check -> the Function -> zero_infinity -> reduce; shared by the fused losses. A
     graph break under ``torch.compile`` (the joiner is called inside the Function)."""
     check_fused_args(joiner, enc, pred, targets)
-    rows, nbytes = check_tile(tile)
+    rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
     check_reduction(reduction)
     _backends.check_name(backend)
     opts = LossOptions(0, bool(fused), check_float("clamp", clamp),
@@ -326,7 +334,7 @@ def fused_rnnt_loss(
     target_lengths: torch.Tensor,
     *,
     blank: int,
-    tile=DEFAULT_TILE,
+    tile=None,
     clamp: float = -1.0,
     reduction: str = "mean",
     fused_log_softmax: bool = True,
@@ -383,8 +391,9 @@ def fused_rnnt_loss(
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
             ``U = pred.shape[1] - 1``).
         tile: the size of a tile: an int, the number of lattice nodes (logits rows) per
-            tile, or a byte budget of one tile's logits as a string: ``"64MiB"`` (the
-            default), ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB). Tiles are whole
+            tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
+            ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
+            ``"16MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`). Tiles are whole
             frames, ``max(1, rows // (B (U+1)))`` of them; when one frame is larger, one
             frame cut into runs of ``max(1, rows // B)`` label positions (not for
             ``rnnt_type="constrained"``, whose label arcs read the next position's blank:
@@ -425,7 +434,7 @@ def fused_tdt_loss(
     *,
     blank: int,
     durations,
-    tile=DEFAULT_TILE,
+    tile=None,
     sigma: float = 0.0,
     omega: float = 0.0,
     reduction: str = "mean",
@@ -480,7 +489,7 @@ def fused_multiblank_rnnt_loss(
     *,
     blank: int,
     big_blank_durations,
-    tile=DEFAULT_TILE,
+    tile=None,
     sigma: float = 0.0,
     reduction: str = "mean",
     fastemit_lambda: float = 0.0,
