@@ -393,9 +393,9 @@ def fused_rnnt_loss(
         tile: the size of a tile: an int, the number of lattice nodes (logits rows) per
             tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
             ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
-            ``"16MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`). Tiles are whole
-            frames, ``max(1, rows // (B (U+1)))`` of them; when one frame is larger, one
-            frame cut into runs of ``max(1, rows // B)`` label positions (not for
+            ``"16MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`).
+            Tiles are whole frames, ``max(1, rows // (B (U+1)))`` of them; when one frame
+            is larger, one frame cut into runs of ``max(1, rows // B)`` label positions (not for
             ``rnnt_type="constrained"``, whose label arcs read the next position's blank:
             one frame is its smallest tile). The plan comes from the shapes only: no host
             synchronisation.
