@@ -93,8 +93,9 @@ class Inputs:
             x.grad = None
 
 
-def step(way: str, x: Inputs):
-    """One forward + loss + backward of ``way``; returns the loss (detached)."""
+def step(way: str, x: Inputs, tile=None):
+    """One forward + loss + backward of ``way`` (fused: tiles of ``tile``, None: the
+    library's default); returns the loss (detached)."""
     import rnnt_lattice
     m = x.model
     args = (x.targets, x.logit_lengths, x.target_lengths)
@@ -103,7 +104,8 @@ def step(way: str, x: Inputs):
         loss = rnnt_lattice.rnnt_loss(m.joiner(e[:, :, None], p[:, None]), *args, blank=0,
                                       reduction="sum")
     elif way == "fused":
-        loss = rnnt_lattice.fused_rnnt_loss(m.joiner, e, p, *args, blank=0, reduction="sum")
+        loss = rnnt_lattice.fused_rnnt_loss(m.joiner, e, p, *args, blank=0, reduction="sum",
+                                            tile=tile)
     else:
         simple, occ = rnnt_lattice.rnnt_loss_smoothed(
             m.lm_proj(x.pred), m.am_proj(x.enc), *args, blank=0, reduction="sum",
@@ -117,14 +119,14 @@ def step(way: str, x: Inputs):
     return loss.detach()
 
 
-def agreement(x: Inputs) -> dict:
+def agreement(x: Inputs, tile=None) -> dict:
     """fused against full on the same inputs: relative differences of the loss and of the
     gradients of enc, pred and the output Linear's weight."""
     out = {}
     grads = {}
     for way in ("full", "fused"):
         x.zero()
-        loss = step(way, x)
+        loss = step(way, x, tile)
         grads[way] = (loss, x.enc.grad.clone(), x.pred.grad.clone(), x.model.joiner.out.weight.grad.clone())
     (l0, *g0), (l1, *g1) = grads["full"], grads["fused"]
     out["loss_rel_diff"] = float((l1 - l0).abs() / l0.abs().clamp(min=1.0))
@@ -145,42 +147,43 @@ def time_ways(x: Inputs, device, args) -> dict:
     for w in WAYS:                                        # warm-up, untimed
         for _ in range(max(1, args.warmup)):
             x.zero()
-            step(w, x)
+            step(w, x, args.tile)
     for _ in range(args.reps):
         for w in WAYS:
             x.zero()
-            times[w].append(device.clock.once(lambda: step(w, x)))
+            times[w].append(device.clock.once(lambda: step(w, x, args.tile)))
     return {w: (statistics.median(t), min(t)) for w, t in times.items()}
 
 
-def cuda_memory(x: Inputs, way: str) -> dict:
+def cuda_memory(x: Inputs, way: str, tile) -> dict:
     x.zero()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    step(way, x)
+    step(way, x, tile)
     torch.cuda.synchronize()
     return {"peak_bytes": torch.cuda.max_memory_allocated() - before}
 
 
-def cpu_memory(way: str, shape: str, H: int, seed: int) -> dict:
+def cpu_memory(way: str, shape: str, H: int, seed: int, tile) -> dict:
     """Peak RSS of one step in a fresh subprocess (this file, ``--mem-child``)."""
-    cmd = [sys.executable, str(Path(__file__)), "--mem-child", way, shape, str(H), str(seed)]
+    cmd = [sys.executable, str(Path(__file__)), "--mem-child", way, shape, str(H), str(seed),
+           str(tile or "")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         return {"mem_note": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
     return {"peak_extra_mb": json.loads(p.stdout.strip().splitlines()[-1])["extra_kb"] / 1024}
 
 
-def mem_child(way: str, shape: str, H: int, seed: int) -> None:
+def mem_child(way: str, shape: str, H: int, seed: int, tile) -> None:
     """Subprocess body of :func:`cpu_memory`: a warm-up step on a small shape, the inputs,
     the high-water mark reset, one step; prints ``{"extra_kb": VmHWM - VmRSS at the reset}``."""
     set_threads(common.THREADS)
-    step(way, Inputs(shapes.SHAPES["s1"], 64, "cpu", seed))
+    step(way, Inputs(shapes.SHAPES["s1"], 64, "cpu", seed), tile)
     x = Inputs(shapes.SHAPES[shape], H, "cpu", seed)
     rss = common.rss_kb()
     common.reset_peak_rss()
-    step(way, x)
+    step(way, x, tile)
     print(json.dumps({"extra_kb": common.maxrss_kb() - rss}))
 
 
@@ -189,8 +192,8 @@ def run(shape_list, device, args, meta) -> list:
     import rnnt_lattice
     meta["ways"] = {"full": "rnnt_loss on the materialised logits",
                     "pruned": f"icefall's pruned recipe, R={R}",
-                    "fused": "fused_rnnt_loss, default tile "
-                             f"{rnnt_lattice.fused.default_tile(torch.device(device.name))}"}
+                    "fused": "fused_rnnt_loss, tile "
+                             f"{args.tile or rnnt_lattice.fused.default_tile(torch.device(device.name))}"}
     meta["joiner"] = "out(tanh(enc_proj(enc) + pred_proj(pred))), Linear(H, H) x 2, Linear(H, V)"
     rows = []
     for shape in shape_list:
@@ -199,15 +202,15 @@ def run(shape_list, device, args, meta) -> list:
             base = {"shape": shape.name, "shape_desc": shape.describe(), "H": H,
                     "device": device.name}
             print(f"\n## {shape.name} ({shape.describe()}), H={H}", flush=True)
-            agree = agreement(x)
+            agree = agreement(x, args.tile)
             print(f"  fused vs full: {_agree(agree)}", flush=True)
             times = time_ways(x, device, args)
             for w in WAYS:
                 row = {**base, "way": w, "fwd_bwd_s": times[w][0], "fwd_bwd_min_s": times[w][1],
                        "reps": args.reps}
                 if not args.no_memory:
-                    row.update(cuda_memory(x, w) if device.name == "cuda"
-                               else cpu_memory(w, shape.name, H, args.seed))
+                    row.update(cuda_memory(x, w, args.tile) if device.name == "cuda"
+                               else cpu_memory(w, shape.name, H, args.seed, args.tile))
                 if w == "fused":
                     row.update(agree)
                 rows.append(row)
@@ -241,7 +244,7 @@ def markdown(rows, device_name: str, ctx: dict) -> str:
     out = [f"Medians of {ctx['reps']} interleaved steps (forward + loss + backward) after "
            f"{ctx['warmup']} warm-up ({'wall clock' if device_name == 'cpu' else 'CUDA events'}); "
            f"joiner out(tanh(enc_proj(enc) + pred_proj(pred))); reduction sum; pruned: icefall's "
-           f"recipe with R={R}; fused: the default tile. Agreement: fused against full, relative "
+           f"recipe with R={R}; fused: {ctx.get('tile') or 'the default tile'}. Agreement: fused against full, relative "
            "differences of the loss and of the gradients of enc, pred and out.weight.\n"]
     body = []
     keys = list(dict.fromkeys((r["shape"], r["H"]) for r in rows))
@@ -260,7 +263,9 @@ def markdown(rows, device_name: str, ctx: dict) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--mem-child":
-        mem_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    if len(sys.argv) == 7 and sys.argv[1] == "--mem-child":
+        tile = sys.argv[6]
+        mem_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                  int(tile) if tile.isdigit() else (tile or None))
     else:
         print(__doc__)

@@ -616,6 +616,9 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="R", help="pruned: the window sizes R (s_range)")
     ap.add_argument("--hidden", nargs="+", type=int, default=list(fused_pipeline.HIDDEN),
                     metavar="H", help="fused: the joiner widths H")
+    ap.add_argument("--tile", type=lambda v: int(v) if v.isdigit() else v, default=None,
+                    help="fused: rows per tile or a byte budget such as 8MiB (default: the "
+                         "library's default for the device)")
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="* shape or group names: shapes " + " ".join(shapes.SHAPES)
                          + "; groups " + ", ".join(f"{k}={'+'.join(v)}" for k, v in shapes.GROUPS.items()))

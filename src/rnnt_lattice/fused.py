@@ -42,13 +42,13 @@ from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
 
-# One tile's logits by default, per device type. CPU: a tile's logits and the joiner's
-# activations stay in the last-level cache between the joiner and the row pass (measured
-# fastest among 4-64 MiB on 2 cores, docs/benchmarks.md "Fused joiner and loss"), and 16
-# MiB is 4k rows at V = 1000 in float32, enough for the joiner's matrix products.
-# Elsewhere (CUDA): fewer, larger tiles, so that the launches of a tile's joiner and passes
-# stay small beside its work (not yet measured on a GPU).
-DEFAULT_TILE = {"cpu": "16MiB", "other": "256MiB"}
+# One tile's logits by default, per device type. CPU: 4 MiB (1k rows at V = 1000 in
+# float32, enough for the joiner's matrix products): the step's peak memory beyond the
+# lattice is a few times the tile (the joiner's activations, glibc's heap), and the time
+# was the same as with 8-16 MiB tiles within the noise of 2 shared cores (docs/benchmarks.md,
+# "Fused joiner and loss"). Elsewhere (CUDA): fewer, larger tiles, so that the launches
+# of a tile's joiner and passes stay small beside its work (not yet measured on a GPU).
+DEFAULT_TILE = {"cpu": "4MiB", "other": "256MiB"}
 
 
 def default_tile(device: torch.device) -> str:
@@ -393,7 +393,7 @@ def fused_rnnt_loss(
         tile: the size of a tile: an int, the number of lattice nodes (logits rows) per
             tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
             ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
-            ``"16MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`).
+            ``"4MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`).
             Tiles are whole frames, ``max(1, rows // (B (U+1)))`` of them; when one frame
             is larger, one frame cut into runs of ``max(1, rows // B)`` label positions (not for
             ``rnnt_type="constrained"``, whose label arcs read the next position's blank:
