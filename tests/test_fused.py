@@ -278,11 +278,21 @@ def test_torch_compile_of_a_model_calling_it():
                                                 ul, blank=blank, tile=13)
 
     model = Model()
-    compiled = torch.compile(model, backend="eager")
+    compiled = torch.compile(model, backend="aot_eager")   # autograd traced around the break
     w = torch.ones(1)
+    comp = run(lambda: compiled(enc, pred)[None], model, enc, pred, w)   # compiled first
     eager = run(lambda: model(enc, pred)[None], model, enc, pred, w)
-    comp = run(lambda: compiled(enc, pred)[None], model, enc, pred, w)
     assert_same(eager, comp, TOL[torch.float32])
+
+
+def test_import_stays_light():
+    """Importing rnnt_lattice loads neither torch._dynamo nor a backend (a fresh process)."""
+    import subprocess
+    import sys
+    code = ("import sys, rnnt_lattice; "
+            "print(sorted(m for m in ('torch._dynamo', 'numba', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_empty_batch_and_no_frames():

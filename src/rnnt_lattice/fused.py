@@ -298,13 +298,24 @@ def _params(joiner) -> tuple:
     return ()
 
 
-@torch.compiler.disable
-def _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank, topology,
-                frames_only, params, *, tile, clamp, reduction, fused, fastemit_lambda, zero_infinity,
-                backend, sigma=0.0, delay_penalty=0.0, boundary=None,
-                allow_blank_targets=False) -> torch.Tensor:
-    """check -> the Function -> zero_infinity -> reduce; shared by the fused losses. A
-    graph break under ``torch.compile`` (the joiner is called inside the Function)."""
+def _fused_loss(*args, **kwargs) -> torch.Tensor:
+    """:func:`_fused_loss_eager` behind ``torch.compiler.disable``: a graph break under
+    ``torch.compile`` (the joiner is called inside the Function). Wrapped on first use:
+    decorating at import would import torch._dynamo (and Triton) with rnnt_lattice."""
+    global _fused_loss_disabled
+    if _fused_loss_disabled is None:
+        _fused_loss_disabled = torch.compiler.disable(_fused_loss_eager)
+    return _fused_loss_disabled(*args, **kwargs)
+
+
+_fused_loss_disabled = None
+
+
+def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
+                      topology, frames_only, params, *, tile, clamp, reduction, fused,
+                      fastemit_lambda, zero_infinity, backend, sigma=0.0, delay_penalty=0.0,
+                      boundary=None, allow_blank_targets=False) -> torch.Tensor:
+    """check -> the Function -> zero_infinity -> reduce; shared by the fused losses."""
     check_fused_args(joiner, enc, pred, targets)
     rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
     check_reduction(reduction)
