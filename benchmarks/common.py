@@ -70,6 +70,14 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def rss_kb() -> int:
+    """This process's resident set size now, in KiB (VmRSS; 0 where unknown)."""
+    for line in _read("/proc/self/status").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 def maxrss_kb() -> int:
     """Peak RSS in KiB since start or since :func:`reset_peak_rss` (VmHWM), else ru_maxrss."""
     for line in _read("/proc/self/status").splitlines():

@@ -268,17 +268,10 @@ def mem_child(kind: str, name: str, shape: str, R: int, seed: int) -> None:
         leaf = f.logits.requires_grad_()
         go = lambda: timing.fwd_bwd(fn, f, leaf)            # noqa: E731
     set_threads(common.THREADS)
-    rss = _vm("VmRSS")
+    rss = common.rss_kb()
     common.reset_peak_rss()
     go()
     print(json.dumps({"extra_kb": common.maxrss_kb() - rss}))
-
-
-def _vm(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 def run(shape_list, device, args, meta) -> list:

@@ -1,6 +1,6 @@
 """The benchmark runner: RNN-T losses on CPU or CUDA, against the device's floor or side by side.
 
-    python benchmarks/run.py --device cpu|cuda --mode floor|peers|pruned [options]
+    python benchmarks/run.py --device cpu|cuda --mode floor|peers|pruned|fused [options]
 
 One case list, ``(shape, dtype, loss variant)`` from the package's registry
 (``shapes.py``: ``SHAPES``/``GROUPS``, ``VARIANTS``, ``make_inputs``), one provider
@@ -27,6 +27,9 @@ imports (``benchmarks/.venv-peers``, ``setup_peers.sh``) and writes the side-by-
 ``--mode pruned`` times the pruned RNN-T pipeline (simple loss -> windows -> pruned loss),
 ours against fast_rnnt's, at each ``--windows`` R, with the full losses for scale
 (``pruned_pipeline.py``; shapes: the registry's ``pruned_cpu`` / ``pruned_gpu`` groups).
+``--mode fused`` times a joiner's training step (forward + loss + backward) three ways,
+full, pruned (R=5) and ``fused_rnnt_loss``, with their peak memory, at each ``--hidden`` H
+(``fused_pipeline.py``; shapes: ``fused_cpu`` / ``fused_gpu``).
 
 Threads are fixed (2 by default, RNNT_BENCH_THREADS) for torch, Numba and OpenMP.
 Results: benchmarks/results/<stem>.{csv,json,md} (default stem ``<device>-<mode>-<date>``),
@@ -38,6 +41,7 @@ exits at once with a message (status 2).
     benchmarks/.venv-peers/bin/python benchmarks/run.py --device cpu --mode peers
     python benchmarks/run.py --device cuda --mode peers            # "gpu" shapes + half rows
     benchmarks/.venv-peers/bin/python benchmarks/run.py --device cpu --mode pruned
+    python benchmarks/run.py --device cpu --mode fused             # f1 f2, H 512 1024
 """
 from __future__ import annotations
 
@@ -57,13 +61,14 @@ from pathlib import Path        # noqa: E402
 import torch                    # noqa: E402
 
 import peers                    # noqa: E402
+import fused_pipeline           # noqa: E402
 import pruned_pipeline          # noqa: E402
 import shapes                   # noqa: E402
 import timing                   # noqa: E402
 from rnnt_lattice._cli_util import set_threads  # noqa: E402
 
 DEVICES = ("cpu", "cuda")
-MODES = ("floor", "peers", "pruned")
+MODES = ("floor", "peers", "pruned", "fused")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 REFERENCE = "rnnt_lattice_torch"
@@ -81,6 +86,9 @@ DEFAULTS = {
     # pruned: agreement is ours (k2 rule) against fast_rnnt, at every shape (no reference).
     ("cpu", "pruned"): dict(shapes=["pruned_cpu"], reps=3, warmup=1, cap=60.0, agree_max_elems=0),
     ("cuda", "pruned"): dict(shapes=["pruned_gpu"], reps=10, warmup=3, cap=120.0, agree_max_elems=0),
+    # fused: agreement is fused against full, at every shape (no float64 reference).
+    ("cpu", "fused"): dict(shapes=["fused_cpu"], reps=5, warmup=1, cap=0.0, agree_max_elems=0),
+    ("cuda", "fused"): dict(shapes=["fused_gpu"], reps=10, warmup=3, cap=0.0, agree_max_elems=0),
 }
 QUICK = dict(shapes=["quick"], reps=3, warmup=1, cap=10.0)
 # Half-precision rows run on CUDA by default next to the float32 ones: (shape, dtype).
@@ -558,6 +566,8 @@ def table_cuda(rows, case_labels, ctx, meta) -> str:
 def markdown(rows, case_labels, device: str, mode: str, ctx: dict, meta: dict) -> str:
     if mode == "pruned":
         return pruned_pipeline.markdown(rows, device, ctx)
+    if mode == "fused":
+        return fused_pipeline.markdown(rows, device, ctx)
     if device == "cuda":
         return table_cuda(rows, case_labels, ctx, meta)
     if mode == "floor":
@@ -600,9 +610,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mode", choices=MODES, default="peers",
                     help="floor: ours only, against the exp pass (cpu) or the copy bandwidth "
                          "(cuda); peers: ours and every peer that imports; pruned: the pruned "
-                         "RNN-T pipeline, ours against fast_rnnt's, and the full losses")
+                         "RNN-T pipeline, ours against fast_rnnt's, and the full losses; "
+                         "fused: a joiner's training step, full, pruned and fused")
     ap.add_argument("--windows", nargs="+", type=int, default=list(pruned_pipeline.WINDOWS),
                     metavar="R", help="pruned: the window sizes R (s_range)")
+    ap.add_argument("--hidden", nargs="+", type=int, default=list(fused_pipeline.HIDDEN),
+                    metavar="H", help="fused: the joiner widths H")
+    ap.add_argument("--tile", type=lambda v: int(v) if v.isdigit() else v, default=None,
+                    help="fused: rows per tile or a byte budget such as 8MiB (default: the "
+                         "library's default for the device)")
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="* shape or group names: shapes " + " ".join(shapes.SHAPES)
                          + "; groups " + ", ".join(f"{k}={'+'.join(v)}" for k, v in shapes.GROUPS.items()))
@@ -673,6 +689,10 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     if args.thp_compare and args.device != "cpu":
         ap.error("--thp-compare applies to --device cpu only")
+    if args.mode == "fused" and (args.variants != ["regular"] or args.dtype or args.thp_compare
+                                 or args.providers):
+        ap.error("--mode fused runs float32 regular lattices of its three ways: no --variants, "
+                 "--dtype, --thp-compare, --providers")
     if args.mode == "pruned":
         if args.variants != ["regular"] or args.dtype or args.thp_compare:
             ap.error("--mode pruned runs float32 regular lattices: no --variants, --dtype, "
@@ -694,8 +714,8 @@ def main(argv=None) -> int:
         return render(Path(args.render))
     device = get_device(args.device)
     device.check()                                 # CUDA: exit 2 at once without a GPU
-    if args.mode == "pruned":
-        return main_pruned(ap, args, device)
+    if args.mode in ("pruned", "fused"):
+        return main_pipeline(ap, args, device)
     try:
         cases = select_cases(args)
     except ValueError as err:
@@ -744,18 +764,19 @@ def main(argv=None) -> int:
     return 0
 
 
-def pruned_shapes(args) -> list:
-    """The shapes of a ``--mode pruned`` run (``--shapes``, default per device)."""
+def pipeline_shapes(args) -> list:
+    """The shapes of a ``--mode pruned`` or ``fused`` run (``--shapes``, default per device)."""
     fill_defaults(args)
     return shapes.resolve(args.shapes)
 
 
-def main_pruned(ap, args, device) -> int:
-    """``--mode pruned``: see ``pruned_pipeline.py``."""
+def main_pipeline(ap, args, device) -> int:
+    """``--mode pruned`` (``pruned_pipeline.py``) and ``--mode fused`` (``fused_pipeline.py``)."""
     try:
-        shape_list = pruned_shapes(args)
+        shape_list = pipeline_shapes(args)
     except ValueError as err:
         ap.error(str(err))
+    pipeline = pruned_pipeline if args.mode == "pruned" else fused_pipeline
     args.warmup = max(1, args.warmup)
     set_threads(common.THREADS)
     meta = common.machine_info()
@@ -764,21 +785,22 @@ def main_pruned(ap, args, device) -> int:
     meta["clock"] = device.clock.name
     import rnnt_lattice
     meta["rnnt_lattice_path"] = str(Path(rnnt_lattice.__file__).parent)
+    what = f"R {args.windows}" if args.mode == "pruned" else f"H {args.hidden}"
     print(f"# {meta.get('gpu') or meta['cpu_model']}, threads {common.THREADS}, load "
-          f"{tuple(round(x, 2) for x in meta['loadavg_at_start'])}; {args.device}/pruned; R "
-          f"{args.windows}; rnnt_lattice from {meta['rnnt_lattice_path']}", flush=True)
-    rows = pruned_pipeline.run(shape_list, device, args, meta)
+          f"{tuple(round(x, 2) for x in meta['loadavg_at_start'])}; {args.device}/{args.mode}; "
+          f"{what}; rnnt_lattice from {meta['rnnt_lattice_path']}", flush=True)
+    rows = pipeline.run(shape_list, device, args, meta)
     meta["loadavg_at_end"] = os.getloadavg()
-    stem = args.stem or (f"{args.device}-pruned-"
+    stem = args.stem or (f"{args.device}-{args.mode}-"
                          + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
-    paths = common.write_results(stem, meta, rows,
-                                 pruned_pipeline.markdown(rows, args.device, meta["args"]),
+    paths = common.write_results(stem, meta, rows, pipeline.markdown(rows, args.device, meta["args"]),
                                  out_dir=Path(args.out_dir))
     print("\nwrote", ", ".join(paths.values()))
-    bad = [r for r in rows if r.get("agree") == "DISAGREE"]
-    for r in bad:
-        print(f"DISAGREE: {r['provider']} at {r['shape']} R={r['R']}: "
-              f"{pruned_pipeline._agree(r)}", file=sys.stderr)
+    for r in rows:
+        if r.get("agree") == "DISAGREE":
+            where = f"R={r['R']}" if args.mode == "pruned" else f"H={r['H']}"
+            print(f"DISAGREE: {r.get('provider', r.get('way'))} at {r['shape']} {where}: "
+                  f"{pipeline._agree(r)}", file=sys.stderr)
     return 0
 
 

@@ -76,6 +76,10 @@ SHAPES = {s.name: s for s in (
     Shape("pg1", 32, 400, 100, 1024),
     Shape("pg2", 16, 500, 150, 2000),
     Shape("pg3", 8, 300, 60, 5000),
+    # The fused joiner and loss (run.py --mode fused; the joiner's width H is the runner's):
+    # CPU-sized, V >= 1000; on GPU the pruned pipeline's pg1 and pg2.
+    Shape("f1", 8, 150, 40, 1000),
+    Shape("f2", 4, 200, 60, 2000),
 )}
 
 # Named groups of shapes for the command-line tools.
@@ -86,6 +90,8 @@ GROUPS = {
     "gpu": ["s3", "s4", "s5", "ragged", "big", "v5000"],   # run.py --device cuda
     "pruned_cpu": ["p1", "p2", "pv5000"],                  # run.py --mode pruned
     "pruned_gpu": ["pg1", "pg2", "pg3"],                   # run.py --device cuda --mode pruned
+    "fused_cpu": ["f1", "f2"],                             # run.py --mode fused
+    "fused_gpu": ["pg1", "pg2"],                           # run.py --device cuda --mode fused
 }
 
 # Loss topologies a case can ask for (``benchmarks/run.py --variants``). A new one is added

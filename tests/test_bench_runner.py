@@ -286,10 +286,10 @@ def test_committed_results_render_unchanged(run, tmp_path, stem):
 # --------------------------------------------------------------------------- --mode pruned
 def test_pruned_mode_options(run):
     _, args = run.parse(["--mode", "pruned"])
-    assert [s.name for s in run.pruned_shapes(args)] == ["p1", "p2", "pv5000"]
+    assert [s.name for s in run.pipeline_shapes(args)] == ["p1", "p2", "pv5000"]
     assert args.windows == [5, 10] and (args.reps, args.warmup) == (3, 1)
     _, args = run.parse(["--device", "cuda", "--mode", "pruned", "--windows", "4"])
-    assert [s.name for s in run.pruned_shapes(args)] == ["pg1", "pg2", "pg3"]
+    assert [s.name for s in run.pipeline_shapes(args)] == ["pg1", "pg2", "pg3"]
     assert args.windows == [4] and args.reps == 10
     for p1 in ("p1", "pg1"):
         assert run.shapes.SHAPES[p1].U < run.shapes.SHAPES[p1].T      # R < U + 1: real pruning
@@ -334,3 +334,24 @@ def test_registry_docstring_example():
     import doctest
     result = doctest.testmod(shapes, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --------------------------------------------------------------------------- --mode fused
+def test_fused_mode_end_to_end(run, tmp_path):
+    """Tiny shape, no timing assertions: the three ways give rows and a table, fused agrees
+    with full, and the tables re-render from the json."""
+    _, args = run.parse(["--mode", "fused"])
+    assert [s.name for s in run.pipeline_shapes(args)] == ["f1", "f2"] and args.hidden == [512, 1024]
+    for bad in (["--variants", "tdt"], ["--dtype", "float16"], ["--providers", "rnnt_lattice"]):
+        with pytest.raises(SystemExit):
+            run.parse(["--mode", "fused", *bad])
+    assert run.main(["--mode", "fused", "--shapes", "s1", "--hidden", "16", "--reps", "1",
+                     "--no-memory", "--out-dir", str(tmp_path), "--stem", "f"]) == 0
+    meta, rows, md = _run_rows(tmp_path, "f")
+    assert meta["args"]["mode"] == "fused" and "fused" in meta["ways"]
+    assert [r["way"] for r in rows] == ["full", "pruned", "fused"]
+    assert all(r["fwd_bwd_s"] > 0 and r["H"] == 16 for r in rows)
+    assert rows[2]["agree"] == "ok"
+    assert "| shape | H | full | pruned | fused | fused / full time |" in md
+    run.render(tmp_path / "f.json")
+    assert (tmp_path / "f.md").read_text() == md

@@ -307,6 +307,29 @@ def test_demo_pruned_smoke_writes_the_comparison(tmp_path, capsys):
     assert metrics["pruned"]["joiner_output_mb_per_step"] < metrics["full"]["joiner_output_mb_per_step"]
 
 
+def test_demo_fused_smoke_writes_the_comparison(tmp_path, capsys):
+    out = tmp_path / "fused"
+    assert cli.main(["demo", "--fused", "--steps", "3", "--tile", "500", "--out", str(out),
+                     "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "full:" in text and "fused:" in text and "held-out TER" in text
+    table = (out / "fused_comparison.md").read_text()
+    assert "| full |" in table and "| fused, tile 500 |" in table
+    metrics = json.loads((out / "metrics.json").read_text())
+    # the same model, batches and loss: the same held-out TER after 3 steps, to rounding
+    assert metrics["fused"]["heldout_ter"] == pytest.approx(metrics["full"]["heldout_ter"], abs=0.02)
+    # the largest joiner output is one tile of 500 rows, far below (B, T, U+1, V)
+    assert metrics["fused"]["joiner_output_mb_per_step"] <= 500 * 11 * 4 / 2**20 + 1e-9
+    assert metrics["fused"]["joiner_output_mb_per_step"] < metrics["full"]["joiner_output_mb_per_step"]
+
+
+@pytest.mark.parametrize("args, message", [(["--fused", "--tile", "0"], "tile"),
+                                           (["--fused", "--pruned"], "--fused")])
+def test_demo_fused_bad_options(tmp_path, capsys, args, message):
+    assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [(["--pruned", "--window", "0"], "--window")])
 def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
     assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2

@@ -3,6 +3,7 @@
 Importing this package needs torch and numpy only; Numba and Triton load on first use.
 """
 from .functional import empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_loss, tdt_loss
+from .fused import fused_multiblank_rnnt_loss, fused_rnnt_loss, fused_tdt_loss
 from .modules import MultiblankRNNTLoss, RNNTLoss, TDTLoss
 from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment, occupancy,
                       prune_coverage)
@@ -15,4 +16,5 @@ __all__ = ["rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_rnnt_loss
            "MultiblankRNNTLoss", "rnnt_loss_pruned", "pack_logits", "empty_cache", "__version__",
            "occupancy", "Occupancy", "best_alignment", "Alignment", "Arc", "prune_coverage", "PruneCoverage",
            "rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges", "PruneRanges",
-           "do_rnnt_pruning", "lattice_loss"]
+           "do_rnnt_pruning", "lattice_loss", "fused_rnnt_loss", "fused_tdt_loss",
+           "fused_multiblank_rnnt_loss"]

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ._layout import Tile
 from ._types import Ends, Lattice, LossOptions
 from ._validate import Checked, check_lattice_args
 from .topology import Topology
@@ -49,6 +50,24 @@ class Backend(Protocol):
 
     def loss_backward(self, saved: tuple, state: Any, upstream: torch.Tensor,
                       opts: LossOptions) -> torch.Tensor: ...
+
+    # The fused joiner and loss (``fused``, math.md section 11): logits that exist one tile
+    # at a time, rows ``(n, V)`` read through ``tile.node_rows (B, T, U+1)`` (the tile's
+    # nodes read rows 0..n-1, every other node none). ``tile_forward``: the row pass on one
+    # tile, what the lattice and the gradient need of its nodes kept in ``state`` (None on
+    # the first tile: created from it); it may overwrite ``rows`` (the caller discards
+    # them). ``tile_lattice``: the lattice once over every node -> costs (B,) in the rows'
+    # dtype (float32 for half rows). ``tile_backward``: ``out (n, V) = upstream[b] * d
+    # cost_b / d rows`` of one tile, the rows recomputed by the caller; ``out`` may be
+    # ``rows``.
+    def tile_forward(self, rows: torch.Tensor, tile: Tile, targets: torch.Tensor,
+                     logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                     opts: LossOptions, boundary: torch.Tensor | None, state: Any) -> Any: ...
+
+    def tile_lattice(self, state: Any, opts: LossOptions, need_grad: bool) -> torch.Tensor: ...
+
+    def tile_backward(self, rows: torch.Tensor, tile: Tile, state: Any, upstream: torch.Tensor,
+                      opts: LossOptions, out: torch.Tensor) -> torch.Tensor: ...
 
     # The lattice tools (``analysis``): alpha, beta, log P and per-kind occupations; the
     # max-plus sweep ``(alpha_max, best_kind int8, log_prob (B,))``.

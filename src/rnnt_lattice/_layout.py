@@ -10,11 +10,16 @@ each row once, from its node):
 * packed (``packed=True``, optimized_transducer's and warp-rnnt's layout): the nodes of
   each lattice, sequence after sequence, frame after frame (:func:`packed_node_rows`);
 * pruned windows ``(B, T, R, V)`` of ``rnnt_loss_pruned``: node ``(t, ranges[b, t, k])``
-  reads window row ``k`` of frame ``t`` (:func:`pruned_node_rows`).
+  reads window row ``k`` of frame ``t`` (:func:`pruned_node_rows`);
+* tiles of the fused joiner and loss (``rnnt_lattice.fused``): the nodes of a box of
+  frames and label positions read the rows of the joiner's output on that box, every
+  other node none (:func:`tile_plan`, :func:`tile_node_rows`).
 
 The backends' kernels read any map; this module only builds and inverts them.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -96,3 +101,52 @@ def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
     rows = torch.arange(B * T * R, device=logits.device).view(B, T, R)
     node_rows = torch.full((B, T, U + 1), -1, dtype=torch.int64, device=logits.device)
     return node_rows.scatter_(2, ranges, rows)
+
+
+# --------------------------------------------------------------------------- tiles
+@dataclass(frozen=True)
+class Tile:
+    """One tile of the fused joiner and loss (``rnnt_lattice.fused``, math.md section 11):
+    frames ``t0 <= t < t1`` and label positions ``u0 <= u < u1`` of every sequence, whose
+    logits are rows ``(B (t1-t0) (u1-u0), V)`` in row-major order ``(b, t, u)``.
+    ``node_rows (B, T, U+1)`` int64 is its node -> row map (:func:`tile_node_rows`)."""
+
+    t0: int
+    t1: int
+    u0: int
+    u1: int
+    node_rows: torch.Tensor
+
+    @property
+    def box(self) -> tuple[slice, slice]:
+        """``(frames, label positions)`` of the tile, to index node tensors ``[:, t, u]``."""
+        return slice(self.t0, self.t1), slice(self.u0, self.u1)
+
+
+def tile_plan(B: int, T: int, U1: int, rows: int, frames_only: bool) -> list[tuple]:
+    """The tiles ``(t0, t1, u0, u1)`` that cover the grid ``(B, T, U+1)``, each of at most
+    ``rows`` nodes (logits rows) where possible, from the shapes alone (no tensor value
+    is read: no host synchronisation). Whole frames ``[t0, t1)`` of ``max(1, rows //
+    (B (U+1)))`` frames each; when one frame holds more than ``rows`` nodes and
+    ``frames_only`` is False, one frame per tile cut into runs of ``max(1, rows // B)``
+    label positions. ``frames_only`` (topologies with ``plus_next_blank`` kinds, whose
+    arcs read the blank of the next label position): one frame is the smallest tile."""
+    if B == 0 or T == 0 or U1 == 0:
+        return []
+    per_frame = B * U1
+    if rows >= per_frame or frames_only:
+        f = max(1, rows // per_frame)
+        return [(t, min(T, t + f), 0, U1) for t in range(0, T, f)]
+    g = max(1, rows // B)
+    return [(t, t + 1, u, min(U1, u + g)) for t in range(T) for u in range(0, U1, g)]
+
+
+def tile_node_rows(B: int, T: int, U1: int, t0: int, t1: int, u0: int, u1: int,
+                   device) -> Tile:
+    """The :class:`Tile` of frames ``[t0, t1)`` and label positions ``[u0, u1)``: node
+    ``(b, t, u)`` of the box reads row ``(b (t1-t0) + t - t0)(u1-u0) + u - u0``, every other
+    node ``-1``."""
+    node_rows = torch.full((B, T, U1), -1, dtype=torch.int64, device=device)
+    n = B * (t1 - t0) * (u1 - u0)
+    node_rows[:, t0:t1, u0:u1] = torch.arange(n, device=device).view(B, t1 - t0, u1 - u0)
+    return Tile(t0, t1, u0, u1, node_rows)

@@ -10,6 +10,7 @@ compiling, reading a tensor value would break the graph.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -448,16 +449,21 @@ def check_multiblank_blank(logits, blank: int, durations, packed: bool) -> int:
     blanks and a label (NeMo's layout). Checked before the topology is built, which places
     the big blanks below the blank, so that each mistake gets its own message. Returns the
     blank id in ``[0, V)``."""
-    V = check_logits_rank(logits, rows=packed)
+    check_logits_rank(logits, rows=packed)
+    return check_multiblank_blank_id(tuple(logits.shape), blank, durations)
+
+
+def check_multiblank_blank_id(shape: tuple, blank: int, durations) -> int:
+    """:func:`check_multiblank_blank` for logits of ``shape`` (``V = shape[-1]``)."""
+    V = shape[-1]
     if not -V <= blank < V:
-        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits "
-                         f"{tuple(logits.shape)}")
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits {shape}")
     blank_id = blank % V
     if blank_id != V - 1:
         raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
                          f"(NeMo's multi-blank layout)")
     if blank_id < len(durations) + 1:
-        raise ValueError(f"logits {tuple(logits.shape)} have no room for "
+        raise ValueError(f"logits {shape} have no room for "
                          f"{len(durations)} big blanks and a label before the blank")
     return blank_id
 
@@ -626,3 +632,66 @@ def check_pruning_args(am, lm, ranges) -> torch.Tensor:
             raise ValueError(f"ranges must lie in [0, U] = [0, {U1 - 1}] for lm {_shape(lm)}, "
                              f"got values in [{lo}, {hi}]")
     return ranges
+
+
+# --------------------------------------------------------------------------- fused joiner
+_BYTE_UNITS = {"B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9,
+               "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(" + "|".join(_BYTE_UNITS) + r")\s*$")
+
+
+def check_tile(tile) -> tuple[int | None, int | None]:
+    """The ``tile`` of the fused losses: ``(rows, None)`` for a positive int (lattice nodes
+    = logits rows per tile), ``(None, nbytes)`` for a byte budget of one tile's logits
+    written as a string, a number and a unit among B, KB, MB, GB (powers of 1000) and KiB,
+    MiB, GiB (powers of 1024): ``"256MiB"``, ``"1.5 GB"``."""
+    if isinstance(tile, str):
+        m = _BYTES.match(tile)
+        if m:
+            nbytes = int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
+            if nbytes >= 1:
+                return None, nbytes
+        raise ValueError(f"tile must be a positive int (rows per tile) or a byte budget such "
+                         f"as '256MiB' (units {', '.join(_BYTE_UNITS)}), got {tile!r}")
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+        raise ValueError(f"tile must be a positive int (rows per tile) or a byte budget such "
+                         f"as '256MiB', got {tile!r}")
+    return tile, None
+
+
+def check_fused_args(joiner, enc, pred, targets) -> None:
+    """The fused losses' joiner inputs: ``enc (B, T, H_enc)`` and ``pred (B, U+1, H_pred)``
+    floating tensors on one device, ``targets (B, U)``, ``joiner`` callable. The lengths
+    and the joiner's output are checked with the first tile (``check_lattice_args``)."""
+    if not callable(joiner):
+        raise ValueError(f"joiner must be callable (e.g. an nn.Module), got {type(joiner).__name__}")
+    for name, x, what in (("enc", enc, "(B, T, H_enc)"), ("pred", pred, "(B, U+1, H_pred)")):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims {what}, got shape {_shape(x)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor, got {x.dtype}")
+    if enc.shape[0] != pred.shape[0]:
+        raise ValueError(f"batch sizes differ: enc {_shape(enc)} and pred {_shape(pred)}")
+    if pred.shape[1] < 1:
+        raise ValueError(f"pred {_shape(pred)} must have U+1 >= 1 label positions")
+    if enc.device != pred.device:
+        raise ValueError(f"tensors on different devices: enc on {enc.device}, pred on {pred.device}")
+    if not isinstance(targets, torch.Tensor) or targets.dim() != 2 or \
+            tuple(targets.shape) != (enc.shape[0], pred.shape[1] - 1):
+        got = _shape(targets) if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise ValueError(f"targets must have shape (B, U) = ({enc.shape[0]}, {pred.shape[1] - 1}) "
+                         f"for enc {_shape(enc)} and pred {_shape(pred)}, got {got}")
+
+
+def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> None:
+    """One tile's joiner output: a floating tensor of shape ``want = (B, t1-t0, u1-u0,
+    V)``; ``V`` None on the first tile (any)."""
+    ok = (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4
+          and all(w is None or w == n for w, n in zip(want, x.shape)))
+    if not ok:
+        got = f"shape {_shape(x)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        shape = "(" + ", ".join("V" if w is None else str(w) for w in want) + ")"
+        raise ValueError(f"joiner(enc {enc_shape}, pred {pred_shape}) must return floating "
+                         f"logits of shape {shape}, got {got}")

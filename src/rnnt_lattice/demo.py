@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ._cli_util import check_output_dir, set_threads
+from ._validate import check_tile
 
 N_DIGITS = 10          # labels 1..10 are the digits 0..9
 BLANK = 0
@@ -58,6 +59,7 @@ class Config:
     device: str = "cpu"
     window: int = 5          # --pruned: R
     warm_steps: int = 500    # --pruned: icefall's warm-up of the loss weights
+    tile: str = "64KiB"      # --fused: one tile's logits (the demo's are ~0.5 MB a step)
 
 
 # Printed before the first TER: an untrained model emits a label on almost every frame,
@@ -422,11 +424,44 @@ def _pruned_step(model, X, T, Y, U, step, cfg):
     return loss, joiner_bytes, float(win.covered.mean())
 
 
-def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
+# --------------------------------------------------------------------------- fused
+class _Joiner(nn.Module):
+    """The demo's joiner as a module over the model's output layer (so that the fused loss
+    finds its parameters), recording the largest logits it returned."""
+
+    def __init__(self, out: nn.Linear):
+        super().__init__()
+        self.out = out
+        self.largest = 0
+
+    def forward(self, e, p):
+        x = self.out(torch.tanh(e + p))
+        self.largest = max(self.largest, x.numel() * x.element_size())
+        return x
+
+
+def _fused_step(model, X, T, Y, U, step, cfg):
+    """The full loss without its logits: the joiner and the loss fused by tiles of
+    ``cfg.tile`` (``fused_rnnt_loss``); joiner outputs: the largest tile's logits."""
+    import rnnt_lattice
+    prev = nn.functional.pad(Y, (1, 0), value=BLANK)                   # (B, U+1)
+    enc, pred = model.encode(X), model.predict(prev)                   # (B, T, H), (B, U+1, H)
+    joiner = _Joiner(model.out)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, Y, T, U, blank=BLANK,
+                                        reduction="sum", tile=cfg.tile)
+    return loss, joiner, None
+
+
+_OTHER = {"pruned": (_pruned_step, "pruned, R = {cfg.window}"),
+          "fused": (_fused_step, "fused, tile {cfg.tile}")}
+
+
+def run_pruned(cfg: Config, out: str, log=print, progress_stream=None, other: str = "pruned") -> dict:
     """Train the demo transducer twice from the same initialisation and batches: with the
-    full loss, and with the pruned recipe (R = ``cfg.window``). Prints and writes
-    (``pruned_comparison.md``, ``metrics.json``) the time per step, the memory of the
-    joiner's outputs per step (on CUDA also the peak memory per step) and the held-out TER
+    full loss, and with ``other``: the pruned recipe (R = ``cfg.window``) or the fused
+    joiner and loss (tiles of ``cfg.tile``). Prints and writes (``<other>_comparison.md``,
+    ``metrics.json``) the time per step, the memory of the joiner's outputs per step (the
+    largest tile's for fused; on CUDA also the peak memory per step) and the held-out TER
     of both."""
     import rnnt_lattice
 
@@ -445,14 +480,15 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
 
     results = {}
     log(TER_MEANING)
-    for name, step_loss in (("full", _full_step), ("pruned", _pruned_step)):
+    for name, step_loss in (("full", _full_step), (other, _OTHER[other][0])):
         model = copy.deepcopy(init)
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr,
                                                     total_steps=max(cfg.steps, 1), pct_start=0.1)
         g_train = torch.Generator().manual_seed(cfg.seed)              # the same batches
         log(f"training {cfg.steps} steps with the {name} loss"
-            + (f" (R = {cfg.window}, warm-up {cfg.warm_steps} steps)" if name == "pruned" else ""))
+            + (f" (R = {cfg.window}, warm-up {cfg.warm_steps} steps)" if name == "pruned" else "")
+            + (f" (tiles of {cfg.tile})" if name == "fused" else ""))
         bar = Progress(cfg.steps, progress_stream)
         seconds, joiner_bytes, peaks, covered = [], [], [], []
         for step in range(1, cfg.steps + 1):
@@ -465,6 +501,8 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
             loss = loss / U.sum()
             opt.zero_grad()
             loss.backward()
+            if isinstance(nbytes, _Joiner):               # its tiles ran in the backward too
+                nbytes = nbytes.largest
             nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             opt.step()
             sched.step()
@@ -497,15 +535,15 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
              "|---|---:|---:|---:|---:|"]
     for name, r in results.items():
         peak = f"{r['peak_mb_per_step']:.1f}" if r["peak_mb_per_step"] is not None else "n/a"
-        label = name if name == "full" else f"pruned, R = {cfg.window}"
+        label = name if name == "full" else _OTHER[name][1].format(cfg=cfg)
         lines.append(f"| {label} | {r['ms_per_step']:.1f} | {r['joiner_output_mb_per_step']:.2f} | "
                      f"{peak} | {r['heldout_ter']:.3f} |")
-    with open(os.path.join(out, "pruned_comparison.md"), "w") as f:
+    with open(os.path.join(out, f"{other}_comparison.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     metrics = {"config": asdict(cfg), "chance_ter": chance_ter, **results,
                "versions": {"python": platform.python_version(), "torch": torch.__version__,
                             "rnnt_lattice": rnnt_lattice.__version__},
-               "files": ["metrics.json", "pruned_comparison.md"]}
+               "files": ["metrics.json", f"{other}_comparison.md"]}
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     log(f"wrote {out}/ (chance TER {chance_ter:.3f})")
@@ -527,6 +565,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and compare time, memory and held-out TER")
     p.add_argument("--window", type=int, default=d.window,
                    help=f"R, label positions per frame of the pruned loss (default {d.window})")
+    p.add_argument("--fused", action="store_true",
+                   help="train twice, with the full loss and with the joiner and the loss "
+                        "fused by tiles (fused_rnnt_loss), and compare time, memory and "
+                        "held-out TER")
+    p.add_argument("--tile", default=d.tile,
+                   help=f"--fused: rows per tile or a byte budget (default {d.tile})")
 
 
 def main_from_args(args) -> int:
@@ -552,8 +596,17 @@ def main_from_args(args) -> int:
     check_output_dir(args.out, "--out")
     if args.window < 1:
         raise ValueError(f"--window must be >= 1, got {args.window}")
+    if args.pruned and args.fused:
+        raise ValueError("--pruned and --fused each train a comparison: give one")
+    tile = int(args.tile) if args.tile.isdigit() else args.tile
+    check_tile(tile)
     cfg = Config(steps=args.steps, seed=args.seed, threads=threads, device=args.device,
                  eval_every=max(1, min(Config.eval_every, math.ceil(args.steps / 4))),
-                 window=args.window, warm_steps=min(Config.warm_steps, max(1, args.steps // 4)))
-    (run_pruned if args.pruned else run)(cfg, args.out, log=lambda s: print(s, flush=True))
+                 window=args.window, warm_steps=min(Config.warm_steps, max(1, args.steps // 4)),
+                 tile=tile)
+    log = lambda s: print(s, flush=True)                               # noqa: E731
+    if args.pruned or args.fused:
+        run_pruned(cfg, args.out, log=log, other="fused" if args.fused else "pruned")
+    else:
+        run(cfg, args.out, log=log)
     return 0

@@ -12,12 +12,15 @@ vectorised operations.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._layout import row_sequences
 from ._ops import scale_upstream
 from ._types import Ends, Lattice, LossOptions
-from .reference import arc_weights, costs_and_grad, kind_log_probs, lattice, lattice_dtype, sweep_alpha
+from .reference import (arc_weights, costs_and_grad, grad, kind_log_probs, lattice, lattice_dtype,
+                        sweep_alpha)
 from .topology import Topology
 
 NAME = "torch"
@@ -58,6 +61,67 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     if into:
         return scale_upstream(grad, up, out=into[0])
     return scale_upstream(grad, up)
+
+
+# --------------------------------------------------------------------------- tiles
+@dataclass
+class _Tiles:
+    """The fused joiner and loss's state (``tile_forward`` ... ``tile_backward``): the
+    per-node results of ``reference.kind_log_probs`` gathered tile by tile, then the
+    lattice."""
+
+    lse: torch.Tensor                  # (B, T, U+1), dtype of the rows
+    lse_dur: torch.Tensor | None       # (B, T, U+1), TDT only
+    lp: torch.Tensor                   # (B, K, T, U+1)
+    targets: torch.Tensor              # (B, U) int64
+    ends: Ends
+    blank: int
+    lat: Lattice | None = None         # after tile_lattice
+
+
+def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossOptions,
+                 boundary, state):
+    """``reference.kind_log_probs`` of one tile's rows ``(n, V)`` read through
+    ``tile.node_rows``; the box of its results copied into the whole lattice's."""
+    topo = opts.topology
+    B, T, U1 = tile.node_rows.shape
+    if state is None:
+        ends = Ends.of(logit_lengths, target_lengths, boundary)
+        if boundary is not None:
+            ends.check(T, U1)
+        blank = topo.check(rows.shape[-1], opts.blank)
+        full = lambda *shape: torch.empty(shape, dtype=rows.dtype, device=rows.device)  # noqa: E731
+        state = _Tiles(full(B, T, U1), full(B, T, U1) if topo.n_durations else None,
+                       full(B, topo.K, T, U1), targets.to(torch.int64), ends, blank)
+    lse, lse_dur, lp = kind_log_probs(rows, state.targets, topo, state.blank, opts.fused,
+                                      state.ends, node_rows=tile.node_rows)
+    t, u = tile.box
+    state.lse[:, t, u] = lse[:, t, u]
+    if lse_dur is not None:
+        state.lse_dur[:, t, u] = lse_dur[:, t, u]
+    state.lp[:, :, t, u] = lp[:, :, t, u]
+    return state
+
+
+def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
+    """The lattice (``reference.arc_weights``, ``reference.lattice``) once over every node:
+    costs ``-log P`` (B,) in the rows' dtype."""
+    w = arc_weights(state.lp.to(lattice_dtype(state.lp.device)), opts.topology, state.ends,
+                    opts.sigma, opts.delay_penalty)
+    lat = lattice(w, opts.topology, state.ends)
+    if need_grad:
+        state.lat = lat
+    return (-lat.log_like).to(state.lp.dtype)
+
+
+def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
+    """``reference.grad`` of one tile's rows, times the upstream gradient of each row's
+    sequence, into ``out`` (n, V) (which may be ``rows``)."""
+    g = grad(rows, state.lse, state.lse_dur, state.lat, state.targets, opts.topology,
+             state.blank, opts.fused, state.ends, opts.clamp, opts.fastemit_lambda,
+             node_rows=tile.node_rows)
+    up = torch.cat([upstream.to(g.dtype), upstream.new_zeros(1, dtype=g.dtype)])
+    return scale_upstream(g, up[row_sequences(tile.node_rows, rows.shape[0])][:, None], out=out)
 
 
 # --------------------------------------------------------------------------- lattice tools

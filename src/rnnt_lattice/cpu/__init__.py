@@ -59,8 +59,9 @@ from ..reference import Ends
 from ..topology import Topology
 from . import _config, kernels, regular, windows
 
-__all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
-           "window_dp", "simple_rescue", "simple_rescue_backward", "empty_cache"]
+__all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
+           "occupancy", "viterbi", "lattice_of_weights", "window_dp", "simple_rescue",
+           "simple_rescue_backward", "empty_cache"]
 
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
@@ -203,30 +204,40 @@ def _lattice(w, nan_row, kinds, ends):
     return alpha, beta, log_like, gamma
 
 
-def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: LossOptions, buf):
-    """Pass 1 (``kernels.row_pass``) on logits rows ``(N, V)``: ``(stats, w, nan_row)``
-    with the arc weights ``w (B, K, T, U+1)``; the exps go into ``buf`` (N, V) unless None
-    (it may be ``rows`` itself: in-place mode)."""
-    B, T, U1 = node_rows.shape
+def _row_outputs(B: int, T: int, U1: int, kinds, dtype, store: bool):
+    """The arrays pass 1 writes, uninitialised: ``((shift, inv_sum, shift_d, inv_sum_d,
+    e_read), w, nan_row)`` (``kernels.row_pass``); ``e_read`` is empty unless ``store``.
+    The stored exp of each class a node reads (one column per distinct class of the kinds,
+    + the blank of plus_next_blank arcs): the gradient pass needs them before it
+    overwrites the row, and reading them from the row costs it a memory latency per node."""
     K = kinds.shape[1]
-    x = _np(rows)
-    shift, shift_d = (np.empty((B, T, U1), dtype=x.dtype) for _ in range(2))
+    shift, shift_d = (np.empty((B, T, U1), dtype=dtype) for _ in range(2))
     inv_sum, inv_sum_d = (np.empty((B, T, U1)) for _ in range(2))
-    # The stored exp of each class a node reads (one column per distinct class of the
-    # kinds, + the blank of plus_next_blank arcs): the gradient pass needs them before it
-    # overwrites the row, and reading them from the row costs it a memory latency per node.
-    n_reads = len(set(kinds[kernels.CLASS_ID].tolist())) + 1 if buf is not None else 0
-    e_read = np.empty((B, T, U1, n_reads) if n_reads else (0, 0, 0, 0), dtype=x.dtype)
+    n_reads = len(set(kinds[kernels.CLASS_ID].tolist())) + 1 if store else 0
+    e_read = np.empty((B, T, U1, n_reads) if n_reads else (0, 0, 0, 0), dtype=dtype)
     w = np.empty((B, K, T, U1))
     nan_row = np.empty((B, T), dtype=np.uint8)
+    return (shift, inv_sum, shift_d, inv_sum_d, e_read), w, nan_row
+
+
+def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: LossOptions, buf,
+              out=None):
+    """Pass 1 (``kernels.row_pass``) on logits rows ``(N, V)``: ``(stats, w, nan_row)``
+    with the arc weights ``w (B, K, T, U+1)``; the exps go into ``buf`` (N, V) unless None
+    (it may be ``rows`` itself: in-place mode). ``out``: the arrays to write
+    (``_row_outputs``), else new ones."""
+    B, T, U1 = node_rows.shape
+    x = _np(rows)
+    stats, w, nan_row = out if out is not None else _row_outputs(B, T, U1, kinds, x.dtype,
+                                                                 buf is not None)
     kernels.row_pass(x, node_rows, _np(targets), *ends,
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
                      opts.fused, buf is not None,
                      _config.spread_stride(B * T),
                      np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
-                     shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row)
-    return (shift, inv_sum, shift_d, inv_sum_d, e_read), w, nan_row
+                     *stats, w, nan_row)
+    return stats, w, nan_row
 
 
 def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opts: LossOptions,
@@ -335,6 +346,86 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
                       opts.fused, from_logits,
                       spread)
     return dst
+
+
+# --------------------------------------------------------------------------- tiles
+@dataclass
+class _Tiles:
+    """The fused joiner and loss's state (``tile_forward`` ... ``tile_backward``): the row
+    pass's results of every node, gathered tile by tile into ``acc`` (``_row_outputs``),
+    the pass's own outputs of the current tile in ``scratch`` (it writes every node:
+    those of the other tiles as rowless), then the lattice's ``gamma`` and ``log_like``."""
+
+    acc: tuple                    # (stats, w, nan_row) of every node
+    scratch: Optional[tuple]      # the same arrays, written by each tile's row pass
+    targets: torch.Tensor         # (B, U) int64
+    ends: tuple                   # (t0, u0, t1, u1), each (B,) int64
+    kinds: np.ndarray             # kernels.kind_table
+    blank: int
+    n_durations: int
+    dtype: torch.dtype            # of the rows: the costs' dtype
+    gamma: Optional[np.ndarray] = None    # (B, K, T, U+1), after tile_lattice
+    log_like: Optional[np.ndarray] = None  # (B,)
+
+
+def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossOptions,
+                 boundary, state):
+    """Pass 1 on one tile's rows ``(n, V)`` (``tile.node_rows``: the box's nodes read rows
+    0..n-1, every other node none), its exps stored over ``rows`` in fused mode (the
+    caller discards the tile: this is the in-place mode, no buffer), its statistics, arc
+    weights and stored exps of the read classes copied into the whole lattice's arrays."""
+    B, T, U1 = tile.node_rows.shape
+    if state is None:
+        topo = opts.topology
+        blank = topo.check(rows.shape[-1], opts.blank)
+        kinds = kernels.kind_table(topo, blank)
+        dtype = _np(rows[:0]).dtype
+        acc = _row_outputs(B, T, U1, kinds, dtype, opts.fused)
+        acc[2].fill(0)                            # nan_row: or-ed over label tiles
+        state = _Tiles(acc, _row_outputs(B, T, U1, kinds, dtype, opts.fused),
+                       targets.to(torch.int64).contiguous(),
+                       _ends(logit_lengths, target_lengths, boundary, T, U1), kinds, blank,
+                       topo.n_durations, rows.dtype)
+    stats, w, nan_row = _row_pass(rows, state.targets, state.ends, _np(tile.node_rows),
+                                  state.kinds, state.blank, state.n_durations, opts,
+                                  rows if opts.fused else None, out=state.scratch)
+    t, u = tile.box
+    acc_stats, acc_w, acc_nan = state.acc
+    for a, x in zip(acc_stats, stats):
+        a[:, t, u] = x[:, t, u]                   # (e_read is empty in log-prob mode)
+    acc_w[:, :, t, u] = w[:, :, t, u]
+    acc_nan[:, t] |= nan_row[:, t]
+    return state
+
+
+def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
+    """Pass 2 once over every node (``kernels.lattice``): costs ``-log P`` (B,) in the
+    rows' dtype."""
+    state.scratch = None
+    _, w, nan_row = state.acc
+    _, _, log_like, gamma = _lattice(w, nan_row, state.kinds, state.ends)
+    if need_grad:
+        state.gamma, state.log_like = gamma, log_like
+    return torch.from_numpy(-log_like).to(state.dtype)
+
+
+def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
+    """Pass 3 on one tile (``kernels.grad_rows`` with the tile's ``node_rows``): ``out (n,
+    V) = upstream[b] * d cost_b / d rows``, the exps recomputed from ``rows`` with the
+    forward's shifts (``out`` may be ``rows``)."""
+    V = rows.shape[-1]
+    if not opts.fused:
+        _np(out).fill(0)                          # log-prob mode writes the read entries only
+    B, T = state.gamma.shape[0], state.gamma.shape[2]
+    kernels.grad_rows(_np(rows).reshape(-1, V), _np(out).reshape(-1, V), _np(tile.node_rows),
+                      _np(state.targets), *state.ends,
+                      state.kinds, state.blank, state.n_durations,
+                      *state.acc[0], state.gamma, state.log_like,
+                      1.0 + float(opts.fastemit_lambda), float(opts.clamp),
+                      upstream.detach().to(torch.float64).contiguous().numpy(),
+                      opts.fused, opts.fused,
+                      _config.spread_stride(B * T))
+    return out
 
 
 # --------------------------------------------------------------------------- lattice tools

@@ -55,8 +55,9 @@ from .._types import Lattice, LossOptions
 from ..topology import Topology
 from . import kernels
 
-__all__ = ["loss_forward", "loss_backward", "occupancy", "viterbi", "lattice_of_weights",
-           "window_dp", "simple_rescue", "simple_rescue_backward", "empty_cache"]
+__all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
+           "occupancy", "viterbi", "lattice_of_weights", "window_dp", "simple_rescue",
+           "simple_rescue_backward", "empty_cache"]
 
 NAME = "triton"
 
@@ -256,21 +257,46 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
         if beta:
             st.beta.fill_(float("-inf"))
     costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
-    ids = _nonempty(targets, logit_lengths)
-    flags = dict(BOUNDARY=boundary is not None)
+    _row_pass(logits, targets, logit_lengths, target_lengths, st, opts, boundary=boundary,
+              node_rows=node_rows)
+    _lattice(st, costs, logit_lengths, target_lengths, opts, boundary=boundary, beta=beta,
+             best_kind=best_kind)
+    return st, costs
+
+
+def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
+              boundary, node_rows):
+    """Pass 1 (``kernels._row_kernel``) into ``st``'s ``lse``, ``lse_dur``, ``next_blank``
+    and ``lp``, written on every node (nodes without a row: -inf arcs)."""
+    topo = opts.topology
+    kinds = _kinds(topo)
+    B, T, U1, V = _shape(logits, node_rows)
+    n_dur = topo.n_durations
     n_nodes = B * T * U1
+    if not n_nodes:
+        return
+    rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
     with _device(logits):
-        if n_nodes:
-            rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
-            kernels._row_kernel[(triton.cdiv(n_nodes, rows),)](
-                logits, _or(node_rows, logit_lengths), ids, logit_lengths, target_lengths,
-                _or(boundary, logit_lengths),
-                st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp,
-                n_nodes, T, U1, V - n_dur, opts.blank,
-                **kinds,
-                FUSED=opts.fused, NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype),
-                ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), **flags,
-                num_warps=num_warps)
+        kernels._row_kernel[(triton.cdiv(n_nodes, rows),)](
+            logits, _or(node_rows, logit_lengths), _nonempty(targets, logit_lengths),
+            logit_lengths, target_lengths, _or(boundary, logit_lengths),
+            st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp,
+            n_nodes, T, U1, V - n_dur, opts.blank,
+            **kinds,
+            FUSED=opts.fused, NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype),
+            ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
+            BOUNDARY=boundary is not None, num_warps=num_warps)
+
+
+def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions, *, boundary,
+             beta: bool, best_kind=None):
+    """Pass 2 (``kernels._lattice_kernel``) on ``st``'s arc log-probs: alpha (and beta),
+    log P into ``st``, the costs into ``costs``."""
+    topo = opts.topology
+    kinds = _kinds(topo)
+    B, _, T, U1 = st.lp.shape
+    flags = dict(BOUNDARY=boundary is not None)
+    with _device(costs):
         if B:
             # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
             kernels._lattice_kernel[(B, 2 if beta else 1)](
@@ -283,7 +309,6 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
                 # num_stages=1: no load is issued ahead of the barrier that makes the
                 # earlier diagonals visible.
                 num_warps=NUM_WARPS_LATTICE, num_stages=1)
-    return st, costs
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
@@ -358,6 +383,80 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     dst = logits if opts.inplace_grad else torch.empty_like(logits)
     return _gradient(dst, logits, targets, logit_lengths, target_lengths, st, opts,
                      upstream, boundary=boundary, node_rows=node_rows)
+
+
+# --------------------------------------------------------------------------- tiles
+@dataclass
+class _Tiles:
+    """The fused joiner and loss's state (``tile_forward`` ... ``tile_backward``): the
+    lattice state ``st`` of every node, gathered tile by tile; ``scratch``: the row pass's
+    outputs of the current tile (it writes every node: those of other tiles as rowless),
+    sharing ``st``'s alpha and beta, which it does not touch."""
+
+    st: _State
+    scratch: _State
+    targets: torch.Tensor          # (B, U), int32 or int64, contiguous
+    logit_lengths: torch.Tensor    # (B,)
+    target_lengths: torch.Tensor   # (B,)
+    boundary: torch.Tensor | None  # (B, 4) int64
+    dtype: torch.dtype             # of the rows
+
+
+def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossOptions,
+                 boundary, state):
+    """Pass 1 on one tile's rows ``(n, V)`` (``tile.node_rows``: the box's nodes read rows
+    0..n-1, every other node none) into the scratch state, then the box of its ``lse``,
+    ``lse_dur``, ``next_blank`` and ``lp`` copied into the whole lattice's state. No host
+    synchronisation: the box comes from the shapes."""
+    check_device(rows)
+    B, T, U1 = tile.node_rows.shape
+    topo = opts.topology
+    if state is None:
+        _, targets, logit_lengths, target_lengths = _prepare(rows[:0], targets, logit_lengths,
+                                                             target_lengths)
+        args = (B, T, U1, topo.K, topo.n_durations > 0,
+                any(k.plus_next_blank for k in topo.kinds))
+        st = _State.new(*args, rows.device)
+        n = B * T * U1
+        ws = torch.empty(n * (topo.K + 1) + st.lse_dur.numel() + st.next_blank.numel(),
+                         dtype=LATTICE_DTYPE, device=rows.device)
+        lse, lp, rest = ws.split((n, topo.K * n, ws.numel() - (topo.K + 1) * n))
+        lse_dur, next_blank = rest.split((st.lse_dur.numel(), st.next_blank.numel()))
+        scratch = _State(lse.view(st.lse.shape), lse_dur.view(st.lse_dur.shape),
+                         next_blank.view(st.next_blank.shape), lp.view(st.lp.shape),
+                         st.alpha, st.beta, st.log_like, ws)
+        state = _Tiles(st, scratch, targets, logit_lengths, target_lengths,
+                       None if boundary is None else boundary.to(torch.int64).contiguous(),
+                       rows.dtype)
+    _row_pass(rows.contiguous(), state.targets, state.logit_lengths, state.target_lengths,
+              state.scratch, opts, boundary=state.boundary, node_rows=tile.node_rows)
+    t, u = tile.box
+    for name in ("lse", "lse_dur", "next_blank"):
+        a, x = getattr(state.st, name), getattr(state.scratch, name)
+        if a.numel():
+            a[:, t, u] = x[:, t, u]
+    state.st.lp[:, :, t, u] = state.scratch.lp[:, :, t, u]
+    return state
+
+
+def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
+    """Pass 2 once over every node (``kernels._lattice_kernel``; beta only for a
+    gradient): costs ``-log P`` (B,), float32 (float64 for float64 rows)."""
+    state.scratch = None
+    B = state.st.lp.shape[0]
+    costs = torch.empty((B,), dtype=_costs_dtype(state.dtype), device=state.st.lp.device)
+    _lattice(state.st, costs, state.logit_lengths, state.target_lengths, opts,
+             boundary=state.boundary, beta=need_grad)
+    return costs
+
+
+def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
+    """Pass 3 on one tile (``kernels._grad_kernel`` with the tile's ``node_rows``): ``out
+    (n, V) = upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is
+    read through its stride."""
+    return _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
+                     state.st, opts, upstream, boundary=state.boundary,
+                     node_rows=tile.node_rows)
 
 
 # --------------------------------------------------------------------------- lattice tools

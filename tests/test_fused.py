@@ -1,0 +1,334 @@
+"""The fused joiner and loss (``fused_rnnt_loss``, ``fused_tdt_loss``,
+``fused_multiblank_rnnt_loss``) against the public losses on the materialised logits
+(``rnnt_loss`` & co., themselves checked against the oracle in test_variants.py): losses
+and gradients w.r.t. ``enc``, ``pred`` and the joiner's parameters, with signed
+per-sequence upstream weights, on every topology and backend, tiles of every kind (one
+row, sizes that divide nothing, label-position tiles, byte budgets), dropout (the RNG
+replay), frozen parameters, autocast, ``torch.compile``, and the argument checks."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import rnnt_lattice
+from support import backends, cases
+from support.cases import upstream_weights
+from support.topologies import make_topo_inputs
+
+H = 6                                     # joiner width: small, the loss is what is tested
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+
+# topology name of support.topologies -> (fused function, full function, extra arguments)
+PUBLIC = {
+    "regular": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="regular")),
+    "modified": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="modified")),
+    "constrained": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="constrained")),
+    "one_sym": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="one_sym_per_frame")),
+    "multiblank": ("fused_multiblank_rnnt_loss", "multiblank_rnnt_loss",
+                   dict(big_blank_durations=[2, 3])),
+    "tdt012": ("fused_tdt_loss", "tdt_loss", dict(durations=[0, 1, 2])),
+    "tdt13": ("fused_tdt_loss", "tdt_loss", dict(durations=[1, 3])),
+}
+
+
+class Joiner(torch.nn.Module):
+    """icefall's joiner: projections of enc and pred, tanh of their sum, a Linear to V."""
+
+    def __init__(self, V, dropout=0.0, log_probs=False, dtype=torch.float64):
+        super().__init__()
+        self.enc = torch.nn.Linear(H, H, dtype=dtype)
+        self.pred = torch.nn.Linear(H, H, dtype=dtype)
+        self.out = torch.nn.Linear(H, V, dtype=dtype)
+        self.dropout = torch.nn.Dropout(dropout)
+        self.log_probs = log_probs
+
+    def forward(self, e, p):                      # (B, t, 1, H), (B, 1, u, H)
+        x = self.out(self.dropout(torch.tanh(self.enc(e) + self.pred(p))))
+        return torch.log_softmax(x, -1) if self.log_probs else x
+
+
+def make(case, topo_name="regular", dtype=torch.float64, seed=0, boundary=False, **joiner_kw):
+    """``(joiner, enc, pred, targets, tl, ul, blank, boundary)`` of a case: the targets and
+    lengths of ``make_topo_inputs`` (its logits only give V), a seeded joiner."""
+    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(case, topo_name, boundary=boundary)
+    B, T, U1, V = logits.shape
+    g = torch.Generator().manual_seed(seed)
+    enc = torch.randn(B, T, H, generator=g, dtype=dtype).requires_grad_()
+    pred = torch.randn(B, U1, H, generator=g, dtype=dtype).requires_grad_()
+    torch.manual_seed(seed)
+    return Joiner(V, dtype=dtype, **joiner_kw), enc, pred, targets, tl, ul, blank, bnd
+
+
+def leaves(joiner, enc, pred):
+    return [x for x in (enc, pred, *joiner.parameters()) if x.requires_grad]
+
+
+def run(fn, joiner, enc, pred, weights):
+    """``fn()`` (per-sequence losses) and the gradients of ``sum(weights * fn())`` w.r.t.
+    every leaf that requires grad."""
+    for x in leaves(joiner, enc, pred):
+        x.grad = None
+    out = fn()
+    (out * weights.to(out.dtype)).sum().backward()
+    return out.detach(), [x.grad.clone() for x in leaves(joiner, enc, pred)]
+
+
+def full_and_fused(topo_name, joiner, enc, pred, targets, tl, ul, blank, *, tile, backend,
+                   weights=None, **kw):
+    """The same call on the materialised logits and fused, with signed upstream weights."""
+    fused_name, full_name, extra = PUBLIC[topo_name]
+    kw = dict(extra, reduction="none", backend=backend, **kw)
+    weights = upstream_weights(enc.shape[0]) if weights is None else weights
+    full = run(lambda: getattr(rnnt_lattice, full_name)(
+        joiner(enc[:, :, None], pred[:, None]), targets, tl, ul, blank=blank, **kw),
+        joiner, enc, pred, weights)
+    fused = run(lambda: getattr(rnnt_lattice, fused_name)(
+        joiner, enc, pred, targets, tl, ul, blank=blank, tile=tile, **kw),
+        joiner, enc, pred, weights)
+    return full, fused
+
+
+def assert_same(full, fused, tol):
+    (l0, g0), (l1, g1) = full, fused
+    assert torch.equal(torch.isinf(l0), torch.isinf(l1)), (l0, l1)
+    fin = torch.isfinite(l0)
+    assert torch.allclose(l1[fin], l0[fin], rtol=tol, atol=tol), (l0, l1)
+    assert len(g0) == len(g1)
+    for a, b in zip(g0, g1):
+        assert not torch.isnan(b).any()
+        scale = max(1.0, float(a.abs().max()))
+        assert float((a - b).abs().max()) <= tol * scale, (a, b)
+
+
+def quiet():
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("ignore", RuntimeWarning)     # Triton interpreter's NaN notices
+    return ctx
+
+
+# ragged lengths, U+1 = 4, B = 3: a frame has 12 nodes. Tiles: 1 row; 5 rows (label tiles
+# of one frame, 5 // 3 = 1 position each); 13 (one frame per tile); 40 (3 frames: T = 5
+# is not a multiple); a byte budget (1 KiB = 128 float64 entries: 16 rows at V = 8).
+CASE = cases.CASES["ragged_blank0"]
+TILES = [1, 5, 13, 40, "1KiB"]
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("topo_name", list(PUBLIC))
+def test_every_topology_and_tile_numba(topo_name, tile):
+    inputs = make(CASE, topo_name)
+    assert_same(*full_and_fused(topo_name, *inputs[:7], tile=tile, backend="numba"), TOL[torch.float64])
+
+
+@pytest.mark.parametrize("topo_name", ["regular", "constrained", "tdt012", "multiblank"])
+def test_torch_backend(topo_name):
+    inputs = make(CASE, topo_name)
+    for tile in (5, 40):
+        assert_same(*full_and_fused(topo_name, *inputs[:7], tile=tile, backend="torch"),
+                    TOL[torch.float64])
+
+
+@backends.NO_TRITON
+@pytest.mark.parametrize("topo_name, tile", [("regular", 5), ("tdt13", 40)])
+def test_triton_interpreted(topo_name, tile):
+    inputs = make(cases.CASES["single"], topo_name)
+    ctx = quiet()
+    try:
+        assert_same(*full_and_fused(topo_name, *inputs[:7], tile=tile, backend="triton"),
+                    TOL[torch.float64])
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+OPTIONS = {
+    "fastemit_clamp": ("regular", dict(fastemit_lambda=0.5, clamp=0.05)),
+    "delay_boundary": ("constrained", dict(delay_penalty=0.3, boundary=True)),
+    "logprob": ("modified", dict(fused_log_softmax=False)),
+    "sigma_tdt": ("tdt012", dict(sigma=0.05, fastemit_lambda=0.25, clamp=0.2)),
+    "sigma_multiblank": ("multiblank", dict(sigma=0.05, clamp=0.1)),
+    "blank_targets": ("regular", dict(allow_blank_targets=True)),
+}
+
+
+@pytest.mark.parametrize("backend", backends.CPU)
+@pytest.mark.parametrize("opt", list(OPTIONS))
+def test_options(opt, backend):
+    topo_name, kw = OPTIONS[opt]
+    kw = dict(kw)
+    inputs = make(CASE, topo_name, boundary=kw.pop("boundary", False),
+                  log_probs=not kw.get("fused_log_softmax", True))
+    joiner, enc, pred, targets, tl, ul, blank, bnd = inputs
+    if bnd is not None:
+        kw["boundary"] = bnd
+    if opt == "blank_targets":
+        targets = targets.masked_fill(torch.arange(targets.shape[1]) == 0, blank)
+    assert_same(*full_and_fused(topo_name, joiner, enc, pred, targets, tl, ul, blank, tile=5,
+                                backend=backend, **kw), TOL[torch.float64])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_impossible_alignments_and_reductions(reduction, zero_infinity):
+    # modified needs T_b >= U_b: sequence 1 has 2 frames for 3 labels, and sequence 2 none.
+    case = cases.Case("impossible", (4, 2, 0), (2, 3, 1), 5, 0, T=4, U=3)
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(case, "modified")
+    kw = dict(rnnt_type="modified", reduction="none", backend="numba")
+    costs = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                         tile=7, zero_infinity=zero_infinity, **kw)
+    assert torch.isfinite(costs[0])
+    assert (costs[1:] == 0).all() if zero_infinity else torch.isinf(costs[1:]).all()
+    full, fused = [], []
+    for fn, out in ((lambda: rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets,
+                                                    tl, ul, blank=blank, rnnt_type="modified",
+                                                    reduction=reduction, zero_infinity=zero_infinity),
+                     full),
+                    (lambda: rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul,
+                                                          blank=blank, tile=7, rnnt_type="modified",
+                                                          reduction=reduction,
+                                                          zero_infinity=zero_infinity), fused)):
+        out.append(run(lambda: fn()[None], joiner, enc, pred, torch.ones(1)))
+    assert_same(full[0], fused[0], TOL[torch.float64])
+    # the impossible sequences add nothing: exactly zero gradient on their frames
+    assert (enc.grad[1:] == 0).all() and not torch.isnan(enc.grad).any()
+
+
+def test_dropout_is_replayed():
+    """The backward's recomputed tiles draw the forward's dropout masks: the fused
+    gradients equal those of the materialised logits built by the same joiner calls (one
+    per tile, same RNG stream), and the RNG is left where the forward left it."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dropout=0.5)
+    B, T, U1 = enc.shape[0], enc.shape[1], pred.shape[1]
+    f = 2                                        # frames per tile: tile = f B (U+1) rows
+    w = upstream_weights(B)
+
+    def tiled():
+        return torch.cat([joiner(enc[:, t:t + f, None], pred[:, None]) for t in range(0, T, f)], 1)
+
+    torch.manual_seed(1)
+    full = run(lambda: rnnt_lattice.rnnt_loss(tiled(), targets, tl, ul, blank=blank,
+                                              reduction="none"), joiner, enc, pred, w)
+    after_full = torch.rand(3)
+    torch.manual_seed(1)
+    fused = run(lambda: rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul,
+                                                     blank=blank, tile=f * B * U1,
+                                                     reduction="none"), joiner, enc, pred, w)
+    assert torch.equal(torch.rand(3), after_full)
+    assert_same(full, fused, TOL[torch.float64])
+    torch.manual_seed(2)                         # other masks: another loss (dropout is on)
+    other = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                         tile=f * B * U1, reduction="none")
+    assert not torch.allclose(other, fused[0])
+
+
+def test_frozen_parameters_and_inputs_without_grad():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    joiner.out.weight.requires_grad_(False)
+    joiner.enc.bias.requires_grad_(False)
+    enc.requires_grad_(False)
+    assert_same(*full_and_fused("regular", joiner, enc, pred, targets, tl, ul, blank, tile=5,
+                                backend="numba"), TOL[torch.float64])
+    assert joiner.out.weight.grad is None and enc.grad is None
+    # nothing requires grad: a forward only
+    for p in joiner.parameters():
+        p.requires_grad_(False)
+    pred.requires_grad_(False)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=5)
+    assert not loss.requires_grad and torch.isfinite(loss)
+
+
+def test_joiner_whose_graph_saves_its_output():
+    """A joiner ending with an op that saves its output (exp, here in log_softmax's place)
+    gets its gradient in a spare buffer, not over the logits its backward reads."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    base = joiner.forward
+    joiner.forward = lambda e, p: torch.exp(base(e, p) / 4)
+    assert_same(*full_and_fused("regular", joiner, enc, pred, targets, tl, ul, blank, tile=13,
+                                backend="numba"), TOL[torch.float64])
+
+
+def test_bfloat16_autocast_on_cpu():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)
+    w = upstream_weights(enc.shape[0], torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = run(lambda: rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets,
+                                                  tl, ul, blank=blank, reduction="none"),
+                   joiner, enc, pred, w)
+        fused = run(lambda: rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul,
+                                                         blank=blank, tile=5, reduction="none"),
+                    joiner, enc, pred, w)
+    assert fused[0].dtype == torch.float32
+    # the same bfloat16 joiner calls on other tiles: bfloat16 rounding, not float32's
+    assert_same(full, fused, 3e-2)
+
+
+def test_torch_compile_of_a_model_calling_it():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.joiner = joiner
+            self.proj = torch.nn.Linear(H, H)
+
+        def forward(self, enc, pred):
+            return rnnt_lattice.fused_rnnt_loss(self.joiner, self.proj(enc), pred, targets, tl,
+                                                ul, blank=blank, tile=13)
+
+    model = Model()
+    compiled = torch.compile(model, backend="aot_eager")   # autograd traced around the break
+    w = torch.ones(1)
+    comp = run(lambda: compiled(enc, pred)[None], model, enc, pred, w)   # compiled first
+    eager = run(lambda: model(enc, pred)[None], model, enc, pred, w)
+    assert_same(eager, comp, TOL[torch.float32])
+
+
+def test_import_stays_light():
+    """Importing rnnt_lattice loads neither torch._dynamo nor a backend (a fresh process)."""
+    import subprocess
+    import sys
+    code = ("import sys, rnnt_lattice; "
+            "print(sorted(m for m in ('torch._dynamo', 'numba', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_empty_batch_and_no_frames():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc[:0], pred[:0], targets[:0], tl[:0], ul[:0],
+                                        blank=blank, reduction="sum")
+    loss.backward()
+    assert loss.item() == 0 and (enc.grad == 0).all()
+    costs = rnnt_lattice.fused_rnnt_loss(joiner, enc[:, :0], pred, targets, tl * 0, ul * 0,
+                                         blank=blank, reduction="none")
+    assert torch.isinf(costs).all()
+
+
+@pytest.mark.parametrize("tile", [0, -2, True, 2.5, "many", "0MiB", "12 parsecs"])
+def test_bad_tile(tile):
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    with pytest.raises(ValueError, match="tile"):
+        rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=tile)
+
+
+def test_bad_joiner_and_inputs():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    call = rnnt_lattice.fused_rnnt_loss
+    with pytest.raises(ValueError, match="joiner"):
+        call(lambda e, p: (e + p)[..., 0], enc, pred, targets, tl, ul, blank=blank)
+    with pytest.raises(ValueError, match="enc"):
+        call(joiner, enc[0], pred, targets, tl, ul, blank=blank)
+    with pytest.raises(ValueError, match="targets"):
+        call(joiner, enc, pred, targets[:, :1], tl, ul, blank=blank)
+    with pytest.raises(ValueError, match="logit_lengths"):
+        call(joiner, enc, pred, targets, tl + 9, ul, blank=blank)
+    with pytest.raises(ValueError, match="blank"):
+        rnnt_lattice.fused_multiblank_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=0,
+                                                big_blank_durations=[2])
+    # a trainable tensor the joiner reaches outside its parameters: an error, not a lost grad
+    scale = torch.ones(1, dtype=torch.float64, requires_grad=True)
+    loss = call(lambda e, p: joiner(e, p) * scale, enc, pred, targets, tl, ul, blank=blank)
+    with pytest.raises(RuntimeError, match="not a parameter"):
+        loss.backward()
