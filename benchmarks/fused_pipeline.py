@@ -192,8 +192,10 @@ def run(shape_list, device, args, meta) -> list:
     import rnnt_lattice
     meta["ways"] = {"full": "rnnt_loss on the materialised logits",
                     "pruned": f"icefall's pruned recipe, R={R}",
-                    "fused": "fused_rnnt_loss, tile "
-                             f"{args.tile or rnnt_lattice.fused.default_tile(torch.device(device.name))}"}
+                    "fused": "fused_rnnt_loss, tile " + (
+                        str(args.tile) if args.tile else
+                        f"{rnnt_lattice.fused.default_tile(torch.device(device.name))}, at "
+                        f"least {rnnt_lattice.fused.DEFAULT_MIN_ROWS} rows (the default)")}
     meta["joiner"] = "out(tanh(enc_proj(enc) + pred_proj(pred))), Linear(H, H) x 2, Linear(H, V)"
     rows = []
     for shape in shape_list:

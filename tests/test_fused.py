@@ -306,6 +306,27 @@ def test_empty_batch_and_no_frames():
     assert torch.isinf(costs).all()
 
 
+@pytest.mark.parametrize("tile, n_tiles", [(None, 3), ("4MiB", 5), (1024, 3)])
+def test_default_tile_has_at_least_min_rows(tile, n_tiles):
+    """The default tile is DEFAULT_TILE's bytes and at least DEFAULT_MIN_ROWS rows: at
+    V = 2048 (float32) 4 MiB is 512 rows, the default takes 1024 (frames of U+1 = 4 rows:
+    256 frames a tile, 3 tiles over T = 600); an explicit byte budget is taken as given."""
+    B, T, U, V = 1, 600, 3, 2048
+    assert rnnt_lattice.fused.DEFAULT_MIN_ROWS == 1024
+    calls = []
+
+    def joiner(e, p):
+        calls.append(e.shape[1] * p.shape[2])
+        return torch.zeros(B, e.shape[1], p.shape[2], V)
+
+    enc, pred = torch.zeros(B, T, 1), torch.zeros(B, U + 1, 1)
+    rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, torch.ones(B, U, dtype=torch.long),
+                                 torch.tensor([T]), torch.tensor([U]), blank=0, tile=tile,
+                                 backend="torch")
+    tiles = [n for n in calls if n > 1]            # a byte budget also probes one node
+    assert len(tiles) == n_tiles and sum(tiles) == T * (U + 1)
+
+
 @pytest.mark.parametrize("tile", [0, -2, True, 2.5, "many", "0MiB", "12 parsecs"])
 def test_bad_tile(tile):
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)

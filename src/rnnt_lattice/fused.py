@@ -42,13 +42,16 @@ from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
 
-# One tile's logits by default, per device type. CPU: 4 MiB (1k rows at V = 1000 in
-# float32, enough for the joiner's matrix products): the step's peak memory beyond the
-# lattice is a few times the tile (the joiner's activations, glibc's heap), and the time
-# was the same as with 8-16 MiB tiles within the noise of 2 shared cores (docs/benchmarks.md,
-# "Fused joiner and loss"). Elsewhere (CUDA): fewer, larger tiles, so that the launches
-# of a tile's joiner and passes stay small beside its work (not yet measured on a GPU).
+# One tile's logits by default, per device type, and at least DEFAULT_MIN_ROWS rows.
+# CPU: 4 MiB (1k rows at V = 1000 in float32): the step's peak memory beyond the lattice is
+# a few times the tile (the joiner's activations, glibc's heap). The row floor keeps the
+# joiner's matrix products long enough to run at full speed at larger V: at V = 2000,
+# H = 1024 the 4 MiB tile (524 rows) took 1.39x the full pipeline's time, 1024 rows (8 MiB)
+# 1.29x, at 1/11 of its memory (docs/benchmarks.md, "Fused joiner and loss"). Elsewhere
+# (CUDA): fewer, larger tiles, so that the launches of a tile's joiner and passes stay
+# small beside its work (not yet measured on a GPU).
 DEFAULT_TILE = {"cpu": "4MiB", "other": "256MiB"}
+DEFAULT_MIN_ROWS = 1024
 
 
 def default_tile(device: torch.device) -> str:
@@ -71,7 +74,8 @@ class _Call:
     opts: LossOptions                       # blank and topology set from the first tile
     backend: str
     rows: Optional[int]                     # rows per tile, or
-    nbytes: Optional[int]                   # a byte budget of one tile's logits
+    nbytes: Optional[int]                   # a byte budget of one tile's logits,
+    min_rows: int                           # with at least these rows (the default tile)
     allow_blank_targets: bool
 
 
@@ -130,7 +134,7 @@ def _plan(call: _Call, joiner_args, B: int, T: int, U1: int, frames_only: bool) 
             x = call.joiner(enc[:1, :1, None], pred[:1, None, :1])
         check_joiner_output(x, (1, 1, 1, None), (1, 1, 1, enc.shape[2]),
                             (1, 1, 1, pred.shape[2]))
-        rows = max(1, call.nbytes // (x.shape[-1] * x.element_size()))
+        rows = max(1, call.min_rows, call.nbytes // (x.shape[-1] * x.element_size()))
     return tile_plan(B, T, U1, rows, frames_only)
 
 
@@ -326,7 +330,8 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                        delay_penalty=check_float("delay_penalty", delay_penalty, minimum=0.0,
                                                  finite=True))
     call = _Call(joiner, targets, logit_lengths, target_lengths, boundary, blank, topology,
-                 frames_only, opts, backend, rows, nbytes, bool(allow_blank_targets))
+                 frames_only, opts, backend, rows, nbytes,
+                 DEFAULT_MIN_ROWS if tile is None else 1, bool(allow_blank_targets))
     costs = _FusedLoss.apply(call, enc, pred, *params)
     return reduce_costs(costs, reduction, zero_infinity)
 
@@ -404,7 +409,8 @@ def fused_rnnt_loss(
         tile: the size of a tile: an int, the number of lattice nodes (logits rows) per
             tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
             ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
-            ``"4MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`).
+            ``"4MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`), and
+            at least 1024 rows (:data:`DEFAULT_MIN_ROWS`).
             Tiles are whole frames, ``max(1, rows // (B (U+1)))`` of them; when one frame
             is larger, one frame cut into runs of ``max(1, rows // B)`` label positions (not for
             ``rnnt_type="constrained"``, whose label arcs read the next position's blank:
