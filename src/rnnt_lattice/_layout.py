@@ -4,8 +4,8 @@ section 9).
 Padded logits ``(B, T, U+1, V)`` are their own rows ``(B T (U+1), V)`` with the identity
 map. The other layouts hand the kernels rows ``(N, V)`` and ``node_rows (B, T, U+1)``
 int64, the row node ``(b, t, u)`` reads, ``-1`` for a node without one (every arc leaving
-it weighs ``-inf``); every row is read by at most one node (the gradient passes write
-each row once, from its node):
+it weighs ``-inf``); every row is read by exactly one node (the gradient passes write
+each row once, from its node; a row no node read would keep whatever the buffer held):
 
 * packed (``packed=True``, optimized_transducer's and warp-rnnt's layout): the nodes of
   each lattice, sequence after sequence, frame after frame (:func:`packed_node_rows`);
