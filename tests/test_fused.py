@@ -327,6 +327,40 @@ def test_default_tile_has_at_least_min_rows(tile, n_tiles):
     assert len(tiles) == n_tiles and sum(tiles) == T * (U + 1)
 
 
+@pytest.mark.parametrize("topo_name", ["regular", "tdt012", "multiblank"])
+def test_modules_hold_the_joiner_and_equal_the_functions(topo_name):
+    """FusedRNNTLoss & co.: the joiner is a submodule (its parameters are the module's),
+    and a call gives the function's loss and gradients."""
+    fused_name, _, extra = PUBLIC[topo_name]
+    module_cls = {"fused_rnnt_loss": rnnt_lattice.FusedRNNTLoss,
+                  "fused_tdt_loss": rnnt_lattice.FusedTDTLoss,
+                  "fused_multiblank_rnnt_loss": rnnt_lattice.FusedMultiblankRNNTLoss}[fused_name]
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, topo_name)
+    extra = {k: v for k, v in extra.items() if k != "rnnt_type" or v != "regular"}
+    module = module_cls(joiner, blank=blank, reduction="none", tile=7, **extra)
+    assert list(module.parameters()) == list(joiner.parameters())
+    weights = upstream_weights(enc.shape[0], torch.float64)
+    want = run(lambda: getattr(rnnt_lattice, fused_name)(
+        joiner, enc, pred, targets, tl, ul, blank=blank, reduction="none", tile=7, **extra),
+        joiner, enc, pred, weights)
+    got = run(lambda: module(enc, pred, targets, tl, ul), joiner, enc, pred, weights)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    for g, w in zip(got[1], want[1]):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(reduction="avg"), dict(tile="12 parsecs"),
+                                dict(fastemit_lambda=float("inf")), dict(backend="cuda")])
+def test_modules_check_their_options_at_construction(kw):
+    joiner = torch.nn.Linear(3, 4)
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        rnnt_lattice.FusedRNNTLoss(joiner, blank=0, **kw)
+    with pytest.raises(ValueError, match="durations"):
+        rnnt_lattice.FusedTDTLoss(joiner, blank=0, durations=[2, 1])
+    with pytest.raises(ValueError, match="joiner"):
+        rnnt_lattice.FusedRNNTLoss("not a joiner", blank=0)
+
+
 @pytest.mark.parametrize("tile", [0, -2, True, 2.5, "many", "0MiB", "12 parsecs"])
 def test_bad_tile(tile):
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)

@@ -4,7 +4,8 @@ Importing this package needs torch and numpy only; Numba and Triton load on firs
 """
 from .functional import empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_loss, tdt_loss
 from .fused import fused_multiblank_rnnt_loss, fused_rnnt_loss, fused_tdt_loss
-from .modules import MultiblankRNNTLoss, RNNTLoss, TDTLoss
+from .modules import (FusedMultiblankRNNTLoss, FusedRNNTLoss, FusedTDTLoss, MultiblankRNNTLoss,
+                      RNNTLoss, TDTLoss)
 from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment, occupancy,
                       prune_coverage)
 from .pruned import (ArcOccupations, PruneRanges, do_rnnt_pruning, lattice_loss, prune_ranges,
@@ -17,4 +18,5 @@ __all__ = ["rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_rnnt_loss
            "occupancy", "Occupancy", "best_alignment", "Alignment", "Arc", "prune_coverage", "PruneCoverage",
            "rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges", "PruneRanges",
            "do_rnnt_pruning", "lattice_loss", "fused_rnnt_loss", "fused_tdt_loss",
-           "fused_multiblank_rnnt_loss"]
+           "fused_multiblank_rnnt_loss", "FusedRNNTLoss", "FusedTDTLoss",
+           "FusedMultiblankRNNTLoss"]
