@@ -1,6 +1,6 @@
 """The shape registry, the cases (shape, dtype, loss variant) and the one input factory
 shared by every benchmark run: ``run.py`` (speed, memory, agreement, peers),
-``pruned_pipeline.py`` and ``quick.py`` (``rnnt-lattice bench``), and the providers
+``pruned_pipeline.py`` and ``fused_pipeline.py``, and the providers
 (ours and the peers, ``peers.py``). A row in any table is reproducible from
 ``(shape name, dtype, seed)`` alone.
 

@@ -1,6 +1,5 @@
-"""Clocks, the one timing routine, the floors (the exp pass on CPU, copy bandwidth on CUDA)
-and one shape's measurement of our loss against the exp floor: what ``run.py``,
-``pruned_pipeline.py`` and ``quick.py`` time with. Imports neither the thread settings of
+"""Clocks, the one timing routine and the floors (the exp pass on CPU, copy bandwidth on
+CUDA): what ``run.py``, ``pruned_pipeline.py`` and ``fused_pipeline.py`` time with. Imports neither the thread settings of
 ``common`` nor anything but torch and the registry (``shapes``)."""
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from shapes import Inputs, Shape, make_inputs
+from shapes import Inputs
 
 
 class WallClock:
@@ -144,29 +143,6 @@ def copy_bandwidth(warmup: int = 3, reps: int = 10, nbytes: int = 1 << 30,
     if device == "cuda":
         torch.cuda.empty_cache()
     return 2 * nbytes / t / 1e9
-
-
-def loss_fn(backend: str):
-    """Our loss in the providers' signature (per-sequence costs)."""
-    from rnnt_lattice import rnnt_loss
-
-    def fn(logits, targets, logit_lengths, target_lengths, blank):
-        return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=blank,
-                         reduction="none", backend=backend)
-    return fn
-
-
-def measure(shape: Shape, backend: str = "numba", *, reps: int = 5, warmup: int = 1,
-            cap_s: float = 60.0, seed: int = 0) -> dict:
-    """fwd+bwd and forward-only medians of our loss at ``shape``, with the exp floor of
-    the same tensor measured in the same run, and their ratio ``x_exp``."""
-    x = make_inputs(shape, seed=seed)
-    floor = exp_floor(x.logits, reps=max(3, reps))
-    t = time_loss(loss_fn(backend), x, warmup=warmup, reps=reps, cap_s=cap_s)
-    return {"shape": shape.name, "shape_desc": shape.describe(), "backend": backend,
-            "logits_mb": x.nbytes / 2**20, **floor, **t,
-            "x_exp": t["fwd_bwd_s"] / floor["exp_out_s"],
-            "x_exp_fresh": t["fwd_bwd_s"] / floor["exp_fresh_s"]}
 
 
 def fmt_s(x) -> str:

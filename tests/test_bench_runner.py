@@ -1,5 +1,5 @@
 """benchmarks/run.py (the one runner, --device cpu|cuda --mode floor|peers) and the registry
-and timing primitives (benchmarks/shapes.py, timing.py) it shares with ``rnnt-lattice bench``. Tiny shapes only; the CUDA path is
+and timing primitives it runs on (benchmarks/shapes.py, timing.py). Tiny shapes only; the CUDA path is
 exercised through a stand-in device on the CPU (same measurement loop and tables, wall clock)."""
 import importlib.util
 import json

@@ -1,4 +1,4 @@
-"""The rnnt-lattice command: demo, plot and bench subcommands."""
+"""The rnnt-lattice command: demo, plot and warmup subcommands."""
 from __future__ import annotations
 
 import json
@@ -158,19 +158,10 @@ def test_plot_bad_input_is_a_clear_error(tmp_path, make, message):
 
 def test_help_and_entry_points():
     r = _run_cli("--help")
-    assert r.returncode == 0 and "demo" in r.stdout and "plot" in r.stdout and "bench" in r.stdout
+    assert r.returncode == 0 and all(c in r.stdout for c in ("demo", "plot", "warmup"))
     r = _run_cli("plot", "--help")
     assert r.returncode == 0 and "logit_lengths" in r.stdout
     assert _run_cli().returncode == 2                          # no command: help, non-zero
-
-
-# --------------------------------------------------------------------------- bench
-def test_bench_forwards_arguments(monkeypatch):
-    bench = cli.bench_runner()
-    seen = []
-    monkeypatch.setattr(bench, "main", lambda argv=None: seen.append(argv) or 0)
-    assert cli.main(["bench", "--quick", "--shapes", "x"]) == 0
-    assert seen == [["--quick", "--shapes", "x"]]
 
 
 def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
@@ -257,24 +248,6 @@ def test_plot_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(rnnt_lattice.plot, "save", refuse)
     f = _save_example(tmp_path / "in.pt")
     _one_line_error(capsys, ["plot", str(f), "--out", str(tmp_path / "x.png")], "Permission denied")
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--threads", "0"], "--threads must be >= 1, got 0"),
-    (["--threads", "-1"], "--threads must be >= 1, got -1"),
-    (["--reps", "0"], "--reps must be >= 1"),
-    (["--json", "{tmp}/missing/out.json"], "does not exist"),
-    (["--json", "{tmp}"], "is a directory"),
-    (["--shapes", "nosuchshape"], "unknown shape 'nosuchshape'"),
-])
-def test_bench_bad_options_fail_before_running(tmp_path, capsys, monkeypatch, args, message):
-    bench = cli.bench_runner()
-    timed = []
-    monkeypatch.setattr(bench, "measure", lambda *a, **k: timed.append(a) or {})
-    monkeypatch.setattr(bench, "fwd_bwd", lambda *a, **k: timed.append(a))
-    _one_line_error(capsys, ["bench", "--shapes", "s1", *(a.format(tmp=tmp_path) for a in args)],
-                    message)
-    assert not timed, "the benchmark ran before the bad option was reported"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -40,7 +40,7 @@ def check_output_dir(path: str, option: str) -> None:
 
 
 def set_threads(n: int) -> int:
-    """The one thread setter (the demo, ``rnnt-lattice bench`` and benchmarks/): intra-op
+    """The one thread setter (the demo and benchmarks/): intra-op
     threads for Numba, if it is installed (capped at the pool it started with), and torch.
     Numba first: on its OpenMP threading layer (the same libgomp as torch's)
     ``numba.set_num_threads`` resets the OpenMP count torch reports and uses. Call it again

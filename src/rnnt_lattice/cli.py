@@ -3,7 +3,6 @@
     rnnt-lattice demo  [--steps N] [--out DIR] [--device D] [--threads N] [--seed S]
     rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
-    rnnt-lattice bench [ARGS...]        (forwarded to benchmarks/quick.py)
 
 Errors in the user's input print one line ``rnnt-lattice: error: ...`` and exit with
 status 2, without a traceback.
@@ -11,10 +10,8 @@ status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 from ._cli_util import check_output_file
 
@@ -38,7 +35,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(
         prog="rnnt-lattice",
-        description="RNN-T lattice tools: a training demo, lattice pictures, benchmarks.")
+        description="RNN-T lattice tools: a training demo, lattice pictures, kernel warm-up.")
     p.add_argument("--version", action="version", version=f"rnnt-lattice {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -76,10 +73,6 @@ def _build_parser() -> argparse.ArgumentParser:
                    metavar="CALL", help="only these calls: " + ", ".join(c for c, _ in WARMUP_CALLS))
     w.add_argument("--list", action="store_true",
                    help="list the calls and the kernels each compiles, and compile nothing")
-
-    b = sub.add_parser("bench", help="run the benchmark registry (quick mode by default)",
-                       add_help=False)
-    b.add_argument("bench_args", nargs=argparse.REMAINDER)
     return p
 
 
@@ -264,40 +257,10 @@ def _cmd_warmup(args) -> int:
     return 0
 
 
-# The benchmarks live in the repository, next to the package's source (src/rnnt_lattice):
-# a checkout (pip install -e .) has them, an installed wheel does not.
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def bench_runner():
-    """``benchmarks/quick.py`` of the checkout this package runs from, as a module;
-    ``UserError`` where the package is installed without the repository."""
-    script = BENCHMARKS / "quick.py"
-    if not script.is_file():
-        raise UserError("rnnt-lattice bench runs benchmarks/quick.py of a checkout of the "
-                        "repository (pip install -e .), and this install has none: clone the "
-                        "repository and run python benchmarks/quick.py (docs/benchmarks.md)")
-    if "rnnt_lattice_bench_quick" not in sys.modules:
-        sys.path.insert(0, str(BENCHMARKS))              # quick.py imports shapes, timing
-        spec = importlib.util.spec_from_file_location("rnnt_lattice_bench_quick", script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["rnnt_lattice_bench_quick"]
-
-
-def _cmd_bench(rest: list[str]) -> int:
-    return int(bench_runner().main(rest) or 0)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     try:
-        if argv[:1] == ["bench"]:
-            # Everything after "bench" belongs to the benchmark runner (its own --help too);
-            # argparse's REMAINDER would reject leading options, so forward by hand.
-            return _cmd_bench(argv[1:])
         args = parser.parse_args(argv)
         if args.command == "demo":
             from .demo import main_from_args
