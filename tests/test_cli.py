@@ -164,6 +164,19 @@ def test_help_and_entry_points():
     assert _run_cli().returncode == 2                          # no command: help, non-zero
 
 
+def test_the_fronts_stay_out_of_the_package_import():
+    """Importing the package loads neither the fronts (cli, demo) nor matplotlib; importing
+    the demo, which takes the public API at its top, loads no matplotlib either (the
+    optional extra "plot" is loaded when a picture is drawn)."""
+    code = ("import sys, importlib; importlib.import_module(sys.argv[1]); "
+            "print(sorted(m for m in ('rnnt_lattice.cli', 'rnnt_lattice.demo', 'matplotlib') "
+            "if m in sys.modules))")
+    for module, loaded in (("rnnt_lattice", "[]"), ("rnnt_lattice.demo", "['rnnt_lattice.demo']")):
+        r = subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True,
+                           check=True)
+        assert r.stdout.strip() == loaded, (module, r.stdout, r.stderr)
+
+
 def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
     import io
 

@@ -33,8 +33,11 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from . import (__version__, best_alignment, do_rnnt_pruning, fused_rnnt_loss, occupancy,
+               prune_coverage, prune_ranges, rnnt_loss, rnnt_loss_pruned, rnnt_loss_simple)
 from ._cli_util import check_output_dir, set_threads
 from ._validate import check_tile
+from .plot import plot_occupancy, save
 
 N_DIGITS = 10          # labels 1..10 are the digits 0..9
 BLANK = 0
@@ -213,17 +216,14 @@ class Progress:
 
 # --------------------------------------------------------------------------- pictures
 def _lattice_views(model, X, T, Y, U, blank=BLANK):
-    import rnnt_lattice
     with torch.no_grad():
         logits = model(X, Y)
     args = (logits, Y, T, U)
-    return (rnnt_lattice.occupancy(*args, blank=blank), rnnt_lattice.best_alignment(*args, blank=blank))
+    return (occupancy(*args, blank=blank), best_alignment(*args, blank=blank))
 
 
 def _occupancy_figure(occ, ali, Y, U, title, path):
-    from matplotlib.figure import Figure
-
-    from .plot import plot_occupancy, save
+    from matplotlib.figure import Figure   # the optional extra "plot": loaded on use only
     n = occ.node.shape[0]
     fig = Figure(figsize=(6.4, 2.6 * n), dpi=100)
     for i in range(n):
@@ -237,8 +237,6 @@ def _occupancy_figure(occ, ali, Y, U, title, path):
 
 def _loss_figure(history, evals, path):
     from matplotlib.figure import Figure
-
-    from .plot import save
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     steps = [h[0] for h in history]
@@ -266,8 +264,6 @@ def _loss_figure(history, evals, path):
 # --------------------------------------------------------------------------- run
 def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     """Train and write the outputs to ``out``; returns the metrics (also in metrics.json)."""
-    import rnnt_lattice
-
     t_start = time.perf_counter()
     device = torch.device(cfg.device)
     set_threads(cfg.threads)
@@ -295,7 +291,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
         model.eval()
         with torch.no_grad():
             hyps = model.greedy(Xh, Th)
-            loss = rnnt_lattice.rnnt_loss(model(Xh, Yh), Yh, Th, Uh, blank=BLANK, reduction="sum")
+            loss = rnnt_loss(model(Xh, Yh), Yh, Th, Uh, blank=BLANK, reduction="sum")
         model.train()
         ter = token_error_rate(hyps, Yh.cpu(), Uh.cpu())
         return {"step": step, "ter": ter, "loss_per_token": float(loss) / float(Uh.sum())}
@@ -316,7 +312,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     bar = Progress(cfg.steps, progress_stream)
     for step in range(1, cfg.steps + 1):
         X, T, Y, U = (a.to(device) for a in make_batch(cfg.batch_size, g_train, formants))
-        loss = rnnt_lattice.rnnt_loss(model(X, Y), Y, T, U, blank=BLANK, reduction="sum") / U.sum()
+        loss = rnnt_loss(model(X, Y), Y, T, U, blank=BLANK, reduction="sum") / U.sum()
         opt.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -345,7 +341,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     covs = {}
     for name, m in (("init", init_model), ("trained", model)):
         occ, _ = _lattice_views(m, Xh[sub], Th[sub], Yh[sub], Uh[sub])
-        covs[name] = rnnt_lattice.prune_coverage(occ, max_window=max_window).rows()
+        covs[name] = prune_coverage(occ, max_window=max_window).rows()
     with open(os.path.join(out, "prune_coverage.csv"), "w") as f:
         f.write("R,coverage_init,coverage_trained\n")
         for (r, c0), (_, c1) in zip(covs["init"], covs["trained"]):
@@ -368,7 +364,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
                            "init": [c for _, c in covs["init"]],
                            "trained": [c for _, c in covs["trained"]]},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "rnnt_lattice": rnnt_lattice.__version__},
+                     "rnnt_lattice": __version__},
         "files": sorted(["prune_coverage.csv", "prune_coverage.md", "metrics.json"]
                         + (["occupancy_init.png", "occupancy_trained.png", "loss_curve.png"]
                            if pictures else [])),
@@ -396,9 +392,8 @@ class PrunedTransducer(Transducer):
 
 def _full_step(model, X, T, Y, U, step, cfg):
     """The plain recipe: the full joiner on every (t, u), ``rnnt_loss``."""
-    import rnnt_lattice
     logits = model(X, Y)                                               # (B, T, U+1, V)
-    loss = rnnt_lattice.rnnt_loss(logits, Y, T, U, blank=BLANK, reduction="sum")
+    loss = rnnt_loss(logits, Y, T, U, blank=BLANK, reduction="sum")
     return loss, logits.numel() * logits.element_size(), None
 
 
@@ -407,17 +402,15 @@ def _pruned_step(model, X, T, Y, U, step, cfg):
     positions per frame, the full joiner on the windows only, the pruned loss. During the
     warm-up (the first ``cfg.warm_steps``) the simple loss's weight falls from 1 to 0.5
     and the pruned loss's rises from 0.1 to 1, as in icefall."""
-    import rnnt_lattice
     prev = nn.functional.pad(Y, (1, 0), value=BLANK)                   # (B, U+1)
     enc, pred = model.encode(X), model.predict(prev)                   # (B, T, H), (B, U+1, H)
     am, lm = model.simple_am(enc), model.simple_lm(pred)               # (B, T, V), (B, U+1, V)
-    simple, occ = rnnt_lattice.rnnt_loss_simple(lm, am, Y, T, U, blank=BLANK, reduction="sum",
-                                                return_occupations=True)
-    win = rnnt_lattice.prune_ranges(occ, cfg.window)                   # exact DP (math.md 10)
-    enc_w, pred_w = rnnt_lattice.do_rnnt_pruning(enc, pred, win.ranges)   # (B, T, R, H) each
+    simple, occ = rnnt_loss_simple(lm, am, Y, T, U, blank=BLANK, reduction="sum",
+                                   return_occupations=True)
+    win = prune_ranges(occ, cfg.window)                                # exact DP (math.md 10)
+    enc_w, pred_w = do_rnnt_pruning(enc, pred, win.ranges)             # (B, T, R, H) each
     logits = model.out(torch.tanh(enc_w + pred_w))                     # (B, T, R, V)
-    pruned = rnnt_lattice.rnnt_loss_pruned(logits, Y, win.ranges, T, U, blank=BLANK,
-                                           reduction="sum")
+    pruned = rnnt_loss_pruned(logits, Y, win.ranges, T, U, blank=BLANK, reduction="sum")
     warm = min(1.0, step / max(1, cfg.warm_steps))
     loss = (1.0 - 0.5 * warm) * simple + (0.1 + 0.9 * warm) * pruned
     joiner_bytes = (logits.numel() + am.numel() + lm.numel()) * logits.element_size()
@@ -443,12 +436,11 @@ class _Joiner(nn.Module):
 def _fused_step(model, X, T, Y, U, step, cfg):
     """The full loss without its logits: the joiner and the loss fused by tiles of
     ``cfg.tile`` (``fused_rnnt_loss``); joiner outputs: the largest tile's logits."""
-    import rnnt_lattice
     prev = nn.functional.pad(Y, (1, 0), value=BLANK)                   # (B, U+1)
     enc, pred = model.encode(X), model.predict(prev)                   # (B, T, H), (B, U+1, H)
     joiner = _Joiner(model.out)
-    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, Y, T, U, blank=BLANK,
-                                        reduction="sum", tile=cfg.tile)
+    loss = fused_rnnt_loss(joiner, enc, pred, Y, T, U, blank=BLANK, reduction="sum",
+                           tile=cfg.tile)
     return loss, joiner, None
 
 
@@ -463,8 +455,6 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None, other: st
     ``metrics.json``) the time per step, the memory of the joiner's outputs per step (the
     largest tile's for fused; on CUDA also the peak memory per step) and the held-out TER
     of both."""
-    import rnnt_lattice
-
     device = torch.device(cfg.device)
     set_threads(cfg.threads)
     os.makedirs(out, exist_ok=True)
@@ -542,7 +532,7 @@ def run_pruned(cfg: Config, out: str, log=print, progress_stream=None, other: st
         f.write("\n".join(lines) + "\n")
     metrics = {"config": asdict(cfg), "chance_ter": chance_ter, **results,
                "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                            "rnnt_lattice": rnnt_lattice.__version__},
+                            "rnnt_lattice": __version__},
                "files": ["metrics.json", f"{other}_comparison.md"]}
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
