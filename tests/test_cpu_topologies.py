@@ -111,6 +111,23 @@ def test_regular_fast_path_is_chosen():
     assert not cpu.uses_regular_fast_path(plain, None, ids)
 
 
+def test_regular_fast_path_is_chosen_by_the_arcs_not_the_name():
+    """The fast path computes the arcs of ``topology.regular()``, so it is chosen by them:
+    a topology named "regular" with modified's arcs runs the generic kernels and gives
+    modified's losses and gradients (every case, against the reference), and regular's arcs
+    under another name run the fast path."""
+    impostor = topology.Topology("regular", topology.modified().kinds)
+    renamed = topology.Topology("plain", topology.regular().kinds)
+    assert not cpu.uses_regular_fast_path(LossOptions(blank=0, topology=impostor), None, None)
+    assert cpu.uses_regular_fast_path(LossOptions(blank=0, topology=renamed), None, None)
+    for case in CASES:
+        logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, "modified")
+        want_loss, want_grad = reference_loss(logits, targets, tl, ul, topo, blank)
+        loss, grad = numba_loss(logits, targets, tl, ul, impostor, blank)
+        assert rel_err(loss, want_loss) <= TOL[torch.float64], case.name
+        assert rel_err(grad, want_grad) <= TOL[torch.float64], case.name
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("opt", ["fused", "logprob", "fastemit", "clamp", "inplace",
                                  "inplace_logprob"])

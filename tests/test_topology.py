@@ -278,3 +278,17 @@ def test_by_name_is_the_one_name_table():
     for topo in (topology.tdt([0, 2]), topology.multiblank(5, [2, 4])):
         spec_name, durations = topology.to_spec(topo)
         assert topology.from_spec(spec_name, 5, durations) == topo
+
+
+@pytest.mark.parametrize("name", ["regular", "modified", "tdt", "multiblank"])
+def test_a_borrowed_name_has_no_spec(name):
+    """The custom op carries a topology as ``to_spec``'s (name, durations): a topology
+    whose arcs are not what the builder of its name returns has no spec (ValueError),
+    rather than becoming that builder's lattice under torch.compile."""
+    arcs = topology.constrained().kinds
+    if name == "tdt":
+        arcs = topology.tdt([0, 1]).kinds[:-1] + (topology.tdt([0, 2]).kinds[-1],)
+    impostor = topology.Topology(name, arcs, n_durations=2 if name == "tdt" else 0,
+                                 blank=4 if name == "multiblank" else None)
+    with pytest.raises(ValueError, match=f"topology '{name}' has no spec"):
+        topology.to_spec(impostor)

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .topology import Topology, regular
+from .topology import Topology, by_name, regular
+
+_REGULAR_KINDS = by_name("regular").kinds     # the arcs the regular fast path computes
 
 
 @dataclass
@@ -44,8 +46,12 @@ class LossOptions:
     @property
     def regular(self) -> bool:
         """The plain RNN-T lattice with no per-arc term: what a backend's regular fast path
-        (the Numba ``regular_`` kernels) may compute instead of its general recursion."""
-        return self.topology.name == "regular" and self.sigma == 0.0 and self.delay_penalty == 0.0
+        (the Numba ``regular_`` kernels) may compute instead of its general recursion. The
+        lattice is recognised by its arcs, the kinds of ``topology.regular()`` in their order
+        (the fast path's planes), never by its name: a tuple compare, whose items are the
+        very same objects for the topologies of ``by_name``."""
+        return (self.sigma == 0.0 and self.delay_penalty == 0.0
+                and self.topology.kinds == _REGULAR_KINDS)
 
 
 @dataclass(frozen=True)

@@ -229,14 +229,24 @@ def by_name(name, allowed: tuple[str, ...] = RNNT_TYPES, option: str = "rnnt_typ
 
 
 def to_spec(topo: Topology) -> tuple[str, tuple[int, ...]]:
-    """``(name, durations)`` of a topology built by this module's builders."""
+    """``(name, durations)`` of a topology built by this module's builders. The spec is
+    checked to rebuild ``topo`` arc for arc (a topology that only borrows a builder's name
+    has no spec: ValueError, never another lattice)."""
+    spec = None
     if topo.name in _PLAIN:
-        return topo.name, ()
-    if topo.name == "tdt":
-        return "tdt", tuple(k.dt for k in topo.kinds if k.reads == "label")
-    if topo.name == "multiblank":
-        return "multiblank", tuple(k.dt for k in topo.kinds if k.reads == "class")
-    raise ValueError(f"topology {topo.name!r} has no spec (build it with rnnt_lattice.topology)")
+        spec = topo.name, ()
+    elif topo.name == "tdt":
+        spec = "tdt", tuple(k.dt for k in topo.kinds if k.reads == "label")
+    elif topo.name == "multiblank" and topo.blank is not None:
+        spec = "multiblank", tuple(k.dt for k in topo.kinds if k.reads == "class")
+    try:
+        same = spec is not None and from_spec(spec[0], topo.blank, spec[1]) == topo
+    except ValueError:
+        same = False
+    if not same:
+        raise ValueError(f"topology {topo.name!r} has no spec: it is not what the builder of "
+                         "that name returns (build it with rnnt_lattice.topology)")
+    return spec
 
 
 def from_spec(name: str, blank: int, durations: tuple) -> Topology:
