@@ -1,6 +1,6 @@
 """``rnnt_lattice.compat.k2`` (k2 and fast_rnnt) against independent references: a
 Python-loop transcription of k2's recursion with autograd, on its own ``px``/``py`` layout
-(variants.md A), with ``px``/``py`` read from naive 4-D log-prob tensors (``log_softmax``
+(docs/variants.md A.1), with ``px``/``py`` read from naive 4-D log-prob tensors (``log_softmax``
 of the full logits; the smoothed and HAT formulas written out). So a layout conversion,
 a transposition or an off-by-one at the boundary cannot hide. Every case has ragged
 boundaries; symbols past ``boundary[:, 2]`` are padded with the blank (icefall) or with
@@ -97,7 +97,8 @@ def hat_log_probs(logits):
 
 
 def smoothed_log_probs(lm, am, s_lm, s_am):
-    """k2's smoothed node log-probs written out on ``(B, T, S+1, C)`` tensors (variants.md A)."""
+    """k2's smoothed node log-probs written out on ``(B, T, S+1, C)`` tensors
+    (docs/variants.md A.5)."""
     uni = torch.softmax(lm, -1).mean((0, 1)) + torch.finfo(lm.dtype).tiny
     full = torch.log_softmax(am[:, :, None] + lm[:, None], -1)
     lm_only = torch.log_softmax(lm, -1)[:, None]
@@ -322,8 +323,8 @@ def test_mutual_information_recursion(bi, regular, dtype):
 
 
 def k2_ranges_loop(px_grad, py_grad, boundary, R, deprecated=False):
-    """k2's ``get_rnnt_prune_ranges`` (and its deprecated score) as loops (variants.md A,
-    steps 3-6): per frame the first argmax of the window score, the tail frames' start,
+    """k2's ``get_rnnt_prune_ranges`` (and its deprecated score) as loops (docs/variants.md
+    A.6, steps 3-6): per frame the first argmax of the window score, the tail frames' start,
     then the monotone repair."""
     Bx, S_, T1 = px_grad.shape
     T_ = py_grad.shape[2]

@@ -1,5 +1,5 @@
 """``rnnt_lattice.compat.nemo``: NeMo's numba RNN-T / TDT / multi-blank classes and functions
-against the independent path-enumerating oracle (NeMo's documented semantics, variants.md B:
+against the independent path-enumerating oracle (NeMo's documented semantics, docs/variants.md B:
 the ``(1 + lambda)``-scaled reported cost with the FastEmit gradient, ``'mean'`` = sum / B
 with shape ``(1,)``, per-sequence clamp, int64 ids, big blanks in any order, omega), and
 ``install()`` against a small stand-in for ``nemo.collections.asr.losses.rnnt`` injected

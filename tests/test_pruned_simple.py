@@ -252,7 +252,8 @@ def test_validation_names_the_argument():
 
 # --------------------------------------------------------------------------- windows
 def _k2_loop(gamma_blank, gamma_label, t_end, u_end, R, regular):
-    """variants.md A, get_rnnt_prune_ranges steps 3-6, one frame at a time (R already set)."""
+    """docs/variants.md A.6, get_rnnt_prune_ranges steps 3-6, one frame at a time (R
+    already set)."""
     B, T, U1 = gamma_blank.shape
     out = torch.empty(B, T, R, dtype=torch.int64)
     R_e = R if regular else 2

@@ -76,3 +76,41 @@ def test_quoted_demo_output_is_the_programs():
     text = README.read_text()
     assert f"goes from {last.group(2)} to **{last.group(1)}**" in text
     assert f"score {last.group(3)}" in text
+
+
+SOURCES = sorted(p for d in ("src", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")) + DOCS
+OUTSIDE = "../" + "shared"          # the spec folder next to the checkout: no user has it
+
+
+def _headings(doc: str) -> set[str]:
+    """Section numbers of docs/<doc> as citations write them: "9", "9.1", "A", "A.5"."""
+    path = ROOT / "docs" / doc
+    text = path.read_text() if path.is_file() else ""
+    return {m.rstrip(".") for m in re.findall(r"^#+ ([A-Z0-9]+(?:\.[0-9]+)*\.?) ", text, flags=re.M)}
+
+
+def test_citations_stay_inside_the_repository():
+    """Code and docs cite only the repository's own files: no path into the folder beside
+    the checkout, every ``docs/<name>.md`` named exists, every relative Markdown link of the
+    docs resolves to a file of the checkout, and every section cited as "variants.md A.5"
+    or "math.md section 9.1" is a heading of that file."""
+    sections = {doc: _headings(doc) for doc in ("variants.md", "math.md")}
+    bad = []
+    for path in SOURCES:
+        text = path.read_text()
+        where = path.relative_to(ROOT)
+        if OUTSIDE in text:
+            bad.append(f"{where}: cites {OUTSIDE}")
+        for name in re.findall(r"docs/([\w-]+\.md)", text):
+            if not (ROOT / "docs" / name).is_file():
+                bad.append(f"{where}: docs/{name} does not exist")
+        if path.suffix == ".md":
+            for link in re.findall(r"\]\(([^)#\s]+)", text):
+                if not re.match(r"[a-z]+:", link):
+                    target = (path.parent / link).resolve()
+                    if ROOT not in target.parents or not target.exists():
+                        bad.append(f"{where}: link {link} leads to no file of the checkout")
+        for doc, cited in re.findall(r"(variants\.md|math\.md),? (?:sections? )?([A-D0-9](?:\.[0-9]+)*)\b", text):
+            if cited not in sections[doc]:
+                bad.append(f"{where}: {doc} has no section {cited}")
+    assert not bad, "\n".join(bad)

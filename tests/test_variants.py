@@ -101,7 +101,7 @@ def test_public_losses_match_enumeration(case, topo_name, opt):
 ])
 def test_uniform_closed_forms(rnnt_type, paths, logv, backend):
     """Zero logits (probability 1/V everywhere): log P = log(#paths) - (#arc reads) log V
-    (variants.md A and C), for every (T, U) up to (6, 5) in one ragged batch; infeasible
+    (docs/variants.md A.2 and C.2), for every (T, U) up to (6, 5) in one ragged batch; infeasible
     lengths give +inf and a zero gradient."""
     V = 5
     shapes = [(T, U) for T in range(1, 7) for U in range(0, 6)]
@@ -126,7 +126,7 @@ def test_uniform_closed_forms(rnnt_type, paths, logv, backend):
 
 @pytest.mark.parametrize("backend", ["torch", "numba"])
 def test_nemo_tdt_vector(backend):
-    """NeMo's TDT test (variants.md B): cost 4.155739 = -log(3w^4 + 6w^3 + 2w^2) with
+    """NeMo's TDT test (docs/variants.md B.2): cost 4.155739 = -log(3w^4 + 6w^3 + 2w^2) with
     w = exp(-0.05)/12, and the gradient row at (0, 0, 0) (token part, then the duration
     logits through their log_softmax); the whole gradient equals the path oracle's."""
     logits = torch.zeros(1, 3, 2, 7, dtype=torch.float64, requires_grad=True)

@@ -104,14 +104,14 @@ def rnnt_loss(
             than silently misusing, any other use of the overwritten logits (their version
             counter is bumped), including a second backward. No effect when no gradient is
             needed, nor under ``torch.compile`` (the compiled graph owns its buffers).
-        rnnt_type: the lattice (docs/math.md section 9, exact semantics of the peers in
-            variants.md): ``"regular"`` (above); k2's ``"modified"`` (exactly one symbol
-            per frame, a label arc ``(t,u) -> (t+1,u+1)``, no final blank; needs
-            ``T_b >= U_b``) and ``"constrained"`` (at most one label per frame: the label
-            arc carries ``e(t,u) + b(t,u+1)``; needs ``T_b >= U_b``); optimized_transducer's
-            ``"one_sym_per_frame"`` (label arc ``(t,u) -> (t+1,u+1)``, mandatory final
-            blank; needs ``T_b >= U_b + 1``). Lengths that allow no path give ``+inf`` (or 0
-            with ``zero_infinity``), never undefined values.
+        rnnt_type: the lattice (docs/math.md section 9; the peers' exact semantics in
+            docs/variants.md A.2 and C.2): ``"regular"`` (above); k2's ``"modified"``
+            (exactly one symbol per frame, a label arc ``(t,u) -> (t+1,u+1)``, no final
+            blank; needs ``T_b >= U_b``) and ``"constrained"`` (at most one label per frame:
+            the label arc carries ``e(t,u) + b(t,u+1)``; needs ``T_b >= U_b``);
+            optimized_transducer's ``"one_sym_per_frame"`` (label arc ``(t,u) ->
+            (t+1,u+1)``, mandatory final blank; needs ``T_b >= U_b + 1``). Lengths that
+            allow no path give ``+inf`` (or 0 with ``zero_infinity``), never undefined values.
         delay_penalty: k2's delay penalty ``lambda`` in ``[0, 1000]``: label arcs get
             ``lambda * ((T_b - 1)/2 - t)`` added to their log-weight (earlier labels are
             favoured); the returned loss is that of the penalised lattice, as in k2.
@@ -187,7 +187,7 @@ def tdt_loss(
     packed: bool = False,
 ) -> torch.Tensor:
     r"""Token-and-Duration Transducer loss (TDT, Xu et al. 2023; NeMo's layout and semantics,
-    docs/math.md section 9, ../variants.md B).
+    docs/math.md section 9, docs/variants.md B.2).
 
     ``logits`` is ``(B, T, U+1, V_tok + D)`` with ``D = len(durations)``: the token part
     (blank included, as the *last* token) and the duration part each get their own fused

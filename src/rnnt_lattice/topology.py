@@ -15,7 +15,7 @@ useful, and only counted as an arc, at ``u + du == U_b``: every other node of th
 is a dead end). k2's ``boundary`` moves the start to ``(begin_frame, begin_symbol)`` and the
 end to ``(end_frame, end_symbol)``.
 
-Builders, with the peers' exact semantics (../shared/docs/variants.md):
+Builders, with the peers' exact semantics (docs/variants.md):
 
     regular()            blank (1,0) may_end ; label (0,1)
     modified()           blank (1,0) may_end ; label (1,1) may_end           (k2)
@@ -128,7 +128,8 @@ class Topology:
             raise ValueError(f"topology {self.name!r} was built for blank={self.blank} (its "
                              f"classes are placed around it), got blank={blank}")
         if self.n_durations and blank != V_tok - 1:
-            # NeMo's layout (variants.md B): tokens then durations, the blank last of the tokens.
+            # NeMo's layout (docs/variants.md B.2): tokens then durations, the blank the
+            # last token.
             raise ValueError(f"topology {self.name!r}: the blank must be the last token "
                              f"({V_tok - 1}), got {blank}")
         for k in self.kinds:

@@ -4,7 +4,7 @@ changing its import,
     import k2                                 # or: import fast_rnnt
     import rnnt_lattice.compat.k2 as k2       #     import rnnt_lattice.compat.k2 as fast_rnnt
 
-One module serves both (``../shared/docs/variants.md`` A): the names, argument names and
+One module serves both (docs/variants.md A): the names, argument names and
 order, defaults, shapes, dtypes and reductions of fast_rnnt 1.3 and of k2's
 ``rnnt_loss.py`` / ``mutual_information.py`` (k2 master @a741ae8, 2025-07):
 
@@ -431,7 +431,7 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
                                am_only_scale: float = 0.1, boundary: torch.Tensor | None = None,
                                rnnt_type: str = "regular"):
     """k2's smoothed ``(px, py)``: :func:`get_rnnt_logprobs`'s, log-linearly interpolated
-    with LM-only and AM-only log-probs (variants.md A; a scale of 0 becomes 1e-20)::
+    with LM-only and AM-only log-probs (docs/variants.md A.5; a scale of 0 becomes 1e-20)::
 
         uni(c)   = mean over b and all S+1 positions of softmax(lm(b, s))(c) + tiny
         px_lm    = lm(s, y_s) - logsumexp_c lm(s, c)

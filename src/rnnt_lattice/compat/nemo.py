@@ -10,7 +10,7 @@ and a NeMo config switches without any change: after :func:`install`, NeMo's own
 
 Same names, argument names and order, defaults and return values as
 ``nemo/collections/asr/parts/numba/rnnt_loss/rnnt_pytorch.py`` (NeMo 3.0;
-``../shared/docs/variants.md`` B):
+docs/variants.md B):
 
 - ``acts`` are the joiner's raw logits ``(B, T, U+1, V)`` (TDT: ``(B, T, U+1, V_tok + D)``,
   the ``D = len(durations)`` duration logits last); ``labels`` ``(B, U)``, ``act_lens`` and

@@ -5,7 +5,7 @@ import,
     import rnnt_lattice.compat.optimized_transducer as optimized_transducer
 
 Same names, argument names and order, defaults, dtypes, shapes and return values as
-optimized_transducer 1.4 (``../shared/docs/variants.md`` C): ``transducer_loss`` and
+optimized_transducer 1.4 (docs/variants.md C.2): ``transducer_loss`` and
 ``TransducerLoss``. The logits are packed rows ``(sum_b T_b (U_b+1), V)``, float32 and
 contiguous, row ``offset_b + t (U_b+1) + u`` holding node ``(t, u)`` of sequence ``b``
 (:func:`rnnt_lattice.pack_logits` builds them from ``(B, T, U+1, V)``); ``targets``

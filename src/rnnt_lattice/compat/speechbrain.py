@@ -9,7 +9,7 @@ one import (or one line of its hparams YAML),
 Same names, argument order, defaults, value convention and reductions as SpeechBrain
 (``speechbrain.nnet.losses.transducer_loss`` and the class
 ``speechbrain.integrations.numba.transducer_loss.TransducerLoss``,
-``../shared/docs/variants.md`` C):
+docs/variants.md C.5):
 
 - ``logits`` ``(B, T, U+1, V)`` are raw logits (SpeechBrain applies ``log_softmax`` itself;
   log-probs work too, ``log_softmax`` leaving them unchanged);

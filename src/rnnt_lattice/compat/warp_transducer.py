@@ -5,7 +5,7 @@ changing one import,
     from rnnt_lattice.compat.warp_transducer import RNNTLoss, rnnt_loss  # after
 
 Same names, argument names and order, defaults, shapes and return values as HawkAaron's
-warp-transducer (master, ``../shared/docs/variants.md`` C): ``acts`` ``(B, T, U+1, V)`` raw
+warp-transducer (master, docs/variants.md C.4): ``acts`` ``(B, T, U+1, V)`` raw
 logits, float32 or float64, on CPU or CUDA (warp-transducer takes raw logits on both: its
 CPU path applies ``log_softmax`` in Python, its GPU kernel fuses it; here it is always
 fused); ``labels`` ``(B, U)``, ``act_lens`` and ``label_lens`` ``(B,)``, all three int32;

@@ -1,5 +1,5 @@
 """Pruned RNN-T (Kuang et al. 2022; math.md sections 7 and 10; k2/fast_rnnt semantics,
-../shared/docs/variants.md A), in two passes. The *simple* joiner ``logits(t,u,v) =
+docs/variants.md A.5-A.6), in two passes. The *simple* joiner ``logits(t,u,v) =
 am(t,v) + lm(u,v)`` gives a cheap lattice whose occupations say, per frame, which R label
 positions hold the alignments; the full joiner is then evaluated only on those windows:
 

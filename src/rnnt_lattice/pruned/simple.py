@@ -1,5 +1,5 @@
 """The simple-joiner losses of pruned RNN-T (math.md section 7; k2/fast_rnnt semantics,
-../shared/docs/variants.md A), and the recursion on caller-given arc weights.
+docs/variants.md A.5), and the recursion on caller-given arc weights.
 
 The simple loss never builds the ``(B, T, U+1, V)`` tensor: its normaliser is one batched
 matmul per sequence,
@@ -507,7 +507,7 @@ def rnnt_loss_smoothed(
     allow_blank_targets: bool = False,
 ):
     r"""k2's ``rnnt_loss_smoothed``: the simple loss with its arc log-probs interpolated,
-    log-linearly, with LM-only and AM-only log-probs (variants.md A)::
+    log-linearly, with LM-only and AM-only log-probs (docs/variants.md A.5)::
 
         uni(v)   = mean over all b and all U+1 positions u of softmax(lm(b,u))(v) + tiny
         b_lm(u)  = lm(u, blank) - logsumexp_v lm(u, v)                     (e_lm with y_u)

@@ -74,7 +74,7 @@ def prune_ranges(
     ties: the lowest starts). Never covers less than k2's choice with the same R.
     ``method="k2"``: fast_rnnt's ``get_rnnt_prune_ranges`` step for step (per-frame argmax of
     ``sum_{k<R} gamma_blank(t, s+k) - gamma_label(t, s-1)``, then the monotone repair;
-    variants.md A): the same ranges, up to ties between float scores.
+    docs/variants.md A.6): the same ranges, up to ties between float scores.
 
     R: the window the caller asks for. For ``regular`` it is raised, with a warning, to the
     smallest R that lets every sequence reach its end, ``max_b ((U_b - 1) // T_b + 2)``
@@ -170,7 +170,7 @@ def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> in
 
 
 def _k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, regular: bool):
-    """fast_rnnt's ``get_rnnt_prune_ranges`` steps 3-5 (variants.md A) on our layout:
+    """fast_rnnt's ``get_rnnt_prune_ranges`` steps 3-5 (docs/variants.md A.6) on our layout:
     ``py_grad[b, u, t] = gamma_blank[b, t, u]``, ``px_grad[b, u, t] = gamma_label[b, t, u]``."""
     B, T, U1 = gamma_blank.shape
     n = U1 - R + 1                                                   # candidate starts

@@ -4,8 +4,8 @@
     import rnnt_lattice.compat.warp_rnnt as warp_rnnt
 
 Same names, argument names and order, defaults, dtypes, shapes and return values as
-warp-rnnt 0.7.0 (``pytorch_binding/warp_rnnt/__init__.py``, ``../shared/docs/variants.md``
-C): ``rnnt_loss``, the autograd Functions ``RNNTLoss`` and ``RNNTLossCompact``, and the
+warp-rnnt 0.7.0 (``pytorch_binding/warp_rnnt/__init__.py``, docs/variants.md
+C.3): ``rnnt_loss``, the autograd Functions ``RNNTLoss`` and ``RNNTLossCompact``, and the
 extension module ``_C`` (``import rnnt_lattice.compat.warp_rnnt._C as core``).
 
 ``rnnt_loss`` takes **log-probs** (``log_softmax`` already applied; this library's
