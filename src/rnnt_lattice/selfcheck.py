@@ -625,7 +625,7 @@ def check_big_offsets(ctx):
                              {"loss err": 1e-6, "grad err": 1e-5}))
     del x, grad
     torch.cuda.empty_cache()
-    return lines[-1]
+    return f"{len(lines)} sequences, the last past 2**31 elements: {lines[-1]}"
 
 
 # --------------------------------------------------------------------------- timing
@@ -722,8 +722,9 @@ def _driver_version() -> str:
         return "?"
 
 
-def environment(device: str) -> dict:
-    """Versions, platform and device as a dict (the report's first lines)."""
+def environment(device: str, backend: str | None = None) -> dict:
+    """Versions, platform and device as a dict (the report's first lines); ``backend``:
+    the one checked (default: the device's, Numba on CPU, Triton on CUDA)."""
     env = {"rnnt_lattice": rnnt_lattice.__version__, "python": platform.python_version(),
            "platform": platform.platform(), "torch": torch.__version__,
            "numba": _version("numba"), "triton": _version("triton"),
@@ -736,11 +737,12 @@ def environment(device: str) -> dict:
         env.update(gpu=props.name, compute_capability=f"{cap[0]}.{cap[1]}",
                    gpu_memory_gib=round(props.total_memory / 2**30, 1),
                    multiprocessors=props.multi_processor_count,
-                   driver=_driver_version(), fp64=fp64_class(cap),
-                   backend="triton", triton_interpret=os.environ.get("TRITON_INTERPRET", ""))
+                   driver=_driver_version(), fp64=fp64_class(cap))
     else:
-        env.update(cpu=platform.processor() or platform.machine(), fp64=fp64_class(None),
-                   backend="numba")
+        env.update(cpu=platform.processor() or platform.machine(), fp64=fp64_class(None))
+    env["backend"] = backend or ("triton" if device == "cuda" else "numba")
+    if env["backend"] == "triton":
+        env["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "") or "0"
     return env
 
 
@@ -843,9 +845,9 @@ def report_block(env: dict, results: list, timing: dict) -> str:
                  f"torch threads")
     if env["device"] == "cuda":
         lines.append(f"device: cuda, {env['gpu']} (compute capability {env['compute_capability']}, "
-                     f"{env['gpu_memory_gib']} GiB, driver {env['driver']}), backend triton")
+                     f"{env['gpu_memory_gib']} GiB, driver {env['driver']}), backend {env['backend']}")
     else:
-        lines.append(f"device: cpu, {env['cpu']}, backend numba")
+        lines.append(f"device: cpu, {env['cpu']}, backend {env['backend']}")
     lines.append(f"FP64: {env['fp64']}")
     lines.append(f"checks: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     for r in results:
@@ -874,7 +876,7 @@ def run(device: str, *, tier: str = "default", json_path: str | None = None,
                          f"run with --device cpu")
     backend = backend or ("triton" if device == "cuda" else "numba")
     t_start = time.perf_counter()
-    env = environment(device)
+    env = environment(device, backend)
     out(f"rnnt-lattice check: device {device}, backend {backend}, {tier} checks", flush=True)
     for key, value in env.items():
         out(f"  {key:18s} {value}", flush=True)
