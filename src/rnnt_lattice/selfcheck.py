@@ -582,7 +582,8 @@ def check_peak_memory(ctx):
     logits) plus the float64 lattice (a few percent at V = 1024); with ``inplace_grad``
     the gradient is written over the logits (no gradient buffer)."""
     B, T, U, V = 4, 100, 30, 1024
-    x, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, "cuda")
+    _, y, tl, ul, _ = inputs(B, T, U, 2, torch.float32, "cuda")
+    x = _device_logits((B, T, U + 1, V), ctx.device)
     nbytes = x.numel() * x.element_size()
     ratios = {}
     for inplace in (False, True):
@@ -644,12 +645,21 @@ def _time(fn, reps: int, cuda: bool) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _device_logits(shape, device):
+    """Standard-normal float32 logits drawn on ``device`` (no host copy of a large tensor)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    return torch.randn(shape, generator=g, device=device)
+
+
 def check_timing(ctx):
     """rnnt_loss forward+backward at the standard shape against the copy floor (a clone
     and an exp of the same logits: one read and one write of them each) and torchaudio's
     rnnt_loss if it imports. Reported, not judged."""
     B, T, U, V = ctx.plan.timing_shape
-    x, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, ctx.device)
+    _, y, tl, ul, _ = inputs(B, T, U, 2, torch.float32, ctx.device)
+    y = torch.randint(1, V, (B, U), generator=torch.Generator().manual_seed(1),
+                      dtype=torch.int32).to(ctx.device)
+    x = _device_logits((B, T, U + 1, V), ctx.device)
     leaf = x.clone().requires_grad_()
 
     def ours():
@@ -783,8 +793,16 @@ def _checks(ctx: Context, big: bool) -> list:
             cs.append((f"rnnt_loss_pruned {rnnt_type} {_dtype_name(dtype)} {t}",
                        _bind(check_pruned, ctx, t, dtype, rnnt_type)))
     B, T, U, V = t
-    for kind, tile in (("rnnt", 7), ("rnnt", 4 * (U + 1) + 1), ("tdt", B * (U + 1)),
-                       ("multiblank", B * (U + 1))):
+    # Tiles (fused.py: whole frames of the batch, B (U+1) rows each, or runs of label
+    # positions of one frame): 7 rows cut each frame into runs of 7 // B positions,
+    # B (U+1) rows are one frame, 3 B (U+1) + 1 rows three frames (the last tile shorter
+    # unless 3 divides T). Under the Triton interpreter, which runs programs one after
+    # another, the first two are enough.
+    interpreted = not ctx.cuda and ctx.backend == "triton"
+    fused = [("rnnt", 7), ("tdt", B * (U + 1))]
+    if not interpreted:
+        fused += [("rnnt", 3 * B * (U + 1) + 1), ("multiblank", B * (U + 1))]
+    for kind, tile in fused:
         cs.append((f"fused {kind} float32 tile {tile} {t}", _bind(check_fused, ctx, t, f32, kind, tile)))
     for kind in ("regular", "tdt"):
         for dtype in f64:
@@ -797,7 +815,6 @@ def _checks(ctx: Context, big: bool) -> list:
         cuda_checks.append(("offsets > 2**31 (3, 1100, 1000, 1000)", check_big_offsets))
     for name, fn in cuda_checks:
         cs.append((name, _bind(fn, ctx) if ctx.cuda else None))
-    interpreted = not ctx.cuda and ctx.backend == "triton"
     cs.append(("timing", None if interpreted else _bind(check_timing, ctx)))
     return cs
 
