@@ -129,3 +129,8 @@ def test_json_path_checked_before_running(tmp_path, capsys):
                                               ((12, 0), False)])
 def test_fp64_class(capability, full):
     assert selfcheck.fp64_class(capability).startswith("full rate" if full else "reduced")
+
+
+def test_help_names_the_command():
+    assert "check" in cli._build_parser().format_help()
+    assert "PASS/FAIL" in cli._build_parser()._subparsers._group_actions[0].choices["check"].format_help()

@@ -480,9 +480,11 @@ def no_sync():
 
 def check_no_sync(ctx):
     """Forward and backward of every loss, option and topology, the pruned pipeline, the
-    fused loss and the lattice tools, with host synchronisation made an error."""
-    x, y, tl, ul, w = inputs(4, 30, 8, 40, torch.float32, "cuda")
-    done = []
+    fused loss and the lattice tools, with host synchronisation made an error. Every group
+    runs; the failure names each group that synchronised."""
+    shape = (4, 30, 8, 40)
+    x, y, tl, ul, w = inputs(*shape, torch.float32, "cuda")
+    groups = []
     cases = [dict(reduction=r) for r in ("none", "sum", "mean")] + [
         dict(clamp=0.5), dict(fastemit_lambda=0.2), dict(fused_log_softmax=False),
         dict(zero_infinity=True), dict(inplace_grad=True), dict(delay_penalty=0.05),
@@ -493,47 +495,57 @@ def check_no_sync(ctx):
         opts = dict(opts)
         dtype = opts.pop("dtype", torch.float32)
         leaf = x.to(dtype).clone().requires_grad_()
-        with no_sync():
-            loss = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, **opts)
-            loss.backward(torch.ones_like(loss))
-        done.append(f"rnnt_loss {opts or 'plain'} {_dtype_name(dtype)}")
+
+        def loss(leaf=leaf, opts=opts):
+            costs = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, backend=ctx.backend, **opts)
+            costs.backward(torch.ones_like(costs))
+        groups.append((f"rnnt_loss {opts or 'plain'} {_dtype_name(dtype)}", loss))
     for kind in TOPOLOGY_LOSSES:
-        xk, yk, tk, uk, wk = _topology_inputs(kind, (4, 30, 8, 40), torch.float32, "cuda")
-        with no_sync():
-            _loss_and_grad(_topology_fn(kind, yk, tk, uk, xk.shape[-1]), xk, wk, backend="triton")
-        done.append(kind)
-    with no_sync():
-        occ = rnnt_lattice.occupancy(x, y, tl, ul, blank=0)
-        ali = rnnt_lattice.best_alignment(x, y, tl, ul, blank=0)
-        _ = (occ.node, ali.emit_frames, ali.log_prob)
-        xt = torch.cat([x, x[..., :3]], -1)
-        kw = dict(topology=tdt_topology([0, 1, 2]), sigma=0.05)
-        _ = (rnnt_lattice.occupancy(xt, y % 39, tl, ul, 39, **kw).gamma,
-             rnnt_lattice.best_alignment(xt, y % 39, tl, ul, 39, **kw).arc_kinds)
-    done.append("occupancy/best_alignment")
-    am, lm, ys, ts, us, ws = _simple_inputs((4, 30, 8, 40), torch.float32, "cuda")
-    y3, t3, u3, ranges = _windows((4, 30, 8, 40), "cuda", "regular")
-    xp = torch.randn(4, 30, ranges.shape[-1], 40, device="cuda", requires_grad=True)
-    with no_sync():
-        for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
-            for delay in (0.0, 0.05):
+        xk, yk, tk, uk, wk = _topology_inputs(kind, shape, torch.float32, "cuda")
+        groups.append((kind, lambda xk=xk, yk=yk, tk=tk, uk=uk, wk=wk, kind=kind: _loss_and_grad(
+            _topology_fn(kind, yk, tk, uk, xk.shape[-1]), xk, wk, backend=ctx.backend)))
+    xt = torch.cat([x, x[..., :3]], -1)
+    tdt_kw = dict(topology=tdt_topology([0, 1, 2]), sigma=0.05, backend=ctx.backend)
+    groups.append(("occupancy / best_alignment", lambda: (
+        rnnt_lattice.occupancy(x, y, tl, ul, blank=0, backend=ctx.backend).node,
+        rnnt_lattice.best_alignment(x, y, tl, ul, blank=0, backend=ctx.backend).emit_frames)))
+    groups.append(("TDT occupancy / best_alignment", lambda: (
+        rnnt_lattice.occupancy(xt, y % 39, tl, ul, 39, **tdt_kw).gamma,
+        rnnt_lattice.best_alignment(xt, y % 39, tl, ul, 39, **tdt_kw).arc_kinds)))
+    am, lm, ys, ts, us, _ = _simple_inputs(shape, torch.float32, "cuda")
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        for delay in (0.0, 0.05):
+            def simple(name=name, delay=delay):
                 lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
-                getattr(rnnt_lattice, name)(lm_, am_, ys, ts, us, blank=0,
-                                            delay_penalty=delay).backward()
-        far_am, far_lm = am.double(), lm.double()
-        far_am[..., 1] += 1000.0
-        far_lm[..., 2] += 1000.0
-        lm_, am_ = far_lm.requires_grad_(), far_am.requires_grad_()
-        rnnt_lattice.rnnt_loss_simple(lm_, am_, ys, ts, us, blank=0).backward()   # rescued nodes
-        rnnt_lattice.rnnt_loss_pruned(xp, y3, ranges, t3, u3, blank=0).backward()
-    done.append("simple/smoothed (delay penalty too), rescue, pruned")
+                getattr(rnnt_lattice, name)(lm_, am_, ys, ts, us, blank=0, delay_penalty=delay,
+                                            backend=ctx.backend).backward()
+            groups.append((f"{name} delay_penalty={delay}", simple))
+    far_am, far_lm = am.double(), lm.double()
+    far_am[..., 1] += 1000.0
+    far_lm[..., 2] += 1000.0
+    groups.append(("rnnt_loss_simple, rescued nodes", lambda: rnnt_lattice.rnnt_loss_simple(
+        far_lm.clone().requires_grad_(), far_am.clone().requires_grad_(), ys, ts, us, blank=0,
+        backend=ctx.backend).backward()))
+    y3, t3, u3, ranges = _windows(shape, "cuda", "regular")
+    xp = torch.randn(4, 30, ranges.shape[-1], 40, device="cuda", requires_grad=True)
+    groups.append(("rnnt_loss_pruned", lambda: rnnt_lattice.rnnt_loss_pruned(
+        xp, y3, ranges, t3, u3, blank=0, backend=ctx.backend).backward()))
     joiner = _Joiner(16, 40, torch.float32, "cuda")
     enc = torch.randn(4, 30, 16, device="cuda", requires_grad=True)
     pred = torch.randn(4, 9, 16, device="cuda", requires_grad=True)
-    with no_sync():
-        rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, y, tl, ul, blank=0, tile=64).backward()
-    done.append("fused_rnnt_loss")
-    return f"{len(done)} groups: " + "; ".join(done[-5:]) + ", ..."
+    groups.append(("fused_rnnt_loss", lambda: rnnt_lattice.fused_rnnt_loss(
+        joiner, enc, pred, y, tl, ul, blank=0, tile=64, backend=ctx.backend).backward()))
+    failed = []
+    for label, fn in groups:
+        try:
+            with no_sync():
+                fn()
+        except RuntimeError as err:
+            failed.append(f"{label} ({str(err).strip().splitlines()[0][:100]})")
+    if failed:
+        raise CheckFailed(f"{len(failed)} of {len(groups)} groups synchronise: " + "; ".join(failed))
+    return f"{len(groups)} groups: every rnnt_loss option and rnnt_type, half types, TDT, " \
+           f"multi-blank, lattice tools, simple/smoothed (delay penalty too), pruned, fused"
 
 
 def check_cuda_graph(ctx):
