@@ -5,9 +5,9 @@ shapes (``tier="full"``).
 Run by ``tests/test_triton.py::test_cuda_native`` in a subprocess without
 ``TRITON_INTERPRET`` (that test module sets it for its own process), or by hand on a GPU
 machine: ``python tests/cuda_checks.py`` (add ``--big`` for the > 2**31-element case,
-about 27 GB of GPU memory). ``--smoke`` runs the quick checks of the Triton kernels on
-the CPU through the Triton interpreter (set ``TRITON_INTERPRET=1``), which checks the
-self-check's code paths of the Triton backend without a GPU.
+about 27 GB of GPU memory). ``--smoke`` runs the quick checks, on a smaller lattice, of
+the Triton kernels on the CPU through the Triton interpreter (set ``TRITON_INTERPRET=1``),
+which checks the self-check's code paths of the Triton backend without a GPU.
 
 What runs (selfcheck.py's module docstring has the list): exactness of every kernel family
 against the float64 pure-PyTorch reference on the same (rounded) numbers at the benchmark
@@ -36,7 +36,7 @@ def main():
                     "the Triton interpreter (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     if args.smoke:
-        rc = selfcheck.run("cpu", tier="quick", backend="triton")
+        rc = selfcheck.run("cpu", tier="smoke", backend="triton")
     else:
         if not torch.cuda.is_available():
             sys.exit("cuda_checks.py needs a CUDA device (or --smoke)")

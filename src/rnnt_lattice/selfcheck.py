@@ -113,13 +113,15 @@ class Plan:
 
 def plan_for(device: str, tier: str) -> Plan:
     """``tier``: ``"quick"`` (float32, one tiny shape: seconds), ``"default"`` (every
-    dtype, two small shapes), ``"full"`` (the benchmark shapes: ``tests/cuda_checks.py``)."""
+    dtype, two small shapes), ``"full"`` (the benchmark shapes: ``tests/cuda_checks.py``),
+    ``"smoke"`` (quick on a smaller shape, for the Triton interpreter)."""
     cuda = device == "cuda"
     halves = (torch.float16, torch.bfloat16)
     timing = (8, 400, 80, 1024) if cuda else (4, 150, 40, 256)
-    if tier == "quick":
-        return Plan(((3, 10, 4, 9),), ((3, 10, 4, 9),), (3, 10, 4, 9), (torch.float32,),
-                    timing, 3)
+    if tier in ("quick", "smoke"):
+        # "smoke": smaller still, for the Triton interpreter (tests/cuda_checks.py --smoke)
+        s = (3, 10, 4, 9) if tier == "quick" else (2, 7, 3, 6)
+        return Plan((s,), (s,), s, (torch.float32,), timing, 3)
     if tier == "default":
         return Plan(((4, 24, 8, 40), (1, 6, 17, 5)), ((4, 24, 8, 40),), (4, 30, 8, 40),
                     (torch.float32, torch.float64) + halves, timing, 5)
@@ -128,7 +130,7 @@ def plan_for(device: str, tier: str) -> Plan:
                      (2, 40, 1500, 64), (4, 120, 30, 5000)),
                     ((8, 150, 40, 256), (8, 300, 60, 500)), (8, 200, 50, 500),
                     (torch.float32, torch.float64) + halves, timing, 10)
-    raise ValueError(f"tier must be 'quick', 'default' or 'full', got {tier!r}")
+    raise ValueError(f"tier must be 'quick', 'default', 'full' or 'smoke', got {tier!r}")
 
 
 # --------------------------------------------------------------------------- inputs
