@@ -808,12 +808,12 @@ def _checks(ctx: Context, big: bool) -> list:
                        _bind(check_pruned, ctx, t, dtype, rnnt_type)))
     B, T, U, V = t
     # Tiles (fused.py: whole frames of the batch, B (U+1) rows each, or runs of label
-    # positions of one frame): 7 rows cut each frame into runs of 7 // B positions,
-    # B (U+1) rows are one frame, 3 B (U+1) + 1 rows three frames (the last tile shorter
-    # unless 3 divides T). Under the Triton interpreter, which runs programs one after
-    # another, the first two are enough.
+    # positions of one frame): B (U+1) // 2 - 1 rows cut each frame into runs of about
+    # (U+1) / 2 positions, B (U+1) rows are one frame, 3 B (U+1) + 1 rows three frames (the
+    # last tile shorter unless 3 divides T). Under the Triton interpreter, which runs
+    # programs one after another, the first two are enough.
     interpreted = not ctx.cuda and ctx.backend == "triton"
-    fused = [("rnnt", 7), ("tdt", B * (U + 1))]
+    fused = [("rnnt", max(1, B * (U + 1) // 2 - 1)), ("tdt", B * (U + 1))]
     if not interpreted:
         fused += [("rnnt", 3 * B * (U + 1) + 1), ("multiblank", B * (U + 1))]
     for kind, tile in fused:
