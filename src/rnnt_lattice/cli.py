@@ -3,6 +3,7 @@
     rnnt-lattice demo  [--steps N] [--out DIR] [--device D] [--threads N] [--seed S]
     rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
+    rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE]
 
 Errors in the user's input print one line ``rnnt-lattice: error: ...`` and exit with
 status 2, without a traceback.
@@ -73,6 +74,22 @@ def _build_parser() -> argparse.ArgumentParser:
                    metavar="CALL", help="only these calls: " + ", ".join(c for c, _ in WARMUP_CALLS))
     w.add_argument("--list", action="store_true",
                    help="list the calls and the kernels each compiles, and compile nothing")
+
+    c = sub.add_parser("check", help="check every kernel on this machine against the float64 "
+                                     "reference, and print a report for bug reports",
+                       description="Run every kernel family of the device's backend (Numba "
+                                   "on CPU, Triton on CUDA) against the float64 PyTorch "
+                                   "backend on small cases, losses and gradients; on CUDA "
+                                   "also no host synchronisation, CUDA-graph replay and peak "
+                                   "memory; time one standard shape. Prints PASS/FAIL per "
+                                   "check and a block to paste into a bug report; exits 1 "
+                                   "if any check fails.")
+    c.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="device to check (default: cuda if available, else cpu)")
+    c.add_argument("--quick", action="store_true",
+                   help="float32 and one tiny shape only (seconds once the kernels are compiled)")
+    c.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the results as JSON to FILE")
     return p
 
 
@@ -257,6 +274,18 @@ def _cmd_warmup(args) -> int:
     return 0
 
 
+def _cmd_check(args) -> int:
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device cuda: no CUDA device is available to this torch "
+                        f"({torch.__version__}, CUDA build {torch.version.cuda}); use --device cpu")
+    if args.json is not None:
+        check_output_file(args.json, "--json")
+    from .selfcheck import run
+    return run(device, tier="quick" if args.quick else "default", json_path=args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
@@ -269,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_plot(args)
         if args.command == "warmup":
             return _cmd_warmup(args)
+        if args.command == "check":
+            return _cmd_check(args)
         parser.print_help()
         return 2
     except (UserError, ValueError) as err:

@@ -1,0 +1,927 @@
+"""``rnnt-lattice check``: the self-check a user runs on their own machine.
+
+    rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE]
+
+It prints the environment (versions, device, compute capability, FP64 class), then runs
+every kernel family of the device's backend (Numba on CPU, Triton on CUDA) against the
+float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients:
+
+    loss       rnnt_loss for each rnnt_type (regular, modified, constrained,
+               one_sym_per_frame) and options (clamp, FastEmit, log-prob input, delay
+               penalty), tdt_loss, multiblank_rnnt_loss, packed logits
+    pruned     rnnt_loss_simple / rnnt_loss_smoothed (values, gradients, occupations; far
+               apart logits rescued in the log domain), rnnt_loss_pruned on exact windows
+    fused      fused_rnnt_loss / fused_tdt_loss / fused_multiblank_rnnt_loss (gradients of
+               enc, pred and the joiner's parameters) against rnnt_loss on the logits
+    tools      occupancy / best_alignment (regular and TDT), the window DP
+               (prune_ranges method="exact", prune_coverage)
+    cuda       no host synchronisation in the hot calls (sync debug mode "error"), a CUDA
+               graph of forward+backward replayed equal to eager, peak memory of the
+               gradient (about 1x the logits; none extra with inplace_grad)
+    timing     one standard shape, forward+backward, against the device's copy floor (a
+               clone and an exp of the same logits) and torchaudio's rnnt_loss if it imports
+
+Each check prints one ``PASS`` / ``FAIL`` / ``SKIP`` line as it finishes; the run ends with
+a block to paste into a bug report and exits non-zero if any check failed.
+``tests/cuda_checks.py`` runs the same checks at the benchmark shapes (``tier="full"``).
+
+Tolerances are tied to the logits' dtype (:func:`tolerance`): the lattice is float64 on
+every backend, so float64 logits agree to ~1e-12, float32 to the rounding of the float32
+log-softmax (gradient within 1e-5 of its scale), float16/bfloat16 to a few units of their
+own rounding (the gradient is written in that dtype).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+import rnnt_lattice
+
+from . import _backends, torch_backend
+from .topology import tdt as tdt_topology
+
+__all__ = ["run", "environment", "tolerance", "CheckFailed"]
+
+
+class CheckFailed(AssertionError):
+    """A check's numbers are outside its tolerance (the message says which and by how much)."""
+
+
+# --------------------------------------------------------------------------- tolerances
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """``(loss_tol, grad_tol)``: the largest error accepted, relative to ``max(1, |loss|)``
+    and to the gradient's largest entry, for logits of ``dtype`` against the float64
+    reference on the same numbers. float64: the lattice's own rounding; float32: the
+    float32 log-softmax (and a float32 loss); float16/bfloat16: the loss is float32, the
+    gradient is written in the half dtype (a few units of its rounding)."""
+    if dtype == torch.float64:
+        return 1e-10, 1e-10
+    if dtype == torch.float32:
+        return 1e-6, 1e-5
+    return 1e-6, 4 * torch.finfo(dtype).eps
+
+
+def _err(got, want, floor: float = 1.0) -> float:
+    """Largest error on the finite entries of ``want``, relative to ``max(floor, max|want|)``;
+    inf where the two differ in their pattern of infinities (or ``got`` has a NaN)."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    if got.shape != want.shape:
+        return math.inf
+    if torch.isnan(got).any() or not torch.equal(torch.isinf(got), torch.isinf(want)):
+        return math.inf
+    fin = torch.isfinite(want)
+    if not fin.any():
+        return 0.0
+    scale = max(floor, want[fin].abs().max().item())
+    return (got - want)[fin].abs().max().item() / scale
+
+
+def _within(what: str, errs: dict, tols: dict) -> str:
+    """One line of errors and tolerances; raises :class:`CheckFailed` if one is over."""
+    over = [k for k in errs if not errs[k] <= tols[k]]
+    line = "  ".join(f"{k} {errs[k]:.1e}" for k in errs)
+    tol = sorted(set(tols.values()))
+    line += f"  (tol {'/'.join(f'{t:.0e}' for t in tol)})"
+    if over:
+        raise CheckFailed(f"{what}: {', '.join(over)} over tolerance: {line}")
+    return line
+
+
+# --------------------------------------------------------------------------- plans
+@dataclass(frozen=True)
+class Plan:
+    """What one run checks: shapes ``(B, T, U, V)`` and dtypes."""
+
+    loss_shapes: tuple            # rnnt_loss, every rnnt_type and option set
+    topo_shapes: tuple            # tdt_loss, multiblank_rnnt_loss
+    tool_shape: tuple             # pruned pipeline, lattice tools, fused, window DP
+    dtypes: tuple                 # logits dtypes of the loss checks
+    timing_shape: tuple           # the standard shape timed
+    timing_reps: int
+
+
+def plan_for(device: str, tier: str) -> Plan:
+    """``tier``: ``"quick"`` (float32, one tiny shape: seconds), ``"default"`` (every
+    dtype, two small shapes), ``"full"`` (the benchmark shapes: ``tests/cuda_checks.py``),
+    ``"smoke"`` (quick on a smaller shape, for the Triton interpreter)."""
+    cuda = device == "cuda"
+    halves = (torch.float16, torch.bfloat16)
+    timing = (8, 400, 80, 1024) if cuda else (4, 150, 40, 256)
+    if tier in ("quick", "smoke"):
+        # "smoke": smaller still, for the Triton interpreter (tests/cuda_checks.py --smoke)
+        s = (3, 10, 4, 9) if tier == "quick" else (2, 7, 3, 6)
+        return Plan((s,), (s,), s, (torch.float32,), timing, 3)
+    if tier == "default":
+        return Plan(((4, 24, 8, 40), (1, 6, 17, 5)), ((4, 24, 8, 40),), (4, 30, 8, 40),
+                    (torch.float32, torch.float64) + halves, timing, 5)
+    if tier == "full":
+        return Plan(((8, 150, 40, 256), (8, 400, 80, 1024), (8, 300, 60, 500),
+                     (2, 40, 1500, 64), (4, 120, 30, 5000)),
+                    ((8, 150, 40, 256), (8, 300, 60, 500)), (8, 200, 50, 500),
+                    (torch.float32, torch.float64) + halves, timing, 10)
+    raise ValueError(f"tier must be 'quick', 'default', 'full' or 'smoke', got {tier!r}")
+
+
+# --------------------------------------------------------------------------- inputs
+def inputs(B, T, U, V, dtype, device, seed=0, min_frames=None):
+    """Random logits ``(B, T, U+1, V)``, targets ``(B, U)`` in ``1..V-1``, ragged lengths
+    ``(B,)`` (sequence 0 full length; frames at least ``min_frames``, default ``T // 2``)
+    and signed weights ``(B,)`` for the backward pass (``sum_b w_b loss_b``)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(B, T, U + 1, V, generator=g).to(dtype)
+    y = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32)
+    lo = min(T, max(1, T // 2 if min_frames is None else min_frames))
+    tl = torch.randint(lo, T + 1, (B,), generator=g, dtype=torch.int32)
+    ul = torch.randint(0, U + 1, (B,), generator=g, dtype=torch.int32)
+    tl[0], ul[0] = T, U
+    w = torch.tensor([(-1.0) ** b * (0.5 + 0.25 * b) for b in range(B)])
+    return x.to(device), y.to(device), tl.to(device), ul.to(device), w.to(device)
+
+
+def _loss_and_grad(fn, x, w, **kw):
+    """``fn(leaf, reduction="none", **kw)`` and the gradient of ``sum_b w_b loss_b``."""
+    leaf = x.detach().clone().requires_grad_()
+    costs = fn(leaf, reduction="none", **kw)
+    (costs * w.to(costs.dtype)).sum().backward()
+    return costs.detach(), leaf.grad
+
+
+def _compare_loss(what, fn, x, w, backend, dtype, **kw) -> str:
+    """``fn`` on ``backend`` with ``x`` against the torch backend on ``x.double()``."""
+    costs, grad = _loss_and_grad(fn, x, w, backend=backend, **kw)
+    ref_costs, ref_grad = _loss_and_grad(fn, x.double(), w.double(), backend="torch", **kw)
+    lt, gt = tolerance(dtype)
+    return _within(what, {"loss err": _err(costs, ref_costs), "grad err": _err(grad, ref_grad, 1e-30)},
+                   {"loss err": lt, "grad err": gt})
+
+
+# --------------------------------------------------------------------------- context
+@dataclass
+class Result:
+    name: str
+    status: str                   # "PASS", "FAIL", "SKIP", "INFO"
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Context:
+    device: str
+    backend: str                  # the device's backend: "numba" (CPU), "triton" (CUDA)
+    plan: Plan
+    tier: str
+    results: list = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+    out: Callable = print
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# --------------------------------------------------------------------------- loss checks
+LOSS_OPTIONS = {
+    "plain": dict(),
+    "clamp+fastemit": dict(clamp=0.5, fastemit_lambda=0.1),
+    "log-probs": dict(fused_log_softmax=False),
+    "delay": dict(delay_penalty=0.05),
+}
+TOPOLOGY_LOSSES = {
+    # NeMo layouts, blank the last token: TDT durations up to 4 (a wavefront diagonal reads
+    # four earlier ones), multi-blank big blanks up to 8 frames.
+    "tdt": dict(durations=[0, 1, 2, 3, 4], sigma=0.05, fastemit_lambda=0.01, clamp=0.5),
+    "multiblank": dict(big_blank_durations=[2, 4, 8], sigma=0.05),
+}
+
+
+def _rnnt(x, y, tl, ul, **kw):
+    return lambda leaf, **k: rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, **kw, **k)
+
+
+def check_loss(ctx, shape, dtype, rnnt_type, option):
+    B, T, U, V = shape
+    x, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device,
+                             min_frames=T // 2 if rnnt_type == "regular" else U + 1)
+    opts = LOSS_OPTIONS[option]
+    if not opts.get("fused_log_softmax", True):
+        x = torch.log_softmax(x.double(), -1).to(dtype)         # both sides see these numbers
+    return _compare_loss("loss", _rnnt(x, y, tl, ul, rnnt_type=rnnt_type, **opts), x, w,
+                         ctx.backend, dtype)
+
+
+def _topology_fn(kind, y, tl, ul, V_all):
+    opts = TOPOLOGY_LOSSES[kind]
+    if kind == "tdt":
+        blank = V_all - len(opts["durations"]) - 1
+        return lambda leaf, **k: rnnt_lattice.tdt_loss(leaf, y, tl, ul, blank=blank, **opts, **k)
+    return lambda leaf, **k: rnnt_lattice.multiblank_rnnt_loss(leaf, y, tl, ul, blank=V_all - 1,
+                                                               **opts, **k)
+
+
+def _topology_inputs(kind, shape, dtype, device):
+    """V token classes (TDT: plus the durations); labels avoid every blank."""
+    B, T, U, V = shape
+    n_dur = len(TOPOLOGY_LOSSES[kind].get("durations", ()))
+    n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
+    x, y, tl, ul, w = inputs(B, T, U, V + n_dur, dtype, device)
+    return x, y % (V - n_blanks), tl, ul, w
+
+
+def check_topology(ctx, shape, dtype, kind):
+    x, y, tl, ul, w = _topology_inputs(kind, shape, dtype, ctx.device)
+    return _compare_loss(kind, _topology_fn(kind, y, tl, ul, x.shape[-1]), x, w, ctx.backend, dtype)
+
+
+def check_packed(ctx, shape, dtype):
+    """Packed rows ``(sum_b T_b (U_b+1), V)`` on the device against the padded logits on
+    the float64 reference (the gradient unpacked back by ``pack_logits``' autograd)."""
+    B, T, U, V = shape
+    x, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
+    rows = rnnt_lattice.pack_logits(x, tl, ul)
+    costs, grad = _loss_and_grad(
+        lambda leaf, **k: rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, packed=True, **k),
+        rows, w, backend=ctx.backend)
+    ref_costs, ref_grad = _loss_and_grad(_rnnt(x, y, tl, ul), x.double(), w.double(), backend="torch")
+    lt, gt = tolerance(dtype)
+    return _within("packed", {"loss err": _err(costs, ref_costs),
+                              "grad err": _err(grad, rnnt_lattice.pack_logits(ref_grad, tl, ul), 1e-30)},
+                   {"loss err": lt, "grad err": gt})
+
+
+# --------------------------------------------------------------------------- pruned pipeline
+def _simple_inputs(shape, dtype, device, seed=5):
+    B, T, U, V = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    am = torch.randn(B, T, V, generator=g, dtype=torch.float64).to(dtype).to(device)
+    lm = torch.randn(B, U + 1, V, generator=g, dtype=torch.float64).to(dtype).to(device)
+    y = torch.randint(1, V, (B, U), generator=g).to(device)
+    tl = torch.tensor([T] + [max(U, T - 2)] * (B - 1)).to(device)
+    ul = torch.tensor([U] + [U - 1] * (B - 1)).to(device)
+    w = torch.tensor([(-1.0) ** b * (0.5 + 0.25 * b) for b in range(B)], dtype=torch.float64,
+                     device=device)
+    return am, lm, y, tl, ul, w
+
+
+def _simple_run(name, lm, am, y, tl, ul, w, backend, **kw):
+    lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+    loss, occ = getattr(rnnt_lattice, name)(lm_, am_, y, tl, ul, blank=0, reduction="none",
+                                            backend=backend, return_occupations=True, **kw)
+    (loss * w.to(loss.dtype)).sum().backward()
+    return loss, lm_.grad, am_.grad, occ.gamma_blank, occ.gamma_label
+
+
+def check_simple(ctx, shape, dtype, name, rnnt_type):
+    """The simple/smoothed loss (values, gradients w.r.t. lm and am, occupations) on the
+    device's backend against the torch backend on the float64 copies."""
+    am, lm, y, tl, ul, w = _simple_inputs(shape, dtype, ctx.device)
+    got = _simple_run(name, lm, am, y, tl, ul, w, ctx.backend, rnnt_type=rnnt_type)
+    want = _simple_run(name, lm.double(), am.double(), y, tl, ul, w, "torch", rnnt_type=rnnt_type)
+    lt, gt = tolerance(dtype)
+    errs = {"loss err": _err(got[0], want[0]), "grad lm": _err(got[1], want[1], 1e-30),
+            "grad am": _err(got[2], want[2], 1e-30),
+            "occupations": max(_err(got[3], want[3]), _err(got[4], want[4]))}
+    return _within(name, errs, {"loss err": lt, "grad lm": gt, "grad am": gt, "occupations": gt})
+
+
+def check_simple_rescue(ctx, shape):
+    """Logits whose am and lm peak at classes 1000 nats apart: nodes beyond the float64
+    matmul's range, rescued in the log domain; against ``rnnt_loss`` on the full logits."""
+    am, lm, y, tl, ul, w = _simple_inputs(shape, torch.float64, ctx.device)
+    am[..., 1] += 1000.0
+    lm[..., 2] += 1000.0
+    errs = {}
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        extra = dict(lm_only_scale=0.0, am_only_scale=0.0) if name == "rnnt_loss_smoothed" else {}
+        lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+        loss = getattr(rnnt_lattice, name)(lm_, am_, y, tl, ul, blank=0, reduction="none",
+                                           backend=ctx.backend, **extra)
+        (loss * w).sum().backward()
+        full = (am[:, :, None] + lm[:, None]).requires_grad_()
+        want = rnnt_lattice.rnnt_loss(full, y, tl, ul, blank=0, reduction="none", backend="torch")
+        (want * w).sum().backward()
+        if not torch.isfinite(loss).all():
+            raise CheckFailed(f"{name}: non-finite loss {loss.tolist()}")
+        errs[name[10:] + " loss"] = _err(loss, want)
+        errs[name[10:] + " grads"] = max(_err(lm_.grad, full.grad.sum(1), 1e-30),
+                                         _err(am_.grad, full.grad.sum(2), 1e-30))
+    return _within("simple rescue", errs, {k: 1e-9 for k in errs})
+
+
+def _windows(shape, device, rnnt_type, R=3):
+    """Exact windows from the simple loss's occupations (torch backend, float64)."""
+    am, lm, y, tl, ul, _ = _simple_inputs(shape, torch.float64, device)
+    with torch.no_grad():
+        _, occ = rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0, rnnt_type=rnnt_type,
+                                               return_occupations=True, backend="torch")
+    return y, tl, ul, rnnt_lattice.prune_ranges(occ, R, method="exact").ranges
+
+
+def check_pruned(ctx, shape, dtype, rnnt_type):
+    B, T, U, V = shape
+    y, tl, ul, ranges = _windows(shape, ctx.device, rnnt_type)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    x = torch.randn(B, T, ranges.shape[-1], V, generator=g).to(dtype).to(ctx.device)
+    w = torch.tensor([(-1.0) ** b * (0.5 + 0.25 * b) for b in range(B)], device=ctx.device)
+    fn = lambda leaf, **k: rnnt_lattice.rnnt_loss_pruned(leaf, y, ranges, tl, ul, blank=0,  # noqa: E731
+                                                         rnnt_type=rnnt_type, **k)
+    return f"R = {ranges.shape[-1]}  " + _compare_loss("pruned", fn, x, w, ctx.backend, dtype)
+
+
+# --------------------------------------------------------------------------- fused
+class _Joiner(torch.nn.Module):
+    def __init__(self, H, V, dtype, device, seed=3):
+        super().__init__()
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        self.enc = torch.nn.Linear(H, H)
+        self.pred = torch.nn.Linear(H, H)
+        self.out = torch.nn.Linear(H, V)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(H))
+        self.to(dtype=dtype, device=device)
+
+    def forward(self, e, p):                      # (B, t, 1, H), (B, 1, u, H) -> (B, t, u, V)
+        return self.out(torch.tanh(self.enc(e) + self.pred(p))) * 3.0
+
+
+def _fused_grads(joiner, enc, pred, loss_fn, w):
+    joiner.zero_grad()
+    e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+    costs = loss_fn(e, p)
+    (costs * w.to(costs.dtype)).sum().backward()
+    return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
+
+
+def check_fused(ctx, shape, dtype, kind, tile):
+    """The fused joiner and loss (tiles of ``tile`` rows) against the loss of the
+    materialised logits on the float64 reference: costs and the gradients of enc, pred and
+    every joiner parameter (back through the same joiner in ``dtype``)."""
+    B, T, U, V = shape
+    H = 16
+    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
+    joiner = _Joiner(H, V + n_dur, dtype, ctx.device)
+    g = torch.Generator(device="cpu").manual_seed(11)
+    enc = torch.randn(B, T, H, generator=g).to(dtype).to(ctx.device)
+    pred = torch.randn(B, U + 1, H, generator=g).to(dtype).to(ctx.device)
+    _, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
+    if kind == "rnnt":
+        fused = lambda e, p: rnnt_lattice.fused_rnnt_loss(  # noqa: E731
+            joiner, e, p, y, tl, ul, blank=0, tile=tile, reduction="none", backend=ctx.backend,
+            clamp=0.5, fastemit_lambda=0.1)
+        full = lambda e, p: rnnt_lattice.rnnt_loss(  # noqa: E731
+            joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, blank=0, reduction="none",
+            backend="torch", clamp=0.5, fastemit_lambda=0.1)
+    else:
+        n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
+        y = y % (V - n_blanks)
+        name = {"tdt": "tdt_loss", "multiblank": "multiblank_rnnt_loss"}[kind]
+        blank = V - 1
+        fused = lambda e, p: getattr(rnnt_lattice, "fused_" + name)(  # noqa: E731
+            joiner, e, p, y, tl, ul, blank=blank, tile=tile, reduction="none",
+            backend=ctx.backend, **TOPOLOGY_LOSSES[kind])
+        full = lambda e, p: getattr(rnnt_lattice, name)(  # noqa: E731
+            joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, blank=blank,
+            reduction="none", backend="torch", **TOPOLOGY_LOSSES[kind])
+    got = _fused_grads(joiner, enc, pred, fused, w)
+    want = _fused_grads(joiner, enc, pred, full, w)
+    lt, gt = tolerance(dtype)
+    errs = {"loss err": _err(got[0], want[0]),
+            "grad enc/pred": max(_err(got[1], want[1], 1e-30), _err(got[2], want[2], 1e-30)),
+            "grad params": max(_err(a, b, 1e-30) for a, b in zip(got[3:], want[3:]))}
+    # The parameters' gradients sum the logits' gradient over every node: their rounding
+    # grows with the number of rows summed in dtype (both sides sum in their own order).
+    return f"tile {tile} rows  " + _within(f"fused {kind}", errs, {
+        "loss err": lt, "grad enc/pred": gt, "grad params": 10 * gt})
+
+
+# --------------------------------------------------------------------------- lattice tools
+def check_tools(ctx, shape, dtype, kind):
+    """occupancy (gamma of every arc kind, log-likelihood) and best_alignment (best path
+    log-prob; the same path unless two paths tie within rounding) against the torch
+    backend on the float64 copy."""
+    B, T, U, V = shape
+    if kind == "tdt":
+        x, y, tl, ul, _ = inputs(B, T, U, V + 3, dtype, ctx.device)
+        y = y % (V - 1)
+        kw = dict(blank=V - 1, topology=tdt_topology([0, 1, 2]), sigma=0.05)
+    else:
+        x, y, tl, ul, _ = inputs(B, T, U, V, dtype, ctx.device)
+        kw = dict(blank=0)
+    occ = rnnt_lattice.occupancy(x, y, tl, ul, backend=ctx.backend, **kw)
+    ref = rnnt_lattice.occupancy(x.double(), y, tl, ul, backend="torch", **kw)
+    ali = rnnt_lattice.best_alignment(x, y, tl, ul, backend=ctx.backend, **kw)
+    ref_ali = rnnt_lattice.best_alignment(x.double(), y, tl, ul, backend="torch", **kw)
+    lt, gt = tolerance(dtype)
+    errs = {"gamma": _err(occ.gamma, ref.gamma), "log P": _err(occ.log_likelihood, ref.log_likelihood),
+            "best log-prob": _err(ali.log_prob, ref_ali.log_prob)}
+    line = _within(f"tools {kind}", errs, {"gamma": gt, "log P": lt, "best log-prob": lt})
+    same = torch.equal(ali.arc_kinds.cpu(), ref_ali.arc_kinds.cpu())
+    if not same and dtype == torch.float64:
+        raise CheckFailed(f"tools {kind}: best paths differ on the same float64 numbers")
+    return line + ("" if same else "  (best paths differ at a tie within rounding)")
+
+
+def check_window_dp(ctx, shape):
+    """The window DP kernel against the PyTorch loop (same best total, same starts), and
+    the public ``prune_ranges(method="exact")`` / ``prune_coverage`` on it: never less
+    mass than k2's windows, coverage non-decreasing in R and 1 once R > U."""
+    B, T, U, V = shape
+    g = torch.Generator(device="cpu").manual_seed(13)
+    mass = torch.rand(B, T, U, dtype=torch.float64, generator=g).to(ctx.device)
+    impl = _backends.load(ctx.backend)
+    for step in (1, 3):
+        got, want = impl.window_dp(mass, step), torch_backend.window_dp(mass, step)
+        if _err(got[0], want[0]) > 1e-12 or not torch.equal(got[1].cpu(), want[1].cpu()):
+            raise CheckFailed(f"window DP (max_step {step}): totals err {_err(got[0], want[0]):.1e}, "
+                              f"starts equal {torch.equal(got[1].cpu(), want[1].cpu())}")
+    am, lm, y, tl, ul, _ = _simple_inputs(shape, torch.float64, ctx.device)
+    with torch.no_grad():
+        _, occ = rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0, backend=ctx.backend,
+                                               return_occupations=True)
+    exact = rnnt_lattice.prune_ranges(occ, 3, method="exact")
+    k2 = rnnt_lattice.prune_ranges(occ, 3, method="k2")
+    if not (exact.covered >= k2.covered - 1e-12).all():
+        raise CheckFailed(f"prune_ranges exact covers less than k2's windows: "
+                          f"{exact.covered.tolist()} < {k2.covered.tolist()}")
+    x, y2, tl2, ul2, _ = inputs(B, T, U, V, torch.float32, ctx.device)
+    cov = rnnt_lattice.prune_coverage(
+        rnnt_lattice.occupancy(x, y2, tl2, ul2, blank=0, backend=ctx.backend), U + 1)
+    total = cov.total.double().cpu()
+    if not ((total[1:] >= total[:-1] - 1e-12).all() and abs(total[-1].item() - 1) < 1e-9):
+        raise CheckFailed(f"prune_coverage: total {total.tolist()} not non-decreasing to 1")
+    return (f"DP kernel = PyTorch loop; exact windows cover {exact.covered.mean().item():.4f} "
+            f">= k2's {k2.covered.mean().item():.4f}; coverage -> 1 at R = U+1")
+
+
+# --------------------------------------------------------------------------- CUDA only
+@contextlib.contextmanager
+def no_sync():
+    """Any host synchronisation inside raises (``torch.cuda.set_sync_debug_mode``)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def check_no_sync(ctx):
+    """Forward and backward of every loss, option and topology, the pruned pipeline, the
+    fused loss and the lattice tools, with host synchronisation made an error. Every group
+    runs; the failure names each group that synchronised."""
+    shape = (4, 30, 8, 40)
+    x, y, tl, ul, w = inputs(*shape, torch.float32, "cuda")
+    groups = []
+    cases = [dict(reduction=r) for r in ("none", "sum", "mean")] + [
+        dict(clamp=0.5), dict(fastemit_lambda=0.2), dict(fused_log_softmax=False),
+        dict(zero_infinity=True), dict(inplace_grad=True), dict(delay_penalty=0.05),
+        dict(rnnt_type="modified", delay_penalty=0.05), dict(rnnt_type="constrained"),
+        dict(rnnt_type="one_sym_per_frame"),
+        dict(dtype=torch.float16), dict(dtype=torch.bfloat16, clamp=1.0, fastemit_lambda=0.1)]
+    for opts in cases:
+        opts = dict(opts)
+        dtype = opts.pop("dtype", torch.float32)
+        leaf = x.to(dtype).clone().requires_grad_()
+
+        def loss(leaf=leaf, opts=opts):
+            costs = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, backend=ctx.backend, **opts)
+            costs.backward(torch.ones_like(costs))
+        groups.append((f"rnnt_loss {opts or 'plain'} {_dtype_name(dtype)}", loss))
+    for kind in TOPOLOGY_LOSSES:
+        xk, yk, tk, uk, wk = _topology_inputs(kind, shape, torch.float32, "cuda")
+        groups.append((kind, lambda xk=xk, yk=yk, tk=tk, uk=uk, wk=wk, kind=kind: _loss_and_grad(
+            _topology_fn(kind, yk, tk, uk, xk.shape[-1]), xk, wk, backend=ctx.backend)))
+    xt = torch.cat([x, x[..., :3]], -1)
+    tdt_kw = dict(topology=tdt_topology([0, 1, 2]), sigma=0.05, backend=ctx.backend)
+    groups.append(("occupancy / best_alignment", lambda: (
+        rnnt_lattice.occupancy(x, y, tl, ul, blank=0, backend=ctx.backend).node,
+        rnnt_lattice.best_alignment(x, y, tl, ul, blank=0, backend=ctx.backend).emit_frames)))
+    groups.append(("TDT occupancy / best_alignment", lambda: (
+        rnnt_lattice.occupancy(xt, y % 39, tl, ul, 39, **tdt_kw).gamma,
+        rnnt_lattice.best_alignment(xt, y % 39, tl, ul, 39, **tdt_kw).arc_kinds)))
+    am, lm, ys, ts, us, _ = _simple_inputs(shape, torch.float32, "cuda")
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        for delay in (0.0, 0.05):
+            def simple(name=name, delay=delay):
+                lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+                getattr(rnnt_lattice, name)(lm_, am_, ys, ts, us, blank=0, delay_penalty=delay,
+                                            backend=ctx.backend).backward()
+            groups.append((f"{name} delay_penalty={delay}", simple))
+    far_am, far_lm = am.double(), lm.double()
+    far_am[..., 1] += 1000.0
+    far_lm[..., 2] += 1000.0
+    groups.append(("rnnt_loss_simple, rescued nodes", lambda: rnnt_lattice.rnnt_loss_simple(
+        far_lm.clone().requires_grad_(), far_am.clone().requires_grad_(), ys, ts, us, blank=0,
+        backend=ctx.backend).backward()))
+    y3, t3, u3, ranges = _windows(shape, "cuda", "regular")
+    xp = torch.randn(4, 30, ranges.shape[-1], 40, device="cuda", requires_grad=True)
+    groups.append(("rnnt_loss_pruned", lambda: rnnt_lattice.rnnt_loss_pruned(
+        xp, y3, ranges, t3, u3, blank=0, backend=ctx.backend).backward()))
+    joiner = _Joiner(16, 40, torch.float32, "cuda")
+    enc = torch.randn(4, 30, 16, device="cuda", requires_grad=True)
+    pred = torch.randn(4, 9, 16, device="cuda", requires_grad=True)
+    groups.append(("fused_rnnt_loss", lambda: rnnt_lattice.fused_rnnt_loss(
+        joiner, enc, pred, y, tl, ul, blank=0, tile=64, backend=ctx.backend).backward()))
+    failed = []
+    for label, fn in groups:
+        try:
+            with no_sync():
+                fn()
+        except RuntimeError as err:
+            failed.append(f"{label} ({str(err).strip().splitlines()[0][:100]})")
+    if failed:
+        raise CheckFailed(f"{len(failed)} of {len(groups)} groups synchronise: " + "; ".join(failed))
+    return f"{len(groups)} groups: every rnnt_loss option and rnnt_type, half types, TDT, " \
+           f"multi-blank, lattice tools, simple/smoothed (delay penalty too), pruned, fused"
+
+
+def check_cuda_graph(ctx):
+    """Forward+backward captured in a CUDA graph, replayed on new logits in the same
+    buffer: bit-identical losses and gradients to eager calls."""
+    B, T, U, V = 4, 50, 12, 64
+    _, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, "cuda")
+    opts = dict(blank=0, clamp=0.5, fastemit_lambda=0.1)
+    static_x = torch.randn(B, T, U + 1, V, device="cuda", requires_grad=True)
+
+    def step():
+        static_x.grad = None
+        rnnt_lattice.rnnt_loss(static_x, y, tl, ul, **opts).backward()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                     # warm-up: compile the kernels
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    static_x.grad = None
+    with torch.cuda.graph(graph):
+        static_loss = rnnt_lattice.rnnt_loss(static_x, y, tl, ul, **opts)
+        static_loss.backward()
+    static_grad = static_x.grad
+    for seed in (1, 2, 3):
+        new = torch.randn(B, T, U + 1, V, device="cuda",
+                          generator=torch.Generator(device="cuda").manual_seed(seed))
+        with torch.no_grad():
+            static_x.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = new.clone().requires_grad_()
+        eager_loss = rnnt_lattice.rnnt_loss(eager, y, tl, ul, **opts)
+        eager_loss.backward()
+        if not (torch.equal(static_loss, eager_loss) and torch.equal(static_grad, eager.grad)):
+            raise CheckFailed(f"replay {seed}: loss {static_loss.item()} vs eager "
+                              f"{eager_loss.item()}, gradients equal "
+                              f"{torch.equal(static_grad, eager.grad)}")
+    return "3 replays bit-identical to eager"
+
+
+def check_peak_memory(ctx):
+    """Memory allocated by forward+backward beyond the logits: the gradient (1x the
+    logits) plus the float64 lattice (a few percent at V = 1024); with ``inplace_grad``
+    the gradient is written over the logits (no gradient buffer)."""
+    B, T, U, V = 4, 100, 30, 1024
+    _, y, tl, ul, _ = inputs(B, T, U, 2, torch.float32, "cuda")
+    x = _device_logits((B, T, U + 1, V), ctx.device)
+    nbytes = x.numel() * x.element_size()
+    ratios = {}
+    for inplace in (False, True):
+        leaf = x.clone().requires_grad_()
+        for _ in range(2):                               # the second call is measured
+            leaf.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, inplace_grad=inplace).backward()
+            torch.cuda.synchronize()
+        ratios[inplace] = (torch.cuda.max_memory_allocated() - base) / nbytes
+        del leaf
+    line = (f"extra peak / logits: gradient {ratios[False]:.3f}x, inplace_grad "
+            f"{ratios[True]:.3f}x  (logits {nbytes / 2**20:.0f} MiB; limits 1.15x, 0.15x)")
+    if ratios[False] > 1.15 or ratios[True] > 0.15:
+        raise CheckFailed(line)
+    return line
+
+
+def check_big_offsets(ctx):
+    """(3, 1100, 1000, 1000) float32: 3.3e9 elements; the last sequence's rows lie past
+    2**31 elements. Short sequences keep the reference small: it runs on their slices."""
+    B, T, U1, V = 3, 1100, 1000, 1000
+    x = torch.empty(B, T, U1, V, device="cuda")
+    x.normal_(generator=torch.Generator(device="cuda").manual_seed(0))
+    lens = [(60, 25), (7, 3), (80, 40)]
+    tl = torch.tensor([t for t, _ in lens], device="cuda")
+    ul = torch.tensor([u for _, u in lens], device="cuda")
+    y = torch.randint(1, V, (B, U1 - 1), device="cuda")
+    w = torch.tensor([1.0, -0.5, 2.0], device="cuda")
+    costs, grad = _loss_and_grad(_rnnt(x, y, tl, ul), x, w, backend="triton")
+    lines = []
+    for b, (T_b, U_b) in enumerate(lens):
+        xs = x[b:b + 1, :T_b, :U_b + 1].double()
+        fn = _rnnt(xs, y[b:b + 1, :U_b], tl[b:b + 1], ul[b:b + 1])
+        rc, rg = _loss_and_grad(fn, xs, w[b:b + 1].double(), backend="torch")
+        lines.append(_within(f"sequence {b}", {"loss err": _err(costs[b:b + 1], rc),
+                                               "grad err": _err(grad[b:b + 1, :T_b, :U_b + 1], rg, 1e-30)},
+                             {"loss err": 1e-6, "grad err": 1e-5}))
+    del x, grad
+    torch.cuda.empty_cache()
+    return f"{len(lines)} sequences, the last past 2**31 elements: {lines[-1]}"
+
+
+# --------------------------------------------------------------------------- timing
+def _time(fn, reps: int, cuda: bool) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _device_logits(shape, device):
+    """Standard-normal float32 logits drawn on ``device`` (no host copy of a large tensor)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    return torch.randn(shape, generator=g, device=device)
+
+
+def check_timing(ctx):
+    """rnnt_loss forward+backward at the standard shape against the copy floor (a clone
+    and an exp of the same logits: one read and one write of them each) and torchaudio's
+    rnnt_loss if it imports. Reported, not judged."""
+    B, T, U, V = ctx.plan.timing_shape
+    _, y, tl, ul, _ = inputs(B, T, U, 2, torch.float32, ctx.device)
+    y = torch.randint(1, V, (B, U), generator=torch.Generator().manual_seed(1),
+                      dtype=torch.int32).to(ctx.device)
+    x = _device_logits((B, T, U + 1, V), ctx.device)
+    leaf = x.clone().requires_grad_()
+
+    def ours():
+        leaf.grad = None
+        rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, backend=ctx.backend).backward()
+
+    reps = ctx.plan.timing_reps
+    t = {"shape": [B, T, U, V], "dtype": "float32",
+         "rnnt_lattice_s": _time(ours, reps, ctx.cuda),
+         "clone_s": _time(lambda: x.clone(), reps, ctx.cuda),
+         "exp_s": _time(lambda: torch.exp(x), reps, ctx.cuda)}
+    try:
+        import torchaudio.functional as taf
+    except Exception:        # not installed, or a build that does not load with this torch
+        taf = None
+    if taf is not None:
+        leaf_ta = x.clone().requires_grad_()
+
+        def theirs():
+            leaf_ta.grad = None
+            taf.rnnt_loss(leaf_ta, y, tl, ul, blank=0).backward()
+        try:
+            t["torchaudio_s"] = _time(theirs, reps, ctx.cuda)
+        except Exception as err:        # e.g. a CPU-only torchaudio build on CUDA tensors
+            t["torchaudio_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+    ctx.timing = t
+    floor = t["exp_s"]
+    line = (f"(B, T, U, V) = {tuple(t['shape'])} float32 forward+backward "
+            f"{t['rnnt_lattice_s'] * 1e3:.2f} ms = {t['rnnt_lattice_s'] / floor:.1f}x exp "
+            f"({floor * 1e3:.2f} ms), clone {t['clone_s'] * 1e3:.2f} ms")
+    if "torchaudio_s" in t:
+        line += f"; torchaudio {t['torchaudio_s'] * 1e3:.2f} ms"
+    elif "torchaudio_error" in t:
+        line += f"; torchaudio failed ({t['torchaudio_error']})"
+    else:
+        line += "; torchaudio not installed"
+    return line
+
+
+# --------------------------------------------------------------------------- environment
+def _version(module: str) -> str:
+    try:
+        mod = __import__(module)
+    except Exception as err:          # missing, or broken against this torch
+        return f"not importable ({type(err).__name__})"
+    return str(getattr(mod, "__version__", "?"))
+
+
+# Compute capabilities with full-rate FP64 (1/2 of FP32): the datacentre GPUs P100 (6.0),
+# V100 (7.0), A100 (8.0), H100/H200 (9.0), B200 (10.0). Every other (GeForce, RTX
+# workstation, L4/L40, A10, T4, Jetson, B300's 10.3) runs FP64 at 1/32-1/64 of FP32.
+FULL_RATE_FP64 = {(6, 0), (7, 0), (8, 0), (9, 0), (10, 0)}
+
+
+def fp64_class(capability) -> str:
+    if capability is None:
+        return "CPU: FP64 at 1/2 of FP32 (SIMD width)"
+    if tuple(capability) in FULL_RATE_FP64:
+        return "full rate: FP64 at 1/2 of FP32 (datacentre class, from the compute capability)"
+    return ("reduced: FP64 at 1/32-1/64 of FP32 (consumer/workstation class, from the compute "
+            "capability); the float64 lattice costs more here")
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "?"
+    except Exception:                 # no nvidia-smi on PATH, or it hangs
+        return "?"
+
+
+def environment(device: str, backend: str | None = None) -> dict:
+    """Versions, platform and device as a dict (the report's first lines); ``backend``:
+    the one checked (default: the device's, Numba on CPU, Triton on CUDA)."""
+    env = {"rnnt_lattice": rnnt_lattice.__version__, "python": platform.python_version(),
+           "platform": platform.platform(), "torch": torch.__version__,
+           "numba": _version("numba"), "triton": _version("triton"),
+           "torchaudio": _version("torchaudio"),
+           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "torch_cuda": torch.version.cuda, "device": device}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        cap = (props.major, props.minor)
+        env.update(gpu=props.name, compute_capability=f"{cap[0]}.{cap[1]}",
+                   gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                   multiprocessors=props.multi_processor_count,
+                   driver=_driver_version(), fp64=fp64_class(cap))
+    else:
+        env.update(cpu=platform.processor() or platform.machine(), fp64=fp64_class(None))
+    env["backend"] = backend or ("triton" if device == "cuda" else "numba")
+    if env["backend"] == "triton":
+        env["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "") or "0"
+    return env
+
+
+# --------------------------------------------------------------------------- the run
+def _checks(ctx: Context, big: bool) -> list:
+    """``(name, function)`` of every check of the run, in order."""
+    p, cs = ctx.plan, []
+    f32 = torch.float32
+    low = [f32] + [d for d in p.dtypes[-1:] if d != f32]             # float32, the half type
+    f64 = [f32] + [d for d in p.dtypes if d == torch.float64]       # float32, float64
+    cs.append((f"backend {ctx.backend} loads", lambda: _load_backend(ctx)))
+    for shape in p.loss_shapes:
+        for dtype in p.dtypes:
+            options = LOSS_OPTIONS if dtype == f32 else {"plain": {}}
+            for option in options:
+                cs.append((f"rnnt_loss regular {option} {_dtype_name(dtype)} {shape}",
+                           _bind(check_loss, ctx, shape, dtype, "regular", option)))
+        for rnnt_type in ("modified", "constrained", "one_sym_per_frame"):
+            for dtype in p.dtypes[:1]:
+                cs.append((f"rnnt_loss {rnnt_type} {_dtype_name(dtype)} {shape}",
+                           _bind(check_loss, ctx, shape, dtype, rnnt_type, "plain")))
+    for shape in p.topo_shapes:
+        for kind in TOPOLOGY_LOSSES:
+            for dtype in low:
+                cs.append((f"{kind} {_dtype_name(dtype)} {shape}",
+                           _bind(check_topology, ctx, shape, dtype, kind)))
+    t = p.tool_shape
+    cs.append((f"packed float32 {t}", _bind(check_packed, ctx, t, f32)))
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        for rnnt_type in ("regular", "modified"):
+            for dtype in f64:
+                cs.append((f"{name} {rnnt_type} {_dtype_name(dtype)} {t}",
+                           _bind(check_simple, ctx, t, dtype, name, rnnt_type)))
+    cs.append((f"simple losses, logits 1000 nats apart (rescue) {t}",
+               _bind(check_simple_rescue, ctx, t)))
+    for rnnt_type in ("regular", "modified"):
+        for dtype in low:
+            cs.append((f"rnnt_loss_pruned {rnnt_type} {_dtype_name(dtype)} {t}",
+                       _bind(check_pruned, ctx, t, dtype, rnnt_type)))
+    B, T, U, V = t
+    # Tiles (fused.py: whole frames of the batch, B (U+1) rows each, or runs of label
+    # positions of one frame): B (U+1) // 2 - 1 rows cut each frame into runs of about
+    # (U+1) / 2 positions, B (U+1) rows are one frame, 3 B (U+1) + 1 rows three frames (the
+    # last tile shorter unless 3 divides T). Under the Triton interpreter, which runs
+    # programs one after another, the first two are enough.
+    interpreted = not ctx.cuda and ctx.backend == "triton"
+    fused = [("rnnt", max(1, B * (U + 1) // 2 - 1)), ("tdt", B * (U + 1))]
+    if not interpreted:
+        fused += [("rnnt", 3 * B * (U + 1) + 1), ("multiblank", B * (U + 1))]
+    for kind, tile in fused:
+        cs.append((f"fused {kind} float32 tile {tile} {t}", _bind(check_fused, ctx, t, f32, kind, tile)))
+    for kind in ("regular", "tdt"):
+        for dtype in f64:
+            cs.append((f"occupancy/best_alignment {kind} {_dtype_name(dtype)} {t}",
+                       _bind(check_tools, ctx, t, dtype, kind)))
+    cs.append((f"window DP, prune_ranges exact, prune_coverage {t}", _bind(check_window_dp, ctx, t)))
+    cuda_checks = [("no host synchronisation", check_no_sync), ("CUDA graph replay", check_cuda_graph),
+                   ("peak memory", check_peak_memory)]
+    if big:
+        cuda_checks.append(("offsets > 2**31 (3, 1100, 1000, 1000)", check_big_offsets))
+    for name, fn in cuda_checks:
+        cs.append((name, _bind(fn, ctx) if ctx.cuda else None))
+    cs.append(("timing", None if interpreted else _bind(check_timing, ctx)))
+    return cs
+
+
+def _bind(fn, *args):
+    return lambda: fn(*args)
+
+
+def _load_backend(ctx):
+    impl = _backends.load(ctx.backend)          # ImportError: this check fails
+    return f"rnnt_lattice.{impl.__name__.rsplit('.', 1)[-1]}"
+
+
+def _run_one(ctx: Context, index: int, total: int, name: str, fn) -> Result:
+    head = f"[{index:>2}/{total}] {name}"
+    if fn is None:
+        res = Result(name, "SKIP", "not on the Triton interpreter" if name == "timing" else "CUDA only")
+    else:
+        t0 = time.perf_counter()
+        try:
+            detail = fn()
+            res = Result(name, "INFO" if name == "timing" else "PASS", detail or "")
+        except Exception as err:      # a wrong number, or a crash: either is a failure
+            msg = str(err).strip().splitlines()
+            detail = f"{type(err).__name__}: {msg[0] if msg else ''}"
+            if not isinstance(err, CheckFailed):
+                frames = traceback.extract_tb(err.__traceback__)
+                if frames:
+                    detail += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+            res = Result(name, "FAIL", detail)
+        res.seconds = time.perf_counter() - t0
+    ctx.out(f"{head}: {res.status}  {res.detail}  [{res.seconds:.1f} s]".rstrip(), flush=True)
+    ctx.results.append(res)
+    return res
+
+
+def report_block(env: dict, results: list, timing: dict) -> str:
+    """The block to paste into a bug report: environment, counts, every failure."""
+    counts = {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "SKIP")}
+    lines = ["---- rnnt-lattice check report (paste this into a bug report) ----"]
+    lines.append(f"rnnt_lattice {env['rnnt_lattice']} | python {env['python']} | torch "
+                 f"{env['torch']} (CUDA {env['torch_cuda']}) | numba {env['numba']} | triton "
+                 f"{env['triton']} | torchaudio {env['torchaudio']}")
+    lines.append(f"platform: {env['platform']}, {env['cpu_count']} CPUs, {env['torch_threads']} "
+                 f"torch threads")
+    if env["device"] == "cuda":
+        lines.append(f"device: cuda, {env['gpu']} (compute capability {env['compute_capability']}, "
+                     f"{env['gpu_memory_gib']} GiB, driver {env['driver']}), backend {env['backend']}")
+    else:
+        lines.append(f"device: cpu, {env['cpu']}, backend {env['backend']}")
+    lines.append(f"FP64: {env['fp64']}")
+    lines.append(f"checks: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    for r in results:
+        if r.status == "FAIL":
+            lines.append(f"FAIL {r.name}: {r.detail}")
+    for r in results:
+        if r.name == "timing" and r.status != "SKIP":
+            lines.append(f"timing: {r.detail}")
+    lines.append("RESULT: " + ("PASS" if counts["FAIL"] == 0 else "FAIL"))
+    lines.append("---- end of report ----")
+    return "\n".join(lines)
+
+
+def run(device: str, *, tier: str = "default", json_path: str | None = None,
+        backend: str | None = None, big: bool = False, out: Callable = print) -> int:
+    """Runs every check on ``device`` (``"cpu"`` or ``"cuda"``), printing a line per check
+    and the report block; writes the results as JSON to ``json_path`` if given. Returns 0
+    when every check passed, 1 otherwise. ``backend``: the backend checked (default: the
+    device's, Numba on CPU, Triton on CUDA; ``"triton"`` on CPU runs the Triton kernels
+    under ``TRITON_INTERPRET=1``). ``big``: also the > 2**31-element lattice (CUDA, ~27 GB)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda: no CUDA device is available to this torch "
+                         f"({torch.__version__}, built with CUDA {torch.version.cuda}); "
+                         f"run with --device cpu")
+    backend = backend or ("triton" if device == "cuda" else "numba")
+    t_start = time.perf_counter()
+    env = environment(device, backend)
+    out(f"rnnt-lattice check: device {device}, backend {backend}, {tier} checks", flush=True)
+    for key, value in env.items():
+        out(f"  {key:18s} {value}", flush=True)
+    ctx = Context(device, backend, plan_for(device, tier), tier, out=out)
+    checks = _checks(ctx, big)
+    for i, (name, fn) in enumerate(checks, 1):
+        _run_one(ctx, i, len(checks), name, fn)
+    block = report_block(env, ctx.results, ctx.timing)
+    out(block, flush=True)
+    failed = any(r.status == "FAIL" for r in ctx.results)
+    if json_path is not None:
+        with open(json_path, "w") as f:
+            json.dump({"ok": not failed, "tier": tier, "backend": backend,
+                       "seconds": round(time.perf_counter() - t_start, 2), "environment": env,
+                       "checks": [asdict(r) for r in ctx.results], "timing": ctx.timing,
+                       "report": block}, f, indent=2, default=str)
+    return 1 if failed else 0
+

@@ -1,0 +1,136 @@
+"""``rnnt-lattice check``: the self-check shipped in the package (rnnt_lattice/selfcheck.py).
+
+CI runs the quick CPU check as a user would (``python -m rnnt_lattice check``, a fresh
+process); a planted wrong value, gradient or crash in the Numba backend must turn into
+FAIL lines, the report's failure list and a non-zero exit."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rnnt_lattice import cli, selfcheck
+
+REPORT_HEAD = "---- rnnt-lattice check report (paste this into a bug report) ----"
+REPORT_END = "---- end of report ----"
+
+
+def _run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "rnnt_lattice", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def _check_lines(text):
+    return [line for line in text.splitlines() if line.startswith("[")]
+
+
+def test_quick_cpu_check_passes_and_writes_json(tmp_path):
+    """The whole quick check on CPU: every check line PASS (CUDA-only ones SKIP, timing
+    INFO), the report block last, exit 0; --json holds the same results and block."""
+    out_json = tmp_path / "check.json"
+    res = _run_cli("check", "--device", "cpu", "--quick", "--json", str(out_json))
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    lines = _check_lines(res.stdout)
+    statuses = [line.split(": ", 1)[1].split()[0] for line in lines]
+    assert len(lines) > 20 and set(statuses) <= {"PASS", "SKIP", "INFO"}, lines
+    assert statuses.count("SKIP") == 3                     # the three CUDA-only checks
+    for family in ("rnnt_loss regular", "rnnt_loss modified", "rnnt_loss constrained",
+                   "rnnt_loss one_sym_per_frame", "tdt", "multiblank", "packed",
+                   "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned", "fused rnnt",
+                   "fused tdt", "fused multiblank", "occupancy/best_alignment", "window DP"):
+        assert any(line.split("] ", 1)[1].startswith(family) and ": PASS" in line
+                   for line in lines), family
+    block = res.stdout[res.stdout.index(REPORT_HEAD):].strip()
+    assert block.endswith(REPORT_END) and "RESULT: PASS" in block
+    assert "checks: " in block and " 0 failed" in block and f"torch {torch.__version__}" in block
+    data = json.loads(out_json.read_text())
+    assert data["ok"] is True and data["tier"] == "quick" and data["backend"] == "numba"
+    assert data["report"] == block
+    assert [c["name"] for c in data["checks"]] == [line.split("] ", 1)[1].split(": ")[0]
+                                                   for line in lines]
+    assert [c["status"] for c in data["checks"]] == statuses
+    assert data["environment"]["device"] == "cpu" and data["environment"]["torch"] == torch.__version__
+    assert data["timing"]["rnnt_lattice_s"] > 0 and data["timing"]["exp_s"] > 0
+
+
+def test_wrong_numbers_and_crashes_fail_the_check(monkeypatch, capsys, tmp_path):
+    """The Numba backend made wrong in-process: a loss off by 1e-4, and occupancy raising.
+    Every check that reaches them FAILs (naming the error), the others still run, the
+    report lists the failures and the exit status is 1; --json says ok = false."""
+    impl = selfcheck._backends.load("numba")
+    real_forward = impl.loss_forward
+
+    def wrong_forward(*args, **kwargs):
+        costs, saved, state = real_forward(*args, **kwargs)
+        return costs + 1e-4, saved, state
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("planted crash")
+
+    monkeypatch.setattr(impl, "loss_forward", wrong_forward)
+    monkeypatch.setattr(impl, "occupancy", crash)
+    out_json = tmp_path / "check.json"
+    assert cli.main(["check", "--device", "cpu", "--quick", "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    lines = {line.split("] ", 1)[1].split(": ")[0]: line for line in _check_lines(out)}
+    failed = {name for name, line in lines.items() if ": FAIL" in line}
+    for name in failed:
+        assert name.startswith(("rnnt_loss ", "tdt", "multiblank", "packed", "rnnt_loss_pruned",
+                                "occupancy/best_alignment", "window DP")), name
+    assert any(n.startswith("rnnt_loss regular") for n in failed)
+    assert all("loss err over tolerance" in lines[n] for n in failed if n.startswith("rnnt_loss "))
+    assert all("RuntimeError: planted crash" in lines[n] for n in failed
+               if n.startswith("occupancy/best_alignment"))
+    assert any(n.startswith("occupancy/best_alignment") for n in failed)
+    assert ": PASS" in lines[next(n for n in lines if n.startswith("rnnt_loss_simple"))]
+    block = out[out.index(REPORT_HEAD):]
+    assert "RESULT: FAIL" in block and f" {len(failed)} failed" in block
+    assert all(f"FAIL {name}: " in block for name in failed)
+    data = json.loads(out_json.read_text())
+    assert data["ok"] is False and {c["name"] for c in data["checks"] if c["status"] == "FAIL"} == failed
+
+
+def test_a_wrong_gradient_fails(monkeypatch):
+    """A gradient 1e-4 off (the loss right) is caught by the loss and packed checks."""
+    impl = selfcheck._backends.load("numba")
+    real_backward = impl.loss_backward
+    monkeypatch.setattr(impl, "loss_backward",
+                        lambda *a, **k: real_backward(*a, **k) * (1 + 1e-4))
+    ctx = selfcheck.Context("cpu", "numba", selfcheck.plan_for("cpu", "quick"), "quick")
+    shape = (3, 10, 4, 9)
+    with pytest.raises(selfcheck.CheckFailed, match="grad err"):
+        selfcheck.check_loss(ctx, shape, torch.float32, "regular", "plain")
+    with pytest.raises(selfcheck.CheckFailed, match="grad err"):
+        selfcheck.check_packed(ctx, shape, torch.float32)
+    monkeypatch.setattr(impl, "loss_backward", real_backward)
+    assert "grad err" in selfcheck.check_loss(ctx, shape, torch.float32, "regular", "plain")
+
+
+def test_device_cuda_without_cuda_is_one_line_error(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["check", "--device", "cuda", "--quick"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rnnt-lattice: error: --device cuda: no CUDA device")
+
+
+def test_json_path_checked_before_running(tmp_path, capsys):
+    assert cli.main(["check", "--device", "cpu", "--quick", "--json", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--json" in captured.err and "is a directory" in captured.err
+
+
+@pytest.mark.parametrize("capability, full", [((9, 0), True), ((8, 0), True), ((7, 0), True),
+                                              ((8, 6), False), ((8, 9), False), ((7, 5), False),
+                                              ((12, 0), False)])
+def test_fp64_class(capability, full):
+    assert selfcheck.fp64_class(capability).startswith("full rate" if full else "reduced")
+
+
+def test_help_names_the_command():
+    assert "check" in cli._build_parser().format_help()
+    assert "PASS/FAIL" in cli._build_parser()._subparsers._group_actions[0].choices["check"].format_help()
