@@ -516,7 +516,7 @@ from rnnt_lattice.gpu import kernels
 # float64; the options' float32 parts "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
-INT64_PTRS = {"node_rows_ptr", "boundary_ptr", "starts_ptr"}
+INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
@@ -543,7 +543,11 @@ def variants():
         rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30))
         lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
         for on in ((False, True) if tname == "regular" else (True,)):
-            where = dict(BOUNDARY=on, NODE_ROWS=on)
+            # Layouts: padded; row_nodes (regular, multi-blank); a fused tile's box
+            # (constrained, TDT)
+            layout = (kernels.PADDED if not on else kernels.BOX
+                      if tname in ("constrained", "tdt") else kernels.ROW_NODES)
+            where = dict(BOUNDARY=on, LAYOUT=layout)
             terms = dict(SIGMA=on, DELAY_ON=on)
             dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
             yield "_row_kernel", dict(rows, FUSED=True, **where), dtypes
