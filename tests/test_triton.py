@@ -723,3 +723,97 @@ def test_pruned_pipeline_synchronises_once():
                                               backend="triton").backward()
         sites[step] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS | {"window_dp"}]
     assert sites == {"smoothed": [], "ranges": ["_window_size"], "pruned": []}, sites
+
+
+# --------------------------------------------------------------------------- launch sizes
+class _CountSlots:
+    """Wraps a kernel of the V passes: the row slots its launches scan (programs x ROWS),
+    each program running its loop over V whether its rows are live or masked."""
+
+    def __init__(self, kernel):
+        self.kernel, self.slots = kernel, 0
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.slots += grid[0] * kwargs["ROWS"]
+            return launch(*args, **kwargs)
+        return run
+
+
+def _count_slots(monkeypatch):
+    counters = {name: _CountSlots(getattr(gpu.kernels, name))
+                for name in ("_row_kernel", "_grad_kernel")}
+    for name, counter in counters.items():
+        monkeypatch.setattr(gpu.kernels, name, counter)
+    return counters
+
+
+def test_fused_passes_launch_over_the_tile(monkeypatch):
+    """The fused loss's row and gradient passes run, for each tile, programs over the
+    tile's rows, not over the whole lattice: a forward+backward scans about twice the
+    lattice's nodes (one row pass, one gradient pass), whatever the number of tiles (here
+    32 tiles of 8 rows; launched over the whole grid per tile, it was 64x the nodes)."""
+    B, T, U, V = 2, 16, 7, 8
+    g = torch.Generator().manual_seed(0)
+    out = torch.nn.Linear(4, V, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        out.weight.copy_(torch.randn(V, 4, generator=g, dtype=torch.float64))
+    w = out.weight
+    enc = torch.randn(B, T, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    pred = torch.randn(B, U + 1, 4, generator=g, dtype=torch.float64)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([T, T - 3]), torch.tensor([U, U - 2])
+
+    class Joiner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = out
+
+        def forward(self, e, p):
+            return self.out(torch.tanh(e + p))
+
+    joiner = Joiner()
+    counters = _count_slots(monkeypatch)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=0, tile=8,
+                                        backend="triton", reduction="sum")
+    loss.backward()
+    nodes = B * T * (U + 1)
+    assert counters["_row_kernel"].slots <= 2 * nodes, counters["_row_kernel"].slots
+    assert counters["_grad_kernel"].slots <= 2 * nodes, counters["_grad_kernel"].slots
+    # and the values: the same call on the materialised logits
+    grads = [x.grad.clone() for x in (enc, w)]
+    enc.grad = w.grad = None
+    full = rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                  blank=0, backend="torch", reduction="sum")
+    full.backward()
+    torch.testing.assert_close(loss, full, rtol=1e-10, atol=1e-10)
+    for got, want in zip(grads, (enc.grad, w.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
+def test_pruned_passes_launch_over_the_windows(monkeypatch):
+    """The pruned loss's row and gradient passes run programs over the B*T*R window rows,
+    not over the B*T*(U+1) nodes of the lattice (R = 3 of U + 1 = 21 label positions)."""
+    B, T, U, V, R = 2, 6, 20, 6, 3
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(B, T, R, V, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([T, T - 1]), torch.tensor([U, U - 4])
+    starts = torch.arange(T) * (U + 1 - R) // (T - 1)                      # (T,) rising
+    ranges = (starts[None, :, None] + torch.arange(R)).expand(B, T, R).contiguous()
+    counters = _count_slots(monkeypatch)
+    costs = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, tl, ul, blank=0,
+                                          backend="triton", reduction="none")
+    costs.sum().backward()
+    rows = B * T * R
+    assert counters["_row_kernel"].slots <= 2 * rows, counters["_row_kernel"].slots
+    assert counters["_grad_kernel"].slots <= 2 * rows, counters["_grad_kernel"].slots
+    grad = logits.grad.clone()
+    logits.grad = None
+    want = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, tl, ul, blank=0,
+                                         backend="torch", reduction="none")
+    want.sum().backward()
+    torch.testing.assert_close(costs, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, logits.grad, rtol=1e-9, atol=1e-10)
