@@ -817,3 +817,32 @@ def test_pruned_passes_launch_over_the_windows(monkeypatch):
     want.sum().backward()
     torch.testing.assert_close(costs, want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad, logits.grad, rtol=1e-9, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- options
+@pytest.mark.parametrize("clamp", [float("inf"), 1e39, 1e300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["numba", "triton"])
+def test_clamp_beyond_float32_is_no_clamp(backend, dtype, clamp):
+    """A clamp that no float32 can hold (``clamp=inf`` included) clips nothing: finite, and
+    equal to the torch backend on the same call (``gpu._f64_parts`` once split inf into
+    ``(inf, nan, nan)``: NaN gradients)."""
+    batch = make_batch(CASES["ragged"])
+    costs, grad, _ = run(batch, dtype, backend, clamp=clamp, fastemit_lambda=0.1)
+    costs_ref, grad_ref, _ = run(batch, dtype, "torch", clamp=clamp, fastemit_lambda=0.1)
+    assert torch.isfinite(grad).all()
+    tol = tolerance(dtype, costs_ref)
+    loss_err, grad_err = errors(costs, grad, costs_ref, grad_ref)
+    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err)
+
+
+@pytest.mark.parametrize("x", [0.1, -1e-30, 3.0e38, 3.4028235e38, 1e39, -1e300, float("inf"),
+                               float("-inf")])
+def test_f64_parts(x):
+    """The three float32 parts of a float64 option sum to it within float32's range, and
+    to the signed infinity beyond it; each part is a float32 value, none NaN."""
+    import numpy as np
+    parts = gpu._f64_parts(x)
+    assert all(float(np.float32(p)) == p for p in parts) and not any(p != p for p in parts)
+    total = (parts[0] + parts[1]) + parts[2]
+    assert total == (x if abs(x) <= gpu.F32_MAX else x * float("inf"))
