@@ -846,3 +846,28 @@ def test_f64_parts(x):
     assert all(float(np.float32(p)) == p for p in parts) and not any(p != p for p in parts)
     total = (parts[0] + parts[1]) + parts[2]
     assert total == (x if abs(x) <= gpu.F32_MAX else x * float("inf"))
+
+
+@pytest.mark.parametrize("over", ["frames", "labels", "both"])
+def test_out_of_range_lengths_stay_in_their_block(over):
+    """Lengths past the grid (not validated on CUDA: undefined behaviour there) are clamped
+    to it in the kernels (``kernels._ends``): the last sequence's lattice never writes past
+    its block (into the first sequence's beta, which follows alpha in the workspace), so
+    the call equals the one with the lengths clamped, bit for bit."""
+    B, T, U, V = 2, 4, 3, 5
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(B, T, U + 1, V, generator=g)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([T - 1, T]), torch.tensor([U - 1, U])
+    bad_tl, bad_ul = tl.clone(), ul.clone()
+    if over in ("frames", "both"):
+        bad_tl[1] = T + 2
+    if over in ("labels", "both"):
+        bad_ul[1] = U + 1
+    opts = LossOptions(0, clamp=0.5)
+    out = []
+    for lengths in ((tl, ul), (bad_tl, bad_ul)):
+        costs, saved, state = gpu.loss_forward(logits, targets, *lengths, opts, True)
+        grad = gpu.loss_backward(saved, state, torch.ones(B), opts)
+        out.append((costs, grad))
+    torch.testing.assert_close(out[1], out[0], rtol=0, atol=0)
