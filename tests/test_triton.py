@@ -871,3 +871,31 @@ def test_out_of_range_lengths_stay_in_their_block(over):
         grad = gpu.loss_backward(saved, state, torch.ones(B), opts)
         out.append((costs, grad))
     torch.testing.assert_close(out[1], out[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "constrained"])
+def test_delay_penalty_never_synchronises(rnnt_type):
+    """The delay penalty of the simple and smoothed losses and of ``lattice_loss`` on the
+    Triton kernels, structurally (see ``test_hot_path_never_synchronises``): forward and
+    backward read nothing on the host and build no tensor from Python values (the penalty
+    per arc kind once came from ``torch.tensor([k.delay ...], device=...)``). Host reads
+    of CPU-only value checks are set aside."""
+    B, T, U, V = 2, 5, 3, 6
+    g = torch.Generator().manual_seed(3)
+    am = torch.randn(B, T, V, generator=g, requires_grad=True)
+    lm = torch.randn(B, U + 1, V, generator=g, requires_grad=True)
+    y = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([5, 4]), torch.tensor([3, 2])
+    wb = torch.randn(B, T, U + 1, generator=g, requires_grad=True)
+    we = torch.randn(B, T, U + 1, generator=g, requires_grad=True)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.25, backend="triton")
+    sites = {}
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss"):
+        with _RecordSyncSites() as rec:
+            if name == "lattice_loss":
+                loss = rnnt_lattice.lattice_loss(wb, we, tl, ul, **kw).sum()
+            else:
+                loss = getattr(rnnt_lattice, name)(lm, am, y, tl, ul, blank=0, **kw)
+            loss.backward()
+        sites[name] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS]
+    assert sites == {"rnnt_loss_simple": [], "rnnt_loss_smoothed": [], "lattice_loss": []}, sites
