@@ -540,7 +540,8 @@ def variants():
     for tname, topo in topologies.items():
         kinds = gpu._kinds(topo)
         n_dur = topo.n_durations
-        rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30))
+        rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
+                    V_ALIGN=gpu._v_align(1000 + n_dur))
         lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
         for on in ((False, True) if tname == "regular" else (True,)):
             # Layouts: padded; row_nodes (regular, multi-blank); a fused tile's box

@@ -73,6 +73,7 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
+BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: two buckets)
 BLOCK_V = 1024     # chunk of the vocabulary per step of the row and gradient passes
 ROW_TILE = 4096    # logits per program and step of the V passes: ROWS = ROW_TILE // BLOCK_V
                # nodes per program, so a small V still gives each program enough bytes
@@ -96,6 +97,26 @@ def _pow2(n: int, cap: int) -> int:
 def _acc(dtype: torch.dtype):
     """Triton compute dtype of the passes over V for logits of ``dtype``."""
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _v_align(row_len: int) -> int:
+    """The largest power of two up to 16 that divides ``row_len``, the logits' row length
+    (``kernels``' ``V_ALIGN``: rows start at multiples of it, so loads of a row can be
+    vectorised; the length itself is not specialised)."""
+    return math.gcd(int(row_len), 16) if row_len else 16
+
+
+def _block_u(U1: int) -> int:
+    """``BLOCK_U`` of the lattice kernel: two buckets, ``BLOCK_U_SMALL`` lanes up to that
+    many label positions, ``BLOCK_U`` beyond (a constexpr per power of two of U + 1 would
+    compile up to 9 variants over a training run's label lengths)."""
+    return min(BLOCK_U, BLOCK_U_SMALL) if U1 <= BLOCK_U_SMALL else BLOCK_U
+
+
+def _window_dp_warps(block_s: int) -> int:
+    """``num_warps`` of the window DP: about 256 lanes of ``BLOCK_S`` per warp (8 per
+    thread), 1 to 16 warps, so that a large S does not spill registers."""
+    return max(1, min(16, block_s // 256))
 
 
 def _tiles(V: int, elem_bytes: int, n_rows: int):
@@ -218,15 +239,23 @@ class _State:
         return (n, n * durations, n * plus_next_blank, K * n, B * (T + 1) * U1,
                 B * (T + 1) * U1, B)
 
+    @staticmethod
+    def _padded(sizes):
+        """Each part rounded up to 2 float64 (16 bytes): every view starts 16-byte aligned,
+        whatever the shapes, so Triton sees one pointer alignment (one variant; see
+        benchmarks/compile_variants.py)."""
+        return tuple(n + n % 2 for n in sizes)
+
     @classmethod
     def new(cls, B, T, U1, K, durations, plus_next_blank, device) -> "_State":
-        ws = torch.empty(sum(cls.sizes(B, T, U1, K, durations, plus_next_blank)),
+        ws = torch.empty(sum(cls._padded(cls.sizes(B, T, U1, K, durations, plus_next_blank))),
                          dtype=LATTICE_DTYPE, device=device)
         return cls.of(ws, B, T, U1, K, durations, plus_next_blank)
 
     @classmethod
     def of(cls, ws, B, T, U1, K, durations, plus_next_blank) -> "_State":
-        parts = ws.split(cls.sizes(B, T, U1, K, durations, plus_next_blank))
+        sizes = cls.sizes(B, T, U1, K, durations, plus_next_blank)
+        parts = [p[:n] for p, n in zip(ws.split(cls._padded(sizes)), sizes)]
         shapes = ((B, T, U1), (B, T, U1) if durations else (0,),
                   (B, T, U1) if plus_next_blank else (0,),
                   (B, K, T, U1), (B, T + 1, U1), (B, T + 1, U1), (B,))
@@ -327,7 +356,7 @@ def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: 
             rows.n, T, U1, V - n_dur, opts.blank, *rows.box,
             **kinds,
             FUSED=opts.fused, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
-            ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
+            ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V),
             BOUNDARY=boundary is not None, num_warps=num_warps)
 
 
@@ -348,7 +377,7 @@ def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions
                 st.alpha, st.beta, st.log_like, costs, _or(best_kind, logit_lengths), T, U1,
                 *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
                 **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
-                MAX_SEMIRING=best_kind is not None, BLOCK_U=_pow2(U1, BLOCK_U), **flags,
+                MAX_SEMIRING=best_kind is not None, BLOCK_U=_block_u(U1), **flags,
                 # num_stages=1: no load is issued ahead of the barrier that makes the
                 # earlier diagonals visible.
                 num_warps=NUM_WARPS_LATTICE, num_stages=1)
@@ -379,7 +408,8 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
             **kinds, **_terms(opts, kinds),
             FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
             LAYOUT=rows.layout, ACC=_acc(logits.dtype), ROWS=per,
-            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), num_warps=num_warps)
+            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V),
+            num_warps=num_warps)
     return dst
 
 
@@ -585,7 +615,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
                 *_f64_parts(0.0), *_f64_parts(0.0),
                 **{k: kinds[k] for k in _LATTICE_KINDS},
-                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_pow2(U1, BLOCK_U),
+                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_block_u(U1),
                 BOUNDARY=True, num_warps=NUM_WARPS_LATTICE, num_stages=1)
     dt_max = max(k.dt for k in topo.kinds)
     du_max = max(k.du for k in topo.kinds)
@@ -615,9 +645,10 @@ def window_dp(mass: torch.Tensor, max_step: int):
     if B:
         f = torch.empty((B, S), dtype=torch.float64, device=x.device)
         arg = torch.empty((B, T, S), dtype=torch.int32, device=x.device)
+        block_s = _pow2(S, 1 << 16)
         with _device(x):
             kernels._window_dp_kernel[(B,)](x, f, arg, total, starts, T, S, int(max_step),
-                                            BLOCK_S=_pow2(S, 1 << 16), num_warps=4)
+                                            BLOCK_S=block_s, num_warps=_window_dp_warps(block_s))
     return total, starts
 
 

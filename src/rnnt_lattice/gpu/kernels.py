@@ -261,7 +261,15 @@ def _split(x, ACC: tl.constexpr):
 
 
 # --------------------------------------------------------------------------- pass 1
-@triton.jit
+# Shape integers are not specialised (``do_not_specialize``): Triton would otherwise compile
+# a variant per class of each (equal to 1, divisible by 16, other), up to 3**k variants of
+# a kernel over a training run's varying T and U (benchmarks/compile_variants.py). The one
+# property of a shape the code generation needs, the alignment of the logits rows (vector
+# loads), is the constexpr ``V_ALIGN``.
+_SHAPES = ("n_rows", "n_nodes", "T", "U1", "V_tok", "blank")
+
+
+@triton.jit(do_not_specialize=_SHAPES + ("box_t0", "box_u0", "box_T", "box_U1"))
 def _row_kernel(
     # data ptrs
     logits_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
@@ -275,7 +283,7 @@ def _row_kernel(
     N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token group's ``lse`` over its ``V_tok`` entries in
@@ -297,7 +305,8 @@ def _row_kernel(
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
                            T, U1, BOUNDARY)
     valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
-    row = r * (V_tok + N_DURATIONS)         # int64: past 2**31 logits
+    # int64: past 2**31 logits. V_ALIGN divides the row length (vector loads of the rows).
+    row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     if FUSED:
         lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V)
     else:
@@ -337,7 +346,7 @@ def _row_kernel(
 
 
 # --------------------------------------------------------------------------- pass 2
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPES)
 def _lattice_kernel(
     # data ptrs
     lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
@@ -477,7 +486,7 @@ def _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1, 
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPES)
 def _gamma_kernel(
     # data ptrs
     lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
@@ -517,7 +526,7 @@ def _gamma_kernel(
 
 
 # --------------------------------------------------------------------------- pass 3
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPES + ("upstream_stride", "box_t0", "box_u0", "box_T", "box_U1"))
 def _grad_kernel(
     # data ptrs
     logits_ptr, grad_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
@@ -537,7 +546,7 @@ def _grad_kernel(
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
     BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
@@ -621,7 +630,7 @@ def _grad_kernel(
 
     nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
     write = keep & (w_up != 0.0)
-    row = r * (V_tok + N_DURATIONS)
+    row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     offs = tl.arange(0, BLOCK_V)
     clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
     y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
@@ -679,7 +688,7 @@ def _grad_kernel(
 
 
 # --------------------------------------------------------------------------- window choice
-@triton.jit
+@triton.jit(do_not_specialize=("T", "S", "max_step"))
 def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max_step,
                       BLOCK_S: tl.constexpr):
     """The window DP of math.md section 10 for sequence ``b = program_id(0)``, as
@@ -730,7 +739,7 @@ def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max
 
 
 # --------------------------------------------------------------------------- simple loss
-@triton.jit
+@triton.jit(do_not_specialize=("T", "U1", "V", "s_ab", "s_at", "s_lb", "s_lu"))
 def _simple_rescue_kernel(
     # data
     am_ptr, lm_ptr, need_ptr, lse_ptr, g_ptr, grad_am_ptr, grad_lm_ptr,
