@@ -541,7 +541,7 @@ def variants():
         kinds = gpu._kinds(topo)
         n_dur = topo.n_durations
         rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
-                    V_ALIGN=gpu._v_align(1000 + n_dur))
+                    V_ALIGN=gpu._v_align(1000 + n_dur, n_dur))
         lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
         for on in ((False, True) if tname == "regular" else (True,)):
             # Layouts: padded; row_nodes (regular, multi-blank); a fused tile's box

@@ -99,11 +99,12 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _v_align(row_len: int) -> int:
-    """The largest power of two up to 16 that divides ``row_len``, the logits' row length
-    (``kernels``' ``V_ALIGN``: rows start at multiples of it, so loads of a row can be
-    vectorised; the length itself is not specialised)."""
-    return math.gcd(int(row_len), 16) if row_len else 16
+def _v_align(V: int, n_durations: int = 0) -> int:
+    """``kernels``' ``V_ALIGN``: the largest power of two up to 16 that divides both the
+    logits' row length ``V`` and the token group's ``V - n_durations`` -- rows start at
+    multiples of it and the masks over a row change at multiples of it, so that the loads
+    of a row can be vectorised; the lengths themselves are not specialised."""
+    return math.gcd(math.gcd(int(V), int(V) - int(n_durations)), 16) or 16
 
 
 def _block_u(U1: int) -> int:
@@ -356,7 +357,7 @@ def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: 
             rows.n, T, U1, V - n_dur, opts.blank, *rows.box,
             **kinds,
             FUSED=opts.fused, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
-            ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V),
+            ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
             BOUNDARY=boundary is not None, num_warps=num_warps)
 
 
@@ -408,7 +409,7 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
             **kinds, **_terms(opts, kinds),
             FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
             LAYOUT=rows.layout, ACC=_acc(logits.dtype), ROWS=per,
-            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V),
+            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
             num_warps=num_warps)
     return dst
 

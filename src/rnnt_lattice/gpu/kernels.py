@@ -215,7 +215,7 @@ def _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_pen
 
 @triton.jit
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, ALIGN: tl.constexpr):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
     chunks of BLOCK: -inf for an all -inf row, NaN for a row holding a NaN or +inf (math.md
     8.1: either one turns the row's exp sum into NaN, whatever the running max does with
@@ -225,7 +225,7 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
     exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element (the rescaling is one exp
     per row and chunk). ``s`` is float64; the chunk's own sum is an ACC tree reduction. A
     row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf`` never appears."""
-    v_end = tl.where(live, n, 0)
+    v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
     s = tl.zeros([ROWS], tl.float64)
@@ -305,10 +305,10 @@ def _row_kernel(
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
                            T, U1, BOUNDARY)
     valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
-    # int64: past 2**31 logits. V_ALIGN divides the row length (vector loads of the rows).
+    # int64: past 2**31 logits. V_ALIGN divides the row length and V_tok (``gpu._v_align``).
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     if FUSED:
-        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V)
+        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN)
     else:
         lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
@@ -321,7 +321,7 @@ def _row_kernel(
     if N_DURATIONS > 0:
         if FUSED:
             lse_dur = _group_lse(logits_ptr, row, V_tok, N_DURATIONS, valid, ACC, ROWS,
-                                 BLOCK_DUR)
+                                 BLOCK_DUR, 1)
         else:
             lse_dur = tl.zeros([ROWS], tl.float64)
         live_dur = valid & (lse_dur != NEG_INF)
@@ -642,7 +642,9 @@ def _grad_kernel(
     lse = tl.load(lse_ptr + node, mask=keep, other=NEG_INF)
     live = keep & (lse != NEG_INF) & (s_tok != 0.0)   # rows without mass are not read
     lse_hi, lse_lo = _split(tl.where(live, lse, 0.0), ACC)
-    v_read = tl.where(live, V_tok, 0)
+    # V_ALIGN divides V_tok: the masks change at multiples of it (vector loads and stores)
+    v_read = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
+    v_write = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
     for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         if FUSED:
@@ -665,7 +667,7 @@ def _grad_kernel(
                            propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=has_row[:, None] & (v[None, :] < V_tok))
+                 mask=v[None, :] < v_write[:, None])
     if N_DURATIONS > 0:
         # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
         if FUSED:
