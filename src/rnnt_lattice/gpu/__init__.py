@@ -32,7 +32,16 @@ kind of every node: one recursion for the losses and the tools, with the same
 no-synchronisation guarantee.
 
 Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
-map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
+map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``), or a fused tile's
+box. The passes over V launch programs over the rows they read (``_Rows``): ``B*T*(U+1)``
+padded rows, the ``N`` rows of a map (``B*T*R`` for pruned windows; the map is inverted to
+``row_nodes (N,)`` on the device, and the nodes without a row are filled first), a tile's
+``B*(t1-t0)*(u1-u0)`` rows; never the whole grid per tile.
+
+Compilation: shape integers are not specialised (``kernels``, ``do_not_specialize``), the
+row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has two buckets
+(``_block_u``) and the workspace views are 16-byte aligned: a training run with varying
+T and U compiles a handful of variants per vocabulary (benchmarks/compile_variants.py).
 
 Precision: the lattice is float64 for every input dtype (``kernels``); float16, bfloat16
 and float32 logits are read in their own dtype and the passes over V compute in float32
