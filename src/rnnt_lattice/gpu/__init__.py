@@ -152,9 +152,7 @@ def _f64_parts(x: float) -> tuple[float, float, float]:
     x = float(x)
     if not abs(x) <= F32_MAX:                   # beyond float32, +-inf or NaN
         return (x if x != x else math.copysign(math.inf, x)), 0.0, 0.0
-    hi = float(np.float32(x))
-    if abs(hi) > F32_MAX:                       # x rounds up past float32's largest
-        hi = math.copysign(F32_MAX, x)
+    hi = float(np.float32(x))                   # |x| <= F32_MAX: rounds to a finite float32
     mid = float(np.float32(x - hi))
     lo = float(np.float32(x - hi - mid))
     return hi, mid, lo
