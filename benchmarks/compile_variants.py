@@ -15,9 +15,9 @@ computation, and the backend runs on ``meta`` tensors (shapes and addresses, no 
 whose views have the offsets a CUDA workspace's views have (the caching allocator's
 blocks are 512-byte aligned, a meta tensor's base is 0).
 
-The epoch: ``--batches`` batches of ``B`` sequences (``--vary-B``: 4..32) with T uniform in 50..600 frames and
-U uniform in 5..200 labels (their padded maxima), V drawn from {500, 1000, 1025} (one
-vocabulary per run is the usual case: the V column shows what each adds), float32
+The epoch: ``--batches`` batches of ``B`` sequences (``--vary-B``: 4..32) with T uniform
+in 50..600 frames and U uniform in 5..200 labels (their padded maxima), V drawn from
+``--V`` (default {500, 1000, 1025}; one vocabulary per run is the usual case), float32
 logits, forward and backward of ``rnnt_loss`` (row, lattice and gradient kernels), then a
 pruned loss (R = 5) on the same shapes (the ``row_nodes`` layout).
 
@@ -93,7 +93,9 @@ def main(argv=None) -> int:
         gpu.loss_backward(saved, state, torch.empty((B,), device=dev).expand(B), opts)
     total = sum(len(k) for k in keys.values())
     print(f"rnnt_lattice {rnnt_lattice.__file__}")
-    print(f"{args.batches} batches, B = {'4..32' if args.vary_B else args.B}, T 50..600, U 5..200, V in {args.V}, sm_{args.sm}")
+    B_text = "4..32" if args.vary_B else args.B
+    print(f"{args.batches} batches, B = {B_text}, T 50..600, U 5..200, V in {args.V}, "
+          f"sm_{args.sm}")
     print("| kernel | variants |")
     print("|---|---|")
     for name in sorted(keys):

@@ -148,8 +148,8 @@ def main(argv=None) -> int:
         compiled = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=target,
                                   options=dict(num_warps=warps, num_stages=stages))
         reg, st, ld = resources(compiled.asm["cubin"])
-        print(f"| {label} | {shape} | {warps} | {reg} | {st} / {ld} | {loads(compiled.asm['ptx'])} |",
-              flush=True)
+        width = loads(compiled.asm["ptx"])
+        print(f"| {label} | {shape} | {warps} | {reg} | {st} / {ld} | {width} |", flush=True)
     return 0
 
 

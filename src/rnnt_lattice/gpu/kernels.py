@@ -286,10 +286,10 @@ def _row_kernel(
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
-    it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token group's ``lse`` over its ``V_tok`` entries in
-    chunks of BLOCK_V (and TDT's duration group ``lse_dur`` over its ``N_DURATIONS``
-    entries in one chunk), then every kind's log-prob at the node (math.md 9,
-    ``kind_log_probs``):
+    it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
+    group's ``lse`` over its ``V_tok`` entries in chunks of BLOCK_V (and TDT's duration
+    group ``lse_dur`` over its ``N_DURATIONS`` entries in one chunk), then every kind's
+    log-prob at the node (math.md 9, ``kind_log_probs``):
 
         lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DURATION[k]) - lse_dur(t,u)]
 
