@@ -516,7 +516,7 @@ from rnnt_lattice.gpu import kernels
 # float64; the options' float32 parts "fp32"; other plain arguments int32.
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
-INT64_PTRS = {"node_rows_ptr", "boundary_ptr", "starts_ptr"}
+INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
@@ -540,10 +540,15 @@ def variants():
     for tname, topo in topologies.items():
         kinds = gpu._kinds(topo)
         n_dur = topo.n_durations
-        rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30))
+        rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
+                    V_ALIGN=gpu._v_align(1000 + n_dur, n_dur))
         lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
         for on in ((False, True) if tname == "regular" else (True,)):
-            where = dict(BOUNDARY=on, NODE_ROWS=on)
+            # Layouts: padded; row_nodes (regular, multi-blank); a fused tile's box
+            # (constrained, TDT)
+            layout = (kernels.PADDED if not on else kernels.BOX
+                      if tname in ("constrained", "tdt") else kernels.ROW_NODES)
+            where = dict(BOUNDARY=on, LAYOUT=layout)
             terms = dict(SIGMA=on, DELAY_ON=on)
             dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
             yield "_row_kernel", dict(rows, FUSED=True, **where), dtypes
@@ -719,3 +724,179 @@ def test_pruned_pipeline_synchronises_once():
                                               backend="triton").backward()
         sites[step] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS | {"window_dp"}]
     assert sites == {"smoothed": [], "ranges": ["_window_size"], "pruned": []}, sites
+
+
+# --------------------------------------------------------------------------- launch sizes
+class _CountSlots:
+    """Wraps a kernel of the V passes: the row slots its launches scan (programs x ROWS),
+    each program running its loop over V whether its rows are live or masked."""
+
+    def __init__(self, kernel):
+        self.kernel, self.slots = kernel, 0
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.slots += grid[0] * kwargs["ROWS"]
+            return launch(*args, **kwargs)
+        return run
+
+
+def _count_slots(monkeypatch):
+    counters = {name: _CountSlots(getattr(gpu.kernels, name))
+                for name in ("_row_kernel", "_grad_kernel")}
+    for name, counter in counters.items():
+        monkeypatch.setattr(gpu.kernels, name, counter)
+    return counters
+
+
+def test_fused_passes_launch_over_the_tile(monkeypatch):
+    """The fused loss's row and gradient passes run, for each tile, programs over the
+    tile's rows, not over the whole lattice: a forward+backward scans about twice the
+    lattice's nodes (one row pass, one gradient pass), whatever the number of tiles (here
+    32 tiles of 8 rows; launched over the whole grid per tile, it was 64x the nodes)."""
+    B, T, U, V = 2, 16, 7, 8
+    g = torch.Generator().manual_seed(0)
+    out = torch.nn.Linear(4, V, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        out.weight.copy_(torch.randn(V, 4, generator=g, dtype=torch.float64))
+    w = out.weight
+    enc = torch.randn(B, T, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    pred = torch.randn(B, U + 1, 4, generator=g, dtype=torch.float64)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([T, T - 3]), torch.tensor([U, U - 2])
+
+    class Joiner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = out
+
+        def forward(self, e, p):
+            return self.out(torch.tanh(e + p))
+
+    joiner = Joiner()
+    counters = _count_slots(monkeypatch)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=0, tile=8,
+                                        backend="triton", reduction="sum")
+    loss.backward()
+    nodes = B * T * (U + 1)
+    assert counters["_row_kernel"].slots <= 2 * nodes, counters["_row_kernel"].slots
+    assert counters["_grad_kernel"].slots <= 2 * nodes, counters["_grad_kernel"].slots
+    # and the values: the same call on the materialised logits
+    grads = [x.grad.clone() for x in (enc, w)]
+    enc.grad = w.grad = None
+    full = rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                  blank=0, backend="torch", reduction="sum")
+    full.backward()
+    torch.testing.assert_close(loss, full, rtol=1e-10, atol=1e-10)
+    for got, want in zip(grads, (enc.grad, w.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
+def test_pruned_passes_launch_over_the_windows(monkeypatch):
+    """The pruned loss's row and gradient passes run programs over the B*T*R window rows,
+    not over the B*T*(U+1) nodes of the lattice (R = 3 of U + 1 = 21 label positions)."""
+    B, T, U, V, R = 2, 6, 20, 6, 3
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(B, T, R, V, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([T, T - 1]), torch.tensor([U, U - 4])
+    starts = torch.arange(T) * (U + 1 - R) // (T - 1)                      # (T,) rising
+    ranges = (starts[None, :, None] + torch.arange(R)).expand(B, T, R).contiguous()
+    counters = _count_slots(monkeypatch)
+    costs = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, tl, ul, blank=0,
+                                          backend="triton", reduction="none")
+    costs.sum().backward()
+    rows = B * T * R
+    assert counters["_row_kernel"].slots <= 2 * rows, counters["_row_kernel"].slots
+    assert counters["_grad_kernel"].slots <= 2 * rows, counters["_grad_kernel"].slots
+    grad = logits.grad.clone()
+    logits.grad = None
+    want = rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, tl, ul, blank=0,
+                                         backend="torch", reduction="none")
+    want.sum().backward()
+    torch.testing.assert_close(costs, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, logits.grad, rtol=1e-9, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- options
+@pytest.mark.parametrize("clamp", [float("inf"), 1e39, 1e300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["numba", "triton"])
+def test_clamp_beyond_float32_is_no_clamp(backend, dtype, clamp):
+    """A clamp that no float32 can hold (``clamp=inf`` included) clips nothing: finite, and
+    equal to the torch backend on the same call (``gpu._f64_parts`` once split inf into
+    ``(inf, nan, nan)``: NaN gradients)."""
+    batch = make_batch(CASES["ragged"])
+    costs, grad, _ = run(batch, dtype, backend, clamp=clamp, fastemit_lambda=0.1)
+    costs_ref, grad_ref, _ = run(batch, dtype, "torch", clamp=clamp, fastemit_lambda=0.1)
+    assert torch.isfinite(grad).all()
+    tol = tolerance(dtype, costs_ref)
+    loss_err, grad_err = errors(costs, grad, costs_ref, grad_ref)
+    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err)
+
+
+@pytest.mark.parametrize("x", [0.1, -1e-30, 3.0e38, 3.4028235e38, 1e39, -1e300, float("inf"),
+                               float("-inf")])
+def test_f64_parts(x):
+    """The three float32 parts of a float64 option sum to it within float32's range, and
+    to the signed infinity beyond it; each part is a float32 value, none NaN."""
+    import numpy as np
+    parts = gpu._f64_parts(x)
+    assert all(float(np.float32(p)) == p for p in parts) and not any(p != p for p in parts)
+    total = (parts[0] + parts[1]) + parts[2]
+    assert total == (x if abs(x) <= gpu.F32_MAX else x * float("inf"))
+
+
+@pytest.mark.parametrize("over", ["frames", "labels", "both"])
+def test_out_of_range_lengths_stay_in_their_block(over):
+    """Lengths past the grid (not validated on CUDA: undefined behaviour there) are clamped
+    to it in the kernels (``kernels._ends``): the last sequence's lattice never writes past
+    its block (into the first sequence's beta, which follows alpha in the workspace), so
+    the call equals the one with the lengths clamped, bit for bit."""
+    B, T, U, V = 2, 4, 3, 5
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(B, T, U + 1, V, generator=g)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([T - 1, T]), torch.tensor([U - 1, U])
+    bad_tl, bad_ul = tl.clone(), ul.clone()
+    if over in ("frames", "both"):
+        bad_tl[1] = T + 2
+    if over in ("labels", "both"):
+        bad_ul[1] = U + 1
+    opts = LossOptions(0, clamp=0.5)
+    out = []
+    for lengths in ((tl, ul), (bad_tl, bad_ul)):
+        costs, saved, state = gpu.loss_forward(logits, targets, *lengths, opts, True)
+        grad = gpu.loss_backward(saved, state, torch.ones(B), opts)
+        out.append((costs, grad))
+    torch.testing.assert_close(out[1], out[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "constrained"])
+def test_delay_penalty_never_synchronises(rnnt_type):
+    """The delay penalty of the simple and smoothed losses and of ``lattice_loss`` on the
+    Triton kernels, structurally (see ``test_hot_path_never_synchronises``): forward and
+    backward read nothing on the host and build no tensor from Python values (the penalty
+    per arc kind once came from ``torch.tensor([k.delay ...], device=...)``). Host reads
+    of CPU-only value checks are set aside."""
+    B, T, U, V = 2, 5, 3, 6
+    g = torch.Generator().manual_seed(3)
+    am = torch.randn(B, T, V, generator=g, requires_grad=True)
+    lm = torch.randn(B, U + 1, V, generator=g, requires_grad=True)
+    y = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([5, 4]), torch.tensor([3, 2])
+    wb = torch.randn(B, T, U + 1, generator=g, requires_grad=True)
+    we = torch.randn(B, T, U + 1, generator=g, requires_grad=True)
+    kw = dict(rnnt_type=rnnt_type, delay_penalty=0.25, backend="triton")
+    sites = {}
+    for name in ("rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss"):
+        with _RecordSyncSites() as rec:
+            if name == "lattice_loss":
+                loss = rnnt_lattice.lattice_loss(wb, we, tl, ul, **kw).sum()
+            else:
+                loss = getattr(rnnt_lattice, name)(lm, am, y, tl, ul, blank=0, **kw)
+            loss.backward()
+        sites[name] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS]
+    assert sites == {"rnnt_loss_simple": [], "rnnt_loss_smoothed": [], "lattice_loss": []}, sites

@@ -52,8 +52,9 @@ class Backend(Protocol):
                       opts: LossOptions) -> torch.Tensor: ...
 
     # The fused joiner and loss (``fused``, math.md section 11): logits that exist one tile
-    # at a time, rows ``(n, V)`` read through ``tile.node_rows (B, T, U+1)`` (the tile's
-    # nodes read rows 0..n-1, every other node none). ``tile_forward``: the row pass on one
+    # at a time, rows ``(n, V)`` of the box ``tile.t0:t1, u0:u1`` of the grid ``tile.grid
+    # (B, T, U+1)`` in row-major order, or read through ``tile.node_rows (B, T, U+1)`` (the
+    # tile's nodes read rows 0..n-1, every other node none; built on first use). ``tile_forward``: the row pass on one
     # tile, what the lattice and the gradient need of its nodes kept in ``state`` (None on
     # the first tile: created from it); it may overwrite ``rows`` (the caller discards
     # them). ``tile_lattice``: the lattice once over every node -> costs (B,) in the rows'

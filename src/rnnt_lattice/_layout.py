@@ -19,6 +19,7 @@ The backends' kernels read any map; this module only builds and inverts them.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -107,20 +108,33 @@ def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
 @dataclass(frozen=True)
 class Tile:
     """One tile of the fused joiner and loss (``rnnt_lattice.fused``, math.md section 11):
-    frames ``t0 <= t < t1`` and label positions ``u0 <= u < u1`` of every sequence, whose
-    logits are rows ``(B (t1-t0) (u1-u0), V)`` in row-major order ``(b, t, u)``.
-    ``node_rows (B, T, U+1)`` int64 is its node -> row map (:func:`tile_node_rows`)."""
+    frames ``t0 <= t < t1`` and label positions ``u0 <= u < u1`` of every sequence of the
+    grid ``(B, T, U+1)``, whose logits are rows ``(B (t1-t0) (u1-u0), V)`` in row-major
+    order ``(b, t, u)``. ``node_rows (B, T, U+1)`` int64 is its node -> row map, built on
+    first use (a backend that launches over the box never builds it)."""
 
     t0: int
     t1: int
     u0: int
     u1: int
-    node_rows: torch.Tensor
+    grid: tuple              # (B, T, U+1)
+    device: torch.device
 
     @property
     def box(self) -> tuple[slice, slice]:
         """``(frames, label positions)`` of the tile, to index node tensors ``[:, t, u]``."""
         return slice(self.t0, self.t1), slice(self.u0, self.u1)
+
+    @functools.cached_property
+    def node_rows(self) -> torch.Tensor:
+        """``(B, T, U+1)`` int64: node ``(b, t, u)`` of the box reads row ``(b (t1-t0) + t -
+        t0)(u1-u0) + u - u0``, every other node ``-1``."""
+        B, T, U1 = self.grid
+        node_rows = torch.full((B, T, U1), -1, dtype=torch.int64, device=self.device)
+        n = B * (self.t1 - self.t0) * (self.u1 - self.u0)
+        node_rows[:, self.box[0], self.box[1]] = torch.arange(n, device=self.device).view(
+            B, self.t1 - self.t0, self.u1 - self.u0)
+        return node_rows
 
 
 def tile_plan(B: int, T: int, U1: int, rows: int, frames_only: bool) -> list[tuple]:
@@ -143,10 +157,6 @@ def tile_plan(B: int, T: int, U1: int, rows: int, frames_only: bool) -> list[tup
 
 def tile_node_rows(B: int, T: int, U1: int, t0: int, t1: int, u0: int, u1: int,
                    device) -> Tile:
-    """The :class:`Tile` of frames ``[t0, t1)`` and label positions ``[u0, u1)``: node
-    ``(b, t, u)`` of the box reads row ``(b (t1-t0) + t - t0)(u1-u0) + u - u0``, every other
-    node ``-1``."""
-    node_rows = torch.full((B, T, U1), -1, dtype=torch.int64, device=device)
-    n = B * (t1 - t0) * (u1 - u0)
-    node_rows[:, t0:t1, u0:u1] = torch.arange(n, device=device).view(B, t1 - t0, u1 - u0)
-    return Tile(t0, t1, u0, u1, node_rows)
+    """The :class:`Tile` of frames ``[t0, t1)`` and label positions ``[u0, u1)`` of the grid
+    ``(B, T, U+1)`` (its ``node_rows`` map is built on first use)."""
+    return Tile(t0, t1, u0, u1, (B, T, U1), torch.device(device))

@@ -177,8 +177,10 @@ def arc_weights(lp: torch.Tensor, topo: Topology, ends: Ends, sigma: float = 0.0
     if delay_penalty:
         t = torch.arange(T, device=lp.device, dtype=lp.dtype)
         penalty = delay_penalty * ((ends.t1.to(lp.dtype)[:, None] - 1) / 2 - t[None, :])   # (B, T)
-        delay = torch.tensor([k.delay for k in topo.kinds], device=lp.device)
-        w = w + torch.where(delay[None, :, None, None], penalty[:, None, :, None], 0.0)
+        # Per kind from the topology (Python flags): no tensor built from Python values
+        # on the device (a host -> device copy, a synchronisation on CUDA).
+        zero = torch.zeros_like(penalty)
+        w = w + torch.stack([penalty if k.delay else zero for k in topo.kinds], 1)[..., None]
     return torch.where(arc_mask(topo, ends, T, U1), w, NEG_INF)
 
 

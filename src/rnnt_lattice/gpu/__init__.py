@@ -32,7 +32,16 @@ kind of every node: one recursion for the losses and the tools, with the same
 no-synchronisation guarantee.
 
 Layouts: padded logits ``(B, T, U+1, V)``, or 2-D rows ``(N, V)`` with a ``node_rows``
-map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``).
+map ``(B, T, U+1)`` (packed sequences, pruned windows; ``loss_forward``), or a fused tile's
+box. The passes over V launch programs over the rows they read (``_Rows``): ``B*T*(U+1)``
+padded rows, the ``N`` rows of a map (``B*T*R`` for pruned windows; the map is inverted to
+``row_nodes (N,)`` on the device, and the nodes without a row are filled first), a tile's
+``B*(t1-t0)*(u1-u0)`` rows; never the whole grid per tile.
+
+Compilation: shape integers are not specialised (``kernels``, ``do_not_specialize``), the
+row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has two buckets
+(``_block_u``) and the workspace views are 16-byte aligned: a training run with varying
+T and U compiles a handful of variants per vocabulary (benchmarks/compile_variants.py).
 
 Precision: the lattice is float64 for every input dtype (``kernels``); float16, bfloat16
 and float32 logits are read in their own dtype and the passes over V compute in float32
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +61,7 @@ import triton
 import triton.language as tl
 
 from .. import torch_backend
+from .._layout import row_nodes
 from .._types import Lattice, LossOptions
 from ..topology import Topology
 from . import kernels
@@ -71,6 +82,7 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
+BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: two buckets)
 BLOCK_V = 1024     # chunk of the vocabulary per step of the row and gradient passes
 ROW_TILE = 4096    # logits per program and step of the V passes: ROWS = ROW_TILE // BLOCK_V
                # nodes per program, so a small V still gives each program enough bytes
@@ -96,19 +108,51 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _tiles(V: int, elem_bytes: int):
-    """``(ROWS, BLOCK_V, num_warps)`` of the V passes: a chunk of up to ``BLOCK_V``
-    classes, and as many rows per program as fit ``ROW_TILE`` elements."""
+def _v_align(V: int, n_durations: int = 0) -> int:
+    """``kernels``' ``V_ALIGN``: the largest power of two up to 16 that divides both the
+    logits' row length ``V`` and the token group's ``V - n_durations`` -- rows start at
+    multiples of it and the masks over a row change at multiples of it, so that the loads
+    of a row can be vectorised; the lengths themselves are not specialised."""
+    return math.gcd(math.gcd(int(V), int(V) - int(n_durations)), 16) or 16
+
+
+def _block_u(U1: int) -> int:
+    """``BLOCK_U`` of the lattice kernel: two buckets, ``BLOCK_U_SMALL`` lanes up to that
+    many label positions, ``BLOCK_U`` beyond (a constexpr per power of two of U + 1 would
+    compile up to 9 variants over a training run's label lengths)."""
+    return min(BLOCK_U, BLOCK_U_SMALL) if U1 <= BLOCK_U_SMALL else BLOCK_U
+
+
+def _window_dp_warps(block_s: int) -> int:
+    """``num_warps`` of the window DP: about 256 lanes of ``BLOCK_S`` per warp (8 per
+    thread), 1 to 16 warps, so that a large S does not spill registers."""
+    return max(1, min(16, block_s // 256))
+
+
+def _tiles(V: int, elem_bytes: int, n_rows: int):
+    """``(ROWS, BLOCK_V, num_warps)`` of the V passes over ``n_rows`` rows: a chunk of up
+    to ``BLOCK_V`` classes, and as many rows per program as fit ``ROW_TILE`` elements (no
+    more than the rows there are)."""
     block_v = _pow2(V, BLOCK_V)
-    rows = max(1, ROW_TILE // block_v)
+    rows = min(max(1, ROW_TILE // block_v), _pow2(n_rows, 1 << 30))
     tile = rows * block_v
     num_warps = 8 if tile * elem_bytes >= 16384 else 4
     return rows, block_v, num_warps
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _f64_parts(x: float) -> tuple[float, float, float]:
-    """``x`` as three float32 values whose float64 sum is ``x`` (``kernels._f64``)."""
-    hi = float(np.float32(x))
+    """``x`` as three float32 values whose float64 sum is ``x`` (``kernels._f64``). Beyond
+    float32's range (``|x| > F32_MAX``, infinities included) no float32 parts sum to
+    ``x``: ``(±inf, 0, 0)``, the value every float32 computation sees anyway (NaN stays
+    NaN). Splitting an infinity naively gives ``(inf, inf - inf, ...) = (inf, nan, nan)``,
+    which turned ``clamp=inf`` into NaN gradients."""
+    x = float(x)
+    if not abs(x) <= F32_MAX:                   # beyond float32, +-inf or NaN
+        return (x if x != x else math.copysign(math.inf, x)), 0.0, 0.0
+    hi = float(np.float32(x))                   # |x| <= F32_MAX: rounds to a finite float32
     mid = float(np.float32(x - hi))
     lo = float(np.float32(x - hi - mid))
     return hi, mid, lo
@@ -203,26 +247,50 @@ class _State:
         return (n, n * durations, n * plus_next_blank, K * n, B * (T + 1) * U1,
                 B * (T + 1) * U1, B)
 
+    @staticmethod
+    def _padded(sizes):
+        """Each part rounded up to 2 float64 (16 bytes): every view starts 16-byte aligned,
+        whatever the shapes, so Triton sees one pointer alignment (one variant; see
+        benchmarks/compile_variants.py)."""
+        return tuple(n + n % 2 for n in sizes)
+
     @classmethod
     def new(cls, B, T, U1, K, durations, plus_next_blank, device) -> "_State":
-        ws = torch.empty(sum(cls.sizes(B, T, U1, K, durations, plus_next_blank)),
+        ws = torch.empty(sum(cls._padded(cls.sizes(B, T, U1, K, durations, plus_next_blank))),
                          dtype=LATTICE_DTYPE, device=device)
         return cls.of(ws, B, T, U1, K, durations, plus_next_blank)
 
     @classmethod
     def of(cls, ws, B, T, U1, K, durations, plus_next_blank) -> "_State":
-        parts = ws.split(cls.sizes(B, T, U1, K, durations, plus_next_blank))
+        sizes = cls.sizes(B, T, U1, K, durations, plus_next_blank)
+        parts = [p[:n] for p, n in zip(ws.split(cls._padded(sizes)), sizes)]
         shapes = ((B, T, U1), (B, T, U1) if durations else (0,),
                   (B, T, U1) if plus_next_blank else (0,),
                   (B, K, T, U1), (B, T + 1, U1), (B, T + 1, U1), (B,))
         return cls(*(p.view(s) for p, s in zip(parts, shapes)), ws)
 
 
-def _shape(logits, node_rows):
-    """``(B, T, U+1, V)`` of the lattice: from the logits, or from ``node_rows``."""
+@dataclass(frozen=True)
+class _Rows:
+    """What the programs of the V passes run over (``kernels._row_node``): ``n`` rows of
+    the logits in ``layout`` (``kernels.PADDED``, ``ROW_NODES`` with ``row_nodes (N,)``
+    int64, or ``BOX``, a fused tile ``(t0, u0, frames, label positions)``). Programs are
+    launched for these rows only, never for the whole grid."""
+    n: int
+    layout: int
+    row_nodes: torch.Tensor | None = None
+    box: tuple = (0, 0, 1, 1)
+
+
+def _rows_of(logits, node_rows) -> _Rows:
+    """The rows of padded logits ``(B, T, U+1, V)`` (``node_rows`` None), or of rows ``(N,
+    V)`` with the node -> row map ``node_rows (B, T, U+1)``, inverted (``_layout.row_nodes``:
+    a scatter, no host synchronisation)."""
     if node_rows is None:
-        return tuple(logits.shape)
-    return (*node_rows.shape, logits.shape[-1])
+        B, T, U1, _ = logits.shape
+        return _Rows(B * T * U1, kernels.PADDED)
+    N = logits.shape[0]
+    return _Rows(N, kernels.ROW_NODES, row_nodes(node_rows, N))
 
 
 def _or(x, other):
@@ -238,8 +306,9 @@ def _terms(opts: LossOptions, kinds: dict) -> dict:
 
 
 def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
-             boundary, node_rows, beta: bool, best_kind=None, fill_nodes: bool = False):
-    """Passes 1-2 of any topology: ``(state, costs)``; costs ``(B,)`` = -log P.
+             boundary, grid, rows: _Rows, beta: bool, best_kind=None, fill_nodes: bool = False):
+    """Passes 1-2 of any topology on the grid ``(B, T, U+1)``: ``(state, costs)``; costs
+    ``(B,)`` = -log P.
 
     ``best_kind``: a ``(B, T+1, U+1)`` int8 tensor filled with -1 switches the lattice
     pass to the max-plus semiring (alpha alone, the best path's score as log P) and
@@ -248,7 +317,7 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     them there)."""
     topo = opts.topology
     kinds = _kinds(topo)
-    B, T, U1, V = _shape(logits, node_rows)
+    B, T, U1 = grid
     n_dur = topo.n_durations
     st = _State.new(B, T, U1, kinds["K"], n_dur > 0, kinds["HAS_PLUS_NEXT_BLANK"],
                     logits.device)
@@ -256,35 +325,46 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
         st.alpha.fill_(float("-inf"))
         if beta:
             st.beta.fill_(float("-inf"))
+    if rows.layout == kernels.ROW_NODES:
+        _fill_rowless(st)
     costs = torch.empty((B,), dtype=_costs_dtype(logits.dtype), device=logits.device)
     _row_pass(logits, targets, logit_lengths, target_lengths, st, opts, boundary=boundary,
-              node_rows=node_rows)
+              rows=rows)
     _lattice(st, costs, logit_lengths, target_lengths, opts, boundary=boundary, beta=beta,
              best_kind=best_kind)
     return st, costs
 
 
+def _fill_rowless(st: _State) -> None:
+    """The row pass's outputs of nodes that read no row (``lse = 0``, -inf arcs), written
+    before a pass over the rows of a ``row_nodes`` layout, which writes the others."""
+    for x in (st.lse, st.lse_dur):
+        x.zero_()
+    for x in (st.lp, st.next_blank):
+        x.fill_(float("-inf"))
+
+
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
-              boundary, node_rows):
-    """Pass 1 (``kernels._row_kernel``) into ``st``'s ``lse``, ``lse_dur``, ``next_blank``
-    and ``lp``, written on every node (nodes without a row: -inf arcs)."""
+              boundary, rows: _Rows):
+    """Pass 1 (``kernels._row_kernel``) over the rows ``rows`` into ``st``'s ``lse``,
+    ``lse_dur``, ``next_blank`` and ``lp`` at their nodes."""
     topo = opts.topology
     kinds = _kinds(topo)
-    B, T, U1, V = _shape(logits, node_rows)
+    B, T, U1 = st.lse.shape
+    V = logits.shape[-1]
     n_dur = topo.n_durations
-    n_nodes = B * T * U1
-    if not n_nodes:
+    if not rows.n:
         return
-    rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
+    per, block_v, num_warps = _tiles(V - n_dur, logits.element_size(), rows.n)
     with _device(logits):
-        kernels._row_kernel[(triton.cdiv(n_nodes, rows),)](
-            logits, _or(node_rows, logit_lengths), _nonempty(targets, logit_lengths),
+        kernels._row_kernel[(triton.cdiv(rows.n, per),)](
+            logits, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
             logit_lengths, target_lengths, _or(boundary, logit_lengths),
             st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp,
-            n_nodes, T, U1, V - n_dur, opts.blank,
+            rows.n, T, U1, V - n_dur, opts.blank, *rows.box,
             **kinds,
-            FUSED=opts.fused, NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype),
-            ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
+            FUSED=opts.fused, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
+            ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
             BOUNDARY=boundary is not None, num_warps=num_warps)
 
 
@@ -305,37 +385,39 @@ def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions
                 st.alpha, st.beta, st.log_like, costs, _or(best_kind, logit_lengths), T, U1,
                 *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
                 **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
-                MAX_SEMIRING=best_kind is not None, BLOCK_U=_pow2(U1, BLOCK_U), **flags,
+                MAX_SEMIRING=best_kind is not None, BLOCK_U=_block_u(U1), **flags,
                 # num_stages=1: no load is issued ahead of the barrier that makes the
                 # earlier diagonals visible.
                 num_warps=NUM_WARPS_LATTICE, num_stages=1)
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
-              opts: LossOptions, upstream, *, boundary, node_rows):
-    """Pass 3 of any topology: ``dst = upstream[b] * clip(d loss_b / d logits)``; ``dst``
-    may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides included)."""
+              opts: LossOptions, upstream, *, boundary, rows: _Rows):
+    """Pass 3 of any topology over the rows ``rows``: ``dst = upstream[b] * clip(d loss_b /
+    d logits)``; ``dst`` may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides
+    included)."""
     topo = opts.topology
     kinds = _kinds(topo)
-    B, T, U1, V = _shape(logits, node_rows)
+    B, T, U1 = st.lse.shape
+    V = logits.shape[-1]
     n_dur = topo.n_durations
-    n_nodes = B * T * U1
-    if n_nodes == 0:
+    if rows.n == 0:
         return dst
-    rows, block_v, num_warps = _tiles(V - n_dur, logits.element_size())
+    per, block_v, num_warps = _tiles(V - n_dur, logits.element_size(), rows.n)
     with _device(logits):
-        kernels._grad_kernel[(triton.cdiv(n_nodes, rows),)](
-            logits, dst, _or(node_rows, logit_lengths), _nonempty(targets, logit_lengths),
+        kernels._grad_kernel[(triton.cdiv(rows.n, per),)](
+            logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
             logit_lengths, target_lengths, _or(boundary, logit_lengths),
             st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp, st.alpha, st.beta,
             st.log_like, upstream,
-            n_nodes, T, U1, V - n_dur, opts.blank, upstream.stride(0),
+            rows.n, T, U1, V - n_dur, opts.blank, upstream.stride(0), *rows.box,
             *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
             *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
             **kinds, **_terms(opts, kinds),
             FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
-            NODE_ROWS=node_rows is not None, ACC=_acc(logits.dtype), ROWS=rows,
-            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), num_warps=num_warps)
+            LAYOUT=rows.layout, ACC=_acc(logits.dtype), ROWS=per,
+            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
+            num_warps=num_warps)
     return dst
 
 
@@ -358,13 +440,14 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
-    node_rows = None if node_rows is None else node_rows.to(torch.int64).contiguous()
+    grid = tuple(logits.shape[:3]) if node_rows is None else tuple(node_rows.shape)
+    rows = _rows_of(logits, None if node_rows is None else node_rows.to(torch.int64))
     st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts,
-                         boundary=boundary, node_rows=node_rows, beta=need_grad)
+                         boundary=boundary, grid=grid, rows=rows, beta=need_grad)
     if not need_grad:
         return costs, (), None
-    extra = tuple(x for x in (boundary, node_rows) if x is not None)
-    state = (boundary is not None, node_rows is not None)
+    extra = tuple(x for x in (boundary, rows.row_nodes) if x is not None)
+    state = (boundary is not None, grid, rows.n, rows.layout)
     return costs, (logits, targets, logit_lengths, target_lengths, st.workspace) + extra, state
 
 
@@ -373,28 +456,25 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     fused, in one pass over the logits, written over them with ``opts.inplace_grad``.
     ``upstream`` is read through its stride (an expanded scalar is not copied)."""
     logits, targets, logit_lengths, target_lengths, ws, *extra = saved
-    has_boundary, has_rows = state
+    has_boundary, (B, T, U1), n_rows, layout = state
     boundary = extra.pop(0) if has_boundary else None
-    node_rows = extra.pop(0) if has_rows else None
+    rows = _Rows(n_rows, layout, extra.pop(0) if layout == kernels.ROW_NODES else None)
     topo = opts.topology
-    B, T, U1, _ = _shape(logits, node_rows)
     st = _State.of(ws, B, T, U1, topo.K, topo.n_durations > 0,
                    any(k.plus_next_blank for k in topo.kinds))
     dst = logits if opts.inplace_grad else torch.empty_like(logits)
     return _gradient(dst, logits, targets, logit_lengths, target_lengths, st, opts,
-                     upstream, boundary=boundary, node_rows=node_rows)
+                     upstream, boundary=boundary, rows=rows)
 
 
 # --------------------------------------------------------------------------- tiles
 @dataclass
 class _Tiles:
     """The fused joiner and loss's state (``tile_forward`` ... ``tile_backward``): the
-    lattice state ``st`` of every node, gathered tile by tile; ``scratch``: the row pass's
-    outputs of the current tile (it writes every node: those of other tiles as rowless),
-    sharing ``st``'s alpha and beta, which it does not touch."""
+    lattice state ``st`` of every node, which the row pass of each tile writes at the
+    tile's nodes."""
 
     st: _State
-    scratch: _State
     targets: torch.Tensor          # (B, U), int32 or int64, contiguous
     logit_lengths: torch.Tensor    # (B,)
     target_lengths: torch.Tensor   # (B,)
@@ -402,47 +482,38 @@ class _Tiles:
     dtype: torch.dtype             # of the rows
 
 
+def _box(tile) -> _Rows:
+    """The rows of a fused tile: programs over its box only (``kernels.BOX``)."""
+    B = tile.grid[0]
+    frames, labels = tile.t1 - tile.t0, tile.u1 - tile.u0
+    return _Rows(B * frames * labels, kernels.BOX, None, (tile.t0, tile.u0, frames, labels))
+
+
 def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossOptions,
                  boundary, state):
-    """Pass 1 on one tile's rows ``(n, V)`` (``tile.node_rows``: the box's nodes read rows
-    0..n-1, every other node none) into the scratch state, then the box of its ``lse``,
-    ``lse_dur``, ``next_blank`` and ``lp`` copied into the whole lattice's state. No host
+    """Pass 1 on one tile's rows ``(n, V)`` (the box ``tile.t0:t1, u0:u1`` of the grid
+    ``tile.grid``, rows in row-major order), its programs launched over the box and
+    writing straight into the whole lattice's state (the tiles cover the grid). No host
     synchronisation: the box comes from the shapes."""
     check_device(rows)
-    B, T, U1 = tile.node_rows.shape
+    B, T, U1 = tile.grid
     topo = opts.topology
     if state is None:
         _, targets, logit_lengths, target_lengths = _prepare(rows[:0], targets, logit_lengths,
                                                              target_lengths)
-        args = (B, T, U1, topo.K, topo.n_durations > 0,
-                any(k.plus_next_blank for k in topo.kinds))
-        st = _State.new(*args, rows.device)
-        n = B * T * U1
-        ws = torch.empty(n * (topo.K + 1) + st.lse_dur.numel() + st.next_blank.numel(),
-                         dtype=LATTICE_DTYPE, device=rows.device)
-        lse, lp, rest = ws.split((n, topo.K * n, ws.numel() - (topo.K + 1) * n))
-        lse_dur, next_blank = rest.split((st.lse_dur.numel(), st.next_blank.numel()))
-        scratch = _State(lse.view(st.lse.shape), lse_dur.view(st.lse_dur.shape),
-                         next_blank.view(st.next_blank.shape), lp.view(st.lp.shape),
-                         st.alpha, st.beta, st.log_like, ws)
-        state = _Tiles(st, scratch, targets, logit_lengths, target_lengths,
+        st = _State.new(B, T, U1, topo.K, topo.n_durations > 0,
+                        any(k.plus_next_blank for k in topo.kinds), rows.device)
+        state = _Tiles(st, targets, logit_lengths, target_lengths,
                        None if boundary is None else boundary.to(torch.int64).contiguous(),
                        rows.dtype)
     _row_pass(rows.contiguous(), state.targets, state.logit_lengths, state.target_lengths,
-              state.scratch, opts, boundary=state.boundary, node_rows=tile.node_rows)
-    t, u = tile.box
-    for name in ("lse", "lse_dur", "next_blank"):
-        a, x = getattr(state.st, name), getattr(state.scratch, name)
-        if a.numel():
-            a[:, t, u] = x[:, t, u]
-    state.st.lp[:, :, t, u] = state.scratch.lp[:, :, t, u]
+              state.st, opts, boundary=state.boundary, rows=_box(tile))
     return state
 
 
 def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
     """Pass 2 once over every node (``kernels._lattice_kernel``; beta only for a
     gradient): costs ``-log P`` (B,), float32 (float64 for float64 rows)."""
-    state.scratch = None
     B = state.st.lp.shape[0]
     costs = torch.empty((B,), dtype=_costs_dtype(state.dtype), device=state.st.lp.device)
     _lattice(state.st, costs, state.logit_lengths, state.target_lengths, opts,
@@ -451,12 +522,11 @@ def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
 
 
 def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
-    """Pass 3 on one tile (``kernels._grad_kernel`` with the tile's ``node_rows``): ``out
-    (n, V) = upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is
-    read through its stride."""
+    """Pass 3 on one tile (``kernels._grad_kernel`` over the tile's box): ``out (n, V) =
+    upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is read
+    through its stride."""
     return _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
-                     state.st, opts, upstream, boundary=state.boundary,
-                     node_rows=tile.node_rows)
+                     state.st, opts, upstream, boundary=state.boundary, rows=_box(tile))
 
 
 # --------------------------------------------------------------------------- lattice tools
@@ -480,7 +550,8 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
         logits, targets, logit_lengths, target_lengths, boundary)
     with torch.no_grad():
         st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
-                         boundary=boundary, node_rows=None, beta=True, fill_nodes=True)
+                         boundary=boundary, grid=tuple(logits.shape[:3]),
+                         rows=_rows_of(logits, None), beta=True, fill_nodes=True)
         kinds = _kinds(opts.topology)
         B, K, T, U1 = st.lp.shape
         gamma = torch.empty((B, K, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
@@ -505,8 +576,8 @@ def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOpt
     best_kind = torch.full((B, T + 1, U1), -1, dtype=torch.int8, device=logits.device)
     with torch.no_grad():
         st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
-                         boundary=boundary, node_rows=None, beta=False,
-                         best_kind=best_kind, fill_nodes=True)
+                         boundary=boundary, grid=(B, T, U1), rows=_rows_of(logits, None),
+                         beta=False, best_kind=best_kind, fill_nodes=True)
     return st, best_kind
 
 
@@ -552,7 +623,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
                 *_f64_parts(0.0), *_f64_parts(0.0),
                 **{k: kinds[k] for k in _LATTICE_KINDS},
-                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_pow2(U1, BLOCK_U),
+                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_block_u(U1),
                 BOUNDARY=True, num_warps=NUM_WARPS_LATTICE, num_stages=1)
     dt_max = max(k.dt for k in topo.kinds)
     du_max = max(k.du for k in topo.kinds)
@@ -582,9 +653,10 @@ def window_dp(mass: torch.Tensor, max_step: int):
     if B:
         f = torch.empty((B, S), dtype=torch.float64, device=x.device)
         arg = torch.empty((B, T, S), dtype=torch.int32, device=x.device)
+        block_s = _pow2(S, 1 << 16)
         with _device(x):
             kernels._window_dp_kernel[(B,)](x, f, arg, total, starts, T, S, int(max_step),
-                                            BLOCK_S=_pow2(S, 1 << 16), num_warps=4)
+                                            BLOCK_S=block_s, num_warps=_window_dp_warps(block_s))
     return total, starts
 
 

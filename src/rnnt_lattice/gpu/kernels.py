@@ -5,7 +5,8 @@ one_sym_per_frame, multi-blank, TDT; sigma, delay penalty, k2 boundary, node_row
 three passes, as in the CPU backend, driven by the arc kinds of ``rnnt_lattice.topology``
 given as compile-time constant tuples (section "any topology" below):
 
-1. ``_row_kernel`` — ``ROWS`` lattice nodes ``(b, t, u)`` per program: the token
+1. ``_row_kernel`` — ``ROWS`` rows of the logits per program, each a lattice node
+   ``(b, t, u)`` (programs run over the rows, ``LAYOUT``): the token
    group's log-normaliser ``lse(t,u)`` over V_tok in chunks of ``BLOCK_V`` (any V; one exp
    per element), TDT's duration group normaliser, and every kind's arc log-prob, float64.
 2. ``_lattice_kernel`` — two programs per sequence, alpha and beta at the same time
@@ -15,7 +16,7 @@ given as compile-time constant tuples (section "any topology" below):
    diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between diagonals, and read
    the earlier diagonals back from the float64 workspace. The alpha program writes the
    costs.
-3. ``_grad_kernel`` — ``ROWS`` nodes per program: the occupations of every arc that
+3. ``_grad_kernel`` — ``ROWS`` rows per program: the occupations of every arc that
    reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
    and the upstream gradient fused.
 
@@ -97,6 +98,34 @@ def _node_coords(node, T, U1):
     return b, t, u
 
 
+# Layouts of the V passes (``LAYOUT``): how the programs' rows map to lattice nodes. The
+# programs run over the rows they read (``n_rows`` of them), never over the whole grid.
+# (Plain ints for the host side; the kernels compare ``LAYOUT`` with the literals.)
+PADDED = 0      # logits (B, T, U+1, V): row r is node r
+ROW_NODES = 1   # rows (N, V) and ``row_nodes (N,)``: the node that reads row r, -1: none
+BOX = 2         # a fused tile's rows (B (t1-t0) (u1-u0), V), row-major (b, t, u) over the
+                # box t0 <= t < t1, u0 <= u < u1 of every sequence
+
+
+@triton.jit
+def _row_node(r, inside, row_nodes_ptr, T, U1, box_t0, box_u0, box_T, box_U1,
+              LAYOUT: tl.constexpr):
+    """``(node, has_node)`` of rows ``r`` (int64): the flat node ``(b T + t)(U+1) + u``
+    that reads each row in ``LAYOUT`` (0 where ``has_node`` is False: a row past
+    ``n_rows``, or a row no node reads)."""
+    if LAYOUT == 1:
+        node = tl.load(row_nodes_ptr + r, mask=inside, other=-1).to(tl.int64)
+    elif LAYOUT == 2:
+        bu = r % box_U1
+        bt = (r // box_U1) % box_T
+        bb = r // (box_U1 * box_T)
+        node = (bb * T + box_t0 + bt) * U1 + box_u0 + bu
+    else:
+        node = r
+    has = inside & (node >= 0)
+    return tl.where(has, node, 0), has
+
+
 # =========================================================================== any topology
 # The loss of every topology (math.md section 9): the same three passes, driven by the arc
 # kinds of ``rnnt_lattice.topology`` given as compile-time constants (``gpu._kinds``),
@@ -122,8 +151,10 @@ def _node_coords(node, T, U1):
 #
 # Layout. Node grids are ``(B, T+1, U+1)`` for alpha and beta (frame T holds the end
 # nodes ``(T_b, U_b)``), per-kind arc log-probs ``lp (B, K, T, U+1)`` over source nodes.
-# ``NODE_ROWS``: node ``(b, t, u)`` reads logits row ``node_rows[b, t, u]`` of a 2-D
-# ``(N, V)`` tensor (-1: no row, all its arcs -inf) instead of row ``(b T + t)(U+1) + u``.
+# ``LAYOUT`` (``_row_node``): the V passes run over the rows of the logits, each mapped to
+# the node that reads it: padded logits (row r is node r), 2-D rows ``(N, V)`` with
+# ``row_nodes (N,)`` (the inverse of ``node_rows (B, T, U+1)``: packed sequences, pruned
+# windows; a node without a row has -inf arcs), or a fused tile's box.
 # ``BOUNDARY``: k2's ``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]``
 # moves the start to ``(t0, u0)`` and the end to ``(t1, u1)``; without it they are
 # ``(0, 0)`` and ``(T_b, U_b)``. Every node outside the region ``t0 <= t < t1,
@@ -131,18 +162,26 @@ def _node_coords(node, T, U1):
 
 
 @triton.jit
-def _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, mask, BOUNDARY: tl.constexpr):
-    """``(t0, u0, t1, u1)`` int64 of sequence(s) ``b``: start and end node."""
+def _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, mask, T, U1,
+          BOUNDARY: tl.constexpr):
+    """``(t0, u0, t1, u1)`` int64 of sequence(s) ``b``: start and end node, clamped to the
+    grid (frames ``0..T``, label positions ``0..U``): out-of-range lengths (undefined
+    behaviour on CUDA, where they are not validated) never let a program index another
+    sequence's block or past a buffer."""
     if BOUNDARY:
         u0 = tl.load(boundary_ptr + b * 4, mask=mask, other=0).to(tl.int64)
         t0 = tl.load(boundary_ptr + b * 4 + 1, mask=mask, other=0).to(tl.int64)
         u1 = tl.load(boundary_ptr + b * 4 + 2, mask=mask, other=0).to(tl.int64)
         t1 = tl.load(boundary_ptr + b * 4 + 3, mask=mask, other=0).to(tl.int64)
+        t0 = tl.minimum(tl.maximum(t0, 0), T)
+        u0 = tl.minimum(tl.maximum(u0, 0), U1 - 1)
     else:
         t1 = tl.load(logit_lengths_ptr + b, mask=mask, other=0).to(tl.int64)
         u1 = tl.load(target_lengths_ptr + b, mask=mask, other=0).to(tl.int64)
         t0 = t1 * 0
         u0 = t1 * 0
+    t1 = tl.minimum(tl.maximum(t1, 0), T)
+    u1 = tl.minimum(tl.maximum(u1, 0), U1 - 1)
     return t0, u0, t1, u1
 
 
@@ -176,7 +215,7 @@ def _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_pen
 
 @triton.jit
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, ALIGN: tl.constexpr):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
     chunks of BLOCK: -inf for an all -inf row, NaN for a row holding a NaN or +inf (math.md
     8.1: either one turns the row's exp sum into NaN, whatever the running max does with
@@ -186,11 +225,11 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
     exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element (the rescaling is one exp
     per row and chunk). ``s`` is float64; the chunk's own sum is an ACC tree reduction. A
     row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf`` never appears."""
-    v_end = tl.where(live, n, 0)
+    v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
     s = tl.zeros([ROWS], tl.float64)
-    for v0 in range(0, n, BLOCK):
+    for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
         v = v0 + offs
         x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
                     mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
@@ -222,47 +261,54 @@ def _split(x, ACC: tl.constexpr):
 
 
 # --------------------------------------------------------------------------- pass 1
-@triton.jit
+# Shape integers are not specialised (``do_not_specialize``): Triton would otherwise compile
+# a variant per class of each (equal to 1, divisible by 16, other), up to 3**k variants of
+# a kernel over a training run's varying T and U (benchmarks/compile_variants.py). The one
+# property of a shape the code generation needs, the alignment of the logits rows (vector
+# loads), is the constexpr ``V_ALIGN``.
+_SHAPES = ("n_rows", "n_nodes", "T", "U1", "V_tok", "blank")
+
+
+@triton.jit(do_not_specialize=_SHAPES + ("box_t0", "box_u0", "box_T", "box_U1"))
 def _row_kernel(
     # data ptrs
-    logits_ptr, node_rows_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    logits_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
     lse_ptr, lse_dur_ptr, next_blank_ptr, lp_ptr,
-    # shapes
-    n_nodes, T, U1, V_tok, blank,
+    # shapes: the rows, the grid, the box (LAYOUT 2)
+    n_rows, T, U1, V_tok, blank, box_t0, box_u0, box_T, box_U1,
     # arc kinds
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
-    FUSED: tl.constexpr, BOUNDARY: tl.constexpr, NODE_ROWS: tl.constexpr, ACC: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
-    """Row pass of ``ROWS`` nodes: the token group's ``lse`` over its ``V_tok`` entries in
-    chunks of BLOCK_V (and TDT's duration group ``lse_dur`` over its ``N_DURATIONS``
-    entries in one chunk), then every kind's log-prob at the node (math.md 9,
-    ``kind_log_probs``):
+    """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
+    it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
+    group's ``lse`` over its ``V_tok`` entries in chunks of BLOCK_V (and TDT's duration
+    group ``lse_dur`` over its ``N_DURATIONS`` entries in one chunk), then every kind's
+    log-prob at the node (math.md 9, ``kind_log_probs``):
 
         lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DURATION[k]) - lse_dur(t,u)]
 
     with ``c_k`` the blank, ``y[u]`` or ``CLASS_ID[k]``; -inf outside the region and where
     ``u + DU[k] > u1``. ``next_blank (B, T, U+1)`` (only with a ``plus_next_blank`` kind) is
     the blank's log-prob, read by the arc from ``(t, u-1)``. Outputs are float64; padding
-    gets ``lse = 0`` and -inf arcs."""
-    node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS], int64
-    inside = node < n_nodes
+    gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are written: with
+    ``row_nodes``, the caller fills the nodes that read no row (``lse = 0``, -inf arcs)."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
+    node, inside = _row_node(r, r < n_rows, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
+                             box_U1, LAYOUT)
     b, t, u = _node_coords(node, T, U1)
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
-                           BOUNDARY)
+                           T, U1, BOUNDARY)
     valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
-    if NODE_ROWS:
-        row_id = tl.load(node_rows_ptr + node, mask=valid, other=-1).to(tl.int64)
-        valid = valid & (row_id >= 0)
-    else:
-        row_id = node
-    row = row_id * (V_tok + N_DURATIONS)    # int64: past 2**31 logits
+    # int64: past 2**31 logits. V_ALIGN divides the row length and V_tok (``gpu._v_align``).
+    row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     if FUSED:
-        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V)
+        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN)
     else:
         lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
@@ -275,7 +321,7 @@ def _row_kernel(
     if N_DURATIONS > 0:
         if FUSED:
             lse_dur = _group_lse(logits_ptr, row, V_tok, N_DURATIONS, valid, ACC, ROWS,
-                                 BLOCK_DUR)
+                                 BLOCK_DUR, 1)
         else:
             lse_dur = tl.zeros([ROWS], tl.float64)
         live_dur = valid & (lse_dur != NEG_INF)
@@ -300,7 +346,7 @@ def _row_kernel(
 
 
 # --------------------------------------------------------------------------- pass 2
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPES)
 def _lattice_kernel(
     # data ptrs
     lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
@@ -346,8 +392,8 @@ def _lattice_kernel(
     are not written), so that a backtrack only follows pointers. Launch with grid
     ``(B, 1)`` for alpha alone."""
     b = tl.program_id(0).to(tl.int64)
-    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, b >= 0,
-                           BOUNDARY)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, b >= 0, T,
+                           U1, BOUNDARY)
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
     base = b * (T + 1) * U1
@@ -440,7 +486,7 @@ def _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1, 
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPES)
 def _gamma_kernel(
     # data ptrs
     lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
@@ -464,7 +510,7 @@ def _gamma_kernel(
     inside = node < n_nodes
     b, t, u = _node_coords(node, T, U1)
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
-                           BOUNDARY)
+                           T, U1, BOUNDARY)
     log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
     keep = (inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
             & (log_like != NEG_INF))
@@ -480,14 +526,14 @@ def _gamma_kernel(
 
 
 # --------------------------------------------------------------------------- pass 3
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPES + ("upstream_stride", "box_t0", "box_u0", "box_T", "box_U1"))
 def _grad_kernel(
     # data ptrs
-    logits_ptr, grad_ptr, node_rows_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
+    logits_ptr, grad_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
     boundary_ptr, lse_ptr, lse_dur_ptr, next_blank_ptr, lp_ptr, alpha_ptr, beta_ptr,
     log_like_ptr, upstream_ptr,
-    # shapes and strides
-    n_nodes, T, U1, V_tok, blank, upstream_stride,
+    # shapes and strides: the rows, the grid, the box (LAYOUT 2)
+    n_rows, T, U1, V_tok, blank, upstream_stride, box_t0, box_u0, box_T, box_U1,
     # options, each a float64 in three float32 parts: clamp, s = 1 + fastemit_lambda,
     # sigma, delay_penalty
     clamp_hi, clamp_mid, clamp_lo, scale_hi, scale_mid, scale_lo,
@@ -499,11 +545,12 @@ def _grad_kernel(
     N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
-    BOUNDARY: tl.constexpr, NODE_ROWS: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
-    """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` nodes
-    for any topology (math.md 9, ``reference.grad``), written once; ``grad_ptr``
+    """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
+    each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
+    topology (math.md 9, ``reference.grad``), written once; ``grad_ptr``
     may equal ``logits_ptr`` (every chunk is read before it is overwritten, by the same
     program). First the occupations of the arcs that read this node's row:
 
@@ -525,17 +572,14 @@ def _grad_kernel(
     every entry of its rows in fused mode, on its arc entries in log-prob mode; padding,
     rows of impossible sequences and sequences whose upstream gradient is exactly 0 get
     exactly 0 (a select, not a product)."""
-    node = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # [ROWS], int64
-    inside = node < n_nodes
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
+    has_row = r < n_rows
+    node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
+                             box_U1, LAYOUT)
     b, t, u = _node_coords(node, T, U1)
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
-                           BOUNDARY)
-    if NODE_ROWS:
-        row_id = tl.load(node_rows_ptr + node, mask=inside, other=-1).to(tl.int64)
-    else:
-        row_id = node
-    has_row = inside & (row_id >= 0)
-    region = has_row & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+                           T, U1, BOUNDARY)
+    region = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
     log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
     w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
     keep = region & (log_like != NEG_INF)
@@ -586,7 +630,7 @@ def _grad_kernel(
 
     nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
     write = keep & (w_up != 0.0)
-    row = row_id * (V_tok + N_DURATIONS)
+    row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     offs = tl.arange(0, BLOCK_V)
     clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
     y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
@@ -598,7 +642,9 @@ def _grad_kernel(
     lse = tl.load(lse_ptr + node, mask=keep, other=NEG_INF)
     live = keep & (lse != NEG_INF) & (s_tok != 0.0)   # rows without mass are not read
     lse_hi, lse_lo = _split(tl.where(live, lse, 0.0), ACC)
-    v_read = tl.where(live, V_tok, 0)
+    # V_ALIGN divides V_tok: the masks change at multiples of it (vector loads and stores)
+    v_read = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
+    v_write = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
     for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         if FUSED:
@@ -621,7 +667,7 @@ def _grad_kernel(
                            propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=has_row[:, None] & (v[None, :] < V_tok))
+                 mask=v[None, :] < v_write[:, None])
     if N_DURATIONS > 0:
         # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
         if FUSED:
@@ -644,7 +690,7 @@ def _grad_kernel(
 
 
 # --------------------------------------------------------------------------- window choice
-@triton.jit
+@triton.jit(do_not_specialize=("T", "S", "max_step"))
 def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max_step,
                       BLOCK_S: tl.constexpr):
     """The window DP of math.md section 10 for sequence ``b = program_id(0)``, as
@@ -695,7 +741,7 @@ def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max
 
 
 # --------------------------------------------------------------------------- simple loss
-@triton.jit
+@triton.jit(do_not_specialize=("T", "U1", "V", "s_ab", "s_at", "s_lb", "s_lu"))
 def _simple_rescue_kernel(
     # data
     am_ptr, lm_ptr, need_ptr, lse_ptr, g_ptr, grad_am_ptr, grad_lm_ptr,

@@ -1,0 +1,157 @@
+"""Registers, spills and vector loads of every Triton kernel, compiled for a CUDA target
+without a GPU.
+
+    python benchmarks/kernel_resources.py [--sm 90] [--V 500 1000 1024 1025 5000]
+
+Each kernel is compiled with the constexprs and ``num_warps`` the backend launches it with
+at that vocabulary (``gpu._tiles``, ``gpu._v_align``, ``gpu._block_u``,
+``gpu._window_dp_warps``), float32 logits, int32 ids, the regular topology (and TDT with
+durations 0..4 for the V passes), through ``triton.compile`` for ``GPUTarget("cuda", sm,
+32)``: Triton bundles ``ptxas``, no device is needed. For each compiled kernel the table
+gives
+
+* registers per thread and spill stores/loads (bytes), from ``cuobjdump
+  --dump-resource-usage`` on the cubin (Triton ships ``cuobjdump`` under
+  ``triton/backends/nvidia/bin``);
+* the global loads of the PTX by width: ``v4``/``v2`` vector loads against scalar ones
+  (``ld.global`` without a vector suffix), which tells whether the rows of the logits are
+  read with vector loads at that V.
+
+``docs/benchmarks.md`` ("Triton kernels on sm_90: registers, spills, vector loads") has
+the table and the command.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)      # compiled kernels, not interpreted
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
+INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
+INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
+INT32_PTRS = {"arg_ptr"}
+INT8_PTRS = {"best_kind_ptr", "need_ptr"}
+COST_PTRS = {"costs_ptr", "upstream_ptr"}
+FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
+
+
+def signature(fn, const, x="fp32", idt="i32"):
+    sig = {}
+    for p in inspect.signature(fn.fn).parameters:
+        if p in const:
+            sig[p] = "constexpr"
+        elif p in INPUT_PTRS:
+            sig[p] = "*" + x
+        elif p in INT_PTRS:
+            sig[p] = "*" + idt
+        elif p in INT64_PTRS:
+            sig[p] = "*i64"
+        elif p in INT8_PTRS:
+            sig[p] = "*i8"
+        elif p in INT32_PTRS:
+            sig[p] = "*i32"
+        elif p in COST_PTRS:
+            sig[p] = "*fp32"
+        elif p.endswith("_ptr"):
+            sig[p] = "*fp64"
+        elif p in FLOATS:
+            sig[p] = "fp32"
+        else:
+            sig[p] = "i32"
+    return sig
+
+
+def resources(cubin: bytes) -> tuple[int, int, int]:
+    """``(registers, spill store bytes, spill load bytes)`` of a cubin (cuobjdump)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    reg = int(re.search(r"REG:(\d+)", out).group(1))
+    st = int(re.search(r"STORE:(\d+)", out).group(1)) if "STORE:" in out else 0
+    ld = int(re.search(r"LOAD:(\d+)", out).group(1)) if "LOAD:" in out else 0
+    return reg, st, ld
+
+
+def loads(ptx: str) -> str:
+    """Global loads of the PTX by width: ``v4 a, v2 b, scalar c``."""
+    lines = [ln for ln in ptx.splitlines() if "ld.global" in ln]
+    v4 = sum(".v4." in ln for ln in lines)
+    v2 = sum(".v2." in ln for ln in lines)
+    return f"v4 {v4}, v2 {v2}, scalar {len(lines) - v4 - v2}"
+
+
+def variants(V_list):
+    from rnnt_lattice import gpu, topology
+    for tname, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4]))):
+        kinds = gpu._kinds(topo)
+        n_dur = topo.n_durations
+        for V in V_list:
+            rows, block_v, warps = gpu._tiles(V, 4, 1 << 20)
+            common = dict(kinds, ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
+                          V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32, BOUNDARY=False,
+                          LAYOUT=0)
+            yield (f"_row_kernel {tname}", V, "_row_kernel", dict(common, FUSED=True), warps, 3)
+            yield (f"_grad_kernel {tname}", V, "_grad_kernel",
+                   dict(common, FUSED=True, CLAMP=True, SIGMA=False, DELAY_ON=False), warps, 3)
+        lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
+        for U1 in (41, 151):
+            yield (f"_lattice_kernel {tname}", f"U+1={U1}", "_lattice_kernel",
+                   dict(lattice, SIGMA=False, DELAY_ON=False, BOUNDARY=False, MAX_SEMIRING=False,
+                        BLOCK_U=gpu._block_u(U1)), gpu.NUM_WARPS_LATTICE, 1)
+    kinds = gpu._kinds(topology.regular())
+    yield ("_gamma_kernel regular", "-", "_gamma_kernel",
+           dict({k: kinds[k] for k in gpu._LATTICE_KINDS}, SIGMA=False, DELAY_ON=False,
+                BOUNDARY=False, BLOCK=gpu.BLOCK_NODES), 4, 3)
+    for S in (128, 1024, 8192):
+        block_s = gpu._pow2(S, 1 << 16)
+        yield ("_window_dp_kernel", f"S={S}", "_window_dp_kernel", dict(BLOCK_S=block_s),
+               gpu._window_dp_warps(block_s), 3)
+    for V in V_list:
+        for backward in (False, True):
+            yield (f"_simple_rescue_kernel {'bwd' if backward else 'fwd'}", V,
+                   "_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=gpu._pow2(V, 1024)),
+                   4, 3)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sm", type=int, default=90)
+    ap.add_argument("--V", type=int, nargs="*", default=[500, 1000, 1024, 1025, 5000])
+    args = ap.parse_args(argv)
+    from rnnt_lattice.gpu import kernels
+    target = GPUTarget("cuda", args.sm, 32)
+    print(f"triton {triton.__version__}, sm_{args.sm}, float32 logits")
+    print("| kernel | V / shape | num_warps | registers | spill stores / loads (bytes) "
+          "| global loads in the PTX |")
+    print("|---|---|---|---|---|---|")
+    for label, shape, name, const, warps, stages in variants(args.V):
+        fn = getattr(kernels, name)
+        sig = signature(fn, const)
+        # Every pointer 16-byte aligned, as a launch on CUDA tensors specialises them
+        # (``do_not_specialize`` covers the shape integers only).
+        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
+                 if t.startswith("*")}
+        compiled = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=target,
+                                  options=dict(num_warps=warps, num_stages=stages))
+        reg, st, ld = resources(compiled.asm["cubin"])
+        width = loads(compiled.asm["ptx"])
+        print(f"| {label} | {shape} | {warps} | {reg} | {st} / {ld} | {width} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
