@@ -37,7 +37,7 @@ from typing import List, Optional
 
 import torch
 
-from . import _backends
+from . import _backends, _validate
 from ._layout import row_sequences
 from ._types import LossOptions
 from .topology import from_spec, to_spec
@@ -129,6 +129,7 @@ def _costs_and_grad(
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
     impl = _backends.resolve(backend, logits.device)
+    _check_values_at_run(logits, logit_lengths, target_lengths, boundary, node_rows)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
                                                 opts, need_grad, boundary, node_rows)
@@ -137,6 +138,18 @@ def _costs_and_grad(
         ones = torch.ones(costs.shape[0], dtype=costs.dtype, device=costs.device)
         grad = impl.loss_backward(saved, state, ones, opts)
     return costs, grad
+
+
+def _check_values_at_run(logits, logit_lengths, target_lengths, boundary, node_rows) -> None:
+    """The value checks that ``_backends.prepare_call`` cannot run while tracing (nothing
+    to read), run when the op runs on CPU tensors: the lengths and the boundary within the
+    padded lattice, which the kernels index by (the backends trust them)."""
+    if not _validate.may_read_values(logits) or logit_lengths.numel() == 0:
+        return
+    B, T, U1 = (logits.shape[:3] if node_rows is None else node_rows.shape)
+    where = ("logits", logits)
+    _validate.check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+    _validate.check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
 
 
 @_costs_and_grad.register_fake
