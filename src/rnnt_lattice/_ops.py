@@ -42,7 +42,8 @@ from ._layout import row_sequences
 from ._types import LossOptions
 from .topology import from_spec, to_spec
 
-__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs"]
+__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs",
+           "refuse_double_backward"]
 
 
 def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
@@ -75,8 +76,13 @@ class _RNNTLoss(torch.autograd.Function):
         return costs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_costs):
+        refuse_double_backward("rnnt_loss")
+        return _RNNTLoss._backward(ctx, grad_costs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward(ctx, grad_costs):
         saved = ctx.saved_tensors                 # version checks happen here
         opts: LossOptions = ctx.opts
         if opts.inplace_grad and ctx.impl.INPLACE_WRITES_IN == "backward":
@@ -86,6 +92,17 @@ class _RNNTLoss(torch.autograd.Function):
         if opts.inplace_grad:
             grad = grad.detach()                  # a new tensor over the same memory
         return grad, None, None, None, None, None, None, None
+
+
+def refuse_double_backward(what: str) -> None:
+    """RuntimeError when a backward is asked to build a graph (``create_graph=True``, the
+    engine then runs the backward with grad mode on): the gradient is computed by kernels,
+    not by differentiable operations, and would come back without a graph, so that a
+    gradient penalty would silently train without its penalty."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{what} does not support double backward (create_graph=True): its gradient is "
+            "computed by kernels and cannot be differentiated again")
 
 
 def without_infinite(upstream: torch.Tensor, infinite: torch.Tensor) -> torch.Tensor:

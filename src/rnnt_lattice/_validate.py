@@ -694,10 +694,11 @@ def check_tile(tile) -> tuple[int | None, int | None]:
     return tile, None
 
 
-def check_fused_args(joiner, enc, pred, targets) -> None:
+def check_fused_args(joiner, enc, pred) -> None:
     """The fused losses' joiner inputs: ``enc (B, T, H_enc)`` and ``pred (B, U+1, H_pred)``
-    floating tensors on one device, ``targets (B, U)``, ``joiner`` callable. The lengths
-    and the joiner's output are checked with the first tile (``check_lattice_args``)."""
+    floating tensors on one device, ``joiner`` callable. The targets, lengths, blank and
+    boundary are checked against them by ``_backends.prepare_call`` (messages naming
+    ``enc`` and ``pred``), before any tile."""
     if not callable(joiner):
         raise ValueError(f"joiner must be callable (e.g. an nn.Module), got {type(joiner).__name__}")
     for name, x, what in (("enc", enc, "(B, T, H_enc)"), ("pred", pred, "(B, U+1, H_pred)")):
@@ -713,11 +714,6 @@ def check_fused_args(joiner, enc, pred, targets) -> None:
         raise ValueError(f"pred {_shape(pred)} must have U+1 >= 1 label positions")
     if enc.device != pred.device:
         raise ValueError(f"tensors on different devices: enc on {enc.device}, pred on {pred.device}")
-    if not isinstance(targets, torch.Tensor) or targets.dim() != 2 or \
-            tuple(targets.shape) != (enc.shape[0], pred.shape[1] - 1):
-        got = _shape(targets) if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise ValueError(f"targets must have shape (B, U) = ({enc.shape[0]}, {pred.shape[1] - 1}) "
-                         f"for enc {_shape(enc)} and pred {_shape(pred)}, got {got}")
 
 
 def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> None:
