@@ -176,6 +176,15 @@ def _storage(x: torch.Tensor) -> int:
     return x.untyped_storage().data_ptr()
 
 
+def _storages(tensors):
+    """The storages of ``tensors`` that have one (a sharded DTensor parameter has none)."""
+    for t in tensors:
+        try:
+            yield _storage(t)
+        except RuntimeError:
+            pass
+
+
 def _fingerprint(rows: torch.Tensor) -> torch.Tensor:
     """Per-row sums ``(n,)`` of a tile's rows: the forward's and the recomputation's must
     agree (a deterministic joiner), :func:`_check_same`."""
@@ -425,7 +434,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
         rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1,
                    nbytes // (V * x.element_size()))
     del x
-    inputs = frozenset(_storage(t) for t in (enc, pred, *params))
+    inputs = frozenset(_storages((enc, pred, *params)))
     call = _Call(joiner, prep, tile_plan(B, T, U1, rows, frames_only), V, prep.chk.logits.dtype,
                  inputs)
     costs = _FusedLoss.apply(call, enc, pred, *params)
