@@ -155,11 +155,13 @@ def rnnt_loss(
     Notes:
         Under ``torch.compile`` the loss is the custom op ``rnnt_lattice::rnnt_costs_and_grad``
         (``fullgraph=True`` works, on CPU too), float16/bfloat16 logits are upcast to
-        float32 first, and the value checks are skipped (see Raises).
+        float32 first, and the value checks are skipped while tracing (see Raises); the
+        custom op checks the lengths and the boundary when it runs on CPU tensors.
 
         The Numba backend returns, as the gradient, a buffer its forward pass filled with
-        ``exp(logits - max)``: one exp per logit element in total. The gradient is an
-        ``once_differentiable`` function (no double backward).
+        ``exp(logits - max)``: one exp per logit element in total. The gradient is
+        computed by kernels, not differentiable operations: a double backward
+        (``create_graph=True``, e.g. a gradient penalty) is a RuntimeError.
     """
     return logits_loss(logits, targets, logit_lengths, target_lengths, blank,
                  by_name(rnnt_type), clamp=clamp, reduction=reduction, fused=fused_log_softmax,

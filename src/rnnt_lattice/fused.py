@@ -10,9 +10,11 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
     forward   for each tile:  x = joiner(enc[:, t0:t1, None], pred[:, None, u0:u1])  (no_grad)
                               row pass on x: lse, arc weights w of the tile's nodes; x dropped
               the lattice once over every node: alpha, beta, log P, occupations gamma
-    backward  for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed)
+    backward  for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed),
+                              its row sums compared with the forward's (determinism)
                               g = upstream[b] * d cost_b / d x  (gradient pass, over x itself)
                               torch.autograd.grad(x, [enc, pred, *params], g), accumulated
+                              (other leaves the joiner reached: torch.autograd.backward)
 
 The gradient pass needs only the occupations and the row statistics of the forward, so
 the result is that of ``rnnt_loss`` on the materialised logits, to float rounding: this is
@@ -99,7 +101,7 @@ def _check_not_capturing(device: torch.device) -> None:
             "the fused losses cannot be captured in a CUDA graph: they save and replay the "
             "CUDA RNG state around the joiner's recomputation (as torch.utils.checkpoint does), "
             "which graph capture forbids. Capture rnnt_loss on the materialised logits instead, "
-            "or run the fused loss eagerly (docs/api.md, \"Fused joiner and loss\")")
+            "or run the fused loss eagerly (docs/api.md, \"The joiner and the loss fused by tiles\")")
 
 
 def _fork_rng(device: torch.device):
@@ -500,13 +502,22 @@ def fused_rnnt_loss(
     Args:
         joiner: a callable (typically an ``nn.Module``) mapping ``enc[:, t0:t1, None]``
             ``(B, t1-t0, 1, H_enc)`` and ``pred[:, None, u0:u1]`` ``(B, 1, u1-u0, H_pred)``
-            to logits ``(B, t1-t0, u1-u0, V)``. The parameters of an ``nn.Module`` that
-            require grad get their gradients through autograd as usual (DDP's hooks
-            included); a tensor requiring grad that it reaches otherwise is a
-            RuntimeError in the backward pass. It is called twice per tile (forward, and
-            again in the backward pass with the forward's RNG state and autocast: dropout
-            is replayed exactly), and once more on one node when ``tile`` is a byte
-            budget (to learn V; no_grad, RNG state restored).
+            to logits ``(B, t1-t0, u1-u0, V)``, acting on each ``(t, u)`` independently:
+            a layer that takes statistics over the batch or the positions (BatchNorm in
+            training mode, InstanceNorm, GroupNorm) is a ValueError. The parameters of an
+            ``nn.Module`` that require grad get their gradients returned by the loss's
+            Function (DDP's hooks see each once); any other trainable tensor the joiner
+            reaches (FSDP2's unsharded parameters, a tensor held by a closure) gets its
+            gradient accumulated by autograd, as reentrant checkpointing gives it. It is
+            called once on one node before any tile (to learn V and the logits' dtype;
+            no_grad, RNG state restored), then twice per tile (forward, and again in the
+            backward pass with the forward's RNG state and autocast: dropout is replayed
+            exactly). The recomputation must give the forward's logits
+            (``torch.utils.checkpoint``'s rule: deterministic given the inputs and the RNG
+            state); the row sums of each recomputed tile are compared with the forward's,
+            and a difference beyond rounding is a RuntimeError (a device-side assert on
+            CUDA). An output that is a view of ``enc``, ``pred`` or a parameter is copied
+            before the passes write over it.
         enc: ``(B, T, H_enc)`` encoder output. pred: ``(B, U+1, H_pred)`` prediction
             network output. Either may or may not require grad.
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
@@ -530,8 +541,12 @@ def fused_rnnt_loss(
     Under ``torch.autocast`` the joiner runs in the autocast dtype (its bfloat16/float16
     logits are read in float32 by the CPU and torch backends, natively by Triton), the
     loss is float32 and the lattice float64. Under ``torch.compile`` the call is a graph
-    break (``torch.compiler.disable``). Memory: the lattice, ``O(B T (U+1) K)`` float64,
-    plus one tile of logits and joiner activations (math.md section 11).
+    break (``torch.compiler.disable``). It cannot be captured in a CUDA graph (it saves and
+    replays the CUDA RNG state): a RuntimeError says so. A double backward
+    (``create_graph=True``) is a RuntimeError. Every argument is checked before any tile
+    runs (``_backends.prepare_call``, messages naming ``enc`` and ``pred``), also with
+    ``T = 0`` or ``B = 0``. Memory: the lattice, ``O(B T (U+1) K)`` float64, plus one tile
+    of logits and joiner activations (math.md section 11).
 
     Returns:
         The reduced loss, or ``(B,)`` per-sequence losses for ``"none"`` (float32; float64
