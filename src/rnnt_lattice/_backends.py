@@ -35,7 +35,10 @@ class Backend(Protocol):
     """What every backend module provides. Shapes: logits ``(B, T, U+1, V)`` (or rows
     ``(N, V)`` with ``node_rows (B, T, U+1)`` int64, math.md section 9.1: ``_ops``), targets
     ``(B, U)``, lengths ``(B,)``, arc weights ``w (B, K, T, U+1)``, lattice node tensors
-    ``(B, T+1, U+1)``, window masses ``(B, T, S)``; ``am (B, T, V)``, ``lm (B, U+1, V)``."""
+    ``(B, T+1, U+1)``, window masses ``(B, T, S)``; ``am (B, T, V)``, ``lm (B, U+1, V)``.
+    The arguments of the loss, tile and lattice-tool members come from :func:`prepare_call`
+    (``opts.blank`` resolved, the topology, lengths and boundary checked): a backend checks
+    none of them again."""
 
     NAME: str                    # "numba", "triton", "torch"
     INPLACE_WRITES_IN: str       # "forward" | "backward": when inplace_grad overwrites the logits
