@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import importlib.abc
+import importlib.util
 import math
 import subprocess
 import sys
@@ -320,6 +322,36 @@ def test_install_routes_nemo_losses_to_ours_and_uninstall_restores(fake_nemo):
     with nemo.installed():
         assert fake_nemo.TDTLossNumba is nemo.TDTLossNumba
     assert fake_nemo.TDTLossNumba is originals[1]
+
+
+class _NemoFailingWith(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A stand-in NeMo whose import raises ``error`` (a version mismatch typically raises
+    AttributeError from inside NeMo's own imports)."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "nemo" or name.startswith("nemo."):
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [AttributeError("module 'numpy' has no attribute 'bool8'"),
+                                   TypeError("unsupported operand"), RuntimeError("CUDA init")])
+def test_install_turns_any_failure_of_importing_nemo_into_an_import_error(monkeypatch, error):
+    for name in [m for m in sys.modules if m == "nemo" or m.startswith("nemo.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_NemoFailingWith(error)] + sys.meta_path)
+    with pytest.raises(ImportError, match="NeMo's ASR collection") as info:
+        nemo.install()
+    assert info.value.__cause__ is error
 
 
 def test_install_without_nemo_raises_a_clear_import_error(monkeypatch):

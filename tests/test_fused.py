@@ -382,8 +382,266 @@ def test_bad_joiner_and_inputs():
     with pytest.raises(ValueError, match="blank"):
         rnnt_lattice.fused_multiblank_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=0,
                                                 big_blank_durations=[2])
-    # a trainable tensor the joiner reaches outside its parameters: an error, not a lost grad
-    scale = torch.ones(1, dtype=torch.float64, requires_grad=True)
-    loss = call(lambda e, p: joiner(e, p) * scale, enc, pred, targets, tl, ul, blank=blank)
-    with pytest.raises(RuntimeError, match="not a parameter"):
+    with pytest.raises(TypeError, match="reduciton"):
+        rnnt_lattice.FusedRNNTLoss(joiner, blank=blank, reduciton="sum")
+
+
+# --------------------------------------------------------------------------- issue 27
+def test_trainable_tensors_outside_the_parameters_get_their_gradients():
+    """A joiner (here a function) that reaches trainable tensors which are not the
+    Function's inputs: the module's parameters and a closure's ``scale`` get the gradients
+    of the materialised loss, through autograd (as reentrant checkpointing gives them)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    scale = torch.tensor([1.3], dtype=torch.float64, requires_grad=True)
+    fn = lambda e, p: joiner(e, p) * scale                  # noqa: E731
+    w = upstream_weights(enc.shape[0])
+    grads = []
+    for fused in (False, True):
+        for x in (enc, pred, scale, *joiner.parameters()):
+            x.grad = None
+        if fused:
+            loss = rnnt_lattice.fused_rnnt_loss(fn, enc, pred, targets, tl, ul, blank=blank,
+                                                tile=5, reduction="none")
+        else:
+            loss = rnnt_lattice.rnnt_loss(fn(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                          blank=blank, reduction="none")
+        (loss * w).sum().backward()
+        grads.append([loss.detach()] + [x.grad.clone() for x in (enc, pred, scale,
+                                                                 *joiner.parameters())])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-10)
+
+
+def wide(joiner, enc, pred):
+    """``enc (B, T, V)`` and ``pred (B, U+1, V)`` of the case's V, requiring grad: inputs
+    that a parameterless joiner can add into logits."""
+    V = joiner.out.out_features
+    g = torch.Generator().manual_seed(5)
+    return tuple(torch.randn(*x.shape[:2], V, generator=g, dtype=x.dtype).requires_grad_()
+                 for x in (enc, pred))
+
+
+@pytest.mark.parametrize("backend", backends.CPU)
+def test_joiner_that_ignores_an_input_that_requires_grad(backend):
+    """``e + p.detach()``: pred requires grad but the joiner does not use it (defect 1)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    enc, pred = wide(joiner, enc, pred)
+    fn = lambda e, p: e + p.detach()                        # noqa: E731
+    full = rnnt_lattice.rnnt_loss(fn(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                  blank=blank, backend=backend)
+    (g_full,) = torch.autograd.grad(full, enc)
+    fused = rnnt_lattice.fused_rnnt_loss(fn, enc, pred, targets, tl, ul, blank=blank, tile=5,
+                                         backend=backend)
+    g_enc, g_pred = torch.autograd.grad(fused, (enc, pred), allow_unused=True)
+    torch.testing.assert_close(fused, full)
+    torch.testing.assert_close(g_enc, g_full)
+    assert g_pred is None or not g_pred.any()
+
+
+VIEW_JOINERS = {
+    # the output is pred itself on one-frame tiles (tile = B (U+1) rows)
+    "pred": (lambda e, p: p.expand(-1, e.shape[1], -1, -1), lambda B, U1: B * U1),
+    # the output is enc itself on tiles of one label position (tile = B rows)
+    "enc": (lambda e, p: e.expand(-1, -1, p.shape[2], -1), lambda B, U1: B),
+}
+
+
+@pytest.mark.parametrize("backend", backends.ALL)
+@pytest.mark.parametrize("which", list(VIEW_JOINERS))
+def test_joiner_whose_output_is_a_view_of_its_input(which, backend):
+    """The passes write over a tile's rows (the Numba forward its exps, every backward the
+    gradient): a tile that *is* ``enc`` or ``pred`` must be copied first, so the loss and
+    gradients are the materialised loss's and the inputs stay untouched (defect 2)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    enc, pred = wide(joiner, enc, pred)
+    fn, tile = VIEW_JOINERS[which]
+    enc0, pred0 = enc.detach().clone(), pred.detach().clone()
+    w = upstream_weights(enc.shape[0])
+    ctx = quiet()
+    try:
+        full = rnnt_lattice.rnnt_loss(fn(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                      blank=blank, reduction="none", backend=backend)
+        g_full = torch.autograd.grad((full * w).sum(), (enc, pred), allow_unused=True)
+        fused = rnnt_lattice.fused_rnnt_loss(fn, enc, pred, targets, tl, ul, blank=blank,
+                                             tile=tile(enc.shape[0], pred.shape[1]),
+                                             reduction="none", backend=backend)
+        g_fused = torch.autograd.grad((fused * w).sum(), (enc, pred), allow_unused=True)
+    finally:
+        ctx.__exit__(None, None, None)
+    assert torch.equal(enc.detach(), enc0) and torch.equal(pred.detach(), pred0)
+    torch.testing.assert_close(fused, full)
+    for a, b, x in zip(g_full, g_fused, (enc, pred)):
+        zero = torch.zeros_like(x)
+        torch.testing.assert_close(zero if b is None else b, zero if a is None else a)
+
+
+class NormJoiner(torch.nn.Module):
+    """A joiner with a normalisation layer between its projection and its output."""
+
+    def __init__(self, V, norm):
+        super().__init__()
+        self.proj = torch.nn.Linear(H, H, dtype=torch.float64)
+        self.norm = norm
+        self.out = torch.nn.Linear(H, V, dtype=torch.float64)
+
+    def forward(self, e, p):
+        h = self.proj(e + p)                              # (B, t, u, H)
+        if isinstance(self.norm, torch.nn.LayerNorm):
+            return self.out(self.norm(h))
+        shape = h.shape
+        return self.out(self.norm(h.reshape(-1, shape[-1])).reshape(shape))
+
+
+@pytest.mark.parametrize("norm", ["batch", "batch_eval", "layer"])
+def test_joiners_with_batch_coupled_layers_are_refused(norm):
+    """BatchNorm in training mode takes statistics over the nodes of a tile: refused with
+    a clear error (defect 3). In eval mode (running statistics), and LayerNorm, act on
+    each node: the materialised loss's gradients."""
+    base, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    V = base.out.out_features
+    layer = (torch.nn.LayerNorm(H, dtype=torch.float64) if norm == "layer"
+             else torch.nn.BatchNorm1d(H, dtype=torch.float64))
+    joiner = NormJoiner(V, layer)
+    if norm == "batch_eval":
+        joiner.eval()
+    if norm == "batch":
+        with pytest.raises(ValueError, match=r"(?s)'norm'.*BatchNorm1d.*each \(t, u\) independently"):
+            rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank)
+        return
+    assert_same(*full_and_fused("regular", joiner, enc, pred, targets, tl, ul, blank, tile=5,
+                                backend="numba"), TOL[torch.float64])
+
+
+def test_non_deterministic_joiner_is_an_error():
+    """A joiner that reads a counter gives other logits when a tile is recomputed: the
+    backward raises instead of returning the gradient of other logits (defect 4)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    calls = []
+
+    def drifting(e, p):
+        calls.append(1)
+        return joiner(e, p) * (1.0 + 0.1 * len(calls))
+
+    loss = rnnt_lattice.fused_rnnt_loss(drifting, enc, pred, targets, tl, ul, blank=blank, tile=5)
+    with pytest.raises(RuntimeError, match="deterministic"):
         loss.backward()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("backend", backends.CPU)
+def test_double_backward_is_refused(fused, backend):
+    """``create_graph=True`` (a gradient penalty) would get gradients without a graph:
+    refused with a clear error, for rnnt_loss as for the fused loss (defect 5). A plain
+    second-order-free use of autograd.grad still works."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    params = list(joiner.parameters())
+
+    def loss():
+        if fused:
+            return rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                                tile=5, backend=backend)
+        return rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                      blank=blank, backend=backend)
+
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(loss(), params, create_graph=True)
+    grads = torch.autograd.grad(loss(), params)
+    assert all(g.grad_fn is None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("empty", ["T", "B"])
+def test_arguments_are_checked_without_frames_or_sequences(empty):
+    """With T = 0 (or B = 0) no tile runs, and every argument is still checked, as
+    rnnt_loss checks it on the same logits (defect 6)."""
+    joiner, enc, pred, targets, tl, ul, blank, bnd = make(CASE, boundary=True)
+    if empty == "T":
+        enc = enc[:, :0]
+        ok = dict(logit_lengths=tl * 0, target_lengths=ul)
+    else:
+        enc, pred, targets = enc[:0], pred[:0], targets[:0]
+        ok = dict(logit_lengths=tl[:0], target_lengths=ul[:0])
+        bnd = bnd[:0]
+    call = rnnt_lattice.fused_rnnt_loss
+
+    def run_with(**kw):
+        args = dict(ok, blank=blank)
+        args.update(kw)
+        return call(joiner, enc, pred, targets, args.pop("logit_lengths"),
+                    args.pop("target_lengths"), **args)
+
+    run_with()                                              # the valid call runs
+    bad = {"batch sizes": dict(logit_lengths=torch.zeros(enc.shape[0] + 1, dtype=torch.long)),
+           "int32 or int64": dict(logit_lengths=ok["logit_lengths"].float()),
+           "blank=99": dict(blank=99),
+           "boundary": dict(boundary=torch.zeros(enc.shape[0], 3, dtype=torch.long))}
+    if empty == "T":
+        bad["exceeds the padded size T = 0 of enc"] = dict(logit_lengths=tl)
+    for match, kw in bad.items():
+        with pytest.raises(ValueError, match=match):
+            run_with(**kw)
+
+
+def test_messages_name_the_callers_tensors():
+    """Length errors name ``enc`` and ``pred`` as the caller passed them, never an internal
+    tile (defect 7)."""
+    import re
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    call = rnnt_lattice.fused_rnnt_loss
+    with pytest.raises(ValueError, match=re.escape(f"T = {enc.shape[1]} of enc {tuple(enc.shape)}")):
+        call(joiner, enc, pred, targets, tl + 9, ul, blank=blank, tile=5)
+    with pytest.raises(ValueError, match=re.escape(f"U = {pred.shape[1] - 1} of pred {tuple(pred.shape)}")):
+        call(joiner, enc, pred, targets, tl, ul + 9, blank=blank, tile=5)
+    with pytest.raises(ValueError, match=re.escape(f"match pred {tuple(pred.shape)}")):
+        call(joiner, enc, pred, targets[:, :1], tl, ul, blank=blank, tile=5)
+
+
+@pytest.mark.parametrize("cls, kw", [
+    ("FusedRNNTLoss", dict(inplace_grad=True)),
+    ("FusedRNNTLoss", dict(reduciton="sum")),
+    ("FusedTDTLoss", dict(durations=[0, 1], packed=True)),
+    ("FusedMultiblankRNNTLoss", dict(big_blank_durations=[2], rnnt_type="modified")),
+])
+def test_modules_refuse_unknown_options_at_construction(cls, kw):
+    """An option the function does not take (``inplace_grad``, a misspelling) is refused
+    when the module is built, not at its first call (defect 8)."""
+    with pytest.raises(TypeError, match=list(kw)[-1]):
+        getattr(rnnt_lattice, cls)(torch.nn.Linear(3, 4), blank=0, **kw)
+
+
+def test_at_most_one_tile_of_logits_alive():
+    """Each tile's logits (the joiner's output) are released before the next tile's are
+    made, in the forward as in the backward (math.md section 11: one tile of logits)."""
+    import weakref
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+
+    class Tracked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.joiner = joiner
+            self.outputs = []
+
+        def forward(self, e, p):
+            alive = [r for r in self.outputs if r() is not None]
+            assert not alive, f"{len(alive)} earlier tile(s) of logits still alive"
+            x = self.joiner(e, p)
+            self.outputs.append(weakref.ref(x.untyped_storage()))
+            return x
+
+    tracked = Tracked()
+    loss = rnnt_lattice.fused_rnnt_loss(tracked, enc, pred, targets, tl, ul, blank=blank,
+                                        tile=13)
+    loss.backward()
+    assert len(tracked.outputs) > 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graph capture)")
+def test_cuda_graph_capture_is_refused_with_a_clear_error():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)
+    joiner = joiner.cuda()
+    args = [t.cuda() for t in (enc.detach(), pred.detach(), targets, tl, ul)]
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with pytest.raises(RuntimeError, match="CUDA graph"):
+            with torch.cuda.graph(graph):
+                rnnt_lattice.fused_rnnt_loss(joiner, *args, blank=blank, backend="torch")

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Protocol
 
 import torch
 
 from ._layout import Tile
 from ._types import Ends, Lattice, LossOptions
-from ._validate import Checked, check_lattice_args
+from ._validate import (Checked, LogitsSpec, Names, check_boundary, check_class_targets, check_int,
+                        check_lattice_args, check_logits_rank)
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -33,7 +35,10 @@ class Backend(Protocol):
     """What every backend module provides. Shapes: logits ``(B, T, U+1, V)`` (or rows
     ``(N, V)`` with ``node_rows (B, T, U+1)`` int64, math.md section 9.1: ``_ops``), targets
     ``(B, U)``, lengths ``(B,)``, arc weights ``w (B, K, T, U+1)``, lattice node tensors
-    ``(B, T+1, U+1)``, window masses ``(B, T, S)``; ``am (B, T, V)``, ``lm (B, U+1, V)``."""
+    ``(B, T+1, U+1)``, window masses ``(B, T, S)``; ``am (B, T, V)``, ``lm (B, U+1, V)``.
+    The arguments of the loss, tile and lattice-tool members come from :func:`prepare_call`
+    (``opts.blank`` resolved, the topology, lengths and boundary checked): a backend checks
+    none of them again."""
 
     NAME: str                    # "numba", "triton", "torch"
     INPLACE_WRITES_IN: str       # "forward" | "backward": when inplace_grad overwrites the logits
@@ -153,29 +158,68 @@ def resolve(backend: str, device: torch.device) -> Backend:
         raise ValueError(f"backend={backend!r} is not available: {err}") from err
 
 
-def prepare(logits, targets, logit_lengths, target_lengths, blank, backend, *,
-            traced: bool = False, n_tokens=None, node_rows=None, allow_blank_targets=False):
-    """Validate, pick the backend, and bring the logits to what its kernels read:
-    ``(impl, chk)`` with ``chk.logits`` contiguous, float16/bfloat16 promoted to float32
-    unless the backend reads them natively (autograd casts the gradient back), and int32
-    ids kept where the backend reads them. ``traced``: under ``torch.compile`` the backend
-    is resolved when the custom op runs (``impl`` is None) and half types are promoted.
-    Every backend computes every topology, per-arc term and layout; ``n_tokens``: see ``check_lattice_args``; ``node_rows``: the logits
-    are rows ``(N, V)`` of that node -> row map (``_ops``); ``allow_blank_targets``: see
-    ``check_lattice_args``."""
+@dataclass(frozen=True)
+class Prepared:
+    """One call after :func:`prepare_call`: what every backend is handed, and trusts."""
+
+    impl: Any                          # the backend module (None while tracing: resolved in the op)
+    chk: Checked                       # the tensors the kernels read (logits promoted, ids normalised)
+    opts: LossOptions                  # blank in [0, V_tok), checked against the topology
+    boundary: Optional[torch.Tensor]   # (B, 4) int64 on the logits' device, or None
+
+
+def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
+                 opts: LossOptions, *, boundary=None, node_rows=None, traced: bool = False,
+                 allow_blank_targets: bool = False, names: Optional[Names] = None) -> Prepared:
+    """The one preparation of every entry point on logits (the losses, the fused losses, the
+    pruned loss, the lattice tools): validate the arguments once, pick the backend, and
+    bring the logits to what its kernels read. The backends trust what it returns: they
+    check nothing again.
+
+    In order: the backend (``traced``: under ``torch.compile`` it is resolved when the
+    custom op runs, ``impl`` None, and half types are promoted); the shapes, dtypes,
+    devices and values of ``check_lattice_args`` (values where ``may_read_values``); the
+    topology ``opts.topology`` against V and the blank (TDT: the token classes before the
+    durations); the targets against its fixed classes; k2's ``boundary``; ``opts.blank``
+    set. ``chk.logits`` is contiguous, float16/bfloat16 promoted to float32 unless the
+    backend reads them natively (autograd casts the gradient back), int32 ids kept where
+    the backend reads them.
+
+    ``logits``: ``(B, T, U+1, V)``; rows ``(N, V)`` with ``node_rows (B, T, U+1)`` (packed or
+    pruned layouts, ``_ops``); or a :class:`_validate.LogitsSpec` (the fused losses: shapes
+    only, ``chk.logits`` then a spec of the dtype the backend reads). ``names``: how the
+    messages name the caller's tensors (:class:`_validate.Names`)."""
+    rows = node_rows is not None
+    if not isinstance(logits, LogitsSpec):
+        check_logits_rank(logits, rows=rows)
     if traced:
         check_name(backend)
         impl = None
     else:
         impl = resolve(backend, logits.device)
+    topo = opts.topology
+    n_tokens = None
+    if topo.n_durations:
+        V = logits.shape[-1]
+        n_tokens = topo.token_classes(V)
+        if n_tokens < 1:
+            topo.check(V, check_int("blank", blank))      # names the missing token classes
     chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
                              int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
-                             n_tokens=n_tokens,
-                             grid=None if node_rows is None else tuple(node_rows.shape),
-                             allow_blank_targets=allow_blank_targets)
+                             n_tokens=n_tokens, grid=tuple(node_rows.shape) if rows else None,
+                             allow_blank_targets=allow_blank_targets, names=names)
     x = chk.logits
-    if x.dtype in (torch.float16, torch.bfloat16) and (impl is None or not impl.NATIVE_LOW_PRECISION):
-        x = x.float()
-    if x is not chk.logits or not x.is_contiguous():
-        chk = Checked(x.contiguous(), chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)
-    return impl, chk
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16) and (impl is None or not impl.NATIVE_LOW_PRECISION):
+        dtype = torch.float32
+    if isinstance(x, LogitsSpec):
+        x = LogitsSpec(x.shape, dtype, x.device)
+    elif dtype != x.dtype or not x.is_contiguous():
+        x = x.to(dtype).contiguous()
+    B = node_rows.shape[0] if rows else x.shape[0]
+    topo.check(x.shape[-1], chk.blank)
+    check_class_targets(chk.targets, chk.target_lengths, topo)
+    boundary = check_boundary(boundary, B, x.device, chk.logit_lengths, chk.target_lengths)
+    if x is not chk.logits:
+        chk = Checked(x, chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)
+    return Prepared(impl, chk, replace(opts, blank=chk.blank), boundary)

@@ -37,12 +37,13 @@ from typing import List, Optional
 
 import torch
 
-from . import _backends
+from . import _backends, _validate
 from ._layout import row_sequences
 from ._types import LossOptions
 from .topology import from_spec, to_spec
 
-__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs"]
+__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs",
+           "refuse_double_backward"]
 
 
 def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
@@ -75,8 +76,13 @@ class _RNNTLoss(torch.autograd.Function):
         return costs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_costs):
+        refuse_double_backward("rnnt_loss")
+        return _RNNTLoss._backward(ctx, grad_costs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward(ctx, grad_costs):
         saved = ctx.saved_tensors                 # version checks happen here
         opts: LossOptions = ctx.opts
         if opts.inplace_grad and ctx.impl.INPLACE_WRITES_IN == "backward":
@@ -86,6 +92,17 @@ class _RNNTLoss(torch.autograd.Function):
         if opts.inplace_grad:
             grad = grad.detach()                  # a new tensor over the same memory
         return grad, None, None, None, None, None, None, None
+
+
+def refuse_double_backward(what: str) -> None:
+    """RuntimeError when a backward is asked to build a graph (``create_graph=True``, the
+    engine then runs the backward with grad mode on): the gradient is computed by kernels,
+    not by differentiable operations, and would come back without a graph, so that a
+    gradient penalty would silently train without its penalty."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{what} does not support double backward (create_graph=True): its gradient is "
+            "computed by kernels and cannot be differentiated again")
 
 
 def without_infinite(upstream: torch.Tensor, infinite: torch.Tensor) -> torch.Tensor:
@@ -129,6 +146,7 @@ def _costs_and_grad(
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
     impl = _backends.resolve(backend, logits.device)
+    _check_values_at_run(logits, logit_lengths, target_lengths, boundary, node_rows)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
                                                 opts, need_grad, boundary, node_rows)
@@ -137,6 +155,18 @@ def _costs_and_grad(
         ones = torch.ones(costs.shape[0], dtype=costs.dtype, device=costs.device)
         grad = impl.loss_backward(saved, state, ones, opts)
     return costs, grad
+
+
+def _check_values_at_run(logits, logit_lengths, target_lengths, boundary, node_rows) -> None:
+    """The value checks that ``_backends.prepare_call`` cannot run while tracing (nothing
+    to read), run when the op runs on CPU tensors: the lengths and the boundary within the
+    padded lattice, which the kernels index by (the backends trust them)."""
+    if not _validate.may_read_values(logits) or logit_lengths.numel() == 0:
+        return
+    B, T, U1 = (logits.shape[:3] if node_rows is None else node_rows.shape)
+    where = ("logits", logits)
+    _validate.check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+    _validate.check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
 
 
 @_costs_and_grad.register_fake

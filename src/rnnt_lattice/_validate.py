@@ -39,12 +39,39 @@ class Checked:
     blank: int                    # in [0, V)
 
 
-def _shape(x: torch.Tensor) -> str:
+def _shape(x) -> str:
     return str(tuple(x.shape))
 
 
+@dataclass(frozen=True)
+class LogitsSpec:
+    """Logits known by their shape, dtype and device only: the fused losses' ``(B, T,
+    U+1, V)`` logits, which never exist whole. ``check_lattice_args`` takes it in place of
+    a tensor (it reads nothing else of the logits)."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class Names:
+    """How an entry point's messages name its tensors: ``logits``, the words for the logits
+    (``"logits (2, 5, 4, 6)"``), and the ``(name, tensor)`` whose shape sets the batch
+    size ``B``, the padded frames ``T`` and label positions ``U+1``. By default (None)
+    they are all the logits; the fused losses name ``enc`` and ``pred``."""
+
+    logits: str
+    B: tuple
+    T: tuple
+    U: tuple
+
+
 def check_lattice_args(
-    logits: torch.Tensor,
+    logits,
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
@@ -54,6 +81,7 @@ def check_lattice_args(
     n_tokens: int | None = None,
     grid: tuple[int, int, int] | None = None,
     allow_blank_targets: bool = False,
+    names: Names | None = None,
 ) -> Checked:
     """Validate the lattice inputs and return them normalised (see :class:`Checked`).
     ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
@@ -62,8 +90,10 @@ def check_lattice_args(
     durations follow); the blank and the target ids must lie among them. ``grid``:
     ``(B, T, U+1)`` of a node -> row layout whose logits are rows ``(N, V)`` (packed or
     pruned); the shapes are checked against the grid. ``allow_blank_targets``: a target equal
-    to the blank is an ordinary label (k2's semantics), not a ValueError."""
-    check_logits_rank(logits, rows=grid is not None)
+    to the blank is an ordinary label (k2's semantics), not a ValueError. ``logits`` may be
+    a :class:`LogitsSpec` (shapes only), ``names`` says how messages name the tensors. The
+    rank of ``logits`` is the caller's check (``check_logits_rank``, before it reads the
+    logits' device)."""
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
                     ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
@@ -87,27 +117,31 @@ def check_lattice_args(
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
                     ("target_lengths", target_lengths)):
         if x.shape[0] != B:
+            src, t = names.B if names else ("logits", logits)
             raise ValueError(
-                f"batch sizes differ: logits {_shape(logits)} has B={B} but {name} has shape {_shape(x)}")
+                f"batch sizes differ: {src} {_shape(t)} has B={B} but {name} has shape {_shape(x)}")
     if targets.shape[1] != U1 - 1:
+        src, t = names.U if names else ("logits", logits)
         raise ValueError(
-            f"targets {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to match logits "
-            f"{_shape(logits)}" + ("" if grid is None else f" with the lattice grid (B, T, U+1) = {grid}"))
+            f"targets {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to match {src} "
+            f"{_shape(t)}" + ("" if grid is None else f" with the lattice grid (B, T, U+1) = {grid}"))
     if V < 1:
-        raise ValueError(f"logits {_shape(logits)} must have a vocabulary V >= 1")
+        raise ValueError(f"{names.logits if names else 'logits ' + _shape(logits)} must have a "
+                         "vocabulary V >= 1")
 
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
                     ("target_lengths", target_lengths)):
         if x.device != logits.device:
+            src = names.B[0] if names else "logits"
             raise ValueError(
-                f"tensors on different devices: logits on {logits.device}, {name} on {x.device}")
+                f"tensors on different devices: {src} on {logits.device}, {name} on {x.device}")
 
     blank = check_int("blank", blank)
     Vt = V if n_tokens is None else n_tokens
     what = "V" if n_tokens is None else "V_tok"
     if not -Vt <= blank < Vt:
-        raise ValueError(f"blank={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for logits "
-                         f"{_shape(logits)}")
+        raise ValueError(f"blank={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for "
+                         f"{names.logits if names else 'logits ' + _shape(logits)}")
     blank = blank % Vt
 
     if int64_ids:
@@ -116,9 +150,10 @@ def check_lattice_args(
     targets, logit_lengths, target_lengths = (
         x.contiguous() for x in (targets, logit_lengths, target_lengths))
 
-    if may_read_values(logits) and B:
+    if B and may_read_values(logits):
         where = ("logits", logits)
-        check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, names.T if names else where,
+                      names.U if names else where)
         check_targets(targets, target_lengths, blank, Vt, allow_blank_targets)
 
     return Checked(logits, targets, logit_lengths, target_lengths, blank)
@@ -659,10 +694,11 @@ def check_tile(tile) -> tuple[int | None, int | None]:
     return tile, None
 
 
-def check_fused_args(joiner, enc, pred, targets) -> None:
+def check_fused_args(joiner, enc, pred) -> None:
     """The fused losses' joiner inputs: ``enc (B, T, H_enc)`` and ``pred (B, U+1, H_pred)``
-    floating tensors on one device, ``targets (B, U)``, ``joiner`` callable. The lengths
-    and the joiner's output are checked with the first tile (``check_lattice_args``)."""
+    floating tensors on one device, ``joiner`` callable. The targets, lengths, blank and
+    boundary are checked against them by ``_backends.prepare_call`` (messages naming
+    ``enc`` and ``pred``), before any tile."""
     if not callable(joiner):
         raise ValueError(f"joiner must be callable (e.g. an nn.Module), got {type(joiner).__name__}")
     for name, x, what in (("enc", enc, "(B, T, H_enc)"), ("pred", pred, "(B, U+1, H_pred)")):
@@ -678,11 +714,6 @@ def check_fused_args(joiner, enc, pred, targets) -> None:
         raise ValueError(f"pred {_shape(pred)} must have U+1 >= 1 label positions")
     if enc.device != pred.device:
         raise ValueError(f"tensors on different devices: enc on {enc.device}, pred on {pred.device}")
-    if not isinstance(targets, torch.Tensor) or targets.dim() != 2 or \
-            tuple(targets.shape) != (enc.shape[0], pred.shape[1] - 1):
-        got = _shape(targets) if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise ValueError(f"targets must have shape (B, U) = ({enc.shape[0]}, {pred.shape[1] - 1}) "
-                         f"for enc {_shape(enc)} and pred {_shape(pred)}, got {got}")
 
 
 def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> None:

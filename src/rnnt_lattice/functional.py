@@ -8,9 +8,9 @@ import torch
 from . import _backends, _ops
 from ._layout import pack, packed_node_rows
 from ._types import LossOptions
-from ._validate import (FLOAT_RANGES, check_boundary, check_class_targets, check_durations,
-                        check_float, check_inplace, check_int, check_multiblank_blank,
-                        check_pack_logits_args, check_reduction, check_tdt_logits)
+from ._validate import (FLOAT_RANGES, check_durations, check_float, check_inplace, check_int,
+                        check_multiblank_blank, check_pack_logits_args, check_reduction,
+                        check_tdt_logits)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "pack_logits", "empty_cache"]
@@ -155,11 +155,13 @@ def rnnt_loss(
     Notes:
         Under ``torch.compile`` the loss is the custom op ``rnnt_lattice::rnnt_costs_and_grad``
         (``fullgraph=True`` works, on CPU too), float16/bfloat16 logits are upcast to
-        float32 first, and the value checks are skipped (see Raises).
+        float32 first, and the value checks are skipped while tracing (see Raises); the
+        custom op checks the lengths and the boundary when it runs on CPU tensors.
 
         The Numba backend returns, as the gradient, a buffer its forward pass filled with
-        ``exp(logits - max)``: one exp per logit element in total. The gradient is an
-        ``once_differentiable`` function (no double backward).
+        ``exp(logits - max)``: one exp per logit element in total. The gradient is
+        computed by kernels, not differentiable operations: a double backward
+        (``create_graph=True``, e.g. a gradient penalty) is a RuntimeError.
     """
     return logits_loss(logits, targets, logit_lengths, target_lengths, blank,
                  by_name(rnnt_type), clamp=clamp, reduction=reduction, fused=fused_log_softmax,
@@ -321,8 +323,9 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
           reduction, fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
           delay_penalty=0.0, boundary=None, packed=False, node_rows=None,
           allow_blank_targets=False):
-    """validate -> pick a backend -> the one autograd Function (or the custom op while
-    compiling) -> zero_infinity -> reduce; shared by every loss on logits. ``packed``: build
+    """validate -> pick a backend (``_backends.prepare_call``, the one preparation) -> the one
+    autograd Function (or the custom op while compiling) -> zero_infinity -> reduce; shared
+    by every loss on logits. ``packed``: build
     the packed layout's node -> row map; ``node_rows``: a layout's map given directly
     (the pruned loss), the logits being its rows ``(N, V)``."""
     check_reduction(reduction)
@@ -335,29 +338,22 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
     compiling = torch.compiler.is_compiling()
     if packed:
         node_rows = packed_node_rows(logits, targets, logit_lengths, target_lengths)
-    n_tokens = None
-    if topology.n_durations and logits.dim() in (2, 4):
-        n_tokens = topology.token_classes(logits.shape[-1])
-    impl, chk = _backends.prepare(logits, targets, logit_lengths, target_lengths, blank, backend,
-                                  traced=compiling, n_tokens=n_tokens, node_rows=node_rows,
+    prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
+                                  opts, boundary=boundary, node_rows=node_rows, traced=compiling,
                                   allow_blank_targets=allow_blank_targets)
-    topology.check(chk.logits.shape[-1], chk.blank)
-    check_class_targets(chk.targets, chk.target_lengths, topology)
-    boundary = check_boundary(boundary, chk.logits.shape[0] if node_rows is None else node_rows.shape[0],
-                              chk.logits.device, chk.logit_lengths, chk.target_lengths)
-    opts = replace(opts, blank=chk.blank)
+    chk, opts = prep.chk, prep.opts
     if compiling:
         # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
         # the op runs, outside the trace. inplace_grad has no effect there.
         costs = _ops.rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths,
                                        chk.target_lengths, replace(opts, inplace_grad=False),
-                                       backend, boundary, node_rows)
+                                       backend, prep.boundary, node_rows)
     else:
         if inplace_grad:
             # Checked on what the user passed: any copy (dtype, layout) would defeat it.
-            check_inplace(logits, impl.NATIVE_LOW_PRECISION)
-        costs = _ops.rnnt_costs(impl, chk.logits, chk.targets, chk.logit_lengths,
-                                chk.target_lengths, opts, boundary, node_rows)
+            check_inplace(logits, prep.impl.NATIVE_LOW_PRECISION)
+        costs = _ops.rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
+                                chk.target_lengths, opts, prep.boundary, node_rows)
     return _ops.reduce_costs(costs, reduction, zero_infinity)
 
 

@@ -10,9 +10,11 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
     forward   for each tile:  x = joiner(enc[:, t0:t1, None], pred[:, None, u0:u1])  (no_grad)
                               row pass on x: lse, arc weights w of the tile's nodes; x dropped
               the lattice once over every node: alpha, beta, log P, occupations gamma
-    backward  for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed)
+    backward  for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed),
+                              its row sums compared with the forward's (determinism)
                               g = upstream[b] * d cost_b / d x  (gradient pass, over x itself)
                               torch.autograd.grad(x, [enc, pred, *params], g), accumulated
+                              (other leaves the joiner reached: torch.autograd.backward)
 
 The gradient pass needs only the occupations and the row statistics of the forward, so
 the result is that of ``rnnt_loss`` on the materialised logits, to float rounding: this is
@@ -27,17 +29,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
 from . import _backends
-from ._layout import Tile, tile_node_rows, tile_plan
-from ._ops import reduce_costs, without_infinite
+from ._layout import tile_node_rows, tile_plan
+from ._ops import reduce_costs, refuse_double_backward, without_infinite
 from ._types import LossOptions
-from ._validate import (check_boundary, check_class_targets, check_durations, check_float,
-                        check_fused_args, check_int, check_joiner_output,
-                        check_multiblank_blank_id, check_reduction, check_tile)
+from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
+                        check_int, check_joiner_output, check_multiblank_blank_id,
+                        check_reduction, check_tile)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -61,22 +63,15 @@ def default_tile(device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class _Call:
-    """What the Function needs besides its tensor inputs (enc, pred, the parameters)."""
+    """What the Function needs besides its tensor inputs (enc, pred, the parameters): the
+    joiner, the call as ``_backends.prepare_call`` checked it, and the tile plan."""
 
     joiner: Callable
-    targets: torch.Tensor
-    logit_lengths: torch.Tensor
-    target_lengths: torch.Tensor
-    boundary: Optional[torch.Tensor]
-    blank: int
-    topology: Callable[[tuple], Topology]   # of the logits' shape (multi-blank: V - 1)
-    frames_only: bool                       # whole-frame tiles (``_frames_only``)
-    opts: LossOptions                       # blank and topology set from the first tile
-    backend: str
-    rows: Optional[int]                     # rows per tile, or
-    nbytes: Optional[int]                   # a byte budget of one tile's logits,
-    min_rows: int                           # with at least these rows (the default tile)
-    allow_blank_targets: bool
+    prep: _backends.Prepared            # impl, checked ids and lengths, opts, boundary
+    plan: list                          # the tiles (t0, t1, u0, u1)
+    V: int
+    dtype: torch.dtype                  # of the rows the backend reads
+    inputs: frozenset                   # storages of enc, pred and the parameters
 
 
 class _Rng:
@@ -96,6 +91,17 @@ class _Rng:
             if self.dev is not None:
                 torch.cuda.set_rng_state(self.dev, self.device)
             yield
+
+
+def _check_not_capturing(device: torch.device) -> None:
+    """RuntimeError under CUDA-graph capture: the loss reads and replays the device's RNG
+    state (dropout in the joiner draws the same masks twice), which capture forbids."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the fused losses cannot be captured in a CUDA graph: they save and replay the "
+            "CUDA RNG state around the joiner's recomputation (as torch.utils.checkpoint does), "
+            "which graph capture forbids. Capture rnnt_loss on the materialised logits instead, "
+            "or run the fused loss eagerly (docs/api.md, \"The joiner and the loss fused by tiles\")")
 
 
 def _fork_rng(device: torch.device):
@@ -122,20 +128,45 @@ def _no_autocast(device: torch.device) -> contextlib.ExitStack:
     return _autocast({d: dict(enabled=False) for d in dict.fromkeys(("cpu", device.type))})
 
 
-def _plan(call: _Call, joiner_args, B: int, T: int, U1: int, frames_only: bool) -> list:
-    """The tiles ``(t0, t1, u0, u1)``. A byte budget needs V and the logits' element size:
-    the joiner is called once on one node for them (no_grad, RNG state restored)."""
-    rows = call.rows
-    if rows is None:
-        if B * T == 0:
-            return []
-        enc, pred = joiner_args
-        with torch.no_grad(), _fork_rng(enc.device):
-            x = call.joiner(enc[:1, :1, None], pred[:1, None, :1])
-        check_joiner_output(x, (1, 1, 1, None), (1, 1, 1, enc.shape[2]),
-                            (1, 1, 1, pred.shape[2]))
-        rows = max(1, call.min_rows, call.nbytes // (x.shape[-1] * x.element_size()))
-    return tile_plan(B, T, U1, rows, frames_only)
+# Layers whose output at one node depends on other nodes of the batch (their statistics
+# are taken over the batch and the positions): a tile would see other statistics than
+# the whole lattice, and the recomputation would update running statistics again.
+def _batch_coupled(m: torch.nn.Module) -> bool:
+    nn = torch.nn.modules
+    if isinstance(m, nn.batchnorm._BatchNorm):
+        return m.training or m.running_mean is None        # batch statistics in use
+    return isinstance(m, (nn.instancenorm._InstanceNorm, torch.nn.GroupNorm,
+                          torch.nn.LocalResponseNorm))
+
+
+def _check_per_node(joiner) -> None:
+    """ValueError for a joiner with a layer that couples the nodes (:func:`_batch_coupled`):
+    the fused loss needs a joiner that acts on each ``(t, u)`` independently."""
+    if not isinstance(joiner, torch.nn.Module):
+        return
+    for name, m in joiner.named_modules():
+        if _batch_coupled(m):
+            raise ValueError(
+                f"the joiner's layer {name or type(joiner).__name__!r} "
+                f"({type(m).__name__}{', in training mode' if m.training else ''}) takes "
+                "statistics over the batch and positions: the fused loss runs the joiner tile "
+                "by tile, twice, so it needs a joiner that acts on each (t, u) independently "
+                "(put the layer in eval mode with running statistics, use LayerNorm, or use "
+                "rnnt_loss on the materialised logits)")
+
+
+def _probe(joiner, enc, pred) -> torch.Tensor:
+    """The joiner on one node, for V and the logits' dtype (no_grad, RNG state restored;
+    zeros when there is no node, B = 0 or T = 0)."""
+    if enc.shape[0] and enc.shape[1]:
+        e, p = enc[:1, :1, None], pred[:1, None, :1]
+    else:
+        e = enc.new_zeros((1, 1, 1, enc.shape[2]))
+        p = pred.new_zeros((1, 1, 1, pred.shape[2]))
+    with torch.no_grad(), _fork_rng(enc.device):
+        x = joiner(e, p)
+    check_joiner_output(x, (1, 1, 1, None), tuple(e.shape), tuple(p.shape))
+    return x
 
 
 def _frames_only(topology: Topology) -> bool:
@@ -143,97 +174,157 @@ def _frames_only(topology: Topology) -> bool:
     return any(k.plus_next_blank for k in topology.kinds)
 
 
+def _storage(x: torch.Tensor) -> int:
+    return x.untyped_storage().data_ptr()
+
+
+def _storages(tensors):
+    """The storages of ``tensors`` that have one (a sharded DTensor parameter has none)."""
+    for t in tensors:
+        try:
+            yield _storage(t)
+        except RuntimeError:
+            pass
+
+
+def _fingerprint(rows: torch.Tensor) -> torch.Tensor:
+    """Per-row sums ``(n,)`` of a tile's rows: the forward's and the recomputation's must
+    agree (a deterministic joiner), :func:`_check_same`."""
+    return rows.sum(-1)
+
+
+# Relative tolerance of the recomputed rows' sums, by the joiner's output dtype: a
+# deterministic joiner gives equal sums (the same kernels on the same shapes); a GPU
+# joiner with atomics differs by its rounding. Beyond that the recomputed logits are not
+# the forward's, and the gradient would be that of other logits.
+_RECOMPUTE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+
+
+def _check_same(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype, V: int) -> None:
+    """RuntimeError (CPU; a device-side assert on CUDA, no host synchronisation) when the
+    recomputed tile's row sums differ from the forward's beyond rounding."""
+    rtol = _RECOMPUTE_RTOL.get(dtype, 1e-2)
+    ok = torch.isclose(after, before, rtol=rtol, atol=rtol * V, equal_nan=True).all()
+    msg = ("the joiner gave other logits when the fused loss recomputed a tile in the backward "
+           "pass: it must be deterministic given its inputs and the RNG state (the rule of "
+           "torch.utils.checkpoint; dropout is replayed), or the gradients would be those of "
+           "other logits")
+    if before.device.type == "cuda":
+        torch._assert_async(ok, msg)
+    elif not bool(ok):
+        raise RuntimeError(msg)
+
+
+def _reached_leaves(x: torch.Tensor) -> list:
+    """The leaves that require grad in the graph of ``x`` (its AccumulateGrad nodes)."""
+    out, seen, stack = [], set(), [x.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)       # AccumulateGrad nodes hold their leaf
+        if var is not None:
+            out.append(var)
+        stack.extend(f for f, _ in fn.next_functions)
+    return out
+
+
 class _FusedLoss(torch.autograd.Function):
     """Per-sequence costs ``-log P`` (B,) of the joiner's logits, tile by tile; the
     gradients w.r.t. ``enc``, ``pred`` and ``params`` (the joiner's parameters that
-    require grad) by recomputing each tile (module docstring)."""
+    require grad) by recomputing each tile (module docstring). Leaves the recomputed
+    joiner reaches that are not among the inputs (FSDP2's unsharded parameters, a
+    tensor a closure holds) get their gradients through autograd, as reentrant
+    checkpointing gives them."""
 
     @staticmethod
     def forward(ctx, call: _Call, enc, pred, *params):
         B, T, _ = enc.shape
         U1 = pred.shape[1]
         dev = enc.device
+        prep = call.prep
+        chk, opts = prep.chk, prep.opts
         need_grad = any(ctx.needs_input_grad[1:])
-        plan = _plan(call, (enc, pred), B, T, U1, call.frames_only)
         ctx.rng = _Rng(dev)
         ctx.amp = _autocast_of(dev)
-        impl = state = opts = dtype = None
-        V = None
-        bnd = None
+        state = None
+        prints = []
         with torch.no_grad():
-            for box in plan:
+            for box in call.plan:
                 t0, t1, u0, u1 = box
                 tile = tile_node_rows(B, T, U1, *box, dev)
                 e, p = enc[:, t0:t1, None], pred[:, None, u0:u1]
                 x = call.joiner(e, p)
-                check_joiner_output(x, (B, t1 - t0, u1 - u0, V), tuple(e.shape), tuple(p.shape))
-                if impl is None:                  # the first tile: V, the checks, the backend
-                    V = x.shape[-1]
-                    impl, chk, opts = _first_tile(call, x, tile)
-                    targets, lt, ul = chk.targets, chk.logit_lengths, chk.target_lengths
-                    bnd = check_boundary(call.boundary, B, dev, lt, ul)
-                    rows = chk.logits
-                    dtype = rows.dtype
-                else:
-                    rows = x.reshape(-1, V).to(dtype).contiguous()
+                check_joiner_output(x, (B, t1 - t0, u1 - u0, call.V), tuple(e.shape),
+                                    tuple(p.shape))
+                rows = x.reshape(-1, call.V).to(call.dtype).contiguous()
+                if _storage(rows) in call.inputs:
+                    rows = rows.clone()           # a view of an input: the pass writes over it
+                if need_grad:
+                    prints.append(_fingerprint(rows))
                 with _no_autocast(dev):
-                    state = impl.tile_forward(rows, tile, targets, lt, ul, opts, bnd, state)
+                    state = prep.impl.tile_forward(rows, tile, chk.targets, chk.logit_lengths,
+                                                   chk.target_lengths, opts, prep.boundary, state)
                 del x, rows
-        if impl is None:                          # no tile: no frame, or no sequence
+        if state is None:                         # no tile: no frame, or no sequence
             costs = torch.full((B,), float("inf"), device=dev,
-                               dtype=torch.float64 if enc.dtype == torch.float64 else torch.float32)
+                               dtype=torch.float64 if call.dtype == torch.float64 else torch.float32)
         else:
             with _no_autocast(dev):
-                costs = impl.tile_lattice(state, opts, need_grad)
+                costs = prep.impl.tile_lattice(state, opts, need_grad)
         if need_grad:
             ctx.save_for_backward(enc, pred, *params)
-            ctx.call, ctx.plan, ctx.impl, ctx.state, ctx.opts = call, plan, impl, state, opts
-            ctx.V, ctx.dtype = V, dtype
+            ctx.call, ctx.state, ctx.prints = call, state, prints
             ctx.infinite = torch.isinf(costs)
         return costs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_costs):
+        refuse_double_backward("the fused loss")
+        return _FusedLoss._backward(ctx, grad_costs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward(ctx, grad_costs):
         enc, pred, *params = ctx.saved_tensors
+        call: _Call = ctx.call
+        prep = call.prep
         wants = ctx.needs_input_grad[1:]
         grad_enc = torch.zeros_like(enc) if wants[0] else None
         grad_pred = torch.zeros_like(pred) if wants[1] else None
         grad_params = [None] * len(params)
-        if ctx.impl is None:
+        if ctx.state is None:
             return (None, grad_enc, grad_pred, *grad_params)
         upstream = without_infinite(grad_costs, ctx.infinite)
         enc_d, pred_d = enc.detach(), pred.detach()
         B, T, _ = enc.shape
         U1 = pred.shape[1]
-        trained = [i for i, w in enumerate(wants[2:]) if w]
+        trained = {id(params[i]): i for i, w in enumerate(wants[2:]) if w}
         spare = None                              # a gradient buffer, when x cannot take it
         with ctx.rng.replay():
-            for box in ctx.plan:
+            for box, before in zip(call.plan, ctx.prints):
                 t0, t1, u0, u1 = box
                 e = enc_d[:, t0:t1].requires_grad_(wants[0])
                 p = pred_d[:, u0:u1].requires_grad_(wants[1])
                 saved = set()
 
                 def pack(t):
-                    saved.add(t.untyped_storage().data_ptr())
+                    saved.add(_storage(t))
                     return t
 
                 with torch.enable_grad(), _autocast(ctx.amp), \
                         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    x = ctx.call.joiner(e[:, :, None], p[:, None])
-                check_joiner_output(x, (B, t1 - t0, u1 - u0, ctx.V), (B, t1 - t0, 1, enc.shape[2]),
+                    x = call.joiner(e[:, :, None], p[:, None])
+                check_joiner_output(x, (B, t1 - t0, u1 - u0, call.V), (B, t1 - t0, 1, enc.shape[2]),
                                     (B, 1, u1 - u0, pred.shape[2]))
-                inputs = ([e] if wants[0] else []) + ([p] if wants[1] else []) + \
-                    [params[i] for i in trained]
-                if box is ctx.plan[0]:
-                    _check_leaves(x, inputs)
-                rows = x.detach().reshape(-1, ctx.V)
+                rows = x.detach().reshape(-1, call.V)
+                rows = rows.to(call.dtype).contiguous()
+                _check_same(before, _fingerprint(rows), x.dtype, call.V)
                 # The gradient goes over the recomputed logits unless the joiner's graph
-                # saved them (its last op's backward reads its output: tanh, exp, ...).
-                own = rows.dtype != ctx.dtype or not rows.is_contiguous()
-                rows = rows.to(ctx.dtype).contiguous()
-                if own or x.untyped_storage().data_ptr() not in saved:
+                # saved them (its last op's backward reads its output: tanh, exp, ...) or
+                # they are a view of an input (enc, pred, a parameter).
+                if _storage(rows) not in saved and _storage(rows) not in call.inputs:
                     out = rows
                 else:
                     if spare is None or spare.shape != rows.shape:
@@ -241,58 +332,54 @@ class _FusedLoss(torch.autograd.Function):
                     out = spare
                 tile = tile_node_rows(B, T, U1, *box, enc.device)
                 with _no_autocast(enc.device):
-                    g = ctx.impl.tile_backward(rows, tile, ctx.state, upstream, ctx.opts, out)
-                grads = torch.autograd.grad(x, inputs, g.view(x.shape).to(x.dtype),
-                                            allow_unused=True)
-                del x, rows, g
-                grads = list(grads)
-                if wants[0]:
-                    grad_enc[:, t0:t1] += grads.pop(0)
-                if wants[1]:
-                    grad_pred[:, u0:u1] += grads.pop(0)
-                for i, gi in zip(trained, grads):
-                    if gi is not None:
-                        grad_params[i] = gi if grad_params[i] is None else grad_params[i].add_(gi)
+                    g = prep.impl.tile_backward(rows, tile, ctx.state, upstream, prep.opts, out)
+                del rows, out
+                g = g.view(x.shape).to(x.dtype)
+                ge, gp = _tile_grads(x, g, e if wants[0] else None, p if wants[1] else None,
+                                     trained, grad_params, params)
+                del x, g
+                if ge is not None:
+                    grad_enc[:, t0:t1] += ge
+                if gp is not None:
+                    grad_pred[:, u0:u1] += gp
         return (None, grad_enc, grad_pred, *grad_params)
 
 
-def _first_tile(call: _Call, x: torch.Tensor, tile: Tile):
-    """The first tile's logits ``x (B, t1-t0, u1-u0, V)``: the topology (of V), the
-    argument checks of ``rnnt_loss`` on its rows (``_backends.prepare`` with the tile's
-    layout: shapes, dtypes, devices, lengths and targets), the backend.
-    Returns ``(impl, chk, opts)``, ``chk.logits`` the rows the backend reads."""
-    V = x.shape[-1]
-    topo = call.topology(tuple(x.shape))
-    n_tokens = topo.token_classes(V) if topo.n_durations else None
-    if n_tokens is not None and n_tokens < 1:
-        topo.check(V, call.blank)                 # names the missing token classes
-    impl, chk = _backends.prepare(x.reshape(-1, V), call.targets, call.logit_lengths,
-                                  call.target_lengths, call.blank, call.backend,
-                                  n_tokens=n_tokens, node_rows=tile.node_rows,
-                                  allow_blank_targets=call.allow_blank_targets)
-    topo.check(V, chk.blank)
-    check_class_targets(chk.targets, chk.target_lengths, topo)
-    return impl, chk, replace(call.opts, blank=chk.blank, topology=topo)
+def _tile_grads(x, g, e, p, trained: dict, grad_params: list, params):
+    """Backpropagate one tile's ``g = d L / d x`` through the recomputed joiner: returns the
+    gradients of the tile's ``e`` and ``p`` (None where not wanted or not reached) and adds
+    those of the Function's parameters into ``grad_params`` (returned by the Function, so
+    that DDP's hooks see each parameter once per step). Any other leaf the joiner reached
+    (FSDP2's unsharded parameters, a tensor a closure holds) gets its gradient accumulated
+    by autograd (``torch.autograd.backward``), with whatever hooks it carries."""
+    reached = _reached_leaves(x)
+    known = [v for v in reached if id(v) in trained]
+    others = [v for v in reached if id(v) not in trained and v is not e and v is not p]
+    mine = [t for t in (e, p) if t is not None]
+    if others:
+        if known:
+            grads = torch.autograd.grad(x, known, g, retain_graph=True, allow_unused=True)
+            _add_param_grads(known, grads, trained, grad_params)
+        # one pass for e, p and the other leaves, as a plain backward would run it
+        for t in mine:
+            t.grad = None
+        torch.autograd.backward(x, g, inputs=mine + others)
+        return (None if e is None else e.grad), (None if p is None else p.grad)
+    inputs = mine + known
+    if not inputs:
+        return None, None
+    grads = list(torch.autograd.grad(x, inputs, g, allow_unused=True))
+    ge = grads.pop(0) if e is not None else None
+    gp = grads.pop(0) if p is not None else None
+    _add_param_grads(known, grads, trained, grad_params)
+    return ge, gp
 
 
-def _check_leaves(x: torch.Tensor, inputs: list) -> None:
-    """RuntimeError if the joiner's graph reaches a tensor that requires grad but is not
-    among ``inputs`` (``enc``, ``pred``, the parameters of an ``nn.Module`` joiner): its
-    gradient would be lost silently."""
-    known = {id(t) for t in inputs}
-    seen, stack = set(), [x.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)       # AccumulateGrad nodes hold their leaf
-        if var is not None and id(var) not in known:
-            raise RuntimeError(
-                f"the joiner uses a tensor of shape {tuple(var.shape)} that requires grad but "
-                "is not a parameter of the joiner: pass the joiner as an nn.Module holding it "
-                "(its parameters are the ones that get gradients)")
-        stack.extend(f for f, _ in fn.next_functions)
+def _add_param_grads(known, grads, trained, grad_params) -> None:
+    for v, gv in zip(known, grads):
+        if gv is not None:
+            i = trained[id(v)]
+            grad_params[i] = gv if grad_params[i] is None else grad_params[i].add_(gv)
 
 
 def _params(joiner) -> tuple:
@@ -319,8 +406,11 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                       topology, frames_only, params, *, tile, clamp, reduction, fused,
                       fastemit_lambda, zero_infinity, backend, sigma=0.0, delay_penalty=0.0,
                       boundary=None, allow_blank_targets=False) -> torch.Tensor:
-    """check -> the Function -> zero_infinity -> reduce; shared by the fused losses."""
-    check_fused_args(joiner, enc, pred, targets)
+    """check (``_backends.prepare_call`` on the caller's ``enc``, ``pred`` and lengths,
+    with the V of one probe call) -> plan -> the Function -> zero_infinity -> reduce;
+    shared by the fused losses."""
+    check_fused_args(joiner, enc, pred)
+    _check_not_capturing(enc.device)
     rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
     check_reduction(reduction)
     _backends.check_name(backend)
@@ -329,9 +419,26 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                        sigma=check_float("sigma", sigma, finite=True),
                        delay_penalty=check_float("delay_penalty", delay_penalty, minimum=0.0,
                                                  finite=True))
-    call = _Call(joiner, targets, logit_lengths, target_lengths, boundary, blank, topology,
-                 frames_only, opts, backend, rows, nbytes,
-                 DEFAULT_MIN_ROWS if tile is None else 1, bool(allow_blank_targets))
+    _check_per_node(joiner)
+    x = _probe(joiner, enc, pred)
+    B, T, _ = enc.shape
+    U1 = pred.shape[1]
+    V = x.shape[-1]
+    shape = (B, T, U1, V)
+    opts = replace(opts, topology=topology(shape))
+    names = Names(f"the joiner's logits (B, T, U+1, V) = {shape}", ("enc", enc), ("enc", enc),
+                  ("pred", pred))
+    prep = _backends.prepare_call(LogitsSpec(shape, x.dtype, enc.device), targets,
+                                  logit_lengths, target_lengths, blank, backend, opts,
+                                  boundary=boundary, allow_blank_targets=allow_blank_targets,
+                                  names=names)
+    if rows is None:
+        rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1,
+                   nbytes // (V * x.element_size()))
+    del x
+    inputs = frozenset(_storages((enc, pred, *params)))
+    call = _Call(joiner, prep, tile_plan(B, T, U1, rows, frames_only), V, prep.chk.logits.dtype,
+                 inputs)
     costs = _FusedLoss.apply(call, enc, pred, *params)
     return reduce_costs(costs, reduction, zero_infinity)
 
@@ -395,13 +502,22 @@ def fused_rnnt_loss(
     Args:
         joiner: a callable (typically an ``nn.Module``) mapping ``enc[:, t0:t1, None]``
             ``(B, t1-t0, 1, H_enc)`` and ``pred[:, None, u0:u1]`` ``(B, 1, u1-u0, H_pred)``
-            to logits ``(B, t1-t0, u1-u0, V)``. The parameters of an ``nn.Module`` that
-            require grad get their gradients through autograd as usual (DDP's hooks
-            included); a tensor requiring grad that it reaches otherwise is a
-            RuntimeError in the backward pass. It is called twice per tile (forward, and
-            again in the backward pass with the forward's RNG state and autocast: dropout
-            is replayed exactly), and once more on one node when ``tile`` is a byte
-            budget (to learn V; no_grad, RNG state restored).
+            to logits ``(B, t1-t0, u1-u0, V)``, acting on each ``(t, u)`` independently:
+            a layer that takes statistics over the batch or the positions (BatchNorm in
+            training mode, InstanceNorm, GroupNorm) is a ValueError. The parameters of an
+            ``nn.Module`` that require grad get their gradients returned by the loss's
+            Function (DDP's hooks see each once); any other trainable tensor the joiner
+            reaches (FSDP2's unsharded parameters, a tensor held by a closure) gets its
+            gradient accumulated by autograd, as reentrant checkpointing gives it. It is
+            called once on one node before any tile (to learn V and the logits' dtype;
+            no_grad, RNG state restored), then twice per tile (forward, and again in the
+            backward pass with the forward's RNG state and autocast: dropout is replayed
+            exactly). The recomputation must give the forward's logits
+            (``torch.utils.checkpoint``'s rule: deterministic given the inputs and the RNG
+            state); the row sums of each recomputed tile are compared with the forward's,
+            and a difference beyond rounding is a RuntimeError (a device-side assert on
+            CUDA). An output that is a view of ``enc``, ``pred`` or a parameter is copied
+            before the passes write over it.
         enc: ``(B, T, H_enc)`` encoder output. pred: ``(B, U+1, H_pred)`` prediction
             network output. Either may or may not require grad.
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
@@ -425,8 +541,12 @@ def fused_rnnt_loss(
     Under ``torch.autocast`` the joiner runs in the autocast dtype (its bfloat16/float16
     logits are read in float32 by the CPU and torch backends, natively by Triton), the
     loss is float32 and the lattice float64. Under ``torch.compile`` the call is a graph
-    break (``torch.compiler.disable``). Memory: the lattice, ``O(B T (U+1) K)`` float64,
-    plus one tile of logits and joiner activations (math.md section 11).
+    break (``torch.compiler.disable``). It cannot be captured in a CUDA graph (it saves and
+    replays the CUDA RNG state): a RuntimeError says so. A double backward
+    (``create_graph=True``) is a RuntimeError. Every argument is checked before any tile
+    runs (``_backends.prepare_call``, messages naming ``enc`` and ``pred``), also with
+    ``T = 0`` or ``B = 0``. Memory: the lattice, ``O(B T (U+1) K)`` float64, plus one tile
+    of logits and joiner activations (math.md section 11).
 
     Returns:
         The reduced loss, or ``(B,)`` per-sequence losses for ``"none"`` (float32; float64
@@ -484,6 +604,7 @@ def fused_tdt_loss(
     params = _params(joiner)
     if omega > 0.0 and float(torch.rand(())) < omega:
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
+        _check_per_node(joiner)                   # the lambda below hides the module
         D = len(durations)
         return _fused_loss(lambda e, p: joiner(e, p)[..., :-D], enc, pred, targets,
                            logit_lengths, target_lengths, blank, *_fixed(regular()), params,

@@ -1,6 +1,8 @@
 """Thin ``nn.Module`` wrappers over :mod:`rnnt_lattice.functional`."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ._validate import check_tile
@@ -115,6 +117,12 @@ class MultiblankRNNTLoss(_KeywordLoss):
         super().__init__(blank=blank, big_blank_durations=list(big_blank_durations), **options)
 
 
+def _keyword_options(fn) -> frozenset:
+    """The keyword-only parameters of ``fn`` (the options a module fixes at construction)."""
+    return frozenset(n for n, p in inspect.signature(fn).parameters.items()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
 class _FusedKeywordLoss(torch.nn.Module):
     """A module holding the joiner (a submodule: its parameters are this module's, so an
     optimiser, ``.to()`` and DDP see them) whose forward calls ``_fn(self.joiner, enc, pred,
@@ -128,6 +136,11 @@ class _FusedKeywordLoss(torch.nn.Module):
         if not callable(joiner):
             raise ValueError(f"joiner must be callable (an nn.Module, typically), got "
                              f"{type(joiner).__name__}")
+        known = _keyword_options(type(self)._fn)
+        for name in options:
+            if name not in known:
+                raise TypeError(f"{type(self).__name__} got an unexpected option {name!r}: "
+                                f"{type(self)._fn.__name__} takes {', '.join(sorted(known))}")
         check_options(**options)              # at construction, not at the first call
         if options.get("tile") is not None:
             check_tile(options["tile"])

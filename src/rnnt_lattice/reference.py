@@ -484,11 +484,24 @@ def costs_and_grad(logits, targets, logit_lengths, target_lengths, topo: Topolog
     ``node_rows``: ``logits`` are the rows ``(N, V)`` of a packed or pruned layout
     (``kind_log_probs``); the gradient is ``(N, V)`` too.
     """
+    blank = topo.check(logits.shape[-1], blank)
+    T, U1 = (logits.shape[1:3] if node_rows is None else node_rows.shape[1:3])
+    Ends.of(logit_lengths, target_lengths, boundary).check(T, U1)
+    return costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, topo, blank,
+                                    fused, clamp, fastemit_lambda, sigma, delay_penalty,
+                                    boundary, need_grad, node_rows)
+
+
+def costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, topo: Topology,
+                             blank: int, fused: bool = True, clamp: float = -1.0,
+                             fastemit_lambda: float = 0.0, sigma: float = 0.0,
+                             delay_penalty: float = 0.0, boundary=None, need_grad: bool = True,
+                             node_rows: torch.Tensor | None = None):
+    """:func:`costs_and_grad` on arguments already checked (the torch backend's loss, behind
+    ``_backends.prepare_call``): ``blank`` in ``[0, V_tok)``, the boundary within the
+    lattice. No check here, so no host synchronisation on CUDA."""
     with torch.no_grad():
-        blank = topo.check(logits.shape[-1], blank)
         ends = Ends.of(logit_lengths, target_lengths, boundary)
-        T, U1 = (logits.shape[1:3] if node_rows is None else node_rows.shape[1:3])
-        ends.check(T, U1)
         ldt = lattice_dtype(logits.device)
         lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends,
                                           node_rows=node_rows)

@@ -19,8 +19,8 @@ import torch
 from ._layout import row_sequences
 from ._ops import scale_upstream
 from ._types import Ends, Lattice, LossOptions
-from .reference import (arc_weights, costs_and_grad, grad, kind_log_probs, lattice, lattice_dtype,
-                        sweep_alpha)
+from .reference import (arc_weights, costs_and_grad_unchecked, grad, kind_log_probs, lattice,
+                        lattice_dtype, sweep_alpha)
 from .topology import Topology
 
 NAME = "torch"
@@ -36,7 +36,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
                  boundary=None, node_rows=None):
     """Costs, and (when wanted) the per-sequence gradient, computed here by the generic
     recursion and saved for the backward pass, which only applies the upstream factor."""
-    costs, grad = costs_and_grad(
+    costs, grad = costs_and_grad_unchecked(
         logits, targets, logit_lengths, target_lengths, opts.topology, opts.blank,
         opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
         need_grad, node_rows)
@@ -86,10 +86,8 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
     topo = opts.topology
     B, T, U1 = tile.node_rows.shape
     if state is None:
-        ends = Ends.of(logit_lengths, target_lengths, boundary)
-        if boundary is not None:
-            ends.check(T, U1)
-        blank = topo.check(rows.shape[-1], opts.blank)
+        ends = Ends.of(logit_lengths, target_lengths, boundary)   # checked: prepare_call
+        blank = opts.blank
         full = lambda *shape: torch.empty(shape, dtype=rows.dtype, device=rows.device)  # noqa: E731
         state = _Tiles(full(B, T, U1), full(B, T, U1) if topo.n_durations else None,
                        full(B, topo.K, T, U1), targets.to(torch.int64), ends, blank)
@@ -129,9 +127,7 @@ def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     """``(w, ends, topo)``: the arc weights ``(B, K, T, U+1)`` in the lattice dtype (``-inf``
     off the arcs) and the start/end nodes, exactly as the loss builds them."""
     topo = opts.topology
-    ends = Ends.of(logit_lengths, target_lengths, boundary)
-    if boundary is not None:
-        ends.check(logits.shape[1], logits.shape[2])
+    ends = Ends.of(logit_lengths, target_lengths, boundary)   # checked: prepare_call
     _, _, lp = kind_log_probs(logits, targets, topo, opts.blank, opts.fused, ends)
     w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, opts.sigma,
                     opts.delay_penalty)

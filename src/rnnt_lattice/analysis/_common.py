@@ -1,16 +1,17 @@
-"""Validate -> pick a backend, shared by the lattice tools (the loss's own preparation), and
+"""Validate -> pick a backend, shared by the lattice tools (the loss's own preparation,
+``_backends.prepare_call``), and
 the one lattice of every topology: the backend protocol's ``occupancy`` / ``viterbi``
 (per-kind occupations and max-plus pointers, on the loss's kernels; the torch backend
 runs the reference's recursion)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from .. import _backends
 from .._types import Lattice, LossOptions
-from .._validate import check_boundary, check_class_targets, check_float
+from .._validate import check_float
 from ..topology import Topology, by_name
 
 
@@ -53,18 +54,10 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     sigma = check_float("sigma", sigma, finite=True)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
     opts = LossOptions(0, bool(fused), topology=topo, sigma=sigma, delay_penalty=delay_penalty)
-    x = logits.detach() if hasattr(logits, "detach") else logits
-    n_tokens = None
-    if topo.n_durations and isinstance(x, torch.Tensor) and x.dim() == 4:
-        n_tokens = topo.token_classes(x.shape[-1])
-    impl, chk = _backends.prepare(x, targets, logit_lengths, target_lengths, blank, backend,
-                                  n_tokens=n_tokens)
-    blank = topo.check(chk.logits.shape[-1], chk.blank)
-    check_class_targets(chk.targets, chk.target_lengths, topo)
-    boundary = check_boundary(boundary, chk.logits.shape[0], chk.logits.device, chk.logit_lengths,
-                              chk.target_lengths)
-    opts = replace(opts, blank=blank, topology=topo)
-    return Request(topo, chk, impl, opts, boundary)
+    x = logits.detach() if isinstance(logits, torch.Tensor) else logits
+    prep = _backends.prepare_call(x, targets, logit_lengths, target_lengths, blank, backend, opts,
+                                  boundary=boundary)
+    return Request(topo, prep.chk, prep.impl, prep.opts, prep.boundary)
 
 
 def kind_field(topo: Topology, name: str, device) -> torch.Tensor:

@@ -352,14 +352,17 @@ def install() -> None:
     by :func:`uninstall`.
 
     Raises:
-        ImportError: NeMo's ASR collection does not import.
+        ImportError: NeMo's ASR collection does not import, whatever its import raised
+            (a NeMo of another version often fails with AttributeError): the message
+            names NeMo and the original error is its ``__cause__``.
         RuntimeError: the NeMo found has no ``RNNT_LOSS_RESOLVER`` with these losses.
     """
     try:
         losses = importlib.import_module(_NEMO_LOSSES)
-    except ImportError as err:
+    except Exception as err:          # noqa: BLE001  a NeMo of another version fails anyhow
+        # (AttributeError, TypeError... from its own imports): the promised ImportError
         raise ImportError(f"rnnt_lattice.compat.nemo.install() needs NeMo's ASR collection "
-                          f"({_NEMO_LOSSES}), which does not import: {err}. The classes of "
+                          f"({_NEMO_LOSSES}), which does not import: {type(err).__name__}: {err}. The classes of "
                           f"rnnt_lattice.compat.nemo work without NeMo.") from err
     if _saved:
         return

@@ -154,14 +154,13 @@ def uses_regular_fast_path(opts: LossOptions, boundary, node_rows) -> bool:
 def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
     """``(t0, u0, t1, u1)`` (B,) int64 arrays: start and end node of each lattice
     (``reference.Ends``: k2's boundary rows ``[begin_symbol, begin_frame, end_symbol,
-    end_frame]``, checked as k2 checks them)."""
+    end_frame]``, as ``_backends.prepare_call`` checked them)."""
     if boundary is None:
         tl = _np(logit_lengths).astype(np.int64, copy=False)
         ul = _np(target_lengths).astype(np.int64, copy=False)
         zero = np.zeros_like(tl)
         return zero, zero, tl, ul
     ends = Ends.of(logit_lengths, target_lengths, boundary)
-    ends.check(T, U1)
     return tuple(np.ascontiguousarray(_np(x.to(torch.int64)))
                  for x in (ends.t0, ends.u0, ends.t1, ends.u1))
 
@@ -275,7 +274,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     V = shape[-1]
     buf = (logits if inplace else _empty_like(logits)) if store else None
     topo = opts.topology
-    blank = topo.check(V, opts.blank)
+    blank = opts.blank                            # checked by _backends.prepare_call
     B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
     ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
     kinds = kernels.kind_table(topo, blank)
@@ -377,7 +376,7 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
     B, T, U1 = tile.node_rows.shape
     if state is None:
         topo = opts.topology
-        blank = topo.check(rows.shape[-1], opts.blank)
+        blank = opts.blank
         kinds = kernels.kind_table(topo, blank)
         dtype = _np(rows[:0]).dtype
         acc = _row_outputs(B, T, U1, kinds, dtype, opts.fused)
@@ -435,7 +434,7 @@ def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     logits = logits.contiguous()
     B, T, U1, V = logits.shape
     topo = opts.topology
-    blank = topo.check(V, opts.blank)
+    blank = opts.blank                            # checked by _backends.prepare_call
     ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
     kinds = kernels.kind_table(topo, blank)
     _, w, nan_row = _row_pass(logits.view(-1, V), targets, ends, _node_rows(None, B, T, U1),
