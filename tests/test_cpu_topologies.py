@@ -35,7 +35,7 @@ def numba_loss(logits, targets, tl, ul, topo, blank, fused=True, clamp=-1.0, fas
     """``(costs, upstream-scaled gradient)`` through the backend protocol (``_ops``).
     ``generic``: padded logits go in as rows with the identity ``node_rows`` (the generic
     kernels, whatever the topology), the gradient comes back padded."""
-    opts = LossOptions(blank=blank, fused=fused, clamp=clamp, fastemit_lambda=fastemit_lambda,
+    opts = LossOptions(blank=blank, log_softmax=fused, clamp=clamp, fastemit_lambda=fastemit_lambda,
                        inplace_grad=inplace, topology=topo, sigma=sigma, delay_penalty=delay_penalty)
     x = logits.clone()
     if generic:
@@ -101,7 +101,7 @@ def test_regular_fast_path_is_chosen():
     ids = torch.zeros(1, 2, 3, dtype=torch.int64)
     assert cpu.uses_regular_fast_path(plain, None, None)
     assert cpu.uses_regular_fast_path(LossOptions(blank=0, topology=topology.regular(), clamp=0.1,
-                                                  fastemit_lambda=0.2, fused=False,
+                                                  fastemit_lambda=0.2, log_softmax=False,
                                                   inplace_grad=True), None, None)
     assert not cpu.uses_regular_fast_path(LossOptions(blank=0, sigma=0.1), None, None)
     assert not cpu.uses_regular_fast_path(LossOptions(blank=0, delay_penalty=0.1), None, None)

@@ -205,7 +205,7 @@ def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: Loss
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     name, durations = to_spec(opts.topology)
     costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
-                               opts.clamp, opts.fused, opts.fastemit_lambda, backend, need_grad,
+                               opts.clamp, opts.log_softmax, opts.fastemit_lambda, backend, need_grad,
                                name, list(durations), opts.sigma, opts.delay_penalty, boundary,
                                node_rows)
     return costs

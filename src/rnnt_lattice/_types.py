@@ -32,7 +32,8 @@ class LossOptions:
     """
 
     blank: int                      # in [0, V_tok)
-    fused: bool = True              # logits are raw scores (log-softmax fused) or log-probs
+    log_softmax: bool = True        # True: logits are raw scores (the log-softmax is applied
+                                    # inside the loss, fused); False: they are log-probs
     clamp: float = -1.0             # > 0: clip the per-sequence gradient to [-clamp, clamp]
     fastemit_lambda: float = 0.0    # FastEmit: label arcs' gradient x (1 + lambda)
     inplace_grad: bool = False      # write the gradient over the logits

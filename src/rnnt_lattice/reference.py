@@ -68,30 +68,30 @@ def arc_mask(topo: Topology, ends: Ends, T: int, U1: int) -> torch.Tensor:
 # Arc log-probs and weights
 # ---------------------------------------------------------------------------------------
 
-def _row_lse(x: torch.Tensor, fused: bool) -> torch.Tensor:
+def _row_lse(x: torch.Tensor, log_softmax: bool) -> torch.Tensor:
     """Log-normaliser of each row of one softmax group (math.md 8.1): NaN if the row max is
     NaN or +inf; 0 in log-prob mode."""
-    if not fused:
+    if not log_softmax:
         return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     lse = torch.logsumexp(x, dim=-1)
     row_max = x.amax(dim=-1)                                               # NaN if any NaN
     return torch.where(torch.isnan(row_max) | (row_max == float("inf")), float("nan"), lse)
 
 
-def read_entry(entry: torch.Tensor, lse: torch.Tensor, fused: bool) -> torch.Tensor:
+def read_entry(entry: torch.Tensor, lse: torch.Tensor, log_softmax: bool) -> torch.Tensor:
     """Log-prob ``entry - lse`` of one class per row; a dead row (all -inf, ``lse = -inf``)
     has ``-inf`` arcs, and in log-prob mode a ``+inf`` entry reads as NaN."""
-    if not fused:
+    if not log_softmax:
         entry = torch.where(entry == float("inf"), float("nan"), entry)
     return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
 
 
-def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, ends: Ends,
+def kind_log_probs(logits, targets, topo: Topology, blank: int, log_softmax: bool, ends: Ends,
                    dtype: torch.dtype | None = None, node_rows: torch.Tensor | None = None):
     """The log-prob part of every arc kind's weight at every source node.
 
     Args:
-        logits: ``(B, T, U+1, V)`` with ``V = V_tok + n_durations``: raw scores (``fused``)
+        logits: ``(B, T, U+1, V)`` with ``V = V_tok + n_durations``: raw scores (``log_softmax=True``)
             or log-probabilities (both groups already normalised). With ``node_rows``:
             rows ``(N, V)`` of a packed or pruned layout.
         targets: ``(B, U)`` int64. ``blank``: a token id in ``[0, V_tok)``.
@@ -119,8 +119,8 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, end
         """(N,) per row -> (B, T, U+1) per node, -inf for a node without a row."""
         return torch.where(has_row, row_values[r], NEG_INF)
 
-    lse = per_node(_row_lse(x[:, :V_tok], fused))                          # (B, T, U+1)
-    lse_dur = per_node(_row_lse(x[:, V_tok:], fused)) if topo.n_durations else None
+    lse = per_node(_row_lse(x[:, :V_tok], log_softmax))                          # (B, T, U+1)
+    lse_dur = per_node(_row_lse(x[:, V_tok:], log_softmax)) if topo.n_durations else None
 
     cache = {}
 
@@ -134,10 +134,10 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, fused: bool, end
                 entry = torch.where(torch.arange(U1, device=x.device) < U1 - 1, entry, NEG_INF)
             else:
                 entry = x[:, blank if key == "blank" else key][r]
-            cache[key] = read_entry(entry, lse, fused)
+            cache[key] = read_entry(entry, lse, log_softmax)
         return cache[key]
 
-    duration = (lambda i: read_entry(x[:, V_tok + i][r], lse_dur, fused)) if topo.n_durations else None
+    duration = (lambda i: read_entry(x[:, V_tok + i][r], lse_dur, log_softmax)) if topo.n_durations else None
     return lse, lse_dur, stack_kinds(topo, ends, token, duration)
 
 
@@ -368,7 +368,7 @@ def _shift_down_u(x: torch.Tensor) -> torch.Tensor:
 
 
 def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int,
-                 fused: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0,
+                 log_softmax: bool, ends: Ends, clamp: float = -1.0, fastemit_lambda: float = 0.0,
                  node_rows: torch.Tensor | None = None):
     """Per-sequence gradient of -log P w.r.t. ``logits`` (math.md sections 4-6 and 9),
     before the upstream gradient. Shape and dtype of ``logits``: ``(B, T, U+1, V)``, or
@@ -386,7 +386,7 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
     (the gradient w.r.t. the log-probs). ``clamp > 0`` clips the token group only (NeMo
     TDT: the durations are never clamped). Rows of padding nodes, rows no node reads and
     sequences without a path: 0; a NaN sequence: NaN on every entry of every row of its
-    region in fused mode, on its arc entries in log-prob mode.
+    region with log_softmax (raw scores), on its arc entries with log-probs.
 
     Everything is computed per row: node quantities ``(B, T, U+1)`` are carried to the row
     the node reads through the inverse map ``_layout.row_nodes`` (the identity for padded logits).
@@ -411,7 +411,7 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
     reads = [per_row(g) for g in scaled + next_blank]                     # (N,) each
 
     # Token group: d/dz_v = p_v * S - [v = class read] * s gamma.
-    if fused:
+    if log_softmax:
         total = reads[0]
         for g in reads[1:]:
             total = total + g
@@ -436,7 +436,7 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
     if topo.n_durations:
         dur_reads = [(k.duration, per_row(gamma[:, j])) for j, k in enumerate(topo.kinds)
                      if k.duration >= 0]
-        if fused:
+        if log_softmax:
             total = dur_reads[0][1]
             for _, g in dur_reads[1:]:
                 total = total + g
@@ -455,7 +455,7 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
     region = ends.region(T, U1)
     keep = per_row(region & (lat.log_like != NEG_INF)[:, None, None], False)
     grad = torch.where(keep[:, None], grad, 0.0)
-    if fused:
+    if log_softmax:
         nan_rows = per_row(region & torch.isnan(lat.log_like)[:, None, None], False)
         grad = torch.where(nan_rows[:, None], float("nan"), grad)
     if clamp > 0:
@@ -470,7 +470,7 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
 
 
 def costs_and_grad(logits, targets, logit_lengths, target_lengths, topo: Topology,
-                           blank: int, fused: bool = True, clamp: float = -1.0,
+                           blank: int, log_softmax: bool = True, clamp: float = -1.0,
                            fastemit_lambda: float = 0.0, sigma: float = 0.0,
                            delay_penalty: float = 0.0, boundary=None, need_grad: bool = True,
                            node_rows: torch.Tensor | None = None):
@@ -488,12 +488,12 @@ def costs_and_grad(logits, targets, logit_lengths, target_lengths, topo: Topolog
     T, U1 = (logits.shape[1:3] if node_rows is None else node_rows.shape[1:3])
     Ends.of(logit_lengths, target_lengths, boundary).check(T, U1)
     return costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, topo, blank,
-                                    fused, clamp, fastemit_lambda, sigma, delay_penalty,
+                                    log_softmax, clamp, fastemit_lambda, sigma, delay_penalty,
                                     boundary, need_grad, node_rows)
 
 
 def costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, topo: Topology,
-                             blank: int, fused: bool = True, clamp: float = -1.0,
+                             blank: int, log_softmax: bool = True, clamp: float = -1.0,
                              fastemit_lambda: float = 0.0, sigma: float = 0.0,
                              delay_penalty: float = 0.0, boundary=None, need_grad: bool = True,
                              node_rows: torch.Tensor | None = None):
@@ -503,12 +503,12 @@ def costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, top
     with torch.no_grad():
         ends = Ends.of(logit_lengths, target_lengths, boundary)
         ldt = lattice_dtype(logits.device)
-        lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, fused, ends,
+        lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, log_softmax, ends,
                                           node_rows=node_rows)
         w = arc_weights(lp.to(ldt), topo, ends, sigma, delay_penalty)
         lat = lattice(w, topo, ends)
         costs = (-lat.log_like).to(logits.dtype)
         if not need_grad:
             return costs, None
-        return costs, grad(logits, lse, lse_dur, lat, targets, topo, blank, fused, ends,
+        return costs, grad(logits, lse, lse_dur, lat, targets, topo, blank, log_softmax, ends,
                                    clamp, fastemit_lambda, node_rows)

@@ -38,7 +38,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     recursion and saved for the backward pass, which only applies the upstream factor."""
     costs, grad = costs_and_grad_unchecked(
         logits, targets, logit_lengths, target_lengths, opts.topology, opts.blank,
-        opts.fused, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
+        opts.log_softmax, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
         need_grad, node_rows)
     if not need_grad:
         return costs, (), None
@@ -91,7 +91,7 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
         full = lambda *shape: torch.empty(shape, dtype=rows.dtype, device=rows.device)  # noqa: E731
         state = _Tiles(full(B, T, U1), full(B, T, U1) if topo.n_durations else None,
                        full(B, topo.K, T, U1), targets.to(torch.int64), ends, blank)
-    lse, lse_dur, lp = kind_log_probs(rows, state.targets, topo, state.blank, opts.fused,
+    lse, lse_dur, lp = kind_log_probs(rows, state.targets, topo, state.blank, opts.log_softmax,
                                       state.ends, node_rows=tile.node_rows)
     t, u = tile.box
     state.lse[:, t, u] = lse[:, t, u]
@@ -116,7 +116,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     """``reference.grad`` of one tile's rows, times the upstream gradient of each row's
     sequence, into ``out`` (n, V) (which may be ``rows``)."""
     g = grad(rows, state.lse, state.lse_dur, state.lat, state.targets, opts.topology,
-             state.blank, opts.fused, state.ends, opts.clamp, opts.fastemit_lambda,
+             state.blank, opts.log_softmax, state.ends, opts.clamp, opts.fastemit_lambda,
              node_rows=tile.node_rows)
     up = torch.cat([upstream.to(g.dtype), upstream.new_zeros(1, dtype=g.dtype)])
     return scale_upstream(g, up[row_sequences(tile.node_rows, rows.shape[0])][:, None], out=out)
@@ -128,7 +128,7 @@ def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     off the arcs) and the start/end nodes, exactly as the loss builds them."""
     topo = opts.topology
     ends = Ends.of(logit_lengths, target_lengths, boundary)   # checked: prepare_call
-    _, _, lp = kind_log_probs(logits, targets, topo, opts.blank, opts.fused, ends)
+    _, _, lp = kind_log_probs(logits, targets, topo, opts.blank, opts.log_softmax, ends)
     w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, opts.sigma,
                     opts.delay_penalty)
     return w, ends, topo

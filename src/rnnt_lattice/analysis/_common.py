@@ -41,10 +41,6 @@ class Request:
     opts: LossOptions
     boundary: torch.Tensor | None
 
-    @property
-    def fused(self) -> bool:
-        return self.opts.fused
-
 
 def request(logits, targets, logit_lengths, target_lengths, blank, fused, backend, rnnt_type,
             topology, sigma, delay_penalty, boundary) -> Request:

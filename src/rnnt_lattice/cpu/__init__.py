@@ -232,7 +232,7 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
     kernels.row_pass(x, node_rows, _np(targets), *ends,
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
-                     opts.fused, buf is not None,
+                     opts.log_softmax, buf is not None,
                      _config.spread_stride(B * T),
                      np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
                      *stats, w, nan_row)
@@ -252,7 +252,7 @@ def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opt
     nan_row = np.empty((B, T), dtype=np.uint8)
     regular.regular_row_pass(x, _np(targets), _np(logit_lengths), _np(target_lengths),
                              blank,
-                             opts.fused, buf is not None,
+                             opts.log_softmax, buf is not None,
                              _config.spread_stride(B * T),
                              np.empty((0, 0, 0, 0), dtype=x.dtype) if buf is None else _np(buf),
                              shift, inv_sum, w, nan_row)
@@ -265,11 +265,11 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
 
     ``logits``: ``(B, T, U+1, V)``, or rows ``(N, V)`` with ``node_rows (B, T, U+1)`` int64
     (node (b, t, u) reads row ``node_rows[b, t, u]``, -1: none; every row is read by one
-    node). With a gradient wanted in fused mode the exps are stored in a buffer like the
+    node). With a gradient wanted on raw scores (log_softmax) the exps are stored in a buffer like the
     logits (the logits themselves with ``opts.inplace_grad``: each row is read completely
     before its exps overwrite it)."""
     inplace = need_grad and opts.inplace_grad
-    store = need_grad and opts.fused
+    store = need_grad and opts.log_softmax
     shape = tuple(logits.shape)
     V = shape[-1]
     buf = (logits if inplace else _empty_like(logits)) if store else None
@@ -310,11 +310,11 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
         raise RuntimeError(
             "rnnt_loss(inplace_grad=True): the logits buffer already holds the gradient of "
             "the first backward; a second backward (retain_graph=True) is not possible")
-    if st.inplace and not opts.fused:
+    if st.inplace and not opts.log_softmax:
         dst, from_logits = st.buf, False
         _np(dst).fill(0)
         st.buf = None
-    elif not opts.fused:
+    elif not opts.log_softmax:
         dst, from_logits = _zeros_like(logits), False
     elif st.buf is not None:
         dst, from_logits = st.buf, False
@@ -333,7 +333,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
                                   st.blank,
                                   shift, inv_sum, st.gamma,
                                   fastemit_scale, float(opts.clamp), up,
-                                  opts.fused, from_logits,
+                                  opts.log_softmax, from_logits,
                                   spread)
         return dst
     V = st.shape[-1]
@@ -342,7 +342,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
                       st.kinds, st.blank, st.n_durations,
                       *st.stats, st.gamma, st.log_like,
                       fastemit_scale, float(opts.clamp), up,
-                      opts.fused, from_logits,
+                      opts.log_softmax, from_logits,
                       spread)
     return dst
 
@@ -370,7 +370,7 @@ class _Tiles:
 def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossOptions,
                  boundary, state):
     """Pass 1 on one tile's rows ``(n, V)`` (``tile.node_rows``: the box's nodes read rows
-    0..n-1, every other node none), its exps stored over ``rows`` in fused mode (the
+    0..n-1, every other node none), its exps stored over ``rows`` with log_softmax (the
     caller discards the tile: this is the in-place mode, no buffer), its statistics, arc
     weights and stored exps of the read classes copied into the whole lattice's arrays."""
     B, T, U1 = tile.node_rows.shape
@@ -379,15 +379,15 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
         blank = opts.blank
         kinds = kernels.kind_table(topo, blank)
         dtype = _np(rows[:0]).dtype
-        acc = _row_outputs(B, T, U1, kinds, dtype, opts.fused)
+        acc = _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax)
         acc[2].fill(0)                            # nan_row: or-ed over label tiles
-        state = _Tiles(acc, _row_outputs(B, T, U1, kinds, dtype, opts.fused),
+        state = _Tiles(acc, _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax),
                        targets.to(torch.int64).contiguous(),
                        _ends(logit_lengths, target_lengths, boundary, T, U1), kinds, blank,
                        topo.n_durations, rows.dtype)
     stats, w, nan_row = _row_pass(rows, state.targets, state.ends, _np(tile.node_rows),
                                   state.kinds, state.blank, state.n_durations, opts,
-                                  rows if opts.fused else None, out=state.scratch)
+                                  rows if opts.log_softmax else None, out=state.scratch)
     t, u = tile.box
     acc_stats, acc_w, acc_nan = state.acc
     for a, x in zip(acc_stats, stats):
@@ -413,7 +413,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     V) = upstream[b] * d cost_b / d rows``, the exps recomputed from ``rows`` with the
     forward's shifts (``out`` may be ``rows``)."""
     V = rows.shape[-1]
-    if not opts.fused:
+    if not opts.log_softmax:
         _np(out).fill(0)                          # log-prob mode writes the read entries only
     B, T = state.gamma.shape[0], state.gamma.shape[2]
     kernels.grad_rows(_np(rows).reshape(-1, V), _np(out).reshape(-1, V), _np(tile.node_rows),
@@ -422,7 +422,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
                       *state.acc[0], state.gamma, state.log_like,
                       1.0 + float(opts.fastemit_lambda), float(opts.clamp),
                       upstream.detach().to(torch.float64).contiguous().numpy(),
-                      opts.fused, opts.fused,
+                      opts.log_softmax, opts.log_softmax,
                       _config.spread_stride(B * T))
     return out
 
@@ -444,7 +444,7 @@ def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
 
 def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
               boundary=None) -> Lattice:
-    """The lattice of any topology (``opts``: topology, blank, fused, sigma, delay
+    """The lattice of any topology (``opts``: topology, blank, log_softmax, sigma, delay
     penalty; k2 ``boundary``) without gradient work: the loss's passes 1-2
     (``kernels.row_pass``, ``kernels.lattice``). A :class:`rnnt_lattice._types.Lattice`
     as ``reference.lattice`` returns it: alpha, beta ``(B, T+1, U+1)`` (-inf off

@@ -363,7 +363,7 @@ def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: 
             st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp,
             rows.n, T, U1, V - n_dur, opts.blank, *rows.box,
             **kinds,
-            FUSED=opts.fused, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
+            FUSED=opts.log_softmax, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
             ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
             BOUNDARY=boundary is not None, num_warps=num_warps)
 
@@ -414,7 +414,7 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
             *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
             *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
             **kinds, **_terms(opts, kinds),
-            FUSED=opts.fused, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
+            FUSED=opts.log_softmax, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
             LAYOUT=rows.layout, ACC=_acc(logits.dtype), ROWS=per,
             BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
             num_warps=num_warps)
