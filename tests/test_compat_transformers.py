@@ -120,18 +120,27 @@ def test_adjacent_slices_are_read_in_place(monkeypatch):
     joint = x * 1.0                                       # a non-leaf joint output, as a model's
     targets, T_b, U_b = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
     a = ct.tdt_loss(joint[..., :5], joint[..., 5:], targets, T_b, U_b, 4, [0, 1, 2])
-    assert seen[-1] is joint
+    assert seen[-1].data_ptr() == joint.data_ptr() and seen[-1].shape == joint.shape
+    assert torch.equal(seen[-1], joint)
     (ga,) = torch.autograd.grad(a, x, retain_graph=True)
     tok, dur = joint[..., :5].clone(), joint[..., 5:].clone()   # separate tensors
     b = ct.tdt_loss(tok, dur, targets, T_b, U_b, 4, [0, 1, 2])
-    assert seen[-1] is not joint and seen[-1].shape == joint.shape
+    assert seen[-1].data_ptr() != joint.data_ptr() and torch.equal(seen[-1], joint)
     (gb,) = torch.autograd.grad(b, x)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     torch.testing.assert_close(ga, gb, rtol=0, atol=0)
     # the halves of a wider tensor are not adjacent views of one (B, T, U+1, V + D)
     wide = torch.randn(2, 4, 3, 9)
     ct.tdt_loss(wide[..., :5], wide[..., 5:8], targets, T_b, U_b, 4, [0, 1, 2])
-    assert seen[-1] is not wide and seen[-1].shape[-1] == 8
+    assert seen[-1].data_ptr() == wide.data_ptr() and torch.equal(seen[-1], wide[..., :8])
+    # the joint output of a Linear on (B, T, U+1, H), a view of its 2-D result: in place too
+    lin = torch.nn.Linear(4, 8)
+    out = lin(torch.randn(2, 4, 1, 4) + torch.randn(2, 1, 3, 4))
+    ct.tdt_loss(out[..., :5], out[..., 5:], targets, T_b, U_b, 4, [0, 1, 2]).backward()
+    assert seen[-1].data_ptr() == out.data_ptr() and lin.weight.grad is not None
+    # not adjacent (a gap between the halves): concatenated
+    ct.tdt_loss(wide[..., :5], wide[..., 6:9], targets, T_b, U_b, 4, [0, 1, 2])
+    assert seen[-1].data_ptr() != wide.data_ptr()
 
 
 def test_argument_errors():

@@ -96,22 +96,22 @@ def _float(x: torch.Tensor) -> torch.Tensor:
 
 def _joined(token_logits: torch.Tensor, duration_logits: torch.Tensor) -> torch.Tensor:
     """``(B, T, U+1, V + D)``: the one tensor whose last axis holds the tokens then the
-    durations. When the two are the halves ``base[..., :V]`` and ``base[..., V:]`` of one
-    tensor (the Parakeet model's slices of its joint output), ``base`` itself, without a
-    copy; otherwise their concatenation."""
+    durations. When the two are adjacent views of one storage (the Parakeet model's slices
+    ``logits[..., :V]`` and ``logits[..., V:]`` of its joint output), that window of their
+    base, without a copy (``as_strided`` on the base: autograd sends the gradient to the
+    base, as it would through the two views); otherwise their concatenation."""
     base = token_logits._base
     V, D = token_logits.shape[-1], duration_logits.shape[-1]
     if (base is not None and duration_logits._base is base
             and token_logits.dtype == duration_logits.dtype
-            and base.dim() == token_logits.dim()
-            and tuple(base.shape) == (*token_logits.shape[:-1], V + D)
-            and base.stride() == token_logits.stride() == duration_logits.stride()
-            and base.storage_offset() == token_logits.storage_offset()
-            and duration_logits.storage_offset() == token_logits.storage_offset()
-            + V * token_logits.stride(-1)
-            and tuple(duration_logits.shape[:-1]) == tuple(token_logits.shape[:-1])
+            and token_logits.dim() == duration_logits.dim()
+            and token_logits.shape[:-1] == duration_logits.shape[:-1]
+            and token_logits.stride() == duration_logits.stride()
+            and duration_logits.storage_offset()
+            == token_logits.storage_offset() + V * token_logits.stride(-1)
             and base.requires_grad == token_logits.requires_grad == duration_logits.requires_grad):
-        return base
+        return base.as_strided((*token_logits.shape[:-1], V + D), token_logits.stride(),
+                               token_logits.storage_offset())
     return torch.cat([token_logits, duration_logits], dim=-1)
 
 
