@@ -15,9 +15,11 @@ The step is ``zero_grad``, forward with ``labels``, ``backward``, an SGD step.
 Each way runs in its own process (peak memory: the growth of the resident set's high-water
 mark over the step, ``VmHWM`` reset through ``/proc/self/clear_refs``, glibc's mmap
 threshold fixed so that freed tensors leave the resident set); each repeats the step
-``--reps`` times after one warm-up step and reports the min and the median. The ratios
+``--reps`` times after one warm-up step and reports the min and the median of the wall
+time, of the process's CPU time (less sensitive to other processes on a shared machine) and
+of the peak memory; the loss-alone rounds alternate transformers' and ours. The ratios
 (transformers' own / ours) are of medians measured in this one run; ``uptime`` is printed
-with them: on a loaded machine the absolute times move, the ratios much less.
+with them.
 """
 from __future__ import annotations
 
@@ -72,18 +74,24 @@ def _model_and_batch(torch):
     return model, batch
 
 
-def _measure(fn, reps: int, torch) -> dict:
-    fn()                                                   # warm-up (compilation, caches)
-    times, peaks = [], []
+def _measure(fns: dict, reps: int) -> dict:
+    """Each of ``fns`` once to warm up, then ``reps`` rounds of each in turn (interleaved:
+    a change of the machine's load falls on all of them): wall time, the process's CPU
+    time (less sensitive to other processes on a shared machine) and peak memory."""
+    for fn in fns.values():
+        fn()                                               # warm-up (compilation, caches)
+    out = {name: dict(times=[], cpu=[], peaks=[]) for name in fns}
     for _ in range(reps):
-        gc.collect()
-        base = _rss("VmRSS")
-        _reset_peak()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        peaks.append(_rss("VmHWM") - base)
-    return dict(times=times, peaks=peaks)
+        for name, fn in fns.items():
+            gc.collect()
+            base = _rss("VmRSS")
+            _reset_peak()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            out[name]["times"].append(time.perf_counter() - t0)
+            out[name]["cpu"].append(time.process_time() - c0)
+            out[name]["peaks"].append(_rss("VmHWM") - base)
+    return out
 
 
 def _child(way: str, reps: int, threads: int) -> dict:
@@ -107,12 +115,13 @@ def _child(way: str, reps: int, threads: int) -> dict:
         args = (labels, enc.attention_mask.sum(-1), (labels != model.config.pad_token_id).sum(-1),
                 model.config.blank_token_id, DURATIONS)
         out["shape"] = list(joint.shape)
-        for name, f in (("theirs", theirs), ("ours", ct.tdt_loss)):
-            def step(f=f):
-                joint.grad = None
-                f(joint[..., :V], joint[..., V:], *args).backward()
-            out[name] = _measure(step, reps, torch)
+
+        def step(f):
             joint.grad = None
+            f(joint[..., :V], joint[..., V:], *args).backward()
+            joint.grad = None
+        out.update(_measure({"theirs": lambda: step(theirs), "ours": lambda: step(ct.tdt_loss)},
+                            reps))
         with torch.no_grad():
             out["loss_theirs"] = float(theirs(joint[..., :V], joint[..., V:], *args))
             out["loss_ours"] = float(ct.tdt_loss(joint[..., :V], joint[..., V:], *args))
@@ -130,7 +139,7 @@ def _child(way: str, reps: int, threads: int) -> dict:
         o.loss.backward()
         losses.append(float(o.loss.detach()))
         opt.step()
-    out.update(_measure(step, reps, torch))
+    out.update(_measure({"step": step}, reps)["step"])
     out["first_loss"] = losses[0]
     return out
 
@@ -145,9 +154,9 @@ def _run(way: str, reps: int, threads: int) -> dict:
 
 
 def _fmt(m: dict) -> str:
-    t, p = m["times"], m["peaks"]
-    return (f"{min(t):8.3f} {statistics.median(t):8.3f}   {min(p) / 2**20:8.0f} "
-            f"{statistics.median(p) / 2**20:8.0f}")
+    t, c, p = m["times"], m["cpu"], m["peaks"]
+    return (f"{min(t):8.2f} {statistics.median(t):8.2f}   {min(c):8.2f} {statistics.median(c):8.2f}"
+            f"   {min(p) / 2**20:8.0f} {statistics.median(p) / 2**20:8.0f}")
 
 
 def main() -> None:
@@ -175,8 +184,8 @@ def main() -> None:
     print(f"B = {B}, joint output {res['loss']['shape']} (T = encoder frames, U+1, V + D), "
           f"decoder hidden {H_DEC}, durations {DURATIONS}")
     print(f"uptime before: {load_before}\nuptime after:  {load_after}\n")
-    print(f"{'':34s} {'time s':>17s}   {'peak MiB':>17s}")
-    print(f"{'':34s} {'min':>8s} {'median':>8s}   {'min':>8s} {'median':>8s}")
+    print(f"{'':34s} {'wall time s':>17s}   {'CPU time s':>17s}   {'peak MiB':>17s}")
+    print(f"{'':34s}" + f" {'min':>8s} {'median':>8s}  " * 3)
     L = res["loss"]
     print(f"{'TDT loss alone, transformers':34s} {_fmt(L['theirs'])}")
     print(f"{'TDT loss alone, install()':34s} {_fmt(L['ours'])}")
@@ -184,10 +193,12 @@ def main() -> None:
                     ("fused", "step, fuse(model)")):
         print(f"{name:34s} {_fmt(res[w])}")
     print()
-    print(f"loss alone: transformers / install() time {med(L['theirs']) / med(L['ours']):.1f}x "
-          f"(target >= 20x); loss values {L['loss_theirs']:.6f} / {L['loss_ours']:.6f}")
+    print(f"loss alone: transformers / install() wall time {med(L['theirs']) / med(L['ours']):.1f}x, "
+          f"CPU time {med(L['theirs'], 'cpu') / med(L['ours'], 'cpu'):.1f}x (target >= 20x); "
+          f"loss values {L['loss_theirs']:.6f} / {L['loss_ours']:.6f}")
     for w in ("install", "fused"):
-        print(f"step: transformers / {w} time {med(res['theirs']) / med(res[w]):.2f}x, "
+        print(f"step: transformers / {w} wall time {med(res['theirs']) / med(res[w]):.2f}x, "
+              f"CPU time {med(res['theirs'], 'cpu') / med(res[w], 'cpu'):.2f}x, "
               f"peak memory {med(res['theirs'], 'peaks') / med(res[w], 'peaks'):.1f}x"
               + ("  (target: fused peak <= 1/5 of transformers')" if w == "fused" else ""))
     print("first-step losses: " + ", ".join(f"{w} {res[w]['first_loss']:.6f}"
