@@ -133,11 +133,14 @@ def test_adjacent_slices_are_read_in_place(monkeypatch):
     wide = torch.randn(2, 4, 3, 9)
     ct.tdt_loss(wide[..., :5], wide[..., 5:8], targets, T_b, U_b, 4, [0, 1, 2])
     assert seen[-1].data_ptr() == wide.data_ptr() and torch.equal(seen[-1], wide[..., :8])
+    assert seen[-1]._base is wide                   # part of a base: its window (as_strided)
     # the joint output of a Linear on (B, T, U+1, H), a view of its 2-D result: in place too
     lin = torch.nn.Linear(4, 8)
     out = lin(torch.randn(2, 4, 1, 4) + torch.randn(2, 1, 3, 4))
     ct.tdt_loss(out[..., :5], out[..., 5:], targets, T_b, U_b, 4, [0, 1, 2]).backward()
     assert seen[-1].data_ptr() == out.data_ptr() and lin.weight.grad is not None
+    # all of a contiguous base: a plain view (as_strided's backward would copy the gradient)
+    assert type(seen[-1].grad_fn).__name__ == "ViewBackward0"
     # not adjacent (a gap between the halves): concatenated
     ct.tdt_loss(wide[..., :5], wide[..., 6:9], targets, T_b, U_b, 4, [0, 1, 2])
     assert seen[-1].data_ptr() != wide.data_ptr()

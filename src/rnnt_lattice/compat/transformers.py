@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import types
 
 import torch
@@ -110,8 +111,14 @@ def _joined(token_logits: torch.Tensor, duration_logits: torch.Tensor) -> torch.
             and duration_logits.storage_offset()
             == token_logits.storage_offset() + V * token_logits.stride(-1)
             and base.requires_grad == token_logits.requires_grad == duration_logits.requires_grad):
-        return base.as_strided((*token_logits.shape[:-1], V + D), token_logits.stride(),
-                               token_logits.storage_offset())
+        shape = (*token_logits.shape[:-1], V + D)
+        if (base.is_contiguous() and base.numel() == math.prod(shape)
+                and token_logits.storage_offset() == base.storage_offset()
+                and token_logits.stride() == torch.empty(shape, device="meta").stride()):
+            # The window is all of a contiguous base (the model's case): a view, whose
+            # gradient is the incoming one reshaped (as_strided's backward would copy it).
+            return base.view(shape)
+        return base.as_strided(shape, token_logits.stride(), token_logits.storage_offset())
     return torch.cat([token_logits, duration_logits], dim=-1)
 
 
