@@ -39,8 +39,8 @@ Differences from transformers, all deliberate:
 - the loss is exact in a float64 lattice (transformers' TDT lattice is float32), and its
   gradient is the library's fused one, not autograd through an anti-diagonal loop;
 - the TDT blank must be the last token (Parakeet's ``blank_token_id = vocab_size - 1``),
-  a label equal to the blank within the label lengths and a label outside ``[0, V)`` are
-  ``ValueError`` (transformers reads them as labels, or out of bounds);
+  and a label equal to the blank within the label lengths, or outside ``[0, V)``, is a
+  ``ValueError`` naming it (transformers reads a blank label as a label);
 - a sequence with no alignment costs ``+inf`` with a zero gradient (never NaN).
 
 The fused opt-in, :func:`fuse`, goes further: a fused model's training forward (``labels``
