@@ -171,3 +171,68 @@ def test_fixed_defects():
     loss, grad = loss_and_grad(ta.rnnt_loss, logits, targets, tl0, ul, blank, reduction="none")
     assert loss[1] == float("inf") and torch.all(grad[1] == 0)
     assert rel_err(loss[:1], want_loss[:1]) <= TOL[torch.float32]
+
+
+# --------------------------------------------------------------------------- install()
+
+@pytest.fixture
+def fake_torchaudio(monkeypatch):
+    """A stand-in for torchaudio's layout: ``rnnt_loss`` defined in
+    ``torchaudio.functional.functional`` and exported by ``torchaudio.functional``,
+    ``RNNTLoss`` defined in ``torchaudio.transforms._transforms`` and exported by
+    ``torchaudio.transforms``."""
+    import sys
+    import types
+
+    def theirs_loss(*args, **kwargs):
+        return "torchaudio's rnnt_loss"
+
+    class TheirRNNTLoss(torch.nn.Module):
+        pass
+
+    mods = {n: types.ModuleType(n) for n in (
+        "torchaudio", "torchaudio.functional", "torchaudio.functional.functional",
+        "torchaudio.transforms", "torchaudio.transforms._transforms")}
+    for name, module in mods.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    mods["torchaudio"].functional = mods["torchaudio.functional"]
+    mods["torchaudio"].transforms = mods["torchaudio.transforms"]
+    for name in ("torchaudio.functional", "torchaudio.functional.functional"):
+        mods[name].rnnt_loss = theirs_loss
+    for name in ("torchaudio.transforms", "torchaudio.transforms._transforms"):
+        mods[name].RNNTLoss = TheirRNNTLoss
+    yield mods, theirs_loss, TheirRNNTLoss
+    ta.uninstall()
+
+
+def test_install_replaces_torchaudio_and_uninstall_restores(fake_torchaudio):
+    mods, theirs_loss, TheirRNNTLoss = fake_torchaudio
+    from torchaudio.functional import rnnt_loss as bound_before          # the import-order rule
+    ta.install()
+    ta.install()                                                          # idempotent
+    import torchaudio
+    assert torchaudio.functional.rnnt_loss is ta.rnnt_loss
+    assert mods["torchaudio.functional.functional"].rnnt_loss is ta.rnnt_loss
+    assert torchaudio.transforms.RNNTLoss is ta.RNNTLoss
+    assert mods["torchaudio.transforms._transforms"].RNNTLoss is ta.RNNTLoss
+    assert bound_before is theirs_loss                                    # bound before: theirs
+    logits, targets, tl, ul, blank = int32_inputs(TINY[0])
+    torch.testing.assert_close(torchaudio.functional.rnnt_loss(logits, targets, tl, ul, blank),
+                               ta.rnnt_loss(logits, targets, tl, ul, blank))
+    ta.uninstall()
+    ta.uninstall()                                                        # a no-op
+    assert torchaudio.functional.rnnt_loss is theirs_loss
+    assert mods["torchaudio.functional.functional"].rnnt_loss is theirs_loss
+    assert torchaudio.transforms.RNNTLoss is TheirRNNTLoss
+    assert mods["torchaudio.transforms._transforms"].RNNTLoss is TheirRNNTLoss
+    with ta.installed():
+        assert torchaudio.transforms.RNNTLoss is ta.RNNTLoss
+    assert torchaudio.transforms.RNNTLoss is TheirRNNTLoss
+
+
+def test_install_without_torchaudio_raises_a_clear_import_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchaudio", None)                 # import -> ImportError
+    with pytest.raises(ImportError, match="needs torchaudio"):
+        ta.install()

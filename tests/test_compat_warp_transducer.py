@@ -114,3 +114,58 @@ def test_warp_dtypes_only():
         args[i] = args[i].long()
         with pytest.raises(ValueError, match=f"{name} must be int32"):
             wt.rnnt_loss(acts, *args)
+
+
+# --------------------------------------------------------------------------- install()
+
+@pytest.fixture
+def no_warp(monkeypatch):
+    """No warprnnt_pytorch anywhere: not imported, and not found on the path."""
+    import importlib.util
+    import sys
+
+    monkeypatch.delitem(sys.modules, "warprnnt_pytorch", raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "warprnnt_pytorch" else real_find_spec(name, *a))
+    yield
+    wt.uninstall()
+
+
+def test_install_makes_import_warprnnt_pytorch_resolve_to_the_drop_in(no_warp):
+    import sys
+
+    with pytest.raises(ImportError):
+        import warprnnt_pytorch  # noqa: F401
+    assert wt.install() is True and wt.install() is True                 # idempotent
+    from warprnnt_pytorch import RNNTLoss                                 # ESPnet's import
+    assert RNNTLoss is wt.RNNTLoss
+    # ESPnet's construction and call: RNNTLoss(blank=..., fastemit_lambda=...), "mean"
+    acts, labels, act_lens, label_lens, blank = warp_inputs(TINY[0], torch.float64)
+    loss = RNNTLoss(blank=blank, fastemit_lambda=0.0)(acts, labels, act_lens, label_lens)
+    want, _ = batch_grad(acts, labels, act_lens, label_lens, blank, fused=True)
+    torch.testing.assert_close(loss, want.mean().reshape(1), rtol=1e-10, atol=1e-10)
+    wt.uninstall()
+    assert "warprnnt_pytorch" not in sys.modules
+    with pytest.raises(ImportError):
+        import warprnnt_pytorch  # noqa: F401,F811
+    with wt.installed():
+        assert sys.modules["warprnnt_pytorch"] is wt
+    assert "warprnnt_pytorch" not in sys.modules
+
+
+def test_install_keeps_a_real_warp_transducer_unless_asked(no_warp, monkeypatch):
+    import sys
+    import types
+
+    real = types.ModuleType("warprnnt_pytorch")
+    monkeypatch.setitem(sys.modules, "warprnnt_pytorch", real)
+    with pytest.warns(UserWarning, match="is kept"):
+        assert wt.install() is False
+    assert sys.modules["warprnnt_pytorch"] is real
+    wt.uninstall()                                                        # nothing to undo
+    assert sys.modules["warprnnt_pytorch"] is real
+    assert wt.install(replace=True) is True
+    assert sys.modules["warprnnt_pytorch"] is wt
+    wt.uninstall()
+    assert sys.modules["warprnnt_pytorch"] is real

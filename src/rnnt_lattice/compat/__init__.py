@@ -10,7 +10,14 @@ changing one import (docs/migrating.md):
 - ``rnnt_lattice.compat.warp_rnnt``: warp-rnnt;
 - ``rnnt_lattice.compat.warp_transducer``: warp-transducer's ``warprnnt_pytorch``;
 - ``rnnt_lattice.compat.optimized_transducer``: optimized_transducer;
-- ``rnnt_lattice.compat.speechbrain``: SpeechBrain's transducer loss.
+- ``rnnt_lattice.compat.speechbrain``: SpeechBrain's transducer loss;
+- ``rnnt_lattice.compat.transformers``: Hugging Face transformers' Parakeet TDT and RNN-T
+  losses, ``install()`` for its models and ``fuse(model)``, the fused joint and loss.
+
+The frameworks that call a loss for their users switch with one line, without an edit to
+the framework: ``compat.transformers.install()``, ``compat.warp_transducer.install()``
+(ESPnet's ``import warprnnt_pytorch``), ``compat.torchaudio.install()`` (code that calls
+``torchaudio.functional.rnnt_loss``) and ``compat.nemo.install()``.
 
 Importing ``rnnt_lattice.compat`` imports none of them (each loads on its own import).
 """

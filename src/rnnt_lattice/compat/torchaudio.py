@@ -19,6 +19,11 @@ is composite: its kernel is :func:`rnnt_lattice.rnnt_loss` itself, so eager call
 and traced callers and ``torch.compile`` run the same code, with the library's own autograd
 (the upstream gradient fused into the gradient write, no saved gradient to rescale).
 
+Code that calls torchaudio itself (a framework, a recipe) switches without an edit through
+:func:`install`, which replaces ``torchaudio.functional.rnnt_loss`` and
+``torchaudio.transforms.RNNTLoss`` (the import-order rule: a ``from torchaudio.functional
+import rnnt_loss`` executed before :func:`install` keeps torchaudio's function).
+
 Differences from torchaudio, all deliberate:
 - bad arguments raise ``ValueError`` naming them (torchaudio raises ``RuntimeError``);
 - a target id outside ``[0, V)`` or equal to the blank is a ``ValueError`` on CPU
@@ -35,7 +40,7 @@ from torch import Tensor
 
 import rnnt_lattice
 
-__all__ = ["rnnt_loss", "RNNTLoss"]
+__all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
 
 # The op the TorchScript-compatible wrapper calls: registered once, at import (kept alive
 # by this module-level Library).
@@ -145,3 +150,86 @@ class RNNTLoss(torch.nn.Module):
                 target_lengths: Tensor):
         return rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
                          self.clamp, self.reduction, self.fused_log_softmax)
+
+
+# --------------------------------------------------------------------------- install()
+
+# module -> (attribute, ours): where torchaudio defines and exports the loss
+_TARGETS = (("torchaudio.functional", "rnnt_loss"),
+            ("torchaudio.functional.functional", "rnnt_loss"),
+            ("torchaudio.transforms", "RNNTLoss"),
+            ("torchaudio.transforms._transforms", "RNNTLoss"))
+_saved: list = []          # (module, attribute, torchaudio's object), for uninstall()
+
+
+def install() -> None:
+    """Make code that calls torchaudio compute with this module, without an edit:
+    replaces ``torchaudio.functional.rnnt_loss`` by :func:`rnnt_loss` and
+    ``torchaudio.transforms.RNNTLoss`` by :class:`RNNTLoss` (and the same names in the
+    submodules that define them, ``torchaudio.functional.functional`` and
+    ``torchaudio.transforms._transforms``).
+
+    Example::
+
+        import rnnt_lattice.compat.torchaudio
+        rnnt_lattice.compat.torchaudio.install()
+        import torchaudio
+        loss = torchaudio.functional.rnnt_loss(logits, targets, logit_lengths, target_lengths)
+
+    The import-order rule: the replacement is of module attributes, so a call that looks
+    the name up at call time (``torchaudio.functional.rnnt_loss(...)``, ``F.rnnt_loss(...)``
+    after ``import torchaudio.functional as F``) switches, while a ``from
+    torchaudio.functional import rnnt_loss`` executed *before* :func:`install` keeps
+    torchaudio's function (Python bound the name at import); the same holds for
+    ``RNNTLoss``, and for a ``torchaudio.transforms.RNNTLoss`` built before the call.
+    Idempotent; undone by :func:`uninstall`.
+
+    Raises:
+        ImportError: torchaudio (``torchaudio.functional``) does not import.
+    """
+    import importlib
+
+    try:
+        importlib.import_module("torchaudio.functional")
+        importlib.import_module("torchaudio.transforms")
+    except ImportError as err:
+        raise ImportError(f"rnnt_lattice.compat.torchaudio.install() needs torchaudio, which "
+                          f"does not import: {err}. rnnt_loss and RNNTLoss of "
+                          f"rnnt_lattice.compat.torchaudio work without it.") from err
+    if _saved:
+        return
+    ours = {"rnnt_loss": rnnt_loss, "RNNTLoss": RNNTLoss}
+    for modname, name in _TARGETS:
+        try:
+            module = importlib.import_module(modname)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            _saved.append((module, name, getattr(module, name)))
+            setattr(module, name, ours[name])
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: torchaudio's ``rnnt_loss`` and ``RNNTLoss`` come back. A
+    no-op when not installed."""
+    while _saved:
+        module, name, value = _saved.pop()
+        setattr(module, name, value)
+
+
+def installed():
+    """:func:`install` for a ``with`` block; uninstalls on exit unless it was installed
+    before the block."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def block():
+        fresh = not _saved
+        install()
+        try:
+            yield
+        finally:
+            if fresh:
+                uninstall()
+
+    return block()

@@ -21,6 +21,10 @@ positional order is ``RNNTLoss(blank, fastemit_lambda, reduction)``: pass it by 
 number where ``reduction`` belongs is a ``ValueError``). ``rnnt_loss`` keeps the fork's
 order: ``fastemit_lambda`` after ``reduction``.
 
+ESPnet's transducer models import ``warprnnt_pytorch`` themselves and stop with "warp-rnnt
+was not installed" without it: :func:`install` makes that import resolve to this module
+(one line, no ESPnet edit; a real warp-transducer is kept unless ``replace=True``).
+
 Differences from warp-transducer, all deliberate:
 - an unknown ``reduction`` is a ``ValueError`` (warp-transducer silently returns the
   per-sequence losses);
@@ -40,7 +44,7 @@ import torch
 
 import rnnt_lattice
 
-__all__ = ["rnnt_loss", "RNNTLoss"]
+__all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -130,3 +134,84 @@ class RNNTLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"blank={self.blank}, reduction={self.reduction!r}, fastemit_lambda={self.fastemit_lambda}"
+
+
+# --------------------------------------------------------------------------- install()
+
+_NAME = "warprnnt_pytorch"
+_MISSING = object()
+_saved: dict = {}          # the sys.modules entry install() replaced, for uninstall()
+
+
+def install(replace: bool = False) -> bool:
+    """Make ``import warprnnt_pytorch`` resolve to this module, for code that imports
+    warp-transducer itself, such as ESPnet's transducer models (``from warprnnt_pytorch
+    import RNNTLoss`` when the model is built or its first loss computed):
+
+        import rnnt_lattice.compat.warp_transducer
+        rnnt_lattice.compat.warp_transducer.install()    # before the model is built
+        model = ESPnetASRModel(...)                       # its RNNTLoss: this module's
+
+    A real warp-transducer that Python can find (installed, or already imported) is not
+    shadowed: the call then changes nothing, warns, and returns ``False``; with
+    ``replace=True`` this module replaces it all the same. A ``from warprnnt_pytorch import
+    RNNTLoss`` executed before the call keeps what it imported. Idempotent; undone by
+    :func:`uninstall`.
+
+    Returns:
+        Whether ``import warprnnt_pytorch`` now gives this module.
+    """
+    import importlib.util
+    import sys
+    import warnings
+
+    this = sys.modules[__name__]
+    if sys.modules.get(_NAME) is this:
+        return True
+    previous = sys.modules.get(_NAME, _MISSING)
+    if not replace:
+        try:
+            real = previous is not _MISSING or importlib.util.find_spec(_NAME) is not None
+        except (ImportError, ValueError):        # a broken entry: nothing usable to keep
+            real = False
+        if real:
+            warnings.warn("rnnt_lattice.compat.warp_transducer.install(): a warprnnt_pytorch "
+                          "(warp-transducer) is installed and is kept; install(replace=True) "
+                          "replaces it", stacklevel=2)
+            return False
+    _saved["previous"] = previous
+    sys.modules[_NAME] = this
+    return True
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: ``import warprnnt_pytorch`` finds what it found before (a
+    real warp-transducer, or nothing). A no-op when not installed."""
+    import sys
+
+    if not _saved:
+        return
+    previous = _saved.pop("previous")
+    if sys.modules.get(_NAME) is sys.modules[__name__]:
+        if previous is _MISSING:
+            del sys.modules[_NAME]
+        else:
+            sys.modules[_NAME] = previous
+
+
+def installed(replace: bool = False):
+    """:func:`install` for a ``with`` block; uninstalls on exit unless it was installed
+    before the block."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def block():
+        fresh = not _saved
+        install(replace)
+        try:
+            yield
+        finally:
+            if fresh:
+                uninstall()
+
+    return block()
