@@ -57,13 +57,13 @@ Differences from NeMo, all deliberate (docs/migrating.md lists them with the rea
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 
 import torch
 
 from .. import functional
+from ._install import scoped
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "RNNTLossNumba", "TDTLossNumba",
            "MultiblankRNNTLossNumba", "install", "uninstall", "installed"]
@@ -400,14 +400,7 @@ def uninstall() -> None:
     _saved.clear()
 
 
-@contextlib.contextmanager
 def installed():
     """:func:`install` for a ``with`` block; uninstalls on exit unless it was installed
     before the block."""
-    fresh = not _saved
-    install()
-    try:
-        yield
-    finally:
-        if fresh:
-            uninstall()
+    return scoped(_saved, install, uninstall)

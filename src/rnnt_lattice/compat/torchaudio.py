@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 import rnnt_lattice
+from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
 
@@ -220,16 +221,4 @@ def uninstall() -> None:
 def installed():
     """:func:`install` for a ``with`` block; uninstalls on exit unless it was installed
     before the block."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def block():
-        fresh = not _saved
-        install()
-        try:
-            yield
-        finally:
-            if fresh:
-                uninstall()
-
-    return block()
+    return scoped(_saved, install, uninstall)

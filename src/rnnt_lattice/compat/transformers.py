@@ -53,7 +53,6 @@ forward runs unchanged.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import math
 import types
@@ -61,6 +60,7 @@ import types
 import torch
 
 import rnnt_lattice
+from ._install import scoped
 
 __all__ = ["tdt_loss", "rnnt_loss", "ParakeetForTDTLoss", "ParakeetForRNNTLoss", "install",
            "uninstall", "installed", "fuse", "unfuse", "is_fused"]
@@ -309,17 +309,10 @@ def uninstall() -> None:
     _saved.clear()
 
 
-@contextlib.contextmanager
 def installed():
     """:func:`install` for a ``with`` block; uninstalls on exit unless it was installed
     before the block."""
-    fresh = not _saved
-    install()
-    try:
-        yield
-    finally:
-        if fresh:
-            uninstall()
+    return scoped(_saved, install, uninstall)
 
 
 # --------------------------------------------------------------------------- fuse()

@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 import rnnt_lattice
+from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
 
@@ -202,16 +203,4 @@ def uninstall() -> None:
 def installed(replace: bool = False):
     """:func:`install` for a ``with`` block; uninstalls on exit unless it was installed
     before the block."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def block():
-        fresh = not _saved
-        install(replace)
-        try:
-            yield
-        finally:
-            if fresh:
-                uninstall()
-
-    return block()
+    return scoped(_saved, lambda: install(replace), uninstall)
