@@ -46,7 +46,13 @@ COST_PTRS = {"costs_ptr", "upstream_ptr"}
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 
 
-def signature(fn, const, x="fp32", idt="i32"):
+def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
+    """Triton's signature of kernel ``fn`` by its parameters' names: the logits, gradient
+    and joiner halves in the input dtype ``x``, ids and lengths in ``idt``, the node -> row
+    map, boundary and window starts int64, the max-plus pointers int8, costs and upstream
+    gradient in ``costs``, every other pointer (the lattice) float64, the options' float32
+    parts ``fp32``, other plain arguments int32 (also read by tests/test_triton.py's compile
+    test)."""
     sig = {}
     for p in inspect.signature(fn.fn).parameters:
         if p in const:
@@ -62,7 +68,7 @@ def signature(fn, const, x="fp32", idt="i32"):
         elif p in INT32_PTRS:
             sig[p] = "*i32"
         elif p in COST_PTRS:
-            sig[p] = "*fp32"
+            sig[p] = "*" + costs
         elif p.endswith("_ptr"):
             sig[p] = "*fp64"
         elif p in FLOATS:

@@ -20,6 +20,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
+import pathlib  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
@@ -510,17 +511,8 @@ from triton.compiler import ASTSource
 from rnnt_lattice import gpu, topology
 from rnnt_lattice.gpu import kernels
 
-# Pointer types by naming convention: logits/gradient in the input dtype, ids and lengths
-# int64 or int32, the node_rows map and the boundary int64, the max-plus pointers int8,
-# costs and upstream gradient in the costs' dtype, every other pointer (the lattice)
-# float64; the options' float32 parts "fp32"; other plain arguments int32.
-INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
-INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
-INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
-INT32_PTRS = {"arg_ptr"}
-INT8_PTRS = {"best_kind_ptr", "need_ptr"}
-COST_PTRS = {"costs_ptr", "upstream_ptr"}
-FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
+from kernel_resources import signature   # the pointer types by naming convention
+
 INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
 ACC = {"fp32": tl.float32, "fp64": tl.float64}
 
@@ -580,28 +572,7 @@ for sm in map(int, sys.argv[1:]):
             const = dict(const0)
             if "ACC" in params:
                 const["ACC"] = ACC[costs]
-            sig = {}
-            for p in params:
-                if p in const:
-                    sig[p] = "constexpr"
-                elif p in INPUT_PTRS:
-                    sig[p] = "*" + x
-                elif p in INT_PTRS:
-                    sig[p] = "*" + idt
-                elif p in INT64_PTRS:
-                    sig[p] = "*i64"
-                elif p in INT8_PTRS:
-                    sig[p] = "*i8"
-                elif p in INT32_PTRS:
-                    sig[p] = "*i32"
-                elif p in COST_PTRS:
-                    sig[p] = "*" + costs
-                elif p.endswith("_ptr"):
-                    sig[p] = "*fp64"
-                elif p in FLOATS:
-                    sig[p] = "fp32"
-                else:
-                    sig[p] = "i32"
+            sig = signature(fn, const, x, idt, costs)
             compiled = triton.compile(ASTSource(fn, sig, const), target=target)
             assert compiled.asm["cubin"], (name, sm, x, const)
             n += 1
@@ -615,6 +586,8 @@ def test_kernels_compile_for_cuda():
     (Triton bundles ptxas; no GPU needed), in a subprocess without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
+    env["PYTHONPATH"] = os.pathsep.join([bench, *filter(None, [env.get("PYTHONPATH")])])
     out = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, "75", "80", "90"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "compiled" in out.stdout, out.stdout + out.stderr[-4000:]
