@@ -43,6 +43,7 @@ INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr"}
+FP32_PTRS = {"ok_ptr", "nan_ptr"}          # the input check's flags and NaN rows
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 
 
@@ -69,6 +70,8 @@ def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
             sig[p] = "*i32"
         elif p in COST_PTRS:
             sig[p] = "*" + costs
+        elif p in FP32_PTRS:
+            sig[p] = "*fp32"
         elif p.endswith("_ptr"):
             sig[p] = "*fp64"
         elif p in FLOATS:

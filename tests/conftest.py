@@ -14,6 +14,19 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def device_checks():
+    """The value checks on the device path (``rnnt_lattice.set_input_checks("device")``),
+    the CUDA default, for CPU tensors under the Triton interpreter; restored afterwards."""
+    from rnnt_lattice import _validate
+    before = _validate.set_input_checks("device")
+    yield
+    _validate.set_input_checks(before)
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
                      help="explore more: many more fuzz examples, random seed (see test_fuzz.py)")

@@ -251,12 +251,11 @@ def _syncing(ops):
 
 @pytest.mark.parametrize("option", ["plain", "clamp_fastemit_sum", "logprob_none",
                                     "zero_infinity", "inplace", "bfloat16"])
-def test_hot_path_never_synchronises(monkeypatch, option):
+def test_hot_path_never_synchronises(device_checks, option):
     """Structural check of what ``torch.cuda.set_sync_debug_mode("error")`` checks on a GPU
     (``cuda_checks.py``): every aten op of forward+backward is recorded, and none of them
-    reads a value on the host or builds a tensor from Python values. The CPU-only value
-    checks of ``_validate`` (which never run on CUDA) are switched off to see the CUDA path."""
-    monkeypatch.setattr(rnnt_lattice._validate, "may_read_values", lambda x: False)
+    reads a value on the host or builds a tensor from Python values. The value checks run
+    on the device path (``device_checks``), as on CUDA."""
     batch = make_batch(CASES["ragged"], fused=option != "logprob_none")
     kw = dict(plain=dict(), clamp_fastemit_sum=dict(clamp=0.1, fastemit_lambda=0.2, reduction="sum"),
               logprob_none=dict(fused_log_softmax=False, reduction="none"),
@@ -300,11 +299,11 @@ def test_topologies_never_synchronise(topo):
 
 
 @pytest.mark.parametrize("lattice", ["regular", "constrained_terms"])
-def test_lattice_tools_never_synchronise(monkeypatch, lattice):
+def test_lattice_tools_never_synchronise(device_checks, lattice):
     """occupancy and best_alignment, regular and a non-regular lattice with per-arc terms:
     their tensor outputs (and ``arc_durations``) come without a host read
-    (``Alignment.frame_labels``, Python lists, are built on first access only)."""
-    monkeypatch.setattr(rnnt_lattice._validate, "may_read_values", lambda x: False)
+    (``Alignment.frame_labels``, Python lists, are built on first access only); the value
+    checks on the device path, as on CUDA."""
     batch = make_batch(CASES["ragged"])
     args = (batch.logits.float(), batch.targets, batch.logit_lengths, batch.target_lengths,
             batch.blank)
@@ -552,6 +551,10 @@ def variants():
                                                BLOCK_U=256, **terms), fp32)
             yield "_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
+    for labels, classes in ((True, ()), (True, (5, 6)), (False, ())):   # the input check
+        yield ("_input_check_kernel", dict(LABELS=labels, NO_BLANK=labels, CLASSES=classes,
+                                           BOUNDARY=not labels, BLOCK_B=16, BLOCK_U=128),
+               [("fp32", "i32"), ("fp32", "i64")])
     for backward in (False, True):                             # the simple losses' rescue
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
@@ -663,18 +666,13 @@ class _RecordSyncSites(_RecordOps):
         return func(*args, **(kwargs or {}))
 
 
-# Value checks that run on CPU tensors only (each is guarded by the device type): on CUDA
-# they are skipped, so their host reads are not on the GPU path.
-CPU_ONLY_CHECKS = {"check_lengths", "check_targets", "check_window_args"}
-
-
-def test_pruned_pipeline_synchronises_once():
+def test_pruned_pipeline_synchronises_once(device_checks):
     """The pruned pipeline on the Triton kernels, structurally (see
-    ``test_hot_path_never_synchronises``): the smoothed loss, its backward and the pruned
-    loss read nothing on the host; ``prune_ranges`` reads once (``_window_size``: the
-    window actually used sets the output's shape). Host reads of CPU-only value checks
-    are set aside; the window DP's kernel is the Numba one on CPU tensors (its Triton twin
-    is checked by ``cuda_checks.py``), so its conversions are set aside too."""
+    ``test_hot_path_never_synchronises``), the value checks on the device path: the
+    smoothed loss, its backward and the pruned loss read nothing on the host;
+    ``prune_ranges`` reads once (``_window_size``: the window actually used sets the
+    output's shape). The window DP's kernel is the Numba one on CPU tensors (its Triton
+    twin is checked by ``cuda_checks.py``), so its conversions are set aside."""
     B, T, U, V = 3, 7, 4, 6
     g = torch.Generator().manual_seed(0)
     am = torch.randn(B, T, V, generator=g, requires_grad=True)
@@ -695,7 +693,7 @@ def test_pruned_pipeline_synchronises_once():
                 logits = torch.randn(B, T, win.window, V, generator=g, requires_grad=True)
                 rnnt_lattice.rnnt_loss_pruned(logits, y, win.ranges, tl, ul, blank=0,
                                               backend="triton").backward()
-        sites[step] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS | {"window_dp"}]
+        sites[step] = [s for s in rec.ops if s != "window_dp"]
     assert sites == {"smoothed": [], "ranges": ["_window_size"], "pruned": []}, sites
 
 
@@ -848,12 +846,12 @@ def test_out_of_range_lengths_stay_in_their_block(over):
 
 
 @pytest.mark.parametrize("rnnt_type", ["regular", "constrained"])
-def test_delay_penalty_never_synchronises(rnnt_type):
+def test_delay_penalty_never_synchronises(device_checks, rnnt_type):
     """The delay penalty of the simple and smoothed losses and of ``lattice_loss`` on the
     Triton kernels, structurally (see ``test_hot_path_never_synchronises``): forward and
     backward read nothing on the host and build no tensor from Python values (the penalty
-    per arc kind once came from ``torch.tensor([k.delay ...], device=...)``). Host reads
-    of CPU-only value checks are set aside."""
+    per arc kind once came from ``torch.tensor([k.delay ...], device=...)``). The value
+    checks run on the device path, as on CUDA."""
     B, T, U, V = 2, 5, 3, 6
     g = torch.Generator().manual_seed(3)
     am = torch.randn(B, T, V, generator=g, requires_grad=True)
@@ -871,5 +869,5 @@ def test_delay_penalty_never_synchronises(rnnt_type):
             else:
                 loss = getattr(rnnt_lattice, name)(lm, am, y, tl, ul, blank=0, **kw)
             loss.backward()
-        sites[name] = [s for s in rec.ops if s not in CPU_ONLY_CHECKS]
+        sites[name] = rec.ops
     assert sites == {"rnnt_loss_simple": [], "rnnt_loss_smoothed": [], "lattice_loss": []}, sites

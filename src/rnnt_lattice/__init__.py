@@ -10,6 +10,7 @@ from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment,
                       prune_coverage)
 from .pruned import (ArcOccupations, PruneRanges, do_rnnt_pruning, lattice_loss, prune_ranges,
                      rnnt_loss_pruned, rnnt_loss_simple, rnnt_loss_smoothed)
+from ._validate import set_input_checks
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,4 @@ __all__ = ["rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_rnnt_loss
            "rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges", "PruneRanges",
            "do_rnnt_pruning", "lattice_loss", "fused_rnnt_loss", "fused_tdt_loss",
            "fused_multiblank_rnnt_loss", "FusedRNNTLoss", "FusedTDTLoss",
-           "FusedMultiblankRNNTLoss"]
+           "FusedMultiblankRNNTLoss", "set_input_checks"]

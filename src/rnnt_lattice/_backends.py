@@ -17,7 +17,7 @@ import torch
 from ._layout import Tile
 from ._types import Ends, Lattice, LossOptions
 from ._validate import (Checked, LogitsSpec, Names, check_boundary, check_class_targets, check_int,
-                        check_lattice_args, check_logits_rank)
+                        check_lattice_args, check_logits_rank, check_site, device_value_check)
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -166,6 +166,9 @@ class Prepared:
     chk: Checked                       # the tensors the kernels read (logits promoted, ids normalised)
     opts: LossOptions                  # blank in [0, V_tok), checked against the topology
     boundary: Optional[torch.Tensor]   # (B, 4) int64 on the logits' device, or None
+    nan_rows: Optional[torch.Tensor] = None  # (B,) float32, NaN for a sequence the device
+                                       # check found bad (add it to the costs); None: checked
+                                       # on the host (or not at all while tracing)
 
 
 def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
@@ -216,10 +219,19 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
         x = LogitsSpec(x.shape, dtype, x.device)
     elif dtype != x.dtype or not x.is_contiguous():
         x = x.to(dtype).contiguous()
-    B = node_rows.shape[0] if rows else x.shape[0]
+    B, T, U1 = tuple(node_rows.shape) if rows else x.shape[:3]
     topo.check(x.shape[-1], chk.blank)
     check_class_targets(chk.targets, chk.target_lengths, topo)
     boundary = check_boundary(boundary, B, x.device, chk.logit_lengths, chk.target_lengths)
+    nan_rows = None
+    if B and check_site(x) == "device":
+        # The host checks above were skipped (no values read): the same rules on the device.
+        nan_rows = device_value_check(
+            chk.targets, chk.logit_lengths, chk.target_lengths, T=T, U=U1 - 1,
+            V=x.shape[-1] if n_tokens is None else n_tokens,
+            blank=None if allow_blank_targets else chk.blank,
+            classes=tuple(sorted({k.class_id for k in topo.kinds if k.reads == "class"})),
+            boundary=boundary)
     if x is not chk.logits:
         chk = Checked(x, chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)
-    return Prepared(impl, chk, replace(opts, blank=chk.blank), boundary)
+    return Prepared(impl, chk, replace(opts, blank=chk.blank), boundary, nan_rows)

@@ -43,7 +43,7 @@ from ._types import LossOptions
 from .topology import from_spec, to_spec
 
 __all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs",
-           "refuse_double_backward"]
+           "refuse_double_backward", "with_bad_rows"]
 
 
 def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
@@ -146,10 +146,12 @@ def _costs_and_grad(
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
     impl = _backends.resolve(backend, logits.device)
-    _check_values_at_run(logits, logit_lengths, target_lengths, boundary, node_rows)
+    nan_rows = _check_values_at_run(logits, targets, logit_lengths, target_lengths, boundary,
+                                    node_rows, opts)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
                                                 opts, need_grad, boundary, node_rows)
+        costs = with_bad_rows(costs, nan_rows)
         if not need_grad:
             return costs, logits.new_empty((0,))
         ones = torch.ones(costs.shape[0], dtype=costs.dtype, device=costs.device)
@@ -157,16 +159,26 @@ def _costs_and_grad(
     return costs, grad
 
 
-def _check_values_at_run(logits, logit_lengths, target_lengths, boundary, node_rows) -> None:
+def _check_values_at_run(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
+                         opts: LossOptions):
     """The value checks that ``_backends.prepare_call`` cannot run while tracing (nothing
-    to read), run when the op runs on CPU tensors: the lengths and the boundary within the
-    padded lattice, which the kernels index by (the backends trust them)."""
-    if not _validate.may_read_values(logits) or logit_lengths.numel() == 0:
-        return
+    to read), run when the op runs: the lengths and the boundary within the padded
+    lattice, which the kernels index by (the backends trust them), on the host
+    (``_validate.check_site``); on the device also the target ids within the token classes.
+    Returns the device check's ``nan_rows`` (None: checked on the host)."""
+    if logit_lengths.numel() == 0:
+        return None
     B, T, U1 = (logits.shape[:3] if node_rows is None else node_rows.shape)
-    where = ("logits", logits)
-    _validate.check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
-    _validate.check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
+    site = _validate.check_site(logits)
+    if site == "device":
+        return _validate.device_value_check(
+            targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
+            V=opts.topology.token_classes(logits.shape[-1]), blank=None, boundary=boundary)
+    if site == "host":
+        where = ("logits", logits)
+        _validate.check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+        _validate.check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
+    return None
 
 
 @_costs_and_grad.register_fake
@@ -218,6 +230,13 @@ def output_costs(costs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     the Function above applies the same rule through ``without_infinite``)."""
     out = costs.to(dtype)
     return torch.where(torch.isinf(out), out.detach(), out)
+
+
+def with_bad_rows(costs: torch.Tensor, nan_rows) -> torch.Tensor:
+    """``costs (B,)`` with NaN for the sequences the device check found bad (``nan_rows``
+    (B,), NaN there and 0 elsewhere, ``_validate.device_value_check``; None: checked on
+    the host): the loss of a bad input is NaN, never a plausible value."""
+    return costs if nan_rows is None else costs + nan_rows
 
 
 def reduce_costs(costs: torch.Tensor, reduction: str, zero_infinity: bool) -> torch.Tensor:

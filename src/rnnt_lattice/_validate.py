@@ -2,14 +2,18 @@
 
 Every failure is a ``ValueError`` that names the argument and the shapes or values
 involved. Checks that need to read tensor *values* (length ranges, target ids, windows,
-boundaries) run only where :func:`may_read_values` says so: for CPU tensors, outside
-``torch.compile``. On CUDA they would force a host synchronisation on the hot path, so
-there the kernels treat out-of-range values as documented in ``rnnt_loss``; while
-compiling, reading a tensor value would break the graph.
+boundaries) run on the host only where :func:`may_read_values` says so: by default for
+CPU tensors, outside ``torch.compile``. On CUDA a host read would synchronise the hot path,
+so there the lengths, targets and boundary are checked on the device instead
+(:func:`device_value_check`): one kernel writes whether each rule holds and which
+sequences break one, a bad sequence's loss becomes NaN, and a device-side assert per
+rule (:func:`device_assert`) names the argument and the rule, as PyTorch's own kernels do
+for an index out of range. :func:`set_input_checks` chooses where the checks run.
 """
 from __future__ import annotations
 
 import operator
+import os
 import re
 from dataclasses import dataclass
 
@@ -22,10 +26,135 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INTS = (torch.int32, torch.int64)
 
 
+# --------------------------------------------------------------------------- where values are checked
+INPUT_CHECKS = ("auto", "host", "device")
+_input_checks = {"mode": None}          # None: not yet read from RNNT_LATTICE_INPUT_CHECKS
+
+
+def _check_mode(mode, where: str) -> str:
+    if mode not in INPUT_CHECKS:
+        raise ValueError(f"{where} must be one of {INPUT_CHECKS}, got {mode!r}")
+    return mode
+
+
+def input_checks() -> str:
+    """The mode :func:`set_input_checks` set (first use: ``RNNT_LATTICE_INPUT_CHECKS``, else
+    ``"auto"``)."""
+    if _input_checks["mode"] is None:
+        _input_checks["mode"] = _check_mode(os.environ.get("RNNT_LATTICE_INPUT_CHECKS", "auto"),
+                                            "RNNT_LATTICE_INPUT_CHECKS")
+    return _input_checks["mode"]
+
+
+def set_input_checks(mode: str) -> str:
+    """Where the value checks of the lengths, targets and boundary run; returns the mode
+    in effect before.
+
+    - ``"auto"`` (the default): on the host for CPU tensors (a ``ValueError`` naming the
+      argument, the value and the rule), on the device for CUDA tensors (no host
+      synchronisation: a bad sequence's loss is NaN and a device-side assert names the
+      argument and the rule; the CUDA error surfaces at the next synchronisation).
+    - ``"host"``: on the host everywhere, the CPU's ``ValueError`` on CUDA too, at the cost
+      of one synchronisation per call: for debugging a device-side assert.
+    - ``"device"``: on the device wherever the Triton kernels run (CUDA tensors, or CPU
+      tensors under the Triton interpreter; elsewhere on the host).
+
+    The environment variable ``RNNT_LATTICE_INPUT_CHECKS`` sets the mode a process starts
+    with, for code that cannot call this function (a framework that calls the loss)."""
+    before = input_checks()
+    _input_checks["mode"] = _check_mode(mode, "mode")
+    return before
+
+
+def _device_checks_run_on(device: torch.device) -> bool:
+    """Whether :func:`device_value_check`'s kernel runs on ``device``: CUDA with Triton, or
+    the CPU under the Triton interpreter."""
+    if device.type not in ("cuda", "cpu"):
+        return False
+    try:
+        from . import gpu
+    except ImportError:
+        return False
+    return device.type == "cuda" or gpu.INTERPRETED
+
+
+def check_site(x: torch.Tensor) -> str | None:
+    """Where the value checks of a call on ``x``'s device run: ``"host"``, ``"device"``, or
+    None (not at all: while ``torch.compile`` traces, where there are no values, or on the
+    meta device). The one rule of every value check (``set_input_checks``)."""
+    if torch.compiler.is_compiling() or x.device.type == "meta":
+        return None
+    mode = input_checks()
+    if mode == "host":
+        return "host"
+    if (mode == "device" or x.device.type == "cuda") and _device_checks_run_on(x.device):
+        return "device"
+    return "host"
+
+
 def may_read_values(x: torch.Tensor) -> bool:
     """Whether a check may read the values of ``x`` (and of the tensors beside it) on the
-    host: a CPU tensor, outside ``torch.compile``. The one rule of every value check."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+    host (:func:`check_site`)."""
+    return check_site(x) == "host"
+
+
+# Every device-side assert's message, by rule. CUDA refuses a message of 255 characters or
+# more (``torch._assert_async`` raises "Message length must be smaller than 255" on a CUDA
+# tensor, where the CPU takes any length): tests/test_device_checks.py keeps each under it.
+DEVICE_MESSAGES = {
+    "logit_lengths": "rnnt_lattice: logit_lengths[b] must be in [0, T], T the padded frames; "
+                     "that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host gives the "
+                     "ValueError naming b",
+    "target_lengths": "rnnt_lattice: target_lengths[b] must be in [0, U], U the padded labels; "
+                      "that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host gives the "
+                      "ValueError naming b",
+    "targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must be in [0, V) (the "
+               "token classes); that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host "
+               "gives the ValueError naming b, u",
+    "blank_targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must not be a blank "
+                     "class (allow_blank_targets=True admits the blank); that sequence's loss is "
+                     "NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
+    "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
+                "target_lengths[b] and 0 <= begin_frame <= end_frame <= logit_lengths[b]; that "
+                "sequence's loss is NaN",
+    "recompute": "rnnt_lattice: the joiner gave other logits when the fused loss recomputed a "
+                 "tile in the backward pass; it must be deterministic given its inputs and the "
+                 "RNG state (dropout is replayed), as torch.utils.checkpoint requires",
+}
+
+# The rules of the device check, in the order of the flags its kernel writes.
+DEVICE_RULES = ("logit_lengths", "target_lengths", "targets", "blank_targets", "boundary")
+
+
+def device_assert(ok: torch.Tensor, rule: str) -> None:
+    """The one device-side assert: ``ok`` (one element, nonzero = holds) must hold, else
+    the device raises ``DEVICE_MESSAGES[rule]`` -- asynchronously on CUDA (the error
+    surfaces at the next synchronisation; no host synchronisation here), at once on the
+    CPU (a RuntimeError)."""
+    torch._assert_async(ok, DEVICE_MESSAGES[rule])
+
+
+def device_value_check(targets, logit_lengths, target_lengths, *, T: int, U: int, V: int,
+                       blank: int | None, classes: tuple = (), boundary=None) -> torch.Tensor:
+    """The value checks on the device, without a host synchronisation: one kernel
+    (``gpu.input_check``) decides, for every sequence ``b``, the rules of
+    :data:`DEVICE_RULES` -- ``0 <= logit_lengths[b] <= T``, ``0 <= target_lengths[b] <=
+    U``, ``targets[b, u]`` in ``[0, V)`` for ``u < target_lengths[b]`` and not the ``blank``
+    (None: allowed) nor one of ``classes`` (multi-blank's big blanks), and k2's
+    ``boundary`` within the lengths -- then one :func:`device_assert` per rule. Returns
+    ``(B,)`` float32: NaN for a sequence that breaks a rule, 0 otherwise, for the caller
+    to add to its costs (the loss of a bad sequence is NaN, never a plausible value).
+    ``targets`` None: lengths (and boundary) only."""
+    from . import gpu
+    ok, nan_rows = gpu.input_check(targets, logit_lengths, target_lengths, boundary, T=T, U=U,
+                                   V=V, blank=blank, classes=classes)
+    labels = targets is not None and U > 0
+    applies = (True, True, labels, labels and (blank is not None or bool(classes)),
+               boundary is not None)
+    for i, rule in enumerate(DEVICE_RULES):
+        if applies[i]:                 # a rule that cannot fail costs no assert launch
+            device_assert(ok[i], rule)
+    return nan_rows
 
 
 @dataclass(frozen=True)

@@ -354,7 +354,7 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
             check_inplace(logits, prep.impl.NATIVE_LOW_PRECISION)
         costs = _ops.rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
                                 chk.target_lengths, opts, prep.boundary, node_rows)
-    return _ops.reduce_costs(costs, reduction, zero_infinity)
+    return _ops.reduce_costs(_ops.with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
 
 
 def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,

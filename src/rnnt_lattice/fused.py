@@ -35,11 +35,11 @@ import torch
 
 from . import _backends
 from ._layout import tile_node_rows, tile_plan
-from ._ops import reduce_costs, refuse_double_backward, without_infinite
+from ._ops import reduce_costs, refuse_double_backward, with_bad_rows, without_infinite
 from ._types import LossOptions
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
                         check_int, check_joiner_output, check_multiblank_blank_id,
-                        check_reduction, check_tile)
+                        check_reduction, check_tile, device_assert)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -188,9 +188,13 @@ def _storages(tensors):
 
 
 def _fingerprint(rows: torch.Tensor) -> torch.Tensor:
-    """Per-row sums ``(n,)`` of a tile's rows: the forward's and the recomputation's must
-    agree (a deterministic joiner), :func:`_check_same`."""
-    return rows.sum(-1)
+    """Per-row sums ``(n,)`` float32 of a tile's rows: the forward's and the recomputation's
+    must agree (a deterministic joiner), :func:`_check_same`. The dtype is explicit and
+    autocast is off: the forward runs under the caller's autocast and the check in the
+    backward outside it, and CUDA's autocast runs ``sum`` in float32 (CPU's does not), so an
+    implicit dtype would differ between the two passes on CUDA alone."""
+    with _no_autocast(rows.device):
+        return rows.sum(-1, dtype=torch.float32)
 
 
 # Relative tolerance of the recomputed rows' sums, by the joiner's output dtype: a
@@ -201,18 +205,12 @@ _RECOMPUTE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
 
 
 def _check_same(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype, V: int) -> None:
-    """RuntimeError (CPU; a device-side assert on CUDA, no host synchronisation) when the
-    recomputed tile's row sums differ from the forward's beyond rounding."""
+    """A device-side assert (``_validate.device_assert``: no host synchronisation on CUDA, a
+    RuntimeError at once on the CPU) that the recomputed tile's row sums equal the
+    forward's (:func:`_fingerprint`) up to the rounding of the joiner's output ``dtype``."""
     rtol = _RECOMPUTE_RTOL.get(dtype, 1e-2)
-    ok = torch.isclose(after, before, rtol=rtol, atol=rtol * V, equal_nan=True).all()
-    msg = ("the joiner gave other logits when the fused loss recomputed a tile in the backward "
-           "pass: it must be deterministic given its inputs and the RNG state (the rule of "
-           "torch.utils.checkpoint; dropout is replayed), or the gradients would be those of "
-           "other logits")
-    if before.device.type == "cuda":
-        torch._assert_async(ok, msg)
-    elif not bool(ok):
-        raise RuntimeError(msg)
+    device_assert(torch.isclose(after, before, rtol=rtol, atol=rtol * V, equal_nan=True).all(),
+                  "recompute")
 
 
 def _reached_leaves(x: torch.Tensor) -> list:
@@ -440,7 +438,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
     call = _Call(joiner, prep, tile_plan(B, T, U1, rows, frames_only), V, prep.chk.logits.dtype,
                  inputs)
     costs = _FusedLoss.apply(call, enc, pred, *params)
-    return reduce_costs(costs, reduction, zero_infinity)
+    return reduce_costs(with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
 
 
 def _fixed(topo: Topology) -> tuple:

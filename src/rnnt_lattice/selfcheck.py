@@ -20,6 +20,12 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
                gradient (about 1x the logits; none extra with inplace_grad)
     timing     one standard shape, forward+backward, against the device's copy floor (a
                clone and an exp of the same logits) and torchaudio's rnnt_loss if it imports
+    amp        the fused losses under PyTorch's AMP recipe (forward under autocast,
+               backward outside) against backward inside the block
+    bad input  out-of-range labels and lengths on the device path: the sequence's loss is
+               NaN, a device-side assert names the argument and the rule (in a
+               subprocess: the assert ends the CUDA context), and set_input_checks("host")
+               gives the ValueError
 
 Each check prints one ``PASS`` / ``FAIL`` / ``SKIP`` line as it finishes; the run ends with
 a block to paste into a bug report and exits non-zero if any check failed.
@@ -38,6 +44,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -406,6 +413,133 @@ def check_fused(ctx, shape, dtype, kind, tile):
     # grows with the number of rows summed in dtype (both sides sum in their own order).
     return f"tile {tile} rows  " + _within(f"fused {kind}", errs, {
         "loss err": lt, "grad enc/pred": gt, "grad params": 10 * gt})
+
+
+def check_amp(ctx, kind):
+    """PyTorch's AMP recipe on a fused loss: the forward under ``torch.autocast`` (bfloat16),
+    ``backward()`` outside the block, against ``backward()`` inside it. The recomputation
+    in the backward replays the forward's autocast state, so both give the same gradients
+    (to bfloat16 rounding). CUDA's autocast runs some ops (``sum``) in float32 where the
+    CPU's does not, so only a GPU run checks the CUDA branch of the recipe."""
+    B, T, U, V, H = 3, 12, 4, 24, 16
+    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
+    joiner = _Joiner(H, V + n_dur, torch.float32, ctx.device)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    enc = torch.randn(B, T, H, generator=g).to(ctx.device)
+    pred = torch.randn(B, U + 1, H, generator=g).to(ctx.device)
+    _, y, tl, ul, w = inputs(B, T, U, V, torch.float32, ctx.device)
+    if kind == "rnnt":
+        name, kw = "fused_rnnt_loss", dict(blank=0)
+    else:
+        n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
+        y = y % (V - n_blanks)
+        name = {"tdt": "fused_tdt_loss", "multiblank": "fused_multiblank_rnnt_loss"}[kind]
+        kw = dict(blank=V - 1, **TOPOLOGY_LOSSES[kind])
+
+    def grads(backward_inside):
+        joiner.zero_grad()
+        e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+        with torch.autocast(ctx.device, dtype=torch.bfloat16):
+            costs = getattr(rnnt_lattice, name)(joiner, e, p, y, tl, ul, tile=2 * (U + 1),
+                                                reduction="none", backend=ctx.backend, **kw)
+            loss = (costs * w.to(costs.dtype)).sum()
+            if backward_inside:
+                loss.backward()
+        if not backward_inside:
+            loss.backward()
+        return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
+
+    outside, inside = grads(False), grads(True)
+    err = max(_err(a, b, 1e-30) for a, b in zip(outside, inside))
+    return _within(f"AMP recipe {kind}", {"outside vs inside": err}, {"outside vs inside": 1e-6})
+
+
+# The bad inputs of the device check (``_validate.device_value_check``), each with the rule
+# whose device-side message names it: (what, rule, edit of (targets, logit_lengths,
+# target_lengths) on sequence 1).
+BAD_INPUTS = (
+    ("label >= V", "targets", lambda y, tl, ul, T, U, V: y[1].fill_(V)),
+    ("label < 0", "targets", lambda y, tl, ul, T, U, V: y[1].fill_(-1)),
+    ("logit_lengths > T", "logit_lengths", lambda y, tl, ul, T, U, V: tl[1].fill_(T + 1)),
+    ("target_lengths > U", "target_lengths", lambda y, tl, ul, T, U, V: ul[1].fill_(U + 1)),
+    ("negative logit_lengths", "logit_lengths", lambda y, tl, ul, T, U, V: tl[1].fill_(-2)),
+)
+
+_BAD_INPUT_SCRIPT = """
+import sys, torch, rnnt_lattice
+from rnnt_lattice import selfcheck
+mode, device, backend = sys.argv[1:4]
+B, T, U, V = 3, 12, 4, 10
+x, y, tl, ul, _ = selfcheck.inputs(B, T, U, V, torch.float32, device)
+if mode == "nan":              # asserts off: the NaN pattern of every bad input
+    torch._assert_async = lambda *args: None
+    for what, rule, edit in selfcheck.BAD_INPUTS:
+        y2, tl2, ul2 = y.clone(), tl.clone(), ul.clone()
+        edit(y2, tl2, ul2, T, U, V)
+        costs = rnnt_lattice.rnnt_loss(x, y2, tl2, ul2, blank=0, reduction="none", backend=backend)
+        print("NAN", what, "".join("n" if c else "f" for c in torch.isnan(costs).tolist()))
+else:                          # the first bad input, with its device-side assert
+    what, rule, edit = selfcheck.BAD_INPUTS[0]
+    edit(y, tl, ul, T, U, V)
+    costs = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none", backend=backend)
+    torch.cuda.synchronize() if device == "cuda" else None
+    print("NO ERROR", costs.tolist())
+"""
+
+
+def check_bad_input(ctx):
+    """Bad lengths and labels (:data:`BAD_INPUTS`) on the device path: with the device-side
+    asserts off, the bad sequence's loss is NaN and the others' are not; with them on, the
+    process fails with the message that names the argument and the rule (run in a
+    subprocess: a device-side assert ends the process's CUDA context); and
+    ``set_input_checks("host")`` gives the CPU's ValueError, in this process."""
+    from ._validate import DEVICE_MESSAGES, set_input_checks
+    env = dict(os.environ)
+    device_path = ctx.cuda or ctx.backend == "triton"
+    if not ctx.cuda:               # CPU tensors under the Triton interpreter: force the device path
+        env["RNNT_LATTICE_INPUT_CHECKS"] = "device"
+    if not device_path:            # the CPU's own backend: the host checks alone
+        return _host_bad_inputs(ctx) + " (the device path runs on CUDA)"
+    cmd = [sys.executable, "-c", _BAD_INPUT_SCRIPT]
+    nan = subprocess.run(cmd + ["nan", ctx.device, ctx.backend], env=env, capture_output=True,
+                         text=True, timeout=600)
+    pattern = {line.split(" ", 1)[1].rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+               for line in nan.stdout.splitlines() if line.startswith("NAN ")}
+    wrong = [w for w, _, _ in BAD_INPUTS if pattern.get(w) != "fnf"]
+    if nan.returncode or wrong:
+        raise CheckFailed(f"bad inputs not NaN on their sequence alone: {wrong or 'crashed'} "
+                          f"{nan.stdout[-300:]} {nan.stderr[-500:]}")
+    what, rule, _ = BAD_INPUTS[0]
+    died = subprocess.run(cmd + ["assert", ctx.device, ctx.backend], env=env,
+                          capture_output=True, text=True, timeout=600)
+    said = died.stdout + died.stderr
+    if died.returncode == 0 or DEVICE_MESSAGES[rule][:60] not in said:
+        raise CheckFailed(f"{what}: no device-side assert naming it: {said[-600:]}")
+    return (f"{len(BAD_INPUTS)} bad inputs: NaN on their sequence; device-side assert "
+            f"'{DEVICE_MESSAGES[rule][:40]}...'; " + _host_bad_inputs(ctx))
+
+
+def _host_bad_inputs(ctx) -> str:
+    """``set_input_checks("host")``: each of :data:`BAD_INPUTS` is a ValueError."""
+    from ._validate import set_input_checks
+    before = set_input_checks("host")
+    try:
+        B, T, U, V = 3, 12, 4, 10
+        x, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, ctx.device)
+        missed = []
+        for what, _, edit in BAD_INPUTS:
+            y2, tl2, ul2 = y.clone(), tl.clone(), ul.clone()
+            edit(y2, tl2, ul2, T, U, V)
+            try:
+                rnnt_lattice.rnnt_loss(x, y2, tl2, ul2, blank=0, backend=ctx.backend)
+                missed.append(what)
+            except ValueError:
+                pass
+    finally:
+        set_input_checks(before)
+    if missed:
+        raise CheckFailed(f"set_input_checks('host') gave no ValueError for {missed}")
+    return "ValueError with set_input_checks('host')"
 
 
 # --------------------------------------------------------------------------- lattice tools
@@ -817,6 +951,11 @@ def _checks(ctx: Context, big: bool) -> list:
         fused += [("rnnt", 3 * B * (U + 1) + 1), ("multiblank", B * (U + 1))]
     for kind, tile in fused:
         cs.append((f"fused {kind} float32 tile {tile} {t}", _bind(check_fused, ctx, t, f32, kind, tile)))
+    for kind in ("rnnt",) if interpreted else ("rnnt", "tdt", "multiblank"):
+        cs.append((f"fused {kind} AMP recipe (forward under autocast, backward outside)",
+                   _bind(check_amp, ctx, kind)))
+    cs.append(("bad input (NaN, device-side assert, host ValueError)",
+               _bind(check_bad_input, ctx)))
     for kind in ("regular", "tdt"):
         for dtype in f64:
             cs.append((f"occupancy/best_alignment {kind} {_dtype_name(dtype)} {t}",

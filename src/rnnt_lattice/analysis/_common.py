@@ -5,11 +5,12 @@ the one lattice of every topology: the backend protocol's ``occupancy`` / ``vite
 runs the reference's recursion)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .. import _backends
+from .._ops import with_bad_rows
 from .._types import Lattice, LossOptions
 from .._validate import check_float
 from ..topology import Topology, by_name
@@ -40,6 +41,7 @@ class Request:
     impl: object
     opts: LossOptions
     boundary: torch.Tensor | None
+    nan_rows: torch.Tensor | None     # (B,): NaN for a sequence the device check found bad
 
 
 def request(logits, targets, logit_lengths, target_lengths, blank, fused, backend, rnnt_type,
@@ -53,7 +55,7 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     x = logits.detach() if isinstance(logits, torch.Tensor) else logits
     prep = _backends.prepare_call(x, targets, logit_lengths, target_lengths, blank, backend, opts,
                                   boundary=boundary)
-    return Request(topo, prep.chk, prep.impl, prep.opts, prep.boundary)
+    return Request(topo, prep.chk, prep.impl, prep.opts, prep.boundary, prep.nan_rows)
 
 
 def kind_field(topo: Topology, name: str, device) -> torch.Tensor:
@@ -76,7 +78,10 @@ def lattice(req: Request) -> Lattice:
     alpha, beta ``(B, T+1, U+1)``, log P ``(B,)``, per-kind occupations ``gamma (B, K, T,
     U+1)``."""
     with torch.no_grad():
-        return req.impl.occupancy(*_kernel_args(req))
+        lat = req.impl.occupancy(*_kernel_args(req))
+    if req.nan_rows is None:
+        return lat
+    return replace(lat, log_like=with_bad_rows(lat.log_like, req.nan_rows))
 
 
 def viterbi(req: Request):
@@ -85,4 +90,5 @@ def viterbi(req: Request):
     the best arc into each node, -1 where none), ``log_prob (B,)`` the best complete path's
     score (-inf without one, NaN for NaN logits on the lattice)."""
     with torch.no_grad():
-        return req.impl.viterbi(*_kernel_args(req))
+        alpha_max, best_kind, log_prob = req.impl.viterbi(*_kernel_args(req))
+    return alpha_max, best_kind, with_bad_rows(log_prob, req.nan_rows)

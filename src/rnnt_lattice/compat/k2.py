@@ -67,7 +67,8 @@ from collections.abc import Sequence
 
 import torch
 
-import rnnt_lattice as _lib          # the public API only
+import rnnt_lattice as _lib          # the public API only, and the value-check rule:
+from rnnt_lattice._validate import may_read_values
 from rnnt_lattice.topology import K2_TYPES, by_name
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
@@ -134,7 +135,8 @@ def _blank(termination_symbol, C: int) -> int:
 
 
 def _boundary(boundary, B: int, S: int, T: int, device) -> torch.Tensor | None:
-    """k2's ``boundary`` as int64, checked (values on CPU only, as everywhere): every row
+    """k2's ``boundary`` as int64, checked (values where the host reads them,
+    ``rnnt_lattice.set_input_checks``; on the device the library's check covers it): every row
     ``0 <= begin_symbol <= end_symbol <= S`` and ``0 <= begin_frame <= end_frame <= T``."""
     if boundary is None:
         return None
@@ -146,7 +148,7 @@ def _boundary(boundary, B: int, S: int, T: int, device) -> torch.Tensor | None:
     if boundary.device != device:
         raise ValueError(f"boundary is on {boundary.device}, the inputs on {device}")
     boundary = boundary.to(torch.int64)
-    if boundary.device.type == "cpu" and B and not torch.compiler.is_compiling():
+    if B and may_read_values(boundary):
         s0, t0, s1, t1 = boundary.unbind(1)
         ok = (s0 >= 0) & (s0 <= s1) & (s1 <= S) & (t0 >= 0) & (t0 <= t1) & (t1 <= T)
         if not bool(ok.all()):
@@ -166,8 +168,9 @@ def _ends(boundary, B: int, S: int, T: int, device):
 
 
 def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
-    """``symbols`` ``(B, S)`` checked (ids in ``[0, C)`` before each ``end_symbol``, on
-    CPU), as int64 with the entries past ``end_symbol`` (never read) replaced by 0."""
+    """``symbols`` ``(B, S)`` checked (ids in ``[0, C)`` before each ``end_symbol``, on the
+    host, ``rnnt_lattice.set_input_checks``), as int64 with the entries past ``end_symbol``
+    (never read) replaced by 0."""
     if tuple(_tensor("symbols", symbols, "(B, S)")) != (B, S):
         raise ValueError(f"symbols must have shape (B, S) = ({B}, {S}), got {tuple(symbols.shape)}")
     if symbols.dtype not in (torch.int32, torch.int64):
@@ -175,7 +178,7 @@ def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
     if symbols.device != device:
         raise ValueError(f"symbols is on {symbols.device}, the inputs on {device}")
     valid = _read_symbols(boundary, B, S, device)
-    if device.type == "cpu" and symbols.numel() and not torch.compiler.is_compiling():
+    if symbols.numel() and may_read_values(symbols):
         bad = valid & ((symbols < 0) | (symbols >= C))
         if bool(bad.any()):
             b, s = (int(i) for i in bad.nonzero()[0])
@@ -504,7 +507,7 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
     boundary = _boundary(boundary, B, S, T, logits.device)
     y = _symbols(symbols, B, S, C, boundary, logits.device)
     ranges = ranges.to(torch.int64)
-    if ranges.device.type == "cpu" and ranges.numel() and not torch.compiler.is_compiling():
+    if ranges.numel() and may_read_values(ranges):
         bad = (ranges < 0) | (ranges > S)
         bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
         if bool(bad.any()):

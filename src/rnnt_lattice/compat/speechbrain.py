@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 import rnnt_lattice
+from rnnt_lattice._validate import may_read_values
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -123,7 +124,7 @@ def _absolute(name: str, rel: torch.Tensor, size: int) -> torch.Tensor:
         raise ValueError(f"{name} must be a float tensor of relative lengths in [0, 1], got "
                          + (str(rel.dtype) if isinstance(rel, torch.Tensor) else type(rel).__name__))
     counts = (rel * size).round()
-    if rel.device.type == "cpu" and rel.numel() and not torch.compiler.is_compiling():
+    if rel.numel() and may_read_values(rel):
         bad = ~((counts >= 0) & (counts <= size))          # NaN included
         if bool(bad.any()):
             b = int(bad.reshape(-1).nonzero()[0, 0])

@@ -68,7 +68,7 @@ from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_weights", "window_dp", "simple_rescue",
-           "simple_rescue_backward", "empty_cache"]
+           "simple_rescue_backward", "input_check", "empty_cache"]
 
 NAME = "triton"
 
@@ -634,6 +634,37 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
                         torch.exp(alpha[:, None, :T] + x + beta_land - ll), 0.0)
     return log_like, gamma
+
+
+# --------------------------------------------------------------------------- input check
+INPUT_CHECK_BLOCK_B = 16    # sequences per step of the input check's one program
+INPUT_CHECK_BLOCK_U = 128   # labels per step
+
+
+def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: int, V: int,
+                blank, classes: tuple = ()):
+    """``(ok (5,), nan_rows (B,))`` float32 views of one allocation: the rules of
+    ``_validate.device_value_check`` decided on the device (``kernels._input_check_kernel``,
+    one launch, no host synchronisation): ``ok[i]`` 1.0 where rule i holds for every
+    sequence, ``nan_rows[b]`` NaN for a sequence that breaks one, else 0. ``targets``
+    ``(B, U)`` or None (lengths only), ``blank`` None where a label may be the blank."""
+    B = logit_lengths.shape[0]
+    out = torch.empty(8 + B, dtype=torch.float32, device=logit_lengths.device)
+    ok, nan_rows = out[:5], out[8:]           # 8: the rows start 32-byte aligned
+    labels = targets is not None and targets.numel() > 0
+    lengths = (x if x.dtype in _INT_IDS else x.to(torch.int64)
+               for x in (logit_lengths, target_lengths))
+    logit_lengths, target_lengths = (x.contiguous() for x in lengths)
+    y = targets.contiguous() if labels else logit_lengths
+    with _device(out):
+        kernels._input_check_kernel[(1,)](
+            y, logit_lengths, target_lengths,
+            logit_lengths if boundary is None else boundary.contiguous(), ok, nan_rows,
+            B, T, U, V, 0 if blank is None else blank,
+            LABELS=labels, NO_BLANK=blank is not None, CLASSES=tuple(classes),
+            BOUNDARY=boundary is not None, BLOCK_B=INPUT_CHECK_BLOCK_B,
+            BLOCK_U=INPUT_CHECK_BLOCK_U)
+    return ok, nan_rows
 
 
 # --------------------------------------------------------------------------- window choice

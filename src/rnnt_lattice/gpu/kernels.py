@@ -50,10 +50,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# A global read inside a kernel must be a constexpr.
+# A global read inside a kernel must be a constexpr, and equal to itself: at every launch
+# Triton compares each global a kernel used with its value now (``!=``), so a NaN global
+# fails the second launch ("Global variable NAN has changed since we compiled this
+# kernel"). NaN is written as ``POS_INF + NEG_INF`` instead (tests/test_triton.py checks
+# every kernel's globals by Triton's own rule).
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -247,8 +250,7 @@ def _read(x, lse, live, FUSED: tl.constexpr):
     """Log-prob ``x - lse`` of one entry per row (``reference._read``): -inf for rows not
     ``live`` (padding, no row, all -inf); in log-prob mode a +inf entry reads as NaN."""
     if not FUSED:
-        # inf - inf = NaN. (Not the global NAN: Triton checks that an inner function sees
-        # the same global values at each call site, and NaN != NaN fails that check.)
+        # inf - inf = NaN (a NaN global would fail Triton's launch-time check of globals).
         x = tl.where(x == POS_INF, x - x, x)
     return tl.where(live, x - lse, NEG_INF)
 
@@ -315,7 +317,9 @@ def _row_kernel(
     x_blank = tl.load(logits_ptr + row + blank, mask=live, other=0.0).to(tl.float64)
     has_label = live & (u < u1)
     y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=0)
-    x_label = tl.load(logits_ptr + row + y, mask=has_label, other=0.0).to(tl.float64)
+    # A label outside [0, V_tok) is never read (the input check NaNs its sequence's loss).
+    x_label = tl.load(logits_ptr + row + y, mask=has_label & (y >= 0) & (y < V_tok),
+                      other=0.0).to(tl.float64)
     lp_blank = _read(x_blank, lse, live, FUSED)
     lp_label = _read(x_label, lse, has_label, FUSED)
     if N_DURATIONS > 0:
@@ -438,7 +442,7 @@ def _lattice_kernel(
                     tl.store(best_kind_ptr + base + t * U1 + u, best.to(tl.int8), mask=on)
             tl.debug_barrier()
         log_like = tl.load(alpha_ptr + base + t1 * U1 + u1, mask=has_path, other=NEG_INF)
-        log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, NAN, log_like)
+        log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, POS_INF + NEG_INF, log_like)
         tl.store(log_like_ptr + b, log_like)
         tl.store(costs_ptr + b, (-log_like).to(costs_ptr.dtype.element_ty))
     else:
@@ -661,7 +665,7 @@ def _grad_kernel(
                 gk = tl.sum(tl.where(kidx[None, :] == k, g_cls, 0.0), axis=1).to(ACC)
                 g = g - tl.where(v[None, :] == CLASS_ID[k], gk[:, None], 0.0)
         if FUSED:
-            g = tl.where(nan_row[:, None], NAN, g)
+            g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
         if CLAMP:                              # both bounds, token group only
             g = tl.minimum(tl.maximum(g, -clamp, propagate_nan=tl.PropagateNan.ALL), clamp,
                            propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
@@ -683,10 +687,87 @@ def _grad_kernel(
             g = tl.zeros([ROWS, BLOCK_DUR], ACC)
         g = g - g_dur.to(ACC)
         if FUSED:
-            g = tl.where(nan_row[:, None], NAN, g)
+            g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
         tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g.to(grad_ptr.dtype.element_ty),
                  mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
+
+
+# --------------------------------------------------------------------------- input check
+@triton.jit(do_not_specialize=("B", "T", "U", "V", "blank"))
+def _input_check_kernel(
+    # data ptrs
+    targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, ok_ptr, nan_ptr,
+    # shapes
+    B, T, U, V, blank,
+    # flags
+    LABELS: tl.constexpr, NO_BLANK: tl.constexpr, CLASSES: tl.constexpr,
+    BOUNDARY: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    """The value checks of ``_validate.device_value_check`` on the device, one program
+    over the whole batch (``BLOCK_B`` sequences x ``BLOCK_U`` labels at a time; the batch's
+    labels are few beside its logits). For each sequence b:
+
+        rule 0  0 <= T_b <= T                          T_b = logit_lengths[b]
+        rule 1  0 <= U_b <= U                          U_b = target_lengths[b]
+        rule 2  0 <= y[b, u] < V                       u < min(U_b, U)      (LABELS)
+        rule 3  y[b, u] != blank, y[b, u] not in CLASSES   (NO_BLANK: the blank; CLASSES:
+                                                       the fixed classes, multi-blank's big blanks)
+        rule 4  0 <= begin_symbol <= end_symbol <= U_b,
+                0 <= begin_frame <= end_frame <= T_b   (BOUNDARY: k2's (B, 4) rows)
+
+    Writes ``ok[i]`` = 1.0 if rule i holds for every sequence, else 0.0 (float32, (5,); a
+    rule off holds), and ``nan[b]`` = NaN if sequence b breaks a rule, else 0.0 (float32,
+    (B,)). Every load is masked: nothing is read outside the tensors whatever the values.
+    Offsets in int64."""
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_u = tl.arange(0, BLOCK_U)
+    bad_any = tl.zeros([BLOCK_B], tl.int32)      # per rule: some sequence broke it
+    bad0 = bad_any
+    bad1 = bad_any
+    bad2 = bad_any
+    bad3 = bad_any
+    bad4 = bad_any
+    for b0 in range(0, B, BLOCK_B):
+        b = (b0 + offs_b).to(tl.int64)
+        on = b < B
+        t_len = tl.load(logit_lengths_ptr + b, mask=on, other=0).to(tl.int64)
+        u_len = tl.load(target_lengths_ptr + b, mask=on, other=0).to(tl.int64)
+        r0 = on & ((t_len < 0) | (t_len > T))
+        r1 = on & ((u_len < 0) | (u_len > U))
+        r2 = tl.zeros([BLOCK_B], tl.int32) > 0
+        r3 = r2
+        r4 = r2
+        if LABELS:
+            n_lab = tl.minimum(u_len, U)
+            for u0 in range(0, U, BLOCK_U):
+                u = u0 + offs_u
+                live = on[:, None] & (u[None, :] < n_lab[:, None])
+                y = tl.load(targets_ptr + b[:, None] * U + u[None, :], mask=live,
+                            other=0).to(tl.int64)
+                r2 = r2 | (tl.max((live & ((y < 0) | (y >= V))).to(tl.int32), axis=1) > 0)
+                if NO_BLANK:
+                    r3 = r3 | (tl.max((live & (y == blank)).to(tl.int32), axis=1) > 0)
+                for c in tl.static_range(len(CLASSES)):
+                    r3 = r3 | (tl.max((live & (y == CLASSES[c])).to(tl.int32), axis=1) > 0)
+        if BOUNDARY:
+            s0 = tl.load(boundary_ptr + b * 4, mask=on, other=0).to(tl.int64)
+            f0 = tl.load(boundary_ptr + b * 4 + 1, mask=on, other=0).to(tl.int64)
+            s1 = tl.load(boundary_ptr + b * 4 + 2, mask=on, other=0).to(tl.int64)
+            f1 = tl.load(boundary_ptr + b * 4 + 3, mask=on, other=0).to(tl.int64)
+            r4 = on & ((s0 < 0) | (s0 > s1) | (s1 > u_len) | (f0 < 0) | (f0 > f1) | (f1 > t_len))
+        bad = r0 | r1 | r2 | r3 | r4
+        tl.store(nan_ptr + b, tl.where(bad, POS_INF + NEG_INF, 0.0), mask=on)
+        bad0 = bad0 | r0.to(tl.int32)
+        bad1 = bad1 | r1.to(tl.int32)
+        bad2 = bad2 | r2.to(tl.int32)
+        bad3 = bad3 | r3.to(tl.int32)
+        bad4 = bad4 | r4.to(tl.int32)
+    tl.store(ok_ptr + 0, tl.where(tl.max(bad0, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 1, tl.where(tl.max(bad1, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 2, tl.where(tl.max(bad2, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 3, tl.where(tl.max(bad3, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 4, tl.where(tl.max(bad4, axis=0) > 0, 0.0, 1.0))
 
 
 # --------------------------------------------------------------------------- window choice

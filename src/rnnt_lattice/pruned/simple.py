@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import _backends
-from .._ops import output_costs, reduce_costs
+from .._ops import output_costs, reduce_costs, with_bad_rows
 from .._types import Ends
-from .._validate import check_boundary, check_float, check_reduction, check_simple_args, check_weight_args
+from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
+                         check_site, check_weight_args, device_value_check)
 from ..reference import arc_weights, lattice_dtype, read_entry, stack_kinds
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
@@ -372,6 +373,11 @@ def lattice_loss(
     dev = blank_weights.device
     # Within the lengths, themselves within (T, U): every start and end node is on the grid.
     boundary = check_boundary(boundary, blank_weights.shape[0], dev, logit_lengths, target_lengths)
+    B, T, U1 = blank_weights.shape
+    nan_rows = None
+    if B and check_site(blank_weights) == "device":
+        nan_rows = device_value_check(None, logit_lengths, target_lengths, T=T, U=U1 - 1, V=0,
+                                      blank=None, boundary=boundary)
     ends = Ends.of(logit_lengths, target_lengths, boundary)
     out_dtype = blank_weights.dtype if blank_weights.dtype in (torch.float32, torch.float64) \
         else torch.float32
@@ -379,7 +385,7 @@ def lattice_loss(
     costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
                                      topo, ends, delay_penalty,
                                      _backends.resolve(backend, dev).lattice_of_weights)
-    costs = output_costs(costs, out_dtype)
+    costs = with_bad_rows(output_costs(costs, out_dtype), nan_rows)
     if not return_occupations:
         return costs
     return costs, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,
@@ -573,6 +579,12 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
         lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type, allow_blank_targets)
     # Within the lengths, themselves within (T, U): every start and end node is on the grid.
     boundary = check_boundary(boundary, am.shape[0], am.device, logit_lengths, target_lengths)
+    nan_rows = None
+    if am.shape[0] and check_site(am) == "device":
+        nan_rows = device_value_check(targets, logit_lengths, target_lengths, T=am.shape[1],
+                                      U=lm.shape[1] - 1, V=am.shape[2],
+                                      blank=None if allow_blank_targets else blank,
+                                      boundary=boundary)
     out_dtype = am.dtype if am.dtype in (torch.float32, torch.float64) else torch.float32
     if am.dtype != out_dtype:
         am, lm = am.float(), lm.float()
@@ -590,7 +602,8 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     if smooth is not None:
         b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
     costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty, impl.lattice_of_weights)
-    loss = reduce_costs(output_costs(costs, out_dtype), reduction, zero_infinity)
+    loss = reduce_costs(with_bad_rows(output_costs(costs, out_dtype), nan_rows), reduction,
+                        zero_infinity)
     if not return_occupations:
         return loss
     return loss, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,

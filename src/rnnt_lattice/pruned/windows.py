@@ -13,7 +13,7 @@ import torch
 
 from .. import _backends
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
-                         check_pruning_args)
+                         check_pruning_args, check_site, device_value_check)
 from ..topology import K2_TYPES, by_name
 from .simple import ArcOccupations
 
@@ -122,6 +122,9 @@ def prune_ranges(
     check_occupation_lengths(gamma_blank, logit_lengths, target_lengths)
     B, T, U1 = gamma_blank.shape
     boundary = check_boundary(boundary, B, gamma_blank.device, logit_lengths, target_lengths)
+    if B and check_site(gamma_blank) == "device":       # no loss here: the asserts alone
+        device_value_check(None, logit_lengths, target_lengths, T=T, U=U1 - 1, V=0, blank=None,
+                           boundary=boundary)
     if boundary is None:
         t_end, u_end = logit_lengths, target_lengths
     else:

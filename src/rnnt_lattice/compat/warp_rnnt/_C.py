@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ... import rnnt_loss as lattice_rnnt_loss
+from ..._validate import may_read_values
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
 
@@ -159,7 +160,7 @@ def rnnt_loss_compact(xs: torch.Tensor, ys: torch.Tensor, xn: torch.Tensor, yn: 
     V = xs.shape[1]
     check_blank(blank, V, gathered_ok=False)
     targets = padded_labels(ys, yn)
-    if xs.device.type == "cpu" and ys.numel() and not 0 <= int(ys.min()) <= int(ys.max()) < V:
+    if ys.numel() and may_read_values(ys) and not 0 <= int(ys.min()) <= int(ys.max()) < V:
         raise ArgumentError(f"ys must hold label ids in [0, V) = [0, {V}), got values in "
                             f"[{int(ys.min())}, {int(ys.max())}]")
     loc = row_labels(xs, ys, xn, yn, blank)

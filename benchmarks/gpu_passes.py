@@ -1,0 +1,183 @@
+"""Where the GPU time of one forward+backward goes: each pass of the Triton backend timed
+alone, the host's enqueue time, and the V passes under other tile configurations.
+
+    python benchmarks/gpu_passes.py [--shapes s3 s5 big v5000] [--variants regular tdt multiblank]
+                                    [--sweep s5 big] [--json FILE]
+
+Per shape and loss variant (the registry's inputs, ``shapes.make_inputs``, float32, on
+CUDA), with CUDA-event medians (``triton.testing.do_bench``, which clears the L2 cache
+between calls):
+
+- ``step``: forward+backward through the public function (what a user runs), and
+  torchaudio's ``rnnt_loss`` on the same logits where it imports (regular only);
+- ``floor``: ``3 x nbytes(logits)`` over the copy bandwidth measured on a 1 GiB buffer (the
+  logits read twice, the gradient written once);
+- ``row``, ``lattice``, ``grad``: the three passes alone (``gpu._row_pass``, ``gpu._lattice``,
+  ``gpu._gradient`` on the state of one forward), with the row and gradient passes'
+  bandwidth: bytes of logits read (row), read and written (grad) over their time;
+- ``host``: the host's time to enqueue one forward+backward (``time.perf_counter`` over
+  many calls queued back to back, no synchronisation between them).
+
+``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
+``(ROWS, BLOCK_V, num_warps)`` of :data:`SWEEP` (``gpu._tiles`` replaced for the call), for
+tuning the module constants. Without a CUDA device it exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import shapes
+
+SWEEP = [(1, 1024, 4), (1, 1024, 8), (2, 1024, 8), (4, 1024, 8), (1, 2048, 8), (2, 512, 4),
+         (4, 256, 4), (8, 256, 8), (1, 512, 4), (2, 2048, 16), (1, 4096, 16), (16, 128, 4)]
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 1 GiB (read + write counted)."""
+    from triton.testing import do_bench
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    return 2 * x.numel() * 4 / (ms * 1e-3)
+
+
+def _state(inp, opts):
+    """The lattice state of one forward (the passes' inputs) and the tensors it read."""
+    from rnnt_lattice import gpu
+    logits, y, tl, ul = gpu._prepare(inp.logits, inp.targets, inp.logit_lengths,
+                                     inp.target_lengths)
+    rows = gpu._rows_of(logits, None)
+    st, costs = gpu._forward(logits, y, tl, ul, opts, boundary=None,
+                             grid=tuple(logits.shape[:3]), rows=rows, beta=True)
+    return logits, y, tl, ul, rows, st, costs
+
+
+def passes(inp, opts, config=None) -> dict:
+    """Median ms of each pass alone (``config``: ``(ROWS, BLOCK_V, num_warps)`` of the V
+    passes, or None for the backend's own)."""
+    from triton.testing import do_bench
+    from rnnt_lattice import gpu
+    saved = gpu._tiles
+    if config is not None:
+        gpu._tiles = lambda V, elem_bytes, n_rows: config
+    try:
+        logits, y, tl, ul, rows, st, costs = _state(inp, opts)
+        up = torch.ones_like(costs)
+        dst = torch.empty_like(logits)
+        out = {
+            "row": do_bench(lambda: gpu._row_pass(logits, y, tl, ul, st, opts, boundary=None,
+                                                  rows=rows), return_mode="median"),
+            "lattice": do_bench(lambda: gpu._lattice(st, costs, tl, ul, opts, boundary=None,
+                                                     beta=True), return_mode="median"),
+            "grad": do_bench(lambda: gpu._gradient(dst, logits, y, tl, ul, st, opts, up,
+                                                   boundary=None, rows=rows),
+                             return_mode="median"),
+        }
+    finally:
+        gpu._tiles = saved
+    nbytes = logits.numel() * logits.element_size()
+    out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
+    out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9
+    return out
+
+
+def step_ms(fn) -> float:
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def host_ms(fn, step: float) -> float:
+    """Host milliseconds to enqueue ``fn`` (median of 5 runs of ``n`` calls, synchronised
+    only between runs; ``n`` fills about 200 ms of device time at ``step`` ms a call)."""
+    n = max(5, min(200, int(200 / max(step, 1e-3))))
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append((time.perf_counter() - t0) / n * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(runs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["s3", "s5", "big", "v5000"])
+    ap.add_argument("--variants", nargs="+", default=["regular"])
+    ap.add_argument("--sweep", nargs="*", default=[])
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_passes.py needs a CUDA device", file=sys.stderr)
+        return 2
+    from rnnt_lattice._types import LossOptions
+    from rnnt_lattice.topology import by_name, multiblank, tdt
+    try:
+        import torchaudio.functional as taf
+    except Exception:                                # noqa: BLE001
+        taf = None
+    bw = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s, "
+          f"torch {torch.__version__}", flush=True)
+    results = {"device": torch.cuda.get_device_name(), "copy_GBps": bw / 1e9,
+               "torch": torch.__version__, "rows": []}
+    for name in args.shapes:
+        for variant in args.variants:
+            inp = shapes.make_inputs(shapes.SHAPES[name], variant=variant)
+            inp = shapes.Inputs(inp.logits.cuda(), inp.targets.cuda(), inp.logit_lengths.cuda(),
+                                inp.target_lengths.cuda(), inp.blank, variant)
+            topo = {"regular": lambda: by_name("regular"),
+                    "tdt": lambda: tdt(list(shapes.TDT_DURATIONS)),
+                    "multiblank": lambda: multiblank(inp.blank, list(shapes.BIG_BLANK_DURATIONS)),
+                    }[variant]()
+            opts = LossOptions(inp.blank, True, topology=topo)
+            leaf = inp.logits.clone().requires_grad_()
+
+            def ours():
+                costs = shapes.variant_loss(variant, leaf, inp.targets, inp.logit_lengths,
+                                            inp.target_lengths, inp.blank)
+                costs.sum().backward()
+                leaf.grad = None
+
+            row = {"shape": name, "variant": variant,
+                   "floor": 3 * inp.logits.numel() * 4 / bw * 1e3, "step": step_ms(ours)}
+            row.update(host=host_ms(ours, row["step"]), **passes(inp, opts))
+            if taf is not None and variant == "regular":
+                def theirs():
+                    costs = taf.rnnt_loss(leaf, inp.targets, inp.logit_lengths,
+                                          inp.target_lengths, blank=inp.blank, reduction="sum")
+                    costs.backward()
+                    leaf.grad = None
+                row["torchaudio"] = step_ms(theirs)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                              for k, v in row.items()}), flush=True)
+            if name in args.sweep and variant == "regular":
+                row["sweep"] = []
+                for config in SWEEP:
+                    try:
+                        p = passes(inp, opts, config)
+                    except Exception as err:            # noqa: BLE001 (a config may not fit)
+                        p = {"error": f"{type(err).__name__}: {str(err)[:80]}"}
+                    row["sweep"].append({"config": config, **p})
+                    print("  sweep", config, {k: round(v, 4) if isinstance(v, float) else v
+                                              for k, v in p.items()}, flush=True)
+            results["rows"].append(row)
+            del inp, leaf
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The host's share of a GPU step, measured without a GPU: the Triton backend's Python path
+(validation, the autograd Function, allocations, launch arguments) for one
+forward+backward, on CPU tensors, with every kernel launch replaced by a no-op.
+
+    python benchmarks/host_overhead.py [--shape s3] [--variant regular] [--calls 2000]
+                                       [--profile N]
+
+On a GPU the launches are asynchronous: the host enqueues a step while the device runs the
+previous one, and when the host's time per step exceeds the device's, the device waits
+(at s3 on an H100 the device needs about 0.15 ms a step). This measures the host's own
+work, the part this package controls: Triton's and PyTorch's launch costs (per launch, a
+few microseconds of their own code) come on top on a real device and are not counted
+here, so that the figure is the same on any machine with the same CPU. The value checks
+take the device path (``set_input_checks("device")``, the CUDA default), whose kernel is
+one more no-op launch and whose asserts are ``torch._assert_async`` on CPU tensors.
+
+Prints the median microseconds per forward+backward over ``--calls`` calls (5 rounds,
+the median round), and with ``--profile N`` the N functions with the most own time
+(cProfile).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"   # the backend accepts CPU tensors; nothing runs in it
+
+import common  # noqa: E402,F401  (thread settings, before torch)
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+import shapes  # noqa: E402
+
+
+class NoLaunch:
+    """Stands for a kernel: ``kernel[grid](*args, **kwargs)`` returns at once."""
+
+    def __init__(self, name):
+        self.name = name
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches += 1
+            if self.name == "_input_check_kernel":
+                args[4].fill_(1.0)      # every rule holds (what the kernel would write)
+                args[5].zero_()
+        return launch
+
+
+def no_launches() -> dict:
+    """Replaces every kernel of ``rnnt_lattice.gpu.kernels`` by a :class:`NoLaunch`."""
+    from rnnt_lattice.gpu import kernels
+    stubs = {}
+    for name, fn in list(vars(kernels).items()):
+        if name.startswith("_") and name.endswith("_kernel"):
+            stubs[name] = NoLaunch(name)
+            setattr(kernels, name, stubs[name])
+    return stubs
+
+
+def step_fn(shape_name: str, variant: str):
+    """One forward+backward of ``variant`` at the shape, through the public function on
+    the Triton backend, with an upstream gradient of ones (``.sum().backward()``)."""
+    inp = shapes.make_inputs(shapes.SHAPES[shape_name], variant=variant)
+    leaf = inp.logits.requires_grad_()
+
+    def step():
+        costs = shapes.variant_loss(variant, leaf, inp.targets, inp.logit_lengths,
+                                    inp.target_lengths, inp.blank, backend="triton")
+        costs.sum().backward()
+        leaf.grad = None
+    return step
+
+
+def measure(step, calls: int) -> float:
+    """Median over 5 rounds of the mean microseconds per call of a round."""
+    for _ in range(20):
+        step()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls // 5):
+            step()
+        rounds.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
+    return statistics.median(rounds)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="s3")
+    ap.add_argument("--variant", default="regular", choices=sorted(shapes.VARIANTS))
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", type=int, default=0, metavar="N")
+    args = ap.parse_args(argv)
+    import rnnt_lattice
+    stubs = no_launches()
+    rnnt_lattice.set_input_checks("device")
+    step = step_fn(args.shape, args.variant)
+    us = measure(step, args.calls)
+    launched = {name: s.launches for name, s in stubs.items() if s.launches}
+    per_call = {name: n / (args.calls + 20) for name, n in launched.items()}
+    print(f"{args.shape} {args.variant}: {us:.1f} us of host work per forward+backward "
+          f"(kernel launches stubbed: {', '.join(f'{k} x{v:g}' for k, v in per_call.items())})")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            step()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,378 @@
+"""What only a GPU showed once, checked on the CPU (issue: the GPU path on a real GPU).
+
+- Triton's launch-time rule on globals: at every launch, each module global a kernel used
+  is compared with its value now (``!=``); a global that is not equal to itself (a NaN
+  constexpr) failed every kernel's second launch on the GPU, while the interpreter and the
+  sm_90 compiles passed.
+- CUDA's limit on a device-side assert's message (under 255 characters; the CPU takes any).
+- PyTorch's AMP recipe (forward under autocast, ``backward()`` outside): CUDA's autocast
+  runs ``sum`` in float32 where the CPU's does not, so the recipe broke on CUDA alone. Its
+  CUDA policy is emulated here for the ops that differ.
+- Bad labels and lengths on the device path (the CUDA default, no host synchronisation):
+  the sequence's loss is NaN and a device-side assert names the argument and the rule;
+  ``set_input_checks("host")`` gives the CPU's ValueError. The device path runs here on
+  CPU tensors, its kernel under the Triton interpreter (conftest sets it).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import rnnt_lattice
+from rnnt_lattice import _validate
+from rnnt_lattice.compat import k2 as fast_rnnt
+from rnnt_lattice.compat import torchaudio as ta
+
+from support.backends import NO_TRITON
+
+SRC = pathlib.Path(rnnt_lattice.__file__).resolve().parent
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+# --------------------------------------------------------------------------- Triton globals
+GLOBALS_SCRIPT = r"""
+import importlib, pathlib, sys
+import triton
+import rnnt_lattice
+src = pathlib.Path(rnnt_lattice.__file__).resolve().parent
+n, bad = 0, []
+for path in sorted(src.rglob("*.py")):
+    if "triton.jit" not in path.read_text():
+        continue
+    name = ".".join(("rnnt_lattice",) + path.relative_to(src).with_suffix("").parts)
+    module = importlib.import_module(name.removesuffix(".__init__"))
+    for attr, fn in vars(module).items():
+        if not isinstance(fn, triton.runtime.JITFunction):
+            continue
+        n += 1
+        fn.cache_key                    # Triton's DependenciesFinder: fills used_global_vals
+        absent = object()
+        for (var, _), (val, scope) in fn.used_global_vals.items():
+            # JITFunction.run's check at every launch, word for word
+            if scope.get(var, absent) != val:
+                bad.append(f"{name}.{attr} uses global {var} = {val!r}")
+print("checked", n)
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_triton_globals_equal_themselves():
+    """Every ``@triton.jit`` function of the package passes Triton's launch-time check of
+    the module globals it uses (transitively, through the functions it calls): each must
+    compare equal to its own value. The compiled kernels are needed (the interpreter has no
+    such check), so this runs in a subprocess without ``TRITON_INTERPRET``."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", GLOBALS_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert int(out.stdout.split()[1]) >= 5, out.stdout          # the kernels were found
+
+
+# --------------------------------------------------------------------------- device asserts
+def test_device_messages_fit_cuda():
+    """Each device-side message is under CUDA's 255 characters and names its argument."""
+    for rule, msg in _validate.DEVICE_MESSAGES.items():
+        assert len(msg.encode()) < 255, (rule, len(msg))
+        assert msg.startswith("rnnt_lattice: ")
+    for rule in _validate.DEVICE_RULES:
+        assert rule.split("_")[-1] in _validate.DEVICE_MESSAGES[rule]
+
+
+def test_device_asserts_go_through_one_helper():
+    """No call of ``torch._assert_async`` in the package but the one in
+    ``_validate.device_assert`` (whose messages the test above measures), and every
+    ``device_assert`` call names a rule of ``DEVICE_MESSAGES``."""
+    calls, rules = [], []
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "_assert_async":
+                calls.append(str(path.relative_to(SRC)))
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "device_assert" and len(node.args) == 2
+                    and isinstance(node.args[1], ast.Constant)):
+                rules.append(node.args[1].value)
+    assert calls == ["_validate.py"], calls
+    assert rules and set(rules) <= set(_validate.DEVICE_MESSAGES), rules
+
+
+def test_device_assert_raises_its_message_on_cpu():
+    _validate.device_assert(torch.tensor(1.0), "targets")
+    with pytest.raises(RuntimeError, match=r"targets\[b, u\]"):
+        _validate.device_assert(torch.tensor(0.0), "targets")
+
+
+# --------------------------------------------------------------------------- AMP recipe
+class CudaAutocastPolicy(TorchFunctionMode):
+    """CUDA autocast's float32 rule for the reductions it lists and the CPU's does not
+    (``sum``, ``prod``, ``cumsum``: run in float32 from half inputs), applied while CPU
+    autocast is on, so that the CPU sees what CUDA runs."""
+
+    FP32 = {torch.sum, torch.Tensor.sum, torch.prod, torch.Tensor.prod, torch.cumsum,
+            torch.Tensor.cumsum}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func in self.FP32 and torch.is_autocast_enabled("cpu") and args
+                and isinstance(args[0], torch.Tensor)
+                and args[0].dtype in (torch.float16, torch.bfloat16)):
+            args = (args[0].float(),) + tuple(args[1:])
+        return func(*args, **kwargs)
+
+
+class Joiner(torch.nn.Module):
+    def __init__(self, H, V):
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        self.a = torch.nn.Linear(H, H)
+        self.o = torch.nn.Linear(H, V)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / H ** 0.5)
+
+    def forward(self, e, p):
+        return self.o(torch.tanh(self.a(e) + p)) * 2.0
+
+
+FUSED = {
+    "rnnt": ("fused_rnnt_loss", 0, 0, {}),
+    "tdt": ("fused_tdt_loss", 3, 0, dict(durations=[0, 1, 2], sigma=0.05)),
+    "multiblank": ("fused_multiblank_rnnt_loss", 0, 2, dict(big_blank_durations=[2, 3])),
+}
+
+
+@pytest.mark.parametrize("backend", ["auto", pytest.param("triton", marks=NO_TRITON)])
+@pytest.mark.parametrize("kind", list(FUSED))
+def test_fused_amp_recipe(kind, backend):
+    """Forward under ``torch.autocast`` (bfloat16), ``backward()`` outside the block, with
+    CUDA's float32 policy for reductions (:class:`CudaAutocastPolicy`): the gradients
+    equal those of ``backward()`` inside the block. The Triton backend reads the bfloat16
+    logits natively, as on CUDA (the default CPU backend promotes them to float32)."""
+    name, n_dur, n_big, kw = FUSED[kind]
+    B, T, U, H, V = 2, 6, 3, 8, 9
+    joiner = Joiner(H, V + n_dur)
+    g = torch.Generator().manual_seed(1)
+    enc = torch.randn(B, T, H, generator=g)
+    pred = torch.randn(B, U + 1, H, generator=g)
+    blank = 0 if kind == "rnnt" else V - 1
+    y = torch.randint(1, V - 1 - n_big, (B, U), generator=g)
+    tl, ul = torch.tensor([6, 4]), torch.tensor([3, 2])
+
+    def grads(inside):
+        joiner.zero_grad()
+        e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+        with CudaAutocastPolicy():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                costs = getattr(rnnt_lattice, name)(joiner, e, p, y, tl, ul, blank=blank,
+                                                    tile=5, reduction="none", backend=backend,
+                                                    **kw)
+                loss = (costs * torch.tensor([1.0, -0.5])).sum()
+                if inside:
+                    loss.backward()
+            if not inside:
+                loss.backward()
+        return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
+
+    for got, want in zip(grads(False), grads(True)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- bad inputs
+B, T, U, V = 3, 6, 3, 7
+
+
+def _batch():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(B, T, U + 1, V, generator=g)
+    y = torch.randint(1, V - 2, (B, U), generator=g, dtype=torch.int32)
+    return x, y, torch.tensor([6, 5, 4], dtype=torch.int32), torch.tensor([3, 2, 3], dtype=torch.int32)
+
+
+# The issue's bad inputs, each on sequence 1, with the rule whose message names it.
+BAD = {
+    "label >= V": ("targets", lambda y, tl, ul: y[1, 0].fill_(V)),
+    "label < 0": ("targets", lambda y, tl, ul: y[1, 1].fill_(-1)),
+    "label = blank": ("blank_targets", lambda y, tl, ul: y[1, 0].fill_(0)),
+    "logit_lengths > T": ("logit_lengths", lambda y, tl, ul: tl[1].fill_(T + 1)),
+    "logit_lengths < 0": ("logit_lengths", lambda y, tl, ul: tl[1].fill_(-1)),
+    "target_lengths > U": ("target_lengths", lambda y, tl, ul: ul[1].fill_(U + 1)),
+    "target_lengths < 0": ("target_lengths", lambda y, tl, ul: ul[1].fill_(-2)),
+}
+
+
+def _bad(what):
+    x, y, tl, ul = _batch()
+    rule, edit = BAD[what]
+    edit(y, tl, ul)
+    return x, y, tl, ul, rule
+
+
+class _Asserts:
+    """``torch._assert_async`` recorded instead of raised: the rules that failed, so that
+    the NaN the device check writes can be seen (on CUDA the assert ends the process's
+    CUDA context at the next synchronisation)."""
+
+    def __init__(self, monkeypatch):
+        self.failed = []
+        monkeypatch.setattr(torch, "_assert_async", self)
+
+    def __call__(self, ok, msg=""):
+        if not bool(ok):
+            self.failed.append(msg)
+
+
+def _losses(x, y, tl, ul):
+    """Every loss on logits with these labels and lengths, (B,) each, on the CUDA default
+    backend (Triton, here under the interpreter)."""
+    kw = dict(reduction="none", backend="triton")
+    n_dur = 2
+    xt = torch.cat([x, x[..., :n_dur]], -1)
+    ranges = torch.arange(U + 1).expand(B, T, U + 1).contiguous()
+    return {
+        "rnnt_loss": rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, **kw),
+        "modified": rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, rnnt_type="modified", **kw),
+        "tdt_loss": rnnt_lattice.tdt_loss(xt, y, tl, ul, blank=V - 1, durations=[0, 1], **kw),
+        "multiblank": rnnt_lattice.multiblank_rnnt_loss(x, y, tl, ul, blank=V - 1,
+                                                        big_blank_durations=[2], **kw),
+        "rnnt_loss_pruned": rnnt_lattice.rnnt_loss_pruned(x, y, ranges, tl, ul, blank=0, **kw),
+        "occupancy": -rnnt_lattice.occupancy(x, y, tl, ul, blank=0,
+                                             backend="triton").log_likelihood,
+    }
+
+
+@pytest.mark.parametrize("what", list(BAD))
+@NO_TRITON
+def test_bad_input_is_nan_on_its_sequence(device_checks, monkeypatch, what):
+    """On the device path, a bad label or length makes that sequence's loss NaN (never a
+    finite, plausible value) and leaves the others' as they were, for every loss; each
+    call fails the rule that names the argument (the asserts recorded, not raised)."""
+    good = _losses(*_batch())
+    x, y, tl, ul, rule = _bad(what)
+    asserts = _Asserts(monkeypatch)
+    bad = _losses(x, y, tl, ul)
+    for name, costs in bad.items():
+        if name in ("tdt_loss", "multiblank") and rule == "blank_targets":
+            continue              # label 0 is no blank there (their blank is V - 1)
+        nan = torch.isnan(costs)
+        assert nan.tolist() == [False, True, False], (name, costs)
+        torch.testing.assert_close(costs[~nan], good[name][~nan].to(costs.dtype))
+    message = _validate.DEVICE_MESSAGES[rule]
+    assert message in asserts.failed and len(asserts.failed) >= len(bad) - 2, asserts.failed
+
+
+def _entry_points(x, y, tl, ul):
+    """Every public entry point that takes labels or lengths, on the default backend, and
+    the compat modules, each a thunk."""
+    H = 4
+    joiner = Joiner(H, V)
+    g = torch.Generator().manual_seed(3)
+    enc, pred = torch.randn(B, T, H, generator=g), torch.randn(B, U + 1, H, generator=g)
+    am, lm = torch.randn(B, T, V, generator=g), torch.randn(B, U + 1, V, generator=g)
+    ranges = torch.arange(U + 1).expand(B, T, U + 1).contiguous()
+    occ = (torch.rand(B, T, U + 1, generator=g), torch.rand(B, T, U + 1, generator=g))
+    return {
+        "rnnt_loss": lambda: rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0),
+        "RNNTLoss": lambda: rnnt_lattice.RNNTLoss(blank=0)(x, y, tl, ul),
+        "tdt_loss": lambda: rnnt_lattice.tdt_loss(torch.cat([x, x[..., :2]], -1), y, tl, ul,
+                                                  blank=V - 1, durations=[0, 1]),
+        "rnnt_loss_pruned": lambda: rnnt_lattice.rnnt_loss_pruned(x, y, ranges, tl, ul, blank=0),
+        "fused_rnnt_loss": lambda: rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, y, tl, ul,
+                                                                blank=0),
+        "rnnt_loss_simple": lambda: rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0),
+        "rnnt_loss_smoothed": lambda: rnnt_lattice.rnnt_loss_smoothed(lm, am, y, tl, ul, blank=0),
+        "lattice_loss": lambda: rnnt_lattice.lattice_loss(occ[0], occ[1], tl, ul),
+        "prune_ranges": lambda: rnnt_lattice.prune_ranges(occ, 2, logit_lengths=tl,
+                                                          target_lengths=ul),
+        "occupancy": lambda: rnnt_lattice.occupancy(x, y, tl, ul, blank=0),
+        "best_alignment": lambda: rnnt_lattice.best_alignment(x, y, tl, ul, blank=0),
+        "compat.torchaudio": lambda: ta.rnnt_loss(x, y, tl, ul, blank=0),
+        "compat.k2": lambda: fast_rnnt.rnnt_loss_simple(
+            lm, am, y.long(), 0, boundary=torch.stack([torch.zeros_like(ul), torch.zeros_like(tl),
+                                                       ul, tl], 1).long()),
+    }
+
+
+# Which rules each entry point checks: all of them take lengths; these take no labels.
+LENGTHS_ONLY = {"lattice_loss", "prune_ranges"}
+BLANK_ALLOWED = {"tdt_loss", "compat.k2"}   # label 0 is no blank there
+
+
+@pytest.mark.parametrize("what", ["label >= V", "logit_lengths > T", "target_lengths < 0",
+                                  "label = blank"])
+@NO_TRITON
+def test_every_entry_point_asserts_on_the_device(device_checks, what):
+    """Every public entry point that takes labels or lengths (losses, pruned, fused,
+    lattice tools, compat), on the default backend: on the device path the bad input
+    raises the device-side assert that names the argument and the rule (on the CPU the
+    assert raises at once)."""
+    x, y, tl, ul, rule = _bad(what)
+    checked = 0
+    for name, call in _entry_points(x, y, tl, ul).items():
+        if rule in ("targets", "blank_targets") and name in LENGTHS_ONLY:
+            continue
+        if rule == "blank_targets" and name in BLANK_ALLOWED:
+            continue
+        if name == "compat.k2" and rule != "targets":
+            continue              # k2 takes a boundary, not lengths
+        with pytest.raises(RuntimeError) as err:
+            call()
+        assert str(err.value) == _validate.DEVICE_MESSAGES[rule], (name, str(err.value))
+        checked += 1
+    assert checked >= 9
+
+
+@pytest.mark.parametrize("what", list(BAD))
+def test_host_checks_name_the_argument(what):
+    """The host path (the CPU default, and ``set_input_checks("host")`` on CUDA) raises a
+    ValueError naming the argument, for each bad input the device path catches."""
+    x, y, tl, ul, rule = _bad(what)
+    before = _validate.set_input_checks("host")
+    try:
+        with pytest.raises(ValueError, match=rule.removeprefix("blank_")):
+            rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0)
+    finally:
+        _validate.set_input_checks(before)
+
+
+@NO_TRITON
+def test_boundary_on_the_device(device_checks, monkeypatch):
+    """k2's boundary beyond the lengths: NaN for that sequence, the boundary's assert."""
+    x, y, tl, ul = _batch()
+    boundary = torch.stack([torch.zeros_like(ul), torch.zeros_like(tl), ul, tl], 1).long()
+    boundary[2, 2] = U + 2
+    asserts = _Asserts(monkeypatch)
+    costs = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, boundary=boundary, reduction="none",
+                                   backend="triton", allow_blank_targets=True)
+    assert torch.isnan(costs).tolist() == [False, False, True]
+    assert asserts.failed == [_validate.DEVICE_MESSAGES["boundary"]]
+
+
+def test_input_check_modes(monkeypatch):
+    """``set_input_checks`` returns the mode before; a bad mode is a ValueError; the
+    environment variable sets the first mode."""
+    before = _validate.set_input_checks("host")
+    try:
+        assert _validate.set_input_checks("device") == "host"
+        assert _validate.check_site(torch.zeros(1, device="meta")) is None
+        with pytest.raises(ValueError, match="mode must be one of"):
+            _validate.set_input_checks("gpu")
+    finally:
+        _validate.set_input_checks(before)
+    monkeypatch.setitem(_validate._input_checks, "mode", None)
+    monkeypatch.setenv("RNNT_LATTICE_INPUT_CHECKS", "host")
+    assert _validate.input_checks() == "host"
+    monkeypatch.setitem(_validate._input_checks, "mode", None)
+    monkeypatch.setenv("RNNT_LATTICE_INPUT_CHECKS", "sometimes")
+    with pytest.raises(ValueError, match="RNNT_LATTICE_INPUT_CHECKS"):
+        _validate.input_checks()
+    assert rnnt_lattice.set_input_checks is _validate.set_input_checks
