@@ -12,9 +12,10 @@ between calls):
   torchaudio's ``rnnt_loss`` on the same logits where it imports (regular only);
 - ``floor``: ``3 x nbytes(logits)`` over the copy bandwidth measured on a 1 GiB buffer (the
   logits read twice, the gradient written once);
-- ``row``, ``lattice``, ``grad``: the three passes alone (``gpu._row_pass``, ``gpu._lattice``,
-  ``gpu._gradient`` on the state of one forward), with the row and gradient passes'
-  bandwidth: bytes of logits read (row), read and written (grad) over their time;
+- ``row``, ``lattice``, ``reads``, ``grad``: each pass alone (``gpu._row_pass``,
+  ``gpu._lattice``, ``gpu._reads``, ``gpu._gradient`` on the state of one forward), with the
+  row and gradient passes' bandwidth: bytes of logits read (row), read and written (grad)
+  over their time;
 - ``host``: the host's time to enqueue one forward+backward (``time.perf_counter`` over
   many calls queued back to back, no synchronisation between them).
 
@@ -54,7 +55,7 @@ def _state(inp, opts):
                                      inp.target_lengths)
     rows = gpu._rows_of(logits, None)
     st, costs = gpu._forward(logits, y, tl, ul, opts, boundary=None,
-                             grid=tuple(logits.shape[:3]), rows=rows, beta=True)
+                             grid=tuple(logits.shape[:3]), rows=rows, beta=True, reads=True)
     return logits, y, tl, ul, rows, st, costs
 
 
@@ -65,7 +66,7 @@ def passes(inp, opts, config=None) -> dict:
     from rnnt_lattice import gpu
     saved = gpu._tiles
     if config is not None:
-        gpu._tiles = lambda V, elem_bytes, n_rows: config
+        gpu._tiles = lambda V, n_rows, which, n_durations=0: config
     try:
         logits, y, tl, ul, rows, st, costs = _state(inp, opts)
         up = torch.ones_like(costs)
@@ -75,6 +76,8 @@ def passes(inp, opts, config=None) -> dict:
                                                   rows=rows), return_mode="median"),
             "lattice": do_bench(lambda: gpu._lattice(st, costs, tl, ul, opts, boundary=None,
                                                      beta=True), return_mode="median"),
+            "reads": do_bench(lambda: gpu._reads(st, tl, ul, opts, boundary=None),
+                              return_mode="median"),
             "grad": do_bench(lambda: gpu._gradient(dst, logits, y, tl, ul, st, opts, up,
                                                    boundary=None, rows=rows),
                              return_mode="median"),

@@ -5,8 +5,8 @@ without a GPU.
 
 Each kernel is compiled with the constexprs and ``num_warps`` the backend launches it with
 at that vocabulary (``gpu._tiles``, ``gpu._v_align``, ``gpu._block_u``,
-``gpu._window_dp_warps``), float32 logits, int32 ids, the regular topology (and TDT with
-durations 0..4 for the V passes), through ``triton.compile`` for ``GPUTarget("cuda", sm,
+``gpu._window_dp_warps``), float32 logits, int32 ids, the regular topology, TDT with
+durations 0..4 and multi-blank with big blanks 2, 4, 8, through ``triton.compile`` for ``GPUTarget("cuda", sm,
 32)``: Triton bundles ``ptxas``, no device is needed. For each compiled kernel the table
 gives
 
@@ -105,25 +105,27 @@ def loads(ptx: str) -> str:
 
 def variants(V_list):
     from rnnt_lattice import gpu, topology
-    for tname, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4]))):
-        kinds = gpu._kinds(topo)
+    for tname, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4])),
+                        ("multiblank", topology.multiblank(4095, [2, 4, 8]))):
         n_dur = topo.n_durations
         for V in V_list:
-            rows, block_v, warps = gpu._tiles(V, 4, 1 << 20)
-            common = dict(kinds, ROWS=rows, BLOCK_V=block_v, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
-                          V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32, BOUNDARY=False,
-                          LAYOUT=0)
-            yield (f"_row_kernel {tname}", V, "_row_kernel", dict(common, FUSED=True), warps, 3)
-            yield (f"_grad_kernel {tname}", V, "_grad_kernel",
-                   dict(common, FUSED=True, CLAMP=True, SIGMA=False, DELAY_ON=False), warps, 3)
-        lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
+            for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
+                                       ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True))):
+                rows, block_v, warps = gpu._tiles(V, 1 << 20, which, n_dur)
+                const = dict(gpu._kernel_kinds(topo, which), ROWS=rows, BLOCK_V=block_v,
+                             BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
+                             V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32,
+                             BOUNDARY=False, LAYOUT=0, **flags)
+                yield (f"{name} {tname}", V, name, const, warps, 3)
+        terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
+        yield (f"_reads_kernel {tname}", "-", "_reads_kernel",
+               dict(gpu._kernel_kinds(topo, "reads"), BLOCK=gpu.BLOCK_NODES, **terms), 4, 3)
         for U1 in (41, 151):
             yield (f"_lattice_kernel {tname}", f"U+1={U1}", "_lattice_kernel",
-                   dict(lattice, SIGMA=False, DELAY_ON=False, BOUNDARY=False, MAX_SEMIRING=False,
-                        BLOCK_U=gpu._block_u(U1)), gpu.NUM_WARPS_LATTICE, 1)
-    kinds = gpu._kinds(topology.regular())
+                   dict(gpu._kernel_kinds(topo, "lattice"), MAX_SEMIRING=False,
+                        BLOCK_U=gpu._block_u(U1), **terms), gpu.NUM_WARPS_LATTICE, 1)
     yield ("_gamma_kernel regular", "-", "_gamma_kernel",
-           dict({k: kinds[k] for k in gpu._LATTICE_KINDS}, SIGMA=False, DELAY_ON=False,
+           dict(gpu._kernel_kinds(topology.regular(), "lattice"), SIGMA=False, DELAY_ON=False,
                 BOUNDARY=False, BLOCK=gpu.BLOCK_NODES), 4, 3)
     for S in (128, 1024, 8192):
         block_s = gpu._pow2(S, 1 << 16)
@@ -134,6 +136,9 @@ def variants(V_list):
             yield (f"_simple_rescue_kernel {'bwd' if backward else 'fwd'}", V,
                    "_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=gpu._pow2(V, 1024)),
                    4, 3)
+    yield ("_input_check_kernel", "-", "_input_check_kernel",
+           dict(LABELS=True, NO_BLANK=True, CLASSES=(), BOUNDARY=False,
+                BLOCK_B=gpu.INPUT_CHECK_BLOCK_B, BLOCK_U=gpu.INPUT_CHECK_BLOCK_U), 4, 3)
 
 
 def main(argv=None) -> int:

@@ -32,8 +32,7 @@ def small_tiles(request, monkeypatch):
     if callspec is not None and callspec.params.get("backend") == "triton":
         from rnnt_lattice import gpu
         monkeypatch.setattr(gpu, "BLOCK_U", 2)
-        monkeypatch.setattr(gpu, "BLOCK_V", 4)
-        monkeypatch.setattr(gpu, "ROW_TILE", 32)
+        monkeypatch.setattr(gpu, "V_PASS_TILES", {"row": (32, 4), "grad": (32, 4)})
         monkeypatch.setattr(gpu, "BLOCK_NODES", 16)
 
 # name: (topology, V (all classes, durations included), blank), from the shared topology

@@ -47,8 +47,8 @@ NEG_INF = float("-inf")
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
     monkeypatch.setattr(gpu, "BLOCK_U", 2)
-    monkeypatch.setattr(gpu, "BLOCK_V", 4)
-    monkeypatch.setattr(gpu, "ROW_TILE", 8)         # 2 rows per program; node counts are odd
+    # 2 rows of 4 classes per program; node counts are odd
+    monkeypatch.setattr(gpu, "V_PASS_TILES", {"row": (8, 4), "grad": (8, 4)})
     monkeypatch.setattr(gpu, "BLOCK_NODES", 8)
 
 
@@ -212,7 +212,7 @@ def test_float64_lattice_long_labels(monkeypatch):
     ((1, 12, 80, 4), logits x4) a float32 lattice gave a gradient error of 4e-5 of its
     scale; float64 brings it to float32 rounding of the rows (the Numba path gives 1e-7)."""
     monkeypatch.setattr(gpu, "BLOCK_U", 128)          # one lane block per diagonal: quick
-    monkeypatch.setattr(gpu, "ROW_TILE", 4096)
+    monkeypatch.setattr(gpu, "V_PASS_TILES", {"row": (4096, 4), "grad": (4096, 4)})
     g = torch.Generator().manual_seed(3)
     x = 4.0 * torch.randn(1, 12, 81, 4, generator=g)
     targets = torch.randint(1, 4, (1, 80), generator=g)
@@ -529,11 +529,10 @@ def variants():
                   "tdt": topology.tdt([0, 1, 2, 3, 4]),
                   "multiblank": topology.multiblank(7, [2, 4, 8])}
     for tname, topo in topologies.items():
-        kinds = gpu._kinds(topo)
+        kinds = lambda which: gpu._kernel_kinds(topo, which)  # noqa: E731
         n_dur = topo.n_durations
-        rows = dict(kinds, ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
-                    V_ALIGN=gpu._v_align(1000 + n_dur, n_dur))
-        lattice = {k: kinds[k] for k in gpu._LATTICE_KINDS}
+        tiles = dict(ROWS=4, BLOCK_V=1024, BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
+                     V_ALIGN=gpu._v_align(1000 + n_dur, n_dur))
         for on in ((False, True) if tname == "regular" else (True,)):
             # Layouts: padded; row_nodes (regular, multi-blank); a fused tile's box
             # (constrained, TDT)
@@ -542,14 +541,15 @@ def variants():
             where = dict(BOUNDARY=on, LAYOUT=layout)
             terms = dict(SIGMA=on, DELAY_ON=on)
             dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
-            yield "_row_kernel", dict(rows, FUSED=True, **where), dtypes
-            yield "_row_kernel", dict(rows, FUSED=False, **where), fp32
-            yield "_grad_kernel", dict(rows, FUSED=True, CLAMP=True, **where, **terms), dtypes
-            yield "_grad_kernel", dict(rows, FUSED=False, CLAMP=False, **where, **terms), fp32
+            yield "_row_kernel", dict(kinds("row"), **tiles, FUSED=True, **where), dtypes
+            yield "_row_kernel", dict(kinds("row"), **tiles, FUSED=False, **where), fp32
+            yield "_grad_kernel", dict(kinds("grad"), **tiles, FUSED=True, CLAMP=True, **where), dtypes
+            yield "_grad_kernel", dict(kinds("grad"), **tiles, FUSED=False, CLAMP=False, **where), fp32
             for semiring in (False, True):
-                yield ("_lattice_kernel", dict(lattice, BOUNDARY=on, MAX_SEMIRING=semiring,
+                yield ("_lattice_kernel", dict(kinds("lattice"), BOUNDARY=on, MAX_SEMIRING=semiring,
                                                BLOCK_U=256, **terms), fp32)
-            yield "_gamma_kernel", dict(lattice, BOUNDARY=on, BLOCK=512, **terms), fp32
+            yield "_gamma_kernel", dict(kinds("lattice"), BOUNDARY=on, BLOCK=512, **terms), fp32
+            yield "_reads_kernel", dict(kinds("reads"), BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
     for labels, classes in ((True, ()), (True, (5, 6)), (False, ())):   # the input check
         yield ("_input_check_kernel", dict(LABELS=labels, NO_BLANK=labels, CLASSES=classes,

@@ -37,8 +37,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
     monkeypatch.setattr(gpu, "BLOCK_U", 4)          # one lane block per diagonal (see below)
-    monkeypatch.setattr(gpu, "BLOCK_V", 4)
-    monkeypatch.setattr(gpu, "ROW_TILE", 32)        # 8 rows per program: 6 programs on RAGGED
+    # 8 rows per program: 6 programs on RAGGED
+    monkeypatch.setattr(gpu, "V_PASS_TILES", {"row": (32, 4), "grad": (32, 4)})
 
 
 # Ragged (T_b, U_b); padded one frame and one label position beyond the longest.

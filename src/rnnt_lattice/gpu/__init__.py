@@ -11,20 +11,24 @@ host (no ``.item()``, ``.tolist()``, ``bool(tensor)``, no host-side max of the l
 creates a tensor from Python values, or writes a Python number into a device tensor. Grid
 sizes come from tensor shapes only, options are plain kernel arguments, and the upstream
 gradient is read through its stride (the gradient of a mean is an expanded scalar: no copy).
-The value checks of ``_validate`` (lengths in range, target ids) run for CPU inputs only;
-on CUDA, out-of-range lengths or targets are undefined behaviour.
+The value checks of labels and lengths run on the device on CUDA (``input_check``, called
+by ``_validate.device_value_check``); whatever the values, the kernels clamp the ends to
+the grid and never read outside a tensor.
 
 Launches and allocations of a loss's forward+backward, for every topology: the row pass,
 the lattice (alpha and beta in parallel programs; the alpha programs also write the
-costs), the gradient pass — three kernels — and three allocations: one float64 workspace
-for the lattice state, the costs, and the gradient (none with ``inplace_grad=True``). The
-regular topology goes through the same kernels (kinds blank and label).
+costs), the gradient's per-node coefficients (in the forward, when a gradient will be
+needed), the gradient pass — four kernels — and three allocations: one float64 workspace
+for the lattice state (``_Layout``: the kernels get its pointer and the offsets of its
+parts, no view per part), the costs, and the gradient (none with ``inplace_grad=True``).
+The regular topology goes through the same kernels (kinds blank and label).
 
-Memory: the forward pass keeps ``(K + 1) x B*T*(U+1) + 2 x B*(T+1)*(U+1) + B`` float64
-values (lse, the K per-kind arc log-probs, alpha, beta over the frames and the end frame,
-log P; plus ``B*T*(U+1)`` each for TDT's duration normaliser and for the blank log-probs
-that k2's constrained label arcs add) besides the logits; the backward pass writes the
-gradient in one pass over the logits, with the upstream gradient, clamp and FastEmit fused.
+Memory: the forward pass keeps ``(K + 1 + NC) x B*T*(U+1) + 2 x B*(T+1)*(U+1) + B`` float64
+values (lse, the K per-kind arc log-probs, the NC coefficient columns of the gradient (3
+for the regular loss), alpha, beta over the frames and the end frame, log P; plus
+``B*T*(U+1)`` each for TDT's duration normaliser and for the blank log-probs that k2's
+constrained label arcs add) besides the logits; the backward pass writes the gradient in
+one pass over the logits, with the upstream gradient and clamp fused.
 
 The lattice tools (``occupancy``, ``viterbi``) run the loss's row and lattice passes, then
 the occupation kernel, or the lattice pass in the max-plus semiring with the best incoming
@@ -40,7 +44,7 @@ padded rows, the ``N`` rows of a map (``B*T*R`` for pruned windows; the map is i
 
 Compilation: shape integers are not specialised (``kernels``, ``do_not_specialize``), the
 row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has two buckets
-(``_block_u``) and the workspace views are 16-byte aligned: a training run with varying
+(``_block_u``) and the workspace parts are 16-byte aligned: a training run with varying
 T and U compiles a handful of variants per vocabulary (benchmarks/compile_variants.py).
 
 Precision: the lattice is float64 for every input dtype (``kernels``); float16, bfloat16
@@ -83,9 +87,15 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
 BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: two buckets)
-BLOCK_V = 1024     # chunk of the vocabulary per step of the row and gradient passes
-ROW_TILE = 4096    # logits per program and step of the V passes: ROWS = ROW_TILE // BLOCK_V
-               # nodes per program, so a small V still gives each program enough bytes
+# The passes over V: (logits per program and step, the most classes per step), each with
+# NUM_WARPS_V warps: ROWS = tile // BLOCK_V nodes per program, BLOCK_V = min(V, cap). Chosen
+# on an H100 (docs/benchmarks.md, "GPU"): at s5 and big (V = 1024) 4 warps over 16 rows of
+# 128 classes (row pass) and 4 rows of 256 (gradient pass) read and write at 66-90% of the
+# copy bandwidth, where 4 rows of 1024 with 8 warps (124-162 registers a thread, one or
+# two programs per multiprocessor) reached 20-40%.
+V_PASS_TILES = {"row": (2048, 128), "grad": (1024, 256)}
+NUM_WARPS_V = 4
+NARROW_ROWS = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 NUM_WARPS_LATTICE = 4
 
@@ -100,7 +110,9 @@ def empty_cache() -> None:
 
 
 def _pow2(n: int, cap: int) -> int:
-    return max(1, min(cap, triton.next_power_of_2(max(int(n), 1))))
+    """The least power of two >= n, at most ``cap`` (plain integers: Triton's
+    ``next_power_of_2`` is a constexpr function, slow on the host)."""
+    return max(1, min(cap, 1 << (max(int(n), 1) - 1).bit_length()))
 
 
 def _acc(dtype: torch.dtype):
@@ -129,15 +141,20 @@ def _window_dp_warps(block_s: int) -> int:
     return max(1, min(16, block_s // 256))
 
 
-def _tiles(V: int, elem_bytes: int, n_rows: int):
-    """``(ROWS, BLOCK_V, num_warps)`` of the V passes over ``n_rows`` rows: a chunk of up
-    to ``BLOCK_V`` classes, and as many rows per program as fit ``ROW_TILE`` elements (no
-    more than the rows there are)."""
-    block_v = _pow2(V, BLOCK_V)
-    rows = min(max(1, ROW_TILE // block_v), _pow2(n_rows, 1 << 30))
-    tile = rows * block_v
-    num_warps = 8 if tile * elem_bytes >= 16384 else 4
-    return rows, block_v, num_warps
+def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0):
+    """``(ROWS, BLOCK_V, num_warps)`` of the V pass ``which`` (``"row"``, ``"grad"``) over
+    ``n_rows`` rows of ``V`` token classes (:data:`V_PASS_TILES`): a chunk of up to the
+    pass's cap, and as many rows per program as fit its tile (no more than the rows there
+    are). Rows whose loads cannot be vectorised (``_v_align`` below 4) or that hold TDT's
+    durations take at most :data:`NARROW_ROWS` rows per program: the compiler keeps every
+    row's scalar loads live at once, and 16 such rows took 240-255 registers a thread
+    (benchmarks/kernel_resources.py), where 4 take under 100."""
+    tile, cap = V_PASS_TILES[which]
+    block_v = _pow2(V, cap)
+    rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
+    if n_durations or _v_align(V + n_durations, n_durations) < 4:
+        rows = min(rows, NARROW_ROWS)
+    return rows, block_v, NUM_WARPS_V
 
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -206,68 +223,132 @@ def _costs_dtype(dtype: torch.dtype) -> torch.dtype:
 def _kinds(topo: Topology) -> dict:
     """The compile-time description of a topology's arc kinds (``kernels``, "any
     topology"): one tuple per field, indexed by kind, plus ``K``, ``KP`` (a power of two
-    >= K, the class-read tile), ``N_DURATIONS`` (``Topology.n_durations``) and
-    ``HAS_PLUS_NEXT_BLANK`` (any kind is); the names are the fields of
-    ``topology.ArcKind``. The lattice kernels take ``_LATTICE_KINDS`` of them. Cached per
-    topology (frozen, hashable); each distinct topology compiles its own kernels."""
+    >= K, the class-read tile), ``N_DURATIONS`` (``Topology.n_durations``),
+    ``HAS_PLUS_NEXT_BLANK`` (any kind is), and the columns of the gradient's coefficients
+    (``kernels``, pass 3): ``N_CLS`` kinds with a fixed class, ``CLS_COL[k]`` and
+    ``DUR_COL[k]`` each kind's column of its class and duration read (-1: none), ``NC``
+    columns in all. The names are the fields of ``topology.ArcKind``. Each kernel takes
+    its subset (:data:`_KERNEL_KINDS`). Cached per topology (frozen, hashable); each
+    distinct topology compiles its own kernels."""
     kinds = topo.kinds
+    n_cls = sum(k.reads == "class" for k in kinds)
+    cls_col = tuple(3 + sum(j.reads == "class" for j in kinds[:i]) if k.reads == "class" else -1
+                    for i, k in enumerate(kinds))
+    n_dur = topo.n_durations
+    dur_col = tuple(4 + n_cls + sum(j.duration >= 0 for j in kinds[:i]) if k.duration >= 0
+                    else -1 for i, k in enumerate(kinds))
+    nc = 3 + n_cls + (1 + sum(k.duration >= 0 for k in kinds) if n_dur else 0)
     return dict(
-        K=len(kinds), KP=triton.next_power_of_2(len(kinds)),
+        K=len(kinds), KP=_pow2(len(kinds), 1 << 30),
         DT=tuple(k.dt for k in kinds), DU=tuple(k.du for k in kinds),
         READS=tuple({"blank": 0, "label": 1, "class": 2}[k.reads] for k in kinds),
         CLASS_ID=tuple(k.class_id for k in kinds), DURATION=tuple(k.duration for k in kinds),
         PLUS_NEXT_BLANK=tuple(k.plus_next_blank for k in kinds),
         FASTEMIT=tuple(k.fastemit for k in kinds),
         DELAY=tuple(k.delay for k in kinds), MAY_END=tuple(k.may_end for k in kinds),
-        N_DURATIONS=topo.n_durations, HAS_PLUS_NEXT_BLANK=any(k.plus_next_blank for k in kinds),
+        N_DURATIONS=n_dur, HAS_PLUS_NEXT_BLANK=any(k.plus_next_blank for k in kinds),
+        N_CLS=n_cls, CLS_COL=cls_col, DUR_COL=dur_col, NC=nc,
     )
 
 
 _LATTICE_KINDS = ("K", "KP", "DT", "DU", "READS", "CLASS_ID", "DURATION", "PLUS_NEXT_BLANK",
                   "FASTEMIT", "DELAY", "MAY_END")
+_KERNEL_KINDS = {
+    "row": _LATTICE_KINDS + ("N_DURATIONS", "HAS_PLUS_NEXT_BLANK"),
+    "lattice": _LATTICE_KINDS,
+    "reads": _LATTICE_KINDS + ("N_DURATIONS", "N_CLS", "CLS_COL", "DUR_COL"),
+    "grad": ("K", "KP", "READS", "CLASS_ID", "DURATION", "N_DURATIONS", "N_CLS", "CLS_COL",
+             "DUR_COL"),
+}
 
 
-@dataclass
+@functools.lru_cache(maxsize=256)
+def _kernel_kinds(topo: Topology, which: str) -> dict:
+    kinds = _kinds(topo)
+    return {k: kinds[k] for k in _KERNEL_KINDS[which]}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each part of the float64 lattice state lies in one workspace (``kernels``,
+    "the workspace"): element offsets, each part starting 16-byte aligned (so Triton sees
+    one pointer alignment whatever the shapes: one compiled variant), and the total.
+    Parts a topology does not use (``lse_dur`` without durations, ``next_blank`` without
+    ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient) take no room."""
+
+    B: int
+    T: int
+    U1: int
+    K: int
+    o_lse: int
+    o_dur: int
+    o_nb: int
+    o_lp: int
+    o_alpha: int
+    o_beta: int
+    o_ll: int
+    o_reads: int
+    total: int
+
+    def offsets(self, *names) -> tuple:
+        return tuple(getattr(self, n) for n in names)
+
+
+@functools.lru_cache(maxsize=512)
+def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool) -> _Layout:
+    """The workspace of a ``(B, T, U+1)`` lattice of ``topo`` (with the gradient's
+    coefficients if ``reads``). Cached: a training run meets few shapes."""
+    kinds = _kinds(topo)
+    n = B * T * U1
+    sizes = (n, n if kinds["N_DURATIONS"] else 0, n if kinds["HAS_PLUS_NEXT_BLANK"] else 0,
+             kinds["K"] * n, B * (T + 1) * U1, B * (T + 1) * U1, B,
+             kinds["NC"] * n if reads else 0)
+    offsets, at = [], 0
+    for size in sizes:
+        offsets.append(at)
+        at += size + size % 2
+    if (T + 1) * U1 * kinds["K"] >= 2 ** 31:
+        raise ValueError(f"a lattice of (T, U+1) = ({T}, {U1}) with {kinds['K']} arc kinds "
+                         f"has too many nodes per sequence for the GPU kernels (2**31 arcs)")
+    return _Layout(B, T, U1, kinds["K"], *offsets, max(at, 2))
+
+
 class _State:
-    """The float64 lattice state of a batch of any topology: views of one workspace.
-    ``lse_dur`` (TDT) and ``next_blank`` (``plus_next_blank`` kinds) are empty when unused."""
-    lse: torch.Tensor        # (B, T, U+1)     token group log-normaliser
-    lse_dur: torch.Tensor    # (B, T, U+1)     duration group log-normaliser, or (0,)
-    next_blank: torch.Tensor # (B, T, U+1)     blank log-prob b(t, u), added by the
-                             #                 plus_next_blank arcs from (t, u-1); or (0,)
-    lp: torch.Tensor         # (B, K, T, U+1)  per-kind arc log-probs over source nodes
-    alpha: torch.Tensor      # (B, T+1, U+1)   frame T holds the end nodes
-    beta: torch.Tensor       # (B, T+1, U+1)
-    log_like: torch.Tensor   # (B,)
-    workspace: torch.Tensor  # the allocation behind all of them
+    """The float64 lattice state of a batch: one workspace and its :class:`_Layout`. The
+    kernels take the workspace and the offsets; the views are for the lattice tools, which
+    hand alpha, beta and log P out."""
 
-    @staticmethod
-    def sizes(B, T, U1, K, durations: bool, plus_next_blank: bool):
-        n = B * T * U1
-        return (n, n * durations, n * plus_next_blank, K * n, B * (T + 1) * U1,
-                B * (T + 1) * U1, B)
+    __slots__ = ("ws", "lay")
 
-    @staticmethod
-    def _padded(sizes):
-        """Each part rounded up to 2 float64 (16 bytes): every view starts 16-byte aligned,
-        whatever the shapes, so Triton sees one pointer alignment (one variant; see
-        benchmarks/compile_variants.py)."""
-        return tuple(n + n % 2 for n in sizes)
+    def __init__(self, ws: torch.Tensor, lay: _Layout):
+        self.ws, self.lay = ws, lay
 
     @classmethod
-    def new(cls, B, T, U1, K, durations, plus_next_blank, device) -> "_State":
-        ws = torch.empty(sum(cls._padded(cls.sizes(B, T, U1, K, durations, plus_next_blank))),
-                         dtype=LATTICE_DTYPE, device=device)
-        return cls.of(ws, B, T, U1, K, durations, plus_next_blank)
+    def new(cls, lay: _Layout, device) -> "_State":
+        return cls(torch.empty(lay.total, dtype=LATTICE_DTYPE, device=device), lay)
 
-    @classmethod
-    def of(cls, ws, B, T, U1, K, durations, plus_next_blank) -> "_State":
-        sizes = cls.sizes(B, T, U1, K, durations, plus_next_blank)
-        parts = [p[:n] for p, n in zip(ws.split(cls._padded(sizes)), sizes)]
-        shapes = ((B, T, U1), (B, T, U1) if durations else (0,),
-                  (B, T, U1) if plus_next_blank else (0,),
-                  (B, K, T, U1), (B, T + 1, U1), (B, T + 1, U1), (B,))
-        return cls(*(p.view(s) for p, s in zip(parts, shapes)), ws)
+    def part(self, offset: int, shape: tuple) -> torch.Tensor:
+        n = math.prod(shape)
+        return self.ws[offset:offset + n].view(shape)
+
+    @property
+    def alpha(self):       # (B, T+1, U+1)
+        lay = self.lay
+        return self.part(lay.o_alpha, (lay.B, lay.T + 1, lay.U1))
+
+    @property
+    def beta(self):        # (B, T+1, U+1)
+        lay = self.lay
+        return self.part(lay.o_beta, (lay.B, lay.T + 1, lay.U1))
+
+    @property
+    def log_like(self):    # (B,)
+        return self.part(self.lay.o_ll, (self.lay.B,))
+
+    @property
+    def lp(self):          # (B, K, T, U+1)
+        lay = self.lay
+        return self.part(lay.o_lp, (lay.B, lay.K, lay.T, lay.U1))
 
 
 @dataclass(frozen=True)
@@ -299,28 +380,29 @@ def _or(x, other):
     return x if x is not None and x.numel() else other
 
 
-def _terms(opts: LossOptions, kinds: dict) -> dict:
+@functools.lru_cache(maxsize=256)
+def _terms(topo: Topology, sigma: float, delay_penalty: float) -> dict:
     """The per-arc term flags of the lattice kernels (compile-time: off costs nothing)."""
-    return dict(SIGMA=opts.sigma != 0.0,
-                DELAY_ON=opts.delay_penalty != 0.0 and any(kinds["DELAY"]))
+    return dict(SIGMA=sigma != 0.0, DELAY_ON=delay_penalty != 0.0 and any(_kinds(topo)["DELAY"]))
+
+
+_f64_cached = functools.lru_cache(maxsize=256)(lambda x: _f64_parts(x))
 
 
 def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
-             boundary, grid, rows: _Rows, beta: bool, best_kind=None, fill_nodes: bool = False):
+             boundary, grid, rows: _Rows, beta: bool, best_kind=None, fill_nodes: bool = False,
+             reads: bool = False):
     """Passes 1-2 of any topology on the grid ``(B, T, U+1)``: ``(state, costs)``; costs
-    ``(B,)`` = -log P.
+    ``(B,)`` = -log P; with ``reads`` (a gradient to come) also the gradient's per-node
+    coefficients (``kernels._reads_kernel``).
 
     ``best_kind``: a ``(B, T+1, U+1)`` int8 tensor filled with -1 switches the lattice
     pass to the max-plus semiring (alpha alone, the best path's score as log P) and
     receives the best incoming kind of every node. ``fill_nodes``: alpha and beta are -inf
     off each sequence's nodes, for the lattice tools to hand out (the loss never reads
     them there)."""
-    topo = opts.topology
-    kinds = _kinds(topo)
     B, T, U1 = grid
-    n_dur = topo.n_durations
-    st = _State.new(B, T, U1, kinds["K"], n_dur > 0, kinds["HAS_PLUS_NEXT_BLANK"],
-                    logits.device)
+    st = _State.new(_layout(B, T, U1, opts.topology, reads), logits.device)
     if fill_nodes:
         st.alpha.fill_(float("-inf"))
         if beta:
@@ -332,37 +414,36 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
               rows=rows)
     _lattice(st, costs, logit_lengths, target_lengths, opts, boundary=boundary, beta=beta,
              best_kind=best_kind)
+    if reads:
+        _reads(st, logit_lengths, target_lengths, opts, boundary=boundary)
     return st, costs
 
 
 def _fill_rowless(st: _State) -> None:
     """The row pass's outputs of nodes that read no row (``lse = 0``, -inf arcs), written
     before a pass over the rows of a ``row_nodes`` layout, which writes the others."""
-    for x in (st.lse, st.lse_dur):
-        x.zero_()
-    for x in (st.lp, st.next_blank):
-        x.fill_(float("-inf"))
+    lay = st.lay
+    st.ws[lay.o_lse:lay.o_nb].zero_()                      # lse, lse_dur
+    st.ws[lay.o_nb:lay.o_alpha].fill_(float("-inf"))       # next_blank, lp
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
               boundary, rows: _Rows):
     """Pass 1 (``kernels._row_kernel``) over the rows ``rows`` into ``st``'s ``lse``,
     ``lse_dur``, ``next_blank`` and ``lp`` at their nodes."""
-    topo = opts.topology
-    kinds = _kinds(topo)
-    B, T, U1 = st.lse.shape
-    V = logits.shape[-1]
-    n_dur = topo.n_durations
     if not rows.n:
         return
-    per, block_v, num_warps = _tiles(V - n_dur, logits.element_size(), rows.n)
+    topo, lay = opts.topology, st.lay
+    V = logits.shape[-1]
+    n_dur = topo.n_durations
+    per, block_v, num_warps = _tiles(V - n_dur, rows.n, "row", n_dur)
     with _device(logits):
-        kernels._row_kernel[(triton.cdiv(rows.n, per),)](
+        kernels._row_kernel[((rows.n + per - 1) // per,)](
             logits, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
-            logit_lengths, target_lengths, _or(boundary, logit_lengths),
-            st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp,
-            rows.n, T, U1, V - n_dur, opts.blank, *rows.box,
-            **kinds,
+            logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws,
+            rows.n, lay.T, lay.U1, V - n_dur, opts.blank, *rows.box,
+            *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"),
+            **_kernel_kinds(topo, "row"),
             FUSED=opts.log_softmax, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
             ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
             BOUNDARY=boundary is not None, num_warps=num_warps)
@@ -372,48 +453,64 @@ def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions
              beta: bool, best_kind=None):
     """Pass 2 (``kernels._lattice_kernel``) on ``st``'s arc log-probs: alpha (and beta),
     log P into ``st``, the costs into ``costs``."""
+    lay = st.lay
+    if not lay.B:
+        return
     topo = opts.topology
-    kinds = _kinds(topo)
-    B, _, T, U1 = st.lp.shape
-    flags = dict(BOUNDARY=boundary is not None)
     with _device(costs):
-        if B:
-            # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
-            kernels._lattice_kernel[(B, 2 if beta else 1)](
-                st.lp, _or(st.next_blank, st.lse), logit_lengths, target_lengths,
-                _or(boundary, logit_lengths),
-                st.alpha, st.beta, st.log_like, costs, _or(best_kind, logit_lengths), T, U1,
-                *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
-                **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
-                MAX_SEMIRING=best_kind is not None, BLOCK_U=_block_u(U1), **flags,
-                # num_stages=1: no load is issued ahead of the barrier that makes the
-                # earlier diagonals visible.
-                num_warps=NUM_WARPS_LATTICE, num_stages=1)
+        # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
+        kernels._lattice_kernel[(lay.B, 2 if beta else 1)](
+            st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), costs,
+            _or(best_kind, logit_lengths), lay.T, lay.U1,
+            *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
+            *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
+            **_kernel_kinds(topo, "lattice"), **_terms(topo, opts.sigma, opts.delay_penalty),
+            MAX_SEMIRING=best_kind is not None, BLOCK_U=_block_u(lay.U1),
+            BOUNDARY=boundary is not None,
+            # num_stages=1: no load is issued ahead of the barrier that makes the
+            # earlier diagonals visible.
+            num_warps=NUM_WARPS_LATTICE, num_stages=1)
+
+
+def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boundary):
+    """The gradient's per-node coefficients (``kernels._reads_kernel``) into ``st``'s
+    ``reads``, after the lattice pass."""
+    lay = st.lay
+    n_nodes = lay.B * lay.T * lay.U1
+    if not n_nodes:
+        return
+    topo = opts.topology
+    block = _pow2(n_nodes, BLOCK_NODES)
+    with _device(st.ws):
+        kernels._reads_kernel[((n_nodes + block - 1) // block,)](
+            st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths),
+            n_nodes, lay.T, lay.U1,
+            *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads"),
+            *_f64_cached(1.0 + opts.fastemit_lambda), *_f64_cached(opts.sigma),
+            *_f64_cached(opts.delay_penalty),
+            **_kernel_kinds(topo, "reads"), **_terms(topo, opts.sigma, opts.delay_penalty),
+            BOUNDARY=boundary is not None, BLOCK=block)
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
               opts: LossOptions, upstream, *, boundary, rows: _Rows):
     """Pass 3 of any topology over the rows ``rows``: ``dst = upstream[b] * clip(d loss_b /
     d logits)``; ``dst`` may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides
-    included)."""
-    topo = opts.topology
-    kinds = _kinds(topo)
-    B, T, U1 = st.lse.shape
-    V = logits.shape[-1]
-    n_dur = topo.n_durations
+    included). The coefficients are ``st``'s ``reads`` (``_reads``)."""
     if rows.n == 0:
         return dst
-    per, block_v, num_warps = _tiles(V - n_dur, logits.element_size(), rows.n)
+    topo, lay = opts.topology, st.lay
+    V = logits.shape[-1]
+    n_dur = topo.n_durations
+    per, block_v, num_warps = _tiles(V - n_dur, rows.n, "grad", n_dur)
     with _device(logits):
-        kernels._grad_kernel[(triton.cdiv(rows.n, per),)](
+        kernels._grad_kernel[((rows.n + per - 1) // per,)](
             logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
-            logit_lengths, target_lengths, _or(boundary, logit_lengths),
-            st.lse, _or(st.lse_dur, st.lse), _or(st.next_blank, st.lse), st.lp, st.alpha, st.beta,
-            st.log_like, upstream,
-            rows.n, T, U1, V - n_dur, opts.blank, upstream.stride(0), *rows.box,
-            *_f64_parts(opts.clamp), *_f64_parts(1.0 + opts.fastemit_lambda),
-            *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
-            **kinds, **_terms(opts, kinds),
+            logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
+            rows.n, lay.B * lay.T * lay.U1, lay.T, lay.U1, V - n_dur, opts.blank,
+            upstream.stride(0), *rows.box, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads"),
+            *_f64_cached(opts.clamp),
+            **_kernel_kinds(topo, "grad"),
             FUSED=opts.log_softmax, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
             LAYOUT=rows.layout, ACC=_acc(logits.dtype), ROWS=per,
             BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
@@ -427,9 +524,9 @@ INPLACE_WRITES_IN = "backward"    # the gradient pass writes over the logits
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
                  boundary=None, node_rows=None):
-    """Passes 1-2 (``_ops`` protocol): costs, and the float64 lattice state saved for the
-    gradient pass. beta is only needed for the occupations: without a gradient it is
-    skipped.
+    """Passes 1-2 (``_ops`` protocol), and the gradient's coefficients when a gradient is
+    needed: costs, and the float64 lattice state saved for the gradient pass. beta is only
+    needed for the occupations: without a gradient it is skipped.
 
     Layouts: ``logits (B, T, U+1, V)`` when ``node_rows`` is None; otherwise 2-D rows
     ``(N, V)`` and ``node_rows (B, T, U+1)`` int64, node ``(b, t, u)`` reading row
@@ -443,27 +540,25 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     grid = tuple(logits.shape[:3]) if node_rows is None else tuple(node_rows.shape)
     rows = _rows_of(logits, None if node_rows is None else node_rows.to(torch.int64))
     st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts,
-                         boundary=boundary, grid=grid, rows=rows, beta=need_grad)
+                         boundary=boundary, grid=grid, rows=rows, beta=need_grad,
+                         reads=need_grad)
     if not need_grad:
         return costs, (), None
     extra = tuple(x for x in (boundary, rows.row_nodes) if x is not None)
-    state = (boundary is not None, grid, rows.n, rows.layout)
-    return costs, (logits, targets, logit_lengths, target_lengths, st.workspace) + extra, state
+    state = (boundary is not None, rows.n, rows.layout, st.lay)
+    return costs, (logits, targets, logit_lengths, target_lengths, st.ws) + extra, state
 
 
 def loss_backward(saved, state, upstream, opts: LossOptions):
-    """Pass 3 (``_ops`` protocol): the gradient with the upstream factor, clamp and FastEmit
-    fused, in one pass over the logits, written over them with ``opts.inplace_grad``.
+    """Pass 3 (``_ops`` protocol): the gradient with the upstream factor and clamp fused,
+    in one pass over the logits, written over them with ``opts.inplace_grad``.
     ``upstream`` is read through its stride (an expanded scalar is not copied)."""
     logits, targets, logit_lengths, target_lengths, ws, *extra = saved
-    has_boundary, (B, T, U1), n_rows, layout = state
+    has_boundary, n_rows, layout, lay = state
     boundary = extra.pop(0) if has_boundary else None
     rows = _Rows(n_rows, layout, extra.pop(0) if layout == kernels.ROW_NODES else None)
-    topo = opts.topology
-    st = _State.of(ws, B, T, U1, topo.K, topo.n_durations > 0,
-                   any(k.plus_next_blank for k in topo.kinds))
     dst = logits if opts.inplace_grad else torch.empty_like(logits)
-    return _gradient(dst, logits, targets, logit_lengths, target_lengths, st, opts,
+    return _gradient(dst, logits, targets, logit_lengths, target_lengths, _State(ws, lay), opts,
                      upstream, boundary=boundary, rows=rows)
 
 
@@ -497,12 +592,10 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
     synchronisation: the box comes from the shapes."""
     check_device(rows)
     B, T, U1 = tile.grid
-    topo = opts.topology
     if state is None:
         _, targets, logit_lengths, target_lengths = _prepare(rows[:0], targets, logit_lengths,
                                                              target_lengths)
-        st = _State.new(B, T, U1, topo.K, topo.n_durations > 0,
-                        any(k.plus_next_blank for k in topo.kinds), rows.device)
+        st = _State.new(_layout(B, T, U1, opts.topology, True), rows.device)
         state = _Tiles(st, targets, logit_lengths, target_lengths,
                        None if boundary is None else boundary.to(torch.int64).contiguous(),
                        rows.dtype)
@@ -512,12 +605,15 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
 
 
 def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
-    """Pass 2 once over every node (``kernels._lattice_kernel``; beta only for a
-    gradient): costs ``-log P`` (B,), float32 (float64 for float64 rows)."""
-    B = state.st.lp.shape[0]
-    costs = torch.empty((B,), dtype=_costs_dtype(state.dtype), device=state.st.lp.device)
-    _lattice(state.st, costs, state.logit_lengths, state.target_lengths, opts,
+    """Pass 2 once over every node (``kernels._lattice_kernel``; beta and the gradient's
+    coefficients only for a gradient): costs ``-log P`` (B,), float32 (float64 for float64
+    rows)."""
+    st = state.st
+    costs = torch.empty((st.lay.B,), dtype=_costs_dtype(state.dtype), device=st.ws.device)
+    _lattice(st, costs, state.logit_lengths, state.target_lengths, opts,
              boundary=state.boundary, beta=need_grad)
+    if need_grad:
+        _reads(st, state.logit_lengths, state.target_lengths, opts, boundary=state.boundary)
     return costs
 
 
@@ -548,22 +644,23 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
     (B, K, T, U+1)`` (0 off the arcs). No host synchronisation."""
     logits, targets, logit_lengths, target_lengths, boundary = _tool_args(
         logits, targets, logit_lengths, target_lengths, boundary)
+    topo = opts.topology
     with torch.no_grad():
         st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
                          boundary=boundary, grid=tuple(logits.shape[:3]),
                          rows=_rows_of(logits, None), beta=True, fill_nodes=True)
-        kinds = _kinds(opts.topology)
-        B, K, T, U1 = st.lp.shape
-        gamma = torch.empty((B, K, T, U1), dtype=LATTICE_DTYPE, device=logits.device)
-        n_nodes = B * T * U1
+        lay = st.lay
+        gamma = torch.empty((lay.B, lay.K, lay.T, lay.U1), dtype=LATTICE_DTYPE,
+                            device=logits.device)
+        n_nodes = lay.B * lay.T * lay.U1
         if n_nodes:
             block = _pow2(n_nodes, BLOCK_NODES)
             with _device(logits):
-                kernels._gamma_kernel[(triton.cdiv(n_nodes, block),)](
-                    st.lp, _or(st.next_blank, st.lse), logit_lengths, target_lengths,
-                    _or(boundary, logit_lengths), st.alpha, st.beta, st.log_like, gamma,
-                    n_nodes, T, U1, *_f64_parts(opts.sigma), *_f64_parts(opts.delay_penalty),
-                    **{k: kinds[k] for k in _LATTICE_KINDS}, **_terms(opts, kinds),
+                kernels._gamma_kernel[((n_nodes + block - 1) // block,)](
+                    st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), gamma,
+                    n_nodes, lay.T, lay.U1, *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
+                    *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
+                    **_kernel_kinds(topo, "lattice"), **_terms(topo, opts.sigma, opts.delay_penalty),
                     BOUNDARY=boundary is not None, BLOCK=block)
         return Lattice(st.alpha, st.beta, st.log_like, gamma)
 
@@ -597,8 +694,8 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
     U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice``
     computes them: alpha and beta on ``kernels._lattice_kernel``, which reads ``w`` as
-    its per-kind log-probs (the kinds' ``plus_next_blank``, sigma and delay terms switched
-    off: ``w`` holds them already), and the occupations
+    its per-kind log-probs (copied into the workspace; the kinds' ``plus_next_blank``,
+    sigma and delay terms switched off: ``w`` holds them already), and the occupations
 
         gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + dt_k, u + du_k) - log P)
 
@@ -607,24 +704,27 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     from ..reference import arc_mask
     check_device(w)
     B, K, T, U1 = w.shape
-    x = w.to(LATTICE_DTYPE).contiguous()
+    st = _State.new(_layout(B, T, U1, topo, False), w.device)
+    x = st.lp
+    x.copy_(w)
+    alpha, beta = st.alpha, st.beta
+    alpha.fill_(float("-inf"))
+    beta.fill_(float("-inf"))
     off = (False,) * K
-    kinds = dict(_kinds(topo), PLUS_NEXT_BLANK=off, DELAY=off)
+    kinds = dict(_kernel_kinds(topo, "lattice"), PLUS_NEXT_BLANK=off, DELAY=off)
     # The kernel reads each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
     corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()
-    alpha = torch.full((B, T + 1, U1), float("-inf"), dtype=LATTICE_DTYPE, device=w.device)
-    beta = torch.full_like(alpha, float("-inf"))
-    log_like = torch.empty((B,), dtype=LATTICE_DTYPE, device=w.device)
-    costs = torch.empty_like(log_like)
+    costs = torch.empty((B,), dtype=LATTICE_DTYPE, device=w.device)
     if B:
         with _device(w):
             kernels._lattice_kernel[(B, 2)](
-                x, x, corners, corners, corners, alpha, beta, log_like, costs,
+                st.ws, corners, corners, corners, costs,
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
-                *_f64_parts(0.0), *_f64_parts(0.0),
-                **{k: kinds[k] for k in _LATTICE_KINDS},
+                *st.lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
+                *_f64_cached(0.0), *_f64_cached(0.0), **kinds,
                 SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_block_u(U1),
                 BOUNDARY=True, num_warps=NUM_WARPS_LATTICE, num_stages=1)
+    log_like = st.log_like
     dt_max = max(k.dt for k in topo.kinds)
     du_max = max(k.du for k in topo.kinds)
     beta_pad = torch.nn.functional.pad(beta, (0, du_max, 0, dt_max), value=float("-inf"))

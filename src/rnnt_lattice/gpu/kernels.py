@@ -16,15 +16,16 @@ given as compile-time constant tuples (section "any topology" below):
    diagonal in blocks of ``BLOCK_U`` (any U), with a barrier between diagonals, and read
    the earlier diagonals back from the float64 workspace. The alpha program writes the
    costs.
-3. ``_grad_kernel`` — ``ROWS`` rows per program: the occupations of every arc that
-   reads the node's row and the fused gradient rows, written once, with clamp, FastEmit
-   and the upstream gradient fused.
+3. ``_reads_kernel`` — once per node, after the lattice: the occupations of every arc
+   that reads the node's row, summed per class read (the gradient's coefficients, FastEmit
+   included), float64; then ``_grad_kernel`` — ``ROWS`` rows per program, a stream over V:
+   the fused gradient rows, written once, with clamp and the upstream gradient fused.
 
 The lattice tools (``occupancy``, ``best_alignment``; the backend's ``occupancy`` and
 ``viterbi``) run the same passes 1-2:
 ``_lattice_kernel`` with ``MAX_SEMIRING`` is the Viterbi sweep, which also records
 the best incoming arc kind of every node (so a backtrack only follows pointers), and
-``_gamma_kernel`` writes the per-kind occupations with the gradient pass's formula
+``_gamma_kernel`` writes the per-kind occupations with the gradient's formula
 (``_arc_occupation``). One recursion, for the losses and the tools.
 
 Precision. The lattice — ``lse``, ``b``, ``e``, alpha, beta, ``log P`` and the occupations
@@ -53,34 +54,13 @@ import triton.language as tl
 # A global read inside a kernel must be a constexpr, and equal to itself: at every launch
 # Triton compares each global a kernel used with its value now (``!=``), so a NaN global
 # fails the second launch ("Global variable NAN has changed since we compiled this
-# kernel"). NaN is written as ``POS_INF + NEG_INF`` instead (tests/test_triton.py checks
-# every kernel's globals by Triton's own rule).
+# kernel"). NaN is written as ``POS_INF + NEG_INF`` instead (tests/test_device_checks.py
+# checks every kernel's globals by Triton's own rule).
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
 
 
 # --------------------------------------------------------------------------- helpers
-@triton.jit
-def _log1p(x):
-    """log(1 + x) for x >= 0, accurate for small x (Goldberg's trick: the rounding error
-    of 1 + x cancels in log(u) * x / (u - 1)). libdevice's log1p has no interpreter
-    implementation, so the CPU tests could not run it."""
-    u = 1.0 + x
-    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
-
-
-@triton.jit
-def _combine(a, b, MAX_SEMIRING: tl.constexpr):
-    """The semiring sum: ``lae(a, b)`` (log-sum-exp of two), or ``max(a, b)`` for Viterbi.
-    -inf is the zero of both; a NaN propagates."""
-    mx = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    if MAX_SEMIRING:
-        return mx
-    mn = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    # lae(a, b) = max + log1p(exp(min - max)); both -inf gives -inf, not NaN.
-    return tl.where(mx == NEG_INF, mx, mx + _log1p(tl.exp(mn - mx)))
-
-
 @triton.jit
 def _f64(hi, mid, lo):
     """A float64 option passed as three float32 kernel arguments (``gpu._f64_parts``):
@@ -198,16 +178,17 @@ def _lands(lt, lu, t1, u1, MAY_END: tl.constexpr):
 
 
 @triton.jit
-def _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
-                K: tl.constexpr, k: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+def _arc_weight(lp_k, nb_b, off, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLANK: tl.constexpr,
                 DELAY: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
     """Weight ``w_k(t, u)`` (float64) of kind k's arc leaving ``(t, u)``, -inf where not
-    ``ok``: its log-prob (class, plus duration: the row pass), plus ``b(t, u+1)`` for
-    ``plus_next_blank``, minus sigma, plus ``delay_penalty ((t1 - 1)/2 - t)`` on delay
-    kinds — the order of ``reference.kind_log_probs`` and ``reference.arc_weights``."""
-    w = tl.load(lp_ptr + ((b * K + k) * T + t) * U1 + u, mask=ok, other=NEG_INF)
+    ``ok``: its log-prob (class, plus duration: the row pass; ``lp_k`` the sequence's
+    log-probs of kind k, ``off = t (U+1) + u``), plus ``b(t, u+1)`` for ``plus_next_blank``
+    (``nb_b`` the sequence's next_blank), minus sigma, plus ``delay_penalty ((t1 - 1)/2 -
+    t)`` on delay kinds — the order of ``reference.kind_log_probs`` and
+    ``reference.arc_weights``."""
+    w = tl.load(lp_k + off, mask=ok, other=NEG_INF)
     if PLUS_NEXT_BLANK:
-        w = w + tl.load(next_blank_ptr + (b * T + t) * U1 + u + 1, mask=ok, other=NEG_INF)
+        w = w + tl.load(nb_b + off + 1, mask=ok, other=NEG_INF)
     if SIGMA:
         w = w - sigma
     if DELAY_ON:
@@ -262,6 +243,24 @@ def _split(x, ACC: tl.constexpr):
     return hi, (x - hi.to(tl.float64)).to(ACC)
 
 
+# --------------------------------------------------------------------------- the workspace
+# The float64 lattice state of a batch is one workspace (``gpu._Layout``): each kernel gets
+# its pointer ``ws_ptr`` and the element offsets of the parts it uses (plain ints, so that
+# the host builds no tensor view per part and call):
+#
+#     o_lse    lse (B, T, U+1)            token group log-normaliser (row pass)
+#     o_dur    lse_dur (B, T, U+1)        TDT's duration group log-normaliser
+#     o_nb     next_blank (B, T, U+1)     the blank log-prob b(t, u) (plus_next_blank kinds)
+#     o_lp     lp (B, K, T, U+1)          per-kind arc log-probs over source nodes
+#     o_alpha  alpha (B, T+1, U+1)        frame T holds the end nodes
+#     o_beta   beta (B, T+1, U+1)
+#     o_ll     log P (B,)
+#     o_reads  reads (NC, B T (U+1))      the gradient's per-node coefficients (``_reads_kernel``)
+#
+# A part a topology does not use has no room (its offset is never read).
+_WS = ("o_lse", "o_dur", "o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads")
+
+
 # --------------------------------------------------------------------------- pass 1
 # Shape integers are not specialised (``do_not_specialize``): Triton would otherwise compile
 # a variant per class of each (equal to 1, divisible by 16, other), up to 3**k variants of
@@ -271,13 +270,13 @@ def _split(x, ACC: tl.constexpr):
 _SHAPES = ("n_rows", "n_nodes", "T", "U1", "V_tok", "blank")
 
 
-@triton.jit(do_not_specialize=_SHAPES + ("box_t0", "box_u0", "box_T", "box_U1"))
+@triton.jit(do_not_specialize=_SHAPES + _WS + ("box_t0", "box_u0", "box_T", "box_U1"))
 def _row_kernel(
     # data ptrs
     logits_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
-    lse_ptr, lse_dur_ptr, next_blank_ptr, lp_ptr,
-    # shapes: the rows, the grid, the box (LAYOUT 2)
-    n_rows, T, U1, V_tok, blank, box_t0, box_u0, box_T, box_U1,
+    ws_ptr,
+    # shapes: the rows, the grid, the box (LAYOUT 2); the workspace parts written
+    n_rows, T, U1, V_tok, blank, box_t0, box_u0, box_T, box_U1, o_lse, o_dur, o_nb, o_lp,
     # arc kinds
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
@@ -289,9 +288,9 @@ def _row_kernel(
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
-    group's ``lse`` over its ``V_tok`` entries in chunks of BLOCK_V (and TDT's duration
-    group ``lse_dur`` over its ``N_DURATIONS`` entries in one chunk), then every kind's
-    log-prob at the node (math.md 9, ``kind_log_probs``):
+    group's log-normaliser ``lse(t,u)`` over its ``V_tok`` entries in chunks of BLOCK_V (and
+    TDT's duration group ``lse_dur`` over its ``N_DURATIONS`` entries in one chunk), then
+    every kind's log-prob at the node (math.md 9, ``kind_log_probs``):
 
         lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DURATION[k]) - lse_dur(t,u)]
 
@@ -329,7 +328,8 @@ def _row_kernel(
         else:
             lse_dur = tl.zeros([ROWS], tl.float64)
         live_dur = valid & (lse_dur != NEG_INF)
-        tl.store(lse_dur_ptr + node, tl.where(valid, lse_dur, 0.0), mask=inside)
+        tl.store(ws_ptr + o_dur + node, tl.where(valid, lse_dur, 0.0), mask=inside)
+    TU1 = T.to(tl.int64) * U1
     for k in tl.static_range(K):
         if READS[k] == 0:
             lp = lp_blank
@@ -343,20 +343,45 @@ def _row_kernel(
                         other=0.0).to(tl.float64)
             lp = lp + _read(x, lse_dur, live_dur, FUSED)
         ok = valid & (u + DU[k] <= u1)
-        tl.store(lp_ptr + ((b * K + k) * T + t) * U1 + u, tl.where(ok, lp, NEG_INF), mask=inside)
-    tl.store(lse_ptr + node, tl.where(valid, lse, 0.0), mask=inside)
+        # node = (b T + t)(U+1) + u  ->  lp[b, k, t, u] = node + (b (K-1) + k) T (U+1)
+        tl.store(ws_ptr + o_lp + node + (b * (K - 1) + k) * TU1, tl.where(ok, lp, NEG_INF),
+                 mask=inside)
+    tl.store(ws_ptr + o_lse + node, tl.where(valid, lse, 0.0), mask=inside)
     if HAS_PLUS_NEXT_BLANK:
-        tl.store(next_blank_ptr + node, lp_blank, mask=inside)
+        tl.store(ws_ptr + o_nb + node, lp_blank, mask=inside)
 
 
 # --------------------------------------------------------------------------- pass 2
-@triton.jit(do_not_specialize=_SHAPES)
+@triton.jit
+def _lse_step(mx, s, x, FIRST: tl.constexpr, MAX_SEMIRING: tl.constexpr):
+    """One more term ``x`` of an online log-sum-exp over the arc kinds, ``mx + log(s)``
+    being the sum so far (``s`` float64 in [1, K]): the new max and the rescaled sum, two
+    exps, no log (the caller takes one log at the end: the exps of the kinds do not wait
+    for each other, where a chain of two-term log-add-exps would run K logs in series).
+    -inf terms add nothing and never meet as ``-inf - -inf``; a NaN propagates."""
+    if FIRST:
+        return x, tl.full(x.shape, 1.0, tl.float64)
+    m_new = tl.maximum(mx, x, propagate_nan=tl.PropagateNan.ALL)
+    if MAX_SEMIRING:
+        return m_new, s
+    shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+    return m_new, s * tl.exp(mx - shift) + tl.exp(x - shift)
+
+
+@triton.jit
+def _lse_end(mx, s, MAX_SEMIRING: tl.constexpr):
+    """The log-sum-exp of :func:`_lse_step`'s terms (the max in the max-plus semiring)."""
+    if MAX_SEMIRING:
+        return mx
+    return tl.where(mx == NEG_INF, mx, mx + tl.log(s))
+
+
+@triton.jit(do_not_specialize=_SHAPES + _WS)
 def _lattice_kernel(
     # data ptrs
-    lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
-    alpha_ptr, beta_ptr, log_like_ptr, costs_ptr, best_kind_ptr,
-    # shapes
-    T, U1,
+    ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, costs_ptr, best_kind_ptr,
+    # shapes; the workspace parts read (lp, next_blank) and written (alpha, beta, log P)
+    T, U1, o_nb, o_lp, o_alpha, o_beta, o_ll,
     # options: sigma and delay_penalty, each a float64 in three float32 parts
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
@@ -372,9 +397,9 @@ def _lattice_kernel(
     (math.md 9), in float64:
 
         alpha(t0,u0) = 0
-        alpha(t,u)   = lae_k  alpha(t - DT[k], u - DU[k]) + w_k(t - DT[k], u - DU[k])
+        alpha(t,u)   = lse_k  alpha(t - DT[k], u - DU[k]) + w_k(t - DT[k], u - DU[k])
         beta(t1,u1)  = 0
-        beta(t,u)    = lae_k  w_k(t,u) + beta(t + DT[k], u + DU[k])
+        beta(t,u)    = lse_k  w_k(t,u) + beta(t + DT[k], u + DU[k])
         log P        = alpha(t1,u1)                              (= beta(t0,u0))
 
     over the kinds whose arc exists (source in the region, landing by ``_lands``), with
@@ -383,24 +408,34 @@ def _lattice_kernel(
     complete — the lanes of this program sweep the diagonals in order, BLOCK_U label
     positions at a time, with ``tl.debug_barrier()`` (a CTA barrier, which also orders
     global memory within the program) after each, so alpha/beta of every earlier diagonal
-    are read back from the float64 workspace. Nodes of the end frame other than the end
-    have beta -inf (no arc leaves them).
+    are read back from the float64 workspace.
+
+    The time of a diagonal is the latency of its dependent steps, so each is short: the
+    log-sum-exp over the K incoming arcs is one online pass (``_lse_step``: the exps of
+    the kinds are independent) and one log at the end, not K two-term log-add-exps in
+    series; offsets inside a sequence are int32 (its base is int64). Nodes of the end
+    frame other than the end have beta -inf (no arc leaves them).
 
     NaN (math.md 8.1): a NaN weight on any arc makes log P NaN even when the arc lies on
     no complete path (alpha need not carry it to the end): the alpha program keeps a flag
     of the NaN arcs it combines. It writes ``log P`` (-inf without a path or frame) and the
-    cost ``-log P`` in the costs' dtype. ``MAX_SEMIRING``: max instead of lae (the Viterbi
-    score, ``log P`` the best path's), and the alpha program also writes ``best_kind
-    (B, T+1, U+1)`` int8, the kind of the best arc into each node (the first kind on an
-    exact tie; -1 where no finite path arrives; the start node and nodes off the region
-    are not written), so that a backtrack only follows pointers. Launch with grid
+    cost ``-log P`` in the costs' dtype. ``MAX_SEMIRING``: max instead of log-sum-exp (the
+    Viterbi score, ``log P`` the best path's), and the alpha program also writes
+    ``best_kind (B, T+1, U+1)`` int8, the kind of the best arc into each node (the first
+    kind on an exact tie; -1 where no finite path arrives; the start node and nodes off the
+    region are not written), so that a backtrack only follows pointers. Launch with grid
     ``(B, 1)`` for alpha alone."""
     b = tl.program_id(0).to(tl.int64)
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, b >= 0, T,
                            U1, BOUNDARY)
+    t0, u0, t1, u1 = t0.to(tl.int32), u0.to(tl.int32), t1.to(tl.int32), u1.to(tl.int32)
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
+    TU1 = T.to(tl.int64) * U1
+    # This sequence's parts (int64 bases); every offset below is int32, inside one sequence.
     base = b * (T + 1) * U1
+    lp_b = ws_ptr + o_lp + b * K * TU1
+    nb_b = ws_ptr + o_nb + b * TU1
     offs = tl.arange(0, BLOCK_U)
     has_path = t1 > t0
     d0 = t0 + u0
@@ -408,7 +443,8 @@ def _lattice_kernel(
     n_diag = tl.where(has_path, d1 - d0, 0)
 
     if tl.program_id(1) == 0:
-        tl.store(alpha_ptr + base + t0 * U1 + u0, tl.zeros([], tl.float64), mask=has_path)
+        alpha_b = ws_ptr + o_alpha + base
+        tl.store(alpha_b + t0 * U1 + u0, tl.zeros([], tl.float64), mask=has_path)
         tl.debug_barrier()
         nan_arcs = tl.zeros([BLOCK_U], tl.int32)
         for i in range(0, n_diag):
@@ -419,34 +455,36 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
-                acc = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                mx = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                s = tl.zeros([BLOCK_U], tl.float64)
                 best = tl.full([BLOCK_U], -1, tl.int32)
                 for k in tl.static_range(K):
                     st = t - DT[k]
                     su = u - DU[k]
                     ok = (on & (st >= t0) & (st < t1) & (su >= u0)
                           & _lands(t, u, t1, u1, MAY_END[k]))
-                    w = _arc_weight(lp_ptr, next_blank_ptr, b, st, su, t1, ok, T, U1, sigma,
-                                    delay_penalty, K, k, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
-                                    DELAY_ON)
-                    a = tl.load(alpha_ptr + base + st * U1 + su, mask=ok, other=NEG_INF)
+                    w = _arc_weight(lp_b + k * TU1, nb_b, st * U1 + su, st, t1, ok, sigma,
+                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
+                    x = tl.load(alpha_b + st * U1 + su, mask=ok, other=NEG_INF) + w
                     nan_arcs = nan_arcs | (w != w).to(tl.int32)
                     if MAX_SEMIRING:
                         # Strictly greater replaces: the first kind wins a tie; a NaN never
                         # wins (it only propagates into the value), as in the reference.
-                        best = tl.where(a + w > acc, k, best)
-                    acc = _combine(acc, a + w, MAX_SEMIRING)
-                tl.store(alpha_ptr + base + t * U1 + u, acc, mask=on)
+                        best = tl.where(x > mx, k, best)
+                    mx, s = _lse_step(mx, s, x, k == 0, MAX_SEMIRING)
+                acc = _lse_end(mx, s, MAX_SEMIRING)
+                tl.store(alpha_b + t * U1 + u, acc, mask=on)
                 if MAX_SEMIRING:
                     best = tl.where(acc > NEG_INF, best, -1)
                     tl.store(best_kind_ptr + base + t * U1 + u, best.to(tl.int8), mask=on)
             tl.debug_barrier()
-        log_like = tl.load(alpha_ptr + base + t1 * U1 + u1, mask=has_path, other=NEG_INF)
+        log_like = tl.load(alpha_b + t1 * U1 + u1, mask=has_path, other=NEG_INF)
         log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, POS_INF + NEG_INF, log_like)
-        tl.store(log_like_ptr + b, log_like)
+        tl.store(ws_ptr + o_ll + b, log_like)
         tl.store(costs_ptr + b, (-log_like).to(costs_ptr.dtype.element_ty))
     else:
-        tl.store(beta_ptr + base + t1 * U1 + u1, tl.zeros([], tl.float64), mask=has_path)
+        beta_b = ws_ptr + o_beta + base
+        tl.store(beta_b + t1 * U1 + u1, tl.zeros([], tl.float64), mask=has_path)
         tl.debug_barrier()
         for i in range(0, n_diag):
             d = d1 - 1 - i
@@ -456,47 +494,66 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
-                acc = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                mx = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                s = tl.zeros([BLOCK_U], tl.float64)
                 for k in tl.static_range(K):
                     lt = t + DT[k]
                     lu = u + DU[k]
                     ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
-                    w = _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma,
-                                    delay_penalty, K, k, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
-                                    DELAY_ON)
-                    nb = tl.load(beta_ptr + base + lt * U1 + lu, mask=ok, other=NEG_INF)
-                    acc = _combine(acc, w + nb, MAX_SEMIRING)
-                tl.store(beta_ptr + base + t * U1 + u, acc, mask=on)
+                    w = _arc_weight(lp_b + k * TU1, nb_b, t * U1 + u, t, t1, ok, sigma,
+                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
+                    x = w + tl.load(beta_b + lt * U1 + lu, mask=ok, other=NEG_INF)
+                    mx, s = _lse_step(mx, s, x, k == 0, MAX_SEMIRING)
+                tl.store(beta_b + t * U1 + u, _lse_end(mx, s, MAX_SEMIRING), mask=on)
             tl.debug_barrier()
 
 
 @triton.jit
-def _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1, u1, T, U1,
-                    sigma, delay_penalty, K: tl.constexpr, k: tl.constexpr, DT: tl.constexpr,
-                    DU: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr,
-                    MAY_END: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, U1, sigma, delay_penalty,
+                    DT: tl.constexpr, DU: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+                    DELAY: tl.constexpr, MAY_END: tl.constexpr, SIGMA: tl.constexpr,
+                    DELAY_ON: tl.constexpr):
     """Occupation of kind k's arc leaving ``(t, u)`` (math.md 9), float64, given ``a =
-    alpha(t, u)`` and ``ll = log P``:
+    alpha(t, u)``, ``ll = log P`` and the sequences' parts ``lp_b`` (kind k's arc
+    log-probs), ``nb_b`` (next_blank) and ``beta_b``:
 
         gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + DT, u + DU) - log P)
 
     0 where not ``keep`` (off the region, no path) or where the arc does not exist; NaN on
-    every arc of a NaN sequence (``ll`` NaN). The one formula of the gradient pass and the
-    occupation kernel."""
+    every arc of a NaN sequence (``ll`` NaN). The one formula of the gradient's
+    coefficients and the lattice tools' occupations."""
     ok = keep & _lands(t + DT, u + DU, t1, u1, MAY_END)
-    w = _arc_weight(lp_ptr, next_blank_ptr, b, t, u, t1, ok, T, U1, sigma, delay_penalty,
-                    K, k, PLUS_NEXT_BLANK, DELAY, SIGMA, DELAY_ON)
-    nb = tl.load(beta_ptr + (b * (T + 1) + t + DT) * U1 + u + DU, mask=ok, other=NEG_INF)
+    w = _arc_weight(lp_b, nb_b, t * U1 + u, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLANK,
+                    DELAY, SIGMA, DELAY_ON)
+    nb = tl.load(beta_b + (t + DT) * U1 + u + DU, mask=ok, other=NEG_INF)
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
 
-@triton.jit(do_not_specialize=_SHAPES)
+@triton.jit
+def _node_state(ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, node, inside, T,
+                U1, o_ll, o_alpha, BOUNDARY: tl.constexpr):
+    """What every per-node pass after the lattice needs of nodes ``node``: ``(b, t, u, t1,
+    u1, keep, ll, a)`` -- the node's sequence and coordinates, its end node, whether it
+    lies on a sequence with a path (in the region, log P > -inf), log P (0 where not
+    ``keep``) and alpha at the node; t and u int32."""
+    b, t, u = _node_coords(node, T, U1)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           T, U1, BOUNDARY)
+    log_like = tl.load(ws_ptr + o_ll + b, mask=inside, other=NEG_INF)
+    keep = (inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+            & (log_like != NEG_INF))
+    ll = tl.where(keep, log_like, 0.0)
+    a = tl.load(ws_ptr + o_alpha + b * (T + 1) * U1 + t * U1 + u, mask=keep, other=NEG_INF)
+    return (b, t.to(tl.int32), u.to(tl.int32), t1.to(tl.int32), u1.to(tl.int32), keep, ll,
+            log_like, a)
+
+
+@triton.jit(do_not_specialize=_SHAPES + _WS)
 def _gamma_kernel(
     # data ptrs
-    lp_ptr, next_blank_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
-    alpha_ptr, beta_ptr, log_like_ptr, gamma_ptr,
-    # shapes
-    n_nodes, T, U1,
+    ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, gamma_ptr,
+    # shapes; the workspace parts read
+    n_nodes, T, U1, o_nb, o_lp, o_alpha, o_beta, o_ll,
     # options: sigma and delay_penalty, each a float64 in three float32 parts
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
@@ -512,101 +569,87 @@ def _gamma_kernel(
     arcs and for sequences without a path, NaN on the arcs of a NaN sequence."""
     node = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)    # [BLOCK], int64
     inside = node < n_nodes
-    b, t, u = _node_coords(node, T, U1)
-    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
-                           T, U1, BOUNDARY)
-    log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
-    keep = (inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
-            & (log_like != NEG_INF))
-    ll = tl.where(keep, log_like, 0.0)
+    b, t, u, t1, u1, keep, ll, _, a = _node_state(ws_ptr, logit_lengths_ptr, target_lengths_ptr,
+                                                  boundary_ptr, node, inside, T, U1, o_ll,
+                                                  o_alpha, BOUNDARY)
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
-    a = tl.load(alpha_ptr + (b * (T + 1) + t) * U1 + u, mask=keep, other=NEG_INF)
+    TU1 = T.to(tl.int64) * U1
+    beta_b = ws_ptr + o_beta + b * (T + 1) * U1
     for k in tl.static_range(K):
-        gamma = _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1,
-                                u1, T, U1, sigma, delay_penalty, K, k, DT[k], DU[k],
-                                PLUS_NEXT_BLANK[k], DELAY[k], MAY_END[k], SIGMA, DELAY_ON)
-        tl.store(gamma_ptr + ((b * K + k) * T + t) * U1 + u, gamma, mask=inside)
+        gamma = _arc_occupation(a, ll, keep, ws_ptr + o_lp + (b * K + k) * TU1,
+                                ws_ptr + o_nb + b * TU1, beta_b, t, u, t1, u1, U1, sigma,
+                                delay_penalty, DT[k], DU[k], PLUS_NEXT_BLANK[k], DELAY[k],
+                                MAY_END[k], SIGMA, DELAY_ON)
+        tl.store(gamma_ptr + node + (b * (K - 1) + k) * TU1, gamma, mask=inside)
 
 
 # --------------------------------------------------------------------------- pass 3
-@triton.jit(do_not_specialize=_SHAPES + ("upstream_stride", "box_t0", "box_u0", "box_T", "box_U1"))
-def _grad_kernel(
+# The gradient's per-node coefficients (``_reads_kernel``, after the lattice) and the
+# pass over V that applies them (``_grad_kernel``): the float64 occupations are per node,
+# the pass over V a lean stream of exps, so that its few registers leave many programs per
+# multiprocessor to keep the memory busy (the occupations inside the pass over V once took
+# 160-255 registers a thread).
+#
+# Columns of ``reads (NC, B T (U+1))`` float64 (``gpu._kinds``: ``NC``, ``CLS_COL``,
+# ``DUR_COL``): 0 the token group's S (every read of the row, FastEmit-scaled), 1 the
+# blank's reads, 2 the label's; then for each kind with a fixed class its scaled read
+# (``CLS_COL[k]``), TDT's duration group's S_dur (column ``3 + N_CLS``) and for each kind
+# with a duration its (unscaled) read of it (``DUR_COL[k]``).
+
+
+@triton.jit(do_not_specialize=_SHAPES + _WS)
+def _reads_kernel(
     # data ptrs
-    logits_ptr, grad_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
-    boundary_ptr, lse_ptr, lse_dur_ptr, next_blank_ptr, lp_ptr, alpha_ptr, beta_ptr,
-    log_like_ptr, upstream_ptr,
-    # shapes and strides: the rows, the grid, the box (LAYOUT 2)
-    n_rows, T, U1, V_tok, blank, upstream_stride, box_t0, box_u0, box_T, box_U1,
-    # options, each a float64 in three float32 parts: clamp, s = 1 + fastemit_lambda,
-    # sigma, delay_penalty
-    clamp_hi, clamp_mid, clamp_lo, scale_hi, scale_mid, scale_lo,
-    sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
+    ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    # shapes; the workspace parts read and written (reads)
+    n_nodes, T, U1, o_nb, o_lp, o_alpha, o_beta, o_ll, o_reads,
+    # options, each a float64 in three float32 parts: s = 1 + fastemit_lambda, sigma,
+    # delay_penalty
+    scale_hi, scale_mid, scale_lo, sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
-    N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
+    N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr, CLS_COL: tl.constexpr,
+    DUR_COL: tl.constexpr,
     # flags
-    SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
-    BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
+    SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
-    each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
-    topology (math.md 9, ``reference.grad``), written once; ``grad_ptr``
-    may equal ``logits_ptr`` (every chunk is read before it is overwritten, by the same
-    program). First the occupations of the arcs that read this node's row:
+    """The coefficients of the gradient of ``BLOCK`` nodes' rows (columns above): the
+    occupations of the arcs that read the node's row,
 
         gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + DT[k], u + DU[k]) - log P)
 
     for each kind leaving (t,u), and for a ``plus_next_blank`` kind also the arc leaving
-    (t,u-1), which reads this row's blank. Each read is scaled by ``s_k`` (``1 +
-    fastemit_lambda`` on the class read of a FastEmit kind, 1 otherwise). Then, for each
-    softmax group g (tokens; TDT durations) with ``S_g`` the sum of its scaled reads:
-
-        fused:    grad(v) = p_g(v) S_g - sum_{reads of class v} s_k gamma_k,  p_g(v) = exp(x_v - lse_g)
-        log-prob: grad(v) =          - sum_{reads of class v} s_k gamma_k
-
-    since d(x_c - lse_g)/dx_v = [v = c] - p_g(v). A row that no arc reads (``S_g = 0``)
-    gets 0 (not ``0 * p``: p may be NaN there). Reads of the blank and of ``y[u]`` are
-    summed per node (``gb``, ``gl``); fixed-class reads go into a ``[ROWS, KP]`` tile and
-    duration reads into a ``[ROWS, BLOCK_DUR]`` tile. Clamp clips the token group only,
-    FastEmit scales class reads only (NeMo TDT). A NaN sequence (log P NaN) gets NaN on
-    every entry of its rows in fused mode, on its arc entries in log-prob mode; padding,
-    rows of impossible sequences and sequences whose upstream gradient is exactly 0 get
-    exactly 0 (a select, not a product)."""
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
-    has_row = r < n_rows
-    node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
-                             box_U1, LAYOUT)
-    b, t, u = _node_coords(node, T, U1)
-    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
-                           T, U1, BOUNDARY)
-    region = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
-    log_like = tl.load(log_like_ptr + b, mask=inside, other=NEG_INF)
-    w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
-    keep = region & (log_like != NEG_INF)
-    ll = tl.where(keep, log_like, 0.0)
+    (t,u-1), which reads this row's blank; each class read scaled by ``s_k`` (``1 +
+    fastemit_lambda`` on the class read of a FastEmit kind, 1 otherwise), the duration
+    reads not (NeMo TDT). Every column of every node is written: 0 off the arcs and for
+    sequences without a path, NaN on the arcs of a NaN sequence."""
+    node = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)    # [BLOCK], int64
+    inside = node < n_nodes
+    b, t, u, t1, u1, keep, ll, _, a = _node_state(ws_ptr, logit_lengths_ptr, target_lengths_ptr,
+                                                  boundary_ptr, node, inside, T, U1, o_ll,
+                                                  o_alpha, BOUNDARY)
+    _, u0, _, _ = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside, T, U1,
+                        BOUNDARY)
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
     scale = _f64(scale_hi, scale_mid, scale_lo)
-    TP1 = T + 1
-    a = tl.load(alpha_ptr + (b * TP1 + t) * U1 + u, mask=keep, other=NEG_INF)
-
-    # Occupations of the reads of this row, float64.
-    s_tok = tl.zeros([ROWS], tl.float64)       # S of the token group
-    gb = tl.zeros([ROWS], tl.float64)          # reads of the blank
-    gl = tl.zeros([ROWS], tl.float64)          # reads of y[u]
-    kidx = tl.arange(0, KP)
-    g_cls = tl.zeros([ROWS, KP], tl.float64)   # column k: kind k's read of CLASS_ID[k]
-    s_dur = tl.zeros([ROWS], tl.float64)       # S of the duration group
-    didx = tl.arange(0, BLOCK_DUR)
-    g_dur = tl.zeros([ROWS, BLOCK_DUR], tl.float64)
+    TU1 = T.to(tl.int64) * U1
+    alpha_b = ws_ptr + o_alpha + b * (T + 1) * U1
+    beta_b = ws_ptr + o_beta + b * (T + 1) * U1
+    nb_b = ws_ptr + o_nb + b * TU1
+    reads = ws_ptr + o_reads + node
+    s_tok = tl.zeros([BLOCK], tl.float64)      # S of the token group
+    gb = tl.zeros([BLOCK], tl.float64)         # reads of the blank
+    gl = tl.zeros([BLOCK], tl.float64)         # reads of y[u]
+    s_dur = tl.zeros([BLOCK], tl.float64)      # S of the duration group
     for k in tl.static_range(K):
-        gamma = _arc_occupation(a, ll, keep, lp_ptr, next_blank_ptr, beta_ptr, b, t, u, t1,
-                                u1, T, U1, sigma, delay_penalty, K, k, DT[k], DU[k],
-                                PLUS_NEXT_BLANK[k], DELAY[k], MAY_END[k], SIGMA, DELAY_ON)
+        lp_b = ws_ptr + o_lp + (b * K + k) * TU1
+        gamma = _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, U1, sigma,
+                                delay_penalty, DT[k], DU[k], PLUS_NEXT_BLANK[k], DELAY[k],
+                                MAY_END[k], SIGMA, DELAY_ON)
         if FASTEMIT[k]:
             sg = gamma * scale                 # FastEmit: this kind's class read x s
         else:
@@ -617,35 +660,106 @@ def _grad_kernel(
         elif READS[k] == 1:
             gl += sg
         else:
-            g_cls += tl.where(kidx[None, :] == k, sg[:, None], 0.0)
+            tl.store(reads + CLS_COL[k] * n_nodes, sg, mask=inside)
         if DURATION[k] >= 0:                   # the duration read: never scaled
             s_dur += gamma
-            g_dur += tl.where(didx[None, :] == DURATION[k], gamma[:, None], 0.0)
+            tl.store(reads + DUR_COL[k] * n_nodes, gamma, mask=inside)
         if PLUS_NEXT_BLANK[k]:
             # Kind k's arc from (t, u-1) lands on (t + DT[k], u) and reads this row's blank.
             okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, MAY_END[k])
-            ap = tl.load(alpha_ptr + (b * TP1 + t) * U1 + u - 1, mask=okp, other=NEG_INF)
-            wp = _arc_weight(lp_ptr, next_blank_ptr, b, t, u - 1, t1, okp, T, U1, sigma,
-                             delay_penalty, K, k, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
-            nbp = tl.load(beta_ptr + (b * TP1 + t + DT[k]) * U1 + u, mask=okp, other=NEG_INF)
+            ap = tl.load(alpha_b + t * U1 + u - 1, mask=okp, other=NEG_INF)
+            wp = _arc_weight(lp_b, nb_b, t * U1 + u - 1, t, t1, okp, sigma, delay_penalty,
+                             PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
+            nbp = tl.load(beta_b + (t + DT[k]) * U1 + u, mask=okp, other=NEG_INF)
             gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
             s_tok += gp
             gb += gp
+    tl.store(reads, s_tok, mask=inside)
+    tl.store(reads + n_nodes, gb, mask=inside)
+    tl.store(reads + 2 * n_nodes, gl, mask=inside)
+    if N_DURATIONS > 0:
+        tl.store(reads + (3 + N_CLS) * n_nodes, s_dur, mask=inside)
 
+
+@triton.jit(do_not_specialize=_SHAPES + _WS + ("upstream_stride", "box_t0", "box_u0", "box_T",
+                                               "box_U1"))
+def _grad_kernel(
+    # data ptrs
+    logits_ptr, grad_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
+    boundary_ptr, ws_ptr, upstream_ptr,
+    # shapes and strides: the rows, the grid, the box (LAYOUT 2); the workspace parts read
+    n_rows, n_nodes, T, U1, V_tok, blank, upstream_stride, box_t0, box_u0, box_T, box_U1,
+    o_lse, o_dur, o_ll, o_reads,
+    # options: clamp, a float64 in three float32 parts
+    clamp_hi, clamp_mid, clamp_lo,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
+    DURATION: tl.constexpr, N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr,
+    CLS_COL: tl.constexpr, DUR_COL: tl.constexpr,
+    # flags
+    FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
+    ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    V_ALIGN: tl.constexpr,
+):
+    """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
+    each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
+    topology (math.md 9, ``reference.grad``), written once; ``grad_ptr`` may equal
+    ``logits_ptr`` (every entry is read before it is overwritten, by the same program).
+    With the coefficients of ``_reads_kernel`` (S_g the sum of a softmax group's reads,
+    tokens or TDT durations):
+
+        fused:    grad(v) = p_g(v) S_g - sum_{reads of class v} s_k gamma_k,  p_g(v) = exp(x_v - lse_g)
+        log-prob: grad(v) =          - sum_{reads of class v} s_k gamma_k
+
+    since d(x_c - lse_g)/dx_v = [v = c] - p_g(v). A row that no arc reads (``S_g = 0``)
+    gets 0 (not ``0 * p``: p may be NaN there). In two steps:
+
+    1. the token group in chunks of ``BLOCK_V``: ``p S`` minus the blank's and the label's
+       reads, every entry but the fixed classes' columns;
+    2. the fixed classes' columns (their logits read before step 1, so that ``grad_ptr ==
+       logits_ptr`` works) and the duration group.
+
+    Clamp clips the token group only. A NaN sequence (log P NaN) gets NaN on every entry of
+    its rows in fused mode, on its arc entries in log-prob mode; padding, rows of
+    impossible sequences and sequences whose upstream gradient is exactly 0 get exactly 0
+    (a select, not a product)."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
+    has_row = r < n_rows
+    node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
+                             box_U1, LAYOUT)
+    b, t, u = _node_coords(node, T, U1)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           T, U1, BOUNDARY)
+    region = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+    log_like = tl.load(ws_ptr + o_ll + b, mask=inside, other=NEG_INF)
+    w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
+    keep = region & (log_like != NEG_INF)
     nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
     write = keep & (w_up != 0.0)
+    reads = ws_ptr + o_reads + node
+    s_tok = tl.load(reads, mask=keep, other=0.0)
+    mass = s_tok.to(ACC)
+    no_mass = s_tok == 0.0
+    gb_a = tl.load(reads + n_nodes, mask=keep, other=0.0).to(ACC)
+    gl_a = tl.load(reads + 2 * n_nodes, mask=keep, other=0.0).to(ACC)
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     offs = tl.arange(0, BLOCK_V)
     clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
     y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
     y = tl.where(keep & (u < u1), y, -1)
-    gb_a = gb.to(ACC)
-    gl_a = gl.to(ACC)
-    mass = s_tok.to(ACC)
-    no_mass = s_tok == 0.0
-    lse = tl.load(lse_ptr + node, mask=keep, other=NEG_INF)
+    lse = tl.load(ws_ptr + o_lse + node, mask=keep, other=NEG_INF)
     live = keep & (lse != NEG_INF) & (s_tok != 0.0)   # rows without mass are not read
     lse_hi, lse_lo = _split(tl.where(live, lse, 0.0), ACC)
+    # The fixed classes' logits, read before step 1 writes over them (grad_ptr may be the
+    # logits): column k of a [ROWS, KP] tile.
+    kidx = tl.arange(0, KP)
+    x_cls = tl.zeros([ROWS, KP], ACC)
+    for k in tl.static_range(K):
+        if READS[k] == 2:
+            xk = tl.load(logits_ptr + row + CLASS_ID[k], mask=live, other=NEG_INF).to(ACC)
+            x_cls = tl.where(kidx[None, :] == k, xk[:, None], x_cls)
+
+    # 1. The token group, every entry but the fixed classes' columns (step 2).
     # V_ALIGN divides V_tok: the masks change at multiples of it (vector loads and stores)
     v_read = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
     v_write = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
@@ -660,22 +774,56 @@ def _grad_kernel(
             g = tl.zeros([ROWS, BLOCK_V], ACC)
         g = (g - tl.where(v[None, :] == blank, gb_a[:, None], 0.0)
              - tl.where(v[None, :] == y[:, None], gl_a[:, None], 0.0))
-        for k in tl.static_range(K):
-            if READS[k] == 2:
-                gk = tl.sum(tl.where(kidx[None, :] == k, g_cls, 0.0), axis=1).to(ACC)
-                g = g - tl.where(v[None, :] == CLASS_ID[k], gk[:, None], 0.0)
         if FUSED:
             g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
         if CLAMP:                              # both bounds, token group only
             g = tl.minimum(tl.maximum(g, -clamp, propagate_nan=tl.PropagateNan.ALL), clamp,
                            propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
+        out = v[None, :] < v_write[:, None]
+        for k in tl.static_range(K):
+            if READS[k] == 2:
+                out = out & (v[None, :] != CLASS_ID[k])
         tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=v[None, :] < v_write[:, None])
+                 mask=out)
+
+    # 2. The fixed classes' columns: p S minus every read of that class (the kinds that
+    # read it, and the blank or the label where they are that class).
+    for k in tl.static_range(K):
+        if READS[k] == 2:
+            c = CLASS_ID[k]
+            xk = tl.sum(tl.where(kidx[None, :] == k, x_cls, 0.0), axis=1)
+            if FUSED:
+                gk = tl.where(no_mass, 0.0, tl.exp((xk - lse_hi) - lse_lo) * mass)
+            else:
+                gk = tl.zeros([ROWS], ACC)
+            cls_reads = tl.where(blank == c, gb_a, 0.0) + tl.where(y == c, gl_a, 0.0)
+            for j in tl.static_range(K):
+                if READS[j] == 2:
+                    if CLASS_ID[j] == c:
+                        cls_reads += tl.load(reads + CLS_COL[j] * n_nodes, mask=keep,
+                                             other=0.0).to(ACC)
+            gk = gk - cls_reads
+            if FUSED:
+                gk = tl.where(nan_row, POS_INF + NEG_INF, gk)
+            if CLAMP:
+                gk = tl.minimum(tl.maximum(gk, -clamp, propagate_nan=tl.PropagateNan.ALL),
+                                clamp, propagate_nan=tl.PropagateNan.ALL)
+            gk = tl.where(write, gk * w_up, 0.0)
+            # (a vector compare: the interpreter refuses a vector & scalar mask)
+            tl.store(grad_ptr + row + c, gk.to(grad_ptr.dtype.element_ty),
+                     mask=has_row & (r * 0 + V_tok > c))
     if N_DURATIONS > 0:
         # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
+        didx = tl.arange(0, BLOCK_DUR)
+        g_dur = tl.zeros([ROWS, BLOCK_DUR], ACC)
+        for k in tl.static_range(K):
+            if DURATION[k] >= 0:
+                gk = tl.load(reads + DUR_COL[k] * n_nodes, mask=keep, other=0.0).to(ACC)
+                g_dur += tl.where(didx[None, :] == DURATION[k], gk[:, None], 0.0)
+        s_dur = tl.load(reads + (3 + N_CLS) * n_nodes, mask=keep, other=0.0)
         if FUSED:
-            lse_d = tl.load(lse_dur_ptr + node, mask=keep, other=NEG_INF)
+            lse_d = tl.load(ws_ptr + o_dur + node, mask=keep, other=NEG_INF)
             live_d = keep & (lse_d != NEG_INF) & (s_dur != 0.0)
             d_hi, d_lo = _split(tl.where(live_d, lse_d, 0.0), ACC)
             x = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
@@ -685,7 +833,7 @@ def _grad_kernel(
             g = tl.where((s_dur == 0.0)[:, None], 0.0, g)
         else:
             g = tl.zeros([ROWS, BLOCK_DUR], ACC)
-        g = g - g_dur.to(ACC)
+        g = g - g_dur
         if FUSED:
             g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
         g = tl.where(write[:, None], g * w_up[:, None], 0.0)
