@@ -716,9 +716,12 @@ def check_fused_args(joiner, enc, pred) -> None:
         raise ValueError(f"tensors on different devices: enc on {enc.device}, pred on {pred.device}")
 
 
-def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> None:
+def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple,
+                        device: torch.device) -> None:
     """One tile's joiner output: a floating tensor of shape ``want = (B, t1-t0, u1-u0,
-    V)``; ``V`` None on the first tile (any)."""
+    V)`` (``V`` None on the first tile: any) on ``device``, that of ``enc`` and ``pred``
+    (the passes read the logits there: a joiner returning them on the meta device or
+    another device would otherwise fail deep inside a backend)."""
     ok = (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4
           and all(w is None or w == n for w, n in zip(want, x.shape)))
     if not ok:
@@ -726,3 +729,7 @@ def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> 
         shape = "(" + ", ".join("V" if w is None else str(w) for w in want) + ")"
         raise ValueError(f"joiner(enc {enc_shape}, pred {pred_shape}) must return floating "
                          f"logits of shape {shape}, got {got}")
+    if x.device != device:
+        raise ValueError(f"joiner(enc {enc_shape}, pred {pred_shape}) returned logits of shape "
+                         f"{_shape(x)} on {x.device}: they must be on the device of enc and "
+                         f"pred, {device}")

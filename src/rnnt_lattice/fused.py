@@ -165,7 +165,7 @@ def _probe(joiner, enc, pred) -> torch.Tensor:
         p = pred.new_zeros((1, 1, 1, pred.shape[2]))
     with torch.no_grad(), _fork_rng(enc.device):
         x = joiner(e, p)
-    check_joiner_output(x, (1, 1, 1, None), tuple(e.shape), tuple(p.shape))
+    check_joiner_output(x, (1, 1, 1, None), tuple(e.shape), tuple(p.shape), enc.device)
     return x
 
 
@@ -257,7 +257,7 @@ class _FusedLoss(torch.autograd.Function):
                 e, p = enc[:, t0:t1, None], pred[:, None, u0:u1]
                 x = call.joiner(e, p)
                 check_joiner_output(x, (B, t1 - t0, u1 - u0, call.V), tuple(e.shape),
-                                    tuple(p.shape))
+                                    tuple(p.shape), dev)
                 rows = x.reshape(-1, call.V).to(call.dtype).contiguous()
                 if _storage(rows) in call.inputs:
                     rows = rows.clone()           # a view of an input: the pass writes over it
@@ -317,7 +317,7 @@ class _FusedLoss(torch.autograd.Function):
                         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     x = call.joiner(e[:, :, None], p[:, None])
                 check_joiner_output(x, (B, t1 - t0, u1 - u0, call.V), (B, t1 - t0, 1, enc.shape[2]),
-                                    (B, 1, u1 - u0, pred.shape[2]))
+                                    (B, 1, u1 - u0, pred.shape[2]), enc.device)
                 rows = x.detach().reshape(-1, call.V)
                 rows = rows.to(call.dtype).contiguous()
                 _check_same(before, _fingerprint(rows), x.dtype, call.V)
@@ -517,7 +517,9 @@ def fused_rnnt_loss(
             state); the row sums of each recomputed tile are compared with the forward's,
             and a difference beyond rounding is a RuntimeError (a device-side assert on
             CUDA). An output that is a view of ``enc``, ``pred`` or a parameter is copied
-            before the passes write over it.
+            before the passes write over it. Logits that are not floating, of the tile's
+            shape, on the device of ``enc`` and ``pred`` (not the meta device, not another
+            GPU) are a ValueError naming the joiner.
         enc: ``(B, T, H_enc)`` encoder output. pred: ``(B, U+1, H_pred)`` prediction
             network output. Either may or may not require grad.
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
