@@ -1,10 +1,10 @@
 """``rnnt_lattice.compat.nemo``: NeMo's numba RNN-T / TDT / multi-blank classes and functions
 against the independent path-enumerating oracle (NeMo's documented semantics, docs/variants.md B:
 the ``(1 + lambda)``-scaled reported cost with the FastEmit gradient, ``'mean'`` = sum / B
-with shape ``(1,)``, per-sequence clamp, int64 ids, big blanks in any order, omega), and
-``install()`` against a small stand-in for ``nemo.collections.asr.losses.rnnt`` injected
-into ``sys.modules`` (the suite never needs NeMo; the real one is checked by
-``benchmarks/check_nemo_install.py``)."""
+with shape ``(1,)``, per-sequence clamp, int64 ids (int32 too where ESPnet's copy takes
+them), big blanks in any order, omega), and ``install()`` against a small stand-in for
+``nemo.collections.asr.losses.rnnt`` injected into ``sys.modules`` (the suite never needs
+NeMo; the real one is checked by ``benchmarks/check_nemo_install.py``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -155,16 +155,31 @@ def test_functions_match_the_modules_and_reject_a_negative_clamp():
             fn(*args, module.blank, *extra, "mean", 0.1, -1.0)
 
 
-def test_ids_must_be_int64():
-    """NeMo's certify_inputs: int64 labels and lengths; the error is a ValueError that is
-    also NeMo's TypeError."""
-    module, args, *_ = _variant("rnnt")
-    for i, name in ((1, "labels"), (2, "act_lens"), (3, "label_lens")):
-        bad = list(args)
-        bad[i] = bad[i].int()
-        with pytest.raises(ValueError, match=name) as err:
-            module(*bad)
-        assert isinstance(err.value, TypeError)
+@pytest.mark.parametrize("name", ["rnnt", "tdt", "multiblank"])
+def test_id_dtypes(name):
+    """NeMo's certify_inputs: int64 labels and lengths. The RNN-T and multi-blank losses
+    also take int32, as ESPnet's copy of them (``espnet2.asr.transducer.rnnt_multi_blank``)
+    does and ESPnet's models pass them (issue 32): the same costs and gradients. Another
+    dtype (for TDT int32 too, as in NeMo) is a ValueError naming the argument that is also
+    NeMo's TypeError."""
+    module, args, *_ = _variant(name, reduction=None)
+    refused = [torch.int16, torch.float32] + ([torch.int32] if name == "tdt" else [])
+    for i, arg in ((1, "labels"), (2, "act_lens"), (3, "label_lens")):
+        for dtype in refused:
+            bad = list(args)
+            bad[i] = bad[i].to(dtype)
+            with pytest.raises(ValueError, match=f"{arg} must be torch.int64") as err:
+                module(*bad)
+            assert isinstance(err.value, TypeError)
+    if name == "tdt":
+        return
+    results = []
+    for ids in (args[1:], [x.int() for x in args[1:]]):
+        acts = args[0].clone().requires_grad_()
+        costs = module(acts, *ids)
+        (grad,) = torch.autograd.grad(costs.sum(), acts)
+        results.append((costs, grad))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
 
 
 def test_big_blank_durations_in_any_order():
