@@ -182,6 +182,28 @@ def test_id_dtypes(name):
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
 
 
+def test_espnet_multiblank_call():
+    """ESPnet's multi-blank model (``espnet2/asr/espnet_model.py``) builds
+    ``MultiblankRNNTLossNumba(blank=..., big_blank_durations=..., sigma=..., reduction="mean",
+    fastemit_lambda=...)`` from ``espnet2.asr.transducer.rnnt_multi_blank`` and calls it on
+    the joint output with int32 targets and lengths; its token list holds the big blanks
+    inserted before the blank (``<blank4>, <blank2>, <blank>``, then the labels). This
+    module's class, imported in its place, gives the oracle's costs and gradients there
+    (issue 32)."""
+    big = [2, 4]
+    acts, labels, T_b, U_b = _inputs(7, 4, seed=5)
+    labels = labels + 3                                   # labels above the blank, class 2
+    module = nemo.MultiblankRNNTLossNumba(blank=2, big_blank_durations=big, sigma=0.05,
+                                          reduction="mean", fastemit_lambda=0.0)
+    leaf = acts.clone().requires_grad_()
+    cost = module(leaf, *(x.int() for x in (labels, T_b, U_b)))
+    want_loss, want_grad = _oracle((acts, labels, T_b, U_b), topology.multiblank(2, big), 2, 0.05)
+    assert cost.shape == (1,)
+    torch.testing.assert_close(cost, want_loss.sum().reshape(1) / 3, rtol=1e-10, atol=1e-10)
+    cost.backward()
+    torch.testing.assert_close(torch.nan_to_num(leaf.grad), want_grad / 3, rtol=0, atol=1e-10)
+
+
 def test_big_blank_durations_in_any_order():
     """Listing the big blanks in another order with their classes permuted to match
     (class ``blank - 1 - i`` for ``big_blank_durations[i]``) gives the same costs."""

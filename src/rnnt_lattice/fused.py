@@ -708,7 +708,7 @@ def fused_multiblank_rnnt_loss(
                                 ascending=False)
     blank = check_int("blank", blank)
 
-    def topology(shape):                          # the blank is V - 1: known with the logits
+    def topology(shape):                          # the blank's id: known with V
         return multiblank(check_multiblank_blank_id(shape, blank, durations), durations)
 
     return _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,

@@ -193,8 +193,8 @@ def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_du
                          sigma: float = 0.0):
     """NeMo's functional multi-blank loss, working (NeMo's raises): ``acts``
     ``(B, T, U+1, V)``, one softmax over the labels, the big blanks and the standard blank
-    ``blank`` (the last class); the big blank of ``big_blank_durations[i]`` is class
-    ``blank - 1 - i`` (any order); ``labels``, ``act_lens``, ``label_lens`` as
+    ``blank`` (NeMo's: the last class; ESPnet's: after its big blanks); the big blank of
+    ``big_blank_durations[i]`` is class ``blank - 1 - i`` (any order); ``labels``, ``act_lens``, ``label_lens`` as
     :func:`rnnt_loss` (int64 or int32). Returns costs as :func:`rnnt_loss`, in the dtype of
     ``acts``."""
     return _multiblank(acts, labels, act_lens, label_lens, blank, list(big_blank_durations),
@@ -302,9 +302,10 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
         >>> cost.backward()
 
     Forward args: ``acts`` ``(B, T, U+1, V)`` with one softmax over every class: the labels,
-    the big blanks, and the standard blank ``blank``, the last class (NeMo's
-    ``num_classes``); the big blank of ``big_blank_durations[i]`` (any order, each ``>= 2``)
-    is class ``blank - 1 - i``; ``labels``, ``act_lens``, ``label_lens`` as
+    the big blanks, and the standard blank ``blank``: NeMo's ``num_classes``, the last class,
+    or ESPnet's ``blank_id``, after the big blanks it inserts at the front of its token list;
+    the big blank of ``big_blank_durations[i]`` (any order, each ``>= 2``) is class
+    ``blank - 1 - i``; ``labels``, ``act_lens``, ``label_lens`` as
     :class:`RNNTLossNumba` (int64 or int32). ``sigma`` is subtracted once per arc. Costs in
     the dtype of ``acts``.
     """
