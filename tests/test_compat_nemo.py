@@ -1,10 +1,10 @@
 """``rnnt_lattice.compat.nemo``: NeMo's numba RNN-T / TDT / multi-blank classes and functions
 against the independent path-enumerating oracle (NeMo's documented semantics, docs/variants.md B:
 the ``(1 + lambda)``-scaled reported cost with the FastEmit gradient, ``'mean'`` = sum / B
-with shape ``(1,)``, per-sequence clamp, int64 ids, big blanks in any order, omega), and
-``install()`` against a small stand-in for ``nemo.collections.asr.losses.rnnt`` injected
-into ``sys.modules`` (the suite never needs NeMo; the real one is checked by
-``benchmarks/check_nemo_install.py``)."""
+with shape ``(1,)``, per-sequence clamp, int64 ids (int32 too where ESPnet's copy takes
+them), big blanks in any order, omega), and ``install()`` against a small stand-in for
+``nemo.collections.asr.losses.rnnt`` injected into ``sys.modules`` (the suite never needs
+NeMo; the real one is checked by ``benchmarks/check_nemo_install.py``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -155,16 +155,53 @@ def test_functions_match_the_modules_and_reject_a_negative_clamp():
             fn(*args, module.blank, *extra, "mean", 0.1, -1.0)
 
 
-def test_ids_must_be_int64():
-    """NeMo's certify_inputs: int64 labels and lengths; the error is a ValueError that is
-    also NeMo's TypeError."""
-    module, args, *_ = _variant("rnnt")
-    for i, name in ((1, "labels"), (2, "act_lens"), (3, "label_lens")):
-        bad = list(args)
-        bad[i] = bad[i].int()
-        with pytest.raises(ValueError, match=name) as err:
-            module(*bad)
-        assert isinstance(err.value, TypeError)
+@pytest.mark.parametrize("name", ["rnnt", "tdt", "multiblank"])
+def test_id_dtypes(name):
+    """NeMo's certify_inputs: int64 labels and lengths. The RNN-T and multi-blank losses
+    also take int32, as ESPnet's copy of them (``espnet2.asr.transducer.rnnt_multi_blank``)
+    does and ESPnet's models pass them (issue 32): the same costs and gradients. Another
+    dtype (for TDT int32 too, as in NeMo) is a ValueError naming the argument that is also
+    NeMo's TypeError."""
+    module, args, *_ = _variant(name, reduction=None)
+    refused = [torch.int16, torch.float32] + ([torch.int32] if name == "tdt" else [])
+    for i, arg in ((1, "labels"), (2, "act_lens"), (3, "label_lens")):
+        for dtype in refused:
+            bad = list(args)
+            bad[i] = bad[i].to(dtype)
+            with pytest.raises(ValueError, match=f"{arg} must be torch.int64") as err:
+                module(*bad)
+            assert isinstance(err.value, TypeError)
+    if name == "tdt":
+        return
+    results = []
+    for ids in (args[1:], [x.int() for x in args[1:]]):
+        acts = args[0].clone().requires_grad_()
+        costs = module(acts, *ids)
+        (grad,) = torch.autograd.grad(costs.sum(), acts)
+        results.append((costs, grad))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
+
+
+def test_espnet_multiblank_call():
+    """ESPnet's multi-blank model (``espnet2/asr/espnet_model.py``) builds
+    ``MultiblankRNNTLossNumba(blank=..., big_blank_durations=..., sigma=..., reduction="mean",
+    fastemit_lambda=...)`` from ``espnet2.asr.transducer.rnnt_multi_blank`` and calls it on
+    the joint output with int32 targets and lengths; its token list holds the big blanks
+    inserted before the blank (``<blank4>, <blank2>, <blank>``, then the labels). This
+    module's class, imported in its place, gives the oracle's costs and gradients there
+    (issue 32)."""
+    big = [2, 4]
+    acts, labels, T_b, U_b = _inputs(7, 4, seed=5)
+    labels = labels + 3                                   # labels above the blank, class 2
+    module = nemo.MultiblankRNNTLossNumba(blank=2, big_blank_durations=big, sigma=0.05,
+                                          reduction="mean", fastemit_lambda=0.0)
+    leaf = acts.clone().requires_grad_()
+    cost = module(leaf, *(x.int() for x in (labels, T_b, U_b)))
+    want_loss, want_grad = _oracle((acts, labels, T_b, U_b), topology.multiblank(2, big), 2, 0.05)
+    assert cost.shape == (1,)
+    torch.testing.assert_close(cost, want_loss.sum().reshape(1) / 3, rtol=1e-10, atol=1e-10)
+    cost.backward()
+    torch.testing.assert_close(torch.nan_to_num(leaf.grad), want_grad / 3, rtol=0, atol=1e-10)
 
 
 def test_big_blank_durations_in_any_order():

@@ -386,6 +386,24 @@ def test_bad_joiner_and_inputs():
         rnnt_lattice.FusedRNNTLoss(joiner, blank=blank, reduciton="sum")
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("calls", ["every", "tiles"])
+def test_joiner_output_on_another_device_is_a_value_error(calls, backend):
+    """Logits on the meta device (any device but that of enc and pred) are a ValueError
+    naming the joiner, from the call of one node that learns V or from a tile's, before
+    any pass reads them (issue 32: a TypeError from inside the Numba backend before)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+
+    def elsewhere(e, p):
+        x = joiner(e, p)
+        return x.to("meta") if calls == "every" or e.shape[1] * p.shape[2] > 1 else x
+
+    with pytest.raises(ValueError, match=r"joiner\(enc .* on meta: they must be on the device "
+                                         r"of enc and pred, cpu"):
+        rnnt_lattice.fused_rnnt_loss(elsewhere, enc, pred, targets, tl, ul, blank=blank,
+                                     tile=13, backend=backend)
+
+
 # --------------------------------------------------------------------------- issue 27
 def test_trainable_tensors_outside_the_parameters_get_their_gradients():
     """A joiner (here a function) that reaches trainable tensors which are not the

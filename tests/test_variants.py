@@ -215,7 +215,9 @@ def test_regular_rnnt_type_is_the_kernel_loss():
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[1, 2]), "big_blank_durations must all be >= 2"),
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[-2, 4]), r"big_blank_durations must all be >= 2, got \[-2, 4\]"),
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[3, 3]), "big_blank_durations must be distinct"),
-    ("multiblank_rnnt_loss", dict(blank=0, big_blank_durations=[2]), "must be the last class"),
+    ("multiblank_rnnt_loss", dict(blank=0, big_blank_durations=[2]), "leaves no room below it"),
+    ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[2, 3, 4, 5, 6, 7, 8]),
+     r"no room for 7 big blank\(s\), the blank and a label"),
 ])
 def test_bad_arguments(fn_name, kw, match):
     x = torch.randn(2, 4, 3, 8)
@@ -250,6 +252,32 @@ def test_big_blank_durations_in_any_order(backend):
     (lb * torch.tensor([1.0, -2.0], dtype=lb.dtype)).sum().backward()
     torch.testing.assert_close(la, lb, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(a.grad, b.grad[..., perm], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+def test_multiblank_blank_after_its_big_blanks(backend):
+    """ESPnet's layout (its big blanks inserted at the front of the token list, before the
+    blank: big blank 4, big blank 2, blank, then the labels) is NeMo's (the labels, then
+    the big blanks, the blank last) with the classes permuted: the same losses, and the
+    gradients permuted alike (issue 32)."""
+    g = torch.Generator().manual_seed(4)
+    nemo = torch.randn(2, 9, 4, 8, generator=g, dtype=torch.float64)
+    perm = [5, 6, 7, 0, 1, 2, 3, 4]                 # ESPnet's class c is NeMo's perm[c]
+    espnet = nemo[..., perm]
+    targets = torch.tensor([[1, 2, 3], [4, 1, 0]])  # NeMo's ids; ESPnet's are 3 more
+    lengths = (torch.tensor([9, 6]), torch.tensor([3, 2]))
+    w = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    out = []
+    for x, ids, blank in ((nemo, targets, 7), (espnet, targets + 3, 2)):
+        x = x.clone().requires_grad_()
+        loss = rnnt_lattice.multiblank_rnnt_loss(x, ids, *lengths, blank=blank,
+                                                 big_blank_durations=[2, 4], sigma=0.05,
+                                                 reduction="none", backend=backend)
+        (loss * w).sum().backward()
+        out.append((loss, x.grad))
+    (l_nemo, g_nemo), (l_espnet, g_espnet) = out
+    torch.testing.assert_close(l_espnet, l_nemo, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_espnet, g_nemo[..., perm], rtol=1e-12, atol=1e-12)
 
 
 def test_tdt_targets_are_tokens_and_multiblank_targets_not_big_blanks():

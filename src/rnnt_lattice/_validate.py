@@ -609,10 +609,12 @@ def check_tdt_logits(logits, durations) -> None:
 
 
 def check_multiblank_blank(logits, blank: int, durations, packed: bool) -> int:
-    """``multiblank_rnnt_loss``: the blank is the last class, with room below it for the big
-    blanks and a label (NeMo's layout). Checked before the topology is built, which places
-    the big blanks below the blank, so that each mistake gets its own message. Returns the
-    blank id in ``[0, V)``."""
+    """``multiblank_rnnt_loss``: the blank is a class with its big blanks, the
+    ``len(durations)`` classes just below it, and at least one label besides them (NeMo's
+    layout puts the blank last, ESPnet's after the big blanks it inserts at the front of its
+    token list). Checked before the topology is built, which places the big blanks below
+    the blank, so that each mistake gets its own message. Returns the blank id in
+    ``[0, V)``."""
     check_logits_rank(logits, rows=packed)
     return check_multiblank_blank_id(tuple(logits.shape), blank, durations)
 
@@ -623,12 +625,14 @@ def check_multiblank_blank_id(shape: tuple, blank: int, durations) -> int:
     if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits {shape}")
     blank_id = blank % V
-    if blank_id != V - 1:
-        raise ValueError(f"blank={blank} must be the last class V - 1 = {V - 1} "
-                         f"(NeMo's multi-blank layout)")
-    if blank_id < len(durations) + 1:
-        raise ValueError(f"logits {shape} have no room for "
-                         f"{len(durations)} big blanks and a label before the blank")
+    D = len(durations)
+    if blank_id < D:
+        raise ValueError(f"blank={blank} leaves no room below it for the {D} big blank(s), "
+                         f"classes blank - 1 - i, of logits {shape} (NeMo's layout: the blank "
+                         f"is the last class, V - 1 = {V - 1})")
+    if V < D + 2:
+        raise ValueError(f"logits {shape} have no room for {D} big blank(s), the blank and "
+                         f"a label")
     return blank_id
 
 
@@ -845,9 +849,12 @@ def check_fused_args(joiner, enc, pred) -> None:
         raise ValueError(f"tensors on different devices: enc on {enc.device}, pred on {pred.device}")
 
 
-def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> None:
+def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple,
+                        device: torch.device) -> None:
     """One tile's joiner output: a floating tensor of shape ``want = (B, t1-t0, u1-u0,
-    V)``; ``V`` None on the first tile (any)."""
+    V)`` (``V`` None on the first tile: any) on ``device``, that of ``enc`` and ``pred``
+    (the passes read the logits there: a joiner returning them on the meta device or
+    another device would otherwise fail deep inside a backend)."""
     ok = (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4
           and all(w is None or w == n for w, n in zip(want, x.shape)))
     if not ok:
@@ -855,3 +862,7 @@ def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple) -> 
         shape = "(" + ", ".join("V" if w is None else str(w) for w in want) + ")"
         raise ValueError(f"joiner(enc {enc_shape}, pred {pred_shape}) must return floating "
                          f"logits of shape {shape}, got {got}")
+    if x.device != device:
+        raise ValueError(f"joiner(enc {enc_shape}, pred {pred_shape}) returned logits of shape "
+                         f"{_shape(x)} on {x.device}: they must be on the device of enc and "
+                         f"pred, {device}")

@@ -266,8 +266,10 @@ def multiblank_rnnt_loss(
     r"""Multi-blank transducer loss (Xu et al. 2022; NeMo's layout and semantics).
 
     ``logits`` is ``(B, T, U+1, V)`` with one softmax over every class: the labels, the big
-    blanks and the standard blank, which is the last class (``blank = V - 1``); the big
-    blank of duration ``big_blank_durations[i]`` is class ``blank - 1 - i``. Besides the
+    blanks and the standard blank ``blank``; the big blank of duration
+    ``big_blank_durations[i]`` is class ``blank - 1 - i``. NeMo puts the blank last
+    (``blank = V - 1``); ESPnet puts it after the big blanks it inserts at the front of its
+    token list (``blank = len(big_blank_durations)``, the labels above it). Besides the
     regular arcs, a big blank of duration ``d`` goes ``(t,u) -> (t+d,u)``; any blank may end
     the path by landing exactly on ``(T_b, U_b)``. Every arc weighs its log-prob minus
     ``sigma``.
@@ -282,7 +284,8 @@ def multiblank_rnnt_loss(
         >>> loss.backward()
 
     Args:
-        blank: the standard blank, the last class (``V - 1`` or ``-1``).
+        blank: the standard blank (NeMo: the last class, ``V - 1`` or ``-1``), with room
+            for the big blanks below it and at least one label class besides them.
         big_blank_durations: distinct durations ``>= 2`` (1 is the standard blank), in any
             order: the big blank of ``big_blank_durations[i]`` is class ``blank - 1 - i``.
         sigma, and the rest: as :func:`tdt_loss` / :func:`rnnt_loss`. The targets must not

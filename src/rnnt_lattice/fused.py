@@ -10,7 +10,10 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
     forward   for each tile:  x = joiner(enc[:, t0:t1, None], pred[:, None, u0:u1])  (no_grad)
                               row pass on x: lse, arc weights w of the tile's nodes; x dropped
               the lattice once over every node: alpha, beta, log P, occupations gamma
-    backward  for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed),
+    backward  once:           the joiner on one node with autograd, and a zero gradient through
+                              it to the leaves it reaches that the Function does not own
+                              (FSDP2's gathered parameters): their hooks see the backward begin
+              for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed),
                               its row sums compared with the forward's (determinism)
                               g = upstream[b] * d cost_b / d x  (gradient pass, over x itself)
                               torch.autograd.grad(x, [enc, pred, *params], g), accumulated
@@ -165,7 +168,7 @@ def _probe(joiner, enc, pred) -> torch.Tensor:
         p = pred.new_zeros((1, 1, 1, pred.shape[2]))
     with torch.no_grad(), _fork_rng(enc.device):
         x = joiner(e, p)
-    check_joiner_output(x, (1, 1, 1, None), tuple(e.shape), tuple(p.shape))
+    check_joiner_output(x, (1, 1, 1, None), tuple(e.shape), tuple(p.shape), enc.device)
     return x
 
 
@@ -234,7 +237,8 @@ class _FusedLoss(torch.autograd.Function):
     require grad) by recomputing each tile (module docstring). Leaves the recomputed
     joiner reaches that are not among the inputs (FSDP2's unsharded parameters, a
     tensor a closure holds) get their gradients through autograd, as reentrant
-    checkpointing gives them."""
+    checkpointing gives them, after :func:`_open_backward` (under FSDP2: the same
+    gradients, reduced and resharded, whichever backend runs the passes)."""
 
     @staticmethod
     def forward(ctx, call: _Call, enc, pred, *params):
@@ -255,7 +259,7 @@ class _FusedLoss(torch.autograd.Function):
                 e, p = enc[:, t0:t1, None], pred[:, None, u0:u1]
                 x = call.joiner(e, p)
                 check_joiner_output(x, (B, t1 - t0, u1 - u0, call.V), tuple(e.shape),
-                                    tuple(p.shape))
+                                    tuple(p.shape), dev)
                 rows = x.reshape(-1, call.V).to(call.dtype).contiguous()
                 if _storage(rows) in call.inputs:
                     rows = rows.clone()           # a view of an input: the pass writes over it
@@ -300,6 +304,7 @@ class _FusedLoss(torch.autograd.Function):
         U1 = pred.shape[1]
         trained = {id(params[i]): i for i, w in enumerate(wants[2:]) if w}
         spare = None                              # a gradient buffer, when x cannot take it
+        _open_backward(call.joiner, enc_d, pred_d, trained, ctx.amp, call.V)
         with ctx.rng.replay():
             for box, before in zip(call.plan, ctx.prints):
                 t0, t1, u0, u1 = box
@@ -315,8 +320,8 @@ class _FusedLoss(torch.autograd.Function):
                         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     x = call.joiner(e[:, :, None], p[:, None])
                 check_joiner_output(x, (B, t1 - t0, u1 - u0, call.V), (B, t1 - t0, 1, enc.shape[2]),
-                                    (B, 1, u1 - u0, pred.shape[2]))
-                rows = x.detach().reshape(-1, call.V)
+                                    (B, 1, u1 - u0, pred.shape[2]), enc.device)
+                rows = _own_version(x).reshape(-1, call.V)
                 rows = rows.to(call.dtype).contiguous()
                 _check_same(before, _fingerprint(rows), x.dtype, call.V)
                 # The gradient goes over the recomputed logits unless the joiner's graph
@@ -341,6 +346,49 @@ class _FusedLoss(torch.autograd.Function):
                 if gp is not None:
                     grad_pred[:, u0:u1] += gp
         return (None, grad_enc, grad_pred, *grad_params)
+
+
+def _own_version(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s memory, shape and strides as a tensor with a version counter of its own (what
+    ``x.detach()`` shares with ``x``), for the gradient pass to write over. A torch op
+    writing through ``x.detach()`` (the torch backend's) bumps ``x``'s version, and when ``x``
+    is a view (a Linear's output on 4-D input is) autograd then rebuilds its ``grad_fn`` and
+    drops the hooks registered on it, FSDP2's pre-backward hook among them, while the
+    kernels' writes (Numba, Triton) leave them: what the joiner's hooks see would depend on
+    the backend (issue 32). The caller writes here only when the joiner's graph saved no
+    tensor on ``x``'s storage (``saved``), which is what the version check guards."""
+    return torch.empty((0,), dtype=x.dtype, device=x.device).set_(
+        x.untyped_storage(), x.storage_offset(), x.shape, x.stride())
+
+
+def _open_backward(joiner, enc, pred, trained: dict, amp: dict, V: int) -> None:
+    """Before the first tile: the joiner once on one node with autograd (the RNG state left as
+    it was, the forward's autocast), and a zero gradient taken through it (discarded) to the
+    leaves it reaches that are not the Function's inputs: hooks on the joiner's outputs see
+    its backward begin once, before any tile is recomputed.
+
+    FSDP2 (``fully_shard`` on the joiner or a submodule of it) is why. Its pre-backward hook
+    on a module's output (``FSDPState._pre_backward``) gathers the parameters and enters
+    ``PRE_BACKWARD``, where a later call of the module is activation checkpointing's
+    recomputation (``FSDPState._pre_forward`` only unshards, registering no hook); its
+    post-backward (``FSDPParamGroup.post_backward``: reduce-scatter, reshard) then runs
+    once, from FSDP2's callback at the end of the backward. Without this call the first
+    tile's recomputation is a new forward to FSDP2, which registers its post-backward hook
+    on the tile's inputs; the tile's backward fires the output's hook, then that one: the
+    first tile's gradients are reduced, the parameters resharded, and every later tile, a
+    recomputation in ``PRE_BACKWARD``, leaves its gradients in gathered parameters that
+    nothing reduces or reshards again. The inputs here do not require grad, so FSDP2
+    registers no post-backward hook on them. Tensor hooks on the leaves see one zero
+    gradient."""
+    with _fork_rng(enc.device), torch.enable_grad(), _autocast(amp):
+        e, p = enc[:1, :1, None], pred[:1, None, :1]
+        x = joiner(e, p)
+    check_joiner_output(x, (1, 1, 1, V), tuple(e.shape), tuple(p.shape), enc.device)
+    if not x.requires_grad:
+        return
+    others = [v for v in _reached_leaves(x) if id(v) not in trained]
+    if others:
+        torch.autograd.grad(x, others, torch.zeros_like(x), allow_unused=True)
 
 
 def _tile_grads(x, g, e, p, trained: dict, grad_params: list, params):
@@ -510,12 +558,15 @@ def fused_rnnt_loss(
             called once on one node before any tile (to learn V and the logits' dtype;
             no_grad, RNG state restored), then twice per tile (forward, and again in the
             backward pass with the forward's RNG state and autocast: dropout is replayed
-            exactly). The recomputation must give the forward's logits
+            exactly), and once more on one node with autograd when the backward pass
+            begins (so that FSDP2 sees one backward of the joiner, whichever backend). The recomputation must give the forward's logits
             (``torch.utils.checkpoint``'s rule: deterministic given the inputs and the RNG
             state); the row sums of each recomputed tile are compared with the forward's,
             and a difference beyond rounding is a RuntimeError (a device-side assert on
             CUDA). An output that is a view of ``enc``, ``pred`` or a parameter is copied
-            before the passes write over it.
+            before the passes write over it. Logits that are not floating, of the tile's
+            shape, on the device of ``enc`` and ``pred`` (not the meta device, not another
+            GPU) are a ValueError naming the joiner.
         enc: ``(B, T, H_enc)`` encoder output. pred: ``(B, U+1, H_pred)`` prediction
             network output. Either may or may not require grad.
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
@@ -655,7 +706,7 @@ def fused_multiblank_rnnt_loss(
                                 ascending=False)
     blank = check_int("blank", blank)
 
-    def topology(shape):                          # the blank is V - 1: known with the logits
+    def topology(shape):                          # the blank's id: known with V
         return multiblank(check_multiblank_blank_id(shape, blank, durations), durations)
 
     return _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,

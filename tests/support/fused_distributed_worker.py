@@ -1,17 +1,21 @@
-"""One rank of tests/test_fused_distributed.py: ``python fused_distributed_worker.py
-ENGINES OUT`` (engines separated by commas) with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (gloo, CPU).
+"""One rank of tests/test_fused_distributed.py: ``python fused_distributed_worker.py OUT
+CASE_ID...`` with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (gloo,
+CPU).
 
-A small transducer (encoder and prediction projections, a joiner Module) trains one step
-on its share of the batch with the fused loss under each engine (``ddp``:
-DistributedDataParallel over the model; ``fsdp2``: ``fully_shard`` on the joiner and on
-the model), a fresh model each. Rank 0 saves, per engine, the parameters' gradients, times the number of ranks (both
-engines average over the ranks; the loss is a sum), and the one-process gradients of
-``rnnt_loss`` on the materialised logits of the whole batch, to ``OUT``. The torch backend
-(the engines are under test, not the kernels: no Numba to import in each rank)."""
+For each case (:data:`CASES`, named by :attr:`Case.id`) a fresh small transducer (encoder
+and prediction projections, a joiner Module) trains one step on its share of the batch
+with a fused loss under DistributedDataParallel or FSDP2, and rank 0 saves, per
+case, what the test checks: the parameters' types after ``backward()`` (FSDP2: resharded,
+DTensors), their gradients' types (FSDP2: sharded DTensors), the gradients gathered and
+times the number of ranks (both engines average over the ranks; the loss is a sum), and
+the one-process gradients of ``rnnt_loss`` on the materialised logits of the whole batch.
+"""
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -19,9 +23,22 @@ import torch.distributed as dist
 import rnnt_lattice
 
 B, T, U, H, V = 4, 6, 3, 8, 7
+TILE = 5                       # rows per tile: many tiles (label runs of 2) on a rank's 2 sequences
+
+# loss -> (fused function, function on the materialised logits, their options). V = 7 is
+# TDT's 4 tokens (blank 3) and 3 durations, and multi-blank's big blank 5 and blank 6: the
+# targets, in [1, 3), are labels of every loss.
+LOSSES = {
+    "rnnt": ("fused_rnnt_loss", "rnnt_loss", dict(blank=0)),
+    "tdt": ("fused_tdt_loss", "tdt_loss", dict(blank=3, durations=[0, 1, 2])),
+    "multiblank": ("fused_multiblank_rnnt_loss", "multiblank_rnnt_loss",
+                   dict(blank=6, big_blank_durations=[2])),
+}
 
 
-class Joiner(torch.nn.Module):
+class SumJoiner(torch.nn.Module):
+    """``out(tanh(hidden(e + p)))``: one projection of the sum."""
+
     def __init__(self):
         super().__init__()
         self.hidden = torch.nn.Linear(H, H)
@@ -31,60 +48,156 @@ class Joiner(torch.nn.Module):
         return self.out(torch.tanh(self.hidden(e + p)))
 
 
-class Model(torch.nn.Module):
+class EncJoiner(torch.nn.Module):
+    """``out(tanh(enc(e) + p))``: a submodule applied to ``enc`` inside the joiner, ``pred``
+    added as it comes (issue 32's joiner)."""
+
     def __init__(self):
         super().__init__()
         self.enc = torch.nn.Linear(H, H)
+        self.out = torch.nn.Linear(H, V)
+
+    def forward(self, e, p):
+        return self.out(torch.tanh(self.enc(e) + p))
+
+
+JOINERS = {"sum": SumJoiner, "enc": EncJoiner}
+
+# Where fully_shard goes (FSDP2), then on the model in every layout: the joiner
+# ("joiner", issue 32's), nothing else ("model": the joiner's parameters are the root's),
+# the joiner's output layer ("out"), or the joiner with the loss computed after the
+# model's forward ("outside": the model returns enc and pred).
+LAYOUTS = ("joiner", "model", "out", "outside")
+
+
+@dataclass(frozen=True)
+class Case:
+    engine: str                 # "ddp" (DistributedDataParallel) or "fsdp2" (fully_shard)
+    backend: str                # fused_rnnt_loss's backend ("auto": Numba on CPU)
+    joiner: str = "enc"         # JOINERS
+    enc_grad: bool = True       # False: the encoder's output detached
+    pred_grad: bool = True      # False: the prediction network's output detached
+    layout: str = "joiner"      # LAYOUTS (FSDP2)
+    loss: str = "rnnt"          # LOSSES
+
+    @property
+    def id(self) -> str:
+        grads = f"enc{'+-'[not self.enc_grad]}pred{'+-'[not self.pred_grad]}"
+        layout = self.layout if self.engine == "fsdp2" else "model"
+        return "-".join((self.engine, layout, self.backend, self.joiner, grads, self.loss))
+
+
+_GRADS = list(itertools.product((True, False), repeat=2))
+CASES = (
+    # the default backend first, then the reference and Triton (interpreted on CPU): every
+    # joiner, enc and pred with and without grad, in issue 32's layout
+    [Case("fsdp2", backend, joiner, e, p) for backend in ("auto", "torch")
+     for joiner in JOINERS for e, p in _GRADS]
+    + [Case("fsdp2", "triton", "enc", e, p) for e, p in _GRADS]
+    # the other fused losses (the same Function)
+    + [Case("fsdp2", "auto", loss=loss) for loss in ("tdt", "multiblank")]
+    # the other layouts
+    + [Case("fsdp2", "auto", layout=layout, pred_grad=False) for layout in ("model", "out")]
+    + [Case("fsdp2", backend, enc_grad=e, pred_grad=False, layout="outside")
+       for backend in ("auto", "torch") for e in (True, False)]
+    + [Case("ddp", backend) for backend in ("auto", "torch", "triton")]
+)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, case: Case):
+        super().__init__()
+        self.case = case
+        self.enc = torch.nn.Linear(H, H)
         self.pred = torch.nn.Linear(H, H)
-        self.joiner = Joiner()
+        self.joiner = JOINERS[case.joiner]()
 
-    def forward(self, x, y, targets, tl, ul, fused: bool):
+    def features(self, x, y):
         enc, pred = self.enc(x), self.pred(y)
-        if fused:
-            return rnnt_lattice.fused_rnnt_loss(self.joiner, enc, pred, targets, tl, ul, blank=0,
-                                                reduction="sum", tile=5, backend="torch")
-        return rnnt_lattice.rnnt_loss(self.joiner(enc[:, :, None], pred[:, None]), targets, tl,
-                                      ul, blank=0, reduction="sum", backend="torch")
+        return (enc if self.case.enc_grad else enc.detach(),
+                pred if self.case.pred_grad else pred.detach())
+
+    def forward(self, x, y, targets, tl, ul):
+        enc, pred = self.features(x, y)
+        if self.case.layout == "outside":
+            return enc, pred
+        return self.loss(enc, pred, targets, tl, ul)
+
+    def loss(self, enc, pred, targets, tl, ul):
+        fused, _, kw = LOSSES[self.case.loss]
+        return getattr(rnnt_lattice, fused)(self.joiner, enc, pred, targets, tl, ul,
+                                            reduction="sum", tile=TILE,
+                                            backend=self.case.backend, **kw)
+
+    def full_loss(self, x, y, targets, tl, ul):
+        """The one-process reference: the loss of the materialised logits."""
+        enc, pred = self.features(x, y)
+        _, full, kw = LOSSES[self.case.loss]
+        return getattr(rnnt_lattice, full)(self.joiner(enc[:, :, None], pred[:, None]),
+                                           targets, tl, ul, reduction="sum", backend="torch",
+                                           **kw)
 
 
-def step(engine: str, rank: int, world: int) -> dict:
-    torch.manual_seed(0)
-    model = Model()
+def batch():
     x, y = torch.randn(B, T, H), torch.randn(B, U + 1, H)
-    targets = torch.randint(1, V, (B, U))
-    tl, ul = torch.tensor([6, 5, 6, 4]), torch.tensor([3, 2, 1, 3])
+    targets = torch.randint(1, 3, (B, U))
+    return x, y, targets, torch.tensor([6, 5, 6, 4]), torch.tensor([3, 2, 1, 3])
 
+
+def wrap(model: Model) -> torch.nn.Module:
+    case = model.case
+    if case.engine == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+    if case.layout in ("joiner", "outside"):
+        fully_shard(model.joiner)
+    elif case.layout == "out":
+        fully_shard(model.joiner.out)
+    fully_shard(model)
+    return model
+
+
+def step(case: Case, rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    model = Model(case)
+    data = batch()
     ref = copy.deepcopy(model)
-    ref(x, y, targets, tl, ul, fused=False).backward()
+    ref.full_loss(*data).backward()
     want = {n: p.grad for n, p in ref.named_parameters()}
 
-    if engine == "ddp":
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
-    else:
-        from torch.distributed.fsdp import fully_shard
-        fully_shard(model.joiner)
-        fully_shard(model)
-        wrapped = model
-    share = slice(rank * B // world, (rank + 1) * B // world)
-    wrapped(x[share], y[share], targets[share], tl[share], ul[share], fused=True).backward()
-    got = {}
+    wrapped = wrap(model)
+    share = [t[rank * B // world:(rank + 1) * B // world] for t in data]
+    out = wrapped(*share)
+    loss = model.loss(*out, *share[2:]) if case.layout == "outside" else out
+    loss.backward()
+    got, params, grads = {}, {}, {}
     for n, p in model.named_parameters():
         g = p.grad
+        params[n], grads[n] = type(p).__name__, type(g).__name__
         if hasattr(g, "full_tensor"):
             g = g.full_tensor()
-        got[n] = g * world
-    return {"got": got, "want": want}
+        got[n] = None if g is None else g * world
+    return {"got": got, "want": want, "params": params, "grads": grads}
 
 
-def main(engines: str, out: str) -> None:
+def warm_up() -> None:
+    """One fused step on the default backend in this process: Numba compiles the CPU
+    kernels and caches them on disk, so that the ranks load them instead of compiling them
+    at once on the same cores."""
+    torch.manual_seed(0)
+    model = Model(Case("fsdp2", "auto"))
+    model(*batch()).backward()
+
+
+def main(out: str, ids: list) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     res = {}
-    for engine in engines.split(","):
+    for case in (c for c in CASES if c.id in ids):
         try:
-            res[engine] = step(engine, rank, world)
+            res[case.id] = step(case, rank, world)
         except Exception as err:                  # noqa: BLE001  reported by the test
-            res[engine] = f"{type(err).__name__}: {err}"
+            res[case.id] = f"{type(err).__name__}: {err}"
             break                                 # the other rank may be stuck: stop here
     if rank == 0:
         torch.save(res, out)
@@ -92,4 +205,4 @@ def main(engines: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])

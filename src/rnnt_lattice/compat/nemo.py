@@ -14,7 +14,8 @@ docs/variants.md B):
 
 - ``acts`` are the joiner's raw logits ``(B, T, U+1, V)`` (TDT: ``(B, T, U+1, V_tok + D)``,
   the ``D = len(durations)`` duration logits last); ``labels`` ``(B, U)``, ``act_lens`` and
-  ``label_lens`` ``(B,)``, all three int64;
+  ``label_lens`` ``(B,)``, all three int64 (the RNN-T and multi-blank losses also take
+  int32, as ESPnet's copy of them does);
 - the reported cost is NeMo's ``(1 + fastemit_lambda) * (-log P)``; the gradient is the
   FastEmit gradient (label arcs scaled by ``1 + fastemit_lambda``), not the gradient of
   that value;
@@ -47,8 +48,11 @@ Differences from NeMo, all deliberate (docs/migrating.md lists them with the rea
   needs it, from reading); ``big_blank_durations`` may come in any order, as in NeMo;
 - ``omega``'s draw comes from torch's CPU generator (``torch.manual_seed``), NeMo's from
   Python's ``random``;
-- lengths and labels of another dtype than int64 raise an error that is both a
-  ``ValueError`` (this library's convention) and the ``TypeError`` NeMo raises; ``acts``
+- the RNN-T and multi-blank losses take int32 labels and lengths too (ESPnet's copy of
+  NeMo's module, ``espnet2.asr.transducer.rnnt_multi_blank``, requires int32 lengths and its
+  models pass int32 labels: an ESPnet model switches by its import alone); other dtypes
+  (for TDT anything but int64) raise an error that is both a ``ValueError`` (this
+  library's convention) and the ``TypeError`` NeMo raises; ``acts``
   need not be contiguous nor exactly ``(max T_b, max U_b + 1)`` in its middle dimensions
   (padding beyond the lengths is never read);
 - a second backward through the same graph (``retain_graph=True``) works (NeMo's backward
@@ -69,24 +73,32 @@ __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "RNNTLossNumba", "TD
            "MultiblankRNNTLossNumba", "install", "uninstall", "installed"]
 
 
-class _NotInt64Error(ValueError, TypeError):
+class _IdDtypeError(ValueError, TypeError):
     """A ValueError, as every argument error of this library, that is also the TypeError
-    NeMo raises for non-int64 labels or lengths."""
+    NeMo raises for labels or lengths of another dtype."""
 
 
 REDUCTIONS = ("sum", "mean", "none", None)
 
+# The dtypes of labels and lengths each loss takes: NeMo's int64, and for the RNN-T and
+# multi-blank losses also the int32 of ESPnet's copy of NeMo's module
+# (espnet2.asr.transducer.rnnt_multi_blank, whose certify_inputs requires int32 lengths and
+# whose models pass int32 labels), so that an ESPnet model switches by its import alone.
+NEMO_IDS = (torch.int64,)
+ESPNET_IDS = (torch.int64, torch.int32)
 
-def _check_call(labels, act_lens, label_lens, reduction) -> None:
-    """NeMo's ``certify_inputs`` dtype rule (labels and both lengths are int64), and the
-    reduction, read at each call."""
+
+def _check_call(labels, act_lens, label_lens, reduction, ids: tuple) -> None:
+    """NeMo's ``certify_inputs`` dtype rule (labels and both lengths of a dtype in ``ids``),
+    and the reduction, read at each call."""
     _check_reduction(reduction)
     for name, x in (("labels", labels), ("act_lens", act_lens), ("label_lens", label_lens)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype != torch.int64:
-            raise _NotInt64Error(f"{name} must be torch.int64 (as in NeMo), got {x.dtype} with "
-                                 f"shape {tuple(x.shape)}")
+        if x.dtype not in ids:
+            want = " or ".join(str(d) for d in ids)
+            raise _IdDtypeError(f"{name} must be {want}, got {x.dtype} with shape "
+                                f"{tuple(x.shape)}")
 
 
 def _check_reduction(reduction) -> None:
@@ -129,7 +141,7 @@ def _report(costs: torch.Tensor, fastemit_lambda: float, dtype: torch.dtype,
 # --------------------------------------------------------------------------- the losses
 
 def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda, clamp):
-    _check_call(labels, act_lens, label_lens, reduction)
+    _check_call(labels, act_lens, label_lens, reduction, ESPNET_IDS)
     costs = functional.rnnt_loss(acts, labels, act_lens, label_lens, blank, clamp=clamp,
                                  reduction="none", fastemit_lambda=fastemit_lambda)
     return _report(costs, fastemit_lambda, torch.float32, reduction)
@@ -137,7 +149,7 @@ def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda,
 
 def _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction, fastemit_lambda,
          clamp, sigma, omega):
-    _check_call(labels, act_lens, label_lens, reduction)
+    _check_call(labels, act_lens, label_lens, reduction, NEMO_IDS)
     costs = functional.tdt_loss(acts, labels, act_lens, label_lens, blank=blank,
                                 durations=durations, sigma=sigma, omega=omega, reduction="none",
                                 fastemit_lambda=fastemit_lambda, clamp=clamp)
@@ -146,7 +158,7 @@ def _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction, fastem
 
 def _multiblank(acts, labels, act_lens, label_lens, blank, big_blank_durations, reduction,
                 fastemit_lambda, clamp, sigma):
-    _check_call(labels, act_lens, label_lens, reduction)
+    _check_call(labels, act_lens, label_lens, reduction, ESPNET_IDS)
     costs = functional.multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=blank,
                                             big_blank_durations=big_blank_durations, sigma=sigma,
                                             reduction="none", fastemit_lambda=fastemit_lambda,
@@ -157,7 +169,7 @@ def _multiblank(acts, labels, act_lens, label_lens, blank, big_blank_durations, 
 def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction='mean',
               fastemit_lambda: float = 0.0, clamp: float = 0.0):
     """NeMo's functional RNN-T loss: ``acts`` ``(B, T, U+1, V)`` raw logits, ``labels``
-    ``(B, U)``, ``act_lens``/``label_lens`` ``(B,)``, all int64. Returns the
+    ``(B, U)``, ``act_lens``/``label_lens`` ``(B,)``, int64 or int32. Returns the
     ``(1 + fastemit_lambda)``-scaled costs: ``(B,)``, or ``(1,)`` for ``'sum'``/``'mean'``
     (``'mean'`` = sum / B), float32. ``clamp`` must be ``>= 0`` (``0``: off)."""
     return _rnnt(acts, labels, act_lens, label_lens, blank, reduction, float(fastemit_lambda),
@@ -181,8 +193,9 @@ def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_du
                          sigma: float = 0.0):
     """NeMo's functional multi-blank loss, working (NeMo's raises): ``acts``
     ``(B, T, U+1, V)``, one softmax over the labels, the big blanks and the standard blank
-    ``blank`` (the last class); the big blank of ``big_blank_durations[i]`` is class
-    ``blank - 1 - i`` (any order). Returns costs as :func:`rnnt_loss`, in the dtype of
+    ``blank`` (NeMo's: the last class; ESPnet's: after its big blanks); the big blank of
+    ``big_blank_durations[i]`` is class ``blank - 1 - i`` (any order); ``labels``, ``act_lens``, ``label_lens`` as
+    :func:`rnnt_loss` (int64 or int32). Returns costs as :func:`rnnt_loss`, in the dtype of
     ``acts``."""
     return _multiblank(acts, labels, act_lens, label_lens, blank, list(big_blank_durations),
                        reduction, float(fastemit_lambda), _check_clamp(clamp), sigma)
@@ -204,8 +217,9 @@ class RNNTLossNumba(torch.nn.Module):
         >>> cost.backward()
 
     Forward args: ``acts`` ``(B, T, U+1, V)`` raw logits, ``labels`` ``(B, U)``,
-    ``act_lens``/``label_lens`` ``(B,)``, int64. Returns the ``(1 + fastemit_lambda)``-scaled
-    costs, float32: ``(B,)``, or ``(1,)`` for ``'sum'``/``'mean'``.
+    ``act_lens``/``label_lens`` ``(B,)``, int64 or int32. Returns the
+    ``(1 + fastemit_lambda)``-scaled costs, float32: ``(B,)``, or ``(1,)`` for
+    ``'sum'``/``'mean'``.
     """
 
     def __init__(self, blank=0, reduction='mean', fastemit_lambda: float = 0.0,
@@ -288,10 +302,12 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
         >>> cost.backward()
 
     Forward args: ``acts`` ``(B, T, U+1, V)`` with one softmax over every class: the labels,
-    the big blanks, and the standard blank ``blank``, the last class (NeMo's
-    ``num_classes``); the big blank of ``big_blank_durations[i]`` (any order, each ``>= 2``)
-    is class ``blank - 1 - i``. ``sigma`` is subtracted once per arc. Costs in the dtype of
-    ``acts``.
+    the big blanks, and the standard blank ``blank``: NeMo's ``num_classes``, the last class,
+    or ESPnet's ``blank_id``, after the big blanks it inserts at the front of its token list;
+    the big blank of ``big_blank_durations[i]`` (any order, each ``>= 2``) is class
+    ``blank - 1 - i``; ``labels``, ``act_lens``, ``label_lens`` as
+    :class:`RNNTLossNumba` (int64 or int32). ``sigma`` is subtracted once per arc. Costs in
+    the dtype of ``acts``.
     """
 
     def __init__(self, blank, big_blank_durations, reduction='mean',
