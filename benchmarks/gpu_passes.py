@@ -17,7 +17,10 @@ between calls):
   row and gradient passes' bandwidth: bytes of logits read (row), read and written (grad)
   over their time;
 - ``host``: the host's time to enqueue one forward+backward (``time.perf_counter`` over
-  many calls queued back to back, no synchronisation between them).
+  many calls queued back to back, no synchronisation between them);
+- with ``--peers NAME ...``: each peer of ``peers.py`` that implements the variant
+  (torchaudio, NeMo's numba ``nemo_numba``/``nemo_tdt``/``nemo_multiblank``), forward+backward
+  on the same logits, and its peak memory above the inputs beside ours.
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
 ``(ROWS, BLOCK_V, num_warps)`` of :data:`SWEEP` (``gpu._tiles`` replaced for the call), for
@@ -95,6 +98,18 @@ def step_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def peak_mib(fn) -> float:
+    """MiB of device memory one call of ``fn`` allocates at its peak, above what was
+    allocated before it."""
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
 def host_ms(fn, step: float) -> float:
     """Host milliseconds to enqueue ``fn`` (median of 5 runs of ``n`` calls, synchronised
     only between runs; ``n`` fills about 200 ms of device time at ``step`` ms a call)."""
@@ -117,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["s3", "s5", "big", "v5000"])
     ap.add_argument("--variants", nargs="+", default=["regular"])
     ap.add_argument("--sweep", nargs="*", default=[])
+    ap.add_argument("--peers", nargs="*", default=["torchaudio"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -124,10 +140,7 @@ def main(argv=None) -> int:
         return 2
     from rnnt_lattice._types import LossOptions
     from rnnt_lattice.topology import by_name, multiblank, tdt
-    try:
-        import torchaudio.functional as taf
-    except Exception:                                # noqa: BLE001
-        taf = None
+    import peers
     bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"torch {torch.__version__}", flush=True)
@@ -152,15 +165,25 @@ def main(argv=None) -> int:
                 leaf.grad = None
 
             row = {"shape": name, "variant": variant,
-                   "floor": 3 * inp.logits.numel() * 4 / bw * 1e3, "step": step_ms(ours)}
+                   "floor": 3 * inp.logits.numel() * 4 / bw * 1e3, "step": step_ms(ours),
+                   "peak_MiB": peak_mib(ours)}
             row.update(host=host_ms(ours, row["step"]), **passes(inp, opts))
-            if taf is not None and variant == "regular":
-                def theirs():
-                    costs = taf.rnnt_loss(leaf, inp.targets, inp.logit_lengths,
-                                          inp.target_lengths, blank=inp.blank, reduction="sum")
-                    costs.backward()
-                    leaf.grad = None
-                row["torchaudio"] = step_ms(theirs)
+            for peer in args.peers:
+                prov = peers.PROVIDERS[peer]
+                if "cuda" not in prov.devices or variant not in prov.variants:
+                    continue
+                try:
+                    fn = prov.get()
+
+                    def theirs(fn=fn):
+                        costs = fn(leaf, inp.targets, inp.logit_lengths, inp.target_lengths,
+                                   inp.blank)
+                        costs.sum().backward()
+                        leaf.grad = None
+                    row[peer] = step_ms(theirs)
+                    row[peer + "_peak_MiB"] = peak_mib(theirs)
+                except Exception as err:                 # noqa: BLE001 (a peer may fail)
+                    row[peer] = f"{type(err).__name__}: {str(err)[:80]}"
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                               for k, v in row.items()}), flush=True)
             if name in args.sweep and variant == "regular":

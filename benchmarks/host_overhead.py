@@ -12,7 +12,10 @@ work, the part this package controls: Triton's and PyTorch's launch costs (per l
 few microseconds of their own code) come on top on a real device and are not counted
 here, so that the figure is the same on any machine with the same CPU. The value checks
 take the device path (``set_input_checks("device")``, the CUDA default), whose kernel is
-one more no-op launch and whose asserts are ``torch._assert_async`` on CPU tensors.
+one more no-op launch and whose asserts are ``torch._assert_async`` on CPU tensors. The
+step includes the caller's own ``costs.sum().backward()`` (autograd's engine), and glibc is
+told to keep large blocks (see the code) so that the gradient's allocation costs what
+PyTorch's CUDA caching allocator charges.
 
 Prints the median microseconds per forward+backward over ``--calls`` calls (5 rounds,
 the median round), and with ``--profile N`` the N functions with the most own time
@@ -21,6 +24,15 @@ the median round), and with ``--profile N`` the N functions with the most own ti
 from __future__ import annotations
 
 import os
+import sys
+
+# glibc returns a large block to the system when it is freed and maps a new one at the
+# next allocation (page faults, system calls); PyTorch's CUDA caching allocator hands the
+# same block out again. So that the gradient's allocation costs here what it costs on a
+# GPU, glibc keeps large blocks: the process restarts itself once with its thresholds set.
+_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+if any(os.environ.get(k) != v for k, v in _MALLOC.items()):
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_MALLOC})
 
 os.environ["TRITON_INTERPRET"] = "1"   # the backend accepts CPU tensors; nothing runs in it
 

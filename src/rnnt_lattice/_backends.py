@@ -7,6 +7,7 @@ members and nothing else: no capability probing, no fallback written in a caller
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from dataclasses import dataclass, replace
@@ -44,6 +45,9 @@ class Backend(Protocol):
     INPLACE_WRITES_IN: str       # "forward" | "backward": when inplace_grad overwrites the logits
     NATIVE_LOW_PRECISION: bool   # the kernels read float16/bfloat16 logits (else promoted first)
     NATIVE_INT32_IDS: bool       # the kernels read int32 ids and lengths (else converted first)
+    ZEROES_INFINITE_COSTS: bool  # loss_backward and tile_backward give a zero gradient to every
+                                 # sequence whose cost is infinite in the costs' dtype (else the
+                                 # caller zeroes their upstream gradient first)
 
     # The loss (``_ops``): costs (B,), tensors for ctx.save_for_backward, any other state;
     # then upstream[b] * d cost_b / d logits, shaped like the logits.
@@ -207,10 +211,11 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
         n_tokens = topo.token_classes(V)
         if n_tokens < 1:
             topo.check(V, check_int("blank", blank))      # names the missing token classes
+    site = check_site(logits)
     chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
                              int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
                              n_tokens=n_tokens, grid=tuple(node_rows.shape) if rows else None,
-                             allow_blank_targets=allow_blank_targets, names=names)
+                             allow_blank_targets=allow_blank_targets, names=names, site=site)
     x = chk.logits
     dtype = x.dtype
     if dtype in (torch.float16, torch.bfloat16) and (impl is None or not impl.NATIVE_LOW_PRECISION):
@@ -220,18 +225,34 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
     elif dtype != x.dtype or not x.is_contiguous():
         x = x.to(dtype).contiguous()
     B, T, U1 = tuple(node_rows.shape) if rows else x.shape[:3]
-    topo.check(x.shape[-1], chk.blank)
-    check_class_targets(chk.targets, chk.target_lengths, topo)
+    _check_topology(topo, x.shape[-1], chk.blank)
+    check_class_targets(chk.targets, chk.target_lengths, topo, site)
     boundary = check_boundary(boundary, B, x.device, chk.logit_lengths, chk.target_lengths)
     nan_rows = None
-    if B and check_site(x) == "device":
+    if B and site == "device":
         # The host checks above were skipped (no values read): the same rules on the device.
         nan_rows = device_value_check(
             chk.targets, chk.logit_lengths, chk.target_lengths, T=T, U=U1 - 1,
             V=x.shape[-1] if n_tokens is None else n_tokens,
-            blank=None if allow_blank_targets else chk.blank,
-            classes=tuple(sorted({k.class_id for k in topo.kinds if k.reads == "class"})),
+            blank=None if allow_blank_targets else chk.blank, classes=_fixed_classes(topo),
             boundary=boundary)
     if x is not chk.logits:
         chk = Checked(x, chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)
-    return Prepared(impl, chk, replace(opts, blank=chk.blank), boundary, nan_rows)
+    return Prepared(impl, chk, _with_blank(opts, chk.blank), boundary, nan_rows)
+
+
+# Per-call work that depends only on hashable options, done once per value.
+@functools.lru_cache(maxsize=256)
+def _check_topology(topo: Topology, V: int, blank: int) -> int:
+    return topo.check(V, blank)
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_classes(topo: Topology) -> tuple:
+    """The classes an arc kind of ``topo`` reads as fixed (multi-blank's big blanks)."""
+    return tuple(sorted({k.class_id for k in topo.kinds if k.reads == "class"}))
+
+
+@functools.lru_cache(maxsize=256)
+def _with_blank(opts: LossOptions, blank: int) -> LossOptions:
+    return opts if opts.blank == blank else replace(opts, blank=blank)

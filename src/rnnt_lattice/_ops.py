@@ -72,7 +72,7 @@ class _RNNTLoss(torch.autograd.Function):
             ctx.save_for_backward(*saved)
             ctx.impl, ctx.state, ctx.opts = impl, state, opts
             ctx.logits = logits if opts.inplace_grad else None
-            ctx.infinite = torch.isinf(costs)
+            ctx.infinite = None if impl.ZEROES_INFINITE_COSTS else torch.isinf(costs)
         return costs
 
     @staticmethod
@@ -105,12 +105,13 @@ def refuse_double_backward(what: str) -> None:
             "computed by kernels and cannot be differentiated again")
 
 
-def without_infinite(upstream: torch.Tensor, infinite: torch.Tensor) -> torch.Tensor:
+def without_infinite(upstream: torch.Tensor, infinite) -> torch.Tensor:
     """The upstream gradient with 0 for the sequences whose cost is infinite in the output
     dtype: an infinite loss has a zero gradient (math.md 8.1), also where the float64 lattice
     was finite and only the cast overflowed (a float32 cost beyond 3.4e38). The backends see
-    an upstream of exactly 0 there, which gives an exactly zero gradient."""
-    return upstream.masked_fill(infinite, 0.0)
+    an upstream of exactly 0 there, which gives an exactly zero gradient. ``infinite`` None:
+    the backend does it itself (``ZEROES_INFINITE_COSTS``)."""
+    return upstream if infinite is None else upstream.masked_fill(infinite, 0.0)
 
 
 def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,

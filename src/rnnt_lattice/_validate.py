@@ -12,6 +12,7 @@ for an index out of range. :func:`set_input_checks` chooses where the checks run
 """
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import re
@@ -66,28 +67,36 @@ def set_input_checks(mode: str) -> str:
     return before
 
 
+_device_checks_on: dict = {}     # device type -> whether the device check's kernel runs there
+
+
 def _device_checks_run_on(device: torch.device) -> bool:
     """Whether :func:`device_value_check`'s kernel runs on ``device``: CUDA with Triton, or
-    the CPU under the Triton interpreter."""
-    if device.type not in ("cuda", "cpu"):
-        return False
-    try:
-        from . import gpu
-    except ImportError:
-        return False
-    return device.type == "cuda" or gpu.INTERPRETED
+    the CPU under the Triton interpreter (decided once per device type)."""
+    runs = _device_checks_on.get(device.type)
+    if runs is None:
+        runs = False
+        if device.type in ("cuda", "cpu"):
+            try:
+                from . import gpu
+                runs = device.type == "cuda" or gpu.INTERPRETED
+            except ImportError:
+                pass
+        _device_checks_on[device.type] = runs
+    return runs
 
 
 def check_site(x: torch.Tensor) -> str | None:
     """Where the value checks of a call on ``x``'s device run: ``"host"``, ``"device"``, or
     None (not at all: while ``torch.compile`` traces, where there are no values, or on the
     meta device). The one rule of every value check (``set_input_checks``)."""
-    if torch.compiler.is_compiling() or x.device.type == "meta":
+    device = x.device
+    if device.type == "meta" or torch.compiler.is_compiling():
         return None
-    mode = input_checks()
+    mode = _input_checks["mode"] or input_checks()
     if mode == "host":
         return "host"
-    if (mode == "device" or x.device.type == "cuda") and _device_checks_run_on(x.device):
+    if (mode == "device" or device.type == "cuda") and _device_checks_run_on(device):
         return "device"
     return "host"
 
@@ -102,18 +111,12 @@ def may_read_values(x: torch.Tensor) -> bool:
 # more (``torch._assert_async`` raises "Message length must be smaller than 255" on a CUDA
 # tensor, where the CPU takes any length): tests/test_device_checks.py keeps each under it.
 DEVICE_MESSAGES = {
-    "logit_lengths": "rnnt_lattice: logit_lengths[b] must be in [0, T], T the padded frames; "
-                     "that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host gives the "
-                     "ValueError naming b",
-    "target_lengths": "rnnt_lattice: target_lengths[b] must be in [0, U], U the padded labels; "
-                      "that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host gives the "
-                      "ValueError naming b",
-    "targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must be in [0, V) (the "
-               "token classes); that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host "
-               "gives the ValueError naming b, u",
-    "blank_targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must not be a blank "
-                     "class (allow_blank_targets=True admits the blank); that sequence's loss is "
-                     "NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
+    "lengths": "rnnt_lattice: need 0 <= logit_lengths[b] <= T and 0 <= target_lengths[b] <= U, "
+               "T and U the padded sizes; that sequence's loss is NaN. "
+               "RNNT_LATTICE_INPUT_CHECKS=host gives the ValueError naming b",
+    "targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must be a label in [0, V), "
+               "not a blank (allow_blank_targets=True admits the blank); that sequence's loss "
+               "is NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
     "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
                 "target_lengths[b] and 0 <= begin_frame <= end_frame <= logit_lengths[b]; that "
                 "sequence's loss is NaN",
@@ -122,8 +125,9 @@ DEVICE_MESSAGES = {
                  "RNG state (dropout is replayed), as torch.utils.checkpoint requires",
 }
 
-# The rules of the device check, in the order of the flags its kernel writes.
-DEVICE_RULES = ("logit_lengths", "target_lengths", "targets", "blank_targets", "boundary")
+# The rules of the device check, in the order of the flags its kernel writes: one assert
+# each (a launch on CUDA), so the rules are few and each message names its arguments.
+DEVICE_RULES = ("lengths", "targets", "boundary")
 
 
 def device_assert(ok: torch.Tensor, rule: str) -> None:
@@ -134,23 +138,27 @@ def device_assert(ok: torch.Tensor, rule: str) -> None:
     torch._assert_async(ok, DEVICE_MESSAGES[rule])
 
 
+@functools.lru_cache(maxsize=1)
+def _input_check():
+    """``gpu.input_check``, imported on first use (Triton loads with it)."""
+    from .gpu import input_check
+    return input_check
+
+
 def device_value_check(targets, logit_lengths, target_lengths, *, T: int, U: int, V: int,
                        blank: int | None, classes: tuple = (), boundary=None) -> torch.Tensor:
     """The value checks on the device, without a host synchronisation: one kernel
     (``gpu.input_check``) decides, for every sequence ``b``, the rules of
-    :data:`DEVICE_RULES` -- ``0 <= logit_lengths[b] <= T``, ``0 <= target_lengths[b] <=
-    U``, ``targets[b, u]`` in ``[0, V)`` for ``u < target_lengths[b]`` and not the ``blank``
-    (None: allowed) nor one of ``classes`` (multi-blank's big blanks), and k2's
-    ``boundary`` within the lengths -- then one :func:`device_assert` per rule. Returns
+    :data:`DEVICE_RULES` -- ``0 <= logit_lengths[b] <= T`` and ``0 <= target_lengths[b] <=
+    U``; ``targets[b, u]`` in ``[0, V)`` for ``u < target_lengths[b]`` and not the ``blank``
+    (None: allowed) nor one of ``classes`` (multi-blank's big blanks); k2's ``boundary``
+    within the lengths -- then one :func:`device_assert` per rule that can fail. Returns
     ``(B,)`` float32: NaN for a sequence that breaks a rule, 0 otherwise, for the caller
     to add to its costs (the loss of a bad sequence is NaN, never a plausible value).
     ``targets`` None: lengths (and boundary) only."""
-    from . import gpu
-    ok, nan_rows = gpu.input_check(targets, logit_lengths, target_lengths, boundary, T=T, U=U,
-                                   V=V, blank=blank, classes=classes)
-    labels = targets is not None and U > 0
-    applies = (True, True, labels, labels and (blank is not None or bool(classes)),
-               boundary is not None)
+    ok, nan_rows = _input_check()(targets, logit_lengths, target_lengths, boundary, T=T, U=U,
+                                  V=V, blank=blank, classes=classes)
+    applies = (True, targets is not None and U > 0, boundary is not None)
     for i, rule in enumerate(DEVICE_RULES):
         if applies[i]:                 # a rule that cannot fail costs no assert launch
             device_assert(ok[i], rule)
@@ -211,6 +219,7 @@ def check_lattice_args(
     grid: tuple[int, int, int] | None = None,
     allow_blank_targets: bool = False,
     names: Names | None = None,
+    site: str | None = "unknown",
 ) -> Checked:
     """Validate the lattice inputs and return them normalised (see :class:`Checked`).
     ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
@@ -219,7 +228,8 @@ def check_lattice_args(
     durations follow); the blank and the target ids must lie among them. ``grid``:
     ``(B, T, U+1)`` of a node -> row layout whose logits are rows ``(N, V)`` (packed or
     pruned); the shapes are checked against the grid. ``allow_blank_targets``: a target equal
-    to the blank is an ordinary label (k2's semantics), not a ValueError. ``logits`` may be
+    to the blank is an ordinary label (k2's semantics), not a ValueError. ``site``: the
+    caller's :func:`check_site` of the logits, if it has it. ``logits`` may be
     a :class:`LogitsSpec` (shapes only), ``names`` says how messages name the tensors. The
     rank of ``logits`` is the caller's check (``check_logits_rank``, before it reads the
     logits' device)."""
@@ -279,7 +289,9 @@ def check_lattice_args(
     targets, logit_lengths, target_lengths = (
         x.contiguous() for x in (targets, logit_lengths, target_lengths))
 
-    if B and may_read_values(logits):
+    if site == "unknown":
+        site = check_site(logits)
+    if B and site == "host":
         where = ("logits", logits)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, names.T if names else where,
                       names.U if names else where)
@@ -302,13 +314,17 @@ def check_logits_rank(logits, *, rows: bool = False) -> int:
     return logits.shape[-1]
 
 
-def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, topology) -> None:
-    """Value check (where :func:`may_read_values`): no label may be a class that an arc kind of
-    ``topology`` reads as a fixed class (multi-blank's big blanks): a label cannot be a
-    blank. ``targets`` and ``target_lengths`` are already checked (``check_lattice_args``)."""
+def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, topology,
+                        site: str | None = "unknown") -> None:
+    """Value check (where :func:`may_read_values`; ``site``: the caller's
+    :func:`check_site`): no label may be a class that an arc kind of ``topology`` reads as a
+    fixed class (multi-blank's big blanks): a label cannot be a blank. ``targets`` and
+    ``target_lengths`` are already checked (``check_lattice_args``)."""
     fixed = {k.class_id: k.name for k in topology.kinds if k.reads == "class"}
     U = targets.shape[1]
-    if not fixed or U == 0 or targets.shape[0] == 0 or not may_read_values(targets):
+    if not fixed or U == 0 or targets.shape[0] == 0:
+        return
+    if (check_site(targets) if site == "unknown" else site) != "host":
         return
     valid = torch.arange(U)[None, :] < target_lengths[:, None]
     classes = torch.tensor(sorted(fixed), dtype=targets.dtype)
@@ -409,6 +425,17 @@ FLOAT_RANGES = {
 def check_float(name: str, value, *, minimum: float | None = None, finite: bool = False) -> float:
     """``value`` as a Python float: a number, not NaN, ``>= minimum`` and finite if asked,
     and inside ``FLOAT_RANGES[name]`` for the options listed there."""
+    if type(value) in (float, int):            # the usual call: checked once per value
+        return _checked_float(name, value, minimum, finite)
+    return _check_float(name, value, minimum, finite)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_float(name: str, value, minimum, finite: bool) -> float:
+    return _check_float(name, value, minimum, finite)
+
+
+def _check_float(name: str, value, minimum, finite: bool) -> float:
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         raise ValueError(f"{name} must be a number, got a tensor of shape {_shape(value)}")
     try:

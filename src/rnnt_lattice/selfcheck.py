@@ -460,9 +460,9 @@ def check_amp(ctx, kind):
 BAD_INPUTS = (
     ("label >= V", "targets", lambda y, tl, ul, T, U, V: y[1].fill_(V)),
     ("label < 0", "targets", lambda y, tl, ul, T, U, V: y[1].fill_(-1)),
-    ("logit_lengths > T", "logit_lengths", lambda y, tl, ul, T, U, V: tl[1].fill_(T + 1)),
-    ("target_lengths > U", "target_lengths", lambda y, tl, ul, T, U, V: ul[1].fill_(U + 1)),
-    ("negative logit_lengths", "logit_lengths", lambda y, tl, ul, T, U, V: tl[1].fill_(-2)),
+    ("logit_lengths > T", "lengths", lambda y, tl, ul, T, U, V: tl[1].fill_(T + 1)),
+    ("target_lengths > U", "lengths", lambda y, tl, ul, T, U, V: ul[1].fill_(U + 1)),
+    ("negative logit_lengths", "lengths", lambda y, tl, ul, T, U, V: tl[1].fill_(-2)),
 )
 
 _BAD_INPUT_SCRIPT = """

@@ -81,6 +81,19 @@ class Topology:
     n_durations: int = 0    # size of the duration softmax group (TDT); 0 otherwise
     blank: int | None = None  # the blank id its fixed classes are placed around (multi-blank); None: any
 
+    def __hash__(self) -> int:
+        # Computed once: a topology keys the backends' caches on every call, and the
+        # dataclass's own hash would walk every arc kind each time.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.name, self.kinds, self.n_durations, self.blank))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        # The cached hash stays in its process (string hashes are salted per process).
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def __post_init__(self):
         if not self.kinds:
             raise ValueError(f"topology {self.name!r} has no arc kinds")

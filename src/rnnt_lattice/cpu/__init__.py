@@ -66,6 +66,7 @@ __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "til
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
 NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
+ZEROES_INFINITE_COSTS = False     # the caller zeroes the upstream gradient of infinite costs
 
 # The simple losses' log-domain rescue of the few nodes beyond the float64 matmul's range
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.

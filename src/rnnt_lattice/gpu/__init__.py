@@ -80,6 +80,9 @@ NAME = "triton"
 # need not convert them (each conversion would be a launch of its own).
 NATIVE_LOW_PRECISION = True
 NATIVE_INT32_IDS = True
+# The gradient pass zeroes the rows of every sequence whose cost is infinite in the costs'
+# dtype: the caller passes the upstream gradient as it is (no isinf and masked_fill).
+ZEROES_INFINITE_COSTS = True
 
 # Decorated as interpreted functions iff TRITON_INTERPRET=1 was set at import.
 INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
@@ -386,7 +389,7 @@ def _terms(topo: Topology, sigma: float, delay_penalty: float) -> dict:
     return dict(SIGMA=sigma != 0.0, DELAY_ON=delay_penalty != 0.0 and any(_kinds(topo)["DELAY"]))
 
 
-_f64_cached = functools.lru_cache(maxsize=256)(lambda x: _f64_parts(x))
+_f64_cached = functools.lru_cache(maxsize=256)(_f64_parts)
 
 
 def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
@@ -427,69 +430,111 @@ def _fill_rowless(st: _State) -> None:
     st.ws[lay.o_nb:lay.o_alpha].fill_(float("-inf"))       # next_blank, lp
 
 
+# Launch plans: the grid, plain arguments and constexprs of each kernel launch depend only
+# on the call's shapes, dtypes and options, so they are built once per such key and cached
+# (a training run meets few keys): the host's work per call is then a dictionary lookup
+# and the launch. The tile constants are part of every key (tests lower them).
+@functools.lru_cache(maxsize=1024)
+def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: int, dtype,
+              n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple):
+    n_dur = topo.n_durations
+    per, block_v, num_warps = _tiles(V - n_dur, n_rows, "row", n_dur)
+    args = (n_rows, lay.T, lay.U1, V - n_dur, blank, *box,
+            *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"))
+    kw = dict(_kernel_kinds(topo, "row"), FUSED=log_softmax, LAYOUT=layout, ACC=_acc(dtype),
+              ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
+              V_ALIGN=_v_align(V, n_dur), BOUNDARY=boundary, num_warps=num_warps)
+    return ((n_rows + per - 1) // per,), args, kw
+
+
+def _tile_constants() -> tuple:
+    """The module's tile constants, as a key of the launch plans (tests change them)."""
+    return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]), NUM_WARPS_V, NARROW_ROWS,
+            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, NUM_WARPS_LATTICE)
+
+
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
               boundary, rows: _Rows):
     """Pass 1 (``kernels._row_kernel``) over the rows ``rows`` into ``st``'s ``lse``,
     ``lse_dur``, ``next_blank`` and ``lp`` at their nodes."""
     if not rows.n:
         return
-    topo, lay = opts.topology, st.lay
-    V = logits.shape[-1]
-    n_dur = topo.n_durations
-    per, block_v, num_warps = _tiles(V - n_dur, rows.n, "row", n_dur)
+    grid, args, kw = _row_plan(opts.topology, opts.log_softmax, opts.blank, st.lay,
+                               logits.shape[-1], logits.dtype, rows.n, rows.layout, rows.box,
+                               boundary is not None, _tile_constants())
     with _device(logits):
-        kernels._row_kernel[((rows.n + per - 1) // per,)](
+        kernels._row_kernel[grid](
             logits, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
-            logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws,
-            rows.n, lay.T, lay.U1, V - n_dur, opts.blank, *rows.box,
-            *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"),
-            **_kernel_kinds(topo, "row"),
-            FUSED=opts.log_softmax, LAYOUT=rows.layout, ACC=_acc(logits.dtype),
-            ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
-            BOUNDARY=boundary is not None, num_warps=num_warps)
+            logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, *args, **kw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lattice_plan(topo: Topology, sigma: float, delay_penalty: float, lay: _Layout, beta: bool,
+                  max_semiring: bool, boundary: bool, tiles: tuple):
+    args = (lay.T, lay.U1, *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
+            *_f64_parts(sigma), *_f64_parts(delay_penalty))
+    kw = dict(_kernel_kinds(topo, "lattice"), **_terms(topo, sigma, delay_penalty),
+              MAX_SEMIRING=max_semiring, BLOCK_U=_block_u(lay.U1), BOUNDARY=boundary,
+              # num_stages=1: no load is issued ahead of the barrier that makes the
+              # earlier diagonals visible.
+              num_warps=NUM_WARPS_LATTICE, num_stages=1)
+    return (lay.B, 2 if beta else 1), args, kw
 
 
 def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions, *, boundary,
              beta: bool, best_kind=None):
     """Pass 2 (``kernels._lattice_kernel``) on ``st``'s arc log-probs: alpha (and beta),
     log P into ``st``, the costs into ``costs``."""
-    lay = st.lay
-    if not lay.B:
+    if not st.lay.B:
         return
-    topo = opts.topology
+    grid, args, kw = _lattice_plan(opts.topology, opts.sigma, opts.delay_penalty, st.lay, beta,
+                                   best_kind is not None, boundary is not None,
+                                   _tile_constants())
     with _device(costs):
         # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
-        kernels._lattice_kernel[(lay.B, 2 if beta else 1)](
+        kernels._lattice_kernel[grid](
             st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), costs,
-            _or(best_kind, logit_lengths), lay.T, lay.U1,
-            *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
-            *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
-            **_kernel_kinds(topo, "lattice"), **_terms(topo, opts.sigma, opts.delay_penalty),
-            MAX_SEMIRING=best_kind is not None, BLOCK_U=_block_u(lay.U1),
-            BOUNDARY=boundary is not None,
-            # num_stages=1: no load is issued ahead of the barrier that makes the
-            # earlier diagonals visible.
-            num_warps=NUM_WARPS_LATTICE, num_stages=1)
+            _or(best_kind, logit_lengths), *args, **kw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reads_plan(topo: Topology, fastemit_lambda: float, sigma: float, delay_penalty: float,
+                lay: _Layout, boundary: bool, tiles: tuple):
+    n_nodes = lay.B * lay.T * lay.U1
+    block = _pow2(n_nodes, BLOCK_NODES)
+    args = (n_nodes, lay.T, lay.U1,
+            *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads"),
+            *_f64_parts(1.0 + fastemit_lambda), *_f64_parts(sigma), *_f64_parts(delay_penalty))
+    kw = dict(_kernel_kinds(topo, "reads"), **_terms(topo, sigma, delay_penalty),
+              BOUNDARY=boundary, BLOCK=block)
+    return ((n_nodes + block - 1) // block,), args, kw
 
 
 def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boundary):
     """The gradient's per-node coefficients (``kernels._reads_kernel``) into ``st``'s
     ``reads``, after the lattice pass."""
-    lay = st.lay
-    n_nodes = lay.B * lay.T * lay.U1
-    if not n_nodes:
+    if not st.lay.B * st.lay.T * st.lay.U1:
         return
-    topo = opts.topology
-    block = _pow2(n_nodes, BLOCK_NODES)
+    grid, args, kw = _reads_plan(opts.topology, opts.fastemit_lambda, opts.sigma,
+                                 opts.delay_penalty, st.lay, boundary is not None,
+                                 _tile_constants())
     with _device(st.ws):
-        kernels._reads_kernel[((n_nodes + block - 1) // block,)](
-            st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths),
-            n_nodes, lay.T, lay.U1,
-            *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads"),
-            *_f64_cached(1.0 + opts.fastemit_lambda), *_f64_cached(opts.sigma),
-            *_f64_cached(opts.delay_penalty),
-            **_kernel_kinds(topo, "reads"), **_terms(topo, opts.sigma, opts.delay_penalty),
-            BOUNDARY=boundary is not None, BLOCK=block)
+        kernels._reads_kernel[grid](st.ws, logit_lengths, target_lengths,
+                                    _or(boundary, logit_lengths), *args, **kw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay: _Layout, V: int,
+               dtype, n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple):
+    n_dur = topo.n_durations
+    per, block_v, num_warps = _tiles(V - n_dur, n_rows, "grad", n_dur)
+    head = (n_rows, lay.B * lay.T * lay.U1, lay.T, lay.U1, V - n_dur, blank)
+    tail = (*box, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads"), *_f64_parts(clamp))
+    kw = dict(_kernel_kinds(topo, "grad"), FUSED=log_softmax, CLAMP=clamp > 0,
+              BOUNDARY=boundary, LAYOUT=layout, ACC=_acc(dtype), ROWS=per, BLOCK_V=block_v,
+              BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
+              COSTS32=_costs_dtype(dtype) == torch.float32, num_warps=num_warps)
+    return ((n_rows + per - 1) // per,), head, tail, kw
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
@@ -499,22 +544,15 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
     included). The coefficients are ``st``'s ``reads`` (``_reads``)."""
     if rows.n == 0:
         return dst
-    topo, lay = opts.topology, st.lay
-    V = logits.shape[-1]
-    n_dur = topo.n_durations
-    per, block_v, num_warps = _tiles(V - n_dur, rows.n, "grad", n_dur)
+    grid, head, tail, kw = _grad_plan(opts.topology, opts.log_softmax, opts.clamp, opts.blank,
+                                      st.lay, logits.shape[-1], logits.dtype, rows.n,
+                                      rows.layout, rows.box, boundary is not None,
+                                      _tile_constants())
     with _device(logits):
-        kernels._grad_kernel[((rows.n + per - 1) // per,)](
+        kernels._grad_kernel[grid](
             logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
             logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
-            rows.n, lay.B * lay.T * lay.U1, lay.T, lay.U1, V - n_dur, opts.blank,
-            upstream.stride(0), *rows.box, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads"),
-            *_f64_cached(opts.clamp),
-            **_kernel_kinds(topo, "grad"),
-            FUSED=opts.log_softmax, CLAMP=opts.clamp > 0, BOUNDARY=boundary is not None,
-            LAYOUT=rows.layout, ACC=_acc(logits.dtype), ROWS=per,
-            BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
-            num_warps=num_warps)
+            *head, upstream.stride(0), *tail, **kw)
     return dst
 
 
@@ -743,28 +781,31 @@ INPUT_CHECK_BLOCK_U = 128   # labels per step
 
 def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: int, V: int,
                 blank, classes: tuple = ()):
-    """``(ok (5,), nan_rows (B,))`` float32 views of one allocation: the rules of
+    """``(ok (3,), nan_rows (B,))`` float32 views of one allocation: the rules of
     ``_validate.device_value_check`` decided on the device (``kernels._input_check_kernel``,
-    one launch, no host synchronisation): ``ok[i]`` 1.0 where rule i holds for every
-    sequence, ``nan_rows[b]`` NaN for a sequence that breaks one, else 0. ``targets``
-    ``(B, U)`` or None (lengths only), ``blank`` None where a label may be the blank."""
+    one launch, no host synchronisation): ``ok[i]`` 1.0 where the rules of flag i (the
+    lengths, the labels, the boundary) hold for every sequence, ``nan_rows[b]`` NaN for a
+    sequence that breaks one, else 0. ``targets`` ``(B, U)`` or None (lengths only),
+    ``blank`` None where a label may be the blank."""
     B = logit_lengths.shape[0]
-    out = torch.empty(8 + B, dtype=torch.float32, device=logit_lengths.device)
-    ok, nan_rows = out[:5], out[8:]           # 8: the rows start 32-byte aligned
+    out = torch.empty(4 + B, dtype=torch.float32, device=logit_lengths.device)
+    ok, nan_rows = out[:3], out[4:]           # 4: the rows start 16-byte aligned
     labels = targets is not None and targets.numel() > 0
-    lengths = (x if x.dtype in _INT_IDS else x.to(torch.int64)
-               for x in (logit_lengths, target_lengths))
-    logit_lengths, target_lengths = (x.contiguous() for x in lengths)
-    y = targets.contiguous() if labels else logit_lengths
+    grid, kw = _input_check_plan(labels, blank is not None, tuple(classes),
+                                 boundary is not None)
     with _device(out):
-        kernels._input_check_kernel[(1,)](
-            y, logit_lengths, target_lengths,
-            logit_lengths if boundary is None else boundary.contiguous(), ok, nan_rows,
-            B, T, U, V, 0 if blank is None else blank,
-            LABELS=labels, NO_BLANK=blank is not None, CLASSES=tuple(classes),
-            BOUNDARY=boundary is not None, BLOCK_B=INPUT_CHECK_BLOCK_B,
-            BLOCK_U=INPUT_CHECK_BLOCK_U)
+        kernels._input_check_kernel[grid](
+            targets.contiguous() if labels else logit_lengths, logit_lengths.contiguous(),
+            target_lengths.contiguous(), logit_lengths if boundary is None else boundary,
+            ok, nan_rows,
+            B, T, U, V, 0 if blank is None else blank, **kw)
     return ok, nan_rows
+
+
+@functools.lru_cache(maxsize=64)
+def _input_check_plan(labels: bool, no_blank: bool, classes: tuple, boundary: bool):
+    return (1,), dict(LABELS=labels, NO_BLANK=no_blank, CLASSES=classes, BOUNDARY=boundary,
+                      BLOCK_B=INPUT_CHECK_BLOCK_B, BLOCK_U=INPUT_CHECK_BLOCK_U)
 
 
 # --------------------------------------------------------------------------- window choice

@@ -699,7 +699,7 @@ def _grad_kernel(
     # flags
     FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
     ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
-    V_ALIGN: tl.constexpr,
+    V_ALIGN: tl.constexpr, COSTS32: tl.constexpr,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
@@ -721,8 +721,9 @@ def _grad_kernel(
 
     Clamp clips the token group only. A NaN sequence (log P NaN) gets NaN on every entry of
     its rows in fused mode, on its arc entries in log-prob mode; padding, rows of
-    impossible sequences and sequences whose upstream gradient is exactly 0 get exactly 0
-    (a select, not a product)."""
+    impossible sequences, sequences whose cost is infinite in the costs' dtype (``COSTS32``:
+    float32 costs, where a float64 cost beyond 3.4e38 is +inf: math.md 8.1) and sequences
+    whose upstream gradient is exactly 0 get exactly 0 (a select, not a product)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     has_row = r < n_rows
     node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
@@ -734,6 +735,8 @@ def _grad_kernel(
     log_like = tl.load(ws_ptr + o_ll + b, mask=inside, other=NEG_INF)
     w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
     keep = region & (log_like != NEG_INF)
+    if COSTS32:                                # the cost as the caller sees it is +inf
+        keep = keep & ((-log_like).to(tl.float32) != POS_INF)
     nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
     write = keep & (w_up != 0.0)
     reads = ws_ptr + o_reads + node
@@ -864,8 +867,9 @@ def _input_check_kernel(
         rule 4  0 <= begin_symbol <= end_symbol <= U_b,
                 0 <= begin_frame <= end_frame <= T_b   (BOUNDARY: k2's (B, 4) rows)
 
-    Writes ``ok[i]`` = 1.0 if rule i holds for every sequence, else 0.0 (float32, (5,); a
-    rule off holds), and ``nan[b]`` = NaN if sequence b breaks a rule, else 0.0 (float32,
+    Writes ``ok[i]`` = 1.0 if the rules of flag i hold for every sequence, else 0.0
+    (float32, (3,): the lengths, rules 0-1; the labels, rules 2-3; the boundary, rule 4;
+    a rule off holds), and ``nan[b]`` = NaN if sequence b breaks a rule, else 0.0 (float32,
     (B,)). Every load is masked: nothing is read outside the tensors whatever the values.
     Offsets in int64."""
     offs_b = tl.arange(0, BLOCK_B)
@@ -911,11 +915,9 @@ def _input_check_kernel(
         bad2 = bad2 | r2.to(tl.int32)
         bad3 = bad3 | r3.to(tl.int32)
         bad4 = bad4 | r4.to(tl.int32)
-    tl.store(ok_ptr + 0, tl.where(tl.max(bad0, axis=0) > 0, 0.0, 1.0))
-    tl.store(ok_ptr + 1, tl.where(tl.max(bad1, axis=0) > 0, 0.0, 1.0))
-    tl.store(ok_ptr + 2, tl.where(tl.max(bad2, axis=0) > 0, 0.0, 1.0))
-    tl.store(ok_ptr + 3, tl.where(tl.max(bad3, axis=0) > 0, 0.0, 1.0))
-    tl.store(ok_ptr + 4, tl.where(tl.max(bad4, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 0, tl.where(tl.max(bad0 | bad1, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 1, tl.where(tl.max(bad2 | bad3, axis=0) > 0, 0.0, 1.0))
+    tl.store(ok_ptr + 2, tl.where(tl.max(bad4, axis=0) > 0, 0.0, 1.0))
 
 
 # --------------------------------------------------------------------------- window choice

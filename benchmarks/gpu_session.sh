@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU checks and measurements of a session with a lent GPU, as one prepared script:
+#
+#     bash benchmarks/gpu_session.sh OUT_DIR STEP [STEP ...]
+#
+# run from the repository root on the GPU machine (nothing is installed: the package runs
+# from src/; wheels carried in .whl/, such as nemo-toolkit for the NeMo peers, are unpacked
+# into a temporary site directory first). Each step writes OUT_DIR/<step>.log (and its
+# JSON where it has one) and runs under its own time limit, so that a slow step cannot eat
+# the others' time; the last lines of every log are printed at the end.
+#
+#   check        rnnt-lattice check --device cuda (every kernel family against the float64
+#                reference, no synchronisation, CUDA graph, memory, AMP recipe, bad input)
+#   passes       benchmarks/gpu_passes.py: each pass alone, the step, the host's enqueue
+#                time, peak memory, torchaudio and NeMo's numba losses on the same logits
+#                (regular, TDT, multi-blank), and the V passes' tile sweep at s5
+#   cuda_checks  tests/cuda_checks.py --big: the check at the benchmark shapes, offsets
+#                past 2**31
+#   fused        benchmarks/run.py --device cuda --mode fused: the joiner's training step
+#   pruned       benchmarks/run.py --device cuda --mode pruned at pg1, R = 5
+set -uo pipefail
+out="${1:?usage: gpu_session.sh OUT_DIR STEP...}"
+shift
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv,noheader
+python3 -c "import torch, triton, numba; print('torch', torch.__version__, 'triton', triton.__version__, 'numba', numba.__version__)"
+
+run() {  # run STEP SECONDS COMMAND...
+  local step=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$step.log" 2>&1
+  echo "== $step: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$out/$step.log"
+}
+
+for step in "$@"; do
+  case "$step" in
+    check) run check 170 python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
+    passes) run passes 220 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
+              --variants regular tdt multiblank \
+              --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --sweep s5 \
+              --json "$out/passes.json" ;;
+    cuda_checks) run cuda_checks 200 python3 tests/cuda_checks.py --big ;;
+    fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
+    pruned) run pruned 90 python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
+              --windows 5 --reps 5 --out-dir "$out" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+
+for step in "$@"; do
+  echo "---- $step"
+  grep -E "FAIL|RESULT|checks:|Error|error|exit" "$out/$step.log" | tail -n 12 | cut -c1-300
+done
