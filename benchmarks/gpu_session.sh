@@ -41,8 +41,8 @@ run() {  # run STEP SECONDS COMMAND...
 
 for step in "$@"; do
   case "$step" in
-    check) run check 170 python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
-    passes) run passes 220 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
+    check) run check 150 python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
+    passes) run passes 190 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
               --variants regular tdt multiblank \
               --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --sweep s5 \
               --json "$out/passes.json" ;;
