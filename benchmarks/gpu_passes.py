@@ -23,8 +23,8 @@ between calls):
   on the same logits, and its peak memory above the inputs beside ours.
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
-``(ROWS, BLOCK_V, num_warps)`` of :data:`SWEEP` (``gpu._tiles`` replaced for the call), for
-tuning the module constants. Without a CUDA device it exits with status 2.
+``(ROWS, BLOCK_V, num_warps)`` of :data:`SWEEP` (the module's tile constants replaced for the
+call), for tuning them. Without a CUDA device it exits with status 2.
 """
 from __future__ import annotations
 
@@ -67,9 +67,11 @@ def passes(inp, opts, config=None) -> dict:
     passes, or None for the backend's own)."""
     from triton.testing import do_bench
     from rnnt_lattice import gpu
-    saved = gpu._tiles
-    if config is not None:
-        gpu._tiles = lambda V, n_rows, which, n_durations=0: config
+    saved = gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW_WARPS
+    if config is not None:                # the module's constants: part of the plans' keys
+        rows, block_v, warps = config
+        gpu.V_PASS_TILES = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
+        gpu.NUM_WARPS_V, gpu.NARROW_WARPS = warps, {"row": warps, "grad": warps}
     try:
         logits, y, tl, ul, rows, st, costs = _state(inp, opts)
         up = torch.ones_like(costs)
@@ -86,7 +88,7 @@ def passes(inp, opts, config=None) -> dict:
                              return_mode="median"),
         }
     finally:
-        gpu._tiles = saved
+        gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW_WARPS = saved
     nbytes = logits.numel() * logits.element_size()
     out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
     out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
                     row[peer] = f"{type(err).__name__}: {str(err)[:80]}"
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                               for k, v in row.items()}), flush=True)
-            if name in args.sweep and variant == "regular":
+            if name in args.sweep:
                 row["sweep"] = []
                 for config in SWEEP:
                     try:

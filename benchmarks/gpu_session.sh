@@ -42,11 +42,11 @@ run() {  # run STEP SECONDS COMMAND...
 for step in "$@"; do
   case "$step" in
     check) run check 150 python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
-    passes) run passes 190 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
+    passes) run passes 150 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
               --variants regular tdt multiblank \
               --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --sweep s5 \
               --json "$out/passes.json" ;;
-    cuda_checks) run cuda_checks 200 python3 tests/cuda_checks.py --big ;;
+    cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
     pruned) run pruned 90 python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
               --windows 5 --reps 5 --out-dir "$out" ;;
