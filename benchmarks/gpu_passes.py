@@ -17,7 +17,8 @@ between calls):
   row and gradient passes' bandwidth: bytes of logits read (row), read and written (grad)
   over their time;
 - ``host``: the host's time to enqueue one forward+backward (``time.perf_counter`` over
-  many calls queued back to back, no synchronisation between them);
+  many calls queued back to back, no synchronisation between them), and once per run the
+  host's time per launch of a Triton kernel and of a PyTorch op (``launch_costs``);
 - with ``--peers NAME ...``: each peer of ``peers.py`` that implements the variant
   (torchaudio, NeMo's numba ``nemo_numba``/``nemo_tdt``/``nemo_multiblank``), forward+backward
   on the same logits, and its peak memory above the inputs beside ours.
@@ -129,6 +130,50 @@ def host_ms(fn, step: float) -> float:
     return statistics.median(runs)
 
 
+def launch_costs() -> dict:
+    """Host microseconds per launch (median of 5 runs of 500, queued back to back): a
+    Triton kernel through ``JITFunction.run`` (the backend's input check: 11 arguments and
+    6 constexprs), the backend's gradient pass (about 40 arguments and 20 constexprs), and
+    a PyTorch op, for the host's share of a step beside ``host_overhead.py``'s (launches
+    stubbed)."""
+    from rnnt_lattice import gpu
+    y = torch.ones(8, 40, dtype=torch.int32, device="cuda")
+    lengths = torch.full((8,), 40, dtype=torch.int32, device="cuda")
+    x = torch.zeros(8, device="cuda")
+    inp = shapes.make_inputs(shapes.SHAPES["s1"])
+    from rnnt_lattice._types import LossOptions
+    from rnnt_lattice.topology import by_name
+    opts = LossOptions(inp.blank, True, topology=by_name("regular"))
+    logits, yy, tl, ul = (t.cuda() for t in (inp.logits, inp.targets, inp.logit_lengths,
+                                              inp.target_lengths))
+    rows = gpu._rows_of(logits, None)
+    st, costs = gpu._forward(logits, yy, tl, ul, opts, boundary=None,
+                             grid=tuple(logits.shape[:3]), rows=rows, beta=True, reads=True)
+    up = torch.ones_like(costs)
+    dst = torch.empty_like(logits)
+    calls = {
+        "triton input check": lambda: gpu.input_check(y, lengths, lengths, None, T=50, U=40,
+                                                      V=100, blank=0),
+        "triton gradient pass": lambda: gpu._gradient(dst, logits, yy, tl, ul, st, opts, up,
+                                                      boundary=None, rows=rows),
+        "torch add_": lambda: x.add_(1.0),
+    }
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(500):
+                fn()
+            runs.append((time.perf_counter() - t0) / 500 * 1e6)
+            torch.cuda.synchronize()
+        out[name] = statistics.median(runs)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["s3", "s5", "big", "v5000"])
@@ -147,7 +192,9 @@ def main(argv=None) -> int:
     print(f"device {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"torch {torch.__version__}", flush=True)
     results = {"device": torch.cuda.get_device_name(), "copy_GBps": bw / 1e9,
-               "torch": torch.__version__, "rows": []}
+               "torch": torch.__version__, "rows": [], "launch_us": launch_costs()}
+    print("host us per launch:", {k: round(v, 1) for k, v in results["launch_us"].items()},
+          flush=True)
     for name in args.shapes:
         for variant in args.variants:
             inp = shapes.make_inputs(shapes.SHAPES[name], variant=variant)

@@ -196,7 +196,8 @@ def check_device(logits: torch.Tensor) -> None:
 
 def _device(x: torch.Tensor):
     """Launch on ``x``'s GPU: Triton launches on the *current* CUDA device, which need not
-    be the one holding the tensors (no synchronisation involved)."""
+    be the one holding the tensors (no synchronisation involved). Held once per backend call
+    around all of its launches (the passes below launch under their caller's)."""
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
@@ -466,10 +467,9 @@ def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: 
     grid, args, kw = _row_plan(opts.topology, opts.log_softmax, opts.blank, st.lay,
                                logits.shape[-1], logits.dtype, rows.n, rows.layout, rows.box,
                                boundary is not None, _tile_constants())
-    with _device(logits):
-        kernels._row_kernel[grid](
-            logits, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
-            logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, *args, **kw)
+    kernels._row_kernel[grid](
+        logits, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
+        logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, *args, **kw)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -494,11 +494,10 @@ def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions
     grid, args, kw = _lattice_plan(opts.topology, opts.sigma, opts.delay_penalty, st.lay, beta,
                                    best_kind is not None, boundary is not None,
                                    _tile_constants())
-    with _device(costs):
-        # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
-        kernels._lattice_kernel[grid](
-            st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), costs,
-            _or(best_kind, logit_lengths), *args, **kw)
+    # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
+    kernels._lattice_kernel[grid](
+        st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), costs,
+        _or(best_kind, logit_lengths), *args, **kw)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -522,9 +521,8 @@ def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boun
     grid, args, kw = _reads_plan(opts.topology, opts.fastemit_lambda, opts.sigma,
                                  opts.delay_penalty, st.lay, boundary is not None,
                                  _tile_constants())
-    with _device(st.ws):
-        kernels._reads_kernel[grid](st.ws, logit_lengths, target_lengths,
-                                    _or(boundary, logit_lengths), *args, **kw)
+    kernels._reads_kernel[grid](st.ws, logit_lengths, target_lengths,
+                                _or(boundary, logit_lengths), *args, **kw)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -552,11 +550,10 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
                                       st.lay, logits.shape[-1], logits.dtype, rows.n,
                                       rows.layout, rows.box, boundary is not None,
                                       _tile_constants())
-    with _device(logits):
-        kernels._grad_kernel[grid](
-            logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
-            logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
-            *head, upstream.stride(0), *tail, **kw)
+    kernels._grad_kernel[grid](
+        logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
+        logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
+        *head, upstream.stride(0), *tail, **kw)
     return dst
 
 
@@ -581,9 +578,10 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
     grid = tuple(logits.shape[:3]) if node_rows is None else tuple(node_rows.shape)
     rows = _rows_of(logits, None if node_rows is None else node_rows.to(torch.int64))
-    st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts,
-                         boundary=boundary, grid=grid, rows=rows, beta=need_grad,
-                         reads=need_grad)
+    with _device(logits):
+        st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts,
+                             boundary=boundary, grid=grid, rows=rows, beta=need_grad,
+                             reads=need_grad)
     if not need_grad:
         return costs, (), None
     extra = tuple(x for x in (boundary, rows.row_nodes) if x is not None)
@@ -600,8 +598,9 @@ def loss_backward(saved, state, upstream, opts: LossOptions):
     boundary = extra.pop(0) if has_boundary else None
     rows = _Rows(n_rows, layout, extra.pop(0) if layout == kernels.ROW_NODES else None)
     dst = logits if opts.inplace_grad else torch.empty_like(logits)
-    return _gradient(dst, logits, targets, logit_lengths, target_lengths, _State(ws, lay), opts,
-                     upstream, boundary=boundary, rows=rows)
+    with _device(logits):
+        return _gradient(dst, logits, targets, logit_lengths, target_lengths, _State(ws, lay),
+                         opts, upstream, boundary=boundary, rows=rows)
 
 
 # --------------------------------------------------------------------------- tiles
@@ -641,8 +640,9 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
         state = _Tiles(st, targets, logit_lengths, target_lengths,
                        None if boundary is None else boundary.to(torch.int64).contiguous(),
                        rows.dtype)
-    _row_pass(rows.contiguous(), state.targets, state.logit_lengths, state.target_lengths,
-              state.st, opts, boundary=state.boundary, rows=_box(tile))
+    with _device(rows):
+        _row_pass(rows.contiguous(), state.targets, state.logit_lengths, state.target_lengths,
+                  state.st, opts, boundary=state.boundary, rows=_box(tile))
     return state
 
 
@@ -652,10 +652,11 @@ def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
     rows)."""
     st = state.st
     costs = torch.empty((st.lay.B,), dtype=_costs_dtype(state.dtype), device=st.ws.device)
-    _lattice(st, costs, state.logit_lengths, state.target_lengths, opts,
-             boundary=state.boundary, beta=need_grad)
-    if need_grad:
-        _reads(st, state.logit_lengths, state.target_lengths, opts, boundary=state.boundary)
+    with _device(costs):
+        _lattice(st, costs, state.logit_lengths, state.target_lengths, opts,
+                 boundary=state.boundary, beta=need_grad)
+        if need_grad:
+            _reads(st, state.logit_lengths, state.target_lengths, opts, boundary=state.boundary)
     return costs
 
 
@@ -663,8 +664,9 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     """Pass 3 on one tile (``kernels._grad_kernel`` over the tile's box): ``out (n, V) =
     upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is read
     through its stride."""
-    return _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
-                     state.st, opts, upstream, boundary=state.boundary, rows=_box(tile))
+    with _device(rows):
+        return _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
+                         state.st, opts, upstream, boundary=state.boundary, rows=_box(tile))
 
 
 # --------------------------------------------------------------------------- lattice tools
@@ -687,7 +689,7 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
     logits, targets, logit_lengths, target_lengths, boundary = _tool_args(
         logits, targets, logit_lengths, target_lengths, boundary)
     topo = opts.topology
-    with torch.no_grad():
+    with torch.no_grad(), _device(logits):
         st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
                          boundary=boundary, grid=tuple(logits.shape[:3]),
                          rows=_rows_of(logits, None), beta=True, fill_nodes=True)
@@ -697,13 +699,12 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
         n_nodes = lay.B * lay.T * lay.U1
         if n_nodes:
             block = _pow2(n_nodes, BLOCK_NODES)
-            with _device(logits):
-                kernels._gamma_kernel[((n_nodes + block - 1) // block,)](
-                    st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), gamma,
-                    n_nodes, lay.T, lay.U1, *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
-                    *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
-                    **_kernel_kinds(topo, "lattice"), **_terms(topo, opts.sigma, opts.delay_penalty),
-                    BOUNDARY=boundary is not None, BLOCK=block)
+            kernels._gamma_kernel[((n_nodes + block - 1) // block,)](
+                st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), gamma,
+                n_nodes, lay.T, lay.U1, *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
+                *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
+                **_kernel_kinds(topo, "lattice"), **_terms(topo, opts.sigma, opts.delay_penalty),
+                BOUNDARY=boundary is not None, BLOCK=block)
         return Lattice(st.alpha, st.beta, st.log_like, gamma)
 
 
@@ -713,7 +714,7 @@ def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOpt
         logits, targets, logit_lengths, target_lengths, boundary)
     B, T, U1, _ = logits.shape
     best_kind = torch.full((B, T + 1, U1), -1, dtype=torch.int8, device=logits.device)
-    with torch.no_grad():
+    with torch.no_grad(), _device(logits):
         st, _ = _forward(logits, targets, logit_lengths, target_lengths, opts,
                          boundary=boundary, grid=(B, T, U1), rows=_rows_of(logits, None),
                          beta=False, best_kind=best_kind, fill_nodes=True)
