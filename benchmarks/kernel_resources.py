@@ -37,12 +37,15 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
+# the joiner kernels' operands (gpu/joint.py) are in the input dtype too, their sums in
+# the costs' (float32; float64 for float64)
+INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
+              "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
-COST_PTRS = {"costs_ptr", "upstream_ptr"}
+COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
 FP32_PTRS = {"ok_ptr", "nan_ptr"}          # the input check's flags and NaN rows
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 
