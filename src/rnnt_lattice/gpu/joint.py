@@ -26,8 +26,8 @@ backward  ``_joint_grad_kernel``: ``h`` again (into the chunk's ``h`` rows), ``z
 
               dh = dz W                      (n, H)
               dW += dz^T h,  db += sum_rows dz
-              da = dh * act'(a)              (``_joint_act_grad_kernel``: act' from h,
-              dE[b,t] += sum_u da,  dP[b,u] += sum_t da      partial sums in a fixed order)
+              da = dh * act'(a)              (``_joint_act_grad_kernel``: act' from h)
+              dP[b,u] += sum_t da,  dE[b,t] += sum_u da   (partial sums, added in order)
 
           The chunks run in order and every sum has a fixed order: two runs give the same
           bits. The ``dz`` rows of a chunk are what a chunk holds besides ``h`` and ``dh``:
@@ -54,7 +54,7 @@ import triton.language as tl
 
 from .. import _layout
 from .._types import LossOptions
-from . import (_State, _Tiles, _acc, _costs_dtype, _device, _f64_cached, _kernel_kinds,
+from . import (INTERPRETED, _State, _Tiles, _acc, _costs_dtype, _device, _f64_cached, _kernel_kinds,
                _nonempty, _or, _prepare, _pow2, check_device, tile_lattice)
 from . import _layout as _ws_layout
 from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _ends, _f64,
@@ -80,9 +80,7 @@ TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_sta
 # smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
 WIDE = {4: dict(num_stages=2),
         8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
-# The act-grad pass: frames per program (its dP partial sums are over them), label
-# positions and H per step.
-ACT_GRAD_FRAMES = 8
+# The act-grad pass: label positions and H per program (it runs over the chunk's frames).
 ACT_GRAD_BLOCK_U = 32
 ACT_GRAD_BLOCK_H = 64
 
@@ -113,7 +111,7 @@ def _act_grad(h, ACT: tl.constexpr):
 
 
 @triton.jit
-def _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, live, n_k, H: tl.constexpr,
+def _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, live, n_k, H,
                   ACT: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_H: tl.constexpr):
     """``h = act(e(t) + p(u))`` of the nodes of a program, 0 on the rows not ``live``,
@@ -134,12 +132,16 @@ def _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, live, n_k, H: tl
 
 
 @triton.jit
-def _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v_ok, n_k, H: tl.constexpr,
+def _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v_ok, n_k, H,
                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+                  DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                  BLOCK_H: tl.constexpr):
     """The logits block ``z = h W[v]^T + b[v]`` ``[BLOCK_N, BLOCK_V]`` (ACC) of the chunk's
     rows ``rows`` (-1: none) and classes ``v`` (``v_ok``: the classes that exist), the
-    product over ``n_k`` columns of H (0: none, ``z = b``) in steps of ``BLOCK_H``."""
+    product over ``n_k`` columns of H (0: none, ``z = b``) in steps of ``BLOCK_H``.
+    ``DOT_F32``: the operands widened to float32 first (bfloat16 under the Triton
+    interpreter, whose ``tl.dot`` multiplies bfloat16's raw bits: NumPy has no bfloat16);
+    the products of bfloat16 values are exact in float32 either way."""
     acc = tl.zeros([BLOCK_N, BLOCK_V], ACC)
     kk = tl.arange(0, BLOCK_H)
     on = rows >= 0
@@ -150,14 +152,18 @@ def _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v_ok, n_k, H: tl.constexpr,
                     other=0.0)
         w = tl.load(w_ptr + v[:, None] * H + k[None, :], mask=v_ok[:, None] & km[None, :],
                     other=0.0)
-        acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+        if DOT_F32:
+            acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
+                         input_precision=PRECISION)
+        else:
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + v, mask=v_ok, other=0.0).to(ACC)[None, :]
     return acc
 
 
 @triton.jit
-def _joint_nodes(r, n_rows, T, U1, box_t0, box_u0, box_T, box_U1, H: tl.constexpr):
+def _joint_nodes(r, n_rows, T, U1, box_t0, box_u0, box_T, box_U1, H):
     """The nodes of the chunk's rows ``r`` (its box, ``kernels.BOX``): ``(rows, node, b, t,
     u, e_row, p_row)`` -- ``rows`` r, -1 past the chunk; the offsets of ``e(t)`` and
     ``p(u)`` in ``enc (B, T, H)`` and ``pred (B, U+1, H)`` (int64)."""
@@ -173,7 +179,7 @@ def _joint_row_kernel(
     enc_ptr, pred_ptr, w_ptr, bias_ptr, h_ptr, targets_ptr, logit_lengths_ptr,
     target_lengths_ptr, boundary_ptr, ws_ptr,
     # shapes: the chunk's rows (its box of the grid), the grid; the workspace parts written
-    n_rows, T, U1, V_tok, H: tl.constexpr, blank, box_t0, box_u0, box_T, box_U1, o_lse,
+    n_rows, T, U1, V_tok, H, blank, box_t0, box_u0, box_T, box_U1, o_lse,
     o_dur, o_nb, o_lp,
     # arc kinds
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
@@ -182,8 +188,8 @@ def _joint_row_kernel(
     N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, BOUNDARY: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr,
 ):
     """The row pass of ``BLOCK_N`` nodes of a chunk without their logits (module
     docstring): the token group's log-normaliser over the logits blocks ``z = h W^T + b``,
@@ -218,7 +224,7 @@ def _joint_row_kernel(
     for v0 in range(0, tl.where(busy, V_tok, 0), BLOCK_V):
         v = v0 + offs
         z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
-                          PRECISION, ACC, BLOCK_N, BLOCK_V, BLOCK_H)
+                          PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
         z = tl.where(v[None, :] < V_tok, z, NEG_INF)
         if FUSED:
             m, s = _lse_chunk(m, s, z)
@@ -239,7 +245,7 @@ def _joint_row_kernel(
     if N_DURATIONS > 0:
         d = tl.arange(0, BLOCK_DUR)
         zd = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, V_tok + d, d < N_DURATIONS, n_k, H,
-                           HAS_BIAS, PRECISION, ACC, BLOCK_N, BLOCK_DUR, BLOCK_H)
+                           HAS_BIAS, PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_DUR, BLOCK_H)
         zd = tl.where(d[None, :] < N_DURATIONS, zd, NEG_INF)
         if FUSED:
             md, sd = _lse_chunk(tl.full([BLOCK_N], NEG_INF, ACC), tl.zeros([BLOCK_N], tl.float64),
@@ -263,7 +269,7 @@ def _joint_grad_kernel(
     enc_ptr, pred_ptr, w_ptr, bias_ptr, h_ptr, dz_ptr, db_ptr, targets_ptr,
     logit_lengths_ptr, target_lengths_ptr, boundary_ptr, ws_ptr, upstream_ptr,
     # shapes and strides: the chunk's rows (its box), the grid; the workspace parts read
-    n_rows, n_nodes, T, U1, V_tok, H: tl.constexpr, blank, dz_stride, upstream_stride, box_t0,
+    n_rows, n_nodes, T, U1, V_tok, H, blank, dz_stride, upstream_stride, box_t0,
     box_u0, box_T, box_U1, o_lse, o_dur, o_ll, o_reads,
     # options: clamp, a float64 in three float32 parts
     clamp_hi, clamp_mid, clamp_lo,
@@ -273,7 +279,7 @@ def _joint_grad_kernel(
     CLS_COL: tl.constexpr, DUR_COL: tl.constexpr, CLS_FIRST: tl.constexpr,
     # flags
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
-    BOUNDARY: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BOUNDARY: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_DUR: tl.constexpr,
 ):
@@ -312,7 +318,7 @@ def _joint_grad_kernel(
     for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
-                          PRECISION, ACC, BLOCK_N, BLOCK_V, BLOCK_H)
+                          PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
         if FUSED:
             x = tl.where(live[:, None] & (v[None, :] < V_tok), z, NEG_INF)
         else:
@@ -335,7 +341,7 @@ def _joint_grad_kernel(
             ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
             BLOCK_DUR, FUSED)
         zd = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, V_tok + d, d < N_DURATIONS, n_k, H,
-                           HAS_BIAS, PRECISION, ACC, BLOCK_N, BLOCK_DUR, BLOCK_H)
+                           HAS_BIAS, PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_DUR, BLOCK_H)
         if FUSED:
             x = tl.where(live_d[:, None] & (d[None, :] < N_DURATIONS), zd, NEG_INF)
         else:
@@ -348,46 +354,38 @@ def _joint_grad_kernel(
                  mask=d < N_DURATIONS)
 
 
-@triton.jit(do_not_specialize=("frames", "labels", "t0"))
+@triton.jit(do_not_specialize=("frames", "labels", "u0"))
 def _joint_act_grad_kernel(
-    # data ptrs: dh, h (n, H) of the chunk; dE (B, T, H) accumulated here; dP's partial
-    # sums (n_groups, B, labels, H)
-    dh_ptr, h_ptr, de_ptr, dp_ptr,
-    # shapes: the chunk's frames and label positions, its first frame; the grid's frames
-    frames, labels, t0, T, H: tl.constexpr,
+    # data ptrs: dh, h (n, H) of the chunk (rows (b, t, u) of its box); dP (B, U+1, H)
+    # accumulated here; dE's partial sums (n_ublocks, B, frames, H)
+    dh_ptr, h_ptr, dp_ptr, de_ptr,
+    # shapes: the chunk's frames and label positions, its first label position; the grid's
+    frames, labels, u0, U1, H,
     # flags
-    ACT: tl.constexpr, FRAMES: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_H: tl.constexpr,
+    ACT: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """``da = dh * act'(a)`` of ``FRAMES`` frames of one sequence of a chunk and ``BLOCK_H``
-    of H, summed two ways: over the label positions into ``dE[b, t0 + t]`` (added to what
-    earlier chunks left there) and over the group's frames into its partial sums of ``dP``
-    (the caller adds the groups, in order). ``act'`` comes from ``h`` (``_act_grad``)."""
+    """``da = dh * act'(a)`` of ``BLOCK_U`` label positions of one sequence of a chunk, every
+    frame of it, ``BLOCK_H`` of H (``act'`` from ``h``, ``_act_grad``), summed two ways:
+    over the frames into ``dP[b, u0 + u]`` (added to what earlier chunks left there: the
+    program owns those entries) and over its label positions into its partial sums of
+    ``dE`` (the caller adds the blocks of label positions, in order)."""
     b = tl.program_id(0).to(tl.int64)
-    grp = tl.program_id(1).to(tl.int64)
+    ub = tl.program_id(1)
+    u = ub * BLOCK_U + tl.arange(0, BLOCK_U)
     k = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
-    km = k < H
-    fidx = tl.arange(0, FRAMES)
-    uu = tl.arange(0, BLOCK_U)
-    e_acc = tl.zeros([FRAMES, BLOCK_H], de_ptr.dtype.element_ty)
-    for ub in range(0, labels, BLOCK_U):
-        u = ub + uu
-        um = u < labels
-        p_acc = tl.zeros([BLOCK_U, BLOCK_H], de_ptr.dtype.element_ty)
-        for i in tl.static_range(FRAMES):
-            t = grp * FRAMES + i
-            rows = (b * frames + t) * labels + u
-            m = (um & (u * 0 + t < frames))[:, None] & km[None, :]
-            dh = tl.load(dh_ptr + rows[:, None] * H + k[None, :], mask=m, other=0.0)
-            h = tl.load(h_ptr + rows[:, None] * H + k[None, :], mask=m, other=0.0)
-            da = dh.to(de_ptr.dtype.element_ty) * _act_grad(h.to(de_ptr.dtype.element_ty), ACT)
-            p_acc += da
-            e_acc = tl.where(fidx[:, None] == i, e_acc + tl.sum(da, axis=0)[None, :], e_acc)
-        tl.store(dp_ptr + ((grp * tl.num_programs(0) + b) * labels + u[:, None]) * H + k[None, :],
-                 p_acc, mask=um[:, None] & km[None, :])
-    t = grp * FRAMES + fidx
-    at = de_ptr + ((b * T + t0 + t) * H)[:, None] + k[None, :]
-    m = (t < frames)[:, None] & km[None, :]
-    tl.store(at, tl.load(at, mask=m, other=0.0) + e_acc, mask=m)
+    m = (u < labels)[:, None] & (k < H)[None, :]
+    p_acc = tl.zeros([BLOCK_U, BLOCK_H], dp_ptr.dtype.element_ty)
+    for t in range(0, frames):
+        rows = (b * frames + t) * labels + u                  # the chunk's rows (b, t, u)
+        at = rows[:, None] * H + k[None, :]
+        dh = tl.load(dh_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
+        h = tl.load(h_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
+        da = dh * _act_grad(h, ACT)
+        p_acc += da
+        tl.store(de_ptr + ((ub * tl.num_programs(0) + b) * frames + t) * H + k,
+                 tl.sum(da, axis=0), mask=k < H)
+    at = dp_ptr + ((b * U1 + u0 + u) * H)[:, None] + k[None, :]
+    tl.store(at, tl.load(at, mask=m, other=0.0) + p_acc, mask=m)
 
 
 # --------------------------------------------------------------------------- host
@@ -399,6 +397,11 @@ def _precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return "ieee"
+
+
+def _dot_f32(dtype: torch.dtype) -> bool:
+    """``DOT_F32``: bfloat16 operands under the Triton interpreter (``_joint_logits``)."""
+    return dtype == torch.bfloat16 and INTERPRETED
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -480,7 +483,8 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
                     **_kernel_kinds(topo, "row"),
                     ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
                     BOUNDARY=boundary is not None, ACC=_acc(e.dtype),
-                    PRECISION=_precision(e.dtype), BLOCK_DUR=_block_dur(n_dur), **tile)
+                    PRECISION=_precision(e.dtype), DOT_F32=_dot_f32(e.dtype),
+                    BLOCK_DUR=_block_dur(n_dur), **tile)
     costs = tile_lattice(tiles, opts, need_grad) if plan else torch.full(
         (B,), float("inf"), dtype=_costs_dtype(e.dtype), device=e.device)
     return costs, state
@@ -532,7 +536,8 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
                 *_f64_cached(opts.clamp), **kinds,
                 ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
                 CLAMP=opts.clamp > 0, BOUNDARY=tiles.boundary is not None, ACC=_acc(state.dtype),
-                PRECISION=_precision(state.dtype), BLOCK_DUR=_block_dur(n_dur), **tile)
+                PRECISION=_precision(state.dtype), DOT_F32=_dot_f32(state.dtype),
+                BLOCK_DUR=_block_dur(n_dur), **tile)
         rows_dz, rows_h, rows_dh = dz[:n, :V], h[:n], dh[:n]
         torch.mm(rows_dz, w, out=rows_dh)
         if state.dtype == acc:
@@ -540,11 +545,11 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
         else:                                   # half operands: their product, added in float32
             d_w += torch.mm(rows_dz.t(), rows_h)
         d_b += col_sums[:progs].sum(0)
-        groups = triton.cdiv(frames, ACT_GRAD_FRAMES)
-        dp_part = torch.empty((groups, B, labels, H), dtype=acc, device=dev)
+        ublocks = triton.cdiv(labels, ACT_GRAD_BLOCK_U)
+        de_part = torch.empty((ublocks, B, frames, H), dtype=acc, device=dev)
         with _device(e):
-            _joint_act_grad_kernel[(B, groups, triton.cdiv(H, ACT_GRAD_BLOCK_H))](
-                rows_dh, rows_h, d_enc, dp_part, frames, labels, t0, T, H, ACT=state.act,
-                FRAMES=ACT_GRAD_FRAMES, BLOCK_U=ACT_GRAD_BLOCK_U, BLOCK_H=ACT_GRAD_BLOCK_H)
-        d_pred[:, u0:u1] += dp_part.sum(0)
+            _joint_act_grad_kernel[(B, ublocks, triton.cdiv(H, ACT_GRAD_BLOCK_H))](
+                rows_dh, rows_h, d_pred, de_part, frames, labels, u0, U1, H, ACT=state.act,
+                BLOCK_U=ACT_GRAD_BLOCK_U, BLOCK_H=ACT_GRAD_BLOCK_H)
+        d_enc[:, t0:t1] += de_part.sum(0)
     return d_enc, d_pred, d_w, None if bias is None else d_b
