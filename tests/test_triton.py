@@ -507,8 +507,9 @@ import inspect, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+import torch
 from rnnt_lattice import gpu, topology
-from rnnt_lattice.gpu import kernels
+from rnnt_lattice.gpu import joint, kernels
 
 from kernel_resources import signature   # the pointer types by naming convention
 
@@ -558,17 +559,40 @@ def variants():
     for backward in (False, True):                             # the simple losses' rescue
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
+    # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
+    # gradient passes of the regular topology in every dtype (float32 also with TF32
+    # products), TDT and multi-blank with the boundary, tanh and ReLU; the act-grad pass
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+            "fp64": torch.float64}
+    for tname, precision, dtypes in (("regular", "ieee", every), ("regular", "tf32", fp32),
+                                     ("tdt", "ieee", [("bf16", "i64")]),
+                                     ("multiblank", "ieee", fp32)):
+        topo = topologies[tname]
+        on = tname != "regular"
+        for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
+                             ("grad", joint._grad_kinds(topo))):
+            for x, idt in dtypes:
+                tiles = {k: v for k, v in joint._tiles(which, half[x]).items()
+                         if k.startswith("BLOCK")}
+                flags = dict(ACT=int(on), HAS_BIAS=True, FUSED=True, BOUNDARY=on, DOT_F32=False,
+                             PRECISION=precision, BLOCK_DUR=joint._block_dur(topo.n_durations))
+                if which == "grad":
+                    flags["CLAMP"] = True
+                yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)]
+    yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
+                                          BLOCK_H=joint.ACT_GRAD_BLOCK_H),
+           [("fp32", "i64"), ("fp64", "i64")])
 
 
 n = 0
 for sm in map(int, sys.argv[1:]):
     target = GPUTarget("cuda", sm, 32)
     for name, const0, dtypes in variants():
-        fn = getattr(kernels, name)
+        fn = getattr(joint if name.startswith("_joint") else kernels, name)
         params = list(inspect.signature(fn.fn).parameters)
         for x, idt in dtypes:
             costs = INPUTS[x]
-            if "logits_ptr" not in params and x in ("fp16", "bf16"):
+            if not {"logits_ptr", "enc_ptr"} & set(params) and x in ("fp16", "bf16"):
                 continue                      # these see no logits: fp32 covers them
             # int32 ids and lengths are read as they are (NATIVE_INT32_IDS): float32 checks
             # them once

@@ -107,7 +107,7 @@ def _act_grad(h, ACT: tl.constexpr):
     """``act'(a)`` from ``h = act(a)``: ``1 - h^2`` (tanh), ``[h > 0]`` (ReLU)."""
     if ACT == 0:
         return 1.0 - h * h
-    return tl.where(h > 0.0, 1.0, 0.0)
+    return tl.where(h > 0.0, 1.0, 0.0).to(h.dtype)
 
 
 @triton.jit
