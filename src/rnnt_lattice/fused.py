@@ -19,6 +19,11 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
                               torch.autograd.grad(x, [enc, pred, *params], g), accumulated
                               (other leaves the joiner reached: torch.autograd.backward)
 
+With an ``rnnt_lattice.Joiner`` (``out(act(enc_proj(enc) + pred_proj(pred)))``) on the
+Triton backend there are no tiles of logits at all: the kernel path (``_JointLoss``, the
+kernels of ``gpu/joint.py``, math.md section 12) computes the logits block by block in
+registers, forward and backward; the projections stay autograd's.
+
 The gradient pass needs only the occupations and the row statistics of the forward, so
 the result is that of ``rnnt_loss`` on the materialised logits, to float rounding: this is
 activation checkpointing made exact for the loss (torch.utils.checkpoint's RNG replay,
@@ -640,9 +645,12 @@ def fused_rnnt_loss(
 ) -> torch.Tensor:
     r""":func:`rnnt_loss` of ``joiner(enc[:, :, None], pred[:, None])`` without the
     ``(B, T, U+1, V)`` logits: the joiner runs tile by tile, forward under
-    ``torch.no_grad`` and again with autograd in the backward pass (math.md section 11).
-    Same loss and gradients (w.r.t. ``enc``, ``pred`` and the joiner's parameters) as
-    :func:`rnnt_loss` on the materialised logits, to float rounding.
+    ``torch.no_grad`` and again with autograd in the backward pass (math.md section 11);
+    an :class:`rnnt_lattice.Joiner` on the Triton backend takes the kernel path instead,
+    the logits computed block by block in registers and never in memory (math.md section
+    12, docs/api.md "The joiner the kernels know"). Same loss and gradients (w.r.t.
+    ``enc``, ``pred`` and the joiner's parameters) as :func:`rnnt_loss` on the
+    materialised logits, to float rounding.
 
     Example::
 
@@ -694,7 +702,8 @@ def fused_rnnt_loss(
             network output. Either may or may not require grad.
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
             ``U = pred.shape[1] - 1``).
-        tile: the size of a tile: an int, the number of lattice nodes (logits rows) per
+        tile: the size of a tile (the kernel path: of a chunk, whose logits' gradient the
+            backward holds): an int, the number of lattice nodes (logits rows) per
             tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
             ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
             ``"4MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`), and

@@ -375,37 +375,45 @@ def _fused_grads(joiner, enc, pred, loss_fn, w):
     return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
 
 
-def check_fused(ctx, shape, dtype, kind, tile):
-    """The fused joiner and loss (tiles of ``tile`` rows) against the loss of the
-    materialised logits on the float64 reference: costs and the gradients of enc, pred and
-    every joiner parameter (back through the same joiner in ``dtype``)."""
-    B, T, U, V = shape
-    H = 16
-    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
-    joiner = _Joiner(H, V + n_dur, dtype, ctx.device)
-    g = torch.Generator(device="cpu").manual_seed(11)
-    enc = torch.randn(B, T, H, generator=g).to(dtype).to(ctx.device)
-    pred = torch.randn(B, U + 1, H, generator=g).to(dtype).to(ctx.device)
-    _, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
+def _fused_pair(kind, joiner, y, tl, ul, V, backend, tile):
+    """``(fused(e, p), full(e, p), y)`` of a loss ``kind`` on ``joiner``: the fused loss
+    (tiles of ``tile`` rows), and the float64 reference on the materialised logits (the
+    targets made valid for the topology)."""
     if kind == "rnnt":
-        fused = lambda e, p: rnnt_lattice.fused_rnnt_loss(  # noqa: E731
-            joiner, e, p, y, tl, ul, blank=0, tile=tile, reduction="none", backend=ctx.backend,
-            clamp=0.5, fastemit_lambda=0.1)
-        full = lambda e, p: rnnt_lattice.rnnt_loss(  # noqa: E731
-            joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, blank=0, reduction="none",
-            backend="torch", clamp=0.5, fastemit_lambda=0.1)
+        name, kw = "rnnt_loss", dict(blank=0, clamp=0.5, fastemit_lambda=0.1)
     else:
         n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
         y = y % (V - n_blanks)
         name = {"tdt": "tdt_loss", "multiblank": "multiblank_rnnt_loss"}[kind]
-        blank = V - 1
-        fused = lambda e, p: getattr(rnnt_lattice, "fused_" + name)(  # noqa: E731
-            joiner, e, p, y, tl, ul, blank=blank, tile=tile, reduction="none",
-            backend=ctx.backend, **TOPOLOGY_LOSSES[kind])
-        full = lambda e, p: getattr(rnnt_lattice, name)(  # noqa: E731
-            joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, blank=blank,
-            reduction="none", backend="torch", **TOPOLOGY_LOSSES[kind])
+        kw = dict(blank=V - 1, **TOPOLOGY_LOSSES[kind])
+    fused = lambda e, p: getattr(rnnt_lattice, "fused_" + name)(  # noqa: E731
+        joiner, e, p, y, tl, ul, tile=tile, reduction="none", backend=backend, **kw)
+    full = lambda e, p: getattr(rnnt_lattice, name)(  # noqa: E731
+        joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, reduction="none",
+        backend="torch", **kw)
+    return fused, full
+
+
+def _check_fused_pair(ctx, shape, dtype, kind, tile, make_joiner, H, what, reruns=False):
+    """The fused loss of ``make_joiner(H, V, dtype, device)`` (tiles of ``tile`` rows)
+    against the loss of the materialised logits on the float64 reference: costs and the
+    gradients of enc, pred and every joiner parameter (back through the same joiner in
+    ``dtype``); with ``reruns``, a second backward bit-identical to the first."""
+    B, T, U, V = shape
+    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
+    joiner = make_joiner(H, V + n_dur, dtype, ctx.device)
+    g = torch.Generator(device="cpu").manual_seed(11)
+    enc = torch.randn(B, T, H, generator=g).to(dtype).to(ctx.device)
+    pred = torch.randn(B, U + 1, H, generator=g).to(dtype).to(ctx.device)
+    _, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
+    fused, full = _fused_pair(kind, joiner, y, tl, ul, V, ctx.backend, tile)
     got = _fused_grads(joiner, enc, pred, fused, w)
+    head = ""
+    if reruns:
+        again = _fused_grads(joiner, enc, pred, fused, w)
+        if not all(torch.equal(a, b) for a, b in zip(got, again)):
+            raise CheckFailed(f"{what} {kind}: two runs gave different gradients")
+        head = "2 runs bit-identical  "
     want = _fused_grads(joiner, enc, pred, full, w)
     lt, gt = tolerance(dtype)
     errs = {"loss err": _err(got[0], want[0]),
@@ -413,8 +421,15 @@ def check_fused(ctx, shape, dtype, kind, tile):
             "grad params": max(_err(a, b, 1e-30) for a, b in zip(got[3:], want[3:]))}
     # The parameters' gradients sum the logits' gradient over every node: their rounding
     # grows with the number of rows summed in dtype (both sides sum in their own order).
-    return f"tile {tile} rows  " + _within(f"fused {kind}", errs, {
+    return head + _within(f"{what} {kind}", errs, {
         "loss err": lt, "grad enc/pred": gt, "grad params": 10 * gt})
+
+
+def check_fused(ctx, shape, dtype, kind, tile):
+    """The fused joiner and loss (tiles of ``tile`` rows) against the loss of the
+    materialised logits on the float64 reference (:func:`_check_fused_pair`)."""
+    return f"tile {tile} rows  " + _check_fused_pair(ctx, shape, dtype, kind, tile, _Joiner, 16,
+                                                     "fused")
 
 
 def _kernel_joiner(H, V, dtype, device, seed=3) -> rnnt_lattice.Joiner:
@@ -427,50 +442,14 @@ def _kernel_joiner(H, V, dtype, device, seed=3) -> rnnt_lattice.Joiner:
     return joiner.to(dtype=dtype, device=device)
 
 
-def _joint_call(kind, joiner, y, tl, ul, V, backend, **extra):
-    """``(fused(e, p), full(e, p), y)`` of a loss ``kind`` on :func:`_kernel_joiner`: the
-    fused loss, and the float64 reference on the materialised logits."""
-    if kind == "rnnt":
-        kw = dict(blank=0, clamp=0.5, fastemit_lambda=0.1)
-        name = "rnnt_loss"
-    else:
-        n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
-        y = y % (V - n_blanks)
-        name = {"tdt": "tdt_loss", "multiblank": "multiblank_rnnt_loss"}[kind]
-        kw = dict(blank=V - 1, **TOPOLOGY_LOSSES[kind])
-    fused = lambda e, p: getattr(rnnt_lattice, "fused_" + name)(  # noqa: E731
-        joiner, e, p, y, tl, ul, reduction="none", backend=backend, **kw, **extra)
-    full = lambda e, p: getattr(rnnt_lattice, name)(  # noqa: E731
-        joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, reduction="none",
-        backend="torch", **kw)
-    return fused, full
-
-
 def check_joint(ctx, shape, dtype, kind):
     """The joiner's kernel path (``rnnt_lattice.Joiner`` on the Triton backend: the
     logits in registers, never in memory) against the loss of the materialised logits on
-    the float64 reference: costs, the gradients of enc, pred and every parameter; then a
-    second backward bit-identical to the first (the kernel path sums in a fixed order)."""
+    the float64 reference, and a second backward bit-identical to the first (the kernel
+    path sums in a fixed order; :func:`_check_fused_pair`)."""
     B, T, U, V = shape
-    H = 24
-    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
-    joiner = _kernel_joiner(H, V + n_dur, dtype, ctx.device)
-    g = torch.Generator(device="cpu").manual_seed(11)
-    enc = torch.randn(B, T, H, generator=g).to(dtype).to(ctx.device)
-    pred = torch.randn(B, U + 1, H, generator=g).to(dtype).to(ctx.device)
-    _, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
-    fused, full = _joint_call(kind, joiner, y, tl, ul, V, ctx.backend, tile=B * (U + 1) * 3)
-    got = _fused_grads(joiner, enc, pred, fused, w)
-    again = _fused_grads(joiner, enc, pred, fused, w)
-    want = _fused_grads(joiner, enc, pred, full, w)
-    if not all(torch.equal(a, b) for a, b in zip(got, again)):
-        raise CheckFailed(f"joiner kernels {kind}: two runs gave different gradients")
-    lt, gt = tolerance(dtype)
-    errs = {"loss err": _err(got[0], want[0]),
-            "grad enc/pred": max(_err(got[1], want[1], 1e-30), _err(got[2], want[2], 1e-30)),
-            "grad params": max(_err(a, b, 1e-30) for a, b in zip(got[3:], want[3:]))}
-    return "2 runs bit-identical  " + _within(f"joiner kernels {kind}", errs, {
-        "loss err": lt, "grad enc/pred": gt, "grad params": 10 * gt})
+    return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
+                             "joiner kernels", reruns=True)
 
 
 def check_joint_amp(ctx):

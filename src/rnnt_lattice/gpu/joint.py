@@ -70,9 +70,10 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # stages. 128 nodes: each block of W read from L2 serves 128 rows (the node tiles re-read
 # W, as attention re-reads its keys per query block), and 128 or 64 classes: the tile
 # re-reads its h per block of classes. On sm_90 (benchmarks/kernel_resources.py) the row
-# pass takes 127 registers a thread over 16 warps, the gradient pass 169 over 8, neither
-# spills; [128, 128] over 8 warps took 248-255 (the epilogues' temporaries). Not yet tuned
-# on a GPU (docs/benchmarks.md, "The joiner's kernel path").
+# pass takes 127-128 registers a thread over 16 warps, the gradient pass 134-172 over 8
+# (TDT's 230-245), neither spills (multi-blank's row pass: 8 bytes); [128, 128] over 8
+# warps took 248-255 (the epilogues' temporaries). Not yet tuned on a GPU
+# (docs/benchmarks.md, "The joiner's kernel path").
 TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3),
          "grad": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, num_warps=8, num_stages=3)}
 # Wider operands, by their size in bytes: float32 in two pipeline stages (three of [128, 32]
@@ -84,7 +85,6 @@ WIDE = {4: dict(num_stages=2),
 ACT_GRAD_BLOCK_U = 32
 ACT_GRAD_BLOCK_H = 64
 
-_BOX = 2                      # ``kernels.BOX``: programs over a chunk's box of nodes
 _JOINT_SHAPES = ("n_rows", "n_nodes", "T", "U1", "blank", "dz_stride", "upstream_stride", "box_t0",
                  "box_u0", "box_T", "box_U1", "o_lse", "o_dur", "o_nb", "o_lp", "o_ll",
                  "o_reads")
