@@ -16,6 +16,7 @@ import rnnt_lattice
 from support import backends, cases
 from support.cases import upstream_weights
 from support.fused import OPTIONS, PUBLIC, assert_same, full_and_fused, quiet, run, with_option
+from support.sync import RecordOps, syncing
 from support.topologies import make_topo_inputs
 
 pytestmark = [backends.NO_TRITON, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
@@ -278,6 +279,25 @@ def test_tdt_omega_is_the_token_logits_regular_loss():
         joiner, enc, pred, targets, tl, ul, blank=blank, durations=[0, 1, 2], omega=1.0,
         tile=13, backend="triton", reduction="none"), joiner, enc, pred, w)
     assert_same(full, kernel, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("kind", ["regular", "tdt012"])
+def test_never_synchronises(device_checks, kind):
+    """The kernel path's forward and backward, under autocast too, through the public
+    function with the value checks on the device (as on CUDA): no aten op reads a value on
+    the host or builds a tensor from Python values (what ``set_sync_debug_mode("error")``
+    checks on a GPU: ``rnnt-lattice check --device cuda``)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, kind, dtype=torch.float32)
+    fused_name, _, extra = PUBLIC[kind]
+    for amp in (False, True):
+        with RecordOps() as rec:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss = getattr(rnnt_lattice, fused_name)(
+                    joiner, enc, pred, targets.to(torch.int32), tl.to(torch.int32),
+                    ul.to(torch.int32), blank=blank, tile=5, backend="triton", clamp=0.5,
+                    **extra)
+            loss.backward()
+        assert rec.ops and not syncing(rec.ops), syncing(rec.ops)
 
 
 def test_empty_batch_and_no_frames():

@@ -32,6 +32,7 @@ pytest.importorskip("triton")
 import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
+from support.sync import SYNCING_OPS, RecordOps as _RecordOps, syncing as _syncing  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
     raise RuntimeError("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1 was set: "
@@ -227,26 +228,6 @@ def test_float64_lattice_long_labels(monkeypatch):
     err = float((grads["triton"] - grads["torch"]).abs().max()) / scale
     err_numba = float((grads["numba"] - grads["torch"]).abs().max()) / scale
     assert err <= max(1e-6, 4 * err_numba), (err, err_numba)
-
-
-# Operations that synchronise a CUDA device with the host (a tensor value read on the host,
-# a tensor built from Python values and copied over, data-dependent output sizes).
-SYNCING_OPS = ("_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "_unique",
-               "is_nonzero", "equal", "item")
-
-
-class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def _syncing(ops):
-    return sorted({op for op in ops if any(f"aten.{name}" in op for name in SYNCING_OPS)})
 
 
 @pytest.mark.parametrize("option", ["plain", "clamp_fastemit_sum", "logprob_none",

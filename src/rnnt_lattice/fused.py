@@ -448,13 +448,17 @@ def _operand_dtype(e: torch.Tensor, p: torch.Tensor, w: torch.Tensor) -> torch.d
 
 def _logits_dtype(joiner: Joiner, enc: torch.Tensor, pred: torch.Tensor) -> torch.dtype:
     """The dtype of a :class:`Joiner`'s logits on ``enc`` and ``pred`` (the probe's
-    answer, without a call)."""
-    w = joiner.out.weight
+    answer, without a call): the autocast dtype under autocast, else the promotion of the
+    inputs' and the parameters' dtypes."""
+    dtype = joiner.out.weight.dtype
     for proj, x in ((joiner.enc_proj, enc), (joiner.pred_proj, pred)):
+        dtype = torch.promote_types(dtype, x.dtype)
         if isinstance(proj, torch.nn.Linear):
-            x = torch.empty((), dtype=torch.promote_types(x.dtype, proj.weight.dtype))
-        w = torch.empty((), dtype=torch.promote_types(w.dtype, x.dtype))
-    return _operand_dtype(enc, pred, w)
+            dtype = torch.promote_types(dtype, proj.weight.dtype)
+    dev = enc.device.type
+    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
+        return torch.get_autocast_dtype(dev)
+    return dtype
 
 
 class _KernelCall:
@@ -526,8 +530,20 @@ class _JointLoss(torch.autograd.Function):
 
 def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
     """Whether the call takes the kernel path: a :class:`Joiner` without dropout at work,
-    on the Triton backend."""
-    return isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
+    on the Triton backend, whose output layer is not sharded apart from it (the kernels
+    read its weights inside the joiner's forward, where FSDP2 has gathered the joiner's
+    own parameters but not those of a submodule with ``fully_shard`` of its own)."""
+    return (isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
+            and not _sharded_apart(joiner.out))
+
+
+def _sharded_apart(module: torch.nn.Module) -> bool:
+    """Whether FSDP2's ``fully_shard`` was applied to ``module`` itself."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:                           # a torch without FSDP2
+        return False
+    return isinstance(module, FSDPModule)
 
 
 def _params(joiner) -> tuple:
@@ -588,8 +604,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                                   boundary=boundary, allow_blank_targets=allow_blank_targets,
                                   names=names)
     if rows is None:
-        rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1,
-                   nbytes // (V * torch.empty((), dtype=dtype).element_size()))
+        rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1, nbytes // (V * dtype.itemsize))
     if _kernel_path(joiner, prep):
         costs = joiner(enc, pred, _loss=_KernelCall(prep, rows, drop))
     else:

@@ -112,7 +112,7 @@ CASES = (
     + [Case("fsdp2", "triton", "kernel", e, p) for e, p in _GRADS[:2]]
     + [Case("fsdp2", "triton", "kernel", loss=loss) for loss in ("tdt", "multiblank")]
     + [Case("fsdp2", "triton", "kernel", layout=layout, pred_grad=False)
-       for layout in ("model", "outside")]
+       for layout in ("model", "outside", "out")]
     + [Case("ddp", backend, "kernel") for backend in ("auto", "triton")]
 )
 

@@ -354,7 +354,7 @@ def _joint_grad_kernel(
                  mask=d < N_DURATIONS)
 
 
-@triton.jit(do_not_specialize=("frames", "labels", "u0"))
+@triton.jit(do_not_specialize=("frames", "labels", "u0", "U1"))
 def _joint_act_grad_kernel(
     # data ptrs: dh, h (n, H) of the chunk (rows (b, t, u) of its box); dP (B, U+1, H)
     # accumulated here; dE's partial sums (n_ublocks, B, frames, H)
@@ -423,7 +423,7 @@ def _grad_kinds(topo) -> dict:
 
 def _tiles(which: str, dtype: torch.dtype) -> dict:
     """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
-    return dict(TILES[which], **WIDE.get(torch.empty((), dtype=dtype).element_size(), {}))
+    return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
 
 
 def _block_dur(n_durations: int) -> int:
