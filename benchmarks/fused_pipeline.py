@@ -248,9 +248,8 @@ def runs_of(shape_list, args) -> list:
     """``(shape, H, loss, precision)`` of every row: ``--preset issue34``'s rows (those of
     ``--shapes`` if given), else ``--shapes x --hidden`` with ``--loss`` and ``--precision``."""
     if getattr(args, "preset", None) == "issue34":
-        names = {s.name for s in shape_list} if args.shapes else None
-        return [(shapes.SHAPES[n], H, loss, prec) for n, H, loss, prec in ISSUE34
-                if names is None or n in names]
+        names = {s.name for s in shape_list}
+        return [(shapes.SHAPES[n], H, loss, prec) for n, H, loss, prec in ISSUE34 if n in names]
     loss, prec = getattr(args, "loss", "rnnt"), getattr(args, "precision", "fp32")
     return [(shape, H, loss, prec) for shape in shape_list for H in args.hidden]
 

@@ -710,6 +710,8 @@ def parse(argv=None):
     if args.mode != "fused" and (args.ways or args.preset or args.loss != "rnnt"
                                  or args.precision != "fp32"):
         ap.error("--ways, --preset, --loss and --precision are --mode fused's")
+    if args.preset and args.shapes is None:
+        args.shapes = ["joint_gpu"]                 # the preset's shapes, narrowed by --shapes
     if args.mode == "pruned":
         if args.variants != ["regular"] or args.dtype or args.thp_compare:
             ap.error("--mode pruned runs float32 regular lattices: no --variants, --dtype, "

@@ -355,3 +355,31 @@ def test_fused_mode_end_to_end(run, tmp_path):
     assert "| shape | H | full | pruned | fused | fused / full time |" in md
     run.render(tmp_path / "f.json")
     assert (tmp_path / "f.md").read_text() == md
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_joint_tiles_needs_a_gpu(run, capsys):
+    """benchmarks/joint_tiles.py (the kernel path's block choices, timed on a GPU) exits with
+    status 2 and a message without one; its candidates are complete block choices."""
+    import joint_tiles
+    assert joint_tiles.main(["--reps", "1"]) == 2
+    assert "CUDA device" in capsys.readouterr().err
+    keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages"}
+    assert all(set(row) == keys and set(grad) == keys for row, grad in joint_tiles.CANDIDATES.values())
+
+
+def test_fused_mode_preset_and_ways(run):
+    """--preset issue34 gives issue 34's rows (narrowed by --shapes), with full, fused and
+    joint; TDT rows never run the pruned way; the fused-mode options belong to it."""
+    import fused_pipeline
+    _, args = run.parse(["--device", "cuda", "--mode", "fused", "--preset", "issue34"])
+    rows = fused_pipeline.runs_of(run.pipeline_shapes(args), args)
+    assert [(s.name, H, loss, prec) for s, H, loss, prec in rows] == list(fused_pipeline.ISSUE34)
+    assert fused_pipeline.ways_of(args, "cuda", "tdt") == ("full", "fused", "joint")
+    _, args = run.parse(["--device", "cuda", "--mode", "fused", "--preset", "issue34",
+                         "--shapes", "j4"])
+    assert [r[0].name for r in fused_pipeline.runs_of(run.pipeline_shapes(args), args)] == ["j4"]
+    _, args = run.parse(["--mode", "fused", "--loss", "tdt", "--ways", "full", "pruned", "fused"])
+    assert fused_pipeline.ways_of(args, "cpu", "tdt") == ("full", "fused")
+    with pytest.raises(SystemExit):
+        run.parse(["--mode", "floor", "--precision", "bf16"])

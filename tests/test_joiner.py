@@ -266,6 +266,18 @@ def test_frozen_parameters_inputs_without_grad_and_no_projections():
     assert_same(full, kernel, TOL[torch.float64])
 
 
+def test_the_module_holding_the_joiner():
+    """``FusedRNNTLoss(Joiner)``: the module's call is the function's, the kernel path."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    module = rnnt_lattice.FusedRNNTLoss(joiner, blank=blank, backend="triton", reduction="none",
+                                        tile=13)
+    want = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                        backend="triton", reduction="none", tile=13)
+    assert torch.equal(module(enc, pred, targets, tl, ul), want)
+    assert dict(module.named_parameters()).keys() == {
+        "joiner." + n for n, _ in joiner.named_parameters()}
+
+
 def test_tdt_omega_is_the_token_logits_regular_loss():
     """NeMo's omega: with probability omega the call is the regular loss of the token
     logits; the kernel path computes it on the token rows of the output layer."""
