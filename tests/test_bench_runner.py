@@ -383,3 +383,18 @@ def test_fused_mode_preset_and_ways(run):
     assert fused_pipeline.ways_of(args, "cpu", "tdt") == ("full", "fused")
     with pytest.raises(SystemExit):
         run.parse(["--mode", "floor", "--precision", "bf16"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_joint_exactness_table(monkeypatch, capsys):
+    """benchmarks/joint_exactness.py (docs/benchmarks.md's exactness table of the kernel
+    path), float64 under the interpreter: every relative error within 1e-12."""
+    import joint_exactness
+    from rnnt_lattice.gpu import joint
+    monkeypatch.setattr(joint, "TILES", {k: dict(v) for k, v in joint.TILES.items()})
+    monkeypatch.setattr(joint, "WIDE", {k: dict(v) for k, v in joint.WIDE.items()})
+    assert joint_exactness.main(["--dtype", "float64"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float64")]
+    assert len(rows) == len(joint_exactness.TOPOLOGIES)
+    errs = [float(c) for line in rows for c in line.strip("| ").split(" | ")[2:]]
+    assert errs and max(errs) <= 1e-12, rows
