@@ -1,5 +1,5 @@
-"""``run.py --mode fused``: one training step of a transducer's joiner and loss three ways,
-time and peak memory.
+"""``run.py --mode fused``: one training step of a transducer's joiner and loss, up to four
+ways, time and peak memory.
 
 The model (:class:`JoinerModel`, icefall's joiner): ``e = enc_proj(enc)`` ``(B, T, H)``,
 ``p = pred_proj(pred)`` ``(B, U+1, H)`` (Linear), then ``joiner(e, p) = out(tanh(e + p))``
@@ -12,14 +12,23 @@ leaves. The step is forward + loss + backward into ``enc``, ``pred`` and every p
             ranges = prune_ranges(occ, R=5); e_p, p_p = do_rnnt_pruning(e, p, ranges)
             simple + rnnt_loss_pruned(joiner(e_p, p_p), ...)   (B, T, R, V): icefall's recipe
     fused   fused_rnnt_loss(joiner, e, p, ...)                  tiles of the default size
+    joint   fused_rnnt_loss(Joiner.sharing(joiner.out, "tanh"), e, p, ...): the same weights
+            as rnnt_lattice.Joiner, the kernel path (CUDA: the logits never in memory)
 
-(``reduction="sum"``, backend "auto": Numba on CPU, Triton on CUDA). ``full`` and
-``fused`` compute the same loss and gradients: their agreement is checked on every shape
-(relative differences of the loss and of the gradients of enc, pred and the output
-Linear's weight). ``pruned`` is another loss (the windows' lattice plus the simple loss).
+(``reduction="sum"``, backend "auto": Numba on CPU, Triton on CUDA). ``--loss tdt`` runs
+``tdt_loss`` / ``fused_tdt_loss`` instead (the last 5 of V classes the durations 0..4, the
+blank the last token; no pruned way). ``--precision``: ``fp32`` (IEEE float32 products),
+``tf32`` (``torch.backends.cuda.matmul.allow_tf32``), ``bf16``/``fp16`` (the forward under
+``torch.autocast``, the backward outside: PyTorch's AMP recipe). ``--preset issue34`` runs
+issue 34's table instead of ``--shapes x --hidden`` (its rows, :data:`ISSUE34`, narrowed by
+``--shapes``), with ``--ways full fused joint`` by default. ``full``, ``fused`` and ``joint``
+compute the same loss and gradients: their agreement with ``full`` is checked on every row
+(relative differences of the loss and of the gradients of enc, pred and the output Linear's
+weight, within the precision's rounding). ``pruned`` is another loss (the windows' lattice
+plus the simple loss).
 
 Time: the median of interleaved steps (one of each way per round, so that a load on the
-machine falls on all three alike). Memory on CPU: a fresh subprocess per row (this file,
+machine falls on all ways alike). Memory on CPU: a fresh subprocess per row (this file,
 ``--mem-child``) warms up on a small shape, makes the inputs, resets its RSS high-water
 mark and runs one step: ``VmHWM - VmRSS`` at the reset. On CUDA: ``max_memory_allocated``
 above what was allocated before the step.
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import common  # first: sets the thread env vars before torch is imported
 
+import contextlib                 # noqa: E402
 import json                       # noqa: E402
 import subprocess                 # noqa: E402
 import statistics                 # noqa: E402
@@ -38,10 +48,21 @@ import torch                      # noqa: E402
 
 import shapes                     # noqa: E402
 import timing                     # noqa: E402
+import rnnt_lattice                             # noqa: E402
 from rnnt_lattice._cli_util import set_threads  # noqa: E402
 
-WAYS = ("full", "pruned", "fused")
+WAYS = ("full", "pruned", "fused", "joint")
+DEFAULT_WAYS = {"cpu": ("full", "pruned", "fused"), "cuda": ("full", "pruned", "fused", "joint")}
 HIDDEN = (512, 1024)                  # joiner widths H
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+LOSSES = ("rnnt", "tdt")
+TDT_DURATIONS = (0, 1, 2, 3, 4)       # --loss tdt: the last len() of V classes
+# Issue 34's table (H100): (shape, H, loss, precision); run.py --preset issue34.
+ISSUE34 = (("j1", 512, "rnnt", "fp32"), ("j1", 512, "rnnt", "bf16"), ("j1", 512, "rnnt", "tf32"),
+           ("j2", 512, "rnnt", "fp32"), ("j3", 640, "rnnt", "fp32"), ("j4", 640, "tdt", "fp32"))
+# Agreement with full: the loss within 16 float32 eps (run.py's factor), the gradients
+# within the precision's rounding of the joiner's products summed in another order.
+GRAD_TOL = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 3e-2, "fp16": 1e-2}
 R = 5                                 # the pruned way's window
 SCALES = dict(lm_only_scale=0.25, am_only_scale=0.0)   # icefall's smoothing
 
@@ -71,16 +92,22 @@ class JoinerModel(torch.nn.Module):
 
 
 class Inputs:
-    """A model and its leaves for one (shape, H), on ``device``, from ``seed``."""
+    """A model and its leaves for one (shape, H), on ``device``, from ``seed``; ``loss``
+    "rnnt" (blank 0) or "tdt" (the last :data:`TDT_DURATIONS` classes the durations, the
+    blank the last token)."""
 
-    def __init__(self, shape, H: int, device, seed: int):
+    def __init__(self, shape, H: int, device, seed: int, loss: str = "rnnt"):
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.model = JoinerModel(H, shape.V).to(device)
+        self.kernel_joiner = rnnt_lattice.Joiner.sharing(self.model.joiner.out, "tanh")
         B, T, U, V = shape.B, shape.T, shape.U, shape.V
+        self.loss = loss
+        n_tok = V - len(TDT_DURATIONS) if loss == "tdt" else V
+        self.blank = n_tok - 1 if loss == "tdt" else 0
         self.enc = torch.randn(B, T, H, generator=g).to(device).requires_grad_()
         self.pred = torch.randn(B, U + 1, H, generator=g).to(device).requires_grad_()
-        self.targets = torch.randint(1, V, (B, U), generator=g).to(device)
+        self.targets = torch.randint(1, n_tok - 1, (B, U), generator=g).to(device)
         # ragged: the later sequences a little shorter
         self.logit_lengths = (T - torch.arange(B) % 3 * (T // 10)).to(device)
         self.target_lengths = (U - torch.arange(B) % 2 * (U // 10)).to(device)
@@ -93,132 +120,187 @@ class Inputs:
             x.grad = None
 
 
-def step(way: str, x: Inputs, tile=None):
-    """One forward + loss + backward of ``way`` (fused: tiles of ``tile``, None: the
-    library's default); returns the loss (detached)."""
-    import rnnt_lattice
+@contextlib.contextmanager
+def precision(name: str, device: str):
+    """The forward's numerics of ``name`` (:data:`PRECISIONS`): autocast for bf16/fp16, TF32
+    matrix products for tf32 (restored on exit)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+    try:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def step(way: str, x: Inputs, tile=None, prec: str = "fp32"):
+    """One forward + loss + backward of ``way`` (fused, joint: tiles of ``tile``, None: the
+    library's default) in the precision ``prec`` (the backward outside autocast); returns
+    the loss (detached)."""
     m = x.model
     args = (x.targets, x.logit_lengths, x.target_lengths)
-    e, p = m.enc_proj(x.enc), m.pred_proj(x.pred)
-    if way == "full":
-        loss = rnnt_lattice.rnnt_loss(m.joiner(e[:, :, None], p[:, None]), *args, blank=0,
-                                      reduction="sum")
-    elif way == "fused":
-        loss = rnnt_lattice.fused_rnnt_loss(m.joiner, e, p, *args, blank=0, reduction="sum",
-                                            tile=tile)
-    else:
-        simple, occ = rnnt_lattice.rnnt_loss_smoothed(
-            m.lm_proj(x.pred), m.am_proj(x.enc), *args, blank=0, reduction="sum",
-            return_occupations=True, **SCALES)
-        win = rnnt_lattice.prune_ranges(occ, R)
-        e_p, p_p = rnnt_lattice.do_rnnt_pruning(e, p, win.ranges)
-        loss = simple + rnnt_lattice.rnnt_loss_pruned(m.joiner(e_p, p_p), x.targets, win.ranges,
-                                                      x.logit_lengths, x.target_lengths,
-                                                      blank=0, reduction="sum")
+    kw = dict(blank=x.blank, reduction="sum")
+    if x.loss == "tdt":
+        kw["durations"] = list(TDT_DURATIONS)
+    with precision(prec, x.enc.device.type):
+        e, p = m.enc_proj(x.enc), m.pred_proj(x.pred)
+        if way == "full":
+            loss_fn = rnnt_lattice.tdt_loss if x.loss == "tdt" else rnnt_lattice.rnnt_loss
+            loss = loss_fn(m.joiner(e[:, :, None], p[:, None]), *args, **kw)
+        elif way in ("fused", "joint"):
+            loss_fn = rnnt_lattice.fused_tdt_loss if x.loss == "tdt" else rnnt_lattice.fused_rnnt_loss
+            loss = loss_fn(m.joiner if way == "fused" else x.kernel_joiner, e, p, *args, **kw,
+                           tile=tile)
+        else:
+            simple, occ = rnnt_lattice.rnnt_loss_smoothed(
+                m.lm_proj(x.pred), m.am_proj(x.enc), *args, blank=0, reduction="sum",
+                return_occupations=True, **SCALES)
+            win = rnnt_lattice.prune_ranges(occ, R)
+            e_p, p_p = rnnt_lattice.do_rnnt_pruning(e, p, win.ranges)
+            loss = simple + rnnt_lattice.rnnt_loss_pruned(m.joiner(e_p, p_p), x.targets,
+                                                          win.ranges, x.logit_lengths,
+                                                          x.target_lengths, blank=0,
+                                                          reduction="sum")
     loss.backward()
     return loss.detach()
 
 
-def agreement(x: Inputs, tile=None) -> dict:
-    """fused against full on the same inputs: relative differences of the loss and of the
-    gradients of enc, pred and the output Linear's weight."""
-    out = {}
+def agreement(x: Inputs, ways, tile=None, prec: str = "fp32") -> dict:
+    """Each of ``ways`` (fused, joint) against full on the same inputs: relative differences
+    of the loss and of the gradients of enc, pred and the output Linear's weight, per way
+    (keys ``<way>_loss_rel_diff`` ..., ``<way>_agree``; fused's without the prefix, as
+    before the kernel path)."""
     grads = {}
-    for way in ("full", "fused"):
+    for way in ("full", *ways):
         x.zero()
-        loss = step(way, x, tile)
-        grads[way] = (loss, x.enc.grad.clone(), x.pred.grad.clone(), x.model.joiner.out.weight.grad.clone())
-    (l0, *g0), (l1, *g1) = grads["full"], grads["fused"]
-    out["loss_rel_diff"] = float((l1 - l0).abs() / l0.abs().clamp(min=1.0))
-    for name, a, b in zip(("enc", "pred", "out_weight"), g0, g1):
-        out[f"grad_{name}_rel_diff"] = float((b - a).abs().max() / a.abs().max().clamp(min=1e-30))
+        loss = step(way, x, tile, prec)
+        grads[way] = (loss, x.enc.grad.clone(), x.pred.grad.clone(),
+                      x.model.joiner.out.weight.grad.clone())
+    out = {}
+    l0, *g0 = grads["full"]
     eps = torch.finfo(torch.float32).eps
-    # float32 sums of float32 products in another order (tiles): 1e-4 of the gradients' max,
-    # 16 eps of the loss (run.py's tolerance factor)
-    ok = out["loss_rel_diff"] <= 16 * eps and all(
-        v <= 1e-4 for k, v in out.items() if k.startswith("grad_"))
-    out["agree"] = "ok" if ok else "DISAGREE"
+    for way in ways:
+        pre = "" if way == "fused" else f"{way}_"
+        l1, *g1 = grads[way]
+        r = {"loss_rel_diff": float((l1 - l0).abs() / l0.abs().clamp(min=1.0))}
+        for name, a, b in zip(("enc", "pred", "out_weight"), g0, g1):
+            r[f"grad_{name}_rel_diff"] = float((b - a).abs().max() / a.abs().max().clamp(min=1e-30))
+        # float32 sums of the products in another order (tiles, the kernels): the
+        # precision's rounding of the gradients' max, 16 eps of the loss (run.py's factor;
+        # 1e-3 under autocast and TF32, whose logits differ by their rounding)
+        ok = (r["loss_rel_diff"] <= (16 * eps if prec == "fp32" else 1e-3)
+              and all(v <= GRAD_TOL[prec] for k, v in r.items() if k.startswith("grad_")))
+        r["agree"] = "ok" if ok else "DISAGREE"
+        out.update({pre + k: v for k, v in r.items()})
     return out
 
 
-def time_ways(x: Inputs, device, args) -> dict:
+def time_ways(x: Inputs, ways, device, args, prec: str = "fp32") -> dict:
     """Median and min of interleaved steps, per way."""
-    times = {w: [] for w in WAYS}
-    for w in WAYS:                                        # warm-up, untimed
+    times = {w: [] for w in ways}
+    for w in ways:                                        # warm-up, untimed
         for _ in range(max(1, args.warmup)):
             x.zero()
-            step(w, x, args.tile)
+            step(w, x, args.tile, prec)
     for _ in range(args.reps):
-        for w in WAYS:
+        for w in ways:
             x.zero()
-            times[w].append(device.clock.once(lambda: step(w, x, args.tile)))
+            times[w].append(device.clock.once(lambda: step(w, x, args.tile, prec)))
     return {w: (statistics.median(t), min(t)) for w, t in times.items()}
 
 
-def cuda_memory(x: Inputs, way: str, tile) -> dict:
+def cuda_memory(x: Inputs, way: str, tile, prec: str = "fp32") -> dict:
     x.zero()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    step(way, x, tile)
+    step(way, x, tile, prec)
     torch.cuda.synchronize()
     return {"peak_bytes": torch.cuda.max_memory_allocated() - before}
 
 
-def cpu_memory(way: str, shape: str, H: int, seed: int, tile) -> dict:
+def cpu_memory(way: str, shape: str, H: int, seed: int, tile, loss: str = "rnnt",
+               prec: str = "fp32") -> dict:
     """Peak RSS of one step in a fresh subprocess (this file, ``--mem-child``)."""
     cmd = [sys.executable, str(Path(__file__)), "--mem-child", way, shape, str(H), str(seed),
-           str(tile or "")]
+           str(tile or ""), loss, prec]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         return {"mem_note": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
     return {"peak_extra_mb": json.loads(p.stdout.strip().splitlines()[-1])["extra_kb"] / 1024}
 
 
-def mem_child(way: str, shape: str, H: int, seed: int, tile) -> None:
+def mem_child(way: str, shape: str, H: int, seed: int, tile, loss: str = "rnnt",
+              prec: str = "fp32") -> None:
     """Subprocess body of :func:`cpu_memory`: a warm-up step on a small shape, the inputs,
     the high-water mark reset, one step; prints ``{"extra_kb": VmHWM - VmRSS at the reset}``."""
     set_threads(common.THREADS)
-    step(way, Inputs(shapes.SHAPES["s1"], 64, "cpu", seed), tile)
-    x = Inputs(shapes.SHAPES[shape], H, "cpu", seed)
+    step(way, Inputs(shapes.SHAPES["s1"], 64, "cpu", seed, loss), tile, prec)
+    x = Inputs(shapes.SHAPES[shape], H, "cpu", seed, loss)
     rss = common.rss_kb()
     common.reset_peak_rss()
-    step(way, x, tile)
+    step(way, x, tile, prec)
     print(json.dumps({"extra_kb": common.maxrss_kb() - rss}))
 
 
+def runs_of(shape_list, args) -> list:
+    """``(shape, H, loss, precision)`` of every row: ``--preset issue34``'s rows (those of
+    ``--shapes`` if given), else ``--shapes x --hidden`` with ``--loss`` and ``--precision``."""
+    if getattr(args, "preset", None) == "issue34":
+        names = {s.name for s in shape_list}
+        return [(shapes.SHAPES[n], H, loss, prec) for n, H, loss, prec in ISSUE34 if n in names]
+    loss, prec = getattr(args, "loss", "rnnt"), getattr(args, "precision", "fp32")
+    return [(shape, H, loss, prec) for shape in shape_list for H in args.hidden]
+
+
+def ways_of(args, device_name: str, loss: str) -> tuple:
+    """The ways of a row: ``--ways``, or the preset's (full, fused, joint), or the device's
+    default; never pruned for TDT (icefall's recipe is the regular loss's)."""
+    ways = getattr(args, "ways", None) or (
+        ("full", "fused", "joint") if getattr(args, "preset", None) else DEFAULT_WAYS[device_name])
+    return tuple(w for w in WAYS if w in ways and not (w == "pruned" and loss == "tdt"))
+
+
 def run(shape_list, device, args, meta) -> list:
-    """Every shape x H: the three ways timed, their memory, fused's agreement with full."""
-    import rnnt_lattice
+    """Every row (:func:`runs_of`): its ways timed, their memory, their agreement with full."""
+    tile = (str(args.tile) if args.tile else
+            f"{rnnt_lattice.fused.default_tile(torch.device(device.name))}, at least "
+            f"{rnnt_lattice.fused.DEFAULT_MIN_ROWS} rows (the default)")
     meta["ways"] = {"full": "rnnt_loss on the materialised logits",
                     "pruned": f"icefall's pruned recipe, R={R}",
-                    "fused": "fused_rnnt_loss, tile " + (
-                        str(args.tile) if args.tile else
-                        f"{rnnt_lattice.fused.default_tile(torch.device(device.name))}, at "
-                        f"least {rnnt_lattice.fused.DEFAULT_MIN_ROWS} rows (the default)")}
+                    "fused": "fused_rnnt_loss, tile " + tile,
+                    "joint": "fused_rnnt_loss with rnnt_lattice.Joiner (the kernel path on "
+                             "CUDA), chunks of " + tile}
     meta["joiner"] = "out(tanh(enc_proj(enc) + pred_proj(pred))), Linear(H, H) x 2, Linear(H, V)"
     rows = []
-    for shape in shape_list:
-        for H in args.hidden:
-            x = Inputs(shape, H, device.name, args.seed)
-            base = {"shape": shape.name, "shape_desc": shape.describe(), "H": H,
-                    "device": device.name}
-            print(f"\n## {shape.name} ({shape.describe()}), H={H}", flush=True)
-            agree = agreement(x, args.tile)
-            print(f"  fused vs full: {_agree(agree)}", flush=True)
-            times = time_ways(x, device, args)
-            for w in WAYS:
-                row = {**base, "way": w, "fwd_bwd_s": times[w][0], "fwd_bwd_min_s": times[w][1],
-                       "reps": args.reps}
-                if not args.no_memory:
-                    row.update(cuda_memory(x, w, args.tile) if device.name == "cuda"
-                               else cpu_memory(w, shape.name, H, args.seed, args.tile))
-                if w == "fused":
-                    row.update(agree)
-                rows.append(row)
-                print(f"  {w:7s} {timing.fmt_s(row['fwd_bwd_s']):>9s}  {_mem(row)}", flush=True)
-            del x
-            device.release()
+    for shape, H, loss, prec in runs_of(shape_list, args):
+        ways = ways_of(args, device.name, loss)
+        x = Inputs(shape, H, device.name, args.seed, loss)
+        base = {"shape": shape.name, "shape_desc": shape.describe(), "H": H,
+                "device": device.name}
+        if (loss, prec) != ("rnnt", "fp32"):
+            base.update(loss=loss, precision=prec)
+        print(f"\n## {shape.name} ({shape.describe()}), H={H}, {loss}, {prec}", flush=True)
+        checked = [w for w in ways if w in ("fused", "joint")]
+        agree = agreement(x, checked, args.tile, prec) if checked and "full" in ways else {}
+        for w in checked:
+            print(f"  {w} vs full: {_agree(agree, '' if w == 'fused' else w + '_')}", flush=True)
+        times = time_ways(x, ways, device, args, prec)
+        for w in ways:
+            row = {**base, "way": w, "fwd_bwd_s": times[w][0], "fwd_bwd_min_s": times[w][1],
+                   "reps": args.reps}
+            if not args.no_memory:
+                row.update(cuda_memory(x, w, args.tile, prec) if device.name == "cuda"
+                           else cpu_memory(w, shape.name, H, args.seed, args.tile, loss, prec))
+            if w in checked:
+                pre = "" if w == "fused" else f"{w}_"
+                row.update({k[len(pre):]: v for k, v in agree.items()
+                            if k.startswith(pre) and (pre or not k.startswith("joint_"))})
+            rows.append(row)
+            print(f"  {w:7s} {timing.fmt_s(row['fwd_bwd_s']):>9s}  {_mem(row)}", flush=True)
+        del x
+        device.release()
     return rows
 
 
@@ -235,39 +317,64 @@ def _mem(row) -> str:
     return "peak       -" if m is None else f"peak {m:7.0f} MB"
 
 
-def _agree(r) -> str:
-    return (f"{r['agree']}: loss {r['loss_rel_diff']:.1g}, grad enc {r['grad_enc_rel_diff']:.1g}, "
-            f"pred {r['grad_pred_rel_diff']:.1g}, out.weight {r['grad_out_weight_rel_diff']:.1g}")
+def _agree(r, pre: str = "") -> str:
+    """A row's agreement with full (``pre``: the prefix of a way's keys in
+    :func:`agreement`'s dict)."""
+    if pre + "agree" not in r:
+        return "-"
+    return (f"{r[pre + 'agree']}: loss {r[pre + 'loss_rel_diff']:.1g}, grad enc "
+            f"{r[pre + 'grad_enc_rel_diff']:.1g}, pred {r[pre + 'grad_pred_rel_diff']:.1g}, "
+            f"out.weight {r[pre + 'grad_out_weight_rel_diff']:.1g}")
 
 
 def markdown(rows, device_name: str, ctx: dict) -> str:
-    """One line per (shape, H): the three ways' times and memory, fused / full, agreement."""
+    """One line per row: each way's time and memory, the fused ways' time and memory
+    against full's, and their agreement with full."""
     mem = "peak extra MB (RSS)" if device_name == "cpu" else "peak MiB"
+    ways = [w for w in WAYS if any(r["way"] == w for r in rows)]
+    extra = any("precision" in r for r in rows)
     out = [f"Medians of {ctx['reps']} interleaved steps (forward + loss + backward) after "
            f"{ctx['warmup']} warm-up ({'wall clock' if device_name == 'cpu' else 'CUDA events'}); "
            f"joiner out(tanh(enc_proj(enc) + pred_proj(pred))); reduction sum; pruned: icefall's "
-           f"recipe with R={R}; fused: {ctx.get('tile') or 'the default tile'}. Agreement: fused against full, relative "
-           "differences of the loss and of the gradients of enc, pred and out.weight.\n"]
+           f"recipe with R={R}; fused: {ctx.get('tile') or 'the default tile'}."
+           + (" joint: the same joiner as rnnt_lattice.Joiner (the kernel path on CUDA)."
+              if "joint" in ways else "")
+           + (" Precision: fp32 (IEEE), tf32 (TF32 products), bf16/fp16 (forward under "
+              "autocast, backward outside); loss rnnt or tdt (durations 0..4)." if extra else "")
+           + f" Agreement: {' and '.join(w for w in ways if w in ('fused', 'joint'))} against "
+           "full, relative differences of the loss and of the gradients of enc, pred and "
+           "out.weight.\n"]
+    checked = [w for w in ways if w in ("fused", "joint")]
     body = []
-    keys = list(dict.fromkeys((r["shape"], r["H"]) for r in rows))
-    for shape, H in keys:
-        rs = {r["way"]: r for r in rows if r["shape"] == shape and r["H"] == H}
-        f, p, z = rs.get("full"), rs.get("pruned"), rs.get("fused")
-        mf, mp, mz = (_mem_mb(r) if r else None for r in (f, p, z))
-        body.append([f"{shape} ({f['shape_desc']})", H] + [timing.fmt_s(r["fwd_bwd_s"]) for r in (f, p, z)]
-                    + [f"{z['fwd_bwd_s'] / f['fwd_bwd_s']:.2f}"]
-                    + ["-" if m is None else f"{m:.0f}" for m in (mf, mp, mz)]
-                    + ["-" if not (mf and mz) else f"1/{mf / max(mz, 1e-9):.1f}", _agree(z)])
-    out.append(common.md_table(["shape", "H", "full", "pruned", "fused", "fused / full time",
-                                f"full {mem}", f"pruned {mem}", f"fused {mem}",
-                                "fused / full memory", "fused vs full"], body))
+    keys = list(dict.fromkeys((r["shape"], r["H"], r.get("loss"), r.get("precision")) for r in rows))
+    for shape, H, loss, prec in keys:
+        rs = {r["way"]: r for r in rows if (r["shape"], r["H"], r.get("loss"), r.get("precision"))
+              == (shape, H, loss, prec)}
+        any_row = next(iter(rs.values()))
+        f = rs.get("full")
+        line = [f"{shape} ({any_row['shape_desc']})", H]
+        if extra:
+            line += [loss or "rnnt", prec or "fp32"]
+        line += [timing.fmt_s(rs[w]["fwd_bwd_s"]) if w in rs else "-" for w in ways]
+        line += [f"{rs[w]['fwd_bwd_s'] / f['fwd_bwd_s']:.2f}" if w in rs and f else "-"
+                 for w in checked]
+        mems = {w: _mem_mb(rs[w]) if w in rs else None for w in ways}
+        line += ["-" if mems[w] is None else f"{mems[w]:.0f}" for w in ways]
+        mf = mems.get("full")
+        line += ["-" if not (mf and mems[w]) else f"1/{mf / max(mems[w], 1e-9):.1f}" for w in checked]
+        line += [_agree(rs[w]) if w in rs else "-" for w in checked]
+        body.append(line)
+    head = ["shape", "H"] + (["loss", "precision"] if extra else []) + list(ways)
+    head += [f"{w} / full time" for w in checked] + [f"{w} {mem}" for w in ways]
+    head += [f"{w} / full memory" for w in checked] + [f"{w} vs full" for w in checked]
+    out.append(common.md_table(head, body))
     return "\n".join(out)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--mem-child":
+    if len(sys.argv) == 9 and sys.argv[1] == "--mem-child":
         tile = sys.argv[6]
         mem_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
-                  int(tile) if tile.isdigit() else (tile or None))
+                  int(tile) if tile.isdigit() else (tile or None), sys.argv[7], sys.argv[8])
     else:
         print(__doc__)

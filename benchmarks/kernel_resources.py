@@ -10,12 +10,17 @@ durations 0..4 and multi-blank with big blanks 2, 4, 8, through ``triton.compile
 32)``: Triton bundles ``ptxas``, no device is needed. For each compiled kernel the table
 gives
 
-* registers per thread and spill stores/loads (bytes), from ``cuobjdump
-  --dump-resource-usage`` on the cubin (Triton ships ``cuobjdump`` under
-  ``triton/backends/nvidia/bin``);
+* registers per thread and the stack frame a thread needs (bytes: registers spilled to local
+  memory; 0 without spills), from ``cuobjdump --dump-resource-usage`` on the cubin (Triton
+  ships ``cuobjdump`` under ``triton/backends/nvidia/bin``; it reports no spill counts of
+  its own);
 * the global loads of the PTX by width: ``v4``/``v2`` vector loads against scalar ones
   (``ld.global`` without a vector suffix), which tells whether the rows of the logits are
   read with vector loads at that V.
+
+The joiner's kernel path (``gpu/joint.py``) is compiled with the blocks it launches, at the
+widths ``--H`` and each V, bfloat16 and float32 operands (TF32 products), with H and V
+specialised as a launch specialises them (divisible by 16 where they are).
 
 ``docs/benchmarks.md`` ("Triton kernels on sm_90: registers, spills, vector loads") has
 the table and the command.
@@ -37,12 +42,15 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr"}
+# the joiner kernels' operands (gpu/joint.py) are in the input dtype too, their sums in
+# the costs' (float32; float64 for float64)
+INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
+              "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
-COST_PTRS = {"costs_ptr", "upstream_ptr"}
+COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
 FP32_PTRS = {"ok_ptr", "nan_ptr"}          # the input check's flags and NaN rows
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 
@@ -81,8 +89,8 @@ def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
     return sig
 
 
-def resources(cubin: bytes) -> tuple[int, int, int]:
-    """``(registers, spill store bytes, spill load bytes)`` of a cubin (cuobjdump)."""
+def resources(cubin: bytes) -> tuple[int, int]:
+    """``(registers, stack bytes)`` of a cubin's kernel (cuobjdump)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -90,9 +98,8 @@ def resources(cubin: bytes) -> tuple[int, int, int]:
         out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
                              text=True, check=True).stdout
     reg = int(re.search(r"REG:(\d+)", out).group(1))
-    st = int(re.search(r"STORE:(\d+)", out).group(1)) if "STORE:" in out else 0
-    ld = int(re.search(r"LOAD:(\d+)", out).group(1)) if "LOAD:" in out else 0
-    return reg, st, ld
+    stack = int(re.search(r"STACK:(\d+)", out).group(1)) if "STACK:" in out else 0
+    return reg, stack
 
 
 def loads(ptx: str) -> str:
@@ -141,29 +148,66 @@ def variants(V_list):
                 BLOCK_B=gpu.INPUT_CHECK_BLOCK_B, BLOCK_U=gpu.INPUT_CHECK_BLOCK_U), 4, 3)
 
 
+def joint_variants(V_list, H_list):
+    """The joiner's kernel path (``gpu.joint``): ``(label, shape, name, constexprs, warps,
+    stages, operand dtype, specialised ints)`` of its row and gradient passes (regular;
+    TDT with durations 0..4; multi-blank with big blanks 2, 4, 8) and its act-grad pass."""
+    import torch
+    from rnnt_lattice import gpu, topology
+    from rnnt_lattice.gpu import joint
+    for tname, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4])),
+                        ("multiblank", topology.multiblank(4095, [2, 4, 8]))):
+        for x, dtype, precision in (("bf16", torch.bfloat16, "ieee"), ("fp32", torch.float32, "tf32")):
+            for V in V_list:
+                for H in H_list:
+                    for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
+                                         ("grad", joint._grad_kinds(topo))):
+                        tile = joint._tiles(which, dtype)
+                        const = dict(kinds, ACT=0, HAS_BIAS=True, FUSED=True, BOUNDARY=False,
+                                     ACC=tl.float32, PRECISION=precision, DOT_F32=False,
+                                     BLOCK_DUR=joint._block_dur(topo.n_durations),
+                                     **{k: v for k, v in tile.items() if k.startswith("BLOCK")})
+                        if which == "grad":
+                            const["CLAMP"] = True
+                        yield (f"_joint_{which}_kernel {tname} {x}", f"{V}, H={H}",
+                               f"_joint_{which}_kernel", const, tile["num_warps"],
+                               tile["num_stages"], x, dict(V_tok=V - topo.n_durations, H=H))
+    for H in H_list:
+        yield ("_joint_act_grad_kernel", f"H={H}", "_joint_act_grad_kernel",
+               dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U, BLOCK_H=joint.ACT_GRAD_BLOCK_H), 4, 3,
+               "bf16", dict(H=H))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sm", type=int, default=90)
     ap.add_argument("--V", type=int, nargs="*", default=[500, 1000, 1024, 1025, 5000])
+    ap.add_argument("--H", type=int, nargs="*", default=[512, 640],
+                    help="the joiner widths of the kernel path's rows")
+    ap.add_argument("--joint-V", type=int, nargs="*", default=[1024, 8198],
+                    help="the vocabularies of the kernel path's rows")
     args = ap.parse_args(argv)
-    from rnnt_lattice.gpu import kernels
+    from rnnt_lattice.gpu import joint, kernels
     target = GPUTarget("cuda", args.sm, 32)
-    print(f"triton {triton.__version__}, sm_{args.sm}, float32 logits")
-    print("| kernel | V / shape | num_warps | registers | spill stores / loads (bytes) "
+    print(f"triton {triton.__version__}, sm_{args.sm}, float32 logits (the joiner's kernel "
+          f"path: the operands as stated)")
+    print("| kernel | V / shape | num_warps | registers | stack (bytes: spills) "
           "| global loads in the PTX |")
     print("|---|---|---|---|---|---|")
-    for label, shape, name, const, warps, stages in variants(args.V):
-        fn = getattr(kernels, name)
-        sig = signature(fn, const)
+    rows = [(*v, "fp32", {}) for v in variants(args.V)] + list(joint_variants(args.joint_V, args.H))
+    for label, shape, name, const, warps, stages, x, ints in rows:
+        fn = getattr(joint if name.startswith("_joint") else kernels, name)
+        sig = signature(fn, const, x)
         # Every pointer 16-byte aligned, as a launch on CUDA tensors specialises them
-        # (``do_not_specialize`` covers the shape integers only).
-        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
-                 if t.startswith("*")}
+        # (``do_not_specialize`` covers the shape integers only), and the specialised ints
+        # divisible by 16 where they are.
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
+                 if t.startswith("*") or ints.get(p, 1) % 16 == 0}
         compiled = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=target,
                                   options=dict(num_warps=warps, num_stages=stages))
-        reg, st, ld = resources(compiled.asm["cubin"])
+        reg, stack = resources(compiled.asm["cubin"])
         width = loads(compiled.asm["ptx"])
-        print(f"| {label} | {shape} | {warps} | {reg} | {st} / {ld} | {width} |", flush=True)
+        print(f"| {label} | {shape} | {warps} | {reg} | {stack} | {width} |", flush=True)
     return 0
 
 

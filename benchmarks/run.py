@@ -27,9 +27,11 @@ imports (``benchmarks/.venv-peers``, ``setup_peers.sh``) and writes the side-by-
 ``--mode pruned`` times the pruned RNN-T pipeline (simple loss -> windows -> pruned loss),
 ours against fast_rnnt's, at each ``--windows`` R, with the full losses for scale
 (``pruned_pipeline.py``; shapes: the registry's ``pruned_cpu`` / ``pruned_gpu`` groups).
-``--mode fused`` times a joiner's training step (forward + loss + backward) three ways,
-full, pruned (R=5) and ``fused_rnnt_loss``, with their peak memory, at each ``--hidden`` H
-(``fused_pipeline.py``; shapes: ``fused_cpu`` / ``fused_gpu``).
+``--mode fused`` times a joiner's training step (forward + loss + backward) up to four ways,
+full, pruned (R=5), ``fused_rnnt_loss`` and its kernel path (``rnnt_lattice.Joiner``, CUDA),
+with their peak memory, at each ``--hidden`` H (``fused_pipeline.py``; shapes: ``fused_cpu``
+/ ``fused_gpu``; ``--ways``, ``--precision``, ``--loss``; ``--preset issue34``: issue 34's
+table).
 
 Threads are fixed (2 by default, RNNT_BENCH_THREADS) for torch, Numba and OpenMP.
 Results: benchmarks/results/<stem>.{csv,json,md} (default stem ``<device>-<mode>-<date>``),
@@ -42,6 +44,7 @@ exits at once with a message (status 2).
     python benchmarks/run.py --device cuda --mode peers            # "gpu" shapes + half rows
     benchmarks/.venv-peers/bin/python benchmarks/run.py --device cpu --mode pruned
     python benchmarks/run.py --device cpu --mode fused             # f1 f2, H 512 1024
+    python benchmarks/run.py --device cuda --mode fused --preset issue34   # ~2 min on an H100
 """
 from __future__ import annotations
 
@@ -616,6 +619,17 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="R", help="pruned: the window sizes R (s_range)")
     ap.add_argument("--hidden", nargs="+", type=int, default=list(fused_pipeline.HIDDEN),
                     metavar="H", help="fused: the joiner widths H")
+    ap.add_argument("--ways", nargs="+", choices=list(fused_pipeline.WAYS), default=None,
+                    help="fused: the ways timed (default: full pruned fused, and joint on cuda; "
+                         "full fused joint with --preset)")
+    ap.add_argument("--precision", choices=list(fused_pipeline.PRECISIONS), default="fp32",
+                    help="fused: fp32, tf32 (TF32 products) or bf16/fp16 (the forward under "
+                         "autocast, the backward outside)")
+    ap.add_argument("--loss", choices=list(fused_pipeline.LOSSES), default="rnnt",
+                    help="fused: rnnt, or tdt (the last 5 classes of V the durations 0..4)")
+    ap.add_argument("--preset", choices=["issue34"], default=None,
+                    help="fused: issue 34's rows (shape, H, loss, precision) in place of "
+                         "--shapes x --hidden; --shapes narrows them (j1 j2 j3 j4)")
     ap.add_argument("--tile", type=lambda v: int(v) if v.isdigit() else v, default=None,
                     help="fused: rows per tile or a byte budget such as 8MiB (default: the "
                          "library's default for the device)")
@@ -691,8 +705,13 @@ def parse(argv=None):
         ap.error("--thp-compare applies to --device cpu only")
     if args.mode == "fused" and (args.variants != ["regular"] or args.dtype or args.thp_compare
                                  or args.providers):
-        ap.error("--mode fused runs float32 regular lattices of its three ways: no --variants, "
+        ap.error("--mode fused runs its ways on a joiner (--loss, --precision): no --variants, "
                  "--dtype, --thp-compare, --providers")
+    if args.mode != "fused" and (args.ways or args.preset or args.loss != "rnnt"
+                                 or args.precision != "fp32"):
+        ap.error("--ways, --preset, --loss and --precision are --mode fused's")
+    if args.preset and args.shapes is None:
+        args.shapes = ["joint_gpu"]                 # the preset's shapes, narrowed by --shapes
     if args.mode == "pruned":
         if args.variants != ["regular"] or args.dtype or args.thp_compare:
             ap.error("--mode pruned runs float32 regular lattices: no --variants, --dtype, "

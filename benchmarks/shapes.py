@@ -80,6 +80,12 @@ SHAPES = {s.name: s for s in (
     # CPU-sized, V >= 1000; on GPU the pruned pipeline's pg1 and pg2.
     Shape("f1", 8, 150, 40, 1000),
     Shape("f2", 4, 200, 60, 2000),
+    # Issue 34's table (the joiner's kernel path, run.py --mode fused --preset issue34): j4 is
+    # TDT's, V = 8193 tokens + 5 durations.
+    Shape("j1", 32, 400, 100, 1024),
+    Shape("j2", 16, 500, 150, 2000),
+    Shape("j3", 8, 300, 60, 8192),
+    Shape("j4", 8, 400, 80, 8198),
 )}
 
 # Named groups of shapes for the command-line tools.
@@ -92,6 +98,7 @@ GROUPS = {
     "pruned_gpu": ["pg1", "pg2", "pg3"],                   # run.py --device cuda --mode pruned
     "fused_cpu": ["f1", "f2"],                             # run.py --mode fused
     "fused_gpu": ["pg1", "pg2"],                           # run.py --device cuda --mode fused
+    "joint_gpu": ["j1", "j2", "j3", "j4"],                 # run.py --mode fused --preset issue34
 }
 
 # Loss topologies a case can ask for (``benchmarks/run.py --variants``). A new one is added

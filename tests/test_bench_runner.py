@@ -355,3 +355,46 @@ def test_fused_mode_end_to_end(run, tmp_path):
     assert "| shape | H | full | pruned | fused | fused / full time |" in md
     run.render(tmp_path / "f.json")
     assert (tmp_path / "f.md").read_text() == md
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_joint_tiles_needs_a_gpu(run, capsys):
+    """benchmarks/joint_tiles.py (the kernel path's block choices, timed on a GPU) exits with
+    status 2 and a message without one; its candidates are complete block choices."""
+    import joint_tiles
+    assert joint_tiles.main(["--reps", "1"]) == 2
+    assert "CUDA device" in capsys.readouterr().err
+    keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages"}
+    assert all(set(row) == keys and set(grad) == keys for row, grad in joint_tiles.CANDIDATES.values())
+
+
+def test_fused_mode_preset_and_ways(run):
+    """--preset issue34 gives issue 34's rows (narrowed by --shapes), with full, fused and
+    joint; TDT rows never run the pruned way; the fused-mode options belong to it."""
+    import fused_pipeline
+    _, args = run.parse(["--device", "cuda", "--mode", "fused", "--preset", "issue34"])
+    rows = fused_pipeline.runs_of(run.pipeline_shapes(args), args)
+    assert [(s.name, H, loss, prec) for s, H, loss, prec in rows] == list(fused_pipeline.ISSUE34)
+    assert fused_pipeline.ways_of(args, "cuda", "tdt") == ("full", "fused", "joint")
+    _, args = run.parse(["--device", "cuda", "--mode", "fused", "--preset", "issue34",
+                         "--shapes", "j4"])
+    assert [r[0].name for r in fused_pipeline.runs_of(run.pipeline_shapes(args), args)] == ["j4"]
+    _, args = run.parse(["--mode", "fused", "--loss", "tdt", "--ways", "full", "pruned", "fused"])
+    assert fused_pipeline.ways_of(args, "cpu", "tdt") == ("full", "fused")
+    with pytest.raises(SystemExit):
+        run.parse(["--mode", "floor", "--precision", "bf16"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_joint_exactness_table(monkeypatch, capsys):
+    """benchmarks/joint_exactness.py (docs/benchmarks.md's exactness table of the kernel
+    path), float64 under the interpreter: every relative error within 1e-12."""
+    import joint_exactness
+    from rnnt_lattice.gpu import joint
+    monkeypatch.setattr(joint, "TILES", {k: dict(v) for k, v in joint.TILES.items()})
+    monkeypatch.setattr(joint, "WIDE", {k: dict(v) for k, v in joint.WIDE.items()})
+    assert joint_exactness.main(["--dtype", "float64"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float64")]
+    assert len(rows) == len(joint_exactness.TOPOLOGIES)
+    errs = [float(c) for line in rows for c in line.strip("| ").split(" | ")[2:]]
+    assert errs and max(errs) <= 1e-12, rows

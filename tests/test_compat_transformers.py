@@ -371,3 +371,47 @@ def test_fuse_gives_the_materialised_loss_and_gradients_without_logits(tdt, kwar
 def test_fuse_rejects_other_models():
     with pytest.raises(ValueError, match="ParakeetForTDT"):
         ct.fuse(torch.nn.Linear(2, 2))
+
+
+class _ProjectingJoint(torch.nn.Module):
+    """A joint of another form: a projection inside, before the activation."""
+
+    def __init__(self, H, V):
+        super().__init__()
+        self.proj = torch.nn.Linear(H, H)
+        self.head = torch.nn.Linear(H, V)
+
+    def forward(self, decoder_hidden_states, encoder_hidden_states):
+        return self.head(torch.tanh(self.proj(encoder_hidden_states + decoder_hidden_states)))
+
+
+@pytest.mark.parametrize("joint", ["parakeet", "tanh", "projecting", "dropout"])
+def test_fuse_takes_the_kernel_joiner_for_parakeets_joint_form(joint):
+    """fuse() recognises Parakeet's joint form, head(act(enc + dec)) (checked on random
+    inputs), and gives the fused loss an rnnt_lattice.Joiner sharing the head's parameters
+    (on CUDA the kernel path); a joint of another form, or with dropout, keeps its own
+    forward. The loss and gradients are the same either way (test above)."""
+    torch.manual_seed(0)
+    model = _StandInParakeet(True)
+    if joint == "tanh":
+        model.joint.forward = lambda decoder_hidden_states, encoder_hidden_states: model.joint.head(
+            torch.tanh(encoder_hidden_states + decoder_hidden_states))
+    elif joint == "projecting":
+        model.joint = _ProjectingJoint(8, model.joint.head.out_features)
+    elif joint == "dropout":
+        head = model.joint.head
+        model.joint.forward = lambda decoder_hidden_states, encoder_hidden_states: head(
+            torch.nn.functional.dropout(torch.relu(encoder_hidden_states + decoder_hidden_states),
+                                        0.5))
+    ct.fuse(model)
+    joiner = ct._joiner(model)
+    if joint in ("parakeet", "tanh"):
+        assert isinstance(joiner, rnnt_lattice.Joiner)
+        assert joiner.out is model.joint.head
+        assert joiner.activation == ("relu" if joint == "parakeet" else "tanh")
+        batch = _batch(model)
+        want = ct.unfuse(model)(**batch).loss
+        got = ct.fuse(model)(**batch).loss
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:
+        assert not isinstance(joiner, rnnt_lattice.Joiner)

@@ -151,16 +151,31 @@ FUSED = {
 }
 
 
-@pytest.mark.parametrize("backend", ["auto", pytest.param("triton", marks=NO_TRITON)])
+def kernel_joiner(H, V):
+    """``rnnt_lattice.Joiner`` with :class:`Joiner`'s weights (``out(tanh(a(e) + p))``):
+    the fused losses' kernel path on the Triton backend."""
+    theirs = Joiner(H, V)
+    ours = rnnt_lattice.Joiner(H, None, H, V)
+    with torch.no_grad():
+        for dst, src in zip(ours.parameters(), theirs.parameters()):
+            dst.copy_(src)
+    return ours
+
+
+@pytest.mark.parametrize("backend, joiner", [
+    ("auto", "module"), pytest.param("triton", "module", marks=NO_TRITON),
+    pytest.param("triton", "kernel", marks=NO_TRITON)])
 @pytest.mark.parametrize("kind", list(FUSED))
-def test_fused_amp_recipe(kind, backend):
+def test_fused_amp_recipe(kind, backend, joiner):
     """Forward under ``torch.autocast`` (bfloat16), ``backward()`` outside the block, with
     CUDA's float32 policy for reductions (:class:`CudaAutocastPolicy`): the gradients
     equal those of ``backward()`` inside the block. The Triton backend reads the bfloat16
-    logits natively, as on CUDA (the default CPU backend promotes them to float32)."""
+    logits natively, as on CUDA (the default CPU backend promotes them to float32); with
+    ``rnnt_lattice.Joiner`` it takes the kernel path, whose operands keep the forward's
+    autocast dtype in the backward."""
     name, n_dur, n_big, kw = FUSED[kind]
     B, T, U, H, V = 2, 6, 3, 8, 9
-    joiner = Joiner(H, V + n_dur)
+    joiner = (Joiner if joiner == "module" else kernel_joiner)(H, V + n_dur)
     g = torch.Generator().manual_seed(1)
     enc = torch.randn(B, T, H, generator=g)
     pred = torch.randn(B, U + 1, H, generator=g)

@@ -7,31 +7,17 @@ row, sizes that divide nothing, label-position tiles, byte budgets), dropout (th
 replay), frozen parameters, autocast, ``torch.compile``, and the argument checks."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import rnnt_lattice
 from support import backends, cases
 from support.cases import upstream_weights
+from support.fused import OPTIONS, PUBLIC, assert_same, full_and_fused, quiet, run, with_option
 from support.topologies import make_topo_inputs
 
 H = 6                                     # joiner width: small, the loss is what is tested
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
-
-# topology name of support.topologies -> (fused function, full function, extra arguments)
-PUBLIC = {
-    "regular": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="regular")),
-    "modified": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="modified")),
-    "constrained": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="constrained")),
-    "one_sym": ("fused_rnnt_loss", "rnnt_loss", dict(rnnt_type="one_sym_per_frame")),
-    "multiblank": ("fused_multiblank_rnnt_loss", "multiblank_rnnt_loss",
-                   dict(big_blank_durations=[2, 3])),
-    "tdt012": ("fused_tdt_loss", "tdt_loss", dict(durations=[0, 1, 2])),
-    "tdt13": ("fused_tdt_loss", "tdt_loss", dict(durations=[1, 3])),
-}
-
 
 class Joiner(torch.nn.Module):
     """icefall's joiner: projections of enc and pred, tanh of their sum, a Linear to V."""
@@ -59,54 +45,6 @@ def make(case, topo_name="regular", dtype=torch.float64, seed=0, boundary=False,
     pred = torch.randn(B, U1, H, generator=g, dtype=dtype).requires_grad_()
     torch.manual_seed(seed)
     return Joiner(V, dtype=dtype, **joiner_kw), enc, pred, targets, tl, ul, blank, bnd
-
-
-def leaves(joiner, enc, pred):
-    return [x for x in (enc, pred, *joiner.parameters()) if x.requires_grad]
-
-
-def run(fn, joiner, enc, pred, weights):
-    """``fn()`` (per-sequence losses) and the gradients of ``sum(weights * fn())`` w.r.t.
-    every leaf that requires grad."""
-    for x in leaves(joiner, enc, pred):
-        x.grad = None
-    out = fn()
-    (out * weights.to(out.dtype)).sum().backward()
-    return out.detach(), [x.grad.clone() for x in leaves(joiner, enc, pred)]
-
-
-def full_and_fused(topo_name, joiner, enc, pred, targets, tl, ul, blank, *, tile, backend,
-                   weights=None, **kw):
-    """The same call on the materialised logits and fused, with signed upstream weights."""
-    fused_name, full_name, extra = PUBLIC[topo_name]
-    kw = dict(extra, reduction="none", backend=backend, **kw)
-    weights = upstream_weights(enc.shape[0]) if weights is None else weights
-    full = run(lambda: getattr(rnnt_lattice, full_name)(
-        joiner(enc[:, :, None], pred[:, None]), targets, tl, ul, blank=blank, **kw),
-        joiner, enc, pred, weights)
-    fused = run(lambda: getattr(rnnt_lattice, fused_name)(
-        joiner, enc, pred, targets, tl, ul, blank=blank, tile=tile, **kw),
-        joiner, enc, pred, weights)
-    return full, fused
-
-
-def assert_same(full, fused, tol):
-    (l0, g0), (l1, g1) = full, fused
-    assert torch.equal(torch.isinf(l0), torch.isinf(l1)), (l0, l1)
-    fin = torch.isfinite(l0)
-    assert torch.allclose(l1[fin], l0[fin], rtol=tol, atol=tol), (l0, l1)
-    assert len(g0) == len(g1)
-    for a, b in zip(g0, g1):
-        assert not torch.isnan(b).any()
-        scale = max(1.0, float(a.abs().max()))
-        assert float((a - b).abs().max()) <= tol * scale, (a, b)
-
-
-def quiet():
-    ctx = warnings.catch_warnings()
-    ctx.__enter__()
-    warnings.simplefilter("ignore", RuntimeWarning)     # Triton interpreter's NaN notices
-    return ctx
 
 
 # ragged lengths, U+1 = 4, B = 3: a frame has 12 nodes. Tiles: 1 row; 5 rows (label tiles
@@ -143,30 +81,13 @@ def test_triton_interpreted(topo_name, tile):
         ctx.__exit__(None, None, None)
 
 
-OPTIONS = {
-    "fastemit_clamp": ("regular", dict(fastemit_lambda=0.5, clamp=0.05)),
-    "delay_boundary": ("constrained", dict(delay_penalty=0.3, boundary=True)),
-    "logprob": ("modified", dict(fused_log_softmax=False)),
-    "sigma_tdt": ("tdt012", dict(sigma=0.05, fastemit_lambda=0.25, clamp=0.2)),
-    "sigma_multiblank": ("multiblank", dict(sigma=0.05, clamp=0.1)),
-    "blank_targets": ("regular", dict(allow_blank_targets=True)),
-}
-
-
 @pytest.mark.parametrize("backend", backends.CPU)
 @pytest.mark.parametrize("opt", list(OPTIONS))
 def test_options(opt, backend):
-    topo_name, kw = OPTIONS[opt]
-    kw = dict(kw)
-    inputs = make(CASE, topo_name, boundary=kw.pop("boundary", False),
-                  log_probs=not kw.get("fused_log_softmax", True))
-    joiner, enc, pred, targets, tl, ul, blank, bnd = inputs
-    if bnd is not None:
-        kw["boundary"] = bnd
-    if opt == "blank_targets":
-        targets = targets.masked_fill(torch.arange(targets.shape[1]) == 0, blank)
-    assert_same(*full_and_fused(topo_name, joiner, enc, pred, targets, tl, ul, blank, tile=5,
-                                backend=backend, **kw), TOL[torch.float64])
+    topo_name, inputs, kw = with_option(opt, lambda topo_name, boundary, log_probs: make(
+        CASE, topo_name, boundary=boundary, log_probs=log_probs))
+    assert_same(*full_and_fused(topo_name, *inputs, tile=5, backend=backend, **kw),
+                TOL[torch.float64])
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

@@ -2,7 +2,8 @@
 gloo ranks on CPU, under DistributedDataParallel and FSDP2 (``fully_shard``), gives the
 one-process gradients of the loss on the materialised logits, with every backend (the
 default first: Numba on CPU; Triton through its interpreter), ``enc`` and ``pred`` with and
-without grad, two joiners, the three fused losses, ``fully_shard`` on the joiner, its output
+without grad, three joiners (``rnnt_lattice.Joiner`` among them: the kernel path on
+Triton), the three fused losses, ``fully_shard`` on the joiner, its output
 layer or the model only, and the loss computed inside or after the model's forward. Under FSDP2 every parameter is resharded after ``backward()`` and every gradient is a
 sharded DTensor (issue 32: with the kernel backends the joiner's were left gathered and
 unreduced). One pair of ranks runs every case (the processes' start dominates the time):

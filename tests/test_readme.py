@@ -43,7 +43,7 @@ def test_silent_expressions_are_found():
     assert _silent_expressions("x = 1\nx\nprint(x)\nx.shape\n") == ["x", "x.shape"]
 
 
-DOCTEST_MODULES = ["rnnt_lattice.functional", "rnnt_lattice.fused", "rnnt_lattice.modules", "rnnt_lattice.pruned.simple",
+DOCTEST_MODULES = ["rnnt_lattice.functional", "rnnt_lattice.fused", "rnnt_lattice.joiner", "rnnt_lattice.modules", "rnnt_lattice.pruned.simple",
                    "rnnt_lattice.pruned.windows", "rnnt_lattice.pruned.loss",
                    "rnnt_lattice.analysis.occupancy", "rnnt_lattice.analysis.alignment",
                    "rnnt_lattice.analysis.coverage", "rnnt_lattice.plot"]

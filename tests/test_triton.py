@@ -32,6 +32,7 @@ pytest.importorskip("triton")
 import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
+from support.sync import SYNCING_OPS, RecordOps as _RecordOps, syncing as _syncing  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
     raise RuntimeError("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1 was set: "
@@ -227,26 +228,6 @@ def test_float64_lattice_long_labels(monkeypatch):
     err = float((grads["triton"] - grads["torch"]).abs().max()) / scale
     err_numba = float((grads["numba"] - grads["torch"]).abs().max()) / scale
     assert err <= max(1e-6, 4 * err_numba), (err, err_numba)
-
-
-# Operations that synchronise a CUDA device with the host (a tensor value read on the host,
-# a tensor built from Python values and copied over, data-dependent output sizes).
-SYNCING_OPS = ("_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "_unique",
-               "is_nonzero", "equal", "item")
-
-
-class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def _syncing(ops):
-    return sorted({op for op in ops if any(f"aten.{name}" in op for name in SYNCING_OPS)})
 
 
 @pytest.mark.parametrize("option", ["plain", "clamp_fastemit_sum", "logprob_none",
@@ -507,8 +488,9 @@ import inspect, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+import torch
 from rnnt_lattice import gpu, topology
-from rnnt_lattice.gpu import kernels
+from rnnt_lattice.gpu import joint, kernels
 
 from kernel_resources import signature   # the pointer types by naming convention
 
@@ -558,17 +540,40 @@ def variants():
     for backward in (False, True):                             # the simple losses' rescue
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
+    # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
+    # gradient passes of the regular topology in every dtype (float32 also with TF32
+    # products), TDT and multi-blank with the boundary, tanh and ReLU; the act-grad pass
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+            "fp64": torch.float64}
+    for tname, precision, dtypes in (("regular", "ieee", every), ("regular", "tf32", fp32),
+                                     ("tdt", "ieee", [("bf16", "i64")]),
+                                     ("multiblank", "ieee", fp32)):
+        topo = topologies[tname]
+        on = tname != "regular"
+        for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
+                             ("grad", joint._grad_kinds(topo))):
+            for x, idt in dtypes:
+                tiles = {k: v for k, v in joint._tiles(which, half[x]).items()
+                         if k.startswith("BLOCK")}
+                flags = dict(ACT=int(on), HAS_BIAS=True, FUSED=True, BOUNDARY=on, DOT_F32=False,
+                             PRECISION=precision, BLOCK_DUR=joint._block_dur(topo.n_durations))
+                if which == "grad":
+                    flags["CLAMP"] = True
+                yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)]
+    yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
+                                          BLOCK_H=joint.ACT_GRAD_BLOCK_H),
+           [("fp32", "i64"), ("fp64", "i64")])
 
 
 n = 0
 for sm in map(int, sys.argv[1:]):
     target = GPUTarget("cuda", sm, 32)
     for name, const0, dtypes in variants():
-        fn = getattr(kernels, name)
+        fn = getattr(joint if name.startswith("_joint") else kernels, name)
         params = list(inspect.signature(fn.fn).parameters)
         for x, idt in dtypes:
             costs = INPUTS[x]
-            if "logits_ptr" not in params and x in ("fp16", "bf16"):
+            if not {"logits_ptr", "enc_ptr"} & set(params) and x in ("fp16", "bf16"):
                 continue                      # these see no logits: fp32 covers them
             # int32 ids and lengths are read as they are (NATIVE_INT32_IDS): float32 checks
             # them once

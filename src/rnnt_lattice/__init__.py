@@ -4,6 +4,7 @@ Importing this package needs torch and numpy only; Numba and Triton load on firs
 """
 from .functional import empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_loss, tdt_loss
 from .fused import fused_multiblank_rnnt_loss, fused_rnnt_loss, fused_tdt_loss
+from .joiner import Joiner
 from .modules import (FusedMultiblankRNNTLoss, FusedRNNTLoss, FusedTDTLoss, MultiblankRNNTLoss,
                       RNNTLoss, TDTLoss)
 from .analysis import (Alignment, Arc, Occupancy, PruneCoverage, best_alignment, occupancy,
@@ -20,4 +21,4 @@ __all__ = ["rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_rnnt_loss
            "rnnt_loss_simple", "rnnt_loss_smoothed", "ArcOccupations", "prune_ranges", "PruneRanges",
            "do_rnnt_pruning", "lattice_loss", "fused_rnnt_loss", "fused_tdt_loss",
            "fused_multiblank_rnnt_loss", "FusedRNNTLoss", "FusedTDTLoss",
-           "FusedMultiblankRNNTLoss", "set_input_checks"]
+           "FusedMultiblankRNNTLoss", "Joiner", "set_input_checks"]

@@ -19,6 +19,11 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
                               torch.autograd.grad(x, [enc, pred, *params], g), accumulated
                               (other leaves the joiner reached: torch.autograd.backward)
 
+With an ``rnnt_lattice.Joiner`` (``out(act(enc_proj(enc) + pred_proj(pred)))``) on the
+Triton backend there are no tiles of logits at all: the kernel path (``_JointLoss``, the
+kernels of ``gpu/joint.py``, math.md section 12) computes the logits block by block in
+registers, forward and backward; the projections stay autograd's.
+
 The gradient pass needs only the occupations and the row statistics of the forward, so
 the result is that of ``rnnt_loss`` on the materialised logits, to float rounding: this is
 activation checkpointing made exact for the loss (torch.utils.checkpoint's RNG replay,
@@ -40,6 +45,7 @@ from . import _backends
 from ._layout import tile_node_rows, tile_plan
 from ._ops import reduce_costs, refuse_double_backward, with_bad_rows, without_infinite
 from ._types import LossOptions
+from .joiner import Joiner
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
                         check_int, check_joiner_output, check_multiblank_blank_id,
                         check_reduction, check_tile, device_assert)
@@ -428,6 +434,118 @@ def _add_param_grads(known, grads, trained, grad_params) -> None:
             grad_params[i] = gv if grad_params[i] is None else grad_params[i].add_(gv)
 
 
+# --------------------------------------------------------------------------- kernel path
+def _operand_dtype(e: torch.Tensor, p: torch.Tensor, w: torch.Tensor) -> torch.dtype:
+    """The dtype of the kernel path's operands: the autocast dtype under autocast (as the
+    joiner's ``Linear`` would compute in it; float64 is never cast down), else the
+    promotion of the projected inputs' and the weight's dtypes."""
+    dtype = torch.promote_types(torch.promote_types(e.dtype, p.dtype), w.dtype)
+    dev = e.device.type
+    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
+        return torch.get_autocast_dtype(dev)
+    return dtype
+
+
+def _logits_dtype(joiner: Joiner, enc: torch.Tensor, pred: torch.Tensor) -> torch.dtype:
+    """The dtype of a :class:`Joiner`'s logits on ``enc`` and ``pred`` (the probe's
+    answer, without a call): the autocast dtype under autocast, else the promotion of the
+    inputs' and the parameters' dtypes."""
+    dtype = joiner.out.weight.dtype
+    for proj, x in ((joiner.enc_proj, enc), (joiner.pred_proj, pred)):
+        dtype = torch.promote_types(dtype, x.dtype)
+        if isinstance(proj, torch.nn.Linear):
+            dtype = torch.promote_types(dtype, proj.weight.dtype)
+    dev = enc.device.type
+    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
+        return torch.get_autocast_dtype(dev)
+    return dtype
+
+
+class _KernelCall:
+    """The kernel path of one fused-loss call: ``joiner(enc, pred, _loss=call)`` ->
+    ``call(joiner, enc, pred)`` -> per-sequence costs. The joiner is called, not read, so
+    that hooks on it act as on any forward (FSDP2 gathers its parameters; DDP sees them
+    used). A plain object: FSDP2 and DDP rebuild the dataclasses among forward arguments."""
+
+    __slots__ = ("prep", "rows", "drop")
+
+    def __init__(self, prep: _backends.Prepared, rows: int, drop: int):
+        self.prep = prep              # the checked call
+        self.rows = rows              # nodes per chunk
+        self.drop = drop              # trailing classes of the joiner not in the loss (TDT's omega)
+
+    def __call__(self, joiner: Joiner, enc, pred):
+        e, p = joiner.enc_proj(enc), joiner.pred_proj(pred)        # (B, T, H), (B, U+1, H)
+        w, b = joiner.out.weight, joiner.out.bias                  # (V, H), (V,)
+        if self.drop:
+            w, b = w[:-self.drop], None if b is None else b[:-self.drop]
+        return _JointLoss.apply(self, joiner.activation, e, p, w, b)
+
+
+class _JointLoss(torch.autograd.Function):
+    """Per-sequence costs ``-log P`` (B,) of the logits ``W act(e + p) + b`` of projected
+    inputs ``e (B, T, H)``, ``p (B, U+1, H)``, computed by the Triton kernels without the
+    logits (``gpu.joint``, math.md section 12), and their gradients w.r.t. ``e``, ``p``,
+    ``W`` and ``b``. The operands take the autocast dtype of the forward (the AMP recipe
+    runs the backward outside autocast, in the same dtype); gradients come back in the
+    inputs' dtypes."""
+
+    @staticmethod
+    def forward(ctx, call: _KernelCall, act: str, e, p, w, b):
+        from .gpu import joint
+        prep = call.prep
+        chk = prep.chk
+        dtype = _operand_dtype(e, p, w)
+        ops = [None if x is None else x.detach().to(dtype).contiguous() for x in (e, p, w, b)]
+        need_grad = any(ctx.needs_input_grad[2:])
+        with torch.no_grad(), _no_autocast(e.device):
+            costs, state = joint.forward(*ops, act, chk.targets, chk.logit_lengths,
+                                         chk.target_lengths, prep.opts, prep.boundary,
+                                         need_grad, call.rows)
+        if need_grad:
+            ctx.save_for_backward(*ops[:3], *ops[3:] if b is not None else ())
+            ctx.state, ctx.opts = state, prep.opts
+            ctx.dtypes = tuple(None if x is None else x.dtype for x in (e, p, w, b))
+            ctx.infinite = torch.isinf(costs)
+        return costs
+
+    @staticmethod
+    def backward(ctx, grad_costs):
+        refuse_double_backward("the fused loss")
+        return _JointLoss._backward(ctx, grad_costs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward(ctx, grad_costs):
+        from .gpu import joint
+        e, p, w, *b = ctx.saved_tensors
+        b = b[0] if b else None
+        upstream = without_infinite(grad_costs, ctx.infinite)
+        with torch.no_grad(), _no_autocast(e.device):
+            grads = joint.backward(ctx.state, e, p, w, b, upstream, ctx.opts)
+        return (None, None) + tuple(
+            None if g is None or not want else g.to(dtype)
+            for g, want, dtype in zip(grads, ctx.needs_input_grad[2:], ctx.dtypes))
+
+
+def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
+    """Whether the call takes the kernel path: a :class:`Joiner` without dropout at work,
+    on the Triton backend, whose output layer is not sharded apart from it (the kernels
+    read its weights inside the joiner's forward, where FSDP2 has gathered the joiner's
+    own parameters but not those of a submodule with ``fully_shard`` of its own)."""
+    return (isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
+            and not _sharded_apart(joiner.out))
+
+
+def _sharded_apart(module: torch.nn.Module) -> bool:
+    """Whether FSDP2's ``fully_shard`` was applied to ``module`` itself."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:                           # a torch without FSDP2
+        return False
+    return isinstance(module, FSDPModule)
+
+
 def _params(joiner) -> tuple:
     """The joiner's parameters that require grad (an ``nn.Module``; none otherwise)."""
     if isinstance(joiner, torch.nn.Module):
@@ -451,10 +569,12 @@ _fused_loss_disabled = None
 def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
                       topology, frames_only, params, *, tile, clamp, reduction, fused,
                       fastemit_lambda, zero_infinity, backend, sigma=0.0, delay_penalty=0.0,
-                      boundary=None, allow_blank_targets=False) -> torch.Tensor:
+                      boundary=None, allow_blank_targets=False, drop=0) -> torch.Tensor:
     """check (``_backends.prepare_call`` on the caller's ``enc``, ``pred`` and lengths,
-    with the V of one probe call) -> plan -> the Function -> zero_infinity -> reduce;
-    shared by the fused losses."""
+    with the V of one probe call, or of a :class:`Joiner`'s output layer) -> the kernel
+    path (a :class:`Joiner` on the Triton backend: ``_JointLoss``) or the tile plan and
+    ``_FusedLoss`` -> zero_infinity -> reduce; shared by the fused losses. ``drop``: the
+    joiner's last ``drop`` classes are not the loss's (TDT's omega: the token logits)."""
     check_fused_args(joiner, enc, pred)
     _check_not_capturing(enc.device)
     rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
@@ -466,27 +586,50 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                        delay_penalty=check_float("delay_penalty", delay_penalty, minimum=0.0,
                                                  finite=True))
     _check_per_node(joiner)
-    x = _probe(joiner, enc, pred)
+    if isinstance(joiner, Joiner):
+        _check_joiner_widths(joiner, enc, pred)
+        V, dtype = joiner.out.out_features - drop, _logits_dtype(joiner, enc, pred)
+    else:
+        x = _probe(joiner if not drop else _dropping(joiner, drop), enc, pred)
+        V, dtype = x.shape[-1], x.dtype
+        del x
     B, T, _ = enc.shape
     U1 = pred.shape[1]
-    V = x.shape[-1]
     shape = (B, T, U1, V)
     opts = replace(opts, topology=topology(shape))
     names = Names(f"the joiner's logits (B, T, U+1, V) = {shape}", ("enc", enc), ("enc", enc),
                   ("pred", pred))
-    prep = _backends.prepare_call(LogitsSpec(shape, x.dtype, enc.device), targets,
+    prep = _backends.prepare_call(LogitsSpec(shape, dtype, enc.device), targets,
                                   logit_lengths, target_lengths, blank, backend, opts,
                                   boundary=boundary, allow_blank_targets=allow_blank_targets,
                                   names=names)
     if rows is None:
-        rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1,
-                   nbytes // (V * x.element_size()))
-    del x
-    inputs = frozenset(_storages((enc, pred, *params)))
-    call = _Call(joiner, prep, tile_plan(B, T, U1, rows, frames_only), V, prep.chk.logits.dtype,
-                 inputs)
-    costs = _FusedLoss.apply(call, enc, pred, *params)
+        rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1, nbytes // (V * dtype.itemsize))
+    if _kernel_path(joiner, prep):
+        costs = joiner(enc, pred, _loss=_KernelCall(prep, rows, drop))
+    else:
+        if drop:
+            joiner = _dropping(joiner, drop)
+        inputs = frozenset(_storages((enc, pred, *params)))
+        call = _Call(joiner, prep, tile_plan(B, T, U1, rows, frames_only), V,
+                     prep.chk.logits.dtype, inputs)
+        costs = _FusedLoss.apply(call, enc, pred, *params)
     return reduce_costs(with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
+
+
+def _dropping(joiner, drop: int):
+    """``joiner`` without its last ``drop`` classes (TDT's omega: the token logits)."""
+    return lambda e, p: joiner(e, p)[..., :-drop]
+
+
+def _check_joiner_widths(joiner: Joiner, enc, pred) -> None:
+    """ValueError unless ``enc`` and ``pred`` are as wide as the :class:`Joiner` takes."""
+    for name, x, proj in (("enc", enc, joiner.enc_proj), ("pred", pred, joiner.pred_proj)):
+        want = proj.in_features if isinstance(proj, torch.nn.Linear) else joiner.out.in_features
+        if x.shape[-1] != want:
+            raise ValueError(f"{name} {tuple(x.shape)} must have {want} features, the width the "
+                             f"joiner's {'projection' if want != joiner.out.in_features else 'hidden layer'} "
+                             f"takes")
 
 
 def _fixed(topo: Topology) -> tuple:
@@ -517,9 +660,12 @@ def fused_rnnt_loss(
 ) -> torch.Tensor:
     r""":func:`rnnt_loss` of ``joiner(enc[:, :, None], pred[:, None])`` without the
     ``(B, T, U+1, V)`` logits: the joiner runs tile by tile, forward under
-    ``torch.no_grad`` and again with autograd in the backward pass (math.md section 11).
-    Same loss and gradients (w.r.t. ``enc``, ``pred`` and the joiner's parameters) as
-    :func:`rnnt_loss` on the materialised logits, to float rounding.
+    ``torch.no_grad`` and again with autograd in the backward pass (math.md section 11);
+    an :class:`rnnt_lattice.Joiner` on the Triton backend takes the kernel path instead,
+    the logits computed block by block in registers and never in memory (math.md section
+    12, docs/api.md "The joiner the kernels know"). Same loss and gradients (w.r.t.
+    ``enc``, ``pred`` and the joiner's parameters) as :func:`rnnt_loss` on the
+    materialised logits, to float rounding.
 
     Example::
 
@@ -571,7 +717,8 @@ def fused_rnnt_loss(
             network output. Either may or may not require grad.
         targets, logit_lengths, target_lengths: as :func:`rnnt_loss` (``T = enc.shape[1]``,
             ``U = pred.shape[1] - 1``).
-        tile: the size of a tile: an int, the number of lattice nodes (logits rows) per
+        tile: the size of a tile (the kernel path: of a chunk, whose logits' gradient the
+            backward holds): an int, the number of lattice nodes (logits rows) per
             tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
             ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
             ``"4MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`), and
@@ -653,13 +800,11 @@ def fused_tdt_loss(
     params = _params(joiner)
     if omega > 0.0 and float(torch.rand(())) < omega:
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
-        _check_per_node(joiner)                   # the lambda below hides the module
-        D = len(durations)
-        return _fused_loss(lambda e, p: joiner(e, p)[..., :-D], enc, pred, targets,
-                           logit_lengths, target_lengths, blank, *_fixed(regular()), params,
-                           tile=tile, clamp=clamp, reduction=reduction, fused=True,
-                           fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
-                           backend=backend)
+        return _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
+                           *_fixed(regular()), params, tile=tile, clamp=clamp,
+                           reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
+                           zero_infinity=zero_infinity, backend=backend,
+                           drop=len(durations))
     return _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
                        *_fixed(tdt(durations)), params, tile=tile, clamp=clamp,
                        reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,

@@ -12,7 +12,9 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
     pruned     rnnt_loss_simple / rnnt_loss_smoothed (values, gradients, occupations; far
                apart logits rescued in the log domain), rnnt_loss_pruned on exact windows
     fused      fused_rnnt_loss / fused_tdt_loss / fused_multiblank_rnnt_loss (gradients of
-               enc, pred and the joiner's parameters) against rnnt_loss on the logits
+               enc, pred and the joiner's parameters) against rnnt_loss on the logits; the
+               joiner's kernel path (``rnnt_lattice.Joiner``, Triton backend): the same in
+               float32 and float64, two runs bit-identical, the AMP recipe
     tools      occupancy / best_alignment (regular and TDT), the window DP
                (prune_ranges method="exact", prune_coverage)
     cuda       no host synchronisation in the hot calls (sync debug mode "error"), a CUDA
@@ -373,37 +375,45 @@ def _fused_grads(joiner, enc, pred, loss_fn, w):
     return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
 
 
-def check_fused(ctx, shape, dtype, kind, tile):
-    """The fused joiner and loss (tiles of ``tile`` rows) against the loss of the
-    materialised logits on the float64 reference: costs and the gradients of enc, pred and
-    every joiner parameter (back through the same joiner in ``dtype``)."""
-    B, T, U, V = shape
-    H = 16
-    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
-    joiner = _Joiner(H, V + n_dur, dtype, ctx.device)
-    g = torch.Generator(device="cpu").manual_seed(11)
-    enc = torch.randn(B, T, H, generator=g).to(dtype).to(ctx.device)
-    pred = torch.randn(B, U + 1, H, generator=g).to(dtype).to(ctx.device)
-    _, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
+def _fused_pair(kind, joiner, y, tl, ul, V, backend, tile):
+    """``(fused(e, p), full(e, p), y)`` of a loss ``kind`` on ``joiner``: the fused loss
+    (tiles of ``tile`` rows), and the float64 reference on the materialised logits (the
+    targets made valid for the topology)."""
     if kind == "rnnt":
-        fused = lambda e, p: rnnt_lattice.fused_rnnt_loss(  # noqa: E731
-            joiner, e, p, y, tl, ul, blank=0, tile=tile, reduction="none", backend=ctx.backend,
-            clamp=0.5, fastemit_lambda=0.1)
-        full = lambda e, p: rnnt_lattice.rnnt_loss(  # noqa: E731
-            joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, blank=0, reduction="none",
-            backend="torch", clamp=0.5, fastemit_lambda=0.1)
+        name, kw = "rnnt_loss", dict(blank=0, clamp=0.5, fastemit_lambda=0.1)
     else:
         n_blanks = 1 + len(TOPOLOGY_LOSSES[kind].get("big_blank_durations", ()))
         y = y % (V - n_blanks)
         name = {"tdt": "tdt_loss", "multiblank": "multiblank_rnnt_loss"}[kind]
-        blank = V - 1
-        fused = lambda e, p: getattr(rnnt_lattice, "fused_" + name)(  # noqa: E731
-            joiner, e, p, y, tl, ul, blank=blank, tile=tile, reduction="none",
-            backend=ctx.backend, **TOPOLOGY_LOSSES[kind])
-        full = lambda e, p: getattr(rnnt_lattice, name)(  # noqa: E731
-            joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, blank=blank,
-            reduction="none", backend="torch", **TOPOLOGY_LOSSES[kind])
+        kw = dict(blank=V - 1, **TOPOLOGY_LOSSES[kind])
+    fused = lambda e, p: getattr(rnnt_lattice, "fused_" + name)(  # noqa: E731
+        joiner, e, p, y, tl, ul, tile=tile, reduction="none", backend=backend, **kw)
+    full = lambda e, p: getattr(rnnt_lattice, name)(  # noqa: E731
+        joiner(e[:, :, None], p[:, None]).double(), y, tl, ul, reduction="none",
+        backend="torch", **kw)
+    return fused, full
+
+
+def _check_fused_pair(ctx, shape, dtype, kind, tile, make_joiner, H, what, reruns=False):
+    """The fused loss of ``make_joiner(H, V, dtype, device)`` (tiles of ``tile`` rows)
+    against the loss of the materialised logits on the float64 reference: costs and the
+    gradients of enc, pred and every joiner parameter (back through the same joiner in
+    ``dtype``); with ``reruns``, a second backward bit-identical to the first."""
+    B, T, U, V = shape
+    n_dur = len(TOPOLOGY_LOSSES.get(kind, {}).get("durations", ()))
+    joiner = make_joiner(H, V + n_dur, dtype, ctx.device)
+    g = torch.Generator(device="cpu").manual_seed(11)
+    enc = torch.randn(B, T, H, generator=g).to(dtype).to(ctx.device)
+    pred = torch.randn(B, U + 1, H, generator=g).to(dtype).to(ctx.device)
+    _, y, tl, ul, w = inputs(B, T, U, V, dtype, ctx.device)
+    fused, full = _fused_pair(kind, joiner, y, tl, ul, V, ctx.backend, tile)
     got = _fused_grads(joiner, enc, pred, fused, w)
+    head = ""
+    if reruns:
+        again = _fused_grads(joiner, enc, pred, fused, w)
+        if not all(torch.equal(a, b) for a, b in zip(got, again)):
+            raise CheckFailed(f"{what} {kind}: two runs gave different gradients")
+        head = "2 runs bit-identical  "
     want = _fused_grads(joiner, enc, pred, full, w)
     lt, gt = tolerance(dtype)
     errs = {"loss err": _err(got[0], want[0]),
@@ -411,8 +421,68 @@ def check_fused(ctx, shape, dtype, kind, tile):
             "grad params": max(_err(a, b, 1e-30) for a, b in zip(got[3:], want[3:]))}
     # The parameters' gradients sum the logits' gradient over every node: their rounding
     # grows with the number of rows summed in dtype (both sides sum in their own order).
-    return f"tile {tile} rows  " + _within(f"fused {kind}", errs, {
+    return head + _within(f"{what} {kind}", errs, {
         "loss err": lt, "grad enc/pred": gt, "grad params": 10 * gt})
+
+
+def check_fused(ctx, shape, dtype, kind, tile):
+    """The fused joiner and loss (tiles of ``tile`` rows) against the loss of the
+    materialised logits on the float64 reference (:func:`_check_fused_pair`)."""
+    return f"tile {tile} rows  " + _check_fused_pair(ctx, shape, dtype, kind, tile, _Joiner, 16,
+                                                     "fused")
+
+
+def _kernel_joiner(H, V, dtype, device, seed=3) -> rnnt_lattice.Joiner:
+    """The joiner the kernels know, ``out(tanh(enc_proj(e) + pred_proj(p)))``, with the
+    weights of :class:`_Joiner` (its logits three times smaller)."""
+    joiner = rnnt_lattice.Joiner(H, H, H, V)
+    with torch.no_grad():
+        for dst, src in zip(joiner.parameters(), _Joiner(H, V, torch.float32, "cpu", seed).parameters()):
+            dst.copy_(src * (3.0 if dst is joiner.out.weight or dst is joiner.out.bias else 1.0))
+    return joiner.to(dtype=dtype, device=device)
+
+
+def check_joint(ctx, shape, dtype, kind):
+    """The joiner's kernel path (``rnnt_lattice.Joiner`` on the Triton backend: the
+    logits in registers, never in memory) against the loss of the materialised logits on
+    the float64 reference, and a second backward bit-identical to the first (the kernel
+    path sums in a fixed order; :func:`_check_fused_pair`)."""
+    B, T, U, V = shape
+    return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
+                             "joiner kernels", reruns=True)
+
+
+def check_joint_amp(ctx):
+    """The joiner's kernel path under PyTorch's AMP recipe (forward under ``torch.autocast``
+    in bfloat16, backward outside): the operands are bfloat16 in both passes, so the
+    gradients equal those of ``backward()`` inside the block, and those of the tile path
+    on the same joiner to bfloat16 rounding."""
+    B, T, U, V, H = 3, 12, 4, 24, 16
+    joiner = _kernel_joiner(H, V, torch.float32, ctx.device)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    enc = torch.randn(B, T, H, generator=g).to(ctx.device)
+    pred = torch.randn(B, U + 1, H, generator=g).to(ctx.device)
+    _, y, tl, ul, w = inputs(B, T, U, V, torch.float32, ctx.device)
+
+    def grads(joiner_, backward_inside):
+        joiner.zero_grad()
+        e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+        with torch.autocast(ctx.device, dtype=torch.bfloat16):
+            costs = rnnt_lattice.fused_rnnt_loss(joiner_, e, p, y, tl, ul, blank=0,
+                                                 reduction="none", backend=ctx.backend)
+            loss = (costs * w.to(costs.dtype)).sum()
+            if backward_inside:
+                loss.backward()
+        if not backward_inside:
+            loss.backward()
+        return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
+
+    outside, inside = grads(joiner, False), grads(joiner, True)
+    tiles = grads(lambda e, p: joiner(e, p), False)       # not a Joiner: the tile path
+    errs = {"outside vs inside": max(_err(a, b, 1e-30) for a, b in zip(outside, inside)),
+            "vs tile path": max(_err(a, b, 1e-30) for a, b in zip(outside, tiles))}
+    return _within("joiner kernels AMP recipe", errs, {"outside vs inside": 1e-6,
+                                                       "vs tile path": 3e-2})
 
 
 def check_amp(ctx, kind):
@@ -670,6 +740,15 @@ def check_no_sync(ctx):
     pred = torch.randn(4, 9, 16, device="cuda", requires_grad=True)
     groups.append(("fused_rnnt_loss", lambda: rnnt_lattice.fused_rnnt_loss(
         joiner, enc, pred, y, tl, ul, blank=0, tile=64, backend=ctx.backend).backward()))
+    kernel_joiner = _kernel_joiner(16, 40, torch.float32, "cuda")
+    for amp in (False, True):
+        def joint(amp=amp):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                loss = rnnt_lattice.fused_rnnt_loss(kernel_joiner, enc, pred, y, tl, ul, blank=0,
+                                                    tile=64, backend=ctx.backend)
+            loss.backward()
+        groups.append((f"fused_rnnt_loss, the joiner's kernels{' under autocast' if amp else ''}",
+                       joint))
     failed = []
     for label, fn in groups:
         try:
@@ -680,7 +759,8 @@ def check_no_sync(ctx):
     if failed:
         raise CheckFailed(f"{len(failed)} of {len(groups)} groups synchronise: " + "; ".join(failed))
     return f"{len(groups)} groups: every rnnt_loss option and rnnt_type, half types, TDT, " \
-           f"multi-blank, lattice tools, simple/smoothed (delay penalty too), pruned, fused"
+           f"multi-blank, lattice tools, simple/smoothed (delay penalty too), pruned, fused, " \
+           f"the joiner's kernels"
 
 
 def check_cuda_graph(ctx):
@@ -954,6 +1034,14 @@ def _checks(ctx: Context, big: bool) -> list:
     for kind in ("rnnt",) if interpreted else ("rnnt", "tdt", "multiblank"):
         cs.append((f"fused {kind} AMP recipe (forward under autocast, backward outside)",
                    _bind(check_amp, ctx, kind)))
+    # The joiner's kernel path runs on the Triton backend only (CUDA, or its interpreter).
+    joint = ctx.backend == "triton"
+    for kind in ("rnnt", "tdt", "multiblank"):
+        for dtype in f64:
+            cs.append((f"joiner kernels {kind} {_dtype_name(dtype)} {t}",
+                       _bind(check_joint, ctx, t, dtype, kind) if joint else None))
+    cs.append(("joiner kernels AMP recipe (forward under autocast, backward outside)",
+               _bind(check_joint_amp, ctx) if joint else None))
     cs.append(("bad input (NaN, device-side assert, host ValueError)",
                _bind(check_bad_input, ctx)))
     for kind in ("regular", "tdt"):
@@ -983,7 +1071,8 @@ def _load_backend(ctx):
 def _run_one(ctx: Context, index: int, total: int, name: str, fn) -> Result:
     head = f"[{index:>2}/{total}] {name}"
     if fn is None:
-        res = Result(name, "SKIP", "not on the Triton interpreter" if name == "timing" else "CUDA only")
+        res = Result(name, "SKIP", "not on the Triton interpreter" if name == "timing" else
+                     "the Triton backend only" if name.startswith("joiner kernels") else "CUDA only")
     else:
         t0 = time.perf_counter()
         try:

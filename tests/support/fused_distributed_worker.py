@@ -61,7 +61,14 @@ class EncJoiner(torch.nn.Module):
         return self.out(torch.tanh(self.enc(e) + p))
 
 
-JOINERS = {"sum": SumJoiner, "enc": EncJoiner}
+def KernelJoiner():
+    """``rnnt_lattice.Joiner``: on the Triton backend the fused losses' kernel path, which
+    calls the joiner with its private ``_loss`` argument (FSDP2 gathers its parameters as
+    for any forward) and reads its weights (issue 34)."""
+    return rnnt_lattice.Joiner(H, H, H, V)
+
+
+JOINERS = {"sum": SumJoiner, "enc": EncJoiner, "kernel": KernelJoiner}
 
 # Where fully_shard goes (FSDP2), then on the model in every layout: the joiner
 # ("joiner", issue 32's), nothing else ("model": the joiner's parameters are the root's),
@@ -101,6 +108,12 @@ CASES = (
     + [Case("fsdp2", backend, enc_grad=e, pred_grad=False, layout="outside")
        for backend in ("auto", "torch") for e in (True, False)]
     + [Case("ddp", backend) for backend in ("auto", "torch", "triton")]
+    # the joiner the kernels know (the kernel path on Triton; the tile path otherwise)
+    + [Case("fsdp2", "triton", "kernel", e, p) for e, p in _GRADS[:2]]
+    + [Case("fsdp2", "triton", "kernel", loss=loss) for loss in ("tdt", "multiblank")]
+    + [Case("fsdp2", "triton", "kernel", layout=layout, pred_grad=False)
+       for layout in ("model", "outside", "out")]
+    + [Case("ddp", backend, "kernel") for backend in ("auto", "triton")]
 )
 
 

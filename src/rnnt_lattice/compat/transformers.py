@@ -47,7 +47,10 @@ The fused opt-in, :func:`fuse`, goes further: a fused model's training forward (
 given) computes its loss with :func:`rnnt_lattice.fused_tdt_loss` /
 :func:`rnnt_lattice.fused_rnnt_loss`, the model's own ``joint`` as the joiner, so the
 ``(B, T, U+1, V)`` joint output is never built (Parakeet's V = 8193 + 5 durations: at B =
-16, 30 s of audio and 100 tokens that tensor alone is about 20 GB in float32). Then
+16, 30 s of audio and 100 tokens that tensor alone is about 20 GB in float32). A joint of
+Parakeet's form, ``head(act(encoder + decoder))`` with a Linear ``head`` and ReLU or tanh,
+runs as an ``rnnt_lattice.Joiner`` sharing the head's weights: on CUDA the kernel path
+(the logits computed block by block in registers, never in memory). Then
 ``outputs.logits`` is ``None``; without ``labels`` (inference, ``generate``) the model's own
 forward runs unchanged.
 """
@@ -333,7 +336,51 @@ class _JointJoiner(torch.nn.Module):
         return self.joint(decoder_hidden_states=pred_tile, encoder_hidden_states=enc_tile)
 
 
-_FUSED = "_rnnt_lattice_fused"           # the attribute marking a fused model (its tile)
+_FUSED = "_rnnt_lattice_fused"           # the attribute marking a fused model: (tile, activation)
+
+
+def _joint_activation(joint: torch.nn.Module, config) -> str | None:
+    """The activation of a joint of Parakeet's form, ``head(act(enc + dec))`` with a Linear
+    ``head`` holding every parameter: the first of tanh and ReLU (the config's
+    ``hidden_act`` first) whose :class:`rnnt_lattice.Joiner` around the head gives the
+    joint's logits on random inputs (one call on the joint's device: at :func:`fuse`, not
+    per step); None for any other joint (it keeps the tile path's joiner)."""
+    head = getattr(joint, "head", None)
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    if {id(p) for p in joint.parameters()} != {id(p) for p in head.parameters()}:
+        return None
+    if any(not isinstance(m, (torch.nn.ReLU, torch.nn.Tanh, torch.nn.Identity))
+           for m in joint.modules() if m is not joint and m is not head):
+        return None                                  # dropout, a norm: the joint's own forward
+    named = getattr(config, "hidden_act", None)
+    w = head.weight
+    if w.device.type == "meta":
+        return None
+    g = torch.Generator(device="cpu").manual_seed(0)
+    e = torch.randn(1, 2, 1, head.in_features, generator=g).to(w)
+    d = torch.randn(1, 1, 3, head.in_features, generator=g).to(w)
+    with torch.no_grad():
+        want = joint(decoder_hidden_states=d, encoder_hidden_states=e)
+        if not torch.equal(want, joint(decoder_hidden_states=d, encoder_hidden_states=e)):
+            return None                              # random (dropout in its forward)
+        for act in sorted(("relu", "tanh"), key=lambda a: a != named):
+            got = rnnt_lattice.Joiner.sharing(head, act)(e, d)
+            if got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+                return act
+    return None
+
+
+def _joiner(model) -> torch.nn.Module:
+    """The fused loss's joiner of a fused model: an :class:`rnnt_lattice.Joiner` sharing the
+    joint's head when :func:`fuse` found the joint's form and the head's parameters are
+    plain tensors (FSDP2's sharded ones are read through the joint's own forward), else
+    the joint itself (:class:`_JointJoiner`)."""
+    act = getattr(model, _FUSED)[1]
+    head = getattr(model.joint, "head", None)
+    if act is not None and all(type(p.data) is torch.Tensor for p in head.parameters()):
+        return rnnt_lattice.Joiner.sharing(head, act)
+    return _JointJoiner(model.joint)
 
 
 def _fused_forward(self, input_features=None, attention_mask=None, decoder_input_ids=None,
@@ -358,8 +405,8 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
     pred = self.decoder(decoder_input_ids)                  # (B, U+1, H)
     logit_lengths = encoder_outputs.attention_mask.sum(-1)  # (B,)
     config = self.config
-    joiner = _JointJoiner(self.joint)
-    tile = getattr(self, _FUSED)
+    joiner = _joiner(self)
+    tile = getattr(self, _FUSED)[0]
     durations = getattr(config, "durations", None)
     if durations is not None:                               # ParakeetForTDT
         label_lengths = (labels != config.pad_token_id).sum(-1)
@@ -404,7 +451,11 @@ def fuse(model, *, tile=None):
     joiner, tile by tile (forward under ``no_grad``, recomputed in the backward pass), and
     the reduction of the model's loss (``reduction=`` and, for TDT, ``sigma=`` forward
     kwargs as with the model's loss; defaults ``"mean"`` for TDT, ``"mean_volume"`` for
-    RNN-T). The loss and the gradients of every parameter equal those of :func:`install`'s
+    RNN-T). A joint of Parakeet's form, ``head(act(encoder + decoder))`` (a Linear ``head``,
+    ReLU or tanh: checked here, once, on random inputs), runs as an
+    :class:`rnnt_lattice.Joiner` sharing the head's parameters, which on CUDA takes the
+    kernel path (the logits never in memory, docs/math.md section 12); any other joint, or
+    a head whose parameters FSDP2 shards, runs through its own forward, tile by tile. The loss and the gradients of every parameter equal those of :func:`install`'s
     loss on the materialised logits, to float rounding. The output's ``logits`` is
     ``None``: the joint output is never built (call ``model.joint`` on a slice if you need
     some of it). A per-model ``loss_function`` is not called. Without ``labels``
@@ -422,7 +473,7 @@ def fuse(model, *, tile=None):
             and hasattr(model, "get_audio_features") and hasattr(model, "config")):
         raise ValueError(f"fuse() takes a transformers ParakeetForTDT or ParakeetForRNNT "
                          f"model, got {type(model).__name__}")
-    setattr(model, _FUSED, tile)
+    setattr(model, _FUSED, (tile, _joint_activation(model.joint, model.config)))
     model.forward = types.MethodType(_fused_forward, model)
     return model
 

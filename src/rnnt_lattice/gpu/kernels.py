@@ -198,17 +198,34 @@ def _arc_weight(lp_k, nb_b, off, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLAN
 
 
 @triton.jit
+def _lse_chunk(m, s, x):
+    """One chunk ``x [ROWS, BLOCK]`` (ACC) of an online log-normaliser per row: the running
+    max ``m`` (ACC) and the float64 sum ``s`` of ``exp(x - m)`` so far become ``m' = max(m,
+    max_v x_v)`` and ``s' = s * exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element
+    (the rescaling is one exp per row and chunk); the chunk's own sum is an ACC tree
+    reduction. A row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf``
+    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1)."""
+    m_new = tl.maximum(m, tl.max(x, axis=1))
+    shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+    chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+    return m_new, s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
+
+
+@triton.jit
+def _lse_finish(m, s):
+    """The float64 log-normaliser of :func:`_lse_chunk`'s ``(m, s)``: -inf for an all -inf
+    row, NaN for a row that held a NaN or +inf."""
+    shift = tl.where(m == NEG_INF, 0.0, m)
+    return shift.to(tl.float64) + tl.log(s)
+
+
+@triton.jit
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
                BLOCK: tl.constexpr, ALIGN: tl.constexpr):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
-    chunks of BLOCK: -inf for an all -inf row, NaN for a row holding a NaN or +inf (math.md
-    8.1: either one turns the row's exp sum into NaN, whatever the running max does with
-    it). Rows not ``live`` are not read.
-
-    Per chunk: the chunk max ``c``, the new running max ``m' = max(m, c)``, and ``s' = s *
-    exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element (the rescaling is one exp
-    per row and chunk). ``s`` is float64; the chunk's own sum is an ACC tree reduction. A
-    row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf`` never appears."""
+    chunks of BLOCK (:func:`_lse_chunk`): -inf for an all -inf row, NaN for a row holding a
+    NaN or +inf (math.md 8.1: either one turns the row's exp sum into NaN, whatever the
+    running max does with it). Rows not ``live`` are not read."""
     v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
@@ -217,13 +234,8 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
         v = v0 + offs
         x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
                     mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-        chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
-        s = s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
-        m = m_new
-    shift = tl.where(m == NEG_INF, 0.0, m)
-    return shift.to(tl.float64) + tl.log(s)
+        m, s = _lse_chunk(m, s, x)
+    return _lse_finish(m, s)
 
 
 @triton.jit
@@ -268,6 +280,50 @@ _WS = ("o_lse", "o_dur", "o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads")
 # property of a shape the code generation needs, the alignment of the logits rows (vector
 # loads), is the constexpr ``V_ALIGN``.
 _SHAPES = ("n_rows", "n_nodes", "T", "U1", "V_tok", "blank")
+
+
+@triton.jit
+def _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, u, u1, T, U1,
+               lse, lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp,
+               K: tl.constexpr, KP: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+               DURATION: tl.constexpr, N_DURATIONS: tl.constexpr,
+               HAS_PLUS_NEXT_BLANK: tl.constexpr, FUSED: tl.constexpr):
+    """The row pass's results at nodes ``node`` (the one writer of the lattice state's
+    ``lse``, ``lse_dur``, ``lp`` and ``next_blank``, for ``_row_kernel`` and the joiner's
+    kernel, ``gpu.joint``), from the entries each kind reads: ``x_blank``, ``x_label`` (of
+    ``y[u]``), ``x_cls[:, k]`` (kind k's fixed class) and ``x_dur[:, i]`` (duration index
+    i's entry), float64, and the log-normalisers ``lse``, ``lse_dur`` (math.md 9,
+    ``kind_log_probs``):
+
+        lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DURATION[k]) - lse_dur(t,u)]
+
+    -inf outside the region (``valid``) and where ``u + DU[k] > u1``; the rows not ``live``
+    (``live_dur``, ``has_label``) read nothing (:func:`_read`); padding gets ``lse = 0``."""
+    lp_blank = _read(x_blank, lse, live, FUSED)
+    lp_label = _read(x_label, lse, has_label, FUSED)
+    if N_DURATIONS > 0:
+        tl.store(ws_ptr + o_dur + node, tl.where(valid, lse_dur, 0.0), mask=inside)
+    kidx = tl.arange(0, KP)
+    didx = tl.arange(0, x_dur.shape[1])
+    TU1 = T.to(tl.int64) * U1
+    for k in tl.static_range(K):
+        if READS[k] == 0:
+            lp = lp_blank
+        elif READS[k] == 1:
+            lp = lp_label
+        else:
+            x = tl.sum(tl.where(kidx[None, :] == k, x_cls, 0.0), axis=1)
+            lp = _read(x, lse, live, FUSED)
+        if DURATION[k] >= 0:
+            x = tl.sum(tl.where(didx[None, :] == DURATION[k], x_dur, 0.0), axis=1)
+            lp = lp + _read(x, lse_dur, live_dur, FUSED)
+        ok = valid & (u + DU[k] <= u1)
+        # node = (b T + t)(U+1) + u  ->  lp[b, k, t, u] = node + (b (K-1) + k) T (U+1)
+        tl.store(ws_ptr + o_lp + node + (b * (K - 1) + k) * TU1, tl.where(ok, lp, NEG_INF),
+                 mask=inside)
+    tl.store(ws_ptr + o_lse + node, tl.where(valid, lse, 0.0), mask=inside)
+    if HAS_PLUS_NEXT_BLANK:
+        tl.store(ws_ptr + o_nb + node, lp_blank, mask=inside)
 
 
 @triton.jit(do_not_specialize=_SHAPES + _WS + ("box_t0", "box_u0", "box_T", "box_U1"))
@@ -319,36 +375,30 @@ def _row_kernel(
     # A label outside [0, V_tok) is never read (the input check NaNs its sequence's loss).
     x_label = tl.load(logits_ptr + row + y, mask=has_label & (y >= 0) & (y < V_tok),
                       other=0.0).to(tl.float64)
-    lp_blank = _read(x_blank, lse, live, FUSED)
-    lp_label = _read(x_label, lse, has_label, FUSED)
     if N_DURATIONS > 0:
         if FUSED:
             lse_dur = _group_lse(logits_ptr, row, V_tok, N_DURATIONS, valid, ACC, ROWS,
                                  BLOCK_DUR, 1)
         else:
             lse_dur = tl.zeros([ROWS], tl.float64)
-        live_dur = valid & (lse_dur != NEG_INF)
-        tl.store(ws_ptr + o_dur + node, tl.where(valid, lse_dur, 0.0), mask=inside)
-    TU1 = T.to(tl.int64) * U1
+    else:
+        lse_dur = lse
+    live_dur = valid & (lse_dur != NEG_INF)
+    # The fixed classes' entries the kinds read (column k of [ROWS, KP]) and the durations'
+    # entries (column i: duration index i).
+    kidx = tl.arange(0, KP)
+    x_cls = tl.zeros([ROWS, KP], tl.float64)
     for k in tl.static_range(K):
-        if READS[k] == 0:
-            lp = lp_blank
-        elif READS[k] == 1:
-            lp = lp_label
-        else:
+        if READS[k] == 2:
             x = tl.load(logits_ptr + row + CLASS_ID[k], mask=live, other=0.0).to(tl.float64)
-            lp = _read(x, lse, live, FUSED)
-        if DURATION[k] >= 0:
-            x = tl.load(logits_ptr + row + V_tok + DURATION[k], mask=live_dur,
-                        other=0.0).to(tl.float64)
-            lp = lp + _read(x, lse_dur, live_dur, FUSED)
-        ok = valid & (u + DU[k] <= u1)
-        # node = (b T + t)(U+1) + u  ->  lp[b, k, t, u] = node + (b (K-1) + k) T (U+1)
-        tl.store(ws_ptr + o_lp + node + (b * (K - 1) + k) * TU1, tl.where(ok, lp, NEG_INF),
-                 mask=inside)
-    tl.store(ws_ptr + o_lse + node, tl.where(valid, lse, 0.0), mask=inside)
-    if HAS_PLUS_NEXT_BLANK:
-        tl.store(ws_ptr + o_nb + node, lp_blank, mask=inside)
+            x_cls = tl.where(kidx[None, :] == k, x[:, None], x_cls)
+    didx = tl.arange(0, BLOCK_DUR)
+    x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
+                    mask=live_dur[:, None] & (didx[None, :] < N_DURATIONS),
+                    other=0.0).to(tl.float64)
+    _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, u, u1, T, U1, lse,
+               lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp, K, KP, DU,
+               READS, DURATION, N_DURATIONS, HAS_PLUS_NEXT_BLANK, FUSED)
 
 
 # --------------------------------------------------------------------------- pass 2
@@ -713,6 +763,141 @@ def _reads_kernel(
         tl.store(reads + (3 + N_CLS) * n_nodes, s_dur, mask=inside)
 
 
+@triton.jit
+def _grad_terms(ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, upstream_ptr,
+                node, inside, n_nodes, T, U1, upstream_stride, o_ll, o_reads,
+                BOUNDARY: tl.constexpr, ACC: tl.constexpr, COSTS32: tl.constexpr):
+    """What the gradient of the rows of nodes ``node`` needs of the lattice (the gradient
+    passes: ``_grad_kernel`` and the joiner's, ``gpu.joint``): ``(keep, nan_row, write,
+    w_up, reads, mass, no_mass, gb_a, gl_a)`` -- the rows of sequences with a path inside
+    the region (and, ``COSTS32``, a cost finite in float32, the costs' dtype: an infinite
+    cost has a zero gradient, math.md 8.1), those of NaN sequences, those written (``keep``
+    and a nonzero upstream ``w_up``, ACC), the node's coefficient columns (a pointer), the
+    token group's S (``mass``, ACC; ``no_mass`` where it is 0), the blank's and the label's
+    reads (ACC)."""
+    b, t, u = _node_coords(node, T, U1)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           T, U1, BOUNDARY)
+    region = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+    log_like = tl.load(ws_ptr + o_ll + b, mask=inside, other=NEG_INF)
+    w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
+    keep = region & (log_like != NEG_INF)
+    if COSTS32:                                # the cost as the caller sees it is +inf
+        keep = keep & ((-log_like).to(tl.float32) != POS_INF)
+    nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
+    write = keep & (w_up != 0.0)
+    reads = ws_ptr + o_reads + node
+    s_tok = tl.load(reads, mask=keep, other=0.0)
+    mass = s_tok.to(ACC)
+    no_mass = s_tok == 0.0
+    gb_a = tl.load(reads + n_nodes, mask=keep, other=0.0).to(ACC)
+    gl_a = tl.load(reads + 2 * n_nodes, mask=keep, other=0.0).to(ACC)
+    return keep, nan_row, write, w_up, reads, mass, no_mass, gb_a, gl_a
+
+
+@triton.jit
+def _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+               node, inside, keep, mass, T, U1, o_lse, BOUNDARY: tl.constexpr,
+               ACC: tl.constexpr):
+    """The rest of :func:`_grad_terms`: ``(y, live, lse_hi, lse_lo)`` -- the label of the
+    nodes (-1: none), the rows whose entries are read (with mass) and ``lse`` as an ACC
+    pair. (Apart from it, after the caller's row offsets: one call took 96 registers a
+    thread in the TDT gradient pass, these two take 72.)"""
+    b, t, u = _node_coords(node, T, U1)
+    _, _, _, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside, T, U1,
+                        BOUNDARY)
+    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
+    y = tl.where(keep & (u < u1), y, -1)
+    lse = tl.load(ws_ptr + o_lse + node, mask=keep, other=NEG_INF)
+    live = keep & (lse != NEG_INF) & (mass != 0.0)    # rows without mass are not read
+    lse_hi, lse_lo = _split(tl.where(live, lse, 0.0), ACC)
+    return y, live, lse_hi, lse_lo
+
+
+@triton.jit
+def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED: tl.constexpr):
+    """The token group's gradient at the entries ``x [ROWS, BLOCK]`` of classes ``v``
+    (ACC; -inf where a row is not read), before NaN, clamp and the upstream factor:
+    ``p(v) S`` (0 for a row without mass: ``p`` may be NaN there; log-prob mode: none) minus
+    the blank's and the label's reads at their classes."""
+    if FUSED:
+        g = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None]) * mass[:, None]
+        g = tl.where(no_mass[:, None], 0.0, g)
+    else:
+        g = tl.zeros_like(x)
+    return (g - tl.where(v[None, :] == blank, gb_a[:, None], 0.0)
+            - tl.where(v[None, :] == y[:, None], gl_a[:, None], 0.0))
+
+
+@triton.jit
+def _fixed_reads(c, reads, keep, n_nodes, K: tl.constexpr, READS: tl.constexpr,
+                 CLASS_ID: tl.constexpr, CLS_COL: tl.constexpr, ACC: tl.constexpr):
+    """The reads of the fixed class ``c`` by the kinds that read it (their scaled
+    occupations, coefficient columns ``CLS_COL``) at the nodes, ACC; the blank's and the
+    label's reads, where they are that class, are the caller's."""
+    cls_reads = tl.zeros(keep.shape, ACC)
+    for j in tl.static_range(K):
+        if READS[j] == 2:
+            if CLASS_ID[j] == c:
+                cls_reads += tl.load(reads + CLS_COL[j] * n_nodes, mask=keep,
+                                     other=0.0).to(ACC)
+    return cls_reads
+
+
+@triton.jit
+def _grad_out(g, nan_row, clamp, write, w_up, FUSED: tl.constexpr, CLAMP: tl.constexpr):
+    """A token group's gradient as written: NaN on the rows of a NaN sequence (fused
+    mode), clamped to ``[-clamp, clamp]`` (both bounds; NaN stays NaN), times the upstream
+    gradient on the rows ``write``, exactly 0 elsewhere (a select, not a product). The
+    masks are shaped to broadcast against ``g``."""
+    if FUSED:
+        g = tl.where(nan_row, POS_INF + NEG_INF, g)
+    if CLAMP:
+        g = tl.minimum(tl.maximum(g, -clamp, propagate_nan=tl.PropagateNan.ALL), clamp,
+                       propagate_nan=tl.PropagateNan.ALL)
+    return tl.where(write, g * w_up, 0.0)
+
+
+@triton.jit
+def _duration_terms(ws_ptr, node, reads, keep, n_nodes, o_dur, K: tl.constexpr,
+                    DURATION: tl.constexpr, N_CLS: tl.constexpr, DUR_COL: tl.constexpr,
+                    ACC: tl.constexpr, BLOCK_DUR: tl.constexpr, FUSED: tl.constexpr):
+    """TDT's duration group at the nodes: ``(g_dur [ROWS, BLOCK_DUR], s_dur, live_d, d_hi,
+    d_lo)`` -- each duration's reads (the occupations of the kinds of that duration, never
+    FastEmit-scaled), their sum S_dur (float64), the rows whose duration entries are read
+    and ``lse_dur`` as an ACC pair."""
+    didx = tl.arange(0, BLOCK_DUR)
+    g_dur = tl.zeros([node.shape[0], BLOCK_DUR], ACC)
+    for k in tl.static_range(K):
+        if DURATION[k] >= 0:
+            gk = tl.load(reads + DUR_COL[k] * n_nodes, mask=keep, other=0.0).to(ACC)
+            g_dur += tl.where(didx[None, :] == DURATION[k], gk[:, None], 0.0)
+    s_dur = tl.load(reads + (3 + N_CLS) * n_nodes, mask=keep, other=0.0)
+    if FUSED:
+        lse_d = tl.load(ws_ptr + o_dur + node, mask=keep, other=NEG_INF)
+    else:
+        lse_d = tl.zeros_like(s_dur)
+    live_d = keep & (lse_d != NEG_INF) & (s_dur != 0.0)
+    d_hi, d_lo = _split(tl.where(live_d, lse_d, 0.0), ACC)
+    return g_dur, s_dur, live_d, d_hi, d_lo
+
+
+@triton.jit
+def _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED: tl.constexpr):
+    """The duration group's gradient at its entries ``x [ROWS, BLOCK_DUR]`` (ACC; -inf where
+    not read): ``q(i) S_dur - sum_{kinds of duration i} gamma_k``, NaN on a NaN sequence's
+    rows (fused), times the upstream gradient on the rows ``write`` (no clamp: NeMo TDT)."""
+    if FUSED:
+        g = tl.exp((x - d_hi[:, None]) - d_lo[:, None]) * s_dur.to(x.dtype)[:, None]
+        g = tl.where((s_dur == 0.0)[:, None], 0.0, g)
+    else:
+        g = tl.zeros_like(x)
+    g = g - g_dur
+    if FUSED:
+        g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
+    return tl.where(write[:, None], g * w_up[:, None], 0.0)
+
+
 @triton.jit(do_not_specialize=_SHAPES + _WS + ("upstream_stride", "box_t0", "box_u0", "box_T",
                                                "box_U1"))
 def _grad_kernel(
@@ -760,31 +945,15 @@ def _grad_kernel(
     has_row = r < n_rows
     node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
                              box_U1, LAYOUT)
-    b, t, u = _node_coords(node, T, U1)
-    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
-                           T, U1, BOUNDARY)
-    region = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
-    log_like = tl.load(ws_ptr + o_ll + b, mask=inside, other=NEG_INF)
-    w_up = tl.load(upstream_ptr + b * upstream_stride, mask=inside, other=0.0).to(ACC)
-    keep = region & (log_like != NEG_INF)
-    if COSTS32:                                # the cost as the caller sees it is +inf
-        keep = keep & ((-log_like).to(tl.float32) != POS_INF)
-    nan_row = region & (log_like != log_like)  # fused: a NaN sequence's rows are all NaN
-    write = keep & (w_up != 0.0)
-    reads = ws_ptr + o_reads + node
-    s_tok = tl.load(reads, mask=keep, other=0.0)
-    mass = s_tok.to(ACC)
-    no_mass = s_tok == 0.0
-    gb_a = tl.load(reads + n_nodes, mask=keep, other=0.0).to(ACC)
-    gl_a = tl.load(reads + 2 * n_nodes, mask=keep, other=0.0).to(ACC)
+    keep, nan_row, write, w_up, reads, mass, no_mass, gb_a, gl_a = _grad_terms(
+        ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, upstream_ptr, node,
+        inside, n_nodes, T, U1, upstream_stride, o_ll, o_reads, BOUNDARY, ACC, COSTS32)
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     offs = tl.arange(0, BLOCK_V)
     clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
-    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=keep & (u < u1), other=-1)
-    y = tl.where(keep & (u < u1), y, -1)
-    lse = tl.load(ws_ptr + o_lse + node, mask=keep, other=NEG_INF)
-    live = keep & (lse != NEG_INF) & (s_tok != 0.0)   # rows without mass are not read
-    lse_hi, lse_lo = _split(tl.where(live, lse, 0.0), ACC)
+    y, live, lse_hi, lse_lo = _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr,
+                                         target_lengths_ptr, boundary_ptr, node, inside, keep,
+                                         mass, T, U1, o_lse, BOUNDARY, ACC)
     # The fixed classes' logits, read before step 1 writes over them (grad_ptr may be the
     # logits): column k of a [ROWS, KP] tile.
     kidx = tl.arange(0, KP)
@@ -803,18 +972,10 @@ def _grad_kernel(
         if FUSED:
             x = tl.load(logits_ptr + row[:, None] + v[None, :],
                         mask=v[None, :] < v_read[:, None], other=NEG_INF).to(ACC)
-            g = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None]) * mass[:, None]
-            g = tl.where(no_mass[:, None], 0.0, g)
         else:
-            g = tl.zeros([ROWS, BLOCK_V], ACC)
-        g = (g - tl.where(v[None, :] == blank, gb_a[:, None], 0.0)
-             - tl.where(v[None, :] == y[:, None], gl_a[:, None], 0.0))
-        if FUSED:
-            g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
-        if CLAMP:                              # both bounds, token group only
-            g = tl.minimum(tl.maximum(g, -clamp, propagate_nan=tl.PropagateNan.ALL), clamp,
-                           propagate_nan=tl.PropagateNan.ALL)        # NaN stays NaN
-        g = tl.where(write[:, None], g * w_up[:, None], 0.0)
+            x = tl.zeros([ROWS, BLOCK_V], ACC)
+        g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+        g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
         out = v[None, :] < v_write[:, None]
         for k in tl.static_range(K):
             if READS[k] == 2:
@@ -832,46 +993,25 @@ def _grad_kernel(
                 gk = tl.where(no_mass, 0.0, tl.exp((xk - lse_hi) - lse_lo) * mass)
             else:
                 gk = tl.zeros([ROWS], ACC)
-            cls_reads = tl.where(blank == c, gb_a, 0.0) + tl.where(y == c, gl_a, 0.0)
-            for j in tl.static_range(K):
-                if READS[j] == 2:
-                    if CLASS_ID[j] == c:
-                        cls_reads += tl.load(reads + CLS_COL[j] * n_nodes, mask=keep,
-                                             other=0.0).to(ACC)
-            gk = gk - cls_reads
-            if FUSED:
-                gk = tl.where(nan_row, POS_INF + NEG_INF, gk)
-            if CLAMP:
-                gk = tl.minimum(tl.maximum(gk, -clamp, propagate_nan=tl.PropagateNan.ALL),
-                                clamp, propagate_nan=tl.PropagateNan.ALL)
-            gk = tl.where(write, gk * w_up, 0.0)
+            gk = (gk - tl.where(blank == c, gb_a, 0.0) - tl.where(y == c, gl_a, 0.0)
+                  - _fixed_reads(c, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, ACC))
+            gk = _grad_out(gk, nan_row, clamp, write, w_up, FUSED, CLAMP)
             # (a vector compare: the interpreter refuses a vector & scalar mask)
             tl.store(grad_ptr + row + c, gk.to(grad_ptr.dtype.element_ty),
                      mask=has_row & (r * 0 + V_tok > c))
     if N_DURATIONS > 0:
         # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
         didx = tl.arange(0, BLOCK_DUR)
-        g_dur = tl.zeros([ROWS, BLOCK_DUR], ACC)
-        for k in tl.static_range(K):
-            if DURATION[k] >= 0:
-                gk = tl.load(reads + DUR_COL[k] * n_nodes, mask=keep, other=0.0).to(ACC)
-                g_dur += tl.where(didx[None, :] == DURATION[k], gk[:, None], 0.0)
-        s_dur = tl.load(reads + (3 + N_CLS) * n_nodes, mask=keep, other=0.0)
+        g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
+            ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
+            BLOCK_DUR, FUSED)
         if FUSED:
-            lse_d = tl.load(ws_ptr + o_dur + node, mask=keep, other=NEG_INF)
-            live_d = keep & (lse_d != NEG_INF) & (s_dur != 0.0)
-            d_hi, d_lo = _split(tl.where(live_d, lse_d, 0.0), ACC)
             x = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
                         mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
                         other=NEG_INF).to(ACC)
-            g = tl.exp((x - d_hi[:, None]) - d_lo[:, None]) * s_dur.to(ACC)[:, None]
-            g = tl.where((s_dur == 0.0)[:, None], 0.0, g)
         else:
-            g = tl.zeros([ROWS, BLOCK_DUR], ACC)
-        g = g - g_dur
-        if FUSED:
-            g = tl.where(nan_row[:, None], POS_INF + NEG_INF, g)
-        g = tl.where(write[:, None], g * w_up[:, None], 0.0)
+            x = tl.zeros([ROWS, BLOCK_DUR], ACC)
+        g = _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
         tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g.to(grad_ptr.dtype.element_ty),
                  mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
 

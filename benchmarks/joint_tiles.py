@@ -1,0 +1,98 @@
+"""The joiner's kernel path on a GPU: its step timed with several block choices, and where
+the step's time goes (torch.profiler), to choose ``gpu/joint.py``'s ``TILES``.
+
+    python benchmarks/joint_tiles.py [--shape j1] [--hidden 512] [--precision bf16] [--reps 5]
+
+One training step of ``fused_pipeline.py``'s model with the ``joint`` way (an
+``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path) is timed (CUDA
+events, median of ``--reps`` after one warm-up, which compiles) with each entry of
+:data:`CANDIDATES` in place of ``gpu.joint.TILES``; then the CUDA time of the default's
+step by kernel (the row pass, the lattice, the coefficients, the gradient pass, the
+products, the act-grad pass). Prints a table and writes ``--json`` if given. Without a
+CUDA device it exits at once with a message (status 2).
+"""
+from __future__ import annotations
+
+import common  # first: sets the thread env vars before torch is imported
+
+import argparse                   # noqa: E402
+import json                       # noqa: E402
+import statistics                 # noqa: E402
+import sys                        # noqa: E402
+
+import torch                      # noqa: E402
+
+import fused_pipeline             # noqa: E402
+import shapes                     # noqa: E402
+
+# Block choices (row pass, gradient pass): BLOCK_N nodes x BLOCK_V classes per program,
+# BLOCK_H of H per product step, warps, pipeline stages. "default" is gpu/joint.py's.
+CANDIDATES = {
+    "128x64x64 w8 / 128x64x64 w8": (dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3),
+                                    dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3)),
+    "256x64x32 w16 / 256x64x32 w16": (dict(BLOCK_N=256, BLOCK_V=64, BLOCK_H=32, num_warps=16, num_stages=3),
+                                      dict(BLOCK_N=256, BLOCK_V=64, BLOCK_H=32, num_warps=16, num_stages=3)),
+    "128x128x64 w16 / 128x128x32 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
+                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+}
+
+
+def _time(x, prec: str, reps: int) -> float:
+    """Median milliseconds of the joint way's step (one untimed warm-up first)."""
+    fused_pipeline.step("joint", x, None, prec)
+    times = []
+    for _ in range(reps):
+        x.zero()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fused_pipeline.step("joint", x, None, prec)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="j1", choices=list(shapes.SHAPES))
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--precision", default="bf16", choices=list(fused_pipeline.PRECISIONS))
+    ap.add_argument("--loss", default="rnnt", choices=list(fused_pipeline.LOSSES))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("joint_tiles.py needs a CUDA device (the kernel path is Triton's on CUDA)",
+              file=sys.stderr)
+        return 2
+    from rnnt_lattice.gpu import joint
+    default = {k: dict(v) for k, v in joint.TILES.items()}
+    shape = shapes.SHAPES[args.shape]
+    x = fused_pipeline.Inputs(shape, args.hidden, "cuda", 0, args.loss)
+    print(f"# {torch.cuda.get_device_name()}; {shape.name} ({shape.describe()}), H={args.hidden}, "
+          f"{args.loss}, {args.precision}; joint way, median of {args.reps}", flush=True)
+    res = {}
+    for name, tiles in [("default", (default["row"], default["grad"]))] + list(CANDIDATES.items()):
+        joint.TILES.update(row=tiles[0], grad=tiles[1])
+        try:
+            res[name] = _time(x, args.precision, args.reps)
+            print(f"  {name:34s} {res[name]:8.2f} ms", flush=True)
+        except Exception as err:                   # noqa: BLE001  (out of resources, ...)
+            res[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            print(f"  {name:34s} {res[name]}", flush=True)
+    joint.TILES.update(default)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fused_pipeline.step("joint", x, None, args.precision)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+    print(table, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"times_ms": res, "profile": table, "meta": common.machine_info()}, f, indent=2,
+                      default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""The joiner and the loss in one pass over V (docs/math.md section 12): the kernels of
+``rnnt_lattice.Joiner``'s kernel path and their launches.
+
+The joiner is ``x(t,u) = W act(e(t) + p(u)) + b`` on projected inputs ``e (B, T, H)`` and
+``p (B, U+1, H)``, ``W (V, H)``, ``b (V,)``, ``act`` tanh or ReLU. Nodes are taken in
+chunks (``_layout.tile_plan``: whole frames of every sequence, or runs of label positions
+of one frame), and for each chunk:
+
+forward   ``_joint_row_kernel``, ``BLOCK_N`` nodes per program:
+            1. ``h = act(e + p)`` of its nodes, once, into the chunk's ``h`` rows (the
+               operand dtype: what the dot products read);
+            2. for each block of ``BLOCK_V`` classes: ``z = h W_blk^T + b_blk`` (``tl.dot``
+               over H in steps of ``BLOCK_H``, accumulated in float32, float64 for float64),
+               folded into an online log-sum-exp, and the entries the arc kinds read (the
+               blank, ``y[u]``, fixed classes) picked out; TDT's durations in one more block;
+            3. the lattice state of its nodes (``lse``, arc log-probs: ``kernels._row_state``,
+               the row pass's own writer).
+          The logits exist one ``[BLOCK_N, BLOCK_V]`` block at a time, in registers. Then the
+          backend's lattice and coefficient passes, unchanged (``gpu.tile_lattice``).
+backward  ``_joint_grad_kernel``: ``h`` again (into the chunk's ``h`` rows), ``z`` block by
+          block as in the forward, and ``dz = upstream[b] * d cost_b / d z`` from the
+          gradient pass's formula (``kernels._token_grad`` & co., clamp and FastEmit
+          included) written into the chunk's ``dz`` rows (the operand dtype); per program the
+          column sums of its ``dz`` (``db``'s share). Then the chunk's joiner gradients,
+          as matrix products on whole chunks (cuBLAS):
+
+              dh = dz W                      (n, H)
+              dW += dz^T h,  db += sum_rows dz
+              da = dh * act'(a)              (``_joint_act_grad_kernel``: act' from h)
+              dP[b,u] += sum_t da,  dE[b,t] += sum_u da   (partial sums, added in order)
+
+          The chunks run in order and every sum has a fixed order: two runs give the same
+          bits. The ``dz`` rows of a chunk are what a chunk holds besides ``h`` and ``dh``:
+          the logits themselves are never in memory, forward or backward.
+
+Why the backward writes ``dz`` (docs/math.md section 12, docs/benchmarks.md): ``dh`` sums
+over V and ``dW`` over the nodes, each with H = 512-640 free columns; holding either sum in
+registers (``BLOCK x H`` float32) does not fit beside the ``z`` block without recomputing
+``z`` once per slice of H (7-9 matrix products per step instead of 4).
+
+Precision: operands in the dtype of the call (bfloat16/float16 under autocast, float32, or
+float64), products accumulated in float32 (float64 for float64); float32 uses TF32 in the
+dot products exactly where ``torch.backends.cuda.matmul.allow_tf32`` lets PyTorch's own
+matrix products use it. The lattice is float64, as everywhere.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _layout
+from .._types import LossOptions
+from . import (INTERPRETED, _State, _Tiles, _acc, _costs_dtype, _device, _f64_cached, _kernel_kinds,
+               _nonempty, _or, _prepare, _pow2, check_device, tile_lattice)
+from . import _layout as _ws_layout
+from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _ends, _f64,
+                      _grad_out, _grad_rows, _grad_terms, _lse_chunk, _lse_finish,
+                      _node_coords, _row_node, _row_state, _token_grad)
+
+__all__ = ["ACTIVATIONS", "JointState", "forward", "backward"]
+
+# The activations the kernels know (``ACT``).
+ACTIVATIONS = {"tanh": 0, "relu": 1}
+
+# Blocks of the two passes: nodes x classes per program, H per dot step, warps, pipeline
+# stages. 128 nodes: each block of W read from L2 serves 128 rows (the node tiles re-read
+# W, as attention re-reads its keys per query block), and 128 or 64 classes: the tile
+# re-reads its h per block of classes. On sm_90 (benchmarks/kernel_resources.py) the row
+# pass takes 127-128 registers a thread over 16 warps, the gradient pass 134-172 over 8
+# (TDT's 230-245), neither spills (multi-blank's row pass: 8 bytes); [128, 128] over 8
+# warps took 248-255 (the epilogues' temporaries). Not yet tuned on a GPU
+# (docs/benchmarks.md, "The joiner's kernel path").
+TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3),
+         "grad": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, num_warps=8, num_stages=3)}
+# Wider operands, by their size in bytes: float32 in two pipeline stages (three of [128, 32]
+# blocks of h and W took 96 KiB of shared memory), float64 (the exactness checks) in
+# smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
+WIDE = {4: dict(num_stages=2),
+        8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
+# The act-grad pass: label positions and H per program (it runs over the chunk's frames).
+ACT_GRAD_BLOCK_U = 32
+ACT_GRAD_BLOCK_H = 64
+
+_JOINT_SHAPES = ("n_rows", "n_nodes", "T", "U1", "blank", "dz_stride", "upstream_stride", "box_t0",
+                 "box_u0", "box_T", "box_U1", "o_lse", "o_dur", "o_nb", "o_lp", "o_ll",
+                 "o_reads")
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _act(a, ACT: tl.constexpr):
+    """``act(a)``: tanh as ``1 - 2 / (exp(2a) + 1)`` (exact at both ends: ``exp`` overflows
+    to inf, giving 1, or underflows to 0, giving -1; absolute error of the order of the
+    dtype's epsilon near 0, the dot products' own rounding) or ReLU (NaN stays NaN, as
+    ``torch.relu``)."""
+    if ACT == 0:
+        return 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
+    return tl.where(a < 0.0, 0.0, a)
+
+
+@triton.jit
+def _act_grad(h, ACT: tl.constexpr):
+    """``act'(a)`` from ``h = act(a)``: ``1 - h^2`` (tanh), ``[h > 0]`` (ReLU)."""
+    if ACT == 0:
+        return 1.0 - h * h
+    return tl.where(h > 0.0, 1.0, 0.0).to(h.dtype)
+
+
+@triton.jit
+def _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, live, n_k, H,
+                  ACT: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_H: tl.constexpr):
+    """``h = act(e(t) + p(u))`` of the nodes of a program, 0 on the rows not ``live``,
+    written in ``n_k`` columns (H, or 0 for nothing) of the chunk's rows ``rows`` of
+    ``h (n, H)``, in its dtype; then a barrier, so that every thread of the program reads
+    them back (``_joint_logits``)."""
+    kk = tl.arange(0, BLOCK_H)
+    on = rows >= 0
+    for k0 in range(0, n_k, BLOCK_H):
+        k = k0 + kk
+        m = live[:, None] & (k[None, :] < H)
+        a = (tl.load(enc_ptr + e_row[:, None] + k[None, :], mask=m, other=0.0).to(ACC)
+             + tl.load(pred_ptr + p_row[:, None] + k[None, :], mask=m, other=0.0).to(ACC))
+        h = tl.where(m, _act(a, ACT), 0.0)
+        tl.store(h_ptr + rows[:, None] * H + k[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=on[:, None] & (k[None, :] < H))
+    tl.debug_barrier()
+
+
+@triton.jit
+def _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v_ok, n_k, H,
+                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
+                  DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                  BLOCK_H: tl.constexpr):
+    """The logits block ``z = h W[v]^T + b[v]`` ``[BLOCK_N, BLOCK_V]`` (ACC) of the chunk's
+    rows ``rows`` (-1: none) and classes ``v`` (``v_ok``: the classes that exist), the
+    product over ``n_k`` columns of H (0: none, ``z = b``) in steps of ``BLOCK_H``.
+    ``DOT_F32``: the operands widened to float32 first (bfloat16 under the Triton
+    interpreter, whose ``tl.dot`` multiplies bfloat16's raw bits: NumPy has no bfloat16);
+    the products of bfloat16 values are exact in float32 either way."""
+    acc = tl.zeros([BLOCK_N, BLOCK_V], ACC)
+    kk = tl.arange(0, BLOCK_H)
+    on = rows >= 0
+    for k0 in range(0, n_k, BLOCK_H):
+        k = k0 + kk
+        km = k < H
+        h = tl.load(h_ptr + rows[:, None] * H + k[None, :], mask=on[:, None] & km[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + v[:, None] * H + k[None, :], mask=v_ok[:, None] & km[None, :],
+                    other=0.0)
+        if DOT_F32:
+            acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
+                         input_precision=PRECISION)
+        else:
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + v, mask=v_ok, other=0.0).to(ACC)[None, :]
+    return acc
+
+
+@triton.jit
+def _joint_nodes(r, n_rows, T, U1, box_t0, box_u0, box_T, box_U1, H):
+    """The nodes of the chunk's rows ``r`` (its box, ``kernels.BOX``): ``(rows, node, b, t,
+    u, e_row, p_row)`` -- ``rows`` r, -1 past the chunk; the offsets of ``e(t)`` and
+    ``p(u)`` in ``enc (B, T, H)`` and ``pred (B, U+1, H)`` (int64)."""
+    node, inside = _row_node(r, r < n_rows, r, T, U1, box_t0, box_u0, box_T, box_U1, 2)
+    b, t, u = _node_coords(node, T, U1)
+    rows = tl.where(inside, r, -1)
+    return rows, node, inside, b, t, u, (b * T + t) * H, (b * U1 + u) * H
+
+
+@triton.jit(do_not_specialize=_JOINT_SHAPES)
+def _joint_row_kernel(
+    # data ptrs
+    enc_ptr, pred_ptr, w_ptr, bias_ptr, h_ptr, targets_ptr, logit_lengths_ptr,
+    target_lengths_ptr, boundary_ptr, ws_ptr,
+    # shapes: the chunk's rows (its box of the grid), the grid; the workspace parts written
+    n_rows, T, U1, V_tok, H, blank, box_t0, box_u0, box_T, box_U1, o_lse,
+    o_dur, o_nb, o_lp,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+    FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
+    N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
+    # flags
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, BOUNDARY: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr,
+):
+    """The row pass of ``BLOCK_N`` nodes of a chunk without their logits (module
+    docstring): the token group's log-normaliser over the logits blocks ``z = h W^T + b``,
+
+        lse(t,u) = logsumexp_{v < V_tok} z(t,u,v)          (online, kernels._lse_chunk)
+
+    TDT's ``lse_dur`` over its ``N_DURATIONS`` columns, and every kind's arc log-prob from
+    the entries it reads, written by ``kernels._row_state`` exactly as ``_row_kernel``
+    writes them. A program whose nodes are all padding computes nothing."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)    # [BLOCK_N], int64
+    rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
+                                                              box_u0, box_T, box_U1, H)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           T, U1, BOUNDARY)
+    valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+    busy = tl.max(valid.to(tl.int32), axis=0) > 0
+    n_k = tl.where(busy, H, 0)
+    # 1. h, once
+    _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, valid, n_k, H, ACT, ACC,
+                  BLOCK_N, BLOCK_H)
+    # 2. the token group: online log-sum-exp and the entries the kinds read
+    has_label = valid & (u < u1)
+    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=-1)
+    y = tl.where(has_label & (y >= 0) & (y < V_tok), y, -1)
+    offs = tl.arange(0, BLOCK_V)
+    kidx = tl.arange(0, KP)
+    m = tl.full([BLOCK_N], NEG_INF, ACC)
+    s = tl.zeros([BLOCK_N], tl.float64)
+    x_blank = tl.zeros([BLOCK_N], ACC)
+    x_label = tl.zeros([BLOCK_N], ACC)
+    x_cls = tl.zeros([BLOCK_N, KP], ACC)
+    for v0 in range(0, tl.where(busy, V_tok, 0), BLOCK_V):
+        v = v0 + offs
+        z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
+                          PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
+        z = tl.where(v[None, :] < V_tok, z, NEG_INF)
+        if FUSED:
+            m, s = _lse_chunk(m, s, z)
+        if (v0 <= blank) & (blank < v0 + BLOCK_V):
+            x_blank = tl.sum(tl.where(v[None, :] == blank, z, 0.0), axis=1)
+        x_label += tl.sum(tl.where(v[None, :] == y[:, None], z, 0.0), axis=1)
+        for k in tl.static_range(K):
+            if READS[k] == 2:
+                if (v0 <= CLASS_ID[k]) & (CLASS_ID[k] < v0 + BLOCK_V):
+                    xk = tl.sum(tl.where(v[None, :] == CLASS_ID[k], z, 0.0), axis=1)
+                    x_cls = tl.where(kidx[None, :] == k, xk[:, None], x_cls)
+    if FUSED:
+        lse = _lse_finish(m, s)
+    else:
+        lse = tl.zeros([BLOCK_N], tl.float64)   # log-prob mode: the logits are log-probs
+    # 3. TDT's duration group: one block of its N_DURATIONS columns after the tokens
+    x_dur = tl.zeros([BLOCK_N, BLOCK_DUR], ACC)
+    if N_DURATIONS > 0:
+        d = tl.arange(0, BLOCK_DUR)
+        zd = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, V_tok + d, d < N_DURATIONS, n_k, H,
+                           HAS_BIAS, PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_DUR, BLOCK_H)
+        zd = tl.where(d[None, :] < N_DURATIONS, zd, NEG_INF)
+        if FUSED:
+            md, sd = _lse_chunk(tl.full([BLOCK_N], NEG_INF, ACC), tl.zeros([BLOCK_N], tl.float64),
+                                zd)
+            lse_dur = _lse_finish(md, sd)
+        else:
+            lse_dur = tl.zeros([BLOCK_N], tl.float64)
+        x_dur = zd
+    else:
+        lse_dur = lse
+    live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
+    _row_state(ws_ptr, node, inside, valid, live, valid & (lse_dur != NEG_INF), live & (u < u1),
+               b, u, u1, T, U1, lse, lse_dur, x_blank.to(tl.float64), x_label.to(tl.float64),
+               x_cls.to(tl.float64), x_dur.to(tl.float64), o_lse, o_dur, o_nb, o_lp, K, KP,
+               DU, READS, DURATION, N_DURATIONS, HAS_PLUS_NEXT_BLANK, FUSED)
+
+
+@triton.jit(do_not_specialize=_JOINT_SHAPES)
+def _joint_grad_kernel(
+    # data ptrs
+    enc_ptr, pred_ptr, w_ptr, bias_ptr, h_ptr, dz_ptr, db_ptr, targets_ptr,
+    logit_lengths_ptr, target_lengths_ptr, boundary_ptr, ws_ptr, upstream_ptr,
+    # shapes and strides: the chunk's rows (its box), the grid; the workspace parts read
+    n_rows, n_nodes, T, U1, V_tok, H, blank, dz_stride, upstream_stride, box_t0,
+    box_u0, box_T, box_U1, o_lse, o_dur, o_ll, o_reads,
+    # options: clamp, a float64 in three float32 parts
+    clamp_hi, clamp_mid, clamp_lo,
+    # arc kinds
+    K: tl.constexpr, KP: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
+    DURATION: tl.constexpr, N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr,
+    CLS_COL: tl.constexpr, DUR_COL: tl.constexpr, CLS_FIRST: tl.constexpr,
+    # flags
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
+    BOUNDARY: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_DUR: tl.constexpr,
+):
+    """``dz = upstream[b] * clip(d cost_b / d z)`` of ``BLOCK_N`` rows of a chunk, with
+    ``z = h W^T + b`` recomputed block by block in registers (as ``_joint_row_kernel``
+    computes it) and the gradient pass's formula (math.md 9.2, ``_grad_kernel``):
+
+        dz(v) = p_g(v) S_g - sum_{reads of class v} s_k gamma_k,   p_g(v) = exp(z_v - lse_g)
+
+    the fixed classes' reads subtracted in the same pass (no entry is read twice here),
+    clamp on the token group. Writes ``h`` (0 on rows without a path), ``dz`` (0 on
+    padding, impossible sequences and a zero upstream gradient; NaN on a NaN sequence's
+    rows) and the program's column sums of ``dz`` into ``db_ptr[program]``."""
+    pid = tl.program_id(0)
+    r = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)                 # [BLOCK_N], int64
+    rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
+                                                              box_u0, box_T, box_U1, H)
+    # COSTS32 off: the Function zeroes the upstream gradient of infinite costs itself.
+    keep, nan_row, write, w_up, reads, mass, no_mass, gb_a, gl_a = _grad_terms(
+        ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, upstream_ptr, node,
+        inside, n_nodes, T, U1, upstream_stride, o_ll, o_reads, BOUNDARY, ACC, False)
+    clamp = _f64(clamp_hi, clamp_mid, clamp_lo).to(ACC)
+    y, live, lse_hi, lse_lo = _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr,
+                                         target_lengths_ptr, boundary_ptr, node, inside, keep,
+                                         mass, T, U1, o_lse, BOUNDARY, ACC)
+    # 1. h of every row of the chunk (the product dW = dz^T h reads them all)
+    _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, keep, H, H, ACT, ACC, BLOCK_N,
+                  BLOCK_H)
+    busy = tl.max(live.to(tl.int32), axis=0) > 0
+    n_k = tl.where(busy, H, 0)
+    V = V_tok + N_DURATIONS
+    on = rows >= 0
+    # Rows of dz start at multiples of 16 entries (the buffer's row stride is): vector stores.
+    dz_row = tl.multiple_of(tl.where(on, rows, 0) * dz_stride, 16)
+    # 2. the token group, block by block
+    offs = tl.arange(0, BLOCK_V)
+    for v0 in range(0, V_tok, BLOCK_V):
+        v = v0 + offs
+        z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
+                          PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
+        if FUSED:
+            x = tl.where(live[:, None] & (v[None, :] < V_tok), z, NEG_INF)
+        else:
+            x = tl.zeros([BLOCK_N, BLOCK_V], ACC)
+        g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+        for k in tl.static_range(K):
+            if CLS_FIRST[k]:                  # each fixed class once, whichever kinds read it
+                g -= tl.where(v[None, :] == CLASS_ID[k],
+                              _fixed_reads(CLASS_ID[k], reads, keep, n_nodes, K, READS,
+                                           CLASS_ID, CLS_COL, ACC)[:, None], 0.0)
+        g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
+        g = tl.where(v[None, :] < V_tok, g, 0.0)
+        tl.store(dz_ptr + dz_row[:, None] + v[None, :], g.to(dz_ptr.dtype.element_ty),
+                 mask=on[:, None] & (v[None, :] < V_tok))
+        tl.store(db_ptr + pid.to(tl.int64) * V + v, tl.sum(g, axis=0), mask=v < V_tok)
+    # 3. TDT's duration group
+    if N_DURATIONS > 0:
+        d = tl.arange(0, BLOCK_DUR)
+        g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
+            ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
+            BLOCK_DUR, FUSED)
+        zd = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, V_tok + d, d < N_DURATIONS, n_k, H,
+                           HAS_BIAS, PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_DUR, BLOCK_H)
+        if FUSED:
+            x = tl.where(live_d[:, None] & (d[None, :] < N_DURATIONS), zd, NEG_INF)
+        else:
+            x = tl.zeros([BLOCK_N, BLOCK_DUR], ACC)
+        g = _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
+        g = tl.where(d[None, :] < N_DURATIONS, g, 0.0)
+        tl.store(dz_ptr + dz_row[:, None] + V_tok + d[None, :], g.to(dz_ptr.dtype.element_ty),
+                 mask=on[:, None] & (d[None, :] < N_DURATIONS))
+        tl.store(db_ptr + pid.to(tl.int64) * V + V_tok + d, tl.sum(g, axis=0),
+                 mask=d < N_DURATIONS)
+
+
+@triton.jit(do_not_specialize=("frames", "labels", "u0", "U1"))
+def _joint_act_grad_kernel(
+    # data ptrs: dh, h (n, H) of the chunk (rows (b, t, u) of its box); dP (B, U+1, H)
+    # accumulated here; dE's partial sums (n_ublocks, B, frames, H)
+    dh_ptr, h_ptr, dp_ptr, de_ptr,
+    # shapes: the chunk's frames and label positions, its first label position; the grid's
+    frames, labels, u0, U1, H,
+    # flags
+    ACT: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """``da = dh * act'(a)`` of ``BLOCK_U`` label positions of one sequence of a chunk, every
+    frame of it, ``BLOCK_H`` of H (``act'`` from ``h``, ``_act_grad``), summed two ways:
+    over the frames into ``dP[b, u0 + u]`` (added to what earlier chunks left there: the
+    program owns those entries) and over its label positions into its partial sums of
+    ``dE`` (the caller adds the blocks of label positions, in order)."""
+    b = tl.program_id(0).to(tl.int64)
+    ub = tl.program_id(1)
+    u = ub * BLOCK_U + tl.arange(0, BLOCK_U)
+    k = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = (u < labels)[:, None] & (k < H)[None, :]
+    p_acc = tl.zeros([BLOCK_U, BLOCK_H], dp_ptr.dtype.element_ty)
+    for t in range(0, frames):
+        rows = (b * frames + t) * labels + u                  # the chunk's rows (b, t, u)
+        at = rows[:, None] * H + k[None, :]
+        dh = tl.load(dh_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
+        h = tl.load(h_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
+        da = dh * _act_grad(h, ACT)
+        p_acc += da
+        tl.store(de_ptr + ((ub * tl.num_programs(0) + b) * frames + t) * H + k,
+                 tl.sum(da, axis=0), mask=k < H)
+    at = dp_ptr + ((b * U1 + u0 + u) * H)[:, None] + k[None, :]
+    tl.store(at, tl.load(at, mask=m, other=0.0) + p_acc, mask=m)
+
+
+# --------------------------------------------------------------------------- host
+def _precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision for operands of ``dtype``: TF32 for float32 where
+    PyTorch's own matrix products use it (``torch.backends.cuda.matmul.allow_tf32``), so
+    that the kernels round as the joiner's ``Linear`` and the backward's ``torch.mm`` do;
+    IEEE otherwise."""
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def _dot_f32(dtype: torch.dtype) -> bool:
+    """``DOT_F32``: bfloat16 operands under the Triton interpreter (``_joint_logits``)."""
+    return dtype == torch.bfloat16 and INTERPRETED
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation dtype of operands of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@functools.lru_cache(maxsize=64)
+def _grad_kinds(topo) -> dict:
+    """The gradient pass's kinds (``gpu._kernel_kinds(topo, "grad")``) and ``CLS_FIRST[k]``:
+    kind k reads a fixed class that no earlier kind reads (its reads are subtracted once)."""
+    seen, first = set(), []
+    for k in topo.kinds:
+        first.append(k.reads == "class" and k.class_id not in seen)
+        if k.reads == "class":
+            seen.add(k.class_id)
+    return dict(_kernel_kinds(topo, "grad"), CLS_FIRST=tuple(first))
+
+
+def _tiles(which: str, dtype: torch.dtype) -> dict:
+    """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
+    return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
+
+
+def _block_dur(n_durations: int) -> int:
+    """The duration block: a power of two, at least 16 (``tl.dot``'s smallest side)."""
+    return max(16, _pow2(n_durations, 1 << 30))
+
+
+@dataclass
+class JointState:
+    """What the backward needs of a forward: the lattice state of every node (``gpu``'s
+    tile state: the workspace, ids, lengths, boundary), the chunks, the operands' dtype and
+    the activation."""
+
+    tiles: _Tiles
+    plan: list                 # chunks (t0, t1, u0, u1), in order
+    dtype: torch.dtype         # of the operands e, p, W, b
+    act: int                   # ACTIVATIONS
+
+
+def _chunk_rows(plan, B: int) -> int:
+    return max(B * (t1 - t0) * (u1 - u0) for t0, t1, u0, u1 in plan)
+
+
+def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
+            opts: LossOptions, boundary, need_grad: bool, rows: int):
+    """Costs ``-log P`` ``(B,)`` of the logits ``W act(e(t) + p(u)) + b`` and the state of
+    the backward: ``e (B, T, H)``, ``p (B, U+1, H)``, ``w (V, H)``, ``bias (V,)`` or None, all
+    of the operands' dtype (contiguous); ``rows``: nodes per chunk (``_layout.tile_plan``).
+    The row pass per chunk (``_joint_row_kernel``), then the backend's lattice pass and,
+    with ``need_grad``, the gradient's coefficients (``gpu.tile_lattice``). No host
+    synchronisation: every size comes from the shapes."""
+    check_device(e)
+    B, T, H = e.shape
+    U1 = p.shape[1]
+    topo = opts.topology
+    n_dur = topo.n_durations
+    V_tok = w.shape[0] - n_dur
+    _, targets, logit_lengths, target_lengths = _prepare(e[:0], targets, logit_lengths,
+                                                         target_lengths)
+    boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
+    st = _State.new(_ws_layout(B, T, U1, topo, need_grad), e.device)
+    tiles = _Tiles(st, targets, logit_lengths, target_lengths, boundary, e.dtype)
+    plan = _layout.tile_plan(B, T, U1, rows, False)
+    state = JointState(tiles, plan, e.dtype, ACTIVATIONS[act])
+    if plan:
+        tile = _tiles("row", e.dtype)
+        lay = st.lay
+        h = torch.empty((_chunk_rows(plan, B), H), dtype=e.dtype, device=e.device)
+        for t0, t1, u0, u1 in plan:
+            n = B * (t1 - t0) * (u1 - u0)
+            with _device(e):
+                _joint_row_kernel[(triton.cdiv(n, tile["BLOCK_N"]),)](
+                    e, p, w, _or(bias, w), h, _nonempty(targets, logit_lengths), logit_lengths,
+                    target_lengths, _or(boundary, logit_lengths), st.ws,
+                    n, T, U1, V_tok, H, opts.blank, t0, u0, t1 - t0, u1 - u0,
+                    *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"),
+                    **_kernel_kinds(topo, "row"),
+                    ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
+                    BOUNDARY=boundary is not None, ACC=_acc(e.dtype),
+                    PRECISION=_precision(e.dtype), DOT_F32=_dot_f32(e.dtype),
+                    BLOCK_DUR=_block_dur(n_dur), **tile)
+    costs = tile_lattice(tiles, opts, need_grad) if plan else torch.full(
+        (B,), float("inf"), dtype=_costs_dtype(e.dtype), device=e.device)
+    return costs, state
+
+
+def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
+    """``(dE (B, T, H), dP (B, U+1, H), dW (V, H), db (V,) or None)`` of ``sum_b upstream[b]
+    cost_b``, float32 (float64 for float64 operands), chunk by chunk in the forward's order
+    (module docstring): ``_joint_grad_kernel`` writes the chunk's ``dz`` and ``h``, then
+    ``dh = dz W`` and ``dW += dz^T h`` (``torch.mm``, outside autocast), ``db`` from the
+    programs' column sums, and ``_joint_act_grad_kernel`` takes ``dh`` through the
+    activation into ``dE`` and ``dP``. ``upstream`` ``(B,)`` is read through its stride."""
+    tiles, plan = state.tiles, state.plan
+    st = tiles.st
+    lay = st.lay
+    B, T, H = e.shape
+    U1 = p.shape[1]
+    V = w.shape[0]
+    topo = opts.topology
+    n_dur = topo.n_durations
+    acc = _acc_dtype(state.dtype)
+    dev = e.device
+    d_enc = torch.zeros((B, T, H), dtype=acc, device=dev)
+    d_pred = torch.zeros((B, U1, H), dtype=acc, device=dev)
+    d_w = torch.zeros((V, H), dtype=acc, device=dev)
+    d_b = torch.zeros((V,), dtype=acc, device=dev)
+    if not plan:
+        return d_enc, d_pred, d_w, d_b
+    tile = _tiles("grad", state.dtype)
+    n_max = _chunk_rows(plan, B)
+    progs_max = triton.cdiv(n_max, tile["BLOCK_N"])
+    # dz's rows start at multiples of 16 entries (vector stores; the products read the view)
+    dz = torch.empty((n_max, -(-V // 16) * 16), dtype=state.dtype, device=dev)
+    h = torch.empty((n_max, H), dtype=state.dtype, device=dev)
+    dh = torch.empty((n_max, H), dtype=state.dtype, device=dev)
+    col_sums = torch.empty((progs_max, V), dtype=acc, device=dev)
+    kinds = _grad_kinds(topo)
+    for t0, t1, u0, u1 in plan:
+        frames, labels = t1 - t0, u1 - u0
+        n = B * frames * labels
+        progs = triton.cdiv(n, tile["BLOCK_N"])
+        with _device(e):
+            _joint_grad_kernel[(progs,)](
+                e, p, w, _or(bias, w), h, dz, col_sums, _nonempty(tiles.targets, tiles.logit_lengths),
+                tiles.logit_lengths, tiles.target_lengths, _or(tiles.boundary, tiles.logit_lengths),
+                st.ws, upstream,
+                n, B * T * U1, T, U1, V - n_dur, H, opts.blank, dz.stride(0), upstream.stride(0), t0, u0,
+                frames, labels, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads"),
+                *_f64_cached(opts.clamp), **kinds,
+                ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
+                CLAMP=opts.clamp > 0, BOUNDARY=tiles.boundary is not None, ACC=_acc(state.dtype),
+                PRECISION=_precision(state.dtype), DOT_F32=_dot_f32(state.dtype),
+                BLOCK_DUR=_block_dur(n_dur), **tile)
+        rows_dz, rows_h, rows_dh = dz[:n, :V], h[:n], dh[:n]
+        torch.mm(rows_dz, w, out=rows_dh)
+        if state.dtype == acc:
+            d_w.addmm_(rows_dz.t(), rows_h)
+        else:                                   # half operands: their product, added in float32
+            d_w += torch.mm(rows_dz.t(), rows_h)
+        d_b += col_sums[:progs].sum(0)
+        ublocks = triton.cdiv(labels, ACT_GRAD_BLOCK_U)
+        de_part = torch.empty((ublocks, B, frames, H), dtype=acc, device=dev)
+        with _device(e):
+            _joint_act_grad_kernel[(B, ublocks, triton.cdiv(H, ACT_GRAD_BLOCK_H))](
+                rows_dh, rows_h, d_pred, de_part, frames, labels, u0, U1, H, ACT=state.act,
+                BLOCK_U=ACT_GRAD_BLOCK_U, BLOCK_H=ACT_GRAD_BLOCK_H)
+        d_enc[:, t0:t1] += de_part.sum(0)
+    return d_enc, d_pred, d_w, None if bias is None else d_b

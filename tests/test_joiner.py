@@ -1,0 +1,396 @@
+"""``rnnt_lattice.Joiner`` and the fused losses' kernel path (``gpu/joint.py``, docs/math.md
+section 12), run by the Triton interpreter on CPU tensors with blocks of 16 (several blocks
+of nodes, classes and H, chunks of every kind): losses and the gradients of enc, pred and
+every parameter, with signed per-sequence upstream weights and ragged lengths, against the
+float64 loss of the materialised logits (the torch backend, itself checked against the
+oracle in test_variants.py) and against the tile path on the same joiner; every topology,
+option and activation, T = 1, U = 0, impossible sequences, NaN inputs, float32, the AMP
+recipe in bfloat16, two runs bit-identical; which joiners take the kernel path; the
+module's checks and the weight mappings from icefall's joiner and NeMo's joint."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rnnt_lattice
+from support import backends, cases
+from support.cases import upstream_weights
+from support.fused import OPTIONS, PUBLIC, assert_same, full_and_fused, quiet, run, with_option
+from support.sync import RecordOps, syncing
+from support.topologies import make_topo_inputs
+
+pytestmark = [backends.NO_TRITON, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+E, P, H = 5, 7, 20                 # encoder, prediction network and joiner widths
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Blocks of 16 (``tl.dot``'s smallest) over H = 20, V = 6..9: two blocks of H, one or
+    two of classes; the act-grad pass over 2 label positions and 8 of H at a time."""
+    from rnnt_lattice.gpu import joint
+    tile = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1)
+    monkeypatch.setitem(joint.TILES, "row", tile)
+    monkeypatch.setitem(joint.TILES, "grad", tile)
+    monkeypatch.setattr(joint, "WIDE", {})
+    monkeypatch.setattr(joint, "ACT_GRAD_BLOCK_U", 2)
+    monkeypatch.setattr(joint, "ACT_GRAD_BLOCK_H", 8)
+    ctx = quiet()
+    yield joint
+    ctx.__exit__(None, None, None)
+
+
+def make(case, topo_name="regular", dtype=torch.float64, activation="tanh", seed=0,
+         boundary=False, **joiner_kw):
+    """``(joiner, enc, pred, targets, tl, ul, blank, boundary)`` of a case (its logits give
+    V only) and a seeded Joiner."""
+    logits, targets, tl, ul, topo, blank, bnd = make_topo_inputs(case, topo_name, boundary=boundary)
+    B, T, U1, V = logits.shape
+    g = torch.Generator().manual_seed(seed)
+    enc = torch.randn(B, T, E, generator=g, dtype=dtype).requires_grad_()
+    pred = torch.randn(B, U1, P, generator=g, dtype=dtype).requires_grad_()
+    torch.manual_seed(seed)
+    joiner = rnnt_lattice.Joiner(E, P, H, V, activation, dtype=dtype, **joiner_kw)
+    with torch.no_grad():
+        joiner.out.weight.mul_(3.0)                  # logits a few units apart
+    return joiner, enc, pred, targets, tl, ul, blank, bnd
+
+
+def kernel_and_references(topo_name, joiner, enc, pred, targets, tl, ul, blank, *, tile, **kw):
+    """The kernel path (backend triton), and the same loss of the materialised logits on
+    the float64 torch backend, and the tile path (Numba) on the same joiner."""
+    full, kernel = full_and_fused(topo_name, joiner, enc, pred, targets, tl, ul, blank,
+                                  tile=tile, backend="triton", full_backend="torch", **kw)
+    _, tiles = full_and_fused(topo_name, joiner, enc, pred, targets, tl, ul, blank, tile=tile,
+                              backend="numba", **kw)
+    return full, kernel, tiles
+
+
+CASE = cases.CASES["ragged_blank0"]           # B = 3, T = 5, U = 3 (U+1 = 4), ragged
+# chunks: 5 rows (runs of one label position: 5 // 3), 13 (one frame), 40 (3 frames), bytes
+TILES = [5, 13, 40, "1KiB"]
+
+
+@pytest.mark.parametrize("topo_name", list(PUBLIC))
+def test_every_topology_float64(topo_name):
+    activation = "relu" if topo_name in ("modified", "tdt13") else "tanh"
+    inputs = make(CASE, topo_name, activation=activation)
+    full, kernel, tiles = kernel_and_references(topo_name, *inputs[:7], tile=13)
+    assert_same(full, kernel, TOL[torch.float64])
+    assert_same(tiles, kernel, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_every_kind_of_chunk(tile):
+    inputs = make(CASE, "tdt012")
+    full, kernel, _ = kernel_and_references("tdt012", *inputs[:7], tile=tile)
+    assert_same(full, kernel, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("opt", list(OPTIONS))
+def test_options(opt):
+    topo_name, inputs, kw = with_option(opt, lambda topo_name, boundary, log_probs: make(
+        CASE, topo_name, boundary=boundary))
+    full, kernel, tiles = kernel_and_references(topo_name, *inputs, tile=5, **kw)
+    assert_same(full, kernel, TOL[torch.float64])
+    assert_same(tiles, kernel, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("case", ["one_frame", "no_labels"])
+def test_one_frame_and_no_labels(case):
+    """T = 1 (one frame per sequence) and U = 0 (blanks only: U+1 = 1 label position)."""
+    c = {"one_frame": cases.Case("t1", (1, 1), (1, 0), 6, 0, T=1, U=1),
+         "no_labels": cases.Case("u0", (4, 2), (0, 0), 6, 0, T=4, U=0)}[case]
+    inputs = make(c, "regular")
+    full, kernel, _ = kernel_and_references("regular", *inputs[:7], tile=5)
+    assert_same(full, kernel, TOL[torch.float64])
+
+
+def test_impossible_sequences_and_zero_infinity():
+    """modified needs T_b >= U_b: sequence 1 has 2 frames for 3 labels, sequence 2 none:
+    +inf and zero gradient (0 with zero_infinity), the others exact."""
+    case = cases.Case("impossible", (4, 2, 0), (2, 3, 1), 5, 0, T=4, U=3)
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(case, "modified")
+    for zero_infinity in (False, True):
+        full, kernel = full_and_fused("modified", joiner, enc, pred, targets, tl, ul, blank,
+                                      tile=7, backend="triton", full_backend="torch",
+                                      zero_infinity=zero_infinity)
+        assert_same(full, kernel, TOL[torch.float64])
+    assert (enc.grad[1:] == 0).all() and torch.isinf(full[0][1:]).sum() == 0
+
+
+def test_nan_input_gives_the_materialised_losses_nan():
+    """A NaN in one sequence's encoder output: that sequence's loss is NaN as with the
+    materialised logits, the others' losses are theirs."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    with torch.no_grad():
+        enc[1, 0, 2] = float("nan")
+    kw = dict(reduction="none")
+    full = rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                  blank=blank, backend="torch", **kw)
+    kernel = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                          tile=13, backend="triton", **kw)
+    assert torch.equal(torch.isnan(kernel), torch.isnan(full)) and torch.isnan(kernel[1])
+    ok = ~torch.isnan(full)
+    torch.testing.assert_close(kernel[ok], full[ok], rtol=1e-10, atol=1e-10)
+
+
+def test_float32_and_two_runs_bit_identical():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)
+    w = upstream_weights(enc.shape[0], torch.float32)
+    step = lambda: run(lambda: rnnt_lattice.fused_rnnt_loss(  # noqa: E731
+        joiner, enc, pred, targets, tl, ul, blank=blank, tile=13, backend="triton",
+        reduction="none"), joiner, enc, pred, w)
+    first, second = step(), step()
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+    full = run(lambda: rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets,
+                                              tl, ul, blank=blank, reduction="none"),
+               joiner, enc, pred, w)
+    assert_same(full, first, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("kind", ["regular", "tdt012", "multiblank"])
+def test_amp_recipe_bfloat16(kind):
+    """Forward under ``torch.autocast`` (bfloat16), ``backward()`` outside: the gradients of
+    ``backward()`` inside the block exactly (the operands keep the forward's dtype), and
+    the tile path's on the same joiner to bfloat16 rounding; the loss float32, gradients
+    in the leaves' dtype."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, kind, dtype=torch.float32)
+    fused_name, _, extra = PUBLIC[kind]
+    w = upstream_weights(enc.shape[0], torch.float32)
+
+    def step(backend, inside):
+        for x in (enc, pred, *joiner.parameters()):
+            x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            costs = getattr(rnnt_lattice, fused_name)(joiner, enc, pred, targets, tl, ul,
+                                                      blank=blank, tile=5, backend=backend,
+                                                      reduction="none", **extra)
+            loss = (costs * w).sum()
+            if inside:
+                loss.backward()
+        if not inside:
+            loss.backward()
+        return [costs.detach()] + [x.grad.clone() for x in (enc, pred, *joiner.parameters())]
+
+    outside, inside, tiles = step("triton", False), step("triton", True), step("numba", False)
+    assert outside[0].dtype == torch.float32
+    assert all(g.dtype == torch.float32 for g in outside[1:])
+    for a, b in zip(outside, inside):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(outside, tiles):
+        assert float((a - b).abs().max()) <= 3e-2 * max(1.0, float(b.abs().max())), (a, b)
+
+
+# --------------------------------------------------------------------------- which path
+class Launches:
+    """Counts the kernel path's row-pass launches and the programs' rows."""
+
+    def __init__(self, monkeypatch, joint):
+        self.calls, self.rows = 0, 0
+        kernel = joint._joint_row_kernel
+
+        class Wrapped:
+            def __getitem__(_, grid):
+                launch = kernel[grid]
+
+                def go(*args, **kwargs):
+                    self.calls += 1
+                    self.rows += grid[0] * kwargs["BLOCK_N"]
+                    return launch(*args, **kwargs)
+                return go
+
+        monkeypatch.setattr(joint, "_joint_row_kernel", Wrapped())
+
+
+def test_the_kernel_path_builds_no_logits(monkeypatch, small_blocks):
+    """A Joiner on the Triton backend takes the kernel path: its output Linear is never
+    called (no logits tensor at any time), the row pass's programs cover the lattice's
+    nodes about once (chunks launched over their own rows), and the loss is the
+    materialised logits' loss."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    launches = Launches(monkeypatch, small_blocks)
+    want = rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                  blank=blank, backend="torch")
+
+    def refuse(*_):
+        raise AssertionError("the kernel path called the joiner's output layer")
+
+    hook = joiner.out.register_forward_pre_hook(refuse)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                        tile=13, backend="triton")
+    loss.backward()
+    hook.remove()
+    B, T, U1 = enc.shape[0], enc.shape[1], pred.shape[1]
+    assert launches.calls == T and launches.rows <= 2 * B * T * U1
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("why", ["dropout", "numba", "a_function"])
+def test_other_joiners_and_backends_take_the_tile_path(monkeypatch, small_blocks, why):
+    """Dropout at work (replayed exactly by the tile path), another backend, or any other
+    joiner: the tile path, the same loss."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dropout=0.5 if why == "dropout" else 0.0)
+    launches = Launches(monkeypatch, small_blocks)
+    fn = (lambda e, p: joiner(e, p)) if why == "a_function" else joiner
+    torch.manual_seed(3)
+    loss = rnnt_lattice.fused_rnnt_loss(fn, enc, pred, targets, tl, ul, blank=blank, tile=13,
+                                        backend="numba" if why == "numba" else "triton")
+    loss.backward()
+    assert launches.calls == 0 and enc.grad is not None
+    if why == "dropout":
+        joiner.eval()                                   # dropout off: the kernel path
+        rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=13,
+                                     backend="triton")
+        assert launches.calls > 0
+
+
+def test_frozen_parameters_inputs_without_grad_and_no_projections():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    joiner.out.weight.requires_grad_(False)
+    joiner.enc_proj.bias.requires_grad_(False)
+    enc.requires_grad_(False)
+    full, kernel = full_and_fused("regular", joiner, enc, pred, targets, tl, ul, blank, tile=5,
+                                  backend="triton", full_backend="torch")
+    assert_same(full, kernel, TOL[torch.float64])
+    assert joiner.out.weight.grad is None and enc.grad is None
+    # no projections (inputs already projected, H wide), no bias on the output layer
+    bare = rnnt_lattice.Joiner(None, None, H, joiner.out.out_features, "relu", bias=False,
+                               dtype=torch.float64)
+    enc = torch.randn(enc.shape[0], enc.shape[1], H, dtype=torch.float64, requires_grad=True)
+    pred = torch.randn(pred.shape[0], pred.shape[1], H, dtype=torch.float64, requires_grad=True)
+    full, kernel = full_and_fused("regular", bare, enc, pred, targets, tl, ul, blank, tile=5,
+                                  backend="triton", full_backend="torch")
+    assert_same(full, kernel, TOL[torch.float64])
+
+
+def test_the_module_holding_the_joiner():
+    """``FusedRNNTLoss(Joiner)``: the module's call is the function's, the kernel path."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    module = rnnt_lattice.FusedRNNTLoss(joiner, blank=blank, backend="triton", reduction="none",
+                                        tile=13)
+    want = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                        backend="triton", reduction="none", tile=13)
+    assert torch.equal(module(enc, pred, targets, tl, ul), want)
+    assert dict(module.named_parameters()).keys() == {
+        "joiner." + n for n, _ in joiner.named_parameters()}
+
+
+def test_tdt_omega_is_the_token_logits_regular_loss():
+    """NeMo's omega: with probability omega the call is the regular loss of the token
+    logits; the kernel path computes it on the token rows of the output layer."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, "tdt012")
+    D = 3
+    w = upstream_weights(enc.shape[0])
+    full = run(lambda: rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None])[..., :-D],
+                                              targets, tl, ul, blank=blank, backend="torch",
+                                              reduction="none"), joiner, enc, pred, w)
+    kernel = run(lambda: rnnt_lattice.fused_tdt_loss(
+        joiner, enc, pred, targets, tl, ul, blank=blank, durations=[0, 1, 2], omega=1.0,
+        tile=13, backend="triton", reduction="none"), joiner, enc, pred, w)
+    assert_same(full, kernel, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("kind", ["regular", "tdt012"])
+def test_never_synchronises(device_checks, kind):
+    """The kernel path's forward and backward, under autocast too, through the public
+    function with the value checks on the device (as on CUDA): no aten op reads a value on
+    the host or builds a tensor from Python values (what ``set_sync_debug_mode("error")``
+    checks on a GPU: ``rnnt-lattice check --device cuda``)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, kind, dtype=torch.float32)
+    fused_name, _, extra = PUBLIC[kind]
+    for amp in (False, True):
+        with RecordOps() as rec:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss = getattr(rnnt_lattice, fused_name)(
+                    joiner, enc, pred, targets.to(torch.int32), tl.to(torch.int32),
+                    ul.to(torch.int32), blank=blank, tile=5, backend="triton", clamp=0.5,
+                    **extra)
+            loss.backward()
+        assert rec.ops and not syncing(rec.ops), syncing(rec.ops)
+
+
+def test_empty_batch_and_no_frames():
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc[:0], pred[:0], targets[:0], tl[:0], ul[:0],
+                                        blank=blank, reduction="sum", backend="triton")
+    loss.backward()
+    assert loss.item() == 0 and (enc.grad == 0).all()
+    costs = rnnt_lattice.fused_rnnt_loss(joiner, enc[:, :0], pred, targets, tl * 0, ul * 0,
+                                         blank=blank, reduction="none", backend="triton")
+    assert torch.isinf(costs).all()
+
+
+# --------------------------------------------------------------------------- the module
+def test_module_checks_and_forward():
+    with pytest.raises(ValueError, match="activation"):
+        rnnt_lattice.Joiner(4, 4, 8, 10, activation="gelu")
+    with pytest.raises(ValueError, match="vocab"):
+        rnnt_lattice.Joiner(4, 4, 8, 0)
+    with pytest.raises(ValueError, match="dropout"):
+        rnnt_lattice.Joiner(4, 4, 8, 10, dropout=1.0)
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    x = joiner(enc[:, :, None], pred[:, None])
+    want = joiner.out(torch.tanh(joiner.enc_proj(enc)[:, :, None] + joiner.pred_proj(pred)[:, None]))
+    torch.testing.assert_close(x, want)
+    with pytest.raises(ValueError, match=r"enc \(3, 5, 4\) must have 5 features"):
+        rnnt_lattice.fused_rnnt_loss(joiner, enc[..., :4], pred, targets, tl, ul, blank=blank,
+                                     backend="triton")
+
+
+class IcefallJoiner(torch.nn.Module):
+    """icefall's joiner (pruned_transducer_stateless7 and later): its parameter names."""
+
+    def __init__(self, enc_dim, dec_dim, joiner_dim, vocab):
+        super().__init__()
+        self.encoder_proj = torch.nn.Linear(enc_dim, joiner_dim)
+        self.decoder_proj = torch.nn.Linear(dec_dim, joiner_dim)
+        self.output_linear = torch.nn.Linear(joiner_dim, vocab)
+
+    def forward(self, encoder_out, decoder_out):
+        return self.output_linear(torch.tanh(self.encoder_proj(encoder_out)
+                                             + self.decoder_proj(decoder_out)))
+
+
+class NemoJoint(torch.nn.Module):
+    """NeMo's RNNTJoint: ``enc``, ``pred`` and ``joint_net`` (activation, dropout, Linear)."""
+
+    def __init__(self, enc_dim, pred_dim, hidden, vocab, dropout):
+        super().__init__()
+        self.enc = torch.nn.Linear(enc_dim, hidden)
+        self.pred = torch.nn.Linear(pred_dim, hidden)
+        layers = [torch.nn.ReLU()] + ([torch.nn.Dropout(dropout)] if dropout else [])
+        self.joint_net = torch.nn.Sequential(*layers, torch.nn.Linear(hidden, vocab))
+
+    def forward(self, f, g):
+        return self.joint_net(self.enc(f) + self.pred(g))
+
+
+@pytest.mark.parametrize("peer", ["icefall", "nemo", "nemo_dropout"])
+def test_weights_load_from_icefall_and_nemo(peer):
+    """docs/api.md's mappings: the peer's state dict, its keys renamed, loads into a Joiner
+    that computes the peer's logits."""
+    torch.manual_seed(0)
+    if peer == "icefall":
+        theirs = IcefallJoiner(5, 7, 12, 9)
+        ours = rnnt_lattice.Joiner(5, 7, 12, 9, activation="tanh")
+        names = {"encoder_proj.": "enc_proj.", "decoder_proj.": "pred_proj.",
+                 "output_linear.": "out."}
+    else:
+        dropout = 0.2 if peer == "nemo_dropout" else 0.0
+        theirs = NemoJoint(5, 7, 12, 9, dropout).eval()
+        ours = rnnt_lattice.Joiner(5, 7, 12, 9, activation="relu", dropout=dropout).eval()
+        last = len(theirs.joint_net) - 1
+        names = {"enc.": "enc_proj.", "pred.": "pred_proj.", f"joint_net.{last}.": "out."}
+
+    def rename(key):
+        for old, new in names.items():
+            if key.startswith(old):
+                return new + key[len(old):]
+        raise KeyError(key)
+
+    ours.load_state_dict({rename(k): v for k, v in theirs.state_dict().items()})
+    f, g = torch.randn(2, 3, 1, 5), torch.randn(2, 1, 4, 7)
+    torch.testing.assert_close(ours(f, g), theirs(f, g))
