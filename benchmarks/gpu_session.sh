@@ -14,6 +14,9 @@
 #   passes       benchmarks/gpu_passes.py: each pass alone, the step, the host's enqueue
 #                time, peak memory, torchaudio and NeMo's numba losses on the same logits
 #                (regular, TDT, multi-blank), and the V passes' tile sweep at s5
+#   passes_ours  the same without the peers and the sweep (s3, s5, big)
+#   joint_j1     the joiner's training step at j1 (32, 400, 100, 1024), H = 512, bf16
+#                autocast: the full pipeline against the joiner's kernel path
 #   cuda_checks  tests/cuda_checks.py --big: the check at the benchmark shapes, offsets
 #                past 2**31
 #   fused        benchmarks/run.py --device cuda --mode fused: the joiner's training step
@@ -41,11 +44,16 @@ run() {  # run STEP SECONDS COMMAND...
 
 for step in "$@"; do
   case "$step" in
-    check) run check 150 python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
+    check) run check "${CHECK_LIMIT:-150}" python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
     passes) run passes 150 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
               --variants regular tdt multiblank \
               --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --sweep s5 \
               --json "$out/passes.json" ;;
+    passes_ours) run passes_ours 90 python3 benchmarks/gpu_passes.py --shapes s3 s5 big \
+              --variants regular tdt multiblank --peers --json "$out/passes_ours.json" ;;
+    joint_j1) run joint_j1 70 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
+              --hidden 512 --ways full joint --precision bf16 --reps 3 --warmup 1 \
+              --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
     cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
     pruned) run pruned 90 python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
