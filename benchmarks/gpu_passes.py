@@ -68,11 +68,11 @@ def passes(inp, opts, config=None) -> dict:
     passes, or None for the backend's own)."""
     from triton.testing import do_bench
     from rnnt_lattice import gpu
-    saved = gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW_WARPS
+    saved = gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW
     if config is not None:                # the module's constants: part of the plans' keys
         rows, block_v, warps = config
         gpu.V_PASS_TILES = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
-        gpu.NUM_WARPS_V, gpu.NARROW_WARPS = warps, {"row": warps, "grad": warps}
+        gpu.NUM_WARPS_V, gpu.NARROW = warps, 1
     try:
         logits, y, tl, ul, rows, st, costs = _state(inp, opts)
         up = torch.ones_like(costs)
@@ -89,7 +89,7 @@ def passes(inp, opts, config=None) -> dict:
                              return_mode="median"),
         }
     finally:
-        gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW_WARPS = saved
+        gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW = saved
     nbytes = logits.numel() * logits.element_size()
     out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
     out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9

@@ -247,6 +247,25 @@ def test_other_joiners_and_backends_take_the_tile_path(monkeypatch, small_blocks
         assert launches.calls > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_float64_joiners_take_the_tile_path(monkeypatch, small_blocks, dtype):
+    """Compiled for a GPU (not interpreted), a float64 joiner takes the tile path: Triton
+    3.6 did not compile the kernels' float64 ``tl.dot`` for an H100. float32 keeps the
+    kernel path. (The launches themselves run interpreted here: only the choice is the
+    GPU's.)"""
+    from rnnt_lattice import gpu
+    from rnnt_lattice.gpu import joint
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=dtype)
+    launches = Launches(monkeypatch, small_blocks)
+    monkeypatch.setattr(gpu, "INTERPRETED", False)
+    for module in (gpu, joint):            # CPU tensors pass as if on the GPU
+        monkeypatch.setattr(module, "check_device", lambda x: None)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=13,
+                                        backend="triton")
+    loss.backward()
+    assert (launches.calls > 0) == (dtype == torch.float32)
+
+
 def test_frozen_parameters_inputs_without_grad_and_no_projections():
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     joiner.out.weight.requires_grad_(False)

@@ -498,7 +498,7 @@ INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # ->
 ACC = {"fp32": tl.float32, "fp64": tl.float64}
 
 
-def variants():
+def variants(sm):
     \"\"\"(kernel name, constexprs, [(input dtype, id dtype)]): the kernels of four
     topologies: regular with every flag off (every dtype) and on, constrained, TDT with
     durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
@@ -541,11 +541,16 @@ def variants():
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
     # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
-    # gradient passes of the regular topology in every dtype (float32 also with TF32
-    # products), TDT and multi-blank with the boundary, tanh and ReLU; the act-grad pass
+    # gradient passes of the regular topology in every dtype it runs in on a GPU (float64
+    # takes the tile path there: fused._kernel_path), float32 also with TF32 products, TDT
+    # and multi-blank with the boundary, tanh and ReLU; the act-grad pass. Ampere and
+    # Hopper only (the matrix products' targets).
+    if sm < 80:
+        return
     half = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
             "fp64": torch.float64}
-    for tname, precision, dtypes in (("regular", "ieee", every), ("regular", "tf32", fp32),
+    gpu_dtypes = [d for d in every if d[0] != "fp64"]
+    for tname, precision, dtypes in (("regular", "ieee", gpu_dtypes), ("regular", "tf32", fp32),
                                      ("tdt", "ieee", [("bf16", "i64")]),
                                      ("multiblank", "ieee", fp32)):
         topo = topologies[tname]
@@ -561,14 +566,13 @@ def variants():
                     flags["CLAMP"] = True
                 yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)]
     yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
-                                          BLOCK_H=joint.ACT_GRAD_BLOCK_H),
-           [("fp32", "i64"), ("fp64", "i64")])
+                                          BLOCK_H=joint.ACT_GRAD_BLOCK_H), [("fp32", "i64")])
 
 
 n = 0
 for sm in map(int, sys.argv[1:]):
     target = GPUTarget("cuda", sm, 32)
-    for name, const0, dtypes in variants():
+    for name, const0, dtypes in variants(sm):
         fn = getattr(joint if name.startswith("_joint") else kernels, name)
         params = list(inspect.signature(fn.fn).parameters)
         for x, idt in dtypes:

@@ -1037,7 +1037,8 @@ def _checks(ctx: Context, big: bool) -> list:
     # The joiner's kernel path runs on the Triton backend only (CUDA, or its interpreter).
     joint = ctx.backend == "triton"
     for kind in ("rnnt", "tdt", "multiblank"):
-        for dtype in f64:
+        # On a GPU a float64 joiner takes the tile path (fused._kernel_path): float32 only.
+        for dtype in (f64[:1] if ctx.cuda else f64):
             cs.append((f"joiner kernels {kind} {_dtype_name(dtype)} {t}",
                        _bind(check_joint, ctx, t, dtype, kind) if joint else None))
     cs.append(("joiner kernels AMP recipe (forward under autocast, backward outside)",

@@ -43,7 +43,7 @@ padded rows, the ``N`` rows of a map (``B*T*R`` for pruned windows; the map is i
 ``B*(t1-t0)*(u1-u0)`` rows; never the whole grid per tile.
 
 Compilation: shape integers are not specialised (``kernels``, ``do_not_specialize``), the
-row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has three buckets
+row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has two buckets
 (``_block_u``) and the workspace parts are 16-byte aligned: a training run with varying
 T and U compiles a handful of variants per vocabulary (benchmarks/compile_variants.py).
 
@@ -89,7 +89,7 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
-BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: three buckets)
+BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: two buckets)
 # The passes over V: (logits per program and step, the most classes per step), each with
 # NUM_WARPS_V warps: ROWS = tile // BLOCK_V nodes per program, BLOCK_V = min(V, cap). Chosen
 # on an H100 (docs/benchmarks.md, "GPU"): at s5 and big (V = 1024) 4 warps over 16 rows of
@@ -98,7 +98,7 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: three buckets)
 # two programs per multiprocessor) reached 20-40%.
 V_PASS_TILES = {"row": (2048, 128), "grad": (1024, 256)}
 NUM_WARPS_V = 4
-NARROW_WARPS = {"row": 8, "grad": 4}
+NARROW = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 NUM_WARPS_LATTICE = 4
 
@@ -132,14 +132,10 @@ def _v_align(V: int, n_durations: int = 0) -> int:
 
 
 def _block_u(U1: int) -> int:
-    """``BLOCK_U`` of the lattice kernel: three buckets, ``BLOCK_U_SMALL`` lanes up to that
-    many label positions, twice that up to twice that, ``BLOCK_U`` beyond (a constexpr per
-    power of two of U + 1 would compile up to 9 variants over a training run's label
-    lengths; the lanes past U + 1 are masked work on every diagonal, times the kinds)."""
-    small = min(BLOCK_U, BLOCK_U_SMALL)
-    if U1 <= small:
-        return small
-    return min(BLOCK_U, 2 * small) if U1 <= 2 * small else BLOCK_U
+    """``BLOCK_U`` of the lattice kernel: two buckets, ``BLOCK_U_SMALL`` lanes up to that
+    many label positions, ``BLOCK_U`` beyond (a constexpr per power of two of U + 1 would
+    compile up to 9 variants over a training run's label lengths)."""
+    return min(BLOCK_U, BLOCK_U_SMALL) if U1 <= BLOCK_U_SMALL else BLOCK_U
 
 
 def _window_dp_warps(block_s: int) -> int:
@@ -153,14 +149,16 @@ def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0):
     ``n_rows`` rows of ``V`` token classes (:data:`V_PASS_TILES`): a chunk of up to the
     pass's cap, and as many rows per program as fit its tile (no more than the rows there
     are). Rows whose loads cannot be vectorised (``_v_align`` below 4: TDT's rows of V +
-    durations, odd V) take :data:`NARROW_WARPS`: each element is then a load of its own,
-    with its own address, and 16 such rows per program took 240-255 registers a thread
-    with 4 warps, 124 with 8 (benchmarks/kernel_resources.py)."""
+    durations, odd V) take 1/:data:`NARROW` of the tile: each element is then a load of its
+    own, with its own address, and 16 rows of 128 took 240-255 registers a thread
+    (benchmarks/kernel_resources.py), 4 rows under 100. On an H100, TDT's row pass at s5
+    took 1.93 ms with 4 rows and 4 warps, 3.03 ms with 16 rows and 8 warps
+    (docs/benchmarks.md, "GPU")."""
     tile, cap = V_PASS_TILES[which]
     block_v = _pow2(V, cap)
-    rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
     if _v_align(V + n_durations, n_durations) < 4:
-        return rows, block_v, NARROW_WARPS[which]
+        tile //= NARROW
+    rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
     return rows, block_v, NUM_WARPS_V
 
 
@@ -263,7 +261,7 @@ _LATTICE_KINDS = ("K", "KP", "DT", "DU", "READS", "CLASS_ID", "DURATION", "PLUS_
                   "FASTEMIT", "DELAY", "MAY_END")
 _KERNEL_KINDS = {
     "row": _LATTICE_KINDS + ("N_DURATIONS", "HAS_PLUS_NEXT_BLANK"),
-    "lattice": _LATTICE_KINDS + ("HAS_PLUS_NEXT_BLANK",),
+    "lattice": _LATTICE_KINDS,
     "reads": _LATTICE_KINDS + ("N_DURATIONS", "N_CLS", "CLS_COL", "DUR_COL"),
     "grad": ("K", "KP", "READS", "CLASS_ID", "DURATION", "N_DURATIONS", "N_CLS", "CLS_COL",
              "DUR_COL"),
@@ -454,8 +452,8 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
 
 def _tile_constants() -> tuple:
     """The module's tile constants, as a key of the launch plans (tests change them)."""
-    return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]), NUM_WARPS_V,
-            tuple(NARROW_WARPS.items()), BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, NUM_WARPS_LATTICE)
+    return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]), NUM_WARPS_V, NARROW,
+            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, NUM_WARPS_LATTICE)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
@@ -754,8 +752,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
     alpha.fill_(float("-inf"))
     beta.fill_(float("-inf"))
     off = (False,) * K
-    kinds = dict(_kernel_kinds(topo, "lattice"), PLUS_NEXT_BLANK=off, DELAY=off,
-                 HAS_PLUS_NEXT_BLANK=False)
+    kinds = dict(_kernel_kinds(topo, "lattice"), PLUS_NEXT_BLANK=off, DELAY=off)
     # The kernel reads each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
     corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()
     costs = torch.empty((B,), dtype=LATTICE_DTYPE, device=w.device)

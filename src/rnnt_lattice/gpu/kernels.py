@@ -403,57 +403,27 @@ def _row_kernel(
 
 # --------------------------------------------------------------------------- pass 2
 @triton.jit
-def _kind_values(VALUES: tl.constexpr, K: tl.constexpr, kidx):
-    """A field of the arc kinds (a constexpr tuple) as a ``[KP]`` int32 vector over
-    ``kidx`` (0 past the K kinds)."""
-    v = tl.zeros(kidx.shape, tl.int32)
-    for k in tl.static_range(K):
-        v = tl.where(kidx == k, VALUES[k], v)
-    return v
-
-
-@triton.jit
-def _kinds_lse(x, MAX_SEMIRING: tl.constexpr, KP: tl.constexpr):
-    """The semiring sum over the kinds (axis 0) of the arcs' terms ``x [KP, BLOCK_U]``:
-    ``(acc, best)``. log-sum-exp as ``max + log(sum exp(x - max))``: one exp per kind, all
-    independent, and one log; in the max-plus semiring the max, and ``best`` the first kind
-    that reaches it (-1 where nothing finite arrives; a NaN never wins). A NaN term makes
-    the column NaN; -inf terms add nothing and never meet as ``-inf - -inf``."""
-    isnan = x != x
-    xm = tl.where(isnan, NEG_INF, x)
-    mx = tl.max(xm, axis=0)
-    nan_col = tl.max(isnan.to(tl.int32), axis=0) > 0
-    kidx = tl.arange(0, KP)
+def _lse_step(mx, s, x, FIRST: tl.constexpr, MAX_SEMIRING: tl.constexpr):
+    """One more term ``x`` of an online log-sum-exp over the arc kinds, ``mx + log(s)``
+    being the sum so far (``s`` float64 in [1, K]): the new max and the rescaled sum, two
+    exps, no log (the caller takes one log at the end: the exps of the kinds do not wait
+    for each other, where a chain of two-term log-add-exps would run K logs in series).
+    -inf terms add nothing and never meet as ``-inf - -inf``; a NaN propagates."""
+    if FIRST:
+        return x, tl.full(x.shape, 1.0, tl.float64)
+    m_new = tl.maximum(mx, x, propagate_nan=tl.PropagateNan.ALL)
     if MAX_SEMIRING:
-        first = tl.min(tl.where(xm == mx[None, :], kidx[:, None], KP), axis=0)
-        best = tl.where(mx > NEG_INF, first, -1)
-        acc = mx
-    else:
-        best = tl.zeros(mx.shape, tl.int32)
-        shift = tl.where(mx == NEG_INF, 0.0, mx)
-        s = tl.sum(tl.exp(xm - shift[None, :]), axis=0)
-        acc = tl.where(mx == NEG_INF, mx, mx + tl.log(s))
-    return tl.where(nan_col, POS_INF + NEG_INF, acc), best
+        return m_new, s
+    shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+    return m_new, s * tl.exp(mx - shift) + tl.exp(x - shift)
 
 
 @triton.jit
-def _kinds_weights(lp_b, nb_b, kidx, off, t, ok, t1, TU1, sigma, delay_penalty,
-                   PNB, DLY, HAS_PLUS_NEXT_BLANK: tl.constexpr, SIGMA: tl.constexpr,
-                   DELAY_ON: tl.constexpr):
-    """``_arc_weight`` of every kind at once: ``[KP, BLOCK_U]`` weights of the arcs leaving
-    ``(t, u)`` (``off = t (U+1) + u`` and ``t``, per kind), -inf where not ``ok``; ``PNB``,
-    ``DLY`` the kinds' ``plus_next_blank`` and ``delay`` as ``[KP]`` vectors. All the loads
-    of a diagonal are issued together (one per kind and lane)."""
-    w = tl.load(lp_b + kidx[:, None] * TU1 + off, mask=ok, other=NEG_INF)
-    if HAS_PLUS_NEXT_BLANK:
-        pnb = ok & (PNB[:, None] != 0)
-        w = w + tl.where(pnb, tl.load(nb_b + off + 1, mask=pnb, other=NEG_INF), 0.0)
-    if SIGMA:
-        w = w - sigma
-    if DELAY_ON:
-        w = w + tl.where(DLY[:, None] != 0, delay_penalty * (
-            (t1.to(tl.float64) - 1.0) / 2.0 - t.to(tl.float64)), 0.0)
-    return tl.where(ok, w, NEG_INF)
+def _lse_end(mx, s, MAX_SEMIRING: tl.constexpr):
+    """The log-sum-exp of :func:`_lse_step`'s terms (the max in the max-plus semiring)."""
+    if MAX_SEMIRING:
+        return mx
+    return tl.where(mx == NEG_INF, mx, mx + tl.log(s))
 
 
 @triton.jit(do_not_specialize=_SHAPES + _WS)
@@ -468,7 +438,6 @@ def _lattice_kernel(
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
-    HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr,
     MAX_SEMIRING: tl.constexpr, BLOCK_U: tl.constexpr,
@@ -492,9 +461,8 @@ def _lattice_kernel(
     are read back from the float64 workspace.
 
     The time of a diagonal is the latency of its dependent steps, so each is short: the
-    kinds lie along axis 0 of ``[KP, BLOCK_U]`` tiles, so that the loads of every kind are
-    issued together, and the log-sum-exp over them is ``max + log(sum exp)`` (one exp per
-    kind, all independent, and one log: ``_kinds_lse``), not K two-term log-add-exps in
+    log-sum-exp over the K incoming arcs is one online pass (``_lse_step``: the exps of
+    the kinds are independent) and one log at the end, not K two-term log-add-exps in
     series; offsets inside a sequence are int32 (its base is int64). Nodes of the end
     frame other than the end have beta -inf (no arc leaves them).
 
@@ -519,14 +487,6 @@ def _lattice_kernel(
     lp_b = ws_ptr + o_lp + b * K * TU1
     nb_b = ws_ptr + o_nb + b * TU1
     offs = tl.arange(0, BLOCK_U)
-    # The kinds lie along axis 0 of [KP, BLOCK_U] tiles.
-    kidx = tl.arange(0, KP)
-    kind = (kidx < K)[:, None]
-    dt = _kind_values(DT, K, kidx)[:, None]
-    du = _kind_values(DU, K, kidx)[:, None]
-    may_end = _kind_values(MAY_END, K, kidx)[:, None] != 0
-    pnb = _kind_values(PLUS_NEXT_BLANK, K, kidx)
-    dly = _kind_values(DELAY, K, kidx)
     has_path = t1 > t0
     d0 = t0 + u0
     d1 = t1 + u1
@@ -545,18 +505,27 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
-                st = t[None, :] - dt            # [KP, BLOCK_U]: the source of each kind's arc
-                su = u[None, :] - du
-                lands = (u <= u1)[None, :] & ((t < t1)[None, :] | (may_end & ((t == t1) & (u == u1))[None, :]))
-                ok = kind & on[None, :] & (st >= t0) & (st < t1) & (su >= u0) & lands
-                off = st * U1 + su
-                w = _kinds_weights(lp_b, nb_b, kidx, off, st, ok, t1, TU1, sigma,
-                                   delay_penalty, pnb, dly, HAS_PLUS_NEXT_BLANK, SIGMA, DELAY_ON)
-                x = tl.load(alpha_b + off, mask=ok, other=NEG_INF) + w
-                nan_arcs = nan_arcs | tl.max((w != w).to(tl.int32), axis=0)
-                acc, best = _kinds_lse(x, MAX_SEMIRING, KP)
+                mx = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                s = tl.zeros([BLOCK_U], tl.float64)
+                best = tl.full([BLOCK_U], -1, tl.int32)
+                for k in tl.static_range(K):
+                    st = t - DT[k]
+                    su = u - DU[k]
+                    ok = (on & (st >= t0) & (st < t1) & (su >= u0)
+                          & _lands(t, u, t1, u1, MAY_END[k]))
+                    w = _arc_weight(lp_b + k * TU1, nb_b, st * U1 + su, st, t1, ok, sigma,
+                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
+                    x = tl.load(alpha_b + st * U1 + su, mask=ok, other=NEG_INF) + w
+                    nan_arcs = nan_arcs | (w != w).to(tl.int32)
+                    if MAX_SEMIRING:
+                        # Strictly greater replaces: the first kind wins a tie; a NaN never
+                        # wins (it only propagates into the value), as in the reference.
+                        best = tl.where(x > mx, k, best)
+                    mx, s = _lse_step(mx, s, x, k == 0, MAX_SEMIRING)
+                acc = _lse_end(mx, s, MAX_SEMIRING)
                 tl.store(alpha_b + t * U1 + u, acc, mask=on)
                 if MAX_SEMIRING:
+                    best = tl.where(acc > NEG_INF, best, -1)
                     tl.store(best_kind_ptr + base + t * U1 + u, best.to(tl.int8), mask=on)
             tl.debug_barrier()
         log_like = tl.load(alpha_b + t1 * U1 + u1, mask=has_path, other=NEG_INF)
@@ -575,17 +544,17 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
-                lt = t[None, :] + dt            # [KP, BLOCK_U]: where each kind's arc lands
-                lu = u[None, :] + du
-                lands = (lu <= u1) & ((lt < t1) | (may_end & (lt == t1) & (lu == u1)))
-                ok = kind & (on & (t < t1))[None, :] & lands
-                off = (t * U1 + u)[None, :] + kidx[:, None] * 0
-                w = _kinds_weights(lp_b, nb_b, kidx, off, t[None, :] + kidx[:, None] * 0, ok,
-                                   t1, TU1, sigma, delay_penalty, pnb, dly, HAS_PLUS_NEXT_BLANK,
-                                   SIGMA, DELAY_ON)
-                x = w + tl.load(beta_b + lt * U1 + lu, mask=ok, other=NEG_INF)
-                acc, _ = _kinds_lse(x, MAX_SEMIRING, KP)
-                tl.store(beta_b + t * U1 + u, acc, mask=on)
+                mx = tl.full([BLOCK_U], NEG_INF, tl.float64)
+                s = tl.zeros([BLOCK_U], tl.float64)
+                for k in tl.static_range(K):
+                    lt = t + DT[k]
+                    lu = u + DU[k]
+                    ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
+                    w = _arc_weight(lp_b + k * TU1, nb_b, t * U1 + u, t, t1, ok, sigma,
+                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
+                    x = w + tl.load(beta_b + lt * U1 + lu, mask=ok, other=NEG_INF)
+                    mx, s = _lse_step(mx, s, x, k == 0, MAX_SEMIRING)
+                tl.store(beta_b + t * U1 + u, _lse_end(mx, s, MAX_SEMIRING), mask=on)
             tl.debug_barrier()
 
 
@@ -641,7 +610,6 @@ def _gamma_kernel(
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
-    HAS_PLUS_NEXT_BLANK: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr, BLOCK: tl.constexpr,
 ):
