@@ -25,7 +25,12 @@ between calls):
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
 ``(ROWS, BLOCK_V, num_warps)`` of :data:`SWEEP` (the module's tile constants replaced for the
-call), for tuning them. Without a CUDA device it exits with status 2.
+call), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
+``(BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES)`` of :data:`LATTICE_SWEEP` (the lanes of its
+wavefront and their threads). ``--host-profile SHAPE`` prints where the host's time of
+forward+backward goes at that shape with real launches (cProfile over 300 calls, the
+functions with the most own time), beside ``host_overhead.py``'s stubbed launches. Without
+a CUDA device it exits with status 2.
 """
 from __future__ import annotations
 
@@ -39,8 +44,11 @@ import torch
 
 import shapes
 
-SWEEP = [(16, 128, 4), (4, 256, 4), (8, 256, 4), (32, 64, 4), (16, 128, 8), (8, 256, 8),
-         (32, 128, 8), (4, 512, 4)]
+SWEEP = [(4, 128, 4), (2, 128, 4), (8, 128, 4), (16, 128, 4), (1, 256, 4), (2, 256, 4),
+         (4, 256, 4), (8, 64, 4)]
+# (BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES): at U + 1 = 65..256, 256 lanes with 8 or 4 warps,
+# 128 lanes with 4 or 2 warps.
+LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (128, 256, 1), (128, 256, 2)]
 
 
 def copy_bandwidth() -> float:
@@ -94,6 +102,49 @@ def passes(inp, opts, config=None) -> dict:
     out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
     out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9
     return out
+
+
+def lattice_ms(inp, opts, config) -> float:
+    """Median ms of the lattice pass alone under ``config`` (:data:`LATTICE_SWEEP`)."""
+    from triton.testing import do_bench
+    from rnnt_lattice import gpu
+    saved = gpu.BLOCK_U_SMALL, gpu.BLOCK_U, gpu.LATTICE_LANES
+    gpu.BLOCK_U_SMALL, gpu.BLOCK_U, gpu.LATTICE_LANES = config
+    try:
+        logits, y, tl, ul, rows, st, costs = _state(inp, opts)
+        return do_bench(lambda: gpu._lattice(st, costs, tl, ul, opts, boundary=None, beta=True),
+                        return_mode="median")
+    finally:
+        gpu.BLOCK_U_SMALL, gpu.BLOCK_U, gpu.LATTICE_LANES = saved
+
+
+def host_profile(name: str, n: int = 300, top: int = 30) -> None:
+    """cProfile of ``n`` forward+backward calls of the regular loss at shape ``name`` on
+    CUDA (launches queued, one synchronisation at the end): the ``top`` functions by own
+    time, and the host's microseconds per call."""
+    import cProfile
+    import pstats
+    inp = shapes.make_inputs(shapes.SHAPES[name])
+    leaf = inp.logits.cuda().requires_grad_()
+    y, tl, ul = (t.cuda() for t in (inp.targets, inp.logit_lengths, inp.target_lengths))
+
+    def ours():
+        costs = shapes.variant_loss("regular", leaf, y, tl, ul, inp.blank)
+        costs.sum().backward()
+        leaf.grad = None
+    for _ in range(20):
+        ours()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(n):
+        ours()
+    prof.disable()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    print(f"host profile {name}: {host:.0f} us a call under cProfile ({n} calls)", flush=True)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
 def step_ms(fn) -> float:
@@ -179,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["s3", "s5", "big", "v5000"])
     ap.add_argument("--variants", nargs="+", default=["regular"])
     ap.add_argument("--sweep", nargs="*", default=[])
+    ap.add_argument("--lattice-sweep", nargs="*", default=[])
+    ap.add_argument("--host-profile", nargs="*", default=[])
     ap.add_argument("--peers", nargs="*", default=["torchaudio"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -195,6 +248,8 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "rows": [], "launch_us": launch_costs()}
     print("host us per launch:", {k: round(v, 1) for k, v in results["launch_us"].items()},
           flush=True)
+    for name in args.host_profile:
+        host_profile(name)
     for name in args.shapes:
         for variant in args.variants:
             inp = shapes.make_inputs(shapes.SHAPES[name], variant=variant)
@@ -245,6 +300,16 @@ def main(argv=None) -> int:
                     row["sweep"].append({"config": config, **p})
                     print("  sweep", config, {k: round(v, 4) if isinstance(v, float) else v
                                               for k, v in p.items()}, flush=True)
+            if name in args.lattice_sweep:
+                row["lattice_sweep"] = []
+                for config in LATTICE_SWEEP:
+                    try:
+                        ms = lattice_ms(inp, opts, config)
+                    except Exception as err:            # noqa: BLE001 (a config may not fit)
+                        ms = f"{type(err).__name__}: {str(err)[:80]}"
+                    row["lattice_sweep"].append({"config": config, "lattice": ms})
+                    print("  lattice", config, round(ms, 4) if isinstance(ms, float) else ms,
+                          flush=True)
             results["rows"].append(row)
             del inp, leaf
             torch.cuda.empty_cache()

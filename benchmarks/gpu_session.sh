@@ -13,7 +13,11 @@
 #                reference, no synchronisation, CUDA graph, memory, AMP recipe, bad input)
 #   passes       benchmarks/gpu_passes.py: each pass alone, the step, the host's enqueue
 #                time, peak memory, torchaudio and NeMo's numba losses on the same logits
-#                (regular, TDT, multi-blank), and the V passes' tile sweep at s5
+#                (regular, TDT, multi-blank), the lattice pass's lane sweep at s5, and a
+#                profile of the host's time at s3
+#   passes_base  the same passes at s5 (no peers) with the package in .ab/old/ (an earlier
+#                commit's src/ and benchmarks/, carried), for an A/B on the same machine
+#   tdt_sweep    the V passes' tile sweep for TDT at s5
 #   passes_ours  the same without the peers and the sweep (s3, s5, big)
 #   joint_j1     the joiner's training step at j1 (32, 400, 100, 1024), H = 512, bf16
 #                autocast: the full pipeline against the joiner's kernel path
@@ -45,10 +49,15 @@ run() {  # run STEP SECONDS COMMAND...
 for step in "$@"; do
   case "$step" in
     check) run check "${CHECK_LIMIT:-150}" python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
-    passes) run passes 150 python3 benchmarks/gpu_passes.py --shapes s3 s5 big v5000 \
-              --variants regular tdt multiblank \
-              --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --sweep s5 \
-              --json "$out/passes.json" ;;
+    passes) run passes "${PASSES_LIMIT:-170}" python3 benchmarks/gpu_passes.py \
+              --shapes s3 s5 big v5000 --variants regular tdt multiblank \
+              --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --lattice-sweep s5 \
+              --host-profile s3 --json "$out/passes.json" ;;
+    passes_base) run passes_base 45 env PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" \
+              python3 .ab/old/benchmarks/gpu_passes.py --shapes s5 \
+              --variants regular tdt multiblank --peers --json "$out/passes_base.json" ;;
+    tdt_sweep) run tdt_sweep 60 python3 benchmarks/gpu_passes.py --shapes s5 --variants tdt \
+              --peers --sweep s5 --json "$out/tdt_sweep.json" ;;
     passes_ours) run passes_ours 90 python3 benchmarks/gpu_passes.py --shapes s3 s5 big \
               --variants regular tdt multiblank --peers --json "$out/passes_ours.json" ;;
     joint_j1) run joint_j1 70 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
@@ -56,7 +65,7 @@ for step in "$@"; do
               --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
     cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
-    pruned) run pruned 90 python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
+    pruned) run pruned "${PRUNED_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
               --windows 5 --reps 5 --out-dir "$out" ;;
     *) echo "unknown step $step" ;;
   esac

@@ -100,7 +100,10 @@ V_PASS_TILES = {"row": (2048, 128), "grad": (1024, 256)}
 NUM_WARPS_V = 4
 NARROW = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
-NUM_WARPS_LATTICE = 4
+# Lanes of the lattice kernel's wavefront per thread (``_lattice_warps``): with one, each
+# thread's loads of a diagonal all issue before the first is used (sm_90 SASS: TDT's nine
+# kinds in 62 registers; two lanes a thread took 126 and interleaved loads with the max).
+LATTICE_LANES = 1
 
 LATTICE_DTYPE = torch.float64
 
@@ -136,6 +139,12 @@ def _block_u(U1: int) -> int:
     many label positions, ``BLOCK_U`` beyond (a constexpr per power of two of U + 1 would
     compile up to 9 variants over a training run's label lengths)."""
     return min(BLOCK_U, BLOCK_U_SMALL) if U1 <= BLOCK_U_SMALL else BLOCK_U
+
+
+def _lattice_warps(block_u: int) -> int:
+    """``num_warps`` of the lattice kernel: :data:`LATTICE_LANES` lanes of ``BLOCK_U`` per
+    thread (2 warps for 64 lanes, 8 for 256), at least one warp."""
+    return max(1, block_u // (32 * LATTICE_LANES))
 
 
 def _window_dp_warps(block_s: int) -> int:
@@ -453,7 +462,7 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
 def _tile_constants() -> tuple:
     """The module's tile constants, as a key of the launch plans (tests change them)."""
     return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]), NUM_WARPS_V, NARROW,
-            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, NUM_WARPS_LATTICE)
+            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
@@ -479,7 +488,7 @@ def _lattice_plan(topo: Topology, sigma: float, delay_penalty: float, lay: _Layo
               MAX_SEMIRING=max_semiring, BLOCK_U=_block_u(lay.U1), BOUNDARY=boundary,
               # num_stages=1: no load is issued ahead of the barrier that makes the
               # earlier diagonals visible.
-              num_warps=NUM_WARPS_LATTICE, num_stages=1)
+              num_warps=_lattice_warps(_block_u(lay.U1)), num_stages=1)
     return (lay.B, 2 if beta else 1), args, kw
 
 
@@ -764,7 +773,7 @@ def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
                 *st.lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
                 *_f64_cached(0.0), *_f64_cached(0.0), **kinds,
                 SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_block_u(U1),
-                BOUNDARY=True, num_warps=NUM_WARPS_LATTICE, num_stages=1)
+                BOUNDARY=True, num_warps=_lattice_warps(_block_u(U1)), num_stages=1)
     log_like = st.log_like
     dt_max = max(k.dt for k in topo.kinds)
     du_max = max(k.du for k in topo.kinds)

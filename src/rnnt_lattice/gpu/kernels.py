@@ -178,17 +178,33 @@ def _lands(lt, lu, t1, u1, MAY_END: tl.constexpr):
 
 
 @triton.jit
+def _gather(ptr, off, ok, GATHER: tl.constexpr):
+    """``ptr[off]`` where ``ok``, -inf elsewhere. ``GATHER``: an unpredicated load of
+    ``ptr[where(ok, off, 0)]`` then a select, for a ``ptr`` whose element 0 is always in
+    bounds (the lattice kernel's own sequence). On sm_90 a predicated load needs its mask in
+    one of the seven predicate registers until it issues: with TDT's nine kinds ptxas then
+    issued each kind's loads only after the previous kind's max had consumed its values,
+    one memory latency per kind and diagonal; unpredicated, every load of a diagonal issues
+    before the first use (benchmarks/kernel_resources.py compiles it). Otherwise a masked
+    load (node-parallel kernels, whose lanes past the last node have no valid base)."""
+    if GATHER:
+        return tl.where(ok, tl.load(ptr + tl.where(ok, off, 0)), NEG_INF)
+    return tl.load(ptr + off, mask=ok, other=NEG_INF)
+
+
+@triton.jit
 def _arc_weight(lp_k, nb_b, off, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLANK: tl.constexpr,
-                DELAY: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+                DELAY: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr,
+                GATHER: tl.constexpr):
     """Weight ``w_k(t, u)`` (float64) of kind k's arc leaving ``(t, u)``, -inf where not
     ``ok``: its log-prob (class, plus duration: the row pass; ``lp_k`` the sequence's
     log-probs of kind k, ``off = t (U+1) + u``), plus ``b(t, u+1)`` for ``plus_next_blank``
     (``nb_b`` the sequence's next_blank), minus sigma, plus ``delay_penalty ((t1 - 1)/2 -
     t)`` on delay kinds — the order of ``reference.kind_log_probs`` and
-    ``reference.arc_weights``."""
-    w = tl.load(lp_k + off, mask=ok, other=NEG_INF)
+    ``reference.arc_weights``. ``GATHER``: loads as :func:`_gather`'s."""
+    w = _gather(lp_k, off, ok, GATHER)
     if PLUS_NEXT_BLANK:
-        w = w + tl.load(nb_b + off + 1, mask=ok, other=NEG_INF)
+        w = w + _gather(nb_b, off + 1, ok, GATHER)
     if SIGMA:
         w = w - sigma
     if DELAY_ON:
@@ -403,27 +419,26 @@ def _row_kernel(
 
 # --------------------------------------------------------------------------- pass 2
 @triton.jit
-def _lse_step(mx, s, x, FIRST: tl.constexpr, MAX_SEMIRING: tl.constexpr):
-    """One more term ``x`` of an online log-sum-exp over the arc kinds, ``mx + log(s)``
-    being the sum so far (``s`` float64 in [1, K]): the new max and the rescaled sum, two
-    exps, no log (the caller takes one log at the end: the exps of the kinds do not wait
-    for each other, where a chain of two-term log-add-exps would run K logs in series).
-    -inf terms add nothing and never meet as ``-inf - -inf``; a NaN propagates."""
-    if FIRST:
-        return x, tl.full(x.shape, 1.0, tl.float64)
-    m_new = tl.maximum(mx, x, propagate_nan=tl.PropagateNan.ALL)
+def _lse_kinds(xs, K: tl.constexpr, MAX_SEMIRING: tl.constexpr):
+    """``(lse_k xs[k], best)`` over a tuple of the K kinds' terms (float64 ``[BLOCK_U]``
+    each): the max, then one exp per term, all independent, and one log; in the max-plus
+    semiring the max and ``best``, the first kind holding it (strictly greater replaces, so
+    the first kind wins a tie and a NaN never wins). -inf terms add nothing and never meet
+    as ``-inf - -inf``; a NaN propagates. The caller has issued every term's loads before
+    this first reads one (see :func:`_gather`)."""
+    mx = xs[0]
+    best = tl.zeros(mx.shape, tl.int32)
+    for k in tl.static_range(1, K):
+        if MAX_SEMIRING:
+            best = tl.where(xs[k] > mx, k, best)
+        mx = tl.maximum(mx, xs[k], propagate_nan=tl.PropagateNan.ALL)
     if MAX_SEMIRING:
-        return m_new, s
-    shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-    return m_new, s * tl.exp(mx - shift) + tl.exp(x - shift)
-
-
-@triton.jit
-def _lse_end(mx, s, MAX_SEMIRING: tl.constexpr):
-    """The log-sum-exp of :func:`_lse_step`'s terms (the max in the max-plus semiring)."""
-    if MAX_SEMIRING:
-        return mx
-    return tl.where(mx == NEG_INF, mx, mx + tl.log(s))
+        return mx, best
+    shift = tl.where(mx == NEG_INF, 0.0, mx)
+    s = tl.exp(xs[0] - shift)
+    for k in tl.static_range(1, K):
+        s += tl.exp(xs[k] - shift)
+    return tl.where(mx == NEG_INF, mx, mx + tl.log(s)), best
 
 
 @triton.jit(do_not_specialize=_SHAPES + _WS)
@@ -460,9 +475,10 @@ def _lattice_kernel(
     global memory within the program) after each, so alpha/beta of every earlier diagonal
     are read back from the float64 workspace.
 
-    The time of a diagonal is the latency of its dependent steps, so each is short: the
-    log-sum-exp over the K incoming arcs is one online pass (``_lse_step``: the exps of
-    the kinds are independent) and one log at the end, not K two-term log-add-exps in
+    The time of a diagonal is the latency of its dependent steps, so each is short: every
+    kind's loads issue before any is used (unpredicated, ``_gather``: one memory latency
+    per diagonal, not one per kind), and the log-sum-exp over the K incoming arcs is a max,
+    K independent exps and one log (``_lse_kinds``), not K two-term log-add-exps in
     series; offsets inside a sequence are int32 (its base is int64). Nodes of the end
     frame other than the end have beta -inf (no arc leaves them).
 
@@ -505,24 +521,19 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
-                mx = tl.full([BLOCK_U], NEG_INF, tl.float64)
-                s = tl.zeros([BLOCK_U], tl.float64)
-                best = tl.full([BLOCK_U], -1, tl.int32)
+                # Every kind's loads first, then the log-sum-exp (_lse_kinds).
+                xs = ()
                 for k in tl.static_range(K):
                     st = t - DT[k]
                     su = u - DU[k]
                     ok = (on & (st >= t0) & (st < t1) & (su >= u0)
                           & _lands(t, u, t1, u1, MAY_END[k]))
                     w = _arc_weight(lp_b + k * TU1, nb_b, st * U1 + su, st, t1, ok, sigma,
-                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
-                    x = tl.load(alpha_b + st * U1 + su, mask=ok, other=NEG_INF) + w
+                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON,
+                                    True)
                     nan_arcs = nan_arcs | (w != w).to(tl.int32)
-                    if MAX_SEMIRING:
-                        # Strictly greater replaces: the first kind wins a tie; a NaN never
-                        # wins (it only propagates into the value), as in the reference.
-                        best = tl.where(x > mx, k, best)
-                    mx, s = _lse_step(mx, s, x, k == 0, MAX_SEMIRING)
-                acc = _lse_end(mx, s, MAX_SEMIRING)
+                    xs = xs + (_gather(alpha_b, st * U1 + su, ok, True) + w,)
+                acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
                 tl.store(alpha_b + t * U1 + u, acc, mask=on)
                 if MAX_SEMIRING:
                     best = tl.where(acc > NEG_INF, best, -1)
@@ -544,17 +555,17 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
-                mx = tl.full([BLOCK_U], NEG_INF, tl.float64)
-                s = tl.zeros([BLOCK_U], tl.float64)
+                xs = ()
                 for k in tl.static_range(K):
                     lt = t + DT[k]
                     lu = u + DU[k]
                     ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
                     w = _arc_weight(lp_b + k * TU1, nb_b, t * U1 + u, t, t1, ok, sigma,
-                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
-                    x = w + tl.load(beta_b + lt * U1 + lu, mask=ok, other=NEG_INF)
-                    mx, s = _lse_step(mx, s, x, k == 0, MAX_SEMIRING)
-                tl.store(beta_b + t * U1 + u, _lse_end(mx, s, MAX_SEMIRING), mask=on)
+                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON,
+                                    True)
+                    xs = xs + (w + _gather(beta_b, lt * U1 + lu, ok, True),)
+                acc, _ = _lse_kinds(xs, K, MAX_SEMIRING)
+                tl.store(beta_b + t * U1 + u, acc, mask=on)
             tl.debug_barrier()
 
 
@@ -574,7 +585,7 @@ def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, U1, sigma, de
     coefficients and the lattice tools' occupations."""
     ok = keep & _lands(t + DT, u + DU, t1, u1, MAY_END)
     w = _arc_weight(lp_b, nb_b, t * U1 + u, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLANK,
-                    DELAY, SIGMA, DELAY_ON)
+                    DELAY, SIGMA, DELAY_ON, False)
     nb = tl.load(beta_b + (t + DT) * U1 + u + DU, mask=ok, other=NEG_INF)
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
@@ -719,7 +730,7 @@ def _reads_kernel(
             okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, MAY_END[k])
             ap = tl.load(alpha_b + t * U1 + u - 1, mask=okp, other=NEG_INF)
             wp = _arc_weight(lp_b, nb_b, t * U1 + u - 1, t, t1, okp, sigma, delay_penalty,
-                             PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON)
+                             PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON, False)
             nbp = tl.load(beta_b + (t + DT[k]) * U1 + u, mask=okp, other=NEG_INF)
             gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
             s_tok += gp
