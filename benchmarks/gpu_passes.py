@@ -46,9 +46,9 @@ import shapes
 
 SWEEP = [(4, 128, 4), (2, 128, 4), (8, 128, 4), (16, 128, 4), (1, 256, 4), (2, 256, 4),
          (4, 256, 4), (8, 64, 4)]
-# (BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES): at U + 1 = 65..256, 256 lanes with 8 or 4 warps,
-# 128 lanes with 4 or 2 warps.
-LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (128, 256, 1), (128, 256, 2)]
+# (BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES): at U + 1 = 65..128, 128 lanes with 4 or 2 warps,
+# 256 lanes with 8 or 4 warps.
+LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
 
 
 def copy_bandwidth() -> float:
@@ -76,11 +76,12 @@ def passes(inp, opts, config=None) -> dict:
     passes, or None for the backend's own)."""
     from triton.testing import do_bench
     from rnnt_lattice import gpu
-    saved = gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW
+    saved = gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V
     if config is not None:                # the module's constants: part of the plans' keys
         rows, block_v, warps = config
-        gpu.V_PASS_TILES = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
-        gpu.NUM_WARPS_V, gpu.NARROW = warps, 1
+        tiles = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
+        gpu.V_PASS_TILES = gpu.NARROW_TILES = tiles
+        gpu.NUM_WARPS_V = warps
     try:
         logits, y, tl, ul, rows, st, costs = _state(inp, opts)
         up = torch.ones_like(costs)
@@ -97,7 +98,7 @@ def passes(inp, opts, config=None) -> dict:
                              return_mode="median"),
         }
     finally:
-        gpu.V_PASS_TILES, gpu.NUM_WARPS_V, gpu.NARROW = saved
+        gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V = saved
     nbytes = logits.numel() * logits.element_size()
     out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
     out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9

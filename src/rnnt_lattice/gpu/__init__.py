@@ -43,7 +43,7 @@ padded rows, the ``N`` rows of a map (``B*T*R`` for pruned windows; the map is i
 ``B*(t1-t0)*(u1-u0)`` rows; never the whole grid per tile.
 
 Compilation: shape integers are not specialised (``kernels``, ``do_not_specialize``), the
-row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has two buckets
+row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has three buckets
 (``_block_u``) and the workspace parts are 16-byte aligned: a training run with varying
 T and U compiles a handful of variants per vocabulary (benchmarks/compile_variants.py).
 
@@ -89,7 +89,7 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 
 # Tile sizes (powers of two). Tests lower them to exercise several blocks on tiny lattices.
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
-BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: two buckets)
+BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u``)
 # The passes over V: (logits per program and step, the most classes per step), each with
 # NUM_WARPS_V warps: ROWS = tile // BLOCK_V nodes per program, BLOCK_V = min(V, cap). Chosen
 # on an H100 (docs/benchmarks.md, "GPU"): at s5 and big (V = 1024) 4 warps over 16 rows of
@@ -97,8 +97,9 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64 (``_block_u``: two buckets)
 # copy bandwidth, where 4 rows of 1024 with 8 warps (124-162 registers a thread, one or
 # two programs per multiprocessor) reached 20-40%.
 V_PASS_TILES = {"row": (2048, 128), "grad": (1024, 256)}
+# Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
+NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 NUM_WARPS_V = 4
-NARROW = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 # Lanes of the lattice kernel's wavefront per thread (``_lattice_warps``): with one, each
 # thread's loads of a diagonal all issue before the first is used (sm_90 SASS: TDT's nine
@@ -135,15 +136,22 @@ def _v_align(V: int, n_durations: int = 0) -> int:
 
 
 def _block_u(U1: int) -> int:
-    """``BLOCK_U`` of the lattice kernel: two buckets, ``BLOCK_U_SMALL`` lanes up to that
-    many label positions, ``BLOCK_U`` beyond (a constexpr per power of two of U + 1 would
-    compile up to 9 variants over a training run's label lengths)."""
-    return min(BLOCK_U, BLOCK_U_SMALL) if U1 <= BLOCK_U_SMALL else BLOCK_U
+    """``BLOCK_U`` of the lattice kernel: three buckets, ``BLOCK_U_SMALL`` lanes up to that
+    many label positions, twice that up to twice that, ``BLOCK_U`` beyond (a constexpr per
+    power of two of U + 1 would compile up to 9 variants over a training run's label
+    lengths). The lanes past U + 1 are masked work on every diagonal: on an H100 at s5 (U +
+    1 = 81) the lattice pass took 0.405 ms with 128 lanes and 0.422 with 256 (TDT 1.26 and
+    1.37, multi-blank 0.74 and 0.78; docs/benchmarks.md, "GPU")."""
+    small = min(BLOCK_U, BLOCK_U_SMALL)
+    if U1 <= small:
+        return small
+    return min(BLOCK_U, 2 * small) if U1 <= 2 * small else BLOCK_U
 
 
 def _lattice_warps(block_u: int) -> int:
     """``num_warps`` of the lattice kernel: :data:`LATTICE_LANES` lanes of ``BLOCK_U`` per
-    thread (2 warps for 64 lanes, 8 for 256), at least one warp."""
+    thread (2 warps for 64 lanes, 4 for 128, 8 for 256), at least one warp. On an H100 at
+    s5 two lanes a thread made the pass 1.4-1.6x slower (docs/benchmarks.md, "GPU")."""
     return max(1, block_u // (32 * LATTICE_LANES))
 
 
@@ -158,15 +166,14 @@ def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0):
     ``n_rows`` rows of ``V`` token classes (:data:`V_PASS_TILES`): a chunk of up to the
     pass's cap, and as many rows per program as fit its tile (no more than the rows there
     are). Rows whose loads cannot be vectorised (``_v_align`` below 4: TDT's rows of V +
-    durations, odd V) take 1/:data:`NARROW` of the tile: each element is then a load of its
-    own, with its own address, and 16 rows of 128 took 240-255 registers a thread
-    (benchmarks/kernel_resources.py), 4 rows under 100. On an H100, TDT's row pass at s5
-    took 1.93 ms with 4 rows and 4 warps, 3.03 ms with 16 rows and 8 warps
-    (docs/benchmarks.md, "GPU")."""
-    tile, cap = V_PASS_TILES[which]
+    durations, odd V) take :data:`NARROW_TILES`: each element is then a load of its own,
+    with its own address, and 16 rows of 128 took 240-255 registers a thread
+    (benchmarks/kernel_resources.py). On an H100, TDT's row pass at s5 took 1.35 ms with one
+    row of 256 a program, 1.97 with 4 rows of 128, 2.71 with 16 rows of 128, 3.03 with 16
+    rows and 8 warps (docs/benchmarks.md, "GPU")."""
+    narrow = _v_align(V + n_durations, n_durations) < 4
+    tile, cap = (NARROW_TILES if narrow else V_PASS_TILES)[which]
     block_v = _pow2(V, cap)
-    if _v_align(V + n_durations, n_durations) < 4:
-        tile //= NARROW
     rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
     return rows, block_v, NUM_WARPS_V
 
@@ -461,7 +468,8 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
 
 def _tile_constants() -> tuple:
     """The module's tile constants, as a key of the launch plans (tests change them)."""
-    return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]), NUM_WARPS_V, NARROW,
+    return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]),
+            tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
             BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES)
 
 
