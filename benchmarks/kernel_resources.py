@@ -127,7 +127,7 @@ def variants(V_list):
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",
                dict(gpu._kernel_kinds(topo, "reads"), BLOCK=gpu.BLOCK_NODES, **terms), 4, 3)
-        for U1 in (41, 151):
+        for U1 in (41, 81, 151):
             yield (f"_lattice_kernel {tname}", f"U+1={U1}", "_lattice_kernel",
                    dict(gpu._kernel_kinds(topo, "lattice"), MAX_SEMIRING=False,
                         BLOCK_U=gpu._block_u(U1), **terms),
