@@ -44,8 +44,10 @@ import torch
 
 import shapes
 
-SWEEP = [(4, 128, 4), (2, 128, 4), (8, 128, 4), (16, 128, 4), (1, 256, 4), (2, 256, 4),
-         (4, 256, 4), (8, 64, 4)]
+# Around the narrow rows' one row of 256 (TDT at s5: 1.35 ms, 4 rows of 128 1.97 ms): more
+# loads in flight per thread with wider chunks.
+SWEEP = [(1, 256, 4), (4, 128, 4), (1, 512, 4), (1, 1024, 4), (1, 1024, 8), (2, 512, 4),
+         (1, 512, 2), (2, 256, 4)]
 # (BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES): at U + 1 = 65..128, 128 lanes with 4 or 2 warps,
 # 256 lanes with 8 or 4 warps.
 LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
