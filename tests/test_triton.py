@@ -605,6 +605,72 @@ def test_kernels_compile_for_cuda():
     assert out.returncode == 0 and "compiled" in out.stdout, out.stdout + out.stderr[-4000:]
 
 
+LATTICE_SASS_SCRIPT = """
+import os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rnnt_lattice import gpu, topology
+from rnnt_lattice.gpu import kernels
+from kernel_resources import resources, signature
+
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+if not os.path.exists(tool):
+    print("no nvdisasm")
+    sys.exit(0)
+for name, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4])),
+                   ("multiblank", topology.multiblank(7, [2, 4, 8]))):
+    for U1 in (41, 81, 151):
+        block_u = gpu._block_u(U1)
+        const = dict(gpu._kernel_kinds(topo, "lattice"), MAX_SEMIRING=False, BLOCK_U=block_u,
+                     SIGMA=False, DELAY_ON=False, BOUNDARY=False)
+        sig = signature(kernels._lattice_kernel, const)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
+                 if t.startswith("*")}
+        c = triton.compile(ASTSource(kernels._lattice_kernel, sig, const, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=gpu._lattice_warps(block_u), num_stages=1))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True,
+                                  check=True).stdout
+        # The longest run of global loads with no float64 max or special-function op
+        # (MUFU: exp, log) between them.
+        ops = "".join("L" if "LDG" in ln else "U" if ("DSETP.MAX" in ln or "MUFU" in ln) else ""
+                      for ln in sass.splitlines())
+        run = max(len(r) for r in ops.split("U"))
+        reg, stack = resources(c.asm["cubin"])
+        lanes = max(1, block_u // (32 * gpu._lattice_warps(block_u)))   # lanes a thread
+        print(name, U1, 2 * len(topo.kinds) * lanes, run, reg, stack)
+"""
+
+
+def test_lattice_loads_issue_before_use_on_sm90():
+    """The lattice pass's time is one memory latency per diagonal only if every load of a
+    diagonal (each kind's arc weight and the alpha it extends) issues before the first is
+    used: compiled for sm_90 at each ``BLOCK_U`` bucket with the backend's warps, the SASS
+    has a run of global loads with no max or exp between them holding all of a diagonal's
+    2K loads a lane but those of two kinds (ptxas may take the first two kinds' max early),
+    and no stack frame. With predicated loads and two lanes a thread, TDT's nine kinds
+    compiled to runs of at most 11 of its 36 loads (one latency per kind or two: 2.9 ms a
+    pass at s5 on an H100, 1.4 ms since)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
+    env["PYTHONPATH"] = os.pathsep.join([bench, *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, "-c", LATTICE_SASS_SCRIPT], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    if "no nvdisasm" in out.stdout:
+        pytest.skip("this Triton build has no nvdisasm")
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    assert len(rows) == 9, out.stdout
+    for name, U1, loads, run, reg, stack in rows:
+        assert int(run) >= int(loads) - 4, f"{name} U+1={U1}: {run} of {loads} loads in a row"
+        assert int(stack) == 0, f"{name} U+1={U1}: {stack} bytes of stack ({reg} registers)"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_native():                                               # pragma: no cover
     """The compiled kernels on CUDA, in a subprocess (this one runs the interpreter):
