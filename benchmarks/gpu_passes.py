@@ -170,8 +170,13 @@ def peak_mib(fn) -> float:
 def host_ms(fn, step: float) -> float:
     """Host milliseconds to enqueue ``fn`` (median of 5 runs of ``n`` calls, synchronised
     only between runs; ``n`` fills about 200 ms of device time at ``step`` ms a call)."""
-    n = max(5, min(200, int(200 / max(step, 1e-3))))
-    for _ in range(3):
+    return _enqueue_ms(fn, max(5, min(200, int(200 / max(step, 1e-3)))), warmup=3)
+
+
+def _enqueue_ms(fn, n: int, warmup: int) -> float:
+    """Host milliseconds per call of ``fn``: the median of 5 runs of ``n`` calls queued back
+    to back, synchronised only between runs, after ``warmup`` calls."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     runs = []
@@ -212,20 +217,7 @@ def launch_costs() -> dict:
                                                       boundary=None, rows=rows),
         "torch add_": lambda: x.add_(1.0),
     }
-    out = {}
-    for name, fn in calls.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        runs = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(500):
-                fn()
-            runs.append((time.perf_counter() - t0) / 500 * 1e6)
-            torch.cuda.synchronize()
-        out[name] = statistics.median(runs)
-    return out
+    return {name: _enqueue_ms(fn, 500, warmup=50) * 1e3 for name, fn in calls.items()}
 
 
 def main(argv=None) -> int:

@@ -452,6 +452,24 @@ def check_joint(ctx, shape, dtype, kind):
                              "joiner kernels", reruns=True)
 
 
+def _amp_grads(loss_fn, params, enc, pred, w, backward_inside, device):
+    """PyTorch's AMP recipe on ``loss_fn(e, p) -> costs (B,)``: the forward under
+    ``torch.autocast`` (bfloat16) on fresh leaves of ``enc`` and ``pred``, ``backward()`` of
+    the ``w``-weighted sum inside the block or after it; the costs and the gradients of
+    ``e``, ``p`` and ``params``."""
+    for q in params:
+        q.grad = None
+    e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        costs = loss_fn(e, p)
+        loss = (costs * w.to(costs.dtype)).sum()
+        if backward_inside:
+            loss.backward()
+    if not backward_inside:
+        loss.backward()
+    return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in params]
+
+
 def check_joint_amp(ctx):
     """The joiner's kernel path under PyTorch's AMP recipe (forward under ``torch.autocast``
     in bfloat16, backward outside): the operands are bfloat16 in both passes, so the
@@ -465,17 +483,9 @@ def check_joint_amp(ctx):
     _, y, tl, ul, w = inputs(B, T, U, V, torch.float32, ctx.device)
 
     def grads(joiner_, backward_inside):
-        joiner.zero_grad()
-        e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
-        with torch.autocast(ctx.device, dtype=torch.bfloat16):
-            costs = rnnt_lattice.fused_rnnt_loss(joiner_, e, p, y, tl, ul, blank=0,
-                                                 reduction="none", backend=ctx.backend)
-            loss = (costs * w.to(costs.dtype)).sum()
-            if backward_inside:
-                loss.backward()
-        if not backward_inside:
-            loss.backward()
-        return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
+        return _amp_grads(lambda e, p: rnnt_lattice.fused_rnnt_loss(
+            joiner_, e, p, y, tl, ul, blank=0, reduction="none", backend=ctx.backend),
+            list(joiner.parameters()), enc, pred, w, backward_inside, ctx.device)
 
     outside, inside = grads(joiner, False), grads(joiner, True)
     tiles = grads(lambda e, p: joiner(e, p), False)       # not a Joiner: the tile path
@@ -507,17 +517,9 @@ def check_amp(ctx, kind):
         kw = dict(blank=V - 1, **TOPOLOGY_LOSSES[kind])
 
     def grads(backward_inside):
-        joiner.zero_grad()
-        e, p = enc.clone().requires_grad_(), pred.clone().requires_grad_()
-        with torch.autocast(ctx.device, dtype=torch.bfloat16):
-            costs = getattr(rnnt_lattice, name)(joiner, e, p, y, tl, ul, tile=2 * (U + 1),
-                                                reduction="none", backend=ctx.backend, **kw)
-            loss = (costs * w.to(costs.dtype)).sum()
-            if backward_inside:
-                loss.backward()
-        if not backward_inside:
-            loss.backward()
-        return [costs.detach(), e.grad, p.grad] + [q.grad.clone() for q in joiner.parameters()]
+        return _amp_grads(lambda e, p: getattr(rnnt_lattice, name)(
+            joiner, e, p, y, tl, ul, tile=2 * (U + 1), reduction="none", backend=ctx.backend,
+            **kw), list(joiner.parameters()), enc, pred, w, backward_inside, ctx.device)
 
     outside, inside = grads(False), grads(True)
     err = max(_err(a, b, 1e-30) for a, b in zip(outside, inside))
