@@ -114,6 +114,11 @@ def versions() -> dict:
 
 
 def git_commit() -> str:
+    """The commit measured: ``RNNT_LATTICE_COMMIT`` when set (a tree carried to another
+    machine, whose copy of ``.git`` may lag behind: pass the hash with the command), else
+    the checkout's HEAD."""
+    if os.environ.get("RNNT_LATTICE_COMMIT"):
+        return os.environ["RNNT_LATTICE_COMMIT"]
     try:
         return subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip() or "n/a"

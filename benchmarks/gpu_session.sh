@@ -7,7 +7,11 @@
 # from src/; wheels carried in .whl/, such as nemo-toolkit for the NeMo peers, are unpacked
 # into a temporary site directory first). Each step writes OUT_DIR/<step>.log (and its
 # JSON where it has one) and runs under its own time limit, so that a slow step cannot eat
-# the others' time; the last lines of every log are printed at the end.
+# the others' time; the last lines of every log are printed at the end. The results
+# record the commit from RNNT_LATTICE_COMMIT when it is set: the device's copy of .git can
+# lag behind the tree carried to it, so give the hash with the command, e.g.
+#
+#     RNNT_LATTICE_COMMIT=<git rev-parse --short HEAD, run here> bash benchmarks/gpu_session.sh ...
 #
 #   check        rnnt-lattice check --device cuda (every kernel family against the float64
 #                reference, no synchronisation, CUDA graph, memory, AMP recipe, bad input)
@@ -25,6 +29,8 @@
 #                past 2**31
 #   fused        benchmarks/run.py --device cuda --mode fused: the joiner's training step
 #   pruned       benchmarks/run.py --device cuda --mode pruned at pg1, R = 5
+#   pruned_profile  benchmarks/pruned_profile.py at pg1, R = 5: each stage of that step
+#                timed alone, and the kernels with the most device time
 set -uo pipefail
 out="${1:?usage: gpu_session.sh OUT_DIR STEP...}"
 shift
@@ -67,6 +73,9 @@ for step in "$@"; do
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
     pruned) run pruned "${PRUNED_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
               --windows 5 --reps 5 --out-dir "$out" ;;
+    pruned_profile) run pruned_profile "${PRUNED_PROFILE_LIMIT:-90}" python3 \
+              benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \
+              --json "$out/pruned_profile.json" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -398,3 +398,18 @@ def test_joint_exactness_table(monkeypatch, capsys):
     assert len(rows) == len(joint_exactness.TOPOLOGIES)
     errs = [float(c) for line in rows for c in line.strip("| ").split(" | ")[2:]]
     assert errs and max(errs) <= 1e-12, rows
+
+
+def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
+    """benchmarks/pruned_profile.py (gpu_session.sh's pruned_profile step) on the CPU at s1:
+    one time per stage of the pruned step, which add up to the step, the profile's table,
+    and the JSON."""
+    import pruned_profile
+    out = pruned_profile.main(["--device", "cpu", "--shape", "s1", "--reps", "1", "--top", "3",
+                               "--json", str(tmp_path / "p.json")])
+    assert list(out["stages_ms"]) == list(pruned_profile.STAGES)
+    assert all(v > 0 for v in out["stages_ms"].values())
+    assert abs(sum(out["stages_ms"].values()) - out["step_ms"]) <= 1e-6 * out["step_ms"]
+    text = capsys.readouterr().out
+    assert "s1 (B=1 T=50 U=10 V=30) R=5" in text and "Self CPU" in text
+    assert json.loads((tmp_path / "p.json").read_text())["R"] == 5

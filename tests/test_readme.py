@@ -78,7 +78,10 @@ def test_quoted_demo_output_is_the_programs():
     assert f"score {last.group(3)}" in text
 
 
-SOURCES = sorted(p for d in ("src", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")) + DOCS
+# The project's own files: not a virtual environment inside the checkout (the peers' venv of
+# benchmarks/setup_peers.sh holds other projects' sources, in other encodings).
+SOURCES = sorted(p for d in ("src", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")
+                 if not any(part.startswith(".venv") for part in p.relative_to(ROOT).parts)) + DOCS
 OUTSIDE = "../" + "shared"          # the spec folder next to the checkout: no user has it
 
 

@@ -14,6 +14,7 @@ import rnnt_lattice
 from rnnt_lattice import reference, topology
 from rnnt_lattice._ops import scale_upstream
 from rnnt_lattice._types import Ends
+from rnnt_lattice._validate import check_topology
 from support.cases import Case, rel_err, upstream_weights
 from support.oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
                     topology_paths)
@@ -244,10 +245,10 @@ def test_topology_validation():
     with pytest.raises(ValueError):
         topology.multiblank(1, [2, 3])                       # big blanks need ids below blank
     with pytest.raises(ValueError):
-        topology.tdt([0, 1, 2]).check(8, 0)                  # TDT: blank must be the last token
-    assert topology.tdt([0, 1, 2]).check(8, -1) == 4
+        check_topology(topology.tdt([0, 1, 2]), 8, 0)                 # TDT: blank must be the last token
+    assert check_topology(topology.tdt([0, 1, 2]), 8, -1) == 4
     with pytest.raises(ValueError):
-        topology.multiblank(6, [2]).check(5, 4)              # class 5 out of the token range
+        check_topology(topology.multiblank(6, [2]), 5, 4)              # class 5 out of the token range
     with pytest.raises(ValueError):
         topology.Topology("no_end", (topology.ArcKind("b", 1, 0, "blank"),))
 
@@ -292,3 +293,12 @@ def test_a_borrowed_name_has_no_spec(name):
                                  blank=4 if name == "multiblank" else None)
     with pytest.raises(ValueError, match=f"topology '{name}' has no spec"):
         topology.to_spec(impostor)
+
+
+def test_builders_with_parameters_return_one_object_per_value():
+    """``tdt`` and ``multiblank`` run in every loss call: one frozen object per value
+    (whatever sequence type the durations come in), so that the backends' caches keyed by
+    the topology hit by identity and the arc kinds are checked once."""
+    assert topology.tdt([0, 1, 2]) is topology.tdt((0, 1, 2)) is topology.tdt(torch.tensor([0, 1, 2]))
+    assert topology.multiblank(6, [2, 4]) is topology.multiblank(6, (2, 4))
+    assert topology.multiblank(6, [2, 4]) != topology.multiblank(6, [4, 2])

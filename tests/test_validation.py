@@ -225,3 +225,42 @@ def test_empty_batch(backend, reduction):
         assert out.shape == () and out.item() == 0.0
         out.backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("fn", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss"])
+def test_a_call_is_checked_once(fn, packed, monkeypatch):
+    """Validate once: a loss call on the default backend enters ``_validate.check_call``
+    once, which checks the tensors once (``check_lattice_args``) and reads a packed layout's
+    lengths once; the run (the autograd Function, the backend's passes, the backward)
+    checks nothing again (``check_run`` is the custom op's, under torch.compile only)."""
+    from rnnt_lattice import _backends, _validate
+    calls = {}
+
+    def counted(module, name):
+        f = getattr(module, name)
+
+        def wrapper(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return f(*a, **k)
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(_backends, "check_call")
+    for name in ("check_lattice_args", "check_run", "_packed_grid", "check_site"):
+        counted(_validate, name)
+    x = torch.randn(2, 5, 3, 7, requires_grad=True)
+    T_b, U_b = torch.tensor([5, 4]), torch.tensor([2, 1])
+    if packed:
+        x = rnnt_lattice.pack_logits(x.detach(), T_b, U_b).requires_grad_()
+    args = (torch.tensor([[1, 2], [2, 1]]), T_b, U_b)
+    if fn == "tdt_loss":
+        loss = rnnt_lattice.tdt_loss(x, *args, blank=-1, durations=[0, 1, 2], packed=packed)
+    elif fn == "multiblank_rnnt_loss":
+        loss = rnnt_lattice.multiblank_rnnt_loss(x, *args, blank=6, big_blank_durations=[2],
+                                                 packed=packed)
+    else:
+        loss = rnnt_lattice.rnnt_loss(x, *args, blank=0, packed=packed)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+    assert calls == {"check_call": 1, "check_lattice_args": 1, "check_site": 1,
+                     **({"_packed_grid": 1} if packed else {})}

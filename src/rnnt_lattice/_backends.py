@@ -15,10 +15,9 @@ from typing import Any, Optional, Protocol
 
 import torch
 
-from ._layout import Tile
+from ._layout import Tile, packed_node_rows
 from ._types import Ends, Lattice, LossOptions
-from ._validate import (Checked, LogitsSpec, Names, check_boundary, check_class_targets, check_int,
-                        check_lattice_args, check_logits_rank, check_site, device_value_check)
+from ._validate import Checked, Names, check_call
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -139,11 +138,13 @@ def check_name(backend) -> None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def resolve(backend: str, device: torch.device) -> Backend:
-    """The backend module for ``backend`` on ``device``; raises ValueError for bad choices."""
+def resolve(backend: str, device) -> Backend:
+    """The backend module for ``backend`` on ``device``; raises ValueError for bad choices.
+    ``device`` None (the logits are no tensor, a ValueError to come): as on the CPU."""
     check_name(backend)
+    kind = "cpu" if device is None else device.type
     if backend == "auto":
-        preferred = {"cpu": "numba", "cuda": "triton"}.get(device.type, "torch")
+        preferred = {"cpu": "numba", "cuda": "triton"}.get(kind, "torch")
         if preferred != "torch" and not _available(preferred):
             if preferred not in _warned_fallback:
                 _warned_fallback.add(preferred)
@@ -154,7 +155,7 @@ def resolve(backend: str, device: torch.device) -> Backend:
                     RuntimeWarning, stacklevel=3)
             preferred = "torch"
         return load(preferred)
-    if backend == "numba" and device.type != "cpu":
+    if backend == "numba" and kind != "cpu":
         raise ValueError(f"backend='numba' runs on CPU tensors only, got logits on {device}")
     try:
         return load(backend)
@@ -164,7 +165,7 @@ def resolve(backend: str, device: torch.device) -> Backend:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One call after :func:`prepare_call`: what every backend is handed, and trusts."""
+    """One call after :func:`prepare_call`: the plan every backend is handed, and trusts."""
 
     impl: Any                          # the backend module (None while tracing: resolved in the op)
     chk: Checked                       # the tensors the kernels read (logits promoted, ids normalised)
@@ -173,86 +174,45 @@ class Prepared:
     nan_rows: Optional[torch.Tensor] = None  # (B,) float32, NaN for a sequence the device
                                        # check found bad (add it to the costs); None: checked
                                        # on the host (or not at all while tracing)
+    node_rows: Optional[torch.Tensor] = None  # (B, T, U+1) int64 node -> row map of a rows
+                                       # layout (packed, pruned), None for padded logits
 
 
 def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
-                 opts: LossOptions, *, boundary=None, node_rows=None, traced: bool = False,
-                 allow_blank_targets: bool = False, names: Optional[Names] = None) -> Prepared:
+                 opts: LossOptions, *, boundary=None, node_rows=None, packed: bool = False,
+                 traced: bool = False, allow_blank_targets: bool = False,
+                 names: Optional[Names] = None) -> Prepared:
     """The one preparation of every entry point on logits (the losses, the fused losses, the
-    pruned loss, the lattice tools): validate the arguments once, pick the backend, and
-    bring the logits to what its kernels read. The backends trust what it returns: they
-    check nothing again.
+    pruned loss, the lattice tools): pick the backend, check the call once
+    (``_validate.check_call``, which also brings the logits to what the backend's kernels
+    read), and build a packed layout's node -> row map. The backends trust what it returns:
+    they check nothing again.
 
-    In order: the backend (``traced``: under ``torch.compile`` it is resolved when the
-    custom op runs, ``impl`` None, and half types are promoted); the shapes, dtypes,
-    devices and values of ``check_lattice_args`` (values where ``may_read_values``); the
-    topology ``opts.topology`` against V and the blank (TDT: the token classes before the
-    durations); the targets against its fixed classes; k2's ``boundary``; ``opts.blank``
-    set. ``chk.logits`` is contiguous, float16/bfloat16 promoted to float32 unless the
-    backend reads them natively (autograd casts the gradient back), int32 ids kept where
-    the backend reads them.
-
-    ``logits``: ``(B, T, U+1, V)``; rows ``(N, V)`` with ``node_rows (B, T, U+1)`` (packed or
-    pruned layouts, ``_ops``); or a :class:`_validate.LogitsSpec` (the fused losses: shapes
-    only, ``chk.logits`` then a spec of the dtype the backend reads). ``names``: how the
-    messages name the caller's tensors (:class:`_validate.Names`)."""
-    rows = node_rows is not None
-    if not isinstance(logits, LogitsSpec):
-        check_logits_rank(logits, rows=rows)
+    ``traced``: under ``torch.compile`` the backend is resolved when the custom op runs
+    (``impl`` None; half types promoted; ``inplace_grad`` has no effect). ``logits``: ``(B,
+    T, U+1, V)``; rows ``(N, V)`` with ``node_rows (B, T, U+1)`` (the pruned layout) or
+    ``packed=True`` (the map built here, ``_layout.packed_node_rows``); or a
+    :class:`_validate.LogitsSpec` (the fused losses: shapes only, ``chk.logits`` then a spec
+    of the dtype the backend reads). ``names``: how the messages name the caller's tensors
+    (:class:`_validate.Names`)."""
     if traced:
         check_name(backend)
         impl = None
     else:
-        impl = resolve(backend, logits.device)
-    topo = opts.topology
-    n_tokens = None
-    if topo.n_durations:
-        V = logits.shape[-1]
-        n_tokens = topo.token_classes(V)
-        if n_tokens < 1:
-            topo.check(V, check_int("blank", blank))      # names the missing token classes
-    site = check_site(logits)
-    chk = check_lattice_args(logits, targets, logit_lengths, target_lengths, blank,
-                             int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
-                             n_tokens=n_tokens, grid=tuple(node_rows.shape) if rows else None,
-                             allow_blank_targets=allow_blank_targets, names=names, site=site)
-    x = chk.logits
-    dtype = x.dtype
-    if dtype in (torch.float16, torch.bfloat16) and (impl is None or not impl.NATIVE_LOW_PRECISION):
-        dtype = torch.float32
-    if isinstance(x, LogitsSpec):
-        x = LogitsSpec(x.shape, dtype, x.device)
-    elif dtype != x.dtype or not x.is_contiguous():
-        x = x.to(dtype).contiguous()
-    B, T, U1 = tuple(node_rows.shape) if rows else x.shape[:3]
-    _check_topology(topo, x.shape[-1], chk.blank)
-    check_class_targets(chk.targets, chk.target_lengths, topo, site)
-    boundary = check_boundary(boundary, B, x.device, chk.logit_lengths, chk.target_lengths)
-    nan_rows = None
-    if B and site == "device":
-        # The host checks above were skipped (no values read): the same rules on the device.
-        nan_rows = device_value_check(
-            chk.targets, chk.logit_lengths, chk.target_lengths, T=T, U=U1 - 1,
-            V=x.shape[-1] if n_tokens is None else n_tokens,
-            blank=None if allow_blank_targets else chk.blank, classes=_fixed_classes(topo),
-            boundary=boundary)
-    if x is not chk.logits:
-        chk = Checked(x, chk.targets, chk.logit_lengths, chk.target_lengths, chk.blank)
-    return Prepared(impl, chk, _with_blank(opts, chk.blank), boundary, nan_rows)
+        impl = resolve(backend, getattr(logits, "device", None))
+    chk = check_call(logits, targets, logit_lengths, target_lengths, blank, opts.topology,
+                     int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
+                     native_low_precision=impl is not None and impl.NATIVE_LOW_PRECISION,
+                     grid=None if node_rows is None else tuple(node_rows.shape), packed=packed,
+                     boundary=boundary, allow_blank_targets=allow_blank_targets, names=names,
+                     inplace_grad=opts.inplace_grad and not traced)
+    if packed:
+        node_rows = packed_node_rows(chk.logit_lengths, chk.target_lengths, chk.grid)
+    return Prepared(impl, chk, _with_blank(opts, chk.blank), chk.boundary, chk.nan_rows,
+                    node_rows)
 
 
 # Per-call work that depends only on hashable options, done once per value.
-@functools.lru_cache(maxsize=256)
-def _check_topology(topo: Topology, V: int, blank: int) -> int:
-    return topo.check(V, blank)
-
-
-@functools.lru_cache(maxsize=256)
-def _fixed_classes(topo: Topology) -> tuple:
-    """The classes an arc kind of ``topo`` reads as fixed (multi-blank's big blanks)."""
-    return tuple(sorted({k.class_id for k in topo.kinds if k.reads == "class"}))
-
-
 @functools.lru_cache(maxsize=256)
 def _with_blank(opts: LossOptions, blank: int) -> LossOptions:
     return opts if opts.blank == blank else replace(opts, blank=blank)

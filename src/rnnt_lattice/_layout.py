@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_packed_args, check_packed_sizes, check_window_args
+from ._validate import check_window_args
 
 
 def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
@@ -62,25 +62,19 @@ def row_sequences(node_rows: torch.Tensor, N: int) -> torch.Tensor:
     return torch.where(nodes >= 0, nodes // (T * U1), B)
 
 
-def packed_node_rows(logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
+def packed_node_rows(logit_lengths, target_lengths, grid: tuple) -> torch.Tensor:
     """The node -> row map ``(B, T, U+1)`` int64 of packed logits ``(sum_b T_b (U_b+1), V)``
-    (row ``offset_b + t (U_b+1) + u``; ``-1`` off each lattice), with ``T = max_b T_b`` and
-    ``U = targets.shape[1]``. Reads ``max T_b`` and the row count on the host (one sync on
-    CUDA); ValueError unless the row count equals ``logits.shape[0]``."""
-    check_packed_args(logits, targets, logit_lengths, target_lengths)
-    dev = logits.device
-    T_b, U_b = logit_lengths.to(dev, torch.int64), target_lengths.to(dev, torch.int64)
-    B, U = targets.shape
+    (row ``offset_b + t (U_b+1) + u``; ``-1`` off each lattice) on the lengths' device, for
+    the ``grid`` ``(B, T, U+1)`` that ``_validate.check_call`` read from the lengths (and
+    checked against the rows). No host read here."""
+    B, T, U1 = grid
+    T_b, U_b = logit_lengths.to(torch.int64), target_lengths.to(torch.int64)
     sizes = T_b * (U_b + 1)                                               # rows per sequence
-    # The one host read: the grid's T, the row count and the lengths' range.
-    T, N, lo, hi = (torch.stack([T_b.max(), sizes.sum(), torch.minimum(T_b.min(), U_b.min()),
-                                 U_b.max()]).tolist() if B else (0, 0, 0, 0))
-    check_packed_sizes(logits, T_b, U_b, U, N, lo, hi)
     offsets = torch.cumsum(sizes, 0) - sizes                              # (B,)
-    t = torch.arange(T, device=dev)[None, :, None]
-    u = torch.arange(U + 1, device=dev)[None, None, :]
+    t = torch.arange(T, device=T_b.device)[None, :, None]
+    u = torch.arange(U1, device=T_b.device)[None, None, :]
     rows = offsets[:, None, None] + t * (U_b[:, None, None] + 1) + u       # (B, T, U+1)
-    return torch.where(node_mask(T_b, U_b, T, U + 1), rows, -1)
+    return torch.where(node_mask(T_b, U_b, T, U1), rows, -1)
 
 
 def pack(logits: torch.Tensor, logit_lengths: torch.Tensor,

@@ -42,7 +42,7 @@ from ._layout import row_sequences
 from ._types import LossOptions
 from .topology import from_spec, to_spec
 
-__all__ = ["rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs",
+__all__ = ["run", "rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs",
            "refuse_double_backward", "with_bad_rows"]
 
 
@@ -121,6 +121,21 @@ def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossO
                            impl, opts)
 
 
+def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor:
+    """A prepared call (``_backends.prepare_call``) run to its loss: the autograd Function
+    (eager), or the custom op while ``torch.compile`` traces (``prep.impl`` None; the backend
+    is resolved when the op runs), then the device check's NaN rows, ``zero_infinity`` and
+    the reduction. Nothing is checked again."""
+    chk, opts = prep.chk, prep.opts
+    if prep.impl is None:
+        costs = rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
+                                  opts, backend, prep.boundary, prep.node_rows)
+    else:
+        costs = rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
+                           chk.target_lengths, opts, prep.boundary, prep.node_rows)
+    return reduce_costs(with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
+
+
 # --------------------------------------------------------------------------- traced
 @torch.library.custom_op("rnnt_lattice::rnnt_costs_and_grad", mutates_args=())
 def _costs_and_grad(
@@ -146,9 +161,10 @@ def _costs_and_grad(
     opts = LossOptions(blank, fused, clamp, fastemit_lambda,
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
+    # The value checks that could not run while tracing (_validate.check_call), now.
+    nan_rows = _validate.check_run(logits, targets, logit_lengths, target_lengths, boundary,
+                                   node_rows, opts.topology)
     impl = _backends.resolve(backend, logits.device)
-    nan_rows = _check_values_at_run(logits, targets, logit_lengths, target_lengths, boundary,
-                                    node_rows, opts)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
                                                 opts, need_grad, boundary, node_rows)
@@ -158,28 +174,6 @@ def _costs_and_grad(
         ones = torch.ones(costs.shape[0], dtype=costs.dtype, device=costs.device)
         grad = impl.loss_backward(saved, state, ones, opts)
     return costs, grad
-
-
-def _check_values_at_run(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
-                         opts: LossOptions):
-    """The value checks that ``_backends.prepare_call`` cannot run while tracing (nothing
-    to read), run when the op runs: the lengths and the boundary within the padded
-    lattice, which the kernels index by (the backends trust them), on the host
-    (``_validate.check_site``); on the device also the target ids within the token classes.
-    Returns the device check's ``nan_rows`` (None: checked on the host)."""
-    if logit_lengths.numel() == 0:
-        return None
-    B, T, U1 = (logits.shape[:3] if node_rows is None else node_rows.shape)
-    site = _validate.check_site(logits)
-    if site == "device":
-        return _validate.device_value_check(
-            targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
-            V=opts.topology.token_classes(logits.shape[-1]), blank=None, boundary=boundary)
-    if site == "host":
-        where = ("logits", logits)
-        _validate.check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
-        _validate.check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
-    return None
 
 
 @_costs_and_grad.register_fake

@@ -167,13 +167,18 @@ def device_value_check(targets, logit_lengths, target_lengths, *, T: int, U: int
 
 @dataclass(frozen=True)
 class Checked:
-    """Normalised arguments: int64 contiguous targets/lengths, a non-negative blank id."""
+    """A call's arguments after :func:`check_call`: what the backends read, and trust."""
 
-    logits: torch.Tensor          # (B, T, U+1, V) or rows (N, V), as given (``prepare`` converts)
+    logits: torch.Tensor          # (B, T, U+1, V) or rows (N, V): contiguous, half types promoted
+                                  # unless the backend reads them (a LogitsSpec for the fused losses)
     targets: torch.Tensor         # (B, U), int64 (int32 kept with int64_ids=False), contiguous
     logit_lengths: torch.Tensor   # (B,), idem
     target_lengths: torch.Tensor  # (B,), idem
-    blank: int                    # in [0, V)
+    blank: int                    # in [0, V_tok)
+    boundary: torch.Tensor | None = None   # (B, 4) int64 on the logits' device, or None
+    nan_rows: torch.Tensor | None = None   # (B,) float32, NaN for a sequence the device check
+                                  # found bad (added to its cost); None: checked on the host
+    grid: tuple | None = None     # (B, T, U+1) of a packed layout (T read from the lengths)
 
 
 def _shape(x) -> str:
@@ -220,8 +225,9 @@ def check_lattice_args(
     allow_blank_targets: bool = False,
     names: Names | None = None,
     site: str | None = "unknown",
-) -> Checked:
-    """Validate the lattice inputs and return them normalised (see :class:`Checked`).
+) -> tuple:
+    """Validate the lattice inputs and return them normalised: ``(targets, logit_lengths,
+    target_lengths, blank)`` as :class:`Checked` holds them (:func:`check_call`'s part).
     ``int64_ids=False`` keeps int32 ids and lengths as they are (contiguous): for a backend
     whose kernels read either, which saves a conversion per tensor on every call.
     ``n_tokens``: only the first ``n_tokens`` classes of the last axis are tokens (TDT: the
@@ -297,7 +303,7 @@ def check_lattice_args(
                       names.U if names else where)
         check_targets(targets, target_lengths, blank, Vt, allow_blank_targets)
 
-    return Checked(logits, targets, logit_lengths, target_lengths, blank)
+    return targets, logit_lengths, target_lengths, blank
 
 
 def check_logits_rank(logits, *, rows: bool = False) -> int:
@@ -312,6 +318,136 @@ def check_logits_rank(logits, *, rows: bool = False) -> int:
         raise ValueError(
             f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
     return logits.shape[-1]
+
+
+def check_topology(topology, V: int, blank: int) -> int:
+    """A topology against logits with ``V`` entries in the last axis and a blank id
+    (negative counts from the end of the token group): the token classes, the blank the
+    topology was built for, TDT's blank the last token, the classes its kinds read.
+    Returns the blank id in ``[0, V_tok)``."""
+    V_tok = V - topology.n_durations              # the tokens before TDT's durations
+    name = topology.name
+    if V_tok < 1:
+        raise ValueError(f"topology {name!r}: the last axis of the logits ({V}) must hold "
+                         f"at least one token besides the {topology.n_durations} durations")
+    if not -V_tok <= blank < V_tok:
+        raise ValueError(f"blank={blank} is out of range for {V_tok} token classes")
+    blank = blank % V_tok
+    if topology.blank is not None and blank != topology.blank:
+        # Its big blanks are the classes below the blank it was built for: with another
+        # blank it would be another lattice.
+        raise ValueError(f"topology {name!r} was built for blank={topology.blank} (its "
+                         f"classes are placed around it), got blank={blank}")
+    if topology.n_durations and blank != V_tok - 1:
+        # NeMo's layout (docs/variants.md B.2): tokens then durations, the blank the last
+        # token.
+        raise ValueError(f"topology {name!r}: the blank must be the last token "
+                         f"({V_tok - 1}), got {blank}")
+    for k in topology.kinds:
+        if k.reads == "class" and not (k.class_id < V_tok and k.class_id != blank):
+            raise ValueError(f"topology {name!r}: kind {k.name!r} reads class {k.class_id}, "
+                             f"which must be a token id other than the blank {blank} "
+                             f"(V_tok = {V_tok})")
+    return blank
+
+
+def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, *,
+               int64_ids: bool = True, native_low_precision: bool = False,
+               grid: tuple | None = None, packed: bool = False, boundary=None,
+               allow_blank_targets: bool = False, names: Names | None = None,
+               inplace_grad: bool = False) -> Checked:
+    """Every check of one call on logits, in one place, into the :class:`Checked` plan
+    that the backend runs without checking again (``_backends.prepare_call`` calls it once
+    per call of every entry point on logits).
+
+    In order: the layout (``packed``: the rows, and the lengths read once on the host for
+    the grid's ``T`` and the row count; ``grid``: ``(B, T, U+1)`` of a given node -> row
+    map, the logits its rows ``(N, V)``); the shapes, dtypes, devices and, where
+    :func:`check_site` says ``"host"``, the values of :func:`check_lattice_args`; the
+    ``topology`` against V and the blank (TDT: the token classes first); the targets
+    against its fixed classes; k2's ``boundary``; where the site is ``"device"``, the same
+    value rules on the device (:func:`device_value_check`, no host synchronisation); last
+    ``inplace_grad``'s rule, on the logits as given. The logits come back contiguous,
+    float16/bfloat16 promoted to float32 unless ``native_low_precision`` (the backend reads
+    them; autograd casts the gradient back); ``int64_ids=False`` keeps int32 ids. A
+    :class:`LogitsSpec` stands for logits known by shape only (the fused losses), and
+    ``names`` says how the messages name the caller's tensors."""
+    if packed:
+        check_packed_args(logits, targets, logit_lengths, target_lengths)
+    elif not isinstance(logits, LogitsSpec):
+        check_logits_rank(logits, rows=grid is not None)
+    V = logits.shape[-1]
+    n_tokens = None
+    if topology.n_durations:
+        n_tokens = V - topology.n_durations       # the tokens before the durations
+        if n_tokens < 1:
+            check_topology(topology, V, check_int("blank", blank))    # names the missing tokens
+    site = check_site(logits)
+    if packed:
+        grid = _packed_grid(logits, targets, logit_lengths, target_lengths)
+    targets, logit_lengths, target_lengths, blank = check_lattice_args(
+        logits, targets, logit_lengths, target_lengths, blank, int64_ids=int64_ids,
+        n_tokens=n_tokens, grid=grid, allow_blank_targets=allow_blank_targets, names=names,
+        site=site)
+    x = logits
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16) and not native_low_precision:
+        dtype = torch.float32
+    if isinstance(x, LogitsSpec):
+        x = LogitsSpec(x.shape, dtype, x.device)
+    elif dtype != x.dtype or not x.is_contiguous():
+        x = x.to(dtype).contiguous()
+    B, T, U1 = grid if grid is not None else x.shape[:3]
+    blank = _check_topology(topology, V, blank)
+    check_class_targets(targets, target_lengths, topology, site)
+    boundary = check_boundary(boundary, B, x.device, logit_lengths, target_lengths)
+    nan_rows = None
+    if B and site == "device":
+        # The host checks above were skipped (no values read): the same rules on the device.
+        nan_rows = device_value_check(
+            targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
+            V=V if n_tokens is None else n_tokens,
+            blank=None if allow_blank_targets else blank, classes=_fixed_classes(topology),
+            boundary=boundary)
+    if inplace_grad:
+        # On what the user passed: any copy (dtype, layout) would defeat it.
+        check_inplace(logits, native_low_precision)
+    return Checked(x, targets, logit_lengths, target_lengths, blank, boundary,
+                   nan_rows, grid if packed else None)
+
+
+def check_run(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
+              topology) -> torch.Tensor | None:
+    """The value checks of :func:`check_call` that cannot run while ``torch.compile``
+    traces (there are no values), run by the custom op when it runs: the lengths and the
+    boundary within the padded lattice, which the kernels index by, on the host; on the
+    device also the target ids within the token classes. Returns the device check's
+    ``nan_rows`` (None: checked on the host)."""
+    if logit_lengths.numel() == 0:
+        return None
+    B, T, U1 = (logits.shape[:3] if node_rows is None else node_rows.shape)
+    site = check_site(logits)
+    if site == "device":
+        return device_value_check(targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
+                                  V=logits.shape[-1] - topology.n_durations, blank=None,
+                                  boundary=boundary)
+    if site == "host":
+        where = ("logits", logits)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+        check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
+    return None
+
+
+# Per-call work that depends only on hashable options, done once per value.
+@functools.lru_cache(maxsize=256)
+def _check_topology(topology, V: int, blank: int) -> int:
+    return check_topology(topology, V, blank)
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_classes(topology) -> tuple:
+    """The classes an arc kind of ``topology`` reads as fixed (multi-blank's big blanks)."""
+    return tuple(sorted({k.class_id for k in topology.kinds if k.reads == "class"}))
 
 
 def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, topology,
@@ -527,7 +663,7 @@ def check_boundary(boundary, B: int, device: torch.device, logit_lengths: torch.
 # --------------------------------------------------------------------------- layouts
 def check_packed_args(logits, targets, logit_lengths, target_lengths) -> None:
     """``packed=True``: rows ``(N, V)``, lengths ``(B,)`` int and targets ``(B, U)``, on a
-    device with values (the layout is built from the lengths)."""
+    device with values (the layout is built from the lengths; :func:`check_call`)."""
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
                     ("targets", targets)):
         if not isinstance(x, torch.Tensor):
@@ -549,17 +685,27 @@ def check_packed_args(logits, targets, logit_lengths, target_lengths) -> None:
                          "them): tensors on the meta device have none")
 
 
-def check_packed_sizes(logits, T_b, U_b, U: int, N: int, lo: int, hi: int) -> None:
-    """``packed=True``, on the values read once (``_layout.packed_node_rows``): lengths
-    ``>= 0`` (``lo``: the least of both), ``U_b <= U`` (``hi``: the largest) and ``N``
-    rows, as many as ``logits`` has."""
+def _packed_grid(logits, targets, logit_lengths, target_lengths) -> tuple:
+    """``packed=True``: the grid ``(B, T, U+1)`` of the packed rows, ``T = max_b T_b``, from
+    the one host read of the lengths (a synchronisation on CUDA), which also checks them:
+    ``>= 0``, ``U_b <= U``, and ``sum_b T_b (U_b+1)`` rows, as many as ``logits`` has."""
+    B, U = targets.shape
+    if not B:
+        T, N, lo, hi = 0, 0, 0, 0
+    else:
+        T_b = logit_lengths.to(torch.int64)
+        U_b = target_lengths.to(torch.int64)
+        T, N, lo, hi = torch.stack([T_b.max(), (T_b * (U_b + 1)).sum(),
+                                    torch.minimum(T_b.min(), U_b.min()), U_b.max()]).tolist()
     if lo < 0 or hi > U:
         raise ValueError(f"packed=True: lengths must be >= 0 and target_lengths <= U = {U}, got "
-                         f"logit_lengths {T_b.tolist()} and target_lengths {U_b.tolist()}")
+                         f"logit_lengths {logit_lengths.tolist()} and target_lengths "
+                         f"{target_lengths.tolist()}")
     if N != logits.shape[0]:
         raise ValueError(f"packed=True: logits {tuple(logits.shape)} must have sum_b T_b (U_b+1) "
-                         f"= {N} rows for logit_lengths {T_b.tolist()} and target_lengths "
-                         f"{U_b.tolist()}")
+                         f"= {N} rows for logit_lengths {logit_lengths.tolist()} and "
+                         f"target_lengths {target_lengths.tolist()}")
+    return B, T, U + 1
 
 
 def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:

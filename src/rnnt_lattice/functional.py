@@ -1,14 +1,12 @@
 """Public functions: validate -> pick a backend -> reduce."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from . import _backends, _ops
-from ._layout import pack, packed_node_rows
+from ._layout import pack
 from ._types import LossOptions
-from ._validate import (FLOAT_RANGES, check_durations, check_float, check_inplace, check_int,
+from ._validate import (FLOAT_RANGES, check_durations, check_float, check_int,
                         check_multiblank_blank, check_pack_logits_args, check_reduction,
                         check_tdt_logits)
 from .topology import Topology, by_name, multiblank, regular, tdt
@@ -326,11 +324,12 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
           reduction, fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
           delay_penalty=0.0, boundary=None, packed=False, node_rows=None,
           allow_blank_targets=False):
-    """validate -> pick a backend (``_backends.prepare_call``, the one preparation) -> the one
-    autograd Function (or the custom op while compiling) -> zero_infinity -> reduce; shared
-    by every loss on logits. ``packed``: build
-    the packed layout's node -> row map; ``node_rows``: a layout's map given directly
-    (the pruned loss), the logits being its rows ``(N, V)``."""
+    """The loss of every entry point on logits: the float options into one
+    :class:`LossOptions`, the call prepared once (``_backends.prepare_call``: the backend,
+    every check, a packed layout's map), then run (``_ops.run``: the one autograd Function,
+    or the custom op while compiling; zero_infinity; the reduction). ``packed``: the logits
+    are packed rows; ``node_rows``: a layout's map given directly (the pruned loss), the
+    logits being its rows ``(N, V)``."""
     check_reduction(reduction)
     clamp = check_float("clamp", clamp)
     fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda, finite=True)
@@ -338,26 +337,11 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
     opts = LossOptions(0, bool(fused), clamp, fastemit_lambda, bool(inplace_grad),
                        topology=topology, sigma=sigma, delay_penalty=delay_penalty)
-    compiling = torch.compiler.is_compiling()
-    if packed:
-        node_rows = packed_node_rows(logits, targets, logit_lengths, target_lengths)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
-                                  opts, boundary=boundary, node_rows=node_rows, traced=compiling,
+                                  opts, boundary=boundary, node_rows=node_rows, packed=packed,
+                                  traced=torch.compiler.is_compiling(),
                                   allow_blank_targets=allow_blank_targets)
-    chk, opts = prep.chk, prep.opts
-    if compiling:
-        # The traced path: an opaque custom op (see _ops.py); the backend is resolved when
-        # the op runs, outside the trace. inplace_grad has no effect there.
-        costs = _ops.rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths,
-                                       chk.target_lengths, replace(opts, inplace_grad=False),
-                                       backend, prep.boundary, node_rows)
-    else:
-        if inplace_grad:
-            # Checked on what the user passed: any copy (dtype, layout) would defeat it.
-            check_inplace(logits, prep.impl.NATIVE_LOW_PRECISION)
-        costs = _ops.rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
-                                chk.target_lengths, opts, prep.boundary, node_rows)
-    return _ops.reduce_costs(_ops.with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
+    return _ops.run(prep, backend, reduction, zero_infinity)
 
 
 def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,

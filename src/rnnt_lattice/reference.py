@@ -30,6 +30,7 @@ import torch
 
 from ._layout import row_nodes, rows_view
 from ._types import Ends, Lattice
+from ._validate import check_topology
 from .topology import Topology
 
 NEG_INF = float("-inf")
@@ -484,7 +485,7 @@ def costs_and_grad(logits, targets, logit_lengths, target_lengths, topo: Topolog
     ``node_rows``: ``logits`` are the rows ``(N, V)`` of a packed or pruned layout
     (``kind_log_probs``); the gradient is ``(N, V)`` too.
     """
-    blank = topo.check(logits.shape[-1], blank)
+    blank = check_topology(topo, logits.shape[-1], blank)
     T, U1 = (logits.shape[1:3] if node_rows is None else node_rows.shape[1:3])
     Ends.of(logit_lengths, target_lengths, boundary).check(T, U1)
     return costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, topo, blank,

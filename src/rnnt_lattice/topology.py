@@ -28,6 +28,7 @@ Builders, with the peers' exact semantics (docs/variants.md):
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 READS = ("blank", "label", "class")
@@ -124,34 +125,6 @@ class Topology:
         """Size of the token softmax group for logits whose last axis has ``V`` entries."""
         return V - self.n_durations
 
-    def check(self, V: int, blank: int) -> int:
-        """Validate the topology against logits with ``V`` entries in the last axis and a
-        blank id (negative counts from the end of the token group). Returns the blank id
-        in ``[0, V_tok)``; raises ValueError naming what is wrong."""
-        V_tok = self.token_classes(V)
-        if V_tok < 1:
-            raise ValueError(f"topology {self.name!r}: the last axis of the logits ({V}) must hold "
-                             f"at least one token besides the {self.n_durations} durations")
-        if not -V_tok <= blank < V_tok:
-            raise ValueError(f"blank={blank} is out of range for {V_tok} token classes")
-        blank = blank % V_tok
-        if self.blank is not None and blank != self.blank:
-            # Its big blanks are the classes below the blank it was built for: with another
-            # blank it would be another lattice.
-            raise ValueError(f"topology {self.name!r} was built for blank={self.blank} (its "
-                             f"classes are placed around it), got blank={blank}")
-        if self.n_durations and blank != V_tok - 1:
-            # NeMo's layout (docs/variants.md B.2): tokens then durations, the blank the
-            # last token.
-            raise ValueError(f"topology {self.name!r}: the blank must be the last token "
-                             f"({V_tok - 1}), got {blank}")
-        for k in self.kinds:
-            if k.reads == "class" and not (k.class_id < V_tok and k.class_id != blank):
-                raise ValueError(f"topology {self.name!r}: kind {k.name!r} reads class "
-                                 f"{k.class_id}, which must be a token id other than the "
-                                 f"blank {blank} (V_tok = {V_tok})")
-        return blank
-
 
 def regular() -> Topology:
     """Standard RNN-T (Graves 2012): a mandatory final blank from ``(T_b-1, U_b)``."""
@@ -193,7 +166,15 @@ def multiblank(blank: int, big_blank_durations) -> Topology:
     """NeMo multi-blank RNN-T. ``blank`` is the standard blank's id (NeMo: the last token,
     ``V + n_big_blanks``); big blank i, of duration ``big_blank_durations[i] >= 2``, is the
     class ``blank - 1 - i`` and moves ``(t,u) -> (t + d_i, u)``."""
-    durations = [int(d) for d in big_blank_durations]
+    return _multiblank(blank, tuple(int(d) for d in big_blank_durations))
+
+
+# The builders with parameters are cached by their (hashable) parameters: a loss builds its
+# topology in every call, and one frozen object per value spares the arc kinds' checks and
+# makes the backends' cache lookups, keyed by the topology, an identity hit.
+@functools.lru_cache(maxsize=64)
+def _multiblank(blank: int, durations: tuple) -> Topology:
+    durations = list(durations)
     if blank < 0:
         raise ValueError(f"multiblank: give the blank as a token id >= 0, got {blank}")
     if len(set(durations)) != len(durations) or any(d < 2 for d in durations):
@@ -213,7 +194,12 @@ def tdt(durations) -> Topology:
     least one > 0. Label arcs ``(t,u) -> (t+d, u+1)`` for every d (never landing on the end
     frame), blank arcs ``(t,u) -> (t+d, u)`` for d > 0 (may end); each adds the log-prob of
     its duration index. The logits' last axis is ``[tokens | durations]``, blank last token."""
-    durations = [int(d) for d in durations]
+    return _tdt(tuple(int(d) for d in durations))
+
+
+@functools.lru_cache(maxsize=64)
+def _tdt(durations: tuple) -> Topology:
+    durations = list(durations)
     if (not durations or any(d < 0 for d in durations) or durations != sorted(set(durations))
             or durations[-1] == 0):
         raise ValueError(f"tdt: durations must be ascending, distinct, >= 0 and include one > 0, "

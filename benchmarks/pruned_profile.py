@@ -1,0 +1,132 @@
+"""Where the pruned pipeline's step spends its time: each stage of ``run.py --mode pruned``'s
+step (ours, public API) timed alone, then the kernels of whole steps under the profiler.
+
+    python benchmarks/pruned_profile.py [--device cuda] [--shape pg1] [--window 5]
+                                        [--method k2] [--reps 5] [--top 25] [--json FILE]
+
+The stages, in the order the step runs them (``pruned_pipeline._ours``):
+
+    simple   rnnt_loss_smoothed(lm, am, ..., return_occupations=True)   forward
+    ranges   prune_ranges(occ, R, method)
+    gather   do_rnnt_pruning(am, lm, ranges)                            (B, T, R, V) twice
+    join     am_p + lm_p                                                 the window logits
+    pruned   rnnt_loss_pruned(...)                                       forward
+    backward (simple + pruned).backward()                                every gradient
+
+Each stage's time is the median over ``--reps`` steps of the device clock (CUDA events on
+CUDA) between its start and its end; the stages add up to the step, since nothing else
+runs in it. The profile's table lists the kernels (CUDA) or operators (CPU) with the most
+device time over ``--reps`` steps. The step's total is what ``run.py --mode pruned`` times.
+"""
+from __future__ import annotations
+
+import common  # first: sets the thread env vars before torch is imported
+
+import argparse                   # noqa: E402
+import json                       # noqa: E402
+import statistics                 # noqa: E402
+
+import torch                      # noqa: E402
+
+import shapes                     # noqa: E402
+from pruned_pipeline import SCALES  # noqa: E402
+
+STAGES = ("simple", "ranges", "gather", "join", "pruned", "backward")
+
+
+class Clock:
+    """Marks between the stages: CUDA events on CUDA (no synchronisation inside a step),
+    the host's clock after a synchronisation elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            import time
+            self.marks.append(time.perf_counter())
+
+    def spans_ms(self) -> list:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
+
+def step(x, am, lm, R: int, method: str, clock: Clock | None = None):
+    """One step of the pipeline, with a mark between its stages."""
+    import rnnt_lattice
+    mark = clock.mark if clock else (lambda: None)
+    am.grad = lm.grad = None
+    mark()
+    simple, occ = rnnt_lattice.rnnt_loss_smoothed(
+        lm, am, x.targets, x.logit_lengths, x.target_lengths, blank=x.blank, reduction="sum",
+        return_occupations=True, **SCALES)
+    mark()
+    win = rnnt_lattice.prune_ranges(occ, R, method=method)
+    mark()
+    am_p, lm_p = rnnt_lattice.do_rnnt_pruning(am, lm, win.ranges)
+    mark()
+    logits = am_p + lm_p
+    mark()
+    pruned = rnnt_lattice.rnnt_loss_pruned(logits, x.targets, win.ranges, x.logit_lengths,
+                                           x.target_lengths, blank=x.blank, reduction="sum")
+    mark()
+    (simple + pruned).backward()
+    mark()
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--shape", default="pg1", choices=sorted(shapes.SHAPES))
+    p.add_argument("--window", type=int, default=5, help="R, the window of label positions")
+    p.add_argument("--method", default="k2", help="prune_ranges' method (k2, exact)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--top", type=int, default=25, help="rows of the profile's table")
+    p.add_argument("--json", help="write the stage times here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    x = shapes.make_joiner_inputs(shapes.SHAPES[args.shape], device=device)
+    am = x.am.detach().clone().requires_grad_()
+    lm = x.lm.detach().clone().requires_grad_()
+    for _ in range(2):                                     # compile, warm the allocator
+        step(x, am, lm, args.window, args.method)
+    spans = []
+    for _ in range(args.reps):
+        clock = Clock(device)
+        step(x, am, lm, args.window, args.method, clock)
+        spans.append(clock.spans_ms())
+    med = {name: statistics.median(s[i] for s in spans) for i, name in enumerate(STAGES)}
+    total = statistics.median(sum(s) for s in spans)
+    B, T, U, V = (x.am.shape[0], x.am.shape[1], x.lm.shape[1] - 1, x.am.shape[-1])
+    print(f"{args.shape} (B={B} T={T} U={U} V={V}) R={args.window} method={args.method} on "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}: step "
+          f"{total:.3f} ms (median of {args.reps})")
+    for name in STAGES:
+        print(f"  {name:9s} {med[name]:8.3f} ms  {100 * med[name] / total:5.1f}%")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.reps):
+            step(x, am, lm, args.window, args.method)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=args.top))
+    out = {"shape": args.shape, "R": args.window, "method": args.method,
+           "device": str(device), "step_ms": total, "stages_ms": med}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
