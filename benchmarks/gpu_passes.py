@@ -24,8 +24,8 @@ between calls):
   on the same logits, and its peak memory above the inputs beside ours.
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
-``(ROWS, BLOCK_V, num_warps)`` of :data:`SWEEP` (the module's tile constants replaced for the
-call), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
+``(ROWS, BLOCK_V, num_warps, span)`` of :data:`SWEEP` (the module's tile constants replaced
+for the call, ``span`` the row pass's ``gpu.SPAN_ROWS``), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
 ``(BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES)`` of :data:`LATTICE_SWEEP` (the lanes of its
 wavefront and their threads). ``--host-profile SHAPE`` prints where the host's time of
 forward+backward goes at that shape with real launches (cProfile over 300 calls, the
@@ -44,10 +44,12 @@ import torch
 
 import shapes
 
-# Around the narrow rows' one row of 256 (TDT at s5: 1.35 ms, 4 rows of 128 1.97 ms): more
-# loads in flight per thread with wider chunks.
-SWEEP = [(1, 256, 4), (4, 128, 4), (1, 512, 4), (1, 1024, 4), (1, 1024, 8), (2, 512, 4),
-         (1, 512, 2), (2, 256, 4)]
+# Rows that start anywhere (TDT, odd V; shapes s5 with --variants tdt, and s5odd): read from
+# their aligned span with vector loads (span True: the default since 2026-11-26, on the
+# aligned rows' 16 rows of 128, not yet timed) against a load per element (span False: one
+# row of 256 was the best of those, TDT at s5 1.35 ms).
+SWEEP = [(16, 128, 4, True), (8, 128, 4, True), (4, 256, 4, True), (8, 256, 4, True),
+         (16, 128, 8, True), (1, 256, 4, False), (4, 128, 4, False)]
 # (BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES): at U + 1 = 65..128, 128 lanes with 4 or 2 warps,
 # 256 lanes with 8 or 4 warps.
 LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
@@ -74,16 +76,16 @@ def _state(inp, opts):
 
 
 def passes(inp, opts, config=None) -> dict:
-    """Median ms of each pass alone (``config``: ``(ROWS, BLOCK_V, num_warps)`` of the V
-    passes, or None for the backend's own)."""
+    """Median ms of each pass alone (``config``: ``(ROWS, BLOCK_V, num_warps, span)`` of
+    the V passes, or None for the backend's own)."""
     from triton.testing import do_bench
     from rnnt_lattice import gpu
-    saved = gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V
+    saved = gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V, gpu.SPAN_ROWS
     if config is not None:                # the module's constants: part of the plans' keys
-        rows, block_v, warps = config
+        rows, block_v, warps, span = config
         tiles = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
         gpu.V_PASS_TILES = gpu.NARROW_TILES = tiles
-        gpu.NUM_WARPS_V = warps
+        gpu.NUM_WARPS_V, gpu.SPAN_ROWS = warps, span
     try:
         logits, y, tl, ul, rows, st, costs = _state(inp, opts)
         up = torch.ones_like(costs)
@@ -100,7 +102,7 @@ def passes(inp, opts, config=None) -> dict:
                              return_mode="median"),
         }
     finally:
-        gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V = saved
+        gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V, gpu.SPAN_ROWS = saved
     nbytes = logits.numel() * logits.element_size()
     out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
     out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9

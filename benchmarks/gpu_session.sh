@@ -21,7 +21,8 @@
 #                profile of the host's time at s3
 #   passes_base  the same passes at s5 (no peers) with the package in .ab/old/ (an earlier
 #                commit's src/ and benchmarks/, carried), for an A/B on the same machine
-#   tdt_sweep    the V passes' tile sweep for TDT at s5
+#   tdt_sweep    the V passes' tile sweep at s5 and s5odd (V = 1025), regular and TDT: rows
+#                read from their aligned span (the default) against a load per element
 #   passes_ours  the same without the peers and the sweep (s3, s5, big)
 #   joint_j1     the joiner's training step at j1 (32, 400, 100, 1024), H = 512, bf16
 #                autocast: the full pipeline against the joiner's kernel path
@@ -62,8 +63,9 @@ for step in "$@"; do
     passes_base) run passes_base 45 env PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" \
               python3 .ab/old/benchmarks/gpu_passes.py --shapes s5 \
               --variants regular tdt multiblank --peers --json "$out/passes_base.json" ;;
-    tdt_sweep) run tdt_sweep 60 python3 benchmarks/gpu_passes.py --shapes s5 --variants tdt \
-              --peers --sweep s5 --json "$out/tdt_sweep.json" ;;
+    tdt_sweep) run tdt_sweep "${SWEEP_LIMIT:-150}" python3 benchmarks/gpu_passes.py \
+              --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
+              --json "$out/tdt_sweep.json" ;;
     passes_ours) run passes_ours 90 python3 benchmarks/gpu_passes.py --shapes s3 s5 big \
               --variants regular tdt multiblank --peers --json "$out/passes_ours.json" ;;
     joint_j1) run joint_j1 70 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \

@@ -111,6 +111,7 @@ def loads(ptx: str) -> str:
 
 
 def variants(V_list):
+    import torch
     from rnnt_lattice import gpu, topology
     for tname, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4])),
                         ("multiblank", topology.multiblank(4095, [2, 4, 8]))):
@@ -118,11 +119,13 @@ def variants(V_list):
         for V in V_list:
             for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
                                        ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True))):
-                rows, block_v, warps = gpu._tiles(V, 1 << 20, which, n_dur)
+                span = gpu._span(V, n_dur, torch.float32) if which == "row" else 0
+                rows, block_v, warps = gpu._tiles(V, 1 << 20, which, n_dur, span)
                 const = dict(gpu._kernel_kinds(topo, which), ROWS=rows, BLOCK_V=block_v,
                              BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
                              V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32,
-                             BOUNDARY=False, LAYOUT=0, **flags)
+                             BOUNDARY=False, LAYOUT=0, **flags,
+                             **(dict(SPAN=span) if which == "row" else {}))
                 yield (f"{name} {tname}", V, name, const, warps, 3)
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",

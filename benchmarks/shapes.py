@@ -66,6 +66,8 @@ SHAPES = {s.name: s for s in (
     # GPU-sized: a large ragged training batch, and a large vocabulary.
     Shape("big", 32, 400, 100, 1024, T_range=(200, 400), U_range=(50, 100)),
     Shape("v5000", 8, 300, 60, 5000, T_range=(150, 300), U_range=(30, 60)),
+    # s5 with 1024 labels and a blank: rows that start anywhere (gpu_passes.py --sweep).
+    Shape("s5odd", 8, 400, 80, 1025),
     # The pruned pipeline (run.py --mode pruned): the joiner's two halves am (B, T, V) and
     # lm (B, U+1, V), never the (B, T, U+1, V) logits except for the full-loss rows.
     # CPU-sized: 2 cores finish all three in minutes; "pv5000" has a large vocabulary.

@@ -43,7 +43,8 @@ padded rows, the ``N`` rows of a map (``B*T*R`` for pruned windows; the map is i
 ``B*(t1-t0)*(u1-u0)`` rows; never the whole grid per tile.
 
 Compilation: shape integers are not specialised (``kernels``, ``do_not_specialize``), the
-row alignment is the constexpr ``V_ALIGN`` (``_v_align``), ``BLOCK_U`` has three buckets
+row alignment is the constexpr ``V_ALIGN`` (``_v_align``; rows that start anywhere are read
+from their aligned span, ``SPAN``: ``_span``), ``BLOCK_U`` has three buckets
 (``_block_u``) and the workspace parts are 16-byte aligned: a training run with varying
 T and U compiles a handful of variants per vocabulary (benchmarks/compile_variants.py).
 
@@ -99,6 +100,10 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u
 V_PASS_TILES = {"row": (2048, 128), "grad": (1024, 256)}
 # Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
 NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
+# The row pass reads such rows from their 16-byte aligned span instead (``_span``), with
+# vector loads and V_PASS_TILES; False: NARROW_TILES and a load per element (the A/B of
+# benchmarks/gpu_passes.py --sweep).
+SPAN_ROWS = True
 NUM_WARPS_V = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 # Lanes of the lattice kernel's wavefront per thread (``_lattice_warps``): with one, each
@@ -135,6 +140,16 @@ def _v_align(V: int, n_durations: int = 0) -> int:
     return math.gcd(math.gcd(int(V), int(V) - int(n_durations)), 16) or 16
 
 
+def _span(V_tok: int, n_durations: int, dtype: torch.dtype) -> int:
+    """``kernels``' ``SPAN`` of the row pass: for rows whose loads cannot be vectorised
+    (``_v_align`` below 4), the entries in 16 bytes of ``dtype``, the alignment from which
+    ``kernels._group_lse`` reads each row's token group; 0 for aligned rows (or with
+    :data:`SPAN_ROWS` off)."""
+    if not SPAN_ROWS or _v_align(V_tok + n_durations, n_durations) >= 4:
+        return 0
+    return 16 // dtype.itemsize
+
+
 def _block_u(U1: int) -> int:
     """``BLOCK_U`` of the lattice kernel: three buckets, ``BLOCK_U_SMALL`` lanes up to that
     many label positions, twice that up to twice that, ``BLOCK_U`` beyond (a constexpr per
@@ -161,7 +176,7 @@ def _window_dp_warps(block_s: int) -> int:
     return max(1, min(16, block_s // 256))
 
 
-def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0):
+def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0, span: int = 0):
     """``(ROWS, BLOCK_V, num_warps)`` of the V pass ``which`` (``"row"``, ``"grad"``) over
     ``n_rows`` rows of ``V`` token classes (:data:`V_PASS_TILES`): a chunk of up to the
     pass's cap, and as many rows per program as fit its tile (no more than the rows there
@@ -170,8 +185,10 @@ def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0):
     with its own address, and 16 rows of 128 took 240-255 registers a thread
     (benchmarks/kernel_resources.py). On an H100, TDT's row pass at s5 took 1.35 ms with one
     row of 256 a program, 1.97 with 4 rows of 128, 2.71 with 16 rows of 128, 3.03 with 16
-    rows and 8 warps (docs/benchmarks.md, "GPU")."""
-    narrow = _v_align(V + n_durations, n_durations) < 4
+    rows and 8 warps (docs/benchmarks.md, "GPU"). The row pass reads such rows from their
+    aligned span (``span`` > 0, :func:`_span`): vector loads again, and the tiles of
+    aligned rows."""
+    narrow = _v_align(V + n_durations, n_durations) < 4 and not span
     tile, cap = (NARROW_TILES if narrow else V_PASS_TILES)[which]
     block_v = _pow2(V, cap)
     rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
@@ -457,12 +474,13 @@ def _fill_rowless(st: _State) -> None:
 def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: int, dtype,
               n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple):
     n_dur = topo.n_durations
-    per, block_v, num_warps = _tiles(V - n_dur, n_rows, "row", n_dur)
+    span = _span(V - n_dur, n_dur, dtype)
+    per, block_v, num_warps = _tiles(V - n_dur, n_rows, "row", n_dur, span)
     args = (n_rows, lay.T, lay.U1, V - n_dur, blank, *box,
             *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"))
     kw = dict(_kernel_kinds(topo, "row"), FUSED=log_softmax, LAYOUT=layout, ACC=_acc(dtype),
               ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
-              V_ALIGN=_v_align(V, n_dur), BOUNDARY=boundary, num_warps=num_warps)
+              V_ALIGN=_v_align(V, n_dur), SPAN=span, BOUNDARY=boundary, num_warps=num_warps)
     return ((n_rows + per - 1) // per,), args, kw
 
 
@@ -470,7 +488,7 @@ def _tile_constants() -> tuple:
     """The module's tile constants, as a key of the launch plans (tests change them)."""
     return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
-            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES)
+            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,

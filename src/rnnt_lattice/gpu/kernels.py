@@ -237,20 +237,45 @@ def _lse_finish(m, s):
 
 @triton.jit
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK: tl.constexpr, ALIGN: tl.constexpr):
+               BLOCK: tl.constexpr, ALIGN: tl.constexpr, SPAN: tl.constexpr = 0):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
     chunks of BLOCK (:func:`_lse_chunk`): -inf for an all -inf row, NaN for a row holding a
     NaN or +inf (math.md 8.1: either one turns the row's exp sum into NaN, whatever the
-    running max does with it). Rows not ``live`` are not read."""
-    v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
+    running max does with it). Rows not ``live`` are not read.
+
+    ``SPAN`` > 0 (rows that start anywhere: TDT's rows of V_tok + durations, odd V): the
+    chunks are read from the multiple of ``SPAN`` entries (16 bytes) at or below each
+    group's first entry, so that every load is a 16-byte vector load whatever the row's
+    alignment, and the entries before the group are selected away in registers; the
+    whole ``SPAN``-groups end at or before the group's end, and its last ``< SPAN`` entries
+    are one short load of their own. Nothing past the group is read; the entries before
+    it lie in the same tensor (the row before, or this row's own)."""
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
     s = tl.zeros([ROWS], tl.float64)
-    for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
-        v = v0 + offs
-        x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
-                    mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
+    if SPAN > 0:
+        first = row + start                                   # int64, any alignment
+        base = tl.multiple_of(first - first % SPAN, SPAN)     # 16-byte aligned
+        head = (first - base).to(tl.int32)                    # [0, SPAN): not the group's
+        end = head + tl.where(live, n, 0)                     # the group's end from base
+        body = tl.multiple_of(end - end % SPAN, SPAN)         # whole SPAN-groups
+        for v0 in range(0, tl.max(body, axis=0), BLOCK):
+            v = v0 + offs
+            x = tl.load(logits_ptr + base[:, None] + v[None, :],
+                        mask=v[None, :] < body[:, None], other=NEG_INF)
+            x = tl.where(v[None, :] >= head[:, None], x, NEG_INF).to(ACC)
+            m, s = _lse_chunk(m, s, x)
+        t = body[:, None] + tl.arange(0, SPAN)[None, :]       # the last < SPAN entries
+        x = tl.load(logits_ptr + base[:, None] + t,
+                    mask=(t >= head[:, None]) & (t < end[:, None]), other=NEG_INF).to(ACC)
         m, s = _lse_chunk(m, s, x)
+    else:
+        v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
+        for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
+            v = v0 + offs
+            x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
+                        mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
+            m, s = _lse_chunk(m, s, x)
     return _lse_finish(m, s)
 
 
@@ -357,6 +382,7 @@ def _row_kernel(
     # flags
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
+    SPAN: tl.constexpr,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
@@ -368,8 +394,9 @@ def _row_kernel(
 
     with ``c_k`` the blank, ``y[u]`` or ``CLASS_ID[k]``; -inf outside the region and where
     ``u + DU[k] > u1``. ``next_blank (B, T, U+1)`` (only with a ``plus_next_blank`` kind) is
-    the blank's log-prob, read by the arc from ``(t, u-1)``. Outputs are float64; padding
-    gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are written: with
+    the blank's log-prob, read by the arc from ``(t, u-1)``. ``SPAN`` > 0: the token group
+    is read from its 16-byte aligned span (rows not aligned, :func:`_group_lse`). Outputs
+    are float64; padding gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are written: with
     ``row_nodes``, the caller fills the nodes that read no row (``lse = 0``, -inf arcs)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     node, inside = _row_node(r, r < n_rows, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
@@ -381,7 +408,7 @@ def _row_kernel(
     # int64: past 2**31 logits. V_ALIGN divides the row length and V_tok (``gpu._v_align``).
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     if FUSED:
-        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN)
+        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN, SPAN)
     else:
         lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
