@@ -26,6 +26,9 @@
 #   passes_ours  the same without the peers and the sweep (s3, s5, big)
 #   joint_j1     the joiner's training step at j1 (32, 400, 100, 1024), H = 512, bf16
 #                autocast: the full pipeline against the joiner's kernel path
+#   joint_tiles  benchmarks/joint_tiles.py at j1, H = 512, bf16: the kernel path's block
+#                choices and its step by kernel
+#   joint_tf32   the joiner's step at j1 with float32 inputs and TF32 products
 #   cuda_checks  tests/cuda_checks.py --big: the check at the benchmark shapes, offsets
 #                past 2**31
 #   fused        benchmarks/run.py --device cuda --mode fused: the joiner's training step
@@ -71,6 +74,11 @@ for step in "$@"; do
     joint_j1) run joint_j1 70 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full joint --precision bf16 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
+    joint_tiles) run joint_tiles "${JOINT_TILES_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
+              --shape j1 --hidden 512 --precision bf16 --reps 3 --json "$out/joint_tiles.json" ;;
+    joint_tf32) run joint_tf32 90 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
+              --hidden 512 --ways full joint --precision tf32 --reps 3 --warmup 1 \
+              --out-dir "$out" --stem cuda-joint-j1-tf32 ;;
     cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
     pruned) run pruned "${PRUNED_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
