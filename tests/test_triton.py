@@ -483,6 +483,17 @@ def test_cpu_without_interpreter_is_a_value_error():
     assert "ValueError:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
 
 
+def _compile_env() -> dict:
+    """The environment of a subprocess that compiles the kernels for a CUDA target: no
+    interpreter, Triton's FP fusion default stated, benchmarks/ importable
+    (``kernel_resources``)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
+    env["PYTHONPATH"] = os.pathsep.join([bench, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 COMPILE_SCRIPT = """
 import inspect, sys
 import triton, triton.language as tl
@@ -598,10 +609,7 @@ def test_kernels_compile_for_cuda():
     """The interpreter accepts code that the compiler rejects (e.g. a non-constexpr global
     inside a kernel): compile every kernel variant to a cubin for Turing, Ampere and Hopper
     (Triton bundles ptxas; no GPU needed), in a subprocess without the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
-    env["PYTHONPATH"] = os.pathsep.join([bench, *filter(None, [env.get("PYTHONPATH")])])
+    env = _compile_env()
     # Two processes (the CI machine's two cores): Turing and Ampere beside Hopper.
     procs = [subprocess.Popen([sys.executable, "-c", COMPILE_SCRIPT, *sms], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -679,10 +687,7 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
     tiles of aligned rows: compiled for sm_90 as the backend launches it at V = 1024 and
     1025, its PTX has as many ``v4`` loads as the aligned regular row's (a load per element
     and NARROW_TILES before: 0), and no stack frame."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
-    env["PYTHONPATH"] = os.pathsep.join([bench, *filter(None, [env.get("PYTHONPATH")])])
+    env = _compile_env()
     out = subprocess.run([sys.executable, "-c", ROW_LOADS_SCRIPT], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
@@ -724,10 +729,7 @@ def test_lattice_loads_issue_before_use_on_sm90():
     and no stack frame. With predicated loads and two lanes a thread, TDT's nine kinds
     compiled to runs of at most 11 of its 36 loads (one latency per kind or two: 2.9 ms a
     pass at s5 on an H100, 1.4 ms since)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
-    env["PYTHONPATH"] = os.pathsep.join([bench, *filter(None, [env.get("PYTHONPATH")])])
+    env = _compile_env()
     out = subprocess.run([sys.executable, "-c", LATTICE_SASS_SCRIPT], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
