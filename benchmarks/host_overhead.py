@@ -47,33 +47,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import shapes  # noqa: E402
-
-
-class NoLaunch:
-    """Stands for a kernel: ``kernel[grid](*args, **kwargs)`` returns at once."""
-
-    def __init__(self, name):
-        self.name = name
-        self.launches = 0
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches += 1
-            if self.name == "_input_check_kernel":
-                args[4].fill_(1.0)      # every rule holds (what the kernel would write)
-                args[5].zero_()
-        return launch
-
-
-def no_launches() -> dict:
-    """Replaces every kernel of ``rnnt_lattice.gpu.kernels`` by a :class:`NoLaunch`."""
-    from rnnt_lattice.gpu import kernels
-    stubs = {}
-    for name, fn in list(vars(kernels).items()):
-        if name.startswith("_") and name.endswith("_kernel"):
-            stubs[name] = NoLaunch(name)
-            setattr(kernels, name, stubs[name])
-    return stubs
+from launch_stubs import no_launches  # noqa: E402
 
 
 def step_fn(shape_name: str, variant: str):
@@ -111,21 +85,21 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     args = ap.parse_args(argv)
     import rnnt_lattice
-    stubs = no_launches()
-    rnnt_lattice.set_input_checks("device")
-    step = step_fn(args.shape, args.variant)
-    us = measure(step, args.calls)
-    launched = {name: s.launches for name, s in stubs.items() if s.launches}
-    per_call = {name: n / (args.calls + 20) for name, n in launched.items()}
-    print(f"{args.shape} {args.variant}: {us:.1f} us of host work per forward+backward "
-          f"(kernel launches stubbed: {', '.join(f'{k} x{v:g}' for k, v in per_call.items())})")
-    if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            step()
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    with no_launches() as stubs:
+        rnnt_lattice.set_input_checks("device")
+        step = step_fn(args.shape, args.variant)
+        us = measure(step, args.calls)
+        launched = {name: s.launches for name, s in stubs.items() if s.launches}
+        per_call = {name: n / (args.calls + 20) for name, n in launched.items()}
+        print(f"{args.shape} {args.variant}: {us:.1f} us of host work per forward+backward "
+              f"(kernel launches stubbed: {', '.join(f'{k} x{v:g}' for k, v in per_call.items())})")
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                step()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     return 0
 
 

@@ -3,6 +3,7 @@ step (ours, public API) timed alone, then the kernels of whole steps under the p
 
     python benchmarks/pruned_profile.py [--device cuda] [--shape pg1] [--window 5]
                                         [--method k2] [--reps 5] [--top 25] [--json FILE]
+    python benchmarks/pruned_profile.py --count-ops [--shape pg1]      # no GPU needed
 
 The stages, in the order the step runs them (``pruned_pipeline._ours``):
 
@@ -17,12 +18,21 @@ Each stage's time is the median over ``--reps`` steps of the device clock (CUDA 
 CUDA) between its start and its end; the stages add up to the step, since nothing else
 runs in it. The profile's table lists the kernels (CUDA) or operators (CPU) with the most
 device time over ``--reps`` steps. The step's total is what ``run.py --mode pruned`` times.
+
+``--count-ops`` runs the GPU's code path on the CPU instead (the Triton backend under
+``TRITON_INTERPRET=1``, its launches replaced by no-ops as in ``host_overhead.py``, the
+value checks on the device path, as on CUDA) and counts, per stage, the PyTorch operations
+that would each be a kernel launch on a GPU (views and allocations left out) and the Triton
+launches, with the functions that issue the most: the step's structure, which sets a floor
+on its time wherever the tensors are small (a launch costs the host microseconds and the
+device at least one kernel's latency).
 """
 from __future__ import annotations
 
 import common  # first: sets the thread env vars before torch is imported
 
 import argparse                   # noqa: E402
+import os                         # noqa: E402
 import json                       # noqa: E402
 import statistics                 # noqa: E402
 
@@ -58,15 +68,15 @@ class Clock:
         return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
 
 
-def step(x, am, lm, R: int, method: str, clock: Clock | None = None):
-    """One step of the pipeline, with a mark between its stages."""
+def step(x, am, lm, R: int, method: str, clock=None, backend: str = "auto"):
+    """One step of the pipeline, with a mark (``clock.mark()``) between its stages."""
     import rnnt_lattice
     mark = clock.mark if clock else (lambda: None)
     am.grad = lm.grad = None
     mark()
     simple, occ = rnnt_lattice.rnnt_loss_smoothed(
         lm, am, x.targets, x.logit_lengths, x.target_lengths, blank=x.blank, reduction="sum",
-        return_occupations=True, **SCALES)
+        return_occupations=True, backend=backend, **SCALES)
     mark()
     win = rnnt_lattice.prune_ranges(occ, R, method=method)
     mark()
@@ -75,10 +85,75 @@ def step(x, am, lm, R: int, method: str, clock: Clock | None = None):
     logits = am_p + lm_p
     mark()
     pruned = rnnt_lattice.rnnt_loss_pruned(logits, x.targets, win.ranges, x.logit_lengths,
-                                           x.target_lengths, blank=x.blank, reduction="sum")
+                                           x.target_lengths, blank=x.blank, reduction="sum",
+                                           backend=backend)
     mark()
     (simple + pruned).backward()
     mark()
+
+
+# Operations that launch no kernel: views, allocations, host reads of metadata.
+NO_KERNEL = {"view", "as_strided", "unsqueeze", "squeeze", "expand", "select", "slice", "t",
+             "transpose", "permute", "reshape", "_unsafe_view", "empty", "empty_like",
+             "empty_strided", "new_empty", "alias", "detach", "lift_fresh", "_reshape_alias",
+             "unbind", "split", "narrow", "split_with_sizes", "diagonal", "movedim", "flatten",
+             "unflatten"}
+
+
+def count_ops(shape: str, window: int, method: str) -> dict:
+    """``{"stages": {stage: torch ops}, "triton": {kernel: launches}, "sources": {stage:
+    [(ops, "file:function"), ...]}}`` of one step on the GPU's code path (``--count-ops``)."""
+    import collections
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import rnnt_lattice
+    from launch_stubs import no_launches
+
+    class Count(TorchDispatchMode):
+        stage = None
+
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.stage and func.overloadpacket.__name__ not in NO_KERNEL:
+                frames = [f for f in traceback.extract_stack(limit=40)
+                          if "rnnt_lattice" in f.filename]
+                where = (frames[-1].filename.split("rnnt_lattice/")[-1] + ":" + frames[-1].name
+                         if frames else "autograd")
+                self.ops[self.stage, where] += 1
+            return func(*args, **(kwargs or {}))
+
+    class Marks:                 # the step's marks name the stage the ops count under
+        def __init__(self, mode):
+            self.mode, self.i = mode, 0
+
+        def mark(self):
+            self.mode.stage = STAGES[self.i] if self.i < len(STAGES) else None
+            self.i += 1
+
+    before = rnnt_lattice.set_input_checks("device")
+    try:
+        with no_launches() as stubs:
+            x = shapes.make_joiner_inputs(shapes.SHAPES[shape])
+            am = x.am.detach().clone().requires_grad_()
+            lm = x.lm.detach().clone().requires_grad_()
+            step(x, am, lm, window, method, backend="triton")      # first-call work
+            for stub in stubs.values():
+                stub.launches = 0
+            mode = Count()
+            with mode:
+                step(x, am, lm, window, method, Marks(mode), backend="triton")
+    finally:
+        rnnt_lattice.set_input_checks(before)
+    stages = {name: sum(c for (s, _), c in mode.ops.items() if s == name) for name in STAGES}
+    sources = {name: sorted(((c, w) for (s, w), c in mode.ops.items() if s == name),
+                            reverse=True) for name in STAGES}
+    return {"stages": stages, "sources": sources,
+            "triton": {k: v.launches for k, v in stubs.items() if v.launches}}
 
 
 def main(argv=None) -> dict:
@@ -90,7 +165,23 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--top", type=int, default=25, help="rows of the profile's table")
     p.add_argument("--json", help="write the stage times here")
+    p.add_argument("--count-ops", action="store_true",
+                   help="count the GPU path's operations per stage, on the CPU (no timing)")
     args = p.parse_args(argv)
+    if args.count_ops:
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton is first imported
+        out = count_ops(args.shape, args.window, args.method)
+        total = sum(out["stages"].values())
+        print(f"{args.shape} R={args.window} method={args.method}, the GPU's code path: "
+              f"{total} PyTorch operations and {sum(out['triton'].values())} Triton launches "
+              f"per step ({out['triton']})")
+        for name in STAGES:
+            top = ", ".join(f"{w} {c}" for c, w in out["sources"][name][:5])
+            print(f"  {name:9s} {out['stages'][name]:5d}  {top}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return out
     device = torch.device(args.device)
     x = shapes.make_joiner_inputs(shapes.SHAPES[args.shape], device=device)
     am = x.am.detach().clone().requires_grad_()

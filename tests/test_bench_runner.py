@@ -413,3 +413,33 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "s1 (B=1 T=50 U=10 V=30) R=5" in text and "Self CPU" in text
     assert json.loads((tmp_path / "p.json").read_text())["R"] == 5
+
+
+def test_pruned_profile_counts_the_gpu_paths_operations():
+    """``pruned_profile.py --count-ops`` (no GPU): the GPU's code path of the pruned step
+    counted per stage, PyTorch operations and Triton launches (the loss's five passes and
+    the simple loss's rescue both ways among them), and the kernels put back afterwards."""
+    import pruned_profile
+    from rnnt_lattice.gpu import kernels
+    row_kernel = kernels._row_kernel
+    out = pruned_profile.main(["--count-ops", "--shape", "s1"])
+    assert kernels._row_kernel is row_kernel
+    assert list(out["stages"]) == list(pruned_profile.STAGES)
+    assert out["stages"]["simple"] > 0 and out["stages"]["backward"] > 0
+    assert out["triton"]["_row_kernel"] == 1 and out["triton"]["_grad_kernel"] == 1
+    assert out["triton"]["_simple_rescue_kernel"] == 2
+    assert all(sum(c for c, _ in out["sources"][s]) == n for s, n in out["stages"].items())
+
+
+def test_host_overhead_runs_with_stubbed_launches():
+    """``host_overhead.py`` (it restarts itself with glibc's thresholds set, so it runs in
+    a subprocess): the Triton backend's host path at s1, every pass and the input check
+    launched once a call, the launches stubbed (``launch_stubs``)."""
+    import subprocess
+    out = subprocess.run([sys.executable, str(BENCH_DIR / "host_overhead.py"), "--shape", "s1",
+                          "--calls", "50"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "us of host work per forward+backward" in out.stdout
+    for kernel in ("_row_kernel x1", "_lattice_kernel x1", "_grad_kernel x1",
+                   "_input_check_kernel x1"):
+        assert kernel in out.stdout, out.stdout
