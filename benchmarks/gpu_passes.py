@@ -55,6 +55,24 @@ SWEEP = [(16, 128, 4, True), (8, 128, 4, True), (4, 256, 4, True), (8, 256, 4, T
 LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
 
 
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
+
+
+def _sweep(label: str, configs, measure) -> list:
+    """``[{"config": c, **measure(c)}]`` over ``configs``, each printed as it comes; a
+    config that fails (one may not fit) gets ``"error"`` instead of its timings."""
+    out = []
+    for config in configs:
+        try:
+            got = measure(config)
+        except Exception as err:                        # noqa: BLE001 (a config may not fit)
+            got = {"error": f"{type(err).__name__}: {str(err)[:80]}"}
+        out.append({"config": config, **got})
+        print(f"  {label}", config, _rounded(got), flush=True)
+    return out
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a device-to-device copy of 1 GiB (read + write counted)."""
     from triton.testing import do_bench
@@ -285,28 +303,12 @@ def main(argv=None) -> int:
                     row[peer + "_peak_MiB"] = peak_mib(theirs)
                 except Exception as err:                 # noqa: BLE001 (a peer may fail)
                     row[peer] = f"{type(err).__name__}: {str(err)[:80]}"
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                              for k, v in row.items()}), flush=True)
+            print(json.dumps(_rounded(row)), flush=True)
             if name in args.sweep:
-                row["sweep"] = []
-                for config in SWEEP:
-                    try:
-                        p = passes(inp, opts, config)
-                    except Exception as err:            # noqa: BLE001 (a config may not fit)
-                        p = {"error": f"{type(err).__name__}: {str(err)[:80]}"}
-                    row["sweep"].append({"config": config, **p})
-                    print("  sweep", config, {k: round(v, 4) if isinstance(v, float) else v
-                                              for k, v in p.items()}, flush=True)
+                row["sweep"] = _sweep("sweep", SWEEP, lambda c: passes(inp, opts, c))
             if name in args.lattice_sweep:
-                row["lattice_sweep"] = []
-                for config in LATTICE_SWEEP:
-                    try:
-                        ms = lattice_ms(inp, opts, config)
-                    except Exception as err:            # noqa: BLE001 (a config may not fit)
-                        ms = f"{type(err).__name__}: {str(err)[:80]}"
-                    row["lattice_sweep"].append({"config": config, "lattice": ms})
-                    print("  lattice", config, round(ms, 4) if isinstance(ms, float) else ms,
-                          flush=True)
+                row["lattice_sweep"] = _sweep(
+                    "lattice", LATTICE_SWEEP, lambda c: {"lattice": lattice_ms(inp, opts, c)})
             results["rows"].append(row)
             del inp, leaf
             torch.cuda.empty_cache()
