@@ -168,14 +168,22 @@ class Prepared:
     """One call after :func:`prepare_call`: the plan every backend is handed, and trusts."""
 
     impl: Any                          # the backend module (None while tracing: resolved in the op)
-    chk: Checked                       # the tensors the kernels read (logits promoted, ids normalised)
+    chk: Checked                       # the tensors the kernels read (logits promoted, ids
+                                       # normalised), the boundary and the device check's NaN rows
     opts: LossOptions                  # blank in [0, V_tok), checked against the topology
-    boundary: Optional[torch.Tensor]   # (B, 4) int64 on the logits' device, or None
-    nan_rows: Optional[torch.Tensor] = None  # (B,) float32, NaN for a sequence the device
-                                       # check found bad (add it to the costs); None: checked
-                                       # on the host (or not at all while tracing)
     node_rows: Optional[torch.Tensor] = None  # (B, T, U+1) int64 node -> row map of a rows
                                        # layout (packed, pruned), None for padded logits
+
+    @property
+    def boundary(self) -> Optional[torch.Tensor]:
+        """(B, 4) int64 on the logits' device, or None."""
+        return self.chk.boundary
+
+    @property
+    def nan_rows(self) -> Optional[torch.Tensor]:
+        """(B,) float32, NaN for a sequence the device check found bad (add it to the
+        costs); None: checked on the host (or not at all while tracing)."""
+        return self.chk.nan_rows
 
 
 def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
@@ -208,8 +216,7 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                      inplace_grad=opts.inplace_grad and not traced)
     if packed:
         node_rows = packed_node_rows(chk.logit_lengths, chk.target_lengths, chk.grid)
-    return Prepared(impl, chk, _with_blank(opts, chk.blank), chk.boundary, chk.nan_rows,
-                    node_rows)
+    return Prepared(impl, chk, _with_blank(opts, chk.blank), node_rows)
 
 
 # Per-call work that depends only on hashable options, done once per value.
