@@ -396,8 +396,9 @@ def _row_kernel(
     ``u + DU[k] > u1``. ``next_blank (B, T, U+1)`` (only with a ``plus_next_blank`` kind) is
     the blank's log-prob, read by the arc from ``(t, u-1)``. ``SPAN`` > 0: the token group
     is read from its 16-byte aligned span (rows not aligned, :func:`_group_lse`). Outputs
-    are float64; padding gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are written: with
-    ``row_nodes``, the caller fills the nodes that read no row (``lse = 0``, -inf arcs)."""
+    are float64; padding gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are
+    written: with ``row_nodes``, the caller fills the nodes that read no row (``lse = 0``,
+    -inf arcs)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     node, inside = _row_node(r, r < n_rows, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
                              box_U1, LAYOUT)
