@@ -18,8 +18,8 @@ leaves. The step is forward + loss + backward into ``enc``, ``pred`` and every p
 (``reduction="sum"``, backend "auto": Numba on CPU, Triton on CUDA). ``--loss tdt`` runs
 ``tdt_loss`` / ``fused_tdt_loss`` instead (the last 5 of V classes the durations 0..4, the
 blank the last token; no pruned way). ``--precision``: ``fp32`` (IEEE float32 products),
-``tf32`` (``torch.backends.cuda.matmul.allow_tf32``), ``bf16``/``fp16`` (the forward under
-``torch.autocast``, the backward outside: PyTorch's AMP recipe). ``--preset issue34`` runs
+``tf32`` (``torch.backends.cuda.matmul.allow_tf32`` for the whole step), ``bf16``/``fp16``
+(the forward under ``torch.autocast``, the backward outside: PyTorch's AMP recipe). ``--preset issue34`` runs
 issue 34's table instead of ``--shapes x --hidden`` (its rows, :data:`ISSUE34`, narrowed by
 ``--shapes``), with ``--ways full fused joint`` by default. ``full``, ``fused`` and ``joint``
 compute the same loss and gradients: their agreement with ``full`` is checked on every row
@@ -121,48 +121,58 @@ class Inputs:
 
 
 @contextlib.contextmanager
-def precision(name: str, device: str):
-    """The forward's numerics of ``name`` (:data:`PRECISIONS`): autocast for bf16/fp16, TF32
-    matrix products for tf32 (restored on exit)."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32
+def tf32(name: str):
+    """TF32 matrix products for the whole step (forward and backward) when ``name`` is
+    tf32, as a user turns them on: ``torch.backends.cuda.matmul.allow_tf32`` set for the
+    training run, not around the forward alone (restored on exit)."""
+    saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
     try:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
-        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            yield
+        yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def precision(name: str, device: str):
+    """The forward's numerics of ``name`` (:data:`PRECISIONS`): autocast for bf16/fp16
+    (the backward runs outside it, as the AMP recipe has it); tf32's products come from
+    :func:`tf32` around the whole step."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+    with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        yield
 
 
 def step(way: str, x: Inputs, tile=None, prec: str = "fp32"):
     """One forward + loss + backward of ``way`` (fused, joint: tiles of ``tile``, None: the
-    library's default) in the precision ``prec`` (the backward outside autocast); returns
-    the loss (detached)."""
+    library's default) in the precision ``prec`` (the backward outside autocast; TF32
+    products forward and backward for tf32); returns the loss (detached)."""
     m = x.model
     args = (x.targets, x.logit_lengths, x.target_lengths)
     kw = dict(blank=x.blank, reduction="sum")
     if x.loss == "tdt":
         kw["durations"] = list(TDT_DURATIONS)
-    with precision(prec, x.enc.device.type):
-        e, p = m.enc_proj(x.enc), m.pred_proj(x.pred)
-        if way == "full":
-            loss_fn = rnnt_lattice.tdt_loss if x.loss == "tdt" else rnnt_lattice.rnnt_loss
-            loss = loss_fn(m.joiner(e[:, :, None], p[:, None]), *args, **kw)
-        elif way in ("fused", "joint"):
-            loss_fn = rnnt_lattice.fused_tdt_loss if x.loss == "tdt" else rnnt_lattice.fused_rnnt_loss
-            loss = loss_fn(m.joiner if way == "fused" else x.kernel_joiner, e, p, *args, **kw,
-                           tile=tile)
-        else:
-            simple, occ = rnnt_lattice.rnnt_loss_smoothed(
-                m.lm_proj(x.pred), m.am_proj(x.enc), *args, blank=0, reduction="sum",
-                return_occupations=True, **SCALES)
-            win = rnnt_lattice.prune_ranges(occ, R)
-            e_p, p_p = rnnt_lattice.do_rnnt_pruning(e, p, win.ranges)
-            loss = simple + rnnt_lattice.rnnt_loss_pruned(m.joiner(e_p, p_p), x.targets,
-                                                          win.ranges, x.logit_lengths,
-                                                          x.target_lengths, blank=0,
-                                                          reduction="sum")
-    loss.backward()
+    with tf32(prec):
+        with precision(prec, x.enc.device.type):
+            e, p = m.enc_proj(x.enc), m.pred_proj(x.pred)
+            if way == "full":
+                loss_fn = rnnt_lattice.tdt_loss if x.loss == "tdt" else rnnt_lattice.rnnt_loss
+                loss = loss_fn(m.joiner(e[:, :, None], p[:, None]), *args, **kw)
+            elif way in ("fused", "joint"):
+                loss_fn = rnnt_lattice.fused_tdt_loss if x.loss == "tdt" else rnnt_lattice.fused_rnnt_loss
+                loss = loss_fn(m.joiner if way == "fused" else x.kernel_joiner, e, p, *args, **kw,
+                               tile=tile)
+            else:
+                simple, occ = rnnt_lattice.rnnt_loss_smoothed(
+                    m.lm_proj(x.pred), m.am_proj(x.enc), *args, blank=0, reduction="sum",
+                    return_occupations=True, **SCALES)
+                win = rnnt_lattice.prune_ranges(occ, R)
+                e_p, p_p = rnnt_lattice.do_rnnt_pruning(e, p, win.ranges)
+                loss = simple + rnnt_lattice.rnnt_loss_pruned(m.joiner(e_p, p_p), x.targets,
+                                                              win.ranges, x.logit_lengths,
+                                                              x.target_lengths, blank=0,
+                                                              reduction="sum")
+        loss.backward()
     return loss.detach()
 
 

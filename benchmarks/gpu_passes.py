@@ -55,6 +55,13 @@ SWEEP = [(16, 128, 4, True), (8, 128, 4, True), (4, 256, 4, True), (8, 256, 4, T
 LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
 
 
+def _config(text: str) -> tuple:
+    """``"4x128x4"`` -> ``(4, 128, 4, True)``; a trailing ``n`` (``"1x256x4n"``): span off."""
+    span = not text.endswith("n")
+    rows, block_v, warps = (int(x) for x in text.rstrip("n").split("x"))
+    return rows, block_v, warps, span
+
+
 def _rounded(d: dict) -> dict:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
 
@@ -245,11 +252,15 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["s3", "s5", "big", "v5000"])
     ap.add_argument("--variants", nargs="+", default=["regular"])
     ap.add_argument("--sweep", nargs="*", default=[])
+    ap.add_argument("--sweep-configs", nargs="*", default=None, metavar="ROWSxBLOCK_VxWARPS[n]",
+                    help="the configs of --sweep instead of SWEEP, e.g. 4x128x4 (a trailing n: "
+                         "span off)")
     ap.add_argument("--lattice-sweep", nargs="*", default=[])
     ap.add_argument("--host-profile", nargs="*", default=[])
     ap.add_argument("--peers", nargs="*", default=["torchaudio"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    sweep = SWEEP if args.sweep_configs is None else [_config(c) for c in args.sweep_configs]
     if not torch.cuda.is_available():
         print("gpu_passes.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -305,7 +316,7 @@ def main(argv=None) -> int:
                     row[peer] = f"{type(err).__name__}: {str(err)[:80]}"
             print(json.dumps(_rounded(row)), flush=True)
             if name in args.sweep:
-                row["sweep"] = _sweep("sweep", SWEEP, lambda c: passes(inp, opts, c))
+                row["sweep"] = _sweep("sweep", sweep, lambda c: passes(inp, opts, c))
             if name in args.lattice_sweep:
                 row["lattice_sweep"] = _sweep(
                     "lattice", LATTICE_SWEEP, lambda c: {"lattice": lattice_ms(inp, opts, c)})

@@ -69,14 +69,14 @@ for step in "$@"; do
     tdt_sweep) run tdt_sweep "${SWEEP_LIMIT:-150}" python3 benchmarks/gpu_passes.py \
               --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
               --json "$out/tdt_sweep.json" ;;
-    passes_ours) run passes_ours 90 python3 benchmarks/gpu_passes.py --shapes s3 s5 big \
+    passes_ours) run passes_ours "${PASSES_OURS_LIMIT:-90}" python3 benchmarks/gpu_passes.py --shapes s3 s5 big \
               --variants regular tdt multiblank --peers --json "$out/passes_ours.json" ;;
     joint_j1) run joint_j1 70 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full joint --precision bf16 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
     joint_tiles) run joint_tiles "${JOINT_TILES_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision bf16 --reps 3 --json "$out/joint_tiles.json" ;;
-    joint_tf32) run joint_tf32 90 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
+    joint_tf32) run joint_tf32 "${JOINT_TF32_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full joint --precision tf32 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-tf32 ;;
     cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;

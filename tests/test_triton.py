@@ -693,9 +693,10 @@ for label, V, name, const, warps, stages in kr.variants([1024, 1025]):
 def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
     """The row pass reads rows that start anywhere (TDT's V_tok + 5 entries, an odd V)
     with 16-byte vector loads from their aligned span (``gpu._span``, ``SPAN``), on the
-    tiles of aligned rows: compiled for sm_90 as the backend launches it at V = 1024 and
-    1025, its PTX has as many ``v4`` loads as the aligned regular row's (a load per element
-    and NARROW_TILES before: 0), and no stack frame."""
+    span's tiles (``V_PASS_TILES["span"]``, the aligned rows' block of classes): compiled
+    for sm_90 as the backend launches it at V = 1024 and 1025, its PTX has as many ``v4``
+    loads a row as the aligned regular row's (a load per element and NARROW_TILES before:
+    0), and no stack frame."""
     env = _compile_env()
     out = subprocess.run([sys.executable, "-c", ROW_LOADS_SCRIPT], env=env,
                          capture_output=True, text=True, timeout=600)
@@ -707,8 +708,9 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
     assert aligned[2] == 0 and aligned[3] > 0, out.stdout              # no SPAN, vector loads
     for key in (("regular", 1025), ("tdt", 1024), ("tdt", 1025)):
         tile_rows, block_v, span, v4, reg, stack = rows[key]
-        assert span == 4 and (tile_rows, block_v) == tuple(aligned[:2]), (key, out.stdout)
-        assert v4 == aligned[3] and stack == 0, (key, out.stdout)
+        assert span == 4 and block_v == aligned[1], (key, out.stdout)
+        assert tile_rows * block_v == gpu.V_PASS_TILES["span"][0], (key, out.stdout)
+        assert v4 * aligned[0] == aligned[3] * tile_rows and stack == 0, (key, out.stdout)
 
 
 @pytest.mark.parametrize("span", [True, False], ids=["span", "narrow"])

@@ -92,12 +92,16 @@ INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
 BLOCK_U = 256      # lanes of the alpha/beta wavefront (label positions per block)
 BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u``)
 # The passes over V: (logits per program and step, the most classes per step), each with
-# NUM_WARPS_V warps: ROWS = tile // BLOCK_V nodes per program, BLOCK_V = min(V, cap). Chosen
-# on an H100 (docs/benchmarks.md, "GPU"): at s5 and big (V = 1024) 4 warps over 16 rows of
-# 128 classes (row pass) and 4 rows of 256 (gradient pass) read and write at 66-90% of the
-# copy bandwidth, where 4 rows of 1024 with 8 warps (124-162 registers a thread, one or
-# two programs per multiprocessor) reached 20-40%.
-V_PASS_TILES = {"row": (2048, 128), "grad": (1024, 256)}
+# NUM_WARPS_V warps: ROWS = tile // BLOCK_V nodes per program, BLOCK_V = min(V, cap); "span":
+# the row pass over rows read from their aligned span (``_span``; the row tile where a
+# test's or a sweep's table has no such entry). Chosen on an H100 (docs/benchmarks.md,
+# "GPU", benchmarks/results/gpu/h100-d1c5361-*): 4 rows of 128 classes and 4 warps read
+# the logits at s5 in 0.454 ms (78% of the copy bandwidth) where 16 rows took 0.530, 8
+# rows 0.467 and 2 rows 0.927 (8 warps over 4 rows: 0.990); at big 1.54 ms against 1.95,
+# at V = 5000 0.60 against 0.71, at s3 0.046 against 0.060. The gradient pass with the
+# same tile: equal to 4 rows of 256 within 1% at s5, big and V = 5000, 25% faster at s3.
+# TDT's rows from their span: 16 rows of 128 took 0.637 ms at s5, 8 rows 0.691.
+V_PASS_TILES = {"row": (512, 128), "grad": (512, 128), "span": (2048, 128)}
 # Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
 NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 # The row pass reads such rows from their 16-byte aligned span instead (``_span``), with
@@ -189,7 +193,10 @@ def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0, span: int = 0)
     aligned span (``span`` > 0, :func:`_span`): vector loads again, and the tiles of
     aligned rows."""
     narrow = _v_align(V + n_durations, n_durations) < 4 and not span
-    tile, cap = (NARROW_TILES if narrow else V_PASS_TILES)[which]
+    if narrow:
+        tile, cap = NARROW_TILES[which]
+    else:
+        tile, cap = V_PASS_TILES.get("span" if span else which, V_PASS_TILES[which])
     block_v = _pow2(V, cap)
     rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
     return rows, block_v, NUM_WARPS_V
@@ -487,6 +494,7 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
 def _tile_constants() -> tuple:
     """The module's tile constants, as a key of the launch plans (tests change them)."""
     return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]),
+            tuple(V_PASS_TILES.get("span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
             BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS)
 
