@@ -71,11 +71,6 @@ def main(argv=None) -> int:
         return 2
     from rnnt_lattice.gpu import joint
     default = {k: dict(v) for k, v in joint.TILES.items()}
-    wide = {k: dict(v) for k, v in joint.WIDE.items()}
-    # The candidates as they stand, in every operand dtype but float64: float32 keeps only
-    # its two pipeline stages (three of the wider blocks need more shared memory than sm_90
-    # has).
-    cand_wide = dict(wide, **{4: {w: dict(num_stages=2) for w in ("row", "grad")}})
     shape = shapes.SHAPES[args.shape]
     x = fused_pipeline.Inputs(shape, args.hidden, "cuda", 0, args.loss)
     print(f"# {torch.cuda.get_device_name()}; {shape.name} ({shape.describe()}), H={args.hidden}, "
@@ -83,8 +78,6 @@ def main(argv=None) -> int:
     res = {}
     for name, tiles in [("default", (default["row"], default["grad"]))] + list(CANDIDATES.items()):
         joint.TILES.update(row=tiles[0], grad=tiles[1])
-        joint.WIDE.clear()
-        joint.WIDE.update(wide if name == "default" else cand_wide)
         try:
             res[name] = _time(x, args.precision, args.reps)
             print(f"  {name:34s} {res[name]:8.2f} ms", flush=True)
@@ -92,8 +85,6 @@ def main(argv=None) -> int:
             res[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             print(f"  {name:34s} {res[name]}", flush=True)
     joint.TILES.update(default)
-    joint.WIDE.clear()
-    joint.WIDE.update(wide)
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fused_pipeline.step("joint", x, None, args.precision)

@@ -145,8 +145,9 @@ def variants(V_list):
     for V in V_list:
         for backward in (False, True):
             yield (f"_simple_rescue_kernel {'bwd' if backward else 'fwd'}", V,
-                   "_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=gpu._pow2(V, 1024)),
-                   4, 3)
+                   "_simple_rescue_kernel",
+                   dict(BACKWARD=backward, BLOCK_NODES=gpu.RESCUE_BLOCK_NODES,
+                        BLOCK_V=gpu._pow2(V, 1024)), 4, 3)
     yield ("_input_check_kernel", "-", "_input_check_kernel",
            dict(LABELS=True, NO_BLANK=True, CLASSES=(), BOUNDARY=False,
                 BLOCK_B=gpu.INPUT_CHECK_BLOCK_B, BLOCK_U=gpu.INPUT_CHECK_BLOCK_U), 4, 3)

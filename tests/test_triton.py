@@ -551,7 +551,7 @@ def variants(sm):
                                            BOUNDARY=not labels, BLOCK_B=16, BLOCK_U=128),
                [("fp32", "i32"), ("fp32", "i64")])
     for backward in (False, True):                             # the simple losses' rescue
-        yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_V=1024),
+        yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_NODES=256, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
     # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
     # gradient passes of the regular topology in every dtype it runs in on a GPU (float64
@@ -673,8 +673,11 @@ ROW_LOADS_SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from rnnt_lattice import gpu
 from rnnt_lattice.gpu import kernels
 import kernel_resources as kr
+
+print("span_tile", gpu.V_PASS_TILES["span"][0])
 
 for label, V, name, const, warps, stages in kr.variants([1024, 1025]):
     if name == "_row_kernel" and label != "_row_kernel multiblank":
@@ -701,15 +704,16 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
     out = subprocess.run([sys.executable, "-c", ROW_LOADS_SCRIPT], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    rows = {(r[0], int(r[1])): [int(v) for v in r[2:]]
-            for r in (line.split() for line in out.stdout.splitlines() if line.strip())}
+    lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    span_tile = int(lines[0][1])                   # the default table's (this module's is small)
+    rows = {(r[0], int(r[1])): [int(v) for v in r[2:]] for r in lines[1:]}
     assert set(rows) == {(t, V) for t in ("regular", "tdt") for V in (1024, 1025)}, out.stdout
     aligned = rows["regular", 1024]
     assert aligned[2] == 0 and aligned[3] > 0, out.stdout              # no SPAN, vector loads
     for key in (("regular", 1025), ("tdt", 1024), ("tdt", 1025)):
         tile_rows, block_v, span, v4, reg, stack = rows[key]
         assert span == 4 and block_v == aligned[1], (key, out.stdout)
-        assert tile_rows * block_v == gpu.V_PASS_TILES["span"][0], (key, out.stdout)
+        assert tile_rows * block_v == span_tile, (key, out.stdout)
         assert v4 * aligned[0] == aligned[3] * tile_rows and stack == 0, (key, out.stdout)
 
 
@@ -781,19 +785,25 @@ def test_cuda_checks_script_under_the_interpreter():
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.realpath(rnnt_lattice.__file__)), "")
 
 
+@pytest.mark.parametrize("block", [8, None], ids=["block8", "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_simple_rescue_kernel(dtype):
+def test_simple_rescue_kernel(dtype, block, monkeypatch):
     """The simple losses' log-domain rescue on the Triton kernel (what CUDA runs) against
     logsumexp and its autograd gradient: the marked nodes only (others -inf, no gradient),
-    strided am (a Conv1d head's transpose), logits 500 nats apart."""
+    strided am (a Conv1d head's transpose), logits 500 nats apart; programs of 8 nodes
+    (two of them with no marked node, the last one partly past the nodes) or the
+    default's one program."""
+    if block:
+        monkeypatch.setattr(gpu, "RESCUE_BLOCK_NODES", block)
     g = torch.Generator().manual_seed(0)
     am = (500 * torch.randn(2, 7, 6, generator=g, dtype=torch.float64)).to(dtype)
     am = am.transpose(1, 2)                                            # (B, T, V), strided
-    lm = (500 * torch.randn(2, 4, 7, generator=g, dtype=torch.float64)).to(dtype)
-    need = torch.rand(2, 6, 4, generator=g) < 0.5
-    need[0, 0, 0] = True
+    lm = (500 * torch.randn(2, 5, 7, generator=g, dtype=torch.float64)).to(dtype)
+    need = torch.rand(2, 6, 5, generator=g) < 0.5
+    need.view(-1)[24:40] = False                                       # two blocks of 8
+    need[0, 0, 0] = need[1, 5, 4] = True                               # the last node
     lm[0, 0] = float("-inf")                                           # a dead marked node
-    up = torch.randn(2, 6, 4, generator=g, dtype=torch.float64)
+    up = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
     lse = gpu.simple_rescue(am, lm, need)
     grad_am = torch.zeros(am.shape, dtype=torch.float64)
     grad_lm = torch.zeros(lm.shape, dtype=torch.float64)

@@ -89,10 +89,11 @@ class Backend(Protocol):
                 boundary: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
-    # The recursion on given arc weights (the simple losses, ``lattice_loss``):
+    # The recursion of k2's lattices on given blank and label log-weights ``b, e (B, T,
+    # U+1)`` float64 (the simple losses, ``lattice_loss``; ``reference.terms_weights``):
     # ``(log_like (B,), gamma (B, K, T, U+1))``.
-    def lattice_of_weights(self, w: torch.Tensor, topo: Topology,
-                           ends: Ends) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def lattice_of_terms(self, b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: Ends,
+                         delay_penalty: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     # Window choice (math.md section 10): ``(total (B,), starts (B, T) int64)``.
     def window_dp(self, mass: torch.Tensor, max_step: int

@@ -185,6 +185,17 @@ def arc_weights(lp: torch.Tensor, topo: Topology, ends: Ends, sigma: float = 0.0
     return torch.where(arc_mask(topo, ends, T, U1), w, NEG_INF)
 
 
+def terms_weights(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: Ends,
+                  delay_penalty: float = 0.0) -> torch.Tensor:
+    """Arc weights ``w (B, K, T, U+1)`` of k2's lattices (kinds that read the blank or the
+    label) whose arcs read the blank and label log-weights ``b, e (B, T, U+1)``: each
+    kind's ``b`` or ``e``, plus ``b(t, u+1)`` for ``plus_next_blank``, plus the delay
+    penalty, ``-inf`` off the arcs (:func:`stack_kinds`, :func:`arc_weights`). The weights
+    of ``pruned.simple``'s lattices (the backends' ``lattice_of_terms``)."""
+    lp = stack_kinds(topo, ends, lambda key: b if key == "blank" else e)
+    return arc_weights(lp, topo, ends, 0.0, delay_penalty)
+
+
 # ---------------------------------------------------------------------------------------
 # The recursion
 # ---------------------------------------------------------------------------------------

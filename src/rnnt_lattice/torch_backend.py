@@ -20,7 +20,7 @@ from ._layout import row_sequences
 from ._ops import scale_upstream
 from ._types import Ends, Lattice, LossOptions
 from .reference import (arc_weights, costs_and_grad_unchecked, grad, kind_log_probs, lattice,
-                        lattice_dtype, sweep_alpha)
+                        lattice_dtype, sweep_alpha, terms_weights)
 from .topology import Topology
 
 NAME = "torch"
@@ -156,9 +156,11 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
         return alpha_max, best_kind, torch.where(nan_seq, float("nan"), log_prob)
 
 
-def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
-    """``(log_like (B,), gamma (B, K, T, U+1))`` of arc weights ``w (B, K, T, U+1)``."""
-    lat = lattice(w, topo, ends)
+def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: Ends,
+                     delay_penalty: float = 0.0):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` of k2's lattice whose arcs read the blank
+    and label log-weights ``b, e (B, T, U+1)`` float64 (``reference.terms_weights``)."""
+    lat = lattice(terms_weights(b, e, topo, ends, delay_penalty), topo, ends)
     return lat.log_like, lat.gamma
 
 

@@ -55,12 +55,12 @@ import torch
 
 from .. import torch_backend
 from .._types import Lattice, LossOptions
-from ..reference import Ends
+from ..reference import Ends, terms_weights
 from ..topology import Topology
 from . import _config, kernels, regular, windows
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
-           "occupancy", "viterbi", "lattice_of_weights", "window_dp", "simple_rescue",
+           "occupancy", "viterbi", "lattice_of_terms", "window_dp", "simple_rescue",
            "simple_rescue_backward", "empty_cache"]
 
 NAME = "numba"
@@ -475,12 +475,15 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
 
 
 # --------------------------------------------------------------------------- arc weights
-def lattice_of_weights(w: torch.Tensor, topo: Topology, ends: Ends):
-    """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
-    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice``
-    computes them, on ``kernels.lattice``: the simple/smoothed losses of
-    ``rnnt_lattice.pruned``, whose arc log-probs come from a matmul, not from logits rows.
-    A NaN weight anywhere makes its sequence NaN (math.md 8.1), as in the reference."""
+def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: Ends,
+                     delay_penalty: float = 0.0):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` of k2's lattice whose arcs read the blank
+    and label log-weights ``b, e (B, T, U+1)`` float64, as ``reference.lattice`` computes
+    them on ``reference.terms_weights`` (-inf off the arcs), on ``kernels.lattice``: the
+    simple/smoothed losses of ``rnnt_lattice.pruned`` and ``lattice_loss``, whose arc
+    log-probs come from a matmul or the caller, not from logits rows. A NaN weight anywhere
+    makes its sequence NaN (math.md 8.1), as in the reference."""
+    w = terms_weights(b, e, topo, ends, delay_penalty)
     x = np.ascontiguousarray(_np(w.to(torch.float64)))
     kinds = kernels.kind_table(topo, 0)   # the lattice reads DT, DU, MAY_END, never the class
     t0, u0, t1, u1 = (np.ascontiguousarray(_np(e.to(torch.int64)))

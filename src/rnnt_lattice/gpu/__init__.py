@@ -72,7 +72,7 @@ from ..topology import Topology
 from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
-           "occupancy", "viterbi", "lattice_of_weights", "window_dp", "simple_rescue",
+           "occupancy", "viterbi", "lattice_of_terms", "window_dp", "simple_rescue",
            "simple_rescue_backward", "input_check", "empty_cache"]
 
 NAME = "triton"
@@ -95,13 +95,15 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u
 # NUM_WARPS_V warps: ROWS = tile // BLOCK_V nodes per program, BLOCK_V = min(V, cap); "span":
 # the row pass over rows read from their aligned span (``_span``; the row tile where a
 # test's or a sweep's table has no such entry). Chosen on an H100 (docs/benchmarks.md,
-# "GPU", benchmarks/results/gpu/h100-d1c5361-*): 4 rows of 128 classes and 4 warps read
-# the logits at s5 in 0.454 ms (78% of the copy bandwidth) where 16 rows took 0.530, 8
-# rows 0.467 and 2 rows 0.927 (8 warps over 4 rows: 0.990); at big 1.54 ms against 1.95,
-# at V = 5000 0.60 against 0.71, at s3 0.046 against 0.060. The gradient pass with the
-# same tile: equal to 4 rows of 256 within 1% at s5, big and V = 5000, 25% faster at s3.
-# TDT's rows from their span: 16 rows of 128 took 0.637 ms at s5, 8 rows 0.691.
-V_PASS_TILES = {"row": (512, 128), "grad": (512, 128), "span": (2048, 128)}
+# "GPU"; benchmarks/results/gpu/h100-tiles-passes.log): the row pass with 4 rows of 128
+# classes and 4 warps read the logits at s5 in 0.454 ms (78% of the copy bandwidth) where
+# 16 rows took 0.530, 8 rows 0.467 and 2 rows 0.927 (8 warps over 4 rows: 0.990); at big
+# 1.54 ms against 1.95, at V = 5000 0.60 against 0.71, at s3 0.046 against 0.060. The
+# gradient pass keeps 4 rows of 256: 4 rows of 128 were as fast for the regular loss
+# (within 1% at s5, big and V = 5000) but 11% slower for multi-blank's at s5 and big
+# (h100-175fa4a-passes_ours.log). TDT's rows from their span: 16 rows of 128 took
+# 0.637 ms at s5, 8 rows 0.691.
+V_PASS_TILES = {"row": (512, 128), "grad": (1024, 256), "span": (2048, 128)}
 # Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
 NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 # The row pass reads such rows from their 16-byte aligned span instead (``_span``), with
@@ -110,6 +112,9 @@ NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 SPAN_ROWS = True
 NUM_WARPS_V = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
+# Nodes per program of the simple losses' rescue (``simple_rescue``): one vector load of
+# their marks, and nothing more where none is set (the usual case).
+RESCUE_BLOCK_NODES = 256
 # Lanes of the lattice kernel's wavefront per thread (``_lattice_warps``): with one, each
 # thread's loads of a diagonal all issue before the first is used (sm_90 SASS: TDT's nine
 # kinds in 62 registers; two lanes a thread took 126 and interleaved loads with the max).
@@ -774,50 +779,55 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
 
 
 # --------------------------------------------------------------------------- arc weights
-def lattice_of_weights(w: torch.Tensor, topo: Topology, ends):
-    """``(log_like (B,), gamma (B, K, T, U+1))`` of precomputed arc weights ``w (B, K, T,
-    U+1)`` (``reference.arc_weights``: -inf off the arcs), as ``reference.lattice``
-    computes them: alpha and beta on ``kernels._lattice_kernel``, which reads ``w`` as
-    its per-kind log-probs (copied into the workspace; the kinds' ``plus_next_blank``,
-    sigma and delay terms switched off: ``w`` holds them already), and the occupations
+def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends,
+                     delay_penalty: float = 0.0):
+    """``(log_like (B,), gamma (B, K, T, U+1))`` float64 of k2's lattice whose arcs read the
+    blank and label log-weights ``b, e (B, T, U+1)`` float64, as ``reference.lattice``
+    computes them on ``reference.terms_weights``: the simple/smoothed losses of
+    ``rnnt_lattice.pruned`` and ``lattice_loss``. Each kind's plane of the workspace takes
+    ``b`` or ``e`` (and the next-blank plane ``b``), and the kernels of the logits' lattice
+    do the rest -- the arcs (each lattice's corners as k2's boundary), ``b(t, u+1)`` of
+    ``plus_next_blank`` kinds and the delay penalty on ``_lattice_kernel``, then
 
         gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + dt_k, u + du_k) - log P)
 
-    in PyTorch, on the arcs only (0 for a sequence without a path, NaN for a NaN one: the
-    kernel flags a NaN on any arc). For the simple/smoothed losses of ``rnnt_lattice.pruned``."""
-    from ..reference import arc_mask
-    check_device(w)
-    B, K, T, U1 = w.shape
-    st = _State.new(_layout(B, T, U1, topo, False), w.device)
-    x = st.lp
-    x.copy_(w)
-    alpha, beta = st.alpha, st.beta
-    alpha.fill_(float("-inf"))
-    beta.fill_(float("-inf"))
-    off = (False,) * K
-    kinds = dict(_kernel_kinds(topo, "lattice"), PLUS_NEXT_BLANK=off, DELAY=off)
-    # The kernel reads each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
+    on ``_gamma_kernel``: 0 off the arcs and for a sequence without a path, NaN on the arcs
+    of a NaN sequence (the kernel flags a NaN on any arc). Five launches and three copies,
+    no host synchronisation (the masks and weights of ``terms_weights`` took some 60
+    PyTorch operations a call)."""
+    check_device(b)
+    B, T, U1 = b.shape
+    lay = _layout(B, T, U1, topo, False)
+    st = _State.new(lay, b.device)
+    lp = st.lp
+    for k, kind in enumerate(topo.kinds):
+        lp[:, k].copy_(b if kind.reads == "blank" else e)
+    kinds = _kernel_kinds(topo, "lattice")
+    if _kinds(topo)["HAS_PLUS_NEXT_BLANK"]:
+        st.part(lay.o_nb, (B, T, U1)).copy_(b)           # the kernels read b(t, u+1) here
+    st.ws[lay.o_alpha:lay.o_ll].fill_(float("-inf"))     # alpha and beta, -inf off the nodes
+    # The kernels read each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
     corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()
-    costs = torch.empty((B,), dtype=LATTICE_DTYPE, device=w.device)
+    costs = torch.empty((B,), dtype=LATTICE_DTYPE, device=b.device)
+    gamma = torch.empty((B, lay.K, T, U1), dtype=LATTICE_DTYPE, device=b.device)
+    terms = _terms(topo, 0.0, delay_penalty)
+    sigma, delay = _f64_cached(0.0), _f64_cached(float(delay_penalty))
+    n_nodes = B * T * U1
     if B:
-        with _device(w):
+        with _device(b):
             kernels._lattice_kernel[(B, 2)](
                 st.ws, corners, corners, corners, costs,
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
-                *st.lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
-                *_f64_cached(0.0), *_f64_cached(0.0), **kinds,
-                SIGMA=False, DELAY_ON=False, MAX_SEMIRING=False, BLOCK_U=_block_u(U1),
-                BOUNDARY=True, num_warps=_lattice_warps(_block_u(U1)), num_stages=1)
-    log_like = st.log_like
-    dt_max = max(k.dt for k in topo.kinds)
-    du_max = max(k.du for k in topo.kinds)
-    beta_pad = torch.nn.functional.pad(beta, (0, du_max, 0, dt_max), value=float("-inf"))
-    beta_land = torch.stack([beta_pad[:, k.dt:k.dt + T, k.du:k.du + U1] for k in topo.kinds], 1)
-    possible = (log_like != float("-inf"))[:, None, None, None]
-    ll = torch.where(possible, log_like[:, None, None, None], 0.0)
-    gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
-                        torch.exp(alpha[:, None, :T] + x + beta_land - ll), 0.0)
-    return log_like, gamma
+                *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"), *sigma, *delay,
+                **kinds, **terms, MAX_SEMIRING=False, BLOCK_U=_block_u(U1), BOUNDARY=True,
+                num_warps=_lattice_warps(_block_u(U1)), num_stages=1)
+            if n_nodes:
+                block = _pow2(n_nodes, BLOCK_NODES)
+                kernels._gamma_kernel[((n_nodes + block - 1) // block,)](
+                    st.ws, corners, corners, corners, gamma, n_nodes, T, U1,
+                    *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"), *sigma, *delay,
+                    **kinds, **terms, BOUNDARY=True, BLOCK=block)
+    return st.log_like, gamma
 
 
 # --------------------------------------------------------------------------- input check
@@ -879,11 +889,16 @@ def window_dp(mass: torch.Tensor, max_step: int):
 
 
 # --------------------------------------------------------------------------- simple loss
+def _rescue_grid(n_nodes: int) -> tuple:
+    return (triton.cdiv(n_nodes, RESCUE_BLOCK_NODES),)
+
+
 def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
     """``(B, T, U+1)`` float64: ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need``
-    marks, -inf elsewhere (``kernels._simple_rescue_kernel``, one program per node, those
-    not marked return at once; no host synchronisation): the simple losses' normaliser of
-    the nodes beyond the float64 matmul's range (``pruned._rescue``)."""
+    marks, -inf elsewhere (``kernels._simple_rescue_kernel``, :data:`RESCUE_BLOCK_NODES`
+    nodes a program, which returns at once when none of them is marked; no host
+    synchronisation): the simple losses' normaliser of the nodes beyond the float64
+    matmul's range (``pruned._rescue``)."""
     check_device(am)
     B, T, V = am.shape
     U1 = lm.shape[1]
@@ -891,9 +906,10 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
     if lse.numel() and V:
         flags = need.to(torch.int8).contiguous()
         with _device(am):
-            kernels._simple_rescue_kernel[(lse.numel(),)](
-                am, lm, flags, lse, lse, lse, lse, T, U1, V, *am.stride(), *lm.stride(),
-                BACKWARD=False, BLOCK_V=_pow2(V, 1024))
+            kernels._simple_rescue_kernel[_rescue_grid(lse.numel())](
+                am, lm, flags, lse, lse, lse, lse, lse.numel(), T, U1, V, *am.stride(),
+                *lm.stride(), BACKWARD=False, BLOCK_NODES=RESCUE_BLOCK_NODES,
+                BLOCK_V=_pow2(V, 1024))
     return lse
 
 
@@ -910,7 +926,7 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     if lse.numel() and V:
         flags = need.to(torch.int8).contiguous()
         with _device(am):
-            kernels._simple_rescue_kernel[(lse.numel(),)](
+            kernels._simple_rescue_kernel[_rescue_grid(lse.numel())](
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
-                grad_lm, T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
-                BLOCK_V=_pow2(V, 1024))
+                grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
+                BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, 1024))

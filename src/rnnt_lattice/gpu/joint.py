@@ -69,24 +69,21 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # Blocks of the two passes: nodes x classes per program, H per dot step, warps, pipeline
 # stages. 128 nodes: each block of W read from L2 serves 128 rows (the node tiles re-read
 # W, as attention re-reads its keys per query block), and 128 classes: the tile re-reads
-# its h per block of classes. Chosen on an H100 (benchmarks/joint_tiles.py, j1, H = 512,
-# bf16; benchmarks/results/gpu/h100-joint-tiles-*): the step took 21.8 ms with 64 of H per
-# step in both passes over 16 warps, 22.9 with 32 in the gradient pass, 22.2 with four
-# stages, 27.4 with the first choice (row 128x128x32, gradient 128x64x32 over 8 warps);
-# TDT 27.8 ms against 34.6. On sm_90 (benchmarks/kernel_resources.py) both take 128
-# registers a thread; TDT's gradient pass spills 160 bytes and multi-blank's row pass 16,
-# and were still the fastest measured.
+# its h per block of classes. Chosen on an H100 (benchmarks/joint_tiles.py at j1, H = 512;
+# benchmarks/results/gpu/h100-tiles-jt_*.log): with 64 of H per step in both passes over
+# 16 warps the step took 21.8 ms in bf16 (TDT 27.8), 22.9 (30.4) with 32 of H in the
+# gradient pass, 22.2 with four stages, 27.4 (34.6) with the first choice (row 128x128x32,
+# gradient 128x64x32 over 8 warps); float32 with TF32 products 46.8 ms against 57.9. On
+# sm_90 (benchmarks/kernel_resources.py) both passes take 128 registers a thread, and some
+# spill (TDT's gradient pass 160 bytes in bf16, the float32 gradient passes 128-264): they
+# were still the fastest measured.
 TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
          "grad": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3)}
-# Wider operands, by their size in bytes, per pass: float32 (TF32 products) in the first
-# choice's blocks over two pipeline stages (these do not spill; the 64-wide steps above
-# spill 80-264 bytes in float32, and were not yet measured with TF32 throughout),
-# float64 (the exactness checks) in smaller blocks (the float32 blocks spilled 136-536
-# bytes a thread).
-WIDE = {4: {"row": dict(BLOCK_H=32, num_stages=2),
-            "grad": dict(BLOCK_V=64, BLOCK_H=32, num_warps=8, num_stages=2)},
-        8: {"row": dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2),
-            "grad": dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}}
+# Wider operands, by their size in bytes: float32 in two pipeline stages (three of [128,
+# 64] blocks of h and W need more shared memory than sm_90 has), float64 (the exactness
+# checks) in smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
+WIDE = {4: dict(num_stages=2),
+        8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
 # The act-grad pass: label positions and H per program (it runs over the chunk's frames).
 ACT_GRAD_BLOCK_U = 32
 ACT_GRAD_BLOCK_H = 64
@@ -430,7 +427,7 @@ def _grad_kinds(topo) -> dict:
 
 def _tiles(which: str, dtype: torch.dtype) -> dict:
     """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
-    return dict(TILES[which], **WIDE.get(dtype.itemsize, {}).get(which, {}))
+    return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
 
 
 def _block_dur(n_durations: int) -> int:

@@ -10,9 +10,9 @@ matmul per sequence,
 so memory is ``O(B T U + B (T + U) V)``. The arc log-probs ``b(t,u) = am(t,blank) +
 lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then feed the
 one recursion over arc weights (any topology of k2: ``regular``, ``modified``,
-``constrained``; delay penalty; boundary): the backend's ``lattice_of_weights`` (Numba's
-``kernels.lattice`` on CPU, Triton's ``_lattice_kernel`` on CUDA, the reference's
-recursion on ``backend="torch"``). Two small autograd Functions carry the gradient: the
+``constrained``; delay penalty; boundary): the backend's ``lattice_of_terms`` (Numba's
+``kernels.lattice`` on CPU, Triton's ``_lattice_kernel`` and ``_gamma_kernel`` on CUDA,
+the reference's recursion on ``backend="torch"``). Two small autograd Functions carry the gradient: the
 recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and ``e``) and the
 normaliser's (``_JointMass``: the masses and the entries read, with one in-place gradient
 buffer per input); the float64 glue between them is plain autograd. :func:`lattice_loss`
@@ -30,7 +30,7 @@ from .._ops import output_costs, reduce_costs, with_bad_rows
 from .._types import Ends
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
                          check_site, check_weight_args, device_value_check)
-from ..reference import arc_weights, lattice_dtype, read_entry, stack_kinds
+from ..reference import lattice_dtype, read_entry
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
 
@@ -184,8 +184,9 @@ def _rescue(impl, am, lm, am_ok, lm_ok, mass):
     """``(rescued (B, T, U+1) bool, lse_rescued (B, T, U+1) float64)``: the nodes of ``ok``
     rows whose ``mass`` is below ``V * MASS_MIN``, and their exact lse, ``logsumexp_v
     (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere), from the backend's
-    ``simple_rescue`` (CPU: only those nodes, found on the host; CUDA: a Triton kernel, one
-    program per node, which returns at once for the others: no host synchronisation).
+    ``simple_rescue`` (CPU: only those nodes, found on the host; CUDA: a Triton kernel
+    whose programs, 256 nodes each, return at once where none of theirs is marked: no host
+    synchronisation).
     While compiling nothing is rescued: such a node has no mass, lse ``-inf``."""
     V = am.shape[2]
     need = (mass < V * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
@@ -253,9 +254,9 @@ class _Reads:
 class _LatticeNLL(torch.autograd.Function):
     """``-log P (B,)`` of the lattice whose arcs read the blank / label log-probs ``b, e``
     ``(B, T, U+1)``, and the per-kind occupations ``gamma (B, K, T, U+1)`` (not
-    differentiable). The arc weights ``w`` (``reference.stack_kinds``, ``arc_weights``: the
-    delay penalty, ``-inf`` off the arcs) are built here without a graph and run through
-    ``lattice`` (the backend's ``lattice_of_weights``).
+    differentiable), from ``lattice`` (the backend's ``lattice_of_terms``: the arc weights
+    of ``reference.terms_weights``, the delay penalty, ``-inf`` off the arcs, without a
+    graph).
 
     Backward: ``d(-log P)/dw_k = -gamma_k`` times the upstream gradient, exactly 0 where the
     upstream is 0 (a select, math.md 8.1) and for sequences without a path (their gamma is
@@ -270,10 +271,7 @@ class _LatticeNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, b, e, topo, ends, delay_penalty, lattice):
         with torch.no_grad():
-            # The kinds of k2's topologies read the blank or the label: b or e.
-            lp = stack_kinds(topo, ends, lambda key: b if key == "blank" else e)
-            w = arc_weights(lp, topo, ends, 0.0, delay_penalty)
-            log_like, gamma = lattice(w, topo, ends)
+            log_like, gamma = lattice(b, e, topo, ends, delay_penalty)
         ctx.topo = topo
         ctx.save_for_backward(gamma)
         ctx.mark_non_differentiable(gamma)
@@ -384,7 +382,7 @@ def lattice_loss(
     ldt = lattice_dtype(dev)
     costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
                                      topo, ends, delay_penalty,
-                                     _backends.resolve(backend, dev).lattice_of_weights)
+                                     _backends.resolve(backend, dev).lattice_of_terms)
     costs = with_bad_rows(output_costs(costs, out_dtype), nan_rows)
     if not return_occupations:
         return costs
@@ -601,7 +599,7 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
                                      smooth is not None)
     if smooth is not None:
         b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
-    costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty, impl.lattice_of_weights)
+    costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty, impl.lattice_of_terms)
     loss = reduce_costs(with_bad_rows(output_costs(costs, out_dtype), nan_rows), reduction,
                         zero_infinity)
     if not return_occupations:
