@@ -1151,6 +1151,16 @@ def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max
 
 
 # --------------------------------------------------------------------------- simple loss
+@triton.jit
+def _rescue_chunk(a_row, l_row, cols, V, s_av, s_lv):
+    """``(on, am(t, cols) + lm(u, cols))`` in float64 of one chunk of a rescued node's
+    classes ``cols`` (-inf past V)."""
+    on = cols < V
+    x = (tl.load(a_row + cols * s_av, mask=on, other=NEG_INF).to(tl.float64)
+         + tl.load(l_row + cols * s_lv, mask=on, other=NEG_INF).to(tl.float64))
+    return on, x
+
+
 @triton.jit(do_not_specialize=("n_nodes", "T", "U1", "V", "s_ab", "s_at", "s_lb", "s_lu"))
 def _simple_rescue_kernel(
     # data
@@ -1194,11 +1204,7 @@ def _simple_rescue_kernel(
                         g = tl.load(g_ptr + node)
                         if lse > NEG_INF:
                             for v0 in range(0, V, BLOCK_V):
-                                on = v0 + v < V
-                                x = (tl.load(a_row + (v0 + v) * s_av, mask=on,
-                                             other=NEG_INF).to(tl.float64)
-                                     + tl.load(l_row + (v0 + v) * s_lv, mask=on,
-                                               other=NEG_INF).to(tl.float64))
+                                on, x = _rescue_chunk(a_row, l_row, v0 + v, V, s_av, s_lv)
                                 p = tl.where(on, tl.exp(x - lse) * g, 0.0)
                                 tl.atomic_add(grad_am_ptr + bt * V + v0 + v, p, mask=on)
                                 tl.atomic_add(grad_lm_ptr + (b * U1 + u) * V + v0 + v, p,
@@ -1207,11 +1213,7 @@ def _simple_rescue_kernel(
                         m = tl.full((), NEG_INF, tl.float64)
                         s = tl.zeros((), tl.float64)
                         for v0 in range(0, V, BLOCK_V):
-                            on = v0 + v < V
-                            x = (tl.load(a_row + (v0 + v) * s_av, mask=on,
-                                         other=NEG_INF).to(tl.float64)
-                                 + tl.load(l_row + (v0 + v) * s_lv, mask=on,
-                                           other=NEG_INF).to(tl.float64))
+                            _, x = _rescue_chunk(a_row, l_row, v0 + v, V, s_av, s_lv)
                             m_new = tl.maximum(m, tl.max(x, axis=0))
                             ref = tl.where(m_new == NEG_INF, 0.0, m_new)   # all -inf so far
                             s = s * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
