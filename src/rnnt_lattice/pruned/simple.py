@@ -30,7 +30,7 @@ from .._ops import output_costs, reduce_costs, with_bad_rows
 from .._types import Ends
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
                          check_site, check_weight_args, device_value_check)
-from ..reference import lattice_dtype, read_entry
+from ..reference import lattice_dtype
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
 
@@ -201,14 +201,14 @@ def _unigram(lm: torch.Tensor) -> torch.Tensor:
     return torch.softmax(lm, -1).mean((0, 1)) + torch.finfo(lm.dtype).tiny
 
 
-def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth: bool):
-    """The simple joiner's ``(lse, b, e, parts)``: ``lse, b, e`` ``(B, T, U+1)`` in the
-    lattice dtype (``e`` is ``-inf`` at ``u = U``), differentiable w.r.t. ``am`` and ``lm``;
-    ``parts`` what the smoothed terms need (:func:`_smoothed`). ``frames (B, T)`` /
-    ``positions (B, U+1)``: the rows read (the others are padding)."""
+def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth):
+    """The simple joiner's arc log-probs ``(b, e)`` ``(B, T, U+1)`` in the lattice dtype
+    (``e`` is ``-inf`` at ``u = U``), smoothed with the scales ``smooth = (s_lm, s_am)``
+    unless it is None (:func:`rnnt_loss_smoothed`), differentiable w.r.t. ``am`` and
+    ``lm``. ``frames (B, T)`` / ``positions (B, U+1)``: the rows read (the others are
+    padding)."""
     B, T, V = am.shape
     U1 = lm.shape[1]
-    U = U1 - 1
     ldt = lattice_dtype(am.device)
     am_ok, am_shift, am_bad = _row_stats(am, frames)                        # (B, T)
     lm_ok, lm_shift, lm_bad = _row_stats(lm, positions)                     # (B, U+1)
@@ -219,32 +219,126 @@ def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth: bool)
     am_idx = cols[:, None, :].expand(B, T, U1)
     lm_idx = torch.stack((cols.new_full((B, U1), blank), cols.roll(-1, 1)), -1)   # (B, U+1, 2)
     x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
-    uni = _unigram(x).to(am.dtype) if smooth else None
+    uni = _unigram(x).to(am.dtype) if smooth is not None else None
     mass, am_uni, am_cols, lm_cols, lse_rescued, rescued = _JointMass.apply(
         am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt, impl)
-    pos = (mass > 0) & ~rescued                    # 0: a dead node (or one without mass on GPU)
-    lse = torch.log(torch.where(pos, mass, 1.0)) + am_shift.to(ldt)[..., None] + lm_shift.to(ldt)[:, None, :]
-    lse = torch.where(pos, lse, NEG_INF)
-    lse = torch.where(rescued, lse_rescued.to(ldt), lse)
-    bad = am_bad[:, :, None] | lm_bad[:, None, :]
-    lse = torch.where(bad, float("nan"), lse)                               # (B, T, U+1)
-
-    am_cols, lm_cols = am_cols.to(ldt), lm_cols.to(ldt)
-    reads = _Reads(am_cols[..., 0], am_cols[..., 1:], lm_cols[..., 0], lm_cols[:, :U, 1])
-    b = read_entry(reads.am_blank[:, :, None] + reads.lm_blank[:, None, :], lse, True)
-    e = read_entry(reads.am_label + reads.lm_label[:, None, :], lse[..., :U], True)
-    e = torch.nn.functional.pad(e, (0, 1), value=NEG_INF)                  # no label arc at u = U
-    return lse, b, e, (am_ok, lm_ok, am_shift, am_uni, uni, reads)
+    shifts = (am_shift.to(ldt), lm_shift.to(ldt), am_bad, lm_bad)
+    if smooth is None:
+        return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, None)
+    mix = _mix(am_cols, lm_cols, lm, am_ok, lm_ok, shifts[0], am_uni, uni, safe_targets,
+               blank, *smooth, ldt)
+    return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, *mix[2:])
 
 
-@dataclass(frozen=True)
-class _Reads:
-    """The input entries the arcs read (lattice dtype): ``am_blank (B, T)``, ``am_label
-    (B, T, U)`` = am(t, y_u), ``lm_blank (B, U+1)``, ``lm_label (B, U)`` = lm(u, y_u)."""
-    am_blank: torch.Tensor
-    am_label: torch.Tensor
-    lm_blank: torch.Tensor
-    lm_label: torch.Tensor
+def _mix(am_cols, lm_cols, lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_lm, s_am, ldt):
+    """The smoothed loss's terms (:func:`rnnt_loss_smoothed`) that are not per node, by
+    autograd: ``(c, s_am', P (B, T), Q (B, U+1), R (B, T), S (B, U))`` with ``c = 1 - s_lm -
+    s_am``, the scales' zeros replaced by 1e-20 (k2: ``0 * -inf`` would be NaN) in
+    ``s_lm', s_am'``, and
+
+        P = s_am' b_am(t),  Q = s_lm' b_lm(u),  R = -s_am' am_only_norm(t),
+        S = s_lm' e_lm(u) + s_am' log uni(y_u)
+
+    so that ``b' = c b + Q + P`` and ``e' = c e + s_am' am(t, y_u) + S + R`` (``_ArcTerms``)."""
+    U = lm_cols.shape[1] - 1
+    lm_s = torch.where(lm_ok[..., None], lm, 0.0)                                # (B, U+1, V)
+    # Rows off am_ok have no mass (ea = 0 there): log 1 instead of log 0, whose backward
+    # would put 0/0 into uni's gradient (their arcs are off the lattice or NaN anyway).
+    am_uni = torch.where(am_ok, am_uni, 1.0)
+    am_only_norm = torch.log(am_uni.to(ldt)) + am_shift                         # (B, T)
+    log_uni = torch.log(uni).to(ldt)
+    lm_only_norm = torch.logsumexp(lm_s, -1).to(ldt)                            # (B, U+1)
+    lm_reads = lm_cols.to(ldt)
+    c = 1.0 - s_lm - s_am
+    s_lm = s_lm if s_lm != 0.0 else 1e-20
+    s_am = s_am if s_am != 0.0 else 1e-20
+    P = s_am * (am_cols[..., 0].to(ldt) + log_uni[blank] - am_only_norm)
+    Q = s_lm * (lm_reads[..., 0] - lm_only_norm)
+    R = -s_am * am_only_norm
+    S = s_lm * (lm_reads[:, :U, 1] - lm_only_norm[:, :U]) + s_am * log_uni[y]
+    return c, s_am, P, Q, R, S
+
+
+class _ArcTerms(torch.autograd.Function):
+    """The arc log-probs ``(b', e')`` ``(B, T, U+1)`` of the simple and smoothed losses from
+    the normaliser's parts (``_JointMass``), as one node of the graph with a hand-written
+    backward (autograd's chain of where, log, add, pad and their backward took some 90
+    operations a call, each a kernel on a GPU). With ``as, ls, am_bad, lm_bad = shifts``::
+
+        lse(t,u) = log mass(t,u) + as(t) + ls(u)    (mass > 0 and not rescued: ``live``)
+                 = lse_rescued(t,u)                  (rescued)
+                 = -inf (no mass),  NaN where a row is bad (NaN or +inf)
+        b(t,u)   = am(t, blank) + lm(u, blank) - lse(t,u)
+        e(t,u)   = am(t, y_u) + lm(u, y_u) - lse(t,u)      (u < U; -inf at u = U)
+                   (b and e -inf where lse is -inf: a dead node)
+        b' = c b + Q(u) + P(t),   e' = c e + s_am am(t, y_u) + S(u) + R(t)   (``mix``, _mix)
+        b' = b,  e' = e                                                       (no mix)
+
+    Backward, from ``G_b, G_e`` (the gradients of b', e'), ``g = c G`` on the nodes where
+    lse is not -inf (0 elsewhere; 1 for c without a mix)::
+
+        d am(t, blank) = sum_u g_b,   d lm(u, blank) = sum_t g_b,   d lm(u, y_u) = sum_t g_e
+        d am(t, y_u)   = g_e + s_am G_e
+        d lse          = -(g_b + g_e);  d mass = d lse / mass (live, not bad);
+        d lse_rescued  = d lse (rescued, not bad)
+        d P = sum_u G_b,  d Q = sum_t G_b,  d R = sum_u G_e,  d S = sum_t G_e
+
+    ``am_cols (B, T, U+1)`` = ``[am(t, blank), am(t, y_0) ..]`` and ``lm_cols (B, U+1, 2)``
+    = ``[lm(u, blank), lm(u, y_u)]`` in the inputs' dtype; the gradients come back in it."""
+
+    @staticmethod
+    def forward(ctx, mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, *mix_terms):
+        am_shift, lm_shift, am_bad, lm_bad = shifts
+        ldt = mass.dtype
+        U = lm_cols.shape[1] - 1
+        live = (mass > 0) & ~rescued                # 0: a dead node (or one without mass on GPU)
+        lse = torch.log(torch.where(live, mass, 1.0)).add_(am_shift[..., None]).add_(
+            lm_shift[:, None, :])
+        lse = torch.where(live, lse, NEG_INF)
+        lse = torch.where(rescued, lse_rescued.to(ldt), lse)
+        bad = am_bad[:, :, None] | lm_bad[:, None, :]
+        lse.masked_fill_(bad, float("nan"))                                     # (B, T, U+1)
+        fin = lse != NEG_INF
+        a64, l64 = am_cols.to(ldt), lm_cols.to(ldt)
+        b = torch.where(fin, a64[..., :1] + l64[:, None, :, 0] - lse, NEG_INF)
+        e = torch.full_like(b, NEG_INF)                                         # no label arc at u = U
+        e[..., :U] = torch.where(fin[..., :U], a64[..., 1:] + l64[:, None, :U, 1] - lse[..., :U],
+                                 NEG_INF)
+        ctx.mix = None if mix is None else mix[:2]
+        ctx.dtypes = am_cols.dtype, lm_cols.dtype
+        ctx.save_for_backward(mass, fin, live & ~bad, rescued & ~bad)
+        if mix is None:
+            return b, e
+        c, s_am = mix[:2]
+        P, Q, R, S = mix_terms
+        b.mul_(c).add_(Q[:, None, :]).add_(P[:, :, None])
+        e[..., :U].mul_(c).add_(S[:, None, :]).add_(a64[..., 1:], alpha=s_am).add_(R[:, :, None])
+        return b, e
+
+    @staticmethod
+    def backward(ctx, g_b2, g_e2):
+        mass, fin, live, resc = ctx.saved_tensors
+        U = fin.shape[2] - 1
+        if g_b2 is None:
+            g_b2 = torch.zeros_like(mass)
+        if g_e2 is None:
+            g_e2 = torch.zeros_like(mass)
+        g_e2 = g_e2[..., :U]
+        c = 1.0 if ctx.mix is None else ctx.mix[0]
+        gb = torch.where(fin, g_b2 * c if c != 1.0 else g_b2, 0.0)            # d b   (B, T, U+1)
+        ge = torch.where(fin[..., :U], g_e2 * c if c != 1.0 else g_e2, 0.0)   # d e   (B, T, U)
+        g_lse = -gb
+        g_lse[..., :U] -= ge
+        g_mass = torch.where(live, g_lse / mass, 0.0)
+        g_resc = torch.where(resc, g_lse, 0.0)
+        g_am_label = ge if ctx.mix is None else ge + ctx.mix[1] * g_e2
+        g_am = torch.cat((gb.sum(2, keepdim=True), g_am_label), 2).to(ctx.dtypes[0])
+        g_lm = torch.stack((gb.sum(1), torch.nn.functional.pad(ge.sum(1), (0, 1))), 2)
+        g_lm = g_lm.to(ctx.dtypes[1])
+        mix_grads = ()
+        if ctx.mix is not None:
+            mix_grads = (g_b2.sum(2), g_b2.sum(1), g_e2.sum(2), g_e2.sum(1))   # P, Q, R, S
+        return (g_mass, g_resc, None, g_am, g_lm, None, None) + mix_grads
 
 
 # ---------------------------------------------------------------------------------------
@@ -541,32 +635,6 @@ def rnnt_loss_smoothed(
                         backend, smooth=(s_lm, s_am), allow_blank_targets=allow_blank_targets)
 
 
-def _smoothed(b, e, lm, parts, targets, blank, s_lm, s_am, lse_dtype):
-    """Interpolated ``(b', e')`` (see :func:`rnnt_loss_smoothed`)."""
-    am_ok, lm_ok, am_shift, am_uni, uni, reads = parts
-    B, T, U = reads.am_label.shape
-    V = lm.shape[2]
-    lm_s = torch.where(lm_ok[..., None], lm, 0.0)                                # (B, U+1, V)
-    # Rows off am_ok have no mass (ea = 0 there): log 1 instead of log 0, whose backward
-    # would put 0/0 into uni's gradient (their arcs are off the lattice or NaN anyway).
-    am_uni = torch.where(am_ok, am_uni, 1.0)
-    am_only_norm = torch.log(am_uni.to(lse_dtype)) + am_shift.to(lse_dtype)      # (B, T)
-    log_uni = torch.log(uni).to(lse_dtype)
-    lm_only_norm = torch.logsumexp(lm_s, -1).to(lse_dtype)                      # (B, U+1)
-    safe_targets = targets.clamp(0, V - 1)
-    b_lm = reads.lm_blank - lm_only_norm                                         # (B, U+1)
-    e_lm = reads.lm_label - lm_only_norm[:, :U]                                  # (B, U)
-    b_am = reads.am_blank + log_uni[blank] - am_only_norm                        # (B, T)
-    e_am = reads.am_label + log_uni[safe_targets][:, None, :] - am_only_norm[..., None]   # (B, T, U)
-    combined = 1.0 - s_lm - s_am
-    s_lm = s_lm if s_lm != 0.0 else 1e-20          # k2: 0 * -inf would be NaN
-    s_am = s_am if s_am != 0.0 else 1e-20
-    b2 = combined * b + s_lm * b_lm[:, None, :] + s_am * b_am[:, :, None]
-    e_mix = combined * e[..., :U] + s_lm * e_lm[:, None, :] + s_am * e_am        # (B, T, U)
-    e2 = torch.nn.functional.pad(e_mix, (0, 1), value=NEG_INF)                   # no label arc at u = U
-    return b2, e2
-
-
 def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type,
                  delay_penalty, boundary, reduction, zero_infinity, return_occupations, backend,
                  smooth, allow_blank_targets=False):
@@ -595,10 +663,7 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
 
     impl = _backends.resolve(backend, am.device)
-    lse, b, e, parts = _simple_terms(impl, lm, am, targets, blank, frames, positions,
-                                     smooth is not None)
-    if smooth is not None:
-        b, e = _smoothed(b, e, lm, parts, targets, blank, smooth[0], smooth[1], lse.dtype)
+    b, e = _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth)
     costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty, impl.lattice_of_terms)
     loss = reduce_costs(with_bad_rows(output_costs(costs, out_dtype), nan_rows), reduction,
                         zero_infinity)
