@@ -12,10 +12,12 @@ lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then 
 one recursion over arc weights (any topology of k2: ``regular``, ``modified``,
 ``constrained``; delay penalty; boundary): the backend's ``lattice_of_terms`` (Numba's
 ``kernels.lattice`` on CPU, Triton's ``_lattice_kernel`` and ``_gamma_kernel`` on CUDA,
-the reference's recursion on ``backend="torch"``). Two small autograd Functions carry the gradient: the
-recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto ``b`` and ``e``) and the
-normaliser's (``_JointMass``: the masses and the entries read, with one in-place gradient
-buffer per input); the float64 glue between them is plain autograd. :func:`lattice_loss`
+the reference's recursion on ``backend="torch"``). Three small autograd Functions carry
+the gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto
+``b`` and ``e``), the arc log-probs' (``_ArcTerms``: ``lse``, ``b``, ``e`` and the
+smoothing's per-node sums) and the normaliser's (``_JointMass``: the masses and the entries
+read, with one in-place gradient buffer per input); the smoothing's per-row terms
+(``_mix``) are plain autograd. :func:`lattice_loss`
 offers that recursion on arc weights the caller computes (k2's
 ``mutual_information_recursion``, HAT; ``rnnt_lattice.compat.k2`` builds on it).
 """
