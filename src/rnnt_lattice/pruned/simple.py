@@ -89,9 +89,9 @@ def _row_stats(x: torch.Tensor, keep: torch.Tensor):
     finite (a row of only ``-inf`` then gives ``exp = 0``: a dead row, lse ``-inf``);
     ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1: their lse is NaN)."""
     row_max = x.detach().amax(-1)                                           # V >= 1
-    bad = keep & (torch.isnan(row_max) | (row_max == float("inf")))
-    ok = keep & ~bad
-    shift = torch.where(ok & (row_max != NEG_INF), row_max, 0.0)
+    ok = keep & (row_max < float("inf"))                    # False for NaN and +inf
+    bad = keep ^ ok                                         # ok lies inside keep
+    shift = torch.where(ok & (row_max > NEG_INF), row_max, 0.0)
     return ok, shift, bad
 
 
@@ -376,18 +376,26 @@ class _LatticeNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_costs, _grad_gamma):
         (gamma,) = ctx.saved_tensors
-        up = grad_costs.to(gamma.dtype)[:, None, None]
-        grad_b = torch.zeros_like(gamma[:, 0])
-        grad_e = torch.zeros_like(gamma[:, 0])
-        for k, kind in enumerate(ctx.topo.kinds):
-            g = torch.where(up == 0, 0.0, -gamma[:, k] * up)                 # (B, T, U+1)
-            if kind.reads == "blank":
-                grad_b += g
-            else:
-                grad_e += g
-            if kind.plus_next_blank:
-                grad_b[..., 1:] += g[..., :-1]                               # it read b(t, u+1)
+        up = grad_costs.to(gamma.dtype)[:, None, None, None]
+        g = torch.where(up == 0, 0.0, gamma * -up)                          # G_k (B, K, T, U+1)
+        kinds = ctx.topo.kinds
+        grad_b, grad_e = (_sum_kinds(g, [k for k, kind in enumerate(kinds) if kind.reads == key])
+                          for key in ("blank", "label"))
+        nb = [k for k, kind in enumerate(kinds) if kind.plus_next_blank]
+        if nb:
+            grad_b = grad_b.clone()                  # a view of g: g's planes are read below
+            for k in nb:
+                grad_b[..., 1:] += g[:, k, :, :-1]                           # it read b(t, u+1)
         return grad_b, grad_e, None, None, None, None
+
+
+def _sum_kinds(g: torch.Tensor, ks: list) -> torch.Tensor:
+    """``sum_{k in ks} g[:, k]`` ``(B, T, U+1)``: a view for one kind, zeros for none."""
+    if len(ks) == 1:
+        return g[:, ks[0]]
+    if not ks:
+        return torch.zeros_like(g[:, 0])
+    return g[:, ks].sum(1)
 
 
 # ---------------------------------------------------------------------------------------
