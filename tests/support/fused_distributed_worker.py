@@ -205,15 +205,21 @@ def warm_up() -> None:
 def main(out: str, ids: list) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    res = {}
+    res, failed = {}, False
     for case in (c for c in CASES if c.id in ids):
         try:
             res[case.id] = step(case, rank, world)
         except Exception as err:                  # noqa: BLE001  reported by the test
             res[case.id] = f"{type(err).__name__}: {err}"
+            failed = True
             break                                 # the other rank may be stuck: stop here
     if rank == 0:
         torch.save(res, out)
+    if not failed:
+        # Both ranks reach the end before either tears gloo down: on a loaded machine a
+        # rank that left first made the other's teardown abort ("terminate called without
+        # an active exception").
+        dist.barrier()
     dist.destroy_process_group()
 
 
