@@ -270,6 +270,63 @@ def test_px_py_functions(case):
         torch.testing.assert_close(py, want_py, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("modified", [True, False], ids=["modified", "regular"])
+def test_fast_rnnt_1_0_modified(modified):
+    """fast_rnnt 1.0's ``modified: bool`` (where 1.2 has ``rnnt_type``), by keyword or in
+    its position (with 1.0's positional ``reduction`` after it), gives what ``rnnt_type``
+    gives, in every function that had it; with ``rnnt_type`` too, or not a bool, it is a
+    ValueError."""
+    case = CASES[0]
+    symbols, boundary, am, lm, logits, ranges, window = make_case(case, torch.float64)
+    t, b = ("modified" if modified else "regular"), case.blank
+    calls = {   # name: (the 1.2 call, 1.0's keyword, 1.0's positions)
+        "rnnt_loss": lambda **kw: k2.rnnt_loss(logits, symbols, b, boundary, **kw),
+        "rnnt_loss_simple": lambda **kw: k2.rnnt_loss_simple(lm, am, symbols, b, boundary, **kw),
+        "rnnt_loss_smoothed": lambda **kw: k2.rnnt_loss_smoothed(lm, am, symbols, b, 0.2, 0.1,
+                                                                 boundary, **kw),
+        "rnnt_loss_pruned": lambda **kw: k2.rnnt_loss_pruned(window, symbols, ranges, b,
+                                                             boundary, **kw),
+    }
+    for name, fn in calls.items():
+        want = fn(rnnt_type=t, reduction="sum")
+        assert torch.equal(fn(modified=modified, reduction="sum"), want), name
+        positional = {"rnnt_loss": lambda: k2.rnnt_loss(logits, symbols, b, boundary, modified, "sum"),
+                      "rnnt_loss_simple": lambda: k2.rnnt_loss_simple(lm, am, symbols, b, boundary,
+                                                                      modified, "sum"),
+                      "rnnt_loss_smoothed": lambda: k2.rnnt_loss_smoothed(
+                          lm, am, symbols, b, 0.2, 0.1, boundary, modified, "sum"),
+                      "rnnt_loss_pruned": lambda: k2.rnnt_loss_pruned(
+                          window, symbols, ranges, b, boundary, modified, "sum")}[name]
+        assert torch.equal(positional(), want), name
+    px_py = {
+        "get_rnnt_logprobs": (k2.get_rnnt_logprobs(lm, am, symbols, b, t, boundary),
+                              k2.get_rnnt_logprobs(lm, am, symbols, b, boundary=boundary,
+                                                   modified=modified),
+                              k2.get_rnnt_logprobs(lm, am, symbols, b, boundary, modified)),
+        "get_rnnt_logprobs_smoothed": (
+            k2.get_rnnt_logprobs_smoothed(lm, am, symbols, b, 0.2, 0.1, boundary, t),
+            k2.get_rnnt_logprobs_smoothed(lm, am, symbols, b, 0.2, 0.1, boundary,
+                                          modified=modified),
+            k2.get_rnnt_logprobs_smoothed(lm, am, symbols, b, 0.2, 0.1, boundary, modified)),
+        "get_rnnt_logprobs_joint": (
+            k2.get_rnnt_logprobs_joint(logits, symbols, b, boundary, t),
+            k2.get_rnnt_logprobs_joint(logits, symbols, b, boundary, modified=modified),
+            k2.get_rnnt_logprobs_joint(logits, symbols, b, boundary, modified)),
+        "get_rnnt_logprobs_pruned": (
+            k2.get_rnnt_logprobs_pruned(window, symbols, ranges, b, boundary, t),
+            k2.get_rnnt_logprobs_pruned(window, symbols, ranges, b, boundary, modified=modified),
+            k2.get_rnnt_logprobs_pruned(window, symbols, ranges, b, boundary, modified)),
+    }
+    for name, (want, *got) in px_py.items():
+        assert want[0].shape[2] == T + (not modified), name        # px (B, S, T+1) regular
+        for pair in got:
+            assert all(torch.equal(x, y) for x, y in zip(pair, want)), name
+    with pytest.raises(ValueError, match="modified"):
+        k2.rnnt_loss(logits, symbols, b, boundary, rnnt_type="constrained", modified=modified)
+    with pytest.raises(ValueError, match="modified must be a bool"):
+        k2.rnnt_loss_simple(lm, am, symbols, b, boundary, modified="yes")
+
+
 # (B, S, T) = (4, 3, 5); rows [s_begin, t_begin, s_end, t_end]: full, empty (start = end),
 # no frame (t_begin = t_end: labels only, regular), an offset start.
 MI_BOUNDARIES = [None, ((0, 0, 3, 5), (1, 2, 1, 2), (0, 1, 2, 1), (2, 0, 3, 4))]

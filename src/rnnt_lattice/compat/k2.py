@@ -37,6 +37,8 @@ boundary`` (k2) positionally, told apart by type; ``rnnt_loss_pruned``'s ninth p
 ``return_grad`` in fast_rnnt and ``use_hat_loss`` in k2, so both are keyword-only here (a
 ninth positional argument is a ValueError); ``rnnt_loss`` has fast_rnnt's ``return_grad``;
 ``S = 0`` is accepted (k2; fast_rnnt asserts); ``get_rnnt_prune_ranges_deprecated`` is k2's.
+fast_rnnt 1.0's ``modified: bool`` (1.2's ``rnnt_type``) is accepted by keyword and in its
+position, by every function that had it (``_rnnt_type``).
 
 As in k2, a label equal to ``termination_symbol`` before ``boundary[:, 2]`` is an ordinary
 label: its arc reads the blank's entry (``allow_blank_targets=True`` of the library's losses).
@@ -380,6 +382,43 @@ def _finish(px, py, boundary, rnnt_type, symbols_read):
     return px, py
 
 
+def _rnnt_type(rnnt_type, modified):
+    """The ``rnnt_type`` of a call, from fast_rnnt 1.0's ``modified`` (a bool, by keyword
+    or in ``rnnt_type``'s place: 1.0 had ``boundary, modified`` where 1.2 has ``boundary,
+    rnnt_type``) where it is given: True is ``"modified"``, False ``"regular"``."""
+    if isinstance(rnnt_type, bool):
+        if modified is not None:
+            raise ValueError(f"modified={modified!r} and a bool rnnt_type ({rnnt_type!r}): "
+                             f"pass one of them")
+        modified, rnnt_type = rnnt_type, "regular"
+    if modified is None:
+        return rnnt_type
+    if not isinstance(modified, bool):
+        raise ValueError(f"modified must be a bool (fast_rnnt 1.0), got {modified!r}")
+    if rnnt_type != "regular":
+        raise ValueError(f"modified={modified} (fast_rnnt 1.0) and rnnt_type={rnnt_type!r}: "
+                         f"pass one of them")
+    return "modified" if modified else "regular"
+
+
+def _positions(boundary, rnnt_type):
+    """``(boundary, rnnt_type)`` from the two positional slots where fast_rnnt has
+    ``boundary, rnnt_type`` (1.0: ``boundary, modified``) and k2 ``rnnt_type, boundary``:
+    the one that is a string or a bool is the ``rnnt_type``."""
+    if isinstance(boundary, (str, bool)):           # k2's order: (..., rnnt_type, boundary)
+        boundary, rnnt_type = (None if isinstance(rnnt_type, (str, bool)) else rnnt_type), boundary
+    return boundary, rnnt_type
+
+
+def _v10(rnnt_type, modified, delay_penalty, reduction):
+    """``(rnnt_type, delay_penalty, reduction)`` of a loss called the fast_rnnt 1.0 way:
+    ``modified`` as :func:`_rnnt_type`, and 1.0's positional ``reduction`` (a string where
+    1.2 has ``delay_penalty``) after a positional ``modified``."""
+    if isinstance(rnnt_type, bool) and isinstance(delay_penalty, str):
+        delay_penalty, reduction = 0.0, delay_penalty
+    return _rnnt_type(rnnt_type, modified), delay_penalty, reduction
+
+
 def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary):
     """Checks of the simple joiner's inputs: ``(B, S, T, C, blank, y, boundary)``, ``y`` the
     symbols with the unread ones replaced by 0."""
@@ -413,7 +452,7 @@ def _simple_parts(lm, am, y, blank):
 
 def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                       termination_symbol: int, rnnt_type: str = "regular",
-                      boundary: torch.Tensor | None = None):
+                      boundary: torch.Tensor | None = None, *, modified: bool | None = None):
     """k2's ``(px, py)`` of the simple joiner ``logits(t, s, c) = am(t, c) + lm(s, c)``:
     ``lm`` ``(B, S+1, C)``, ``am`` ``(B, T, C)``, ``symbols`` ``(B, S)``::
 
@@ -421,7 +460,11 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
         py[b, s, t] = am(t, blank) + lm(s, blank) - norm(s, t)   (B, S+1, T)
 
     with ``px[:, :, T] = -inf`` (and ``px[b, :, end_frame]``) for ``regular``, ``px += py[:,
-    1:]`` for ``constrained``, and ``-inf`` for the symbols past ``end_symbol``."""
+    1:]`` for ``constrained``, and ``-inf`` for the symbols past ``end_symbol``. fast_rnnt's
+    order ``boundary, rnnt_type`` (1.0: ``boundary, modified``) and k2's ``rnnt_type,
+    boundary`` are both accepted positionally, told apart by type."""
+    boundary, rnnt_type = _positions(boundary, rnnt_type)
+    rnnt_type = _rnnt_type(rnnt_type, modified)
     B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
                                                   rnnt_type, boundary)
     norm, _, (px_am, px_lm, py_am, py_lm) = _simple_parts(lm, am, y, blank)
@@ -432,7 +475,7 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
 def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                                termination_symbol: int, lm_only_scale: float = 0.1,
                                am_only_scale: float = 0.1, boundary: torch.Tensor | None = None,
-                               rnnt_type: str = "regular"):
+                               rnnt_type: str = "regular", *, modified: bool | None = None):
     """k2's smoothed ``(px, py)``: :func:`get_rnnt_logprobs`'s, log-linearly interpolated
     with LM-only and AM-only log-probs (docs/variants.md A.5; a scale of 0 becomes 1e-20)::
 
@@ -442,6 +485,7 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
         px'      = (1 - s_lm - s_am) px + s_lm px_lm + s_am px_am   (s_lm = lm_only_scale, ...)
 
     (``py`` likewise with the blank)."""
+    rnnt_type = _rnnt_type(rnnt_type, modified)
     B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
                                                   rnnt_type, boundary)
     lm_only_scale, am_only_scale = (_number(name, x) for name, x in (
@@ -468,17 +512,18 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
 
 
 def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
-                            boundary: torch.Tensor | None = None, rnnt_type: str = "regular"):
+                            boundary: torch.Tensor | None = None, rnnt_type: str = "regular", *,
+                            modified: bool | None = None):
     """k2's ``(px, py)`` of full joiner logits ``(B, T, S+1, C)``::
 
         px[b, s, t] = logits(t, s, y_s) - logsumexp_c logits(t, s, c)     (B, S, T+1) / (B, S, T)
         py[b, s, t] = logits(t, s, blank) - logsumexp_c logits(t, s, c)   (B, S+1, T)
 
-    finished as :func:`get_rnnt_logprobs`. fast_rnnt's order ``boundary, rnnt_type`` and
-    k2's ``rnnt_type, boundary`` are both accepted positionally (a ``str`` is the
-    ``rnnt_type``)."""
-    if isinstance(boundary, str):                   # k2's order: (..., rnnt_type, boundary)
-        boundary, rnnt_type = (None if isinstance(rnnt_type, str) else rnnt_type), boundary
+    finished as :func:`get_rnnt_logprobs`. fast_rnnt's order ``boundary, rnnt_type`` (1.0:
+    ``boundary, modified``) and k2's ``rnnt_type, boundary`` are both accepted positionally,
+    told apart by type."""
+    boundary, rnnt_type = _positions(boundary, rnnt_type)
+    rnnt_type = _rnnt_type(rnnt_type, modified)
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     _float("logits", logits)
     S = S1 - 1
@@ -545,13 +590,13 @@ def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_ty
 
 def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
                              termination_symbol: int, boundary: torch.Tensor | None = None,
-                             rnnt_type: str = "regular"):
+                             rnnt_type: str = "regular", *, modified: bool | None = None):
     """k2's ``(px, py)`` of the pruned joiner: ``logits`` ``(B, T, R, C)`` on the windows
     ``ranges`` ``(B, T, R)`` (row ``k`` of frame ``t`` is symbol position ``ranges[b, t,
     k]``); each window row's log-probs as :func:`get_rnnt_logprobs_joint`, every arc
     outside the windows ``-inf``."""
-    return _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
-                         hat=False)
+    return _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary,
+                         _rnnt_type(rnnt_type, modified), hat=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -560,12 +605,14 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
 
 def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
               boundary: torch.Tensor | None = None, rnnt_type: str = "regular",
-              delay_penalty: float = 0.0, reduction: str = "mean", return_grad: bool = False):
+              delay_penalty: float = 0.0, reduction: str = "mean", return_grad: bool = False, *,
+              modified: bool | None = None):
     """k2's ``rnnt_loss``: ``logits`` ``(B, T, S+1, C)``, ``symbols`` ``(B, S)``; the loss
     ``(B,)`` for ``reduction="none"``, else a scalar (``"mean"``: sum / B), of
     :func:`rnnt_lattice.rnnt_loss` (fused kernels). ``return_grad`` (fast_rnnt): also
     ``(px_grad, py_grad)``, then computed as k2 does, from
     :func:`get_rnnt_logprobs_joint`."""
+    rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     if return_grad:
         px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type)
@@ -585,22 +632,24 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
 def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                      termination_symbol: int, boundary: torch.Tensor | None = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: str = "mean", return_grad: bool = False):
+                     reduction: str = "mean", return_grad: bool = False, *,
+                     modified: bool | None = None):
     """k2's ``rnnt_loss_simple``: the joiner ``am + lm`` (``lm`` ``(B, S+1, C)``, ``am``
     ``(B, T, C)``) without building ``(B, T, S+1, C)``: :func:`rnnt_lattice.rnnt_loss_simple`."""
     return _simple_like(_lib.rnnt_loss_simple, lm, am, symbols, termination_symbol, boundary,
-                        rnnt_type, delay_penalty, reduction, return_grad)
+                        *_v10(rnnt_type, modified, delay_penalty, reduction), return_grad)
 
 
 def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                        termination_symbol: int, lm_only_scale: float = 0.1,
                        am_only_scale: float = 0.1, boundary: torch.Tensor | None = None,
                        rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                       reduction: str = "mean", return_grad: bool = False):
+                       reduction: str = "mean", return_grad: bool = False, *,
+                       modified: bool | None = None):
     """k2's ``rnnt_loss_smoothed``: :func:`rnnt_lattice.rnnt_loss_smoothed`
     (:func:`get_rnnt_logprobs_smoothed`'s interpolation)."""
     return _simple_like(_lib.rnnt_loss_smoothed, lm, am, symbols, termination_symbol, boundary,
-                        rnnt_type, delay_penalty, reduction, return_grad,
+                        *_v10(rnnt_type, modified, delay_penalty, reduction), return_grad,
                         lm_only_scale=lm_only_scale, am_only_scale=am_only_scale)
 
 
@@ -624,7 +673,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
                      termination_symbol: int, boundary: torch.Tensor | None = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      reduction: str = "mean", *ambiguous, return_grad: bool = False,
-                     use_hat_loss: bool = False):
+                     use_hat_loss: bool = False, modified: bool | None = None):
     """k2's ``rnnt_loss_pruned``: ``logits`` ``(B, T, R, C)`` on the windows ``ranges``
     ``(B, T, R)``: :func:`rnnt_lattice.rnnt_loss_pruned` (fused kernels).
 
@@ -641,6 +690,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     if ambiguous:
         raise ValueError("rnnt_loss_pruned takes 8 positional arguments: the ninth is "
                          "return_grad in fast_rnnt and use_hat_loss in k2; pass it by keyword")
+    rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
     if use_hat_loss or return_grad:
         px, py = _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
                                hat=bool(use_hat_loss))
