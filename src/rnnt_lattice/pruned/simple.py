@@ -227,22 +227,22 @@ def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth):
     shifts = (am_shift.to(ldt), lm_shift.to(ldt), am_bad, lm_bad)
     if smooth is None:
         return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, None)
-    mix = _mix(am_cols, lm_cols, lm, am_ok, lm_ok, shifts[0], am_uni, uni, safe_targets,
-               blank, *smooth, ldt)
-    return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, *mix[2:])
+    mix = _mix(lm, am_ok, lm_ok, shifts[0], am_uni, uni, safe_targets, blank, *smooth, ldt)
+    return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix[:3],
+                           *mix[3:])
 
 
-def _mix(am_cols, lm_cols, lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_lm, s_am, ldt):
-    """The smoothed loss's terms (:func:`rnnt_loss_smoothed`) that are not per node, by
-    autograd: ``(c, s_am', P (B, T), Q (B, U+1), R (B, T), S (B, U))`` with ``c = 1 - s_lm -
-    s_am``, the scales' zeros replaced by 1e-20 (k2: ``0 * -inf`` would be NaN) in
-    ``s_lm', s_am'``, and
+def _mix(lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_lm, s_am, ldt):
+    """The smoothed loss's terms (:func:`rnnt_loss_smoothed`) that are neither per node nor
+    an entry of am or lm, by autograd: ``(c, s_am', s_lm', P (B, T), Q (B, U+1), R (B, T),
+    S (B, U))`` with ``c = 1 - s_lm - s_am``, the scales' zeros replaced by 1e-20 (k2: ``0 *
+    -inf`` would be NaN) in ``s_lm', s_am'``, and
 
-        P = s_am' b_am(t),  Q = s_lm' b_lm(u),  R = -s_am' am_only_norm(t),
-        S = s_lm' e_lm(u) + s_am' log uni(y_u)
+        P = s_am' (log uni(blank) - am_only_norm(t)),   Q = -s_lm' lm_only_norm(u),
+        R = -s_am' am_only_norm(t),   S = s_am' log uni(y_u) - s_lm' lm_only_norm(u)
 
-    so that ``b' = c b + Q + P`` and ``e' = c e + s_am' am(t, y_u) + S + R`` (``_ArcTerms``)."""
-    U = lm_cols.shape[1] - 1
+    (``_ArcTerms`` adds the entries: ``s_am' b_am = s_am' am(t, blank) + P`` and so on)."""
+    U = y.shape[1]
     lm_s = torch.where(lm_ok[..., None], lm, 0.0)                                # (B, U+1, V)
     # Rows off am_ok have no mass (ea = 0 there): log 1 instead of log 0, whose backward
     # would put 0/0 into uni's gradient (their arcs are off the lattice or NaN anyway).
@@ -250,15 +250,14 @@ def _mix(am_cols, lm_cols, lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_
     am_only_norm = torch.log(am_uni.to(ldt)) + am_shift                         # (B, T)
     log_uni = torch.log(uni).to(ldt)
     lm_only_norm = torch.logsumexp(lm_s, -1).to(ldt)                            # (B, U+1)
-    lm_reads = lm_cols.to(ldt)
     c = 1.0 - s_lm - s_am
     s_lm = s_lm if s_lm != 0.0 else 1e-20
     s_am = s_am if s_am != 0.0 else 1e-20
-    P = s_am * (am_cols[..., 0].to(ldt) + log_uni[blank] - am_only_norm)
-    Q = s_lm * (lm_reads[..., 0] - lm_only_norm)
     R = -s_am * am_only_norm
-    S = s_lm * (lm_reads[:, :U, 1] - lm_only_norm[:, :U]) + s_am * log_uni[y]
-    return c, s_am, P, Q, R, S
+    P = R + s_am * log_uni[blank]
+    Q = -s_lm * lm_only_norm
+    S = Q[:, :U] + s_am * log_uni[y]
+    return c, s_am, s_lm, P, Q, R, S
 
 
 class _ArcTerms(torch.autograd.Function):
@@ -273,17 +272,19 @@ class _ArcTerms(torch.autograd.Function):
         b(t,u)   = am(t, blank) + lm(u, blank) - lse(t,u)
         e(t,u)   = am(t, y_u) + lm(u, y_u) - lse(t,u)      (u < U; -inf at u = U)
                    (b and e -inf where lse is -inf: a dead node)
-        b' = c b + Q(u) + P(t),   e' = c e + s_am am(t, y_u) + S(u) + R(t)   (``mix``, _mix)
-        b' = b,  e' = e                                                       (no mix)
+    smoothed (``mix = (c, s_am, s_lm)`` and the terms P, Q, R, S of :func:`_mix`)::
 
-    Backward, from ``G_b, G_e`` (the gradients of b', e'), ``g = c G`` on the nodes where
-    lse is not -inf (0 elsewhere; 1 for c without a mix)::
+        b' = c b + s_lm lm(u, blank) + Q(u) + s_am am(t, blank) + P(t)
+        e' = c e + s_lm lm(u, y_u) + S(u) + s_am am(t, y_u) + R(t)           (u < U)
 
-        d am(t, blank) = sum_u g_b,   d lm(u, blank) = sum_t g_b,   d lm(u, y_u) = sum_t g_e
-        d am(t, y_u)   = g_e + s_am G_e
+    else ``b' = b, e' = e``. Backward, from ``G_b, G_e`` (the gradients of b', e'), ``g = c
+    G`` on the nodes where lse is not -inf (0 elsewhere; c = 1 without a mix)::
+
+        d P = sum_u G_b,  d Q = sum_t G_b,  d R = sum_u G_e,  d S = sum_t G_e
+        d am(t, blank) = sum_u g_b + s_am d P,   d lm(u, blank) = sum_t g_b + s_lm d Q
+        d am(t, y_u)   = g_e + s_am G_e,         d lm(u, y_u)   = sum_t g_e + s_lm d S
         d lse          = -(g_b + g_e);  d mass = d lse / mass (live, not bad);
         d lse_rescued  = d lse (rescued, not bad)
-        d P = sum_u G_b,  d Q = sum_t G_b,  d R = sum_u G_e,  d S = sum_t G_e
 
     ``am_cols (B, T, U+1)`` = ``[am(t, blank), am(t, y_0) ..]`` and ``lm_cols (B, U+1, 2)``
     = ``[lm(u, blank), lm(u, y_u)]`` in the inputs' dtype; the gradients come back in it."""
@@ -306,15 +307,17 @@ class _ArcTerms(torch.autograd.Function):
         e = torch.full_like(b, NEG_INF)                                         # no label arc at u = U
         e[..., :U] = torch.where(fin[..., :U], a64[..., 1:] + l64[:, None, :U, 1] - lse[..., :U],
                                  NEG_INF)
-        ctx.mix = None if mix is None else mix[:2]
+        ctx.mix = mix
         ctx.dtypes = am_cols.dtype, lm_cols.dtype
         ctx.save_for_backward(mass, fin, live & ~bad, rescued & ~bad)
         if mix is None:
             return b, e
-        c, s_am = mix[:2]
+        c, s_am, s_lm = mix
         P, Q, R, S = mix_terms
-        b.mul_(c).add_(Q[:, None, :]).add_(P[:, :, None])
-        e[..., :U].mul_(c).add_(S[:, None, :]).add_(a64[..., 1:], alpha=s_am).add_(R[:, :, None])
+        b.mul_(c).add_(torch.add(Q, l64[..., 0], alpha=s_lm)[:, None, :]).add_(
+            torch.add(P, a64[..., 0], alpha=s_am)[:, :, None])
+        e[..., :U].mul_(c).add_(torch.add(S, l64[:, :U, 1], alpha=s_lm)[:, None, :]).add_(
+            a64[..., 1:], alpha=s_am).add_(R[:, :, None])
         return b, e
 
     @staticmethod
@@ -333,14 +336,18 @@ class _ArcTerms(torch.autograd.Function):
         g_lse[..., :U] -= ge
         g_mass = torch.where(live, g_lse / mass, 0.0)
         g_resc = torch.where(resc, g_lse, 0.0)
-        g_am_label = ge if ctx.mix is None else ge + ctx.mix[1] * g_e2
-        g_am = torch.cat((gb.sum(2, keepdim=True), g_am_label), 2).to(ctx.dtypes[0])
-        g_lm = torch.stack((gb.sum(1), torch.nn.functional.pad(ge.sum(1), (0, 1))), 2)
-        g_lm = g_lm.to(ctx.dtypes[1])
-        mix_grads = ()
+        g_am_blank, g_lm_blank, g_lm_label = gb.sum(2), gb.sum(1), ge.sum(1)
+        g_am_label, mix_grads = ge, ()
         if ctx.mix is not None:
+            _, s_am, s_lm = ctx.mix
             mix_grads = (g_b2.sum(2), g_b2.sum(1), g_e2.sum(2), g_e2.sum(1))   # P, Q, R, S
-        return (g_mass, g_resc, None, g_am, g_lm, None, None) + mix_grads
+            g_am_blank = g_am_blank.add_(mix_grads[0], alpha=s_am)
+            g_lm_blank = g_lm_blank.add_(mix_grads[1], alpha=s_lm)
+            g_lm_label = g_lm_label.add_(mix_grads[3], alpha=s_lm)
+            g_am_label = ge.add_(g_e2, alpha=s_am)
+        g_am = torch.cat((g_am_blank[..., None], g_am_label), 2).to(ctx.dtypes[0])
+        g_lm = torch.stack((g_lm_blank, torch.nn.functional.pad(g_lm_label, (0, 1))), 2)
+        return (g_mass, g_resc, None, g_am, g_lm.to(ctx.dtypes[1]), None, None) + mix_grads
 
 
 # ---------------------------------------------------------------------------------------
