@@ -303,6 +303,11 @@ def test_fast_rnnt_1_0_modified(modified):
                               k2.get_rnnt_logprobs(lm, am, symbols, b, boundary=boundary,
                                                    modified=modified),
                               k2.get_rnnt_logprobs(lm, am, symbols, b, boundary, modified)),
+        # 1.0's order with the boundary alone (modified at its default, False)
+        "get_rnnt_logprobs, boundary": (
+            k2.get_rnnt_logprobs(lm, am, symbols, b, "regular", boundary),
+            k2.get_rnnt_logprobs(lm, am, symbols, b, boundary),
+            k2.get_rnnt_logprobs(lm, am, symbols, b, boundary, False)),
         "get_rnnt_logprobs_smoothed": (
             k2.get_rnnt_logprobs_smoothed(lm, am, symbols, b, 0.2, 0.1, boundary, t),
             k2.get_rnnt_logprobs_smoothed(lm, am, symbols, b, 0.2, 0.1, boundary,
@@ -318,7 +323,8 @@ def test_fast_rnnt_1_0_modified(modified):
             k2.get_rnnt_logprobs_pruned(window, symbols, ranges, b, boundary, modified)),
     }
     for name, (want, *got) in px_py.items():
-        assert want[0].shape[2] == T + (not modified), name        # px (B, S, T+1) regular
+        regular = not modified or name.endswith("boundary")
+        assert want[0].shape[2] == T + regular, name               # px (B, S, T+1) regular
         for pair in got:
             assert all(torch.equal(x, y) for x, y in zip(pair, want)), name
     with pytest.raises(ValueError, match="modified"):

@@ -402,12 +402,15 @@ def _rnnt_type(rnnt_type, modified):
 
 
 def _positions(boundary, rnnt_type):
-    """``(boundary, rnnt_type)`` from the two positional slots where fast_rnnt has
-    ``boundary, rnnt_type`` (1.0: ``boundary, modified``) and k2 ``rnnt_type, boundary``:
-    the one that is a string or a bool is the ``rnnt_type``."""
-    if isinstance(boundary, (str, bool)):           # k2's order: (..., rnnt_type, boundary)
-        boundary, rnnt_type = (None if isinstance(rnnt_type, (str, bool)) else rnnt_type), boundary
-    return boundary, rnnt_type
+    """``(boundary, rnnt_type)`` of a call whose two positional slots may hold them in
+    either order (``boundary, rnnt_type`` or ``boundary, modified`` in one library or
+    version, ``rnnt_type, boundary`` in another): a string or a bool is the ``rnnt_type``,
+    a tensor the ``boundary``; a slot left at the other order's default is dropped."""
+    if isinstance(boundary, (str, bool)) or isinstance(rnnt_type, torch.Tensor):
+        boundary, rnnt_type = rnnt_type, boundary
+    if isinstance(boundary, (str, bool)):           # the default rnnt_type of the other order
+        boundary = None
+    return boundary, "regular" if rnnt_type is None else rnnt_type
 
 
 def _v10(rnnt_type, modified, delay_penalty, reduction):
@@ -460,9 +463,9 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
         py[b, s, t] = am(t, blank) + lm(s, blank) - norm(s, t)   (B, S+1, T)
 
     with ``px[:, :, T] = -inf`` (and ``px[b, :, end_frame]``) for ``regular``, ``px += py[:,
-    1:]`` for ``constrained``, and ``-inf`` for the symbols past ``end_symbol``. fast_rnnt's
-    order ``boundary, rnnt_type`` (1.0: ``boundary, modified``) and k2's ``rnnt_type,
-    boundary`` are both accepted positionally, told apart by type."""
+    1:]`` for ``constrained``, and ``-inf`` for the symbols past ``end_symbol``. k2's and
+    fast_rnnt 1.2's order ``rnnt_type, boundary`` and fast_rnnt 1.0's ``boundary,
+    modified`` are both accepted positionally, told apart by type."""
     boundary, rnnt_type = _positions(boundary, rnnt_type)
     rnnt_type = _rnnt_type(rnnt_type, modified)
     B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
