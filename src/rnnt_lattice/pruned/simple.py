@@ -32,7 +32,7 @@ from .._ops import output_costs, reduce_costs, with_bad_rows
 from .._types import Ends
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
                          check_site, check_weight_args, device_value_check)
-from ..reference import lattice_dtype
+from ..reference import lattice_dtype, read_entry
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
 
@@ -271,7 +271,8 @@ class _ArcTerms(torch.autograd.Function):
                  = -inf (no mass),  NaN where a row is bad (NaN or +inf)
         b(t,u)   = am(t, blank) + lm(u, blank) - lse(t,u)
         e(t,u)   = am(t, y_u) + lm(u, y_u) - lse(t,u)      (u < U; -inf at u = U)
-                   (b and e -inf where lse is -inf: a dead node)
+                   (b and e -inf where lse is -inf: a dead node: ``reference.read_entry``)
+
     smoothed (``mix = (c, s_am, s_lm)`` and the terms P, Q, R, S of :func:`_mix`)::
 
         b' = c b + s_lm lm(u, blank) + Q(u) + s_am am(t, blank) + P(t)
@@ -301,12 +302,11 @@ class _ArcTerms(torch.autograd.Function):
         lse = torch.where(rescued, lse_rescued.to(ldt), lse)
         bad = am_bad[:, :, None] | lm_bad[:, None, :]
         lse.masked_fill_(bad, float("nan"))                                     # (B, T, U+1)
-        fin = lse != NEG_INF
         a64, l64 = am_cols.to(ldt), lm_cols.to(ldt)
-        b = torch.where(fin, a64[..., :1] + l64[:, None, :, 0] - lse, NEG_INF)
+        b = read_entry(a64[..., :1] + l64[:, None, :, 0], lse, True)
         e = torch.full_like(b, NEG_INF)                                         # no label arc at u = U
-        e[..., :U] = torch.where(fin[..., :U], a64[..., 1:] + l64[:, None, :U, 1] - lse[..., :U],
-                                 NEG_INF)
+        e[..., :U] = read_entry(a64[..., 1:] + l64[:, None, :U, 1], lse[..., :U], True)
+        fin = lse != NEG_INF                      # the nodes whose b and e read the entries
         ctx.mix = mix
         ctx.dtypes = am_cols.dtype, lm_cols.dtype
         ctx.save_for_backward(mass, fin, live & ~bad, rescued & ~bad)
