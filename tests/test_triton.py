@@ -717,6 +717,49 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
         assert v4 * aligned[0] == aligned[3] * tile_rows and stack == 0, (key, out.stdout)
 
 
+JOINT_FIT_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rnnt_lattice.gpu import joint
+import kernel_resources as kr
+
+for sm in (80, 90):
+    for label, shape, name, const, warps, stages, x, ints in kr.joint_variants([1024], [512]):
+        if not label.startswith("_joint_") or " regular " not in label or (sm, x) == (80, "bf16"):
+            continue
+        sig = kr.signature(getattr(joint, name), const, x)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
+                 if t.startswith("*") or ints.get(p, 1) % 16 == 0}
+        c = triton.compile(ASTSource(getattr(joint, name), sig, const, attrs=attrs),
+                           target=GPUTarget("cuda", sm, 32),
+                           options=dict(num_warps=warps, num_stages=stages))
+        print(sm, name, x, warps, c.metadata.shared, kr.resources(c.asm["cubin"])[0])
+"""
+# The shared memory one block may opt into (bytes) and the registers of a multiprocessor.
+SHARED_MAX = {80: 166912, 90: 232448}
+REGISTERS_PER_SM = 65536
+
+
+def test_joiner_blocks_fit_a_multiprocessor():
+    """The joiner's kernel path launches its passes with blocks (``joint.TILES``, ``WIDE``)
+    that a block of threads can hold, checked on the sm_80 and sm_90 compiles with the
+    launch's warps and pipeline stages: its shared memory within the most a block may use
+    (a launch asking for more fails with OutOfResources, on a GPU only), its registers
+    times threads within a multiprocessor's. float32 (the widest operands, TF32 products)
+    on both, bfloat16 on sm_90."""
+    out = subprocess.run([sys.executable, "-c", JOINT_FIT_SCRIPT], env=_compile_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    assert {(r[0], r[1], r[2]) for r in rows} == {
+        (sm, f"_joint_{w}_kernel", x) for w in ("row", "grad")
+        for sm, x in (("80", "fp32"), ("90", "fp32"), ("90", "bf16"))}, out.stdout
+    for sm, name, x, warps, shared, regs in rows:
+        assert int(shared) <= SHARED_MAX[int(sm)], (sm, name, x, shared)
+        assert int(regs) * 32 * int(warps) <= REGISTERS_PER_SM, (sm, name, x, regs, warps)
+
+
 @pytest.mark.parametrize("span", [True, False], ids=["span", "narrow"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
                          ids=["float32", "bfloat16", "float64"])
