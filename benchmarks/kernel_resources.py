@@ -51,7 +51,7 @@ INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
-FP32_PTRS = {"ok_ptr", "nan_ptr"}          # the input check's flags and NaN rows
+FP32_PTRS = {"ok_ptr", "nan_ptr", "nan_rows_ptr"}   # the input check's flags and NaN rows
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
 
 
@@ -133,7 +133,7 @@ def variants(V_list):
         for U1 in (41, 81, 151):
             yield (f"_lattice_kernel {tname}", f"U+1={U1}", "_lattice_kernel",
                    dict(gpu._kernel_kinds(topo, "lattice"), MAX_SEMIRING=False,
-                        BLOCK_U=gpu._block_u(U1), **terms),
+                        NAN_ROWS=True, BLOCK_U=gpu._block_u(U1), **terms),
                    gpu._lattice_warps(gpu._block_u(U1)), 1)
     yield ("_gamma_kernel regular", "-", "_gamma_kernel",
            dict(gpu._kernel_kinds(topology.regular(), "lattice"), SIGMA=False, DELAY_ON=False,

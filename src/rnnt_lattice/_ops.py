@@ -60,12 +60,14 @@ class _RNNTLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, logit_lengths, target_lengths, boundary, node_rows, impl,
-                opts: LossOptions):
+                opts: LossOptions, nan_rows=None):
         need_grad = ctx.needs_input_grad[0]
         if not need_grad:
             opts = opts.without_inplace()         # nothing to write: leave the logits alone
+        # The device check's NaN rows join the costs in the backend (the Triton lattice pass
+        # adds them as it writes the costs): no operation of their own, no autograd node.
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad, boundary, node_rows)
+                                                opts, need_grad, boundary, node_rows, nan_rows)
         if opts.inplace_grad and impl.INPLACE_WRITES_IN == "forward":
             torch.autograd.graph.increment_version(logits)
         if need_grad:
@@ -77,12 +79,9 @@ class _RNNTLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_costs):
+        # Grad mode is off past this line (a backward that would build a graph raises): no
+        # once_differentiable wrapper is needed to keep the kernels' gradient out of one.
         refuse_double_backward("rnnt_loss")
-        return _RNNTLoss._backward(ctx, grad_costs)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, grad_costs):
         saved = ctx.saved_tensors                 # version checks happen here
         opts: LossOptions = ctx.opts
         if opts.inplace_grad and ctx.impl.INPLACE_WRITES_IN == "backward":
@@ -91,7 +90,7 @@ class _RNNTLoss(torch.autograd.Function):
                                       opts)
         if opts.inplace_grad:
             grad = grad.detach()                  # a new tensor over the same memory
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def refuse_double_backward(what: str) -> None:
@@ -115,10 +114,11 @@ def without_infinite(upstream: torch.Tensor, infinite) -> torch.Tensor:
 
 
 def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-               boundary=None, node_rows=None) -> torch.Tensor:
-    """(B,) per-sequence costs through ``impl`` with the gradient attached (eager)."""
+               boundary=None, node_rows=None, nan_rows=None) -> torch.Tensor:
+    """(B,) per-sequence costs through ``impl`` with the gradient attached (eager), NaN
+    where ``nan_rows`` (the device check's, :func:`with_bad_rows`) says so."""
     return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
-                           impl, opts)
+                           impl, opts, nan_rows)
 
 
 def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor:
@@ -128,12 +128,14 @@ def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor
     the reduction. Nothing is checked again."""
     chk, opts = prep.chk, prep.opts
     if prep.impl is None:
-        costs = rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
-                                  opts, backend, prep.boundary, prep.node_rows)
+        costs = with_bad_rows(
+            rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
+                              opts, backend, prep.boundary, prep.node_rows), prep.nan_rows)
     else:
         costs = rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
-                           chk.target_lengths, opts, prep.boundary, prep.node_rows)
-    return reduce_costs(with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
+                           chk.target_lengths, opts, prep.boundary, prep.node_rows,
+                           prep.nan_rows)
+    return reduce_costs(costs, reduction, zero_infinity)
 
 
 # --------------------------------------------------------------------------- traced
@@ -167,8 +169,7 @@ def _costs_and_grad(
     impl = _backends.resolve(backend, logits.device)
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad, boundary, node_rows)
-        costs = with_bad_rows(costs, nan_rows)
+                                                opts, need_grad, boundary, node_rows, nan_rows)
         if not need_grad:
             return costs, logits.new_empty((0,))
         ones = torch.ones(costs.shape[0], dtype=costs.dtype, device=costs.device)

@@ -456,12 +456,12 @@ def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, top
     :func:`check_site`): no label may be a class that an arc kind of ``topology`` reads as a
     fixed class (multi-blank's big blanks): a label cannot be a blank. ``targets`` and
     ``target_lengths`` are already checked (``check_lattice_args``)."""
-    fixed = {k.class_id: k.name for k in topology.kinds if k.reads == "class"}
     U = targets.shape[1]
-    if not fixed or U == 0 or targets.shape[0] == 0:
+    if not _fixed_classes(topology) or U == 0 or targets.shape[0] == 0:
         return
     if (check_site(targets) if site == "unknown" else site) != "host":
         return
+    fixed = {k.class_id: k.name for k in topology.kinds if k.reads == "class"}
     valid = torch.arange(U)[None, :] < target_lengths[:, None]
     classes = torch.tensor(sorted(fixed), dtype=targets.dtype)
     bad = valid & torch.isin(targets, classes)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._layout import row_sequences
-from ._ops import scale_upstream
+from ._ops import scale_upstream, with_bad_rows
 from ._types import Ends, Lattice, LossOptions
 from .reference import (arc_weights, costs_and_grad_unchecked, grad, kind_log_probs, lattice,
                         lattice_dtype, sweep_alpha, terms_weights)
@@ -34,13 +34,14 @@ NEG_INF = float("-inf")
 
 # --------------------------------------------------------------------------- loss
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None, node_rows=None):
+                 boundary=None, node_rows=None, nan_rows=None):
     """Costs, and (when wanted) the per-sequence gradient, computed here by the generic
     recursion and saved for the backward pass, which only applies the upstream factor."""
     costs, grad = costs_and_grad_unchecked(
         logits, targets, logit_lengths, target_lengths, opts.topology, opts.blank,
         opts.log_softmax, opts.clamp, opts.fastemit_lambda, opts.sigma, opts.delay_penalty, boundary,
         need_grad, node_rows)
+    costs = with_bad_rows(costs, nan_rows)
     if not need_grad:
         return costs, (), None
     # Rows of a node_rows layout: the sequence each row belongs to (B: no node reads it).

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from .. import torch_backend
+from .._ops import with_bad_rows
 from .._types import Lattice, LossOptions
 from ..reference import Ends, terms_weights
 from ..topology import Topology
@@ -261,7 +262,7 @@ def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opt
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None, node_rows=None):
+                 boundary=None, node_rows=None, nan_rows=None):
     """Passes 1-2 (``_ops`` protocol): ``(costs, saved, state)``, for any topology.
 
     ``logits``: ``(B, T, U+1, V)``, or rows ``(N, V)`` with ``node_rows (B, T, U+1)`` int64
@@ -289,7 +290,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
                                       topo.n_durations, opts,
                                       None if buf is None else buf.view(-1, V))
     _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends)
-    costs = torch.from_numpy(-log_like).to(logits.dtype)
+    costs = with_bad_rows(torch.from_numpy(-log_like).to(logits.dtype), nan_rows)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.

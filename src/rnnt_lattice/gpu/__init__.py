@@ -442,10 +442,10 @@ _f64_cached = functools.lru_cache(maxsize=256)(_f64_parts)
 
 def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, *,
              boundary, grid, rows: _Rows, beta: bool, best_kind=None, fill_nodes: bool = False,
-             reads: bool = False):
+             reads: bool = False, nan_rows=None):
     """Passes 1-2 of any topology on the grid ``(B, T, U+1)``: ``(state, costs)``; costs
-    ``(B,)`` = -log P; with ``reads`` (a gradient to come) also the gradient's per-node
-    coefficients (``kernels._reads_kernel``).
+    ``(B,)`` = -log P (+ ``nan_rows``, the device check's, where given); with ``reads`` (a
+    gradient to come) also the gradient's per-node coefficients (``kernels._reads_kernel``).
 
     ``best_kind``: a ``(B, T+1, U+1)`` int8 tensor filled with -1 switches the lattice
     pass to the max-plus semiring (alpha alone, the best path's score as log P) and
@@ -464,7 +464,7 @@ def _forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     _row_pass(logits, targets, logit_lengths, target_lengths, st, opts, boundary=boundary,
               rows=rows)
     _lattice(st, costs, logit_lengths, target_lengths, opts, boundary=boundary, beta=beta,
-             best_kind=best_kind)
+             best_kind=best_kind, nan_rows=nan_rows)
     if reads:
         _reads(st, logit_lengths, target_lengths, opts, boundary=boundary)
     return st, costs
@@ -520,11 +520,12 @@ def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: 
 
 @functools.lru_cache(maxsize=1024)
 def _lattice_plan(topo: Topology, sigma: float, delay_penalty: float, lay: _Layout, beta: bool,
-                  max_semiring: bool, boundary: bool, tiles: tuple):
+                  max_semiring: bool, boundary: bool, nan_rows: bool, tiles: tuple):
     args = (lay.T, lay.U1, *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
             *_f64_parts(sigma), *_f64_parts(delay_penalty))
     kw = dict(_kernel_kinds(topo, "lattice"), **_terms(topo, sigma, delay_penalty),
-              MAX_SEMIRING=max_semiring, BLOCK_U=_block_u(lay.U1), BOUNDARY=boundary,
+              MAX_SEMIRING=max_semiring, NAN_ROWS=nan_rows, BLOCK_U=_block_u(lay.U1),
+              BOUNDARY=boundary,
               # num_stages=1: no load is issued ahead of the barrier that makes the
               # earlier diagonals visible.
               num_warps=_lattice_warps(_block_u(lay.U1)), num_stages=1)
@@ -532,18 +533,18 @@ def _lattice_plan(topo: Topology, sigma: float, delay_penalty: float, lay: _Layo
 
 
 def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions, *, boundary,
-             beta: bool, best_kind=None):
+             beta: bool, best_kind=None, nan_rows=None):
     """Pass 2 (``kernels._lattice_kernel``) on ``st``'s arc log-probs: alpha (and beta),
-    log P into ``st``, the costs into ``costs``."""
+    log P into ``st``, the costs into ``costs``, plus ``nan_rows`` (B,) where given."""
     if not st.lay.B:
         return
     grid, args, kw = _lattice_plan(opts.topology, opts.sigma, opts.delay_penalty, st.lay, beta,
                                    best_kind is not None, boundary is not None,
-                                   _tile_constants())
+                                   nan_rows is not None, _tile_constants())
     # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
     kernels._lattice_kernel[grid](
         st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), costs,
-        _or(best_kind, logit_lengths), *args, **kw)
+        _or(nan_rows, costs), _or(best_kind, logit_lengths), *args, **kw)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -608,7 +609,7 @@ INPLACE_WRITES_IN = "backward"    # the gradient pass writes over the logits
 
 
 def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptions, need_grad,
-                 boundary=None, node_rows=None):
+                 boundary=None, node_rows=None, nan_rows=None):
     """Passes 1-2 (``_ops`` protocol), and the gradient's coefficients when a gradient is
     needed: costs, and the float64 lattice state saved for the gradient pass. beta is only
     needed for the occupations: without a gradient it is skipped.
@@ -618,7 +619,9 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     ``node_rows[b, t, u]`` (-1: no row, every arc leaving it is -inf). Every row must be
     read by exactly one node: the gradient pass writes each row once, from its node, and
     rows of nodes off the lattice get 0. ``boundary``: k2's ``(B, 4)`` int64 ``[begin_symbol,
-    begin_frame, end_symbol, end_frame]``, read on the device (no validation here)."""
+    begin_frame, end_symbol, end_frame]``, read on the device (no validation here).
+    ``nan_rows`` (B,) float32, the device check's: the lattice pass adds it to the costs
+    it writes (no operation of its own)."""
     logits, targets, logit_lengths, target_lengths = _prepare(
         logits, targets, logit_lengths, target_lengths)
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
@@ -627,7 +630,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     with _device(logits):
         st, costs = _forward(logits, targets, logit_lengths, target_lengths, opts,
                              boundary=boundary, grid=grid, rows=rows, beta=need_grad,
-                             reads=need_grad)
+                             reads=need_grad, nan_rows=nan_rows)
     if not need_grad:
         return costs, (), None
     extra = tuple(x for x in (boundary, rows.row_nodes) if x is not None)
@@ -816,10 +819,11 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends,
     if B:
         with _device(b):
             kernels._lattice_kernel[(B, 2)](
-                st.ws, corners, corners, corners, costs,
+                st.ws, corners, corners, corners, costs, costs,   # nan_rows_ptr: never read
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
                 *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"), *sigma, *delay,
-                **kinds, **terms, MAX_SEMIRING=False, BLOCK_U=_block_u(U1), BOUNDARY=True,
+                **kinds, **terms, MAX_SEMIRING=False, NAN_ROWS=False, BLOCK_U=_block_u(U1),
+                BOUNDARY=True,
                 num_warps=_lattice_warps(_block_u(U1)), num_stages=1)
             if n_nodes:
                 block = _pow2(n_nodes, BLOCK_NODES)

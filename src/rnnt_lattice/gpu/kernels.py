@@ -472,7 +472,8 @@ def _lse_kinds(xs, K: tl.constexpr, MAX_SEMIRING: tl.constexpr):
 @triton.jit(do_not_specialize=_SHAPES + _WS)
 def _lattice_kernel(
     # data ptrs
-    ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, costs_ptr, best_kind_ptr,
+    ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, costs_ptr, nan_rows_ptr,
+    best_kind_ptr,
     # shapes; the workspace parts read (lp, next_blank) and written (alpha, beta, log P)
     T, U1, o_nb, o_lp, o_alpha, o_beta, o_ll,
     # options: sigma and delay_penalty, each a float64 in three float32 parts
@@ -483,7 +484,7 @@ def _lattice_kernel(
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr,
-    MAX_SEMIRING: tl.constexpr, BLOCK_U: tl.constexpr,
+    MAX_SEMIRING: tl.constexpr, NAN_ROWS: tl.constexpr, BLOCK_U: tl.constexpr,
 ):
     """alpha (program ``(b, 0)``) or beta (program ``(b, 1)``) of sequence b for any
     topology, along anti-diagonals ``d = t + u`` of the node grid ``[t0, t1] x [u0, u1]``
@@ -513,7 +514,9 @@ def _lattice_kernel(
     NaN (math.md 8.1): a NaN weight on any arc makes log P NaN even when the arc lies on
     no complete path (alpha need not carry it to the end): the alpha program keeps a flag
     of the NaN arcs it combines. It writes ``log P`` (-inf without a path or frame) and the
-    cost ``-log P`` in the costs' dtype. ``MAX_SEMIRING``: max instead of log-sum-exp (the
+    cost ``-log P`` in the costs' dtype, plus ``nan_rows[b]`` with ``NAN_ROWS`` (the device
+    input check's float32 row: NaN for a bad sequence, else 0; ``log P`` stays as it is,
+    the gradient reads it). ``MAX_SEMIRING``: max instead of log-sum-exp (the
     Viterbi score, ``log P`` the best path's), and the alpha program also writes
     ``best_kind (B, T+1, U+1)`` int8, the kind of the best arc into each node (the first
     kind on an exact tie; -1 where no finite path arrives; the start node and nodes off the
@@ -570,7 +573,10 @@ def _lattice_kernel(
         log_like = tl.load(alpha_b + t1 * U1 + u1, mask=has_path, other=NEG_INF)
         log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, POS_INF + NEG_INF, log_like)
         tl.store(ws_ptr + o_ll + b, log_like)
-        tl.store(costs_ptr + b, (-log_like).to(costs_ptr.dtype.element_ty))
+        cost = -log_like
+        if NAN_ROWS:
+            cost = cost + tl.load(nan_rows_ptr + b).to(tl.float64)
+        tl.store(costs_ptr + b, cost.to(costs_ptr.dtype.element_ty))
     else:
         beta_b = ws_ptr + o_beta + base
         tl.store(beta_b + t1 * U1 + u1, tl.zeros([], tl.float64), mask=has_path)
