@@ -285,6 +285,24 @@ def test_bad_input_is_nan_on_its_sequence(device_checks, monkeypatch, what):
     assert message in asserts.failed and len(asserts.failed) >= len(bad) - 2, asserts.failed
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch", pytest.param("triton", marks=NO_TRITON)])
+def test_every_backend_adds_the_nan_rows(device_checks, monkeypatch, backend):
+    """The device check's NaN rows reach the costs through every backend's ``loss_forward``
+    (the Triton lattice pass adds them as it writes the costs, the others after): the bad
+    sequence's loss is NaN and the others' are as without the check; the gradient of the
+    good sequences is unchanged."""
+    x, y, tl, ul = _batch()
+    good = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none", backend=backend)
+    x, y, tl, ul, _ = _bad("label >= V")
+    _Asserts(monkeypatch)
+    leaf = x.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, reduction="none", backend=backend)
+    assert torch.isnan(costs).tolist() == [False, True, False], costs
+    torch.testing.assert_close(costs[[0, 2]], good[[0, 2]])
+    (costs[[0, 2]] * torch.tensor([1.0, -0.5])).sum().backward()
+    assert torch.isfinite(leaf.grad[[0, 2]]).all() and not leaf.grad[1].any()
+
+
 def _entry_points(x, y, tl, ul):
     """Every public entry point that takes labels or lengths, on the default backend, and
     the compat modules, each a thunk."""
