@@ -124,13 +124,13 @@ def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossO
 def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor:
     """A prepared call (``_backends.prepare_call``) run to its loss: the autograd Function
     (eager), or the custom op while ``torch.compile`` traces (``prep.impl`` None; the backend
-    is resolved when the op runs), then the device check's NaN rows, ``zero_infinity`` and
-    the reduction. Nothing is checked again."""
+    is resolved when the op runs), the device check's NaN rows added by the backend, then
+    ``zero_infinity`` and the reduction. Nothing is checked again."""
     chk, opts = prep.chk, prep.opts
     if prep.impl is None:
-        costs = with_bad_rows(
-            rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
-                              opts, backend, prep.boundary, prep.node_rows), prep.nan_rows)
+        # (No NaN rows while tracing: the op checks the values, and adds its own, when it runs.)
+        costs = rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
+                                  opts, backend, prep.boundary, prep.node_rows)
     else:
         costs = rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
                            chk.target_lengths, opts, prep.boundary, prep.node_rows,
