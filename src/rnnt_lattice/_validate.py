@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .topology import K2_TYPES, by_name
@@ -291,7 +292,7 @@ def check_lattice_args(
 
     if int64_ids:
         targets, logit_lengths, target_lengths = (
-            x.to(torch.int64) for x in (targets, logit_lengths, target_lengths))
+            x.long() for x in (targets, logit_lengths, target_lengths))
     targets, logit_lengths, target_lengths = (
         x.contiguous() for x in (targets, logit_lengths, target_lengths))
 
@@ -462,14 +463,21 @@ def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, top
     if (check_site(targets) if site == "unknown" else site) != "host":
         return
     fixed = {k.class_id: k.name for k in topology.kinds if k.reads == "class"}
-    valid = torch.arange(U)[None, :] < target_lengths[:, None]
-    classes = torch.tensor(sorted(fixed), dtype=targets.dtype)
-    bad = valid & torch.isin(targets, classes)
-    if bool(bad.any()):
-        b, u = (int(i) for i in bad.nonzero()[0])
-        c = int(targets[b, u])
+    y = _host_values(targets)
+    bad = (np.arange(U) < _host_values(target_lengths)[:, None]) & np.isin(y, sorted(fixed))
+    if bad.any():
+        b, u = (int(i) for i in np.argwhere(bad)[0])
+        c = int(y[b, u])
         raise ValueError(f"targets[{b}, {u}] = {c} is the class of the arc kind {fixed[c]!r} of "
                          f"topology {topology.name!r}: a label cannot be a blank")
+
+
+def _host_values(x: torch.Tensor):
+    """The values of ``x`` as a NumPy array on the host: a view for a CPU tensor, one copy
+    (one synchronisation) for a device tensor. The value checks compute on these: on a few
+    hundred ids, NumPy's operations cost a fraction of PyTorch's dispatch, and a check runs
+    in every call on the host path."""
+    return (x.detach() if x.requires_grad else x).cpu().numpy()
 
 
 def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -> None:
@@ -481,12 +489,17 @@ def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -
                                             ("target_lengths", target_lengths, U, "U", u_src)):
         if x.numel() == 0:
             continue
-        lo_v, hi_v = int(x.min()), int(x.max())
+        if x.numel() <= 128:          # a batch's few lengths: Python ints beat two reductions
+            v = x.tolist()
+            lo_v, hi_v = min(v), max(v)
+        else:
+            v = _host_values(x)
+            lo_v, hi_v = int(v.min()), int(v.max())
         if lo_v < 0:
-            b = int(torch.argmin(x))
+            b = int(np.argmin(v))
             raise ValueError(f"{name} must be >= 0, got {name}[{b}] = {lo_v}")
         if hi_v > hi:
-            b = int(torch.argmax(x))
+            b = int(np.argmax(v))
             raise ValueError(f"{name}[{b}] = {hi_v} exceeds the padded size {dim} = {hi} of "
                              f"{src} {_shape(tensor)}")
 
@@ -495,30 +508,29 @@ def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targe
                   joint: bool = False) -> None:
     """Value check: every target before its length in ``[0, V)`` and, unless
     ``allow_blank_targets``, not the blank. ``joint``: one message for both rules (the
-    simple losses')."""
+    simple losses'). The lengths are already checked (``0 <= U_b <= U``)."""
     U = targets.shape[1]
     if U == 0 or targets.shape[0] == 0:
         return
-    valid = torch.arange(U, device=targets.device)[None, :] < target_lengths[:, None]
-    bad = valid & ((targets < 0) | (targets >= V))
-    if joint:
-        if not allow_blank_targets:
-            bad |= valid & (targets == blank)
-        if bool(bad.any()):
-            b, u = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"targets[{b}, {u}] = {int(targets[b, u])} must be in [0, V) = "
-                             f"[0, {V})" + ("" if allow_blank_targets else
-                                            f" and differ from the blank {blank}"))
+    y, n = _host_values(targets), _host_values(target_lengths)
+    valid = np.arange(U) < n[:, None]
+    out = (y < 0) | (y >= V)
+    blank_at = None if allow_blank_targets else y == blank
+    bad = out if blank_at is None else out | blank_at
+    bad &= valid
+    if not bad.any():
         return
-    if bool(bad.any()):
-        b, u = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"targets[{b}, {u}] = {int(targets[b, u])} is outside [0, V) = [0, {V})")
-    bad = valid & (targets == blank)
-    if not allow_blank_targets and bool(bad.any()):
-        b, u = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
+    b, u = (int(i) for i in np.argwhere(bad)[0])
+    if joint:
+        raise ValueError(f"targets[{b}, {u}] = {int(y[b, u])} must be in [0, V) = "
+                         f"[0, {V})" + ("" if allow_blank_targets else
+                                        f" and differ from the blank {blank}"))
+    out &= valid
+    if out.any():
+        b, u = (int(i) for i in np.argwhere(out)[0])
+        raise ValueError(f"targets[{b}, {u}] = {int(y[b, u])} is outside [0, V) = [0, {V})")
+    raise ValueError(
+        f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
 
 
 def check_reduction(reduction: str) -> None:

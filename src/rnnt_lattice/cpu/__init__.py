@@ -44,6 +44,7 @@ and in forked children is ``_config``'s business (docs/api.md, "Reliability").
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -67,7 +68,8 @@ __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "til
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
 NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
-ZEROES_INFINITE_COSTS = False     # the caller zeroes the upstream gradient of infinite costs
+ZEROES_INFINITE_COSTS = True      # loss_backward and tile_backward zero the upstream gradient
+                                  # of the sequences whose cost is infinite (``_upstream``)
 
 # The simple losses' log-domain rescue of the few nodes beyond the float64 matmul's range
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.
@@ -76,7 +78,13 @@ simple_rescue_backward = torch_backend.simple_rescue_backward
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
-    return x.detach().numpy()
+    # detach() is a PyTorch operation of its own: only where numpy() needs it.
+    return x.detach().numpy() if x.requires_grad else x.numpy()
+
+
+# The logits' dtypes the kernels read (half types are promoted before), as NumPy's: small
+# conversions are made in NumPy, a fraction of a PyTorch operation's cost on tiny arrays.
+_NP_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 class _BufferCache:
@@ -97,7 +105,7 @@ class _BufferCache:
         self.lock = threading.Lock()
 
     def empty(self, shape, dtype: np.dtype) -> torch.Tensor:
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         nbytes = n * np.dtype(dtype).itemsize
         if not _config.CACHE_GRAD or nbytes < self.MIN_BYTES:
             return torch.from_numpy(np.empty(shape, dtype=dtype))
@@ -130,7 +138,7 @@ def empty_cache() -> None:
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor like ``x``, from the buffer cache."""
-    return _buffers.empty(tuple(x.shape), _np(x[:0]).dtype)
+    return _buffers.empty(tuple(x.shape), _NP_FLOATS.get(x.dtype) or _np(x[:0]).dtype)
 
 
 def _zeros_like(x: torch.Tensor) -> torch.Tensor:
@@ -192,6 +200,15 @@ class _State:
     blank: int
     n_durations: int
     node_rows: Optional[np.ndarray] = None
+    infinite: Optional[np.ndarray] = None   # (B,) bool: the cost is infinite in its dtype
+
+
+def _upstream(upstream: torch.Tensor, infinite) -> np.ndarray:
+    """The upstream gradient (B,) as a float64 array, 0 for the sequences whose cost is
+    infinite in the costs' dtype (math.md 8.1: also where the float64 lattice was finite
+    and only the cast overflowed); the gradient pass then writes exact zeros there."""
+    up = np.ascontiguousarray(_np(upstream), dtype=np.float64)
+    return np.where(infinite, 0.0, up) if infinite is not None and infinite.any() else up
 
 
 def _lattice(w, nan_row, kinds, ends):
@@ -290,13 +307,15 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
                                       topo.n_durations, opts,
                                       None if buf is None else buf.view(-1, V))
     _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends)
-    costs = with_bad_rows(torch.from_numpy(-log_like).to(logits.dtype), nan_rows)
+    costs = (-log_like).astype(_NP_FLOATS[logits.dtype])
+    infinite = np.isinf(costs)
+    costs = with_bad_rows(torch.from_numpy(costs), nan_rows)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
     saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
     state = _State(logits if inplace else buf, inplace, shape, stats, gamma, log_like, ends,
-                   kinds, blank, topo.n_durations, nodes)
+                   kinds, blank, topo.n_durations, nodes, infinite)
     return costs, saved, state
 
 
@@ -324,7 +343,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
     else:
         dst, from_logits = _empty_like(logits), True
     src = dst if logits is None else logits
-    up = upstream.detach().to(torch.float64).contiguous().numpy()
+    up = _upstream(upstream, st.infinite)
     fastemit_scale = 1.0 + float(opts.fastemit_lambda)   # FastEmit (math.md section 6)
     B, T = st.gamma.shape[0], st.gamma.shape[2]
     spread = _config.spread_stride(B * T)
@@ -367,6 +386,7 @@ class _Tiles:
     dtype: torch.dtype            # of the rows: the costs' dtype
     gamma: Optional[np.ndarray] = None    # (B, K, T, U+1), after tile_lattice
     log_like: Optional[np.ndarray] = None  # (B,)
+    infinite: Optional[np.ndarray] = None  # (B,) bool: the cost is infinite in its dtype
 
 
 def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossOptions,
@@ -405,9 +425,11 @@ def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
     state.scratch = None
     _, w, nan_row = state.acc
     _, _, log_like, gamma = _lattice(w, nan_row, state.kinds, state.ends)
+    costs = torch.from_numpy(-log_like).to(state.dtype)
     if need_grad:
         state.gamma, state.log_like = gamma, log_like
-    return torch.from_numpy(-log_like).to(state.dtype)
+        state.infinite = torch.isinf(costs).numpy()
+    return costs
 
 
 def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
@@ -423,7 +445,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
                       state.kinds, state.blank, state.n_durations,
                       *state.acc[0], state.gamma, state.log_like,
                       1.0 + float(opts.fastemit_lambda), float(opts.clamp),
-                      upstream.detach().to(torch.float64).contiguous().numpy(),
+                      _upstream(upstream, state.infinite),
                       opts.log_softmax, opts.log_softmax,
                       _config.spread_stride(B * T))
     return out
