@@ -67,7 +67,7 @@ __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "til
 
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
-NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
+NATIVE_INT32_IDS = True           # int32 ids and lengths are converted here, in NumPy (``_ids``)
 ZEROES_INFINITE_COSTS = True      # loss_backward and tile_backward zero the upstream gradient
                                   # of the sequences whose cost is infinite (``_upstream``)
 
@@ -80,6 +80,12 @@ simple_rescue_backward = torch_backend.simple_rescue_backward
 def _np(x: torch.Tensor) -> np.ndarray:
     # detach() is a PyTorch operation of its own: only where numpy() needs it.
     return x.detach().numpy() if x.requires_grad else x.numpy()
+
+
+def _ids(x: torch.Tensor) -> np.ndarray:
+    """Ids or lengths as the kernels read them: a contiguous int64 array (a view when they
+    are int64 already; int32 ones, torchaudio's convention, converted in NumPy)."""
+    return np.ascontiguousarray(_np(x), dtype=np.int64)
 
 
 # The logits' dtypes the kernels read (half types are promoted before), as NumPy's: small
@@ -166,8 +172,7 @@ def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
     (``reference.Ends``: k2's boundary rows ``[begin_symbol, begin_frame, end_symbol,
     end_frame]``, as ``_backends.prepare_call`` checked them)."""
     if boundary is None:
-        tl = _np(logit_lengths).astype(np.int64, copy=False)
-        ul = _np(target_lengths).astype(np.int64, copy=False)
+        tl, ul = _ids(logit_lengths), _ids(target_lengths)
         zero = np.zeros_like(tl)
         return zero, zero, tl, ul
     ends = Ends.of(logit_lengths, target_lengths, boundary)
@@ -248,7 +253,7 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
     x = _np(rows)
     stats, w, nan_row = out if out is not None else _row_outputs(B, T, U1, kinds, x.dtype,
                                                                  buf is not None)
-    kernels.row_pass(x, node_rows, _np(targets), *ends,
+    kernels.row_pass(x, node_rows, _ids(targets), *ends,
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
                      opts.log_softmax, buf is not None,
@@ -269,7 +274,7 @@ def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opt
     inv_sum = np.empty((B, T, U1))
     w = np.empty((B, 2, T, U1))
     nan_row = np.empty((B, T), dtype=np.uint8)
-    regular.regular_row_pass(x, _np(targets), _np(logit_lengths), _np(target_lengths),
+    regular.regular_row_pass(x, _ids(targets), _ids(logit_lengths), _ids(target_lengths),
                              blank,
                              opts.log_softmax, buf is not None,
                              _config.spread_stride(B * T),
@@ -349,8 +354,8 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
     spread = _config.spread_stride(B * T)
     if st.node_rows is None:                  # the regular fast path
         shift, inv_sum = st.stats
-        regular.regular_grad_rows(_np(src), _np(dst), _np(targets), _np(logit_lengths),
-                                  _np(target_lengths),
+        regular.regular_grad_rows(_np(src), _np(dst), _ids(targets), _ids(logit_lengths),
+                                  _ids(target_lengths),
                                   st.blank,
                                   shift, inv_sum, st.gamma,
                                   fastemit_scale, float(opts.clamp), up,
@@ -359,7 +364,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
         return dst
     V = st.shape[-1]
     kernels.grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), st.node_rows,
-                      _np(targets), *st.ends,
+                      _ids(targets), *st.ends,
                       st.kinds, st.blank, st.n_durations,
                       *st.stats, st.gamma, st.log_like,
                       fastemit_scale, float(opts.clamp), up,
