@@ -213,7 +213,8 @@ def _upstream(upstream: torch.Tensor, infinite) -> np.ndarray:
     infinite in the costs' dtype (math.md 8.1: also where the float64 lattice was finite
     and only the cast overflowed); the gradient pass then writes exact zeros there."""
     up = np.ascontiguousarray(_np(upstream), dtype=np.float64)
-    return np.where(infinite, 0.0, up) if infinite is not None and infinite.any() else up
+    return (np.where(infinite, 0.0, up) if infinite is not None and np.count_nonzero(infinite)
+            else up)
 
 
 def _lattice(w, nan_row, kinds, ends):
