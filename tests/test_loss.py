@@ -246,7 +246,7 @@ def test_module_matches_function():
 # --------------------------------------------------------------------------- larger lattices
 LARGE = [
     # name, (B, T range, U range, V), blank, dtype
-    ("b8_t200_u60_v512_f32", (8, (120, 200), (30, 60), 512), 0, torch.float32),
+    ("b4_t200_u60_v512_f32", (4, (120, 200), (30, 60), 512), 0, torch.float32),
     ("b4_t80_u30_v300_f64", (4, (40, 80), (10, 30), 300), -1, torch.float64),
     ("b3_t50_u20_v1000_f32_blank_mid", (3, (20, 50), (5, 20), 1000), 500, torch.float32),
 ]
