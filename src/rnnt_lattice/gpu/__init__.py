@@ -841,15 +841,17 @@ INPUT_CHECK_BLOCK_U = 128   # labels per step
 
 def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: int, V: int,
                 blank, classes: tuple = ()):
-    """``(ok (3,), nan_rows (B,))`` float32 views of one allocation: the rules of
-    ``_validate.device_value_check`` decided on the device (``kernels._input_check_kernel``,
-    one launch, no host synchronisation): ``ok[i]`` 1.0 where the rules of flag i (the
-    lengths, the labels, the boundary) hold for every sequence, ``nan_rows[b]`` NaN for a
-    sequence that breaks one, else 0. ``targets`` ``(B, U)`` or None (lengths only),
-    ``blank`` None where a label may be the blank."""
+    """``(ok (4 + B,), nan_rows (B,))`` float32, one allocation and a view of it: the rules
+    of ``_validate.device_value_check`` decided on the device
+    (``kernels._input_check_kernel``, one launch, no host synchronisation): ``ok[i]`` (i < 3)
+    1.0 where the rules of flag i (the lengths, the labels, the boundary) hold for every
+    sequence, ``nan_rows[b]`` NaN for a sequence that breaks one, else 0. ``targets``
+    ``(B, U)`` or None (lengths only), ``blank`` None where a label may be the blank."""
     B = logit_lengths.shape[0]
     out = torch.empty(4 + B, dtype=torch.float32, device=logit_lengths.device)
-    ok, nan_rows = out[:3], out[4:]           # 4: the rows start 16-byte aligned
+    # The flags at out[0:3], the rows from 4 (16-byte aligned); the caller reads flag i as
+    # out[i] (one view fewer than a slice of the flags).
+    nan_rows = out[4:]
     labels = targets is not None and targets.numel() > 0
     grid, kw = _input_check_plan(labels, blank is not None, tuple(classes),
                                  boundary is not None)
@@ -857,9 +859,9 @@ def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: 
         kernels._input_check_kernel[grid](
             targets.contiguous() if labels else logit_lengths, logit_lengths.contiguous(),
             target_lengths.contiguous(), logit_lengths if boundary is None else boundary,
-            ok, nan_rows,
+            out, nan_rows,
             B, T, U, V, 0 if blank is None else blank, **kw)
-    return ok, nan_rows
+    return out, nan_rows
 
 
 @functools.lru_cache(maxsize=64)
