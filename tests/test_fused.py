@@ -116,6 +116,31 @@ def test_impossible_alignments_and_reductions(reduction, zero_infinity):
     assert (enc.grad[1:] == 0).all() and not torch.isnan(enc.grad).any()
 
 
+@pytest.mark.parametrize("backend", backends.ALL)
+def test_cost_overflowing_float32_has_zero_gradient(backend):
+    """A float32 cost beyond float32's range (finite in the float64 lattice) is +inf and, like
+    every infinite cost, has a zero gradient (math.md 8.1) through the fused tiles too: the
+    Numba and Triton backends zero it in ``tile_backward`` themselves, the torch backend's
+    caller does. Sequence 0's label sits 3e38 below class 3; sequence 1 is ordinary."""
+    B, T, U, V = 2, 4, 1, 5
+    enc = torch.zeros(B, T, V)
+    enc[0, :, 3] = 3.0e38
+    pred = torch.zeros(B, U + 1, V, requires_grad=True)
+    enc.requires_grad_()
+    targets, tl, ul = torch.tensor([[1], [2]]), torch.tensor([4, 4]), torch.tensor([1, 1])
+    ctx = quiet()
+    try:
+        costs = rnnt_lattice.fused_rnnt_loss(lambda e, p: e + p, enc, pred, targets, tl, ul,
+                                             blank=0, tile=3, reduction="none",
+                                             backend=backend)
+        assert torch.isinf(costs[0]) and torch.isfinite(costs[1])
+        (costs * torch.tensor([1.0, -0.5])).sum().backward()
+    finally:
+        ctx.__exit__(None, None, None)
+    assert (enc.grad[0] == 0).all() and (pred.grad[0] == 0).all()
+    assert enc.grad[1].abs().sum() > 0 and torch.isfinite(enc.grad).all()
+
+
 def test_dropout_is_replayed():
     """The backward's recomputed tiles draw the forward's dropout masks: the fused
     gradients equal those of the materialised logits built by the same joiner calls (one
