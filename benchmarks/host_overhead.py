@@ -3,7 +3,7 @@
 forward+backward, on CPU tensors, with every kernel launch replaced by a no-op.
 
     python benchmarks/host_overhead.py [--shape s3] [--variant regular] [--calls 2000]
-                                       [--profile N]
+                                       [--profile N] [--binder]
 
 On a GPU the launches are asynchronous: the host enqueues a step while the device runs the
 previous one, and when the host's time per step exceeds the device's, the device waits
@@ -19,7 +19,11 @@ PyTorch's CUDA caching allocator charges.
 
 Prints the median microseconds per forward+backward over ``--calls`` calls (5 rounds,
 the median round), and with ``--profile N`` the N functions with the most own time
-(cProfile).
+(cProfile). ``--binder``: part of what the stubs leave out, Triton's own Python per launch
+before the driver's call -- the argument binder (specialisation of every argument) and the
+cache key of ``JITFunction.run`` -- timed on each kernel's last launch's arguments, the
+binder built for sm_90 without a GPU (Triton's internals: this follows Triton 3.x and
+says so where they differ).
 """
 from __future__ import annotations
 
@@ -77,12 +81,49 @@ def measure(step, calls: int) -> float:
     return statistics.median(rounds)
 
 
+def binder_costs(stubs, reps: int = 2000) -> dict:
+    """``{kernel: microseconds}`` of Triton's binder + cache key on the kernel's last launch's
+    arguments (``JITFunction.run`` does both at every launch, then the driver's launch)."""
+    import timeit
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.jit import (JITFunction, compute_cache_key,
+                                        create_function_from_signature)
+    except ImportError as err:
+        print(f"--binder: this Triton's internals differ ({err}); nothing timed")
+        return {}
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    out = {}
+    for name, stub in stubs.items():
+        if not stub.launches or stub.last is None:
+            continue
+        fn = JITFunction(stub.fn.fn, **stub.fn.kwargs)      # the interpreter's kernel, jitted
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        args, kwargs = stub.last
+        kwargs = dict(kwargs, debug=False)
+        cache = {}
+
+        def launch_prologue():
+            _, specialization, options = binder(*args, **kwargs)
+            return compute_cache_key(cache, specialization, options)
+        launch_prologue()
+        out[name] = min(timeit.repeat(launch_prologue, number=reps, repeat=5)) / reps * 1e6
+        print(f"  {name:24s} {len(args):3d} arguments + {len(kwargs) - 1:2d} constexprs/options: "
+              f"binder + cache key {out[name]:5.1f} us")
+    print(f"  Triton's binder + cache key, per step: {sum(out.values()):.1f} us (one launch "
+          f"each; the driver's launch comes on top)")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="s3")
     ap.add_argument("--variant", default="regular", choices=sorted(shapes.VARIANTS))
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--binder", action="store_true",
+                    help="also time Triton's binder and cache key per launch (sm_90, no GPU)")
     args = ap.parse_args(argv)
     import rnnt_lattice
     with no_launches() as stubs:
@@ -93,6 +134,11 @@ def main(argv=None) -> int:
         per_call = {name: n / (args.calls + 20) for name, n in launched.items()}
         print(f"{args.shape} {args.variant}: {us:.1f} us of host work per forward+backward "
               f"(kernel launches stubbed: {', '.join(f'{k} x{v:g}' for k, v in per_call.items())})")
+        if args.binder:
+            for stub in stubs.values():
+                stub.record = True
+            step()                                 # one more step, its arguments kept
+            binder_costs(stubs)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

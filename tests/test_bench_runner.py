@@ -437,9 +437,13 @@ def test_host_overhead_runs_with_stubbed_launches():
     launched once a call, the launches stubbed (``launch_stubs``)."""
     import subprocess
     out = subprocess.run([sys.executable, str(BENCH_DIR / "host_overhead.py"), "--shape", "s1",
-                          "--calls", "50"], capture_output=True, text=True, timeout=300)
+                          "--calls", "50", "--binder"], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "us of host work per forward+backward" in out.stdout
     for kernel in ("_row_kernel x1", "_lattice_kernel x1", "_grad_kernel x1",
                    "_input_check_kernel x1"):
         assert kernel in out.stdout, out.stdout
+    # --binder: Triton's binder and cache key timed per kernel (or said why not)
+    assert ("binder + cache key, per step" in out.stdout
+            or "internals differ" in out.stdout), out.stdout
