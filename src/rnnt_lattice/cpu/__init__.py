@@ -176,8 +176,7 @@ def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
         zero = np.zeros_like(tl)
         return zero, zero, tl, ul
     ends = Ends.of(logit_lengths, target_lengths, boundary)
-    return tuple(np.ascontiguousarray(_np(x.to(torch.int64)))
-                 for x in (ends.t0, ends.u0, ends.t1, ends.u1))
+    return tuple(_ids(x) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
 
 
 def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
@@ -313,15 +312,14 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
                                       topo.n_durations, opts,
                                       None if buf is None else buf.view(-1, V))
     _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends)
-    costs = (-log_like).astype(_NP_FLOATS[logits.dtype])
-    infinite = np.isinf(costs)
-    costs = with_bad_rows(torch.from_numpy(costs), nan_rows)
+    cost_values = (-log_like).astype(_NP_FLOATS[logits.dtype])
+    costs = with_bad_rows(torch.from_numpy(cost_values), nan_rows)
     if not need_grad:
         return costs, (), None
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
     saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
     state = _State(logits if inplace else buf, inplace, shape, stats, gamma, log_like, ends,
-                   kinds, blank, topo.n_durations, nodes, infinite)
+                   kinds, blank, topo.n_durations, nodes, np.isinf(cost_values))
     return costs, saved, state
 
 
@@ -515,8 +513,7 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: End
     w = terms_weights(b, e, topo, ends, delay_penalty)
     x = np.ascontiguousarray(_np(w.to(torch.float64)))
     kinds = kernels.kind_table(topo, 0)   # the lattice reads DT, DU, MAY_END, never the class
-    t0, u0, t1, u1 = (np.ascontiguousarray(_np(e.to(torch.int64)))
-                      for e in (ends.t0, ends.u0, ends.t1, ends.u1))
+    t0, u0, t1, u1 = (_ids(x) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
     nan_row = np.isnan(x).any(axis=(1, 3)).astype(np.uint8)                  # (B, T)
     _, _, log_like, gamma = _lattice(x, nan_row, kinds, (t0, u0, t1, u1))
     return torch.from_numpy(log_like), torch.from_numpy(gamma)
