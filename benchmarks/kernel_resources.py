@@ -125,7 +125,7 @@ def variants(V_list):
                              BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
                              V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32,
                              BOUNDARY=False, LAYOUT=0, **flags,
-                             **(dict(SPAN=span) if which == "row" else {}))
+                             **(dict(SPAN=span, WIDE=False) if which == "row" else {}))
                 yield (f"{name} {tname}", V, name, const, warps, 3)
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",
@@ -174,6 +174,8 @@ def joint_variants(V_list, H_list):
                                      **{k: v for k, v in tile.items() if k.startswith("BLOCK")})
                         if which == "grad":
                             const["CLAMP"] = True
+                        else:
+                            const["WIDE"] = False
                         yield (f"_joint_{which}_kernel {tname} {x}", f"{V}, H={H}",
                                f"_joint_{which}_kernel", const, tile["num_warps"],
                                tile["num_stages"], x, dict(V_tok=V - topo.n_durations, H=H))

@@ -447,3 +447,25 @@ def test_host_overhead_runs_with_stubbed_launches():
     # --binder: Triton's binder and cache key timed per kernel (or said why not)
     assert ("binder + cache key, per step" in out.stdout
             or "internals differ" in out.stdout), out.stdout
+
+
+def test_lattice_traffic_counts_adjacent_diagonals(tmp_path):
+    """``lattice_traffic.py`` (a subprocess: it sets ``TRITON_INTERPRET``) counts the lattice
+    pass's memory requests from the addresses the kernel computes: with the skewed planes
+    (``gpu._skew``) no warp instruction of the diagonal loops requests more than the
+    sectors of 32 adjacent float64s (9 when unaligned) and, for an unpredicated gather's
+    lanes off the lattice (``kernels._gather``), element 0's: 10. The node-order layout it
+    replaced requested up to 22 at this shape (a sector a lane)."""
+    import json
+    import subprocess
+    out = subprocess.run([sys.executable, str(BENCH_DIR / "lattice_traffic.py"), "--shape", "s2",
+                          "--variants", "regular", "tdt", "--json", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads((tmp_path / "t.json").read_text())["results"]
+    for variant, r in res.items():
+        for kind in ("load", "store"):
+            assert r[kind]["instructions"] > 0, (variant, r)
+            assert r[kind]["most"] <= 10, (variant, kind, r)
+        # T + U diagonals of the two directions, each a store of its nodes at least
+        assert r["store"]["instructions"] >= 2 * (r["T"] + r["U"]) - 2, (variant, r)

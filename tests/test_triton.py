@@ -33,6 +33,7 @@ import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
 from support.sync import SYNCING_OPS, RecordOps as _RecordOps, syncing as _syncing  # noqa: E402
+from support.triton_probes import skew_probe  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
     raise RuntimeError("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1 was set: "
@@ -427,6 +428,7 @@ def test_occupancy(case, dtype):
     tol = tolerance(dtype, -ref.log_like)
     for field in ("alpha", "beta", "log_like", "gamma"):
         assert getattr(lat, field).dtype == torch.float64, field      # a float64 lattice
+        assert getattr(lat, field).is_contiguous(), field              # node order, not skewed
         got, want = getattr(lat, field), getattr(ref, field)
         assert torch.equal(torch.isneginf(got), torch.isneginf(want)), field
         fin = torch.isfinite(want)
@@ -455,6 +457,7 @@ def test_viterbi(case, fused):
     alpha_max, _, log_prob = gpu.viterbi(x, *args)
     ref_alpha, _, ref_log_prob = torch_backend.viterbi(x.double(), *args)
     assert alpha_max.dtype == log_prob.dtype == torch.float64
+    assert alpha_max.is_contiguous()                                   # node order, not skewed
     for got, want in ((alpha_max, ref_alpha), (log_prob, ref_log_prob)):
         assert torch.equal(torch.isneginf(got), torch.isneginf(want))
         fin = torch.isfinite(want)
@@ -536,8 +539,10 @@ def variants(sm):
             dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
             # SPAN: rows read from their aligned span where they are not aligned (TDT's)
             span = dict(SPAN=gpu._span(1000, n_dur, torch.float32))
-            yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, **where), dtypes
-            yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=False, **where), fp32
+            yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
+                                      **where), dtypes
+            yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=False, WIDE=on,
+                                      **where), fp32
             yield "_grad_kernel", dict(kinds("grad"), **tiles, FUSED=True, CLAMP=True, **where), dtypes
             yield "_grad_kernel", dict(kinds("grad"), **tiles, FUSED=False, CLAMP=False, **where), fp32
             for semiring in (False, True):
@@ -577,6 +582,8 @@ def variants(sm):
                              PRECISION=precision, BLOCK_DUR=joint._block_dur(topo.n_durations))
                 if which == "grad":
                     flags["CLAMP"] = True
+                else:
+                    flags["WIDE"] = on
                 yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)]
     yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
                                           BLOCK_H=joint.ACT_GRAD_BLOCK_H), [("fp32", "i64")])
@@ -1028,6 +1035,30 @@ def test_f64_parts(x):
     assert all(float(np.float32(p)) == p for p in parts) and not any(p != p for p in parts)
     total = (parts[0] + parts[1]) + parts[2]
     assert total == (x if abs(x) <= gpu.F32_MAX else x * float("inf"))
+
+
+@pytest.mark.parametrize("T, U1", [(0, 1), (0, 4), (1, 1), (2, 4), (3, 9), (5, 6), (6, 6),
+                                   (9, 3), (40, 81)])
+def test_skewed_planes_keep_each_diagonal_adjacent(T, U1):
+    """The lattice state's node arrays are skewed planes (``gpu._skew``): every node ``(t,
+    u)``, ``t <= T``, has its own offset inside the plane, which is less than twice the node
+    grid, and the nodes of each anti-diagonal (the lattice pass's lanes) lie at consecutive
+    offsets. The device computes the host's offsets: ``kernels._skew`` and the row passes'
+    ``_row_plane_at``, in both of its forms where they apply (``WIDE``, ``U+1 > T+1``)."""
+    s_t, s_u, plane = gpu._skew(T, U1)
+    t, u = (x.flatten() for x in torch.meshgrid(torch.arange(T + 1), torch.arange(U1),
+                                                indexing="ij"))
+    at = t * s_t + u * s_u
+    assert int(at.min()) >= 0 and int(at.max()) < plane and at.unique().numel() == at.numel()
+    assert plane < 2 * (T + 1) * U1
+    for d in range(T + U1):
+        assert (at[(t + u) == d].sort().values.diff() == 1).all(), d
+    n = 1 << max(T * U1 - 1, 0).bit_length()
+    for wide in {True, U1 > T + 1}:
+        out = torch.full((4 + n,), -1, dtype=torch.int64)
+        skew_probe[(1,)](out, T, U1, N=n, WIDE=wide)
+        assert out[:4].tolist() == [s_t, s_u, plane, plane], (wide, out[:4])
+        assert out[4:4 + T * U1].tolist() == at[t < T].tolist(), wide
 
 
 @pytest.mark.parametrize("over", ["frames", "labels", "both"])

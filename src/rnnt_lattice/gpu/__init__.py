@@ -319,18 +319,28 @@ def _kernel_kinds(topo: Topology, which: str) -> dict:
     return {k: kinds[k] for k in _KERNEL_KINDS[which]}
 
 
+def _skew(T: int, U1: int) -> tuple[int, int, int]:
+    """``(s_t, s_u, plane)``: the skewed layout of a sequence's plane of the node arrays
+    next_blank, lp, alpha and beta, node ``(t, u)`` at ``t s_t + u s_u`` (``kernels._skew``
+    computes the same on the device; the nodes of an anti-diagonal are adjacent)."""
+    a = min(U1, T + 1)
+    return (a + 1, a, (T + U1) * a) if U1 > T + 1 else (a, a + 1, (T + U1) * a)
+
+
 @dataclass(frozen=True)
 class _Layout:
     """Where each part of the float64 lattice state lies in one workspace (``kernels``,
     "the workspace"): element offsets, each part starting 16-byte aligned (so Triton sees
     one pointer alignment whatever the shapes: one compiled variant), and the total.
     Parts a topology does not use (``lse_dur`` without durations, ``next_blank`` without
-    ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient) take no room."""
+    ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient) take no room.
+    next_blank, lp, alpha and beta are skewed planes of ``plane`` elements (``_skew``)."""
 
     B: int
     T: int
     U1: int
     K: int
+    plane: int
     o_lse: int
     o_dur: int
     o_nb: int
@@ -351,17 +361,18 @@ def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool) -> _Layout:
     coefficients if ``reads``). Cached: a training run meets few shapes."""
     kinds = _kinds(topo)
     n = B * T * U1
-    sizes = (n, n if kinds["N_DURATIONS"] else 0, n if kinds["HAS_PLUS_NEXT_BLANK"] else 0,
-             kinds["K"] * n, B * (T + 1) * U1, B * (T + 1) * U1, B,
-             kinds["NC"] * n if reads else 0)
+    plane = _skew(T, U1)[2]
+    sizes = (n, n if kinds["N_DURATIONS"] else 0,
+             B * plane if kinds["HAS_PLUS_NEXT_BLANK"] else 0, kinds["K"] * B * plane,
+             B * plane, B * plane, B, kinds["NC"] * n if reads else 0)
     offsets, at = [], 0
     for size in sizes:
         offsets.append(at)
         at += size + size % 2
-    if (T + 1) * U1 * kinds["K"] >= 2 ** 31:
+    if plane * kinds["K"] >= 2 ** 31:
         raise ValueError(f"a lattice of (T, U+1) = ({T}, {U1}) with {kinds['K']} arc kinds "
                          f"has too many nodes per sequence for the GPU kernels (2**31 arcs)")
-    return _Layout(B, T, U1, kinds["K"], *offsets, max(at, 2))
+    return _Layout(B, T, U1, kinds["K"], plane, *offsets, max(at, 2))
 
 
 class _State:
@@ -382,15 +393,23 @@ class _State:
         n = math.prod(shape)
         return self.ws[offset:offset + n].view(shape)
 
+    def planes(self, offset: int, lead: tuple, frames: int) -> torch.Tensor:
+        """The skewed planes at ``offset`` (``_skew``) as a strided view ``(*lead, frames,
+        U+1)``: node ``(t, u)`` of plane ``i`` at ``i plane + t s_t + u s_u``."""
+        lay = self.lay
+        s_t, s_u, plane = _skew(lay.T, lay.U1)
+        strides = [plane]
+        for n in reversed(lead[1:]):
+            strides.insert(0, strides[0] * n)
+        return self.ws.as_strided((*lead, frames, lay.U1), (*strides, s_t, s_u), offset)
+
     @property
     def alpha(self):       # (B, T+1, U+1)
-        lay = self.lay
-        return self.part(lay.o_alpha, (lay.B, lay.T + 1, lay.U1))
+        return self.planes(self.lay.o_alpha, (self.lay.B,), self.lay.T + 1)
 
     @property
     def beta(self):        # (B, T+1, U+1)
-        lay = self.lay
-        return self.part(lay.o_beta, (lay.B, lay.T + 1, lay.U1))
+        return self.planes(self.lay.o_beta, (self.lay.B,), self.lay.T + 1)
 
     @property
     def log_like(self):    # (B,)
@@ -398,8 +417,11 @@ class _State:
 
     @property
     def lp(self):          # (B, K, T, U+1)
-        lay = self.lay
-        return self.part(lay.o_lp, (lay.B, lay.K, lay.T, lay.U1))
+        return self.planes(self.lay.o_lp, (self.lay.B, self.lay.K), self.lay.T)
+
+    @property
+    def next_blank(self):  # (B, T, U+1)
+        return self.planes(self.lay.o_nb, (self.lay.B,), self.lay.T)
 
 
 @dataclass(frozen=True)
@@ -492,7 +514,8 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
             *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"))
     kw = dict(_kernel_kinds(topo, "row"), FUSED=log_softmax, LAYOUT=layout, ACC=_acc(dtype),
               ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
-              V_ALIGN=_v_align(V, n_dur), SPAN=span, BOUNDARY=boundary, num_warps=num_warps)
+              V_ALIGN=_v_align(V, n_dur), SPAN=span, BOUNDARY=boundary,
+              WIDE=lay.U1 > lay.T + 1, num_warps=num_warps)
     return ((n_rows + per - 1) // per,), args, kw
 
 
@@ -754,7 +777,8 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
                 *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
                 **_kernel_kinds(topo, "lattice"), **_terms(topo, opts.sigma, opts.delay_penalty),
                 BOUNDARY=boundary is not None, BLOCK=block)
-        return Lattice(st.alpha, st.beta, st.log_like, gamma)
+        # alpha and beta handed out in node order (the workspace's planes are skewed)
+        return Lattice(st.alpha.contiguous(), st.beta.contiguous(), st.log_like, gamma)
 
 
 def _viterbi_state(logits, targets, logit_lengths, target_lengths, opts: LossOptions, boundary):
@@ -778,7 +802,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
     NaN arc weight). ``analysis.alignment.backtrack_arcs`` follows the pointers. No host
     synchronisation."""
     st, best_kind = _viterbi_state(logits, targets, logit_lengths, target_lengths, opts, boundary)
-    return st.alpha, best_kind, st.log_like
+    return st.alpha.contiguous(), best_kind, st.log_like
 
 
 # --------------------------------------------------------------------------- arc weights
@@ -807,7 +831,7 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends,
         lp[:, k].copy_(b if kind.reads == "blank" else e)
     kinds = _kernel_kinds(topo, "lattice")
     if _kinds(topo)["HAS_PLUS_NEXT_BLANK"]:
-        st.part(lay.o_nb, (B, T, U1)).copy_(b)           # the kernels read b(t, u+1) here
+        st.next_blank.copy_(b)                           # the kernels read b(t, u+1) here
     st.ws[lay.o_alpha:lay.o_ll].fill_(float("-inf"))     # alpha and beta, -inf off the nodes
     # The kernels read each lattice's corners as k2's boundary rows [u0, t0, u1, t1].
     corners = torch.stack((ends.u0, ends.t0, ends.u1, ends.t1), 1).to(torch.int64).contiguous()

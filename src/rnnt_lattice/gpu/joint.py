@@ -59,7 +59,7 @@ from . import (INTERPRETED, _State, _Tiles, _acc, _costs_dtype, _device, _f64_ca
 from . import _layout as _ws_layout
 from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _ends, _f64,
                       _grad_out, _grad_rows, _grad_terms, _lse_chunk, _lse_finish,
-                      _node_coords, _row_node, _row_state, _token_grad)
+                      _node_coords, _row_node, _row_plane_at, _row_state, _token_grad)
 
 __all__ = ["ACTIVATIONS", "JointState", "forward", "backward"]
 
@@ -192,7 +192,7 @@ def _joint_row_kernel(
     # flags
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, BOUNDARY: tl.constexpr,
     ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr, WIDE: tl.constexpr,
 ):
     """The row pass of ``BLOCK_N`` nodes of a chunk without their logits (module
     docstring): the token group's log-normaliser over the logits blocks ``z = h W^T + b``,
@@ -260,8 +260,10 @@ def _joint_row_kernel(
     else:
         lse_dur = lse
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
+    at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
     _row_state(ws_ptr, node, inside, valid, live, valid & (lse_dur != NEG_INF), live & (u < u1),
-               b, u, u1, T, U1, lse, lse_dur, x_blank.to(tl.float64), x_label.to(tl.float64),
+               b, at, plane, u, u1, T, U1, lse, lse_dur,
+               x_blank.to(tl.float64), x_label.to(tl.float64),
                x_cls.to(tl.float64), x_dur.to(tl.float64), o_lse, o_dur, o_nb, o_lp, K, KP,
                DU, READS, DURATION, N_DURATIONS, HAS_PLUS_NEXT_BLANK, FUSED)
 
@@ -488,7 +490,7 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
                     ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
                     BOUNDARY=boundary is not None, ACC=_acc(e.dtype),
                     PRECISION=_precision(e.dtype), DOT_F32=_dot_f32(e.dtype),
-                    BLOCK_DUR=_block_dur(n_dur), **tile)
+                    BLOCK_DUR=_block_dur(n_dur), WIDE=U1 > T + 1, **tile)
     costs = tile_lattice(tiles, opts, need_grad) if plan else torch.full(
         (B,), float("inf"), dtype=_costs_dtype(e.dtype), device=e.device)
     return costs, state

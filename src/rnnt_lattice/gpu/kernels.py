@@ -81,6 +81,39 @@ def _node_coords(node, T, U1):
     return b, t, u
 
 
+@triton.jit
+def _skew(T, U1):
+    """``(s_t, s_u, plane)``: the strides of node ``(t, u)`` in one sequence's plane of the
+    lattice state's node arrays (alpha and beta ``(T+1, U+1)``; each kind's lp and
+    next_blank ``(T, U+1)``), at ``t s_t + u s_u``, and the plane's size (``gpu._skew``
+    mirrors it). With ``a = min(U+1, T+1)`` and ``(s_t, s_u) = (a, a+1)`` (or ``(a+1, a)``
+    when ``U+1 > T+1``) the offset is ``(t+u) a + u`` (or ``(t+u) a + t``): the nodes of an
+    anti-diagonal ``t + u = d`` are adjacent, so that the lattice pass, whose lanes run
+    along one diagonal, reads and writes contiguous float64s (one sector per four lanes)
+    instead of one sector per lane at a stride of U+1; the plane takes ``(T + U+1) a``
+    elements, less than twice the node grid."""
+    a = tl.minimum(U1, T + 1)
+    wide = (U1 > T + 1).to(tl.int32)
+    return a + wide, a + 1 - wide, (T + U1) * a
+
+
+@triton.jit
+def _row_plane_at(node, b, t, u, T, U1, WIDE: tl.constexpr):
+    """``(at, plane)`` of the row passes' nodes ``node = (b T + t)(U+1) + u``: their
+    offsets in their sequence's planes and the planes' size (:func:`_skew`). ``WIDE``
+    (``U+1 > T+1``, or any shape) takes the general formula; otherwise it is
+    ``at = t (U+1) + u (U+2) = node - b T (U+1) + u (U+1)``, from values live anyway: the
+    general one kept t and the strides live to the end of the row pass, 6-7 more registers
+    a thread on sm_90 (one occupancy step of the pass that streams the logits)."""
+    if WIDE:
+        s_t, s_u, plane = _skew(T, U1)
+        at = t * s_t + u * s_u
+    else:
+        plane = (T + U1) * U1
+        at = node - b * T * U1 + u * U1
+    return at, plane
+
+
 # Layouts of the V passes (``LAYOUT``): how the programs' rows map to lattice nodes. The
 # programs run over the rows they read (``n_rows`` of them), never over the whole grid.
 # (Plain ints for the host side; the kernels compare ``LAYOUT`` with the literals.)
@@ -193,18 +226,19 @@ def _gather(ptr, off, ok, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _arc_weight(lp_k, nb_b, off, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLANK: tl.constexpr,
-                DELAY: tl.constexpr, SIGMA: tl.constexpr, DELAY_ON: tl.constexpr,
-                GATHER: tl.constexpr):
+def _arc_weight(lp_k, nb_b, off, s_u, t, t1, ok, sigma, delay_penalty,
+                PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr, SIGMA: tl.constexpr,
+                DELAY_ON: tl.constexpr, GATHER: tl.constexpr):
     """Weight ``w_k(t, u)`` (float64) of kind k's arc leaving ``(t, u)``, -inf where not
     ``ok``: its log-prob (class, plus duration: the row pass; ``lp_k`` the sequence's
-    log-probs of kind k, ``off = t (U+1) + u``), plus ``b(t, u+1)`` for ``plus_next_blank``
-    (``nb_b`` the sequence's next_blank), minus sigma, plus ``delay_penalty ((t1 - 1)/2 -
-    t)`` on delay kinds — the order of ``reference.kind_log_probs`` and
-    ``reference.arc_weights``. ``GATHER``: loads as :func:`_gather`'s."""
+    log-probs of kind k, ``off = t s_t + u s_u``, :func:`_skew`), plus ``b(t, u+1)`` for
+    ``plus_next_blank`` (``nb_b`` the sequence's next_blank, at ``off + s_u``), minus sigma,
+    plus ``delay_penalty ((t1 - 1)/2 - t)`` on delay kinds — the order of
+    ``reference.kind_log_probs`` and ``reference.arc_weights``. ``GATHER``: loads as
+    :func:`_gather`'s."""
     w = _gather(lp_k, off, ok, GATHER)
     if PLUS_NEXT_BLANK:
-        w = w + _gather(nb_b, off + 1, ok, GATHER)
+        w = w + _gather(nb_b, off + s_u, ok, GATHER)
     if SIGMA:
         w = w - sigma
     if DELAY_ON:
@@ -310,6 +344,11 @@ def _split(x, ACC: tl.constexpr):
 #     o_ll     log P (B,)
 #     o_reads  reads (NC, B T (U+1))      the gradient's per-node coefficients (``_reads_kernel``)
 #
+# next_blank, lp, alpha and beta are skewed (``_skew``): sequence b's plane (of kind k) starts
+# at ``(b K + k) plane`` (``b plane``), node (t, u) at ``t s_t + u s_u`` in it, so that the
+# nodes of one anti-diagonal are adjacent; lse, lse_dur and reads are in node order (the V
+# passes read them a row at a time).
+#
 # A part a topology does not use has no room (its offset is never read).
 _WS = ("o_lse", "o_dur", "o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads")
 
@@ -324,8 +363,8 @@ _SHAPES = ("n_rows", "n_nodes", "T", "U1", "V_tok", "blank")
 
 
 @triton.jit
-def _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, u, u1, T, U1,
-               lse, lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp,
+def _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, at, plane, u, u1,
+               T, U1, lse, lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp,
                K: tl.constexpr, KP: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
                DURATION: tl.constexpr, N_DURATIONS: tl.constexpr,
                HAS_PLUS_NEXT_BLANK: tl.constexpr, FUSED: tl.constexpr):
@@ -339,14 +378,16 @@ def _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, u, u1,
         lp_k(t,u) = [x(t,u,c_k) - lse(t,u)] + [x(t,u,V_tok + DURATION[k]) - lse_dur(t,u)]
 
     -inf outside the region (``valid``) and where ``u + DU[k] > u1``; the rows not ``live``
-    (``live_dur``, ``has_label``) read nothing (:func:`_read`); padding gets ``lse = 0``."""
+    (``live_dur``, ``has_label``) read nothing (:func:`_read`); padding gets ``lse = 0``.
+    ``at, plane``: the nodes' offsets in their sequence's planes and the planes' size
+    (:func:`_row_plane_at`)."""
     lp_blank = _read(x_blank, lse, live, FUSED)
     lp_label = _read(x_label, lse, has_label, FUSED)
     if N_DURATIONS > 0:
         tl.store(ws_ptr + o_dur + node, tl.where(valid, lse_dur, 0.0), mask=inside)
     kidx = tl.arange(0, KP)
     didx = tl.arange(0, x_dur.shape[1])
-    TU1 = T.to(tl.int64) * U1
+    lp_at = ws_ptr + o_lp + (b * K * plane + at)     # kind 0's lp of the nodes
     for k in tl.static_range(K):
         if READS[k] == 0:
             lp = lp_blank
@@ -359,12 +400,10 @@ def _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, u, u1,
             x = tl.sum(tl.where(didx[None, :] == DURATION[k], x_dur, 0.0), axis=1)
             lp = lp + _read(x, lse_dur, live_dur, FUSED)
         ok = valid & (u + DU[k] <= u1)
-        # node = (b T + t)(U+1) + u  ->  lp[b, k, t, u] = node + (b (K-1) + k) T (U+1)
-        tl.store(ws_ptr + o_lp + node + (b * (K - 1) + k) * TU1, tl.where(ok, lp, NEG_INF),
-                 mask=inside)
+        tl.store(lp_at + k * plane, tl.where(ok, lp, NEG_INF), mask=inside)
     tl.store(ws_ptr + o_lse + node, tl.where(valid, lse, 0.0), mask=inside)
     if HAS_PLUS_NEXT_BLANK:
-        tl.store(ws_ptr + o_nb + node, lp_blank, mask=inside)
+        tl.store(ws_ptr + o_nb + b * plane + at, lp_blank, mask=inside)
 
 
 @triton.jit(do_not_specialize=_SHAPES + _WS + ("box_t0", "box_u0", "box_T", "box_U1"))
@@ -382,7 +421,7 @@ def _row_kernel(
     # flags
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
-    SPAN: tl.constexpr,
+    SPAN: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
@@ -398,7 +437,7 @@ def _row_kernel(
     is read from its 16-byte aligned span (rows not aligned, :func:`_group_lse`). Outputs
     are float64; padding gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are
     written: with ``row_nodes``, the caller fills the nodes that read no row (``lse = 0``,
-    -inf arcs)."""
+    -inf arcs). ``WIDE``: ``U+1 > T+1`` (:func:`_row_plane_at`)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     node, inside = _row_node(r, r < n_rows, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
                              box_U1, LAYOUT)
@@ -440,7 +479,9 @@ def _row_kernel(
     x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
                     mask=live_dur[:, None] & (didx[None, :] < N_DURATIONS),
                     other=0.0).to(tl.float64)
-    _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, u, u1, T, U1, lse,
+    at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
+    _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, at, plane, u, u1, T, U1,
+               lse,
                lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp, K, KP, DU,
                READS, DURATION, N_DURATIONS, HAS_PLUS_NEXT_BLANK, FUSED)
 
@@ -508,8 +549,10 @@ def _lattice_kernel(
     kind's loads issue before any is used (unpredicated, ``_gather``: one memory latency
     per diagonal, not one per kind), and the log-sum-exp over the K incoming arcs is a max,
     K independent exps and one log (``_lse_kinds``), not K two-term log-add-exps in
-    series; offsets inside a sequence are int32 (its base is int64). Nodes of the end
-    frame other than the end have beta -inf (no arc leaves them).
+    series; offsets inside a sequence are int32 (its base is int64). The state's planes
+    are skewed (:func:`_skew`): the nodes of a diagonal, one per lane, are adjacent, so each
+    kind's loads of lp and alpha/beta and the stores are contiguous across the lanes. Nodes
+    of the end frame other than the end have beta -inf (no arc leaves them).
 
     NaN (math.md 8.1): a NaN weight on any arc makes log P NaN even when the arc lies on
     no complete path (alpha need not carry it to the end): the alpha program keeps a flag
@@ -528,11 +571,11 @@ def _lattice_kernel(
     t0, u0, t1, u1 = t0.to(tl.int32), u0.to(tl.int32), t1.to(tl.int32), u1.to(tl.int32)
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
-    TU1 = T.to(tl.int64) * U1
-    # This sequence's parts (int64 bases); every offset below is int32, inside one sequence.
-    base = b * (T + 1) * U1
-    lp_b = ws_ptr + o_lp + b * K * TU1
-    nb_b = ws_ptr + o_nb + b * TU1
+    s_t, s_u, plane = _skew(T, U1)
+    # This sequence's planes (int64 bases); every offset below is int32, inside one sequence.
+    base = b * plane
+    lp_b = ws_ptr + o_lp + b * K * plane
+    nb_b = ws_ptr + o_nb + base
     offs = tl.arange(0, BLOCK_U)
     has_path = t1 > t0
     d0 = t0 + u0
@@ -541,7 +584,7 @@ def _lattice_kernel(
 
     if tl.program_id(1) == 0:
         alpha_b = ws_ptr + o_alpha + base
-        tl.store(alpha_b + t0 * U1 + u0, tl.zeros([], tl.float64), mask=has_path)
+        tl.store(alpha_b + t0 * s_t + u0 * s_u, tl.zeros([], tl.float64), mask=has_path)
         tl.debug_barrier()
         nan_arcs = tl.zeros([BLOCK_U], tl.int32)
         for i in range(0, n_diag):
@@ -552,6 +595,7 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
+                at = t * s_t + u * s_u           # adjacent along the diagonal (_skew)
                 # Every kind's loads first, then the log-sum-exp (_lse_kinds).
                 xs = ()
                 for k in tl.static_range(K):
@@ -559,18 +603,20 @@ def _lattice_kernel(
                     su = u - DU[k]
                     ok = (on & (st >= t0) & (st < t1) & (su >= u0)
                           & _lands(t, u, t1, u1, MAY_END[k]))
-                    w = _arc_weight(lp_b + k * TU1, nb_b, st * U1 + su, st, t1, ok, sigma,
+                    src = at - (DT[k] * s_t + DU[k] * s_u)      # the source (st, su)
+                    w = _arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
                                     delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON,
                                     True)
                     nan_arcs = nan_arcs | (w != w).to(tl.int32)
-                    xs = xs + (_gather(alpha_b, st * U1 + su, ok, True) + w,)
+                    xs = xs + (_gather(alpha_b, src, ok, True) + w,)
                 acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
-                tl.store(alpha_b + t * U1 + u, acc, mask=on)
-                if MAX_SEMIRING:
+                tl.store(alpha_b + at, acc, mask=on)
+                if MAX_SEMIRING:                 # best_kind (B, T+1, U+1): node order
                     best = tl.where(acc > NEG_INF, best, -1)
-                    tl.store(best_kind_ptr + base + t * U1 + u, best.to(tl.int8), mask=on)
+                    tl.store(best_kind_ptr + b * (T + 1) * U1 + t * U1 + u, best.to(tl.int8),
+                             mask=on)
             tl.debug_barrier()
-        log_like = tl.load(alpha_b + t1 * U1 + u1, mask=has_path, other=NEG_INF)
+        log_like = tl.load(alpha_b + t1 * s_t + u1 * s_u, mask=has_path, other=NEG_INF)
         log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, POS_INF + NEG_INF, log_like)
         tl.store(ws_ptr + o_ll + b, log_like)
         cost = -log_like
@@ -579,7 +625,7 @@ def _lattice_kernel(
         tl.store(costs_ptr + b, cost.to(costs_ptr.dtype.element_ty))
     else:
         beta_b = ws_ptr + o_beta + base
-        tl.store(beta_b + t1 * U1 + u1, tl.zeros([], tl.float64), mask=has_path)
+        tl.store(beta_b + t1 * s_t + u1 * s_u, tl.zeros([], tl.float64), mask=has_path)
         tl.debug_barrier()
         for i in range(0, n_diag):
             d = d1 - 1 - i
@@ -589,28 +635,32 @@ def _lattice_kernel(
                 u = ub + offs
                 t = d - u
                 on = u <= u_hi
+                at = t * s_t + u * s_u           # adjacent along the diagonal (_skew)
                 xs = ()
                 for k in tl.static_range(K):
                     lt = t + DT[k]
                     lu = u + DU[k]
                     ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
-                    w = _arc_weight(lp_b + k * TU1, nb_b, t * U1 + u, t, t1, ok, sigma,
+                    w = _arc_weight(lp_b + k * plane, nb_b, at, s_u, t, t1, ok, sigma,
                                     delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON,
                                     True)
-                    xs = xs + (w + _gather(beta_b, lt * U1 + lu, ok, True),)
+                    dst = at + (DT[k] * s_t + DU[k] * s_u)      # the landing (lt, lu)
+                    xs = xs + (w + _gather(beta_b, dst, ok, True),)
                 acc, _ = _lse_kinds(xs, K, MAX_SEMIRING)
-                tl.store(beta_b + t * U1 + u, acc, mask=on)
+                tl.store(beta_b + at, acc, mask=on)
             tl.debug_barrier()
 
 
 @triton.jit
-def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, U1, sigma, delay_penalty,
+def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, s_t, s_u, sigma,
+                    delay_penalty,
                     DT: tl.constexpr, DU: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
                     DELAY: tl.constexpr, MAY_END: tl.constexpr, SIGMA: tl.constexpr,
                     DELAY_ON: tl.constexpr):
     """Occupation of kind k's arc leaving ``(t, u)`` (math.md 9), float64, given ``a =
     alpha(t, u)``, ``ll = log P`` and the sequences' parts ``lp_b`` (kind k's arc
-    log-probs), ``nb_b`` (next_blank) and ``beta_b``:
+    log-probs), ``nb_b`` (next_blank) and ``beta_b``, planes of strides ``s_t, s_u``
+    (:func:`_skew`):
 
         gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + DT, u + DU) - log P)
 
@@ -618,9 +668,9 @@ def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, U1, sigma, de
     every arc of a NaN sequence (``ll`` NaN). The one formula of the gradient's
     coefficients and the lattice tools' occupations."""
     ok = keep & _lands(t + DT, u + DU, t1, u1, MAY_END)
-    w = _arc_weight(lp_b, nb_b, t * U1 + u, t, t1, ok, sigma, delay_penalty, PLUS_NEXT_BLANK,
-                    DELAY, SIGMA, DELAY_ON, False)
-    nb = tl.load(beta_b + (t + DT) * U1 + u + DU, mask=ok, other=NEG_INF)
+    w = _arc_weight(lp_b, nb_b, t * s_t + u * s_u, s_u, t, t1, ok, sigma, delay_penalty,
+                    PLUS_NEXT_BLANK, DELAY, SIGMA, DELAY_ON, False)
+    nb = tl.load(beta_b + (t + DT) * s_t + (u + DU) * s_u, mask=ok, other=NEG_INF)
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
 
@@ -638,7 +688,8 @@ def _node_state(ws_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr, nod
     keep = (inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
             & (log_like != NEG_INF))
     ll = tl.where(keep, log_like, 0.0)
-    a = tl.load(ws_ptr + o_alpha + b * (T + 1) * U1 + t * U1 + u, mask=keep, other=NEG_INF)
+    s_t, s_u, plane = _skew(T, U1)
+    a = tl.load(ws_ptr + o_alpha + b * plane + t * s_t + u * s_u, mask=keep, other=NEG_INF)
     return (b, t.to(tl.int32), u.to(tl.int32), t1.to(tl.int32), u1.to(tl.int32), keep, ll,
             log_like, a)
 
@@ -670,12 +721,13 @@ def _gamma_kernel(
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
     TU1 = T.to(tl.int64) * U1
-    beta_b = ws_ptr + o_beta + b * (T + 1) * U1
+    s_t, s_u, plane = _skew(T, U1)
+    beta_b = ws_ptr + o_beta + b * plane
     for k in tl.static_range(K):
-        gamma = _arc_occupation(a, ll, keep, ws_ptr + o_lp + (b * K + k) * TU1,
-                                ws_ptr + o_nb + b * TU1, beta_b, t, u, t1, u1, U1, sigma,
-                                delay_penalty, DT[k], DU[k], PLUS_NEXT_BLANK[k], DELAY[k],
-                                MAY_END[k], SIGMA, DELAY_ON)
+        gamma = _arc_occupation(a, ll, keep, ws_ptr + o_lp + (b * K + k) * plane,
+                                ws_ptr + o_nb + b * plane, beta_b, t, u, t1, u1, s_t, s_u,
+                                sigma, delay_penalty, DT[k], DU[k], PLUS_NEXT_BLANK[k],
+                                DELAY[k], MAY_END[k], SIGMA, DELAY_ON)
         tl.store(gamma_ptr + node + (b * (K - 1) + k) * TU1, gamma, mask=inside)
 
 
@@ -731,18 +783,18 @@ def _reads_kernel(
     sigma = _f64(sigma_hi, sigma_mid, sigma_lo)
     delay_penalty = _f64(delay_hi, delay_mid, delay_lo)
     scale = _f64(scale_hi, scale_mid, scale_lo)
-    TU1 = T.to(tl.int64) * U1
-    alpha_b = ws_ptr + o_alpha + b * (T + 1) * U1
-    beta_b = ws_ptr + o_beta + b * (T + 1) * U1
-    nb_b = ws_ptr + o_nb + b * TU1
+    s_t, s_u, plane = _skew(T, U1)
+    alpha_b = ws_ptr + o_alpha + b * plane
+    beta_b = ws_ptr + o_beta + b * plane
+    nb_b = ws_ptr + o_nb + b * plane
     reads = ws_ptr + o_reads + node
     s_tok = tl.zeros([BLOCK], tl.float64)      # S of the token group
     gb = tl.zeros([BLOCK], tl.float64)         # reads of the blank
     gl = tl.zeros([BLOCK], tl.float64)         # reads of y[u]
     s_dur = tl.zeros([BLOCK], tl.float64)      # S of the duration group
     for k in tl.static_range(K):
-        lp_b = ws_ptr + o_lp + (b * K + k) * TU1
-        gamma = _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, U1, sigma,
+        lp_b = ws_ptr + o_lp + (b * K + k) * plane
+        gamma = _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, s_t, s_u, sigma,
                                 delay_penalty, DT[k], DU[k], PLUS_NEXT_BLANK[k], DELAY[k],
                                 MAY_END[k], SIGMA, DELAY_ON)
         if FASTEMIT[k]:
@@ -762,10 +814,11 @@ def _reads_kernel(
         if PLUS_NEXT_BLANK[k]:
             # Kind k's arc from (t, u-1) lands on (t + DT[k], u) and reads this row's blank.
             okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, MAY_END[k])
-            ap = tl.load(alpha_b + t * U1 + u - 1, mask=okp, other=NEG_INF)
-            wp = _arc_weight(lp_b, nb_b, t * U1 + u - 1, t, t1, okp, sigma, delay_penalty,
+            src = t * s_t + (u - 1) * s_u
+            ap = tl.load(alpha_b + src, mask=okp, other=NEG_INF)
+            wp = _arc_weight(lp_b, nb_b, src, s_u, t, t1, okp, sigma, delay_penalty,
                              PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON, False)
-            nbp = tl.load(beta_b + (t + DT[k]) * U1 + u, mask=okp, other=NEG_INF)
+            nbp = tl.load(beta_b + (t + DT[k]) * s_t + u * s_u, mask=okp, other=NEG_INF)
             gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
             s_tok += gp
             gb += gp
