@@ -47,7 +47,7 @@ from triton.compiler import ASTSource  # noqa: E402
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
               "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
-INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr"}
+INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr", "t_end_ptr", "u_end_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
@@ -142,6 +142,9 @@ def variants(V_list):
         block_s = gpu._pow2(S, 1 << 16)
         yield ("_window_dp_kernel", f"S={S}", "_window_dp_kernel", dict(BLOCK_S=block_s),
                gpu._window_dp_warps(block_s), 3)
+    for S in (128, 1024):                      # prune_ranges(method="k2"): S starts
+        yield ("_k2_starts_kernel", f"S={S}", "_k2_starts_kernel",
+               dict(BLOCK_T=gpu.K2_TILE // S, BLOCK_S=S, BLOCK_SCAN=gpu.K2_SCAN), 4, 3)
     for V in V_list:
         for backward in (False, True):
             yield (f"_simple_rescue_kernel {'bwd' if backward else 'fwd'}", V,

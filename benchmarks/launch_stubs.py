@@ -2,11 +2,25 @@
 the host does around them without a GPU (``host_overhead.py``, ``pruned_profile.py
 --count-ops``). The backend accepts CPU tensors under ``TRITON_INTERPRET=1``, which must be
 set before Triton is first imported; nothing runs in the kernels' place, so their outputs
-hold whatever their buffers held, except the input check's, which says that every rule
-holds."""
+hold whatever their buffers held, except where the host path goes on from them
+(``WRITES``): the input check's says that every rule holds, k2's window starts are 0."""
 from __future__ import annotations
 
 import contextlib
+
+
+def _input_check(args):
+    args[4].fill_(1.0)          # every rule holds
+    args[5].zero_()
+
+
+def _k2_starts(args):
+    args[4].zero_()             # every frame's window at the first label positions: valid
+
+
+# The kernels whose outputs the host path reads back (shapes, indices): stubs write valid
+# values there.
+WRITES = {"_input_check_kernel": _input_check, "_k2_starts_kernel": _k2_starts}
 
 
 class NoLaunch:
@@ -24,9 +38,12 @@ class NoLaunch:
             self.launches += 1
             if self.record:
                 self.last = (args, kwargs)
-            if self.name == "_input_check_kernel":
-                args[4].fill_(1.0)      # every rule holds (what the kernel would write)
-                args[5].zero_()
+            if self.name in WRITES:
+                # What the kernel would write, outside any dispatch mode that counts the
+                # step's operations (these are the kernel's, not PyTorch's).
+                from torch.utils._python_dispatch import _disable_current_modes
+                with _disable_current_modes():
+                    WRITES[self.name](args)
         return launch
 
 

@@ -135,7 +135,14 @@ def count_ops(shape: str, window: int, method: str) -> dict:
             self.mode.stage = STAGES[self.i] if self.i < len(STAGES) else None
             self.i += 1
 
+    from rnnt_lattice import _backends
+
     before = rnnt_lattice.set_input_checks("device")
+    resolve = _backends.resolve
+    # The functions without a backend argument (prune_ranges' window choice) take "auto",
+    # which is the Triton backend on a GPU: so here too.
+    _backends.resolve = lambda backend, device: (_backends.load("triton") if backend == "auto"
+                                                 else resolve(backend, device))
     try:
         with no_launches() as stubs:
             x = shapes.make_joiner_inputs(shapes.SHAPES[shape])
@@ -149,6 +156,7 @@ def count_ops(shape: str, window: int, method: str) -> dict:
                 step(x, am, lm, window, method, Marks(mode), backend="triton")
     finally:
         rnnt_lattice.set_input_checks(before)
+        _backends.resolve = resolve
     stages = {name: sum(c for (s, _), c in mode.ops.items() if s == name) for name in STAGES}
     sources = {name: sorted(((c, w) for (s, w), c in mode.ops.items() if s == name),
                             reverse=True) for name in STAGES}

@@ -417,13 +417,17 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
 
 def test_pruned_profile_counts_the_gpu_paths_operations():
     """``pruned_profile.py --count-ops`` (no GPU): the GPU's code path of the pruned step
-    counted per stage, PyTorch operations and Triton launches (the loss's five passes and
-    the simple loss's rescue both ways among them), and the kernels put back afterwards."""
+    counted per stage, PyTorch operations and Triton launches (the loss's five passes, the
+    simple loss's rescue both ways and k2's window rule among them), and the kernels and
+    the backend choice put back afterwards."""
     import pruned_profile
+    from rnnt_lattice import _backends
     from rnnt_lattice.gpu import kernels
-    row_kernel = kernels._row_kernel
+    row_kernel, resolve = kernels._row_kernel, _backends.resolve
     out = pruned_profile.main(["--count-ops", "--shape", "s1"])
-    assert kernels._row_kernel is row_kernel
+    assert kernels._row_kernel is row_kernel and _backends.resolve is resolve
+    # prune_ranges (no backend argument: "auto") takes the GPU's backend too: k2's rule
+    assert out["triton"]["_k2_starts_kernel"] == 1
     assert list(out["stages"]) == list(pruned_profile.STAGES)
     assert out["stages"]["simple"] > 0 and out["stages"]["backward"] > 0
     assert out["triton"]["_row_kernel"] == 1 and out["triton"]["_grad_kernel"] == 1

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import rnnt_lattice
-from rnnt_lattice import topology
-from rnnt_lattice.pruned import windows
+from rnnt_lattice import topology, torch_backend
 from support import backends
 from support import cases
 from support.cases import Case, rel_err, upstream_weights
@@ -795,7 +794,7 @@ def _k2_vectorised(gamma_blank, gamma_label, t_end, u_end, R, regular):
     s_begin = torch.argmax(blk - px_pad[:, :U1 - R + 1], 1)                 # (B, T)
     mask = torch.arange(T)[None] < t_end[:, None] - 1
     s_begin = torch.where(mask, s_begin, (u_end[:, None] - R + 1).clamp(min=0))
-    return windows._k2_adjust(s_begin, R if regular else 2)[..., None] + torch.arange(R)
+    return torch_backend.k2_adjust(s_begin, R if regular else 2)[..., None] + torch.arange(R)
 
 
 @pytest.mark.parametrize("seed", range(3))

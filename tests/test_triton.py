@@ -551,6 +551,7 @@ def variants(sm):
             yield "_gamma_kernel", dict(kinds("lattice"), BOUNDARY=on, BLOCK=512, **terms), fp32
             yield "_reads_kernel", dict(kinds("reads"), BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
+    yield "_k2_starts_kernel", dict(BLOCK_T=32, BLOCK_S=128, BLOCK_SCAN=1024), fp32   # k2's rule
     for labels, classes in ((True, ()), (True, (5, 6)), (False, ())):   # the input check
         yield ("_input_check_kernel", dict(LABELS=labels, NO_BLANK=labels, CLASSES=classes,
                                            BOUNDARY=not labels, BLOCK_B=16, BLOCK_U=128),
@@ -1059,6 +1060,36 @@ def test_skewed_planes_keep_each_diagonal_adjacent(T, U1):
         skew_probe[(1,)](out, T, U1, N=n, WIDE=wide)
         assert out[:4].tolist() == [s_t, s_u, plane, plane], (wide, out[:4])
         assert out[4:4 + T * U1].tolist() == at[t < T].tolist(), wide
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("blocks", ["one", "many"])
+def test_k2_starts_kernel_is_the_reference(dtype, blocks, monkeypatch):
+    """``prune_ranges(method="k2")``'s starts on the device (``gpu.k2_starts``, one program a
+    sequence) are the reference's (``torch_backend.k2_starts``) exactly: occupations with a
+    peak a frame and tiny edges (k2's case for its order of sums), ties broken to the first
+    start, a NaN sequence, ends before the last frame, a sequence without frames, strided
+    occupations (a plane of ``(B, K, T, U+1)``) and ends (a boundary's columns); with the
+    frames in one tile and one scan block, and in many of each."""
+    if blocks == "many":
+        monkeypatch.setattr(gpu, "K2_TILE", 8)          # 1-2 frames a tile
+        monkeypatch.setattr(gpu, "K2_SCAN", 4)          # the repair's scans in blocks of 4
+    g = torch.Generator().manual_seed(1)
+    B, T, U1 = 5, 13, 9
+    planes = 10.0 ** (-9 + 3 * torch.rand(B, 2, T, U1, generator=g, dtype=torch.float64))
+    peak = torch.randint(0, U1, (B, T), generator=g).sort(1).values
+    planes[:, 0].scatter_(2, peak[..., None], 0.5)
+    planes[1] = torch.randint(0, 3, (2, T, U1), generator=g).double() / 4      # exact ties
+    planes[3, :, 5:] = float("nan")                                            # a NaN sequence
+    planes = planes.to(dtype)
+    gb, gl = planes[:, 0], planes[:, 1]
+    bound = torch.tensor([[0, 0, 8, 13], [0, 0, 5, 9], [0, 0, 3, 13], [0, 0, 8, 0],
+                          [0, 0, 0, 4]])
+    t_end, u_end = bound[:, 3], bound[:, 2]                                   # stride 4
+    for R, R_e in ((1, 2), (2, 2), (3, 3), (5, 5), (3, 2), (9, 9)):
+        got = gpu.k2_starts(gb, gl, t_end, u_end, R, R_e)
+        want = torch_backend.k2_starts(gb, gl, t_end, u_end, R, R_e)
+        assert got.dtype == torch.int64 and torch.equal(got, want), (R, R_e, got, want)
 
 
 @pytest.mark.parametrize("over", ["frames", "labels", "both"])

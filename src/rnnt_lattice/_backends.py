@@ -101,6 +101,13 @@ class Backend(Protocol):
     def window_dp(self, mass: torch.Tensor, max_step: int
                   ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    # k2's window rule (``prune_ranges(method="k2")``, docs/variants.md A.6): the starts
+    # ``s_begin (B, T)`` int64 from the occupations ``(B, T, U+1)``, the end frames and
+    # symbols ``(B,)``, the window ``R <= U+1`` and the largest step plus one ``R_e``.
+    def k2_starts(self, gamma_blank: torch.Tensor, gamma_label: torch.Tensor,
+                  t_end: torch.Tensor, u_end: torch.Tensor, R: int, R_e: int
+                  ) -> torch.Tensor: ...
+
     # The simple losses' normaliser of the nodes beyond the float64 matmul's range:
     # ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need`` marks, and its backward.
     def simple_rescue(self, am: torch.Tensor, lm: torch.Tensor,

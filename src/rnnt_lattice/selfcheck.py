@@ -642,9 +642,11 @@ def check_tools(ctx, shape, dtype, kind):
 
 
 def check_window_dp(ctx, shape):
-    """The window DP kernel against the PyTorch loop (same best total, same starts), and
-    the public ``prune_ranges(method="exact")`` / ``prune_coverage`` on it: never less
-    mass than k2's windows, coverage non-decreasing in R and 1 once R > U."""
+    """The window DP kernel against the PyTorch loop (same best total, same starts), k2's
+    window rule (``k2_starts``) against the reference on occupations full of ties (the
+    first start wins: the Triton interpreter breaks every tie that way, a GPU's argmax only
+    when told), and the public ``prune_ranges(method="exact")`` / ``prune_coverage`` on it:
+    never less mass than k2's windows, coverage non-decreasing in R and 1 once R > U."""
     B, T, U, V = shape
     g = torch.Generator(device="cpu").manual_seed(13)
     mass = torch.rand(B, T, U, dtype=torch.float64, generator=g).to(ctx.device)
@@ -654,6 +656,14 @@ def check_window_dp(ctx, shape):
         if _err(got[0], want[0]) > 1e-12 or not torch.equal(got[1].cpu(), want[1].cpu()):
             raise CheckFailed(f"window DP (max_step {step}): totals err {_err(got[0], want[0]):.1e}, "
                               f"starts equal {torch.equal(got[1].cpu(), want[1].cpu())}")
+    ties = torch.randint(0, 3, (2, B, T, U + 1), generator=g).double() / 4
+    ends = torch.full((B,), T), torch.full((B,), U)
+    for R, R_e in ((2, 2), (3, 3), (3, 2)):
+        got = impl.k2_starts(*ties.to(ctx.device), *(e.to(ctx.device) for e in ends), R, R_e)
+        want = torch_backend.k2_starts(*ties, *ends, R, R_e)
+        if not torch.equal(got.cpu(), want):
+            raise CheckFailed(f"k2 window starts (R {R}, R_e {R_e}) differ from the reference "
+                              f"at {int((got.cpu() != want).sum())} frames")
     am, lm, y, tl, ul, _ = _simple_inputs(shape, torch.float64, ctx.device)
     with torch.no_grad():
         _, occ = rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0, backend=ctx.backend,
@@ -669,8 +679,8 @@ def check_window_dp(ctx, shape):
     total = cov.total.double().cpu()
     if not ((total[1:] >= total[:-1] - 1e-12).all() and abs(total[-1].item() - 1) < 1e-9):
         raise CheckFailed(f"prune_coverage: total {total.tolist()} not non-decreasing to 1")
-    return (f"DP kernel = PyTorch loop; exact windows cover {exact.covered.mean().item():.4f} "
-            f">= k2's {k2.covered.mean().item():.4f}; coverage -> 1 at R = U+1")
+    return (f"DP kernel = PyTorch loop, k2 starts = reference; exact windows cover "
+            f"{exact.covered.mean().item():.4f} >= k2's {k2.covered.mean().item():.4f}; coverage -> 1 at R = U+1")
 
 
 # --------------------------------------------------------------------------- CUDA only

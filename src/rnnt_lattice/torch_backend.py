@@ -196,6 +196,54 @@ def window_dp(mass: torch.Tensor, max_step: int):
     return total, starts
 
 
+def k2_starts(gamma_blank: torch.Tensor, gamma_label: torch.Tensor, t_end: torch.Tensor,
+              u_end: torch.Tensor, R: int, R_e: int) -> torch.Tensor:
+    """k2's window starts ``s_begin (B, T)`` int64 (fast_rnnt's ``get_rnnt_prune_ranges``
+    steps 3-5, docs/variants.md A.6, on our layout: ``py_grad[b, u, t] = gamma_blank[b, t,
+    u]``, ``px_grad[b, u, t] = gamma_label[b, t, u]``) from the occupations ``(B, T, U+1)``,
+    the end frames and symbols ``t_end, u_end (B,)``, the window R (``R <= U+1``) and the
+    largest step plus one ``R_e``: per frame the first maximum over the starts s of
+
+        sum_{k < R} gamma_blank(t, s + k) - gamma_label(t, s - 1)       (0 at s = 0)
+
+    (the sum term by term, k = 0, 1, ..., in the occupations' dtype: k2's own order, so that
+    float32 occupations give its very sums), ``max(u_end - R + 1, 0)`` from frame
+    ``t_end - 1`` on, then k2's repair (``k2_adjust``). The readable reference of the Triton
+    kernel; the Numba backend runs it too."""
+    B, T, U1 = gamma_blank.shape
+    n = U1 - R + 1                                                   # candidate starts
+    # Window sums added up term by term in k2's order (its sum over a strided window axis
+    # adds k = 0, 1, ... in turn): a difference of cumulative sums would cancel (the windows
+    # that hold a frame's mass differ by edges of ~1e-9 against sums of ~0.5), and a
+    # reduction over the innermost axis may add in another order.
+    blk_sum = gamma_blank[..., :n].clone()                            # (B, T, n)
+    for k in range(1, R):
+        blk_sum += gamma_blank[..., k:k + n]
+    label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s - 1), 0 at s = 0
+    s_begin = torch.argmax(blk_sum - label_in, -1)                   # (B, T), first max
+    t = torch.arange(T, device=gamma_blank.device)[None, :]
+    tail = (u_end - R + 1).clamp(min=0)[:, None]                     # (B, 1)
+    s_begin = torch.where(t < t_end[:, None] - 1, s_begin, tail)
+    return k2_adjust(s_begin, R_e)
+
+
+def k2_adjust(s_begin: torch.Tensor, R_e: int) -> torch.Tensor:
+    """k2's ``_adjust_pruning_lower_bound`` of starts ``(B, T)``: non-decreasing, ``s[0] =
+    0``, steps ``<= R_e - 1``, by two suffix minima::
+
+        s(t) = min_{t' >= t} s_begin(t'),   x(t) = max(min_{t' >= t} (R_e - 1) t' - s(t'), 0)
+        result(t) = (R_e - 1) t - x(t)"""
+    T = s_begin.shape[1]
+    t = torch.arange(T, device=s_begin.device)[None, :]
+
+    def suffix_min(x):
+        return torch.flip(torch.cummin(torch.flip(x, (-1,)), -1).values, (-1,))
+
+    s = suffix_min(s_begin)
+    x = suffix_min((R_e - 1) * t - s).clamp(min=0)
+    return (R_e - 1) * t - x
+
+
 # --------------------------------------------------------------------------- simple loss
 # Rows of the log-domain rescue per chunk: (rows, V) float64 temporaries of ~32 MB at most.
 RESCUE_ELEMENTS = 1 << 22

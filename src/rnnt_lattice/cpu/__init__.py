@@ -62,7 +62,7 @@ from ..topology import Topology
 from . import _config, kernels, regular, windows
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
-           "occupancy", "viterbi", "lattice_of_terms", "window_dp", "simple_rescue",
+           "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts", "simple_rescue",
            "simple_rescue_backward", "empty_cache"]
 
 NAME = "numba"
@@ -520,6 +520,11 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: End
 
 
 # --------------------------------------------------------------------------- window choice
+# k2's rule (prune_ranges(method="k2")): a few vectorised PyTorch operations over the
+# occupations, as fast as a loop of Numba's on the CPU.
+k2_starts = torch_backend.k2_starts
+
+
 def window_dp(mass: torch.Tensor, max_step: int):
     """``(total (B,), starts (B, T) int64)`` of the window DP over ``mass (B, T, S)``
     float64 (``windows.window_dp``; ``pruned.windows.best_window_starts`` prepares the

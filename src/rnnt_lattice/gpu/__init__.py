@@ -72,8 +72,8 @@ from ..topology import Topology
 from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
-           "occupancy", "viterbi", "lattice_of_terms", "window_dp", "simple_rescue",
-           "simple_rescue_backward", "input_check", "empty_cache"]
+           "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
+           "simple_rescue", "simple_rescue_backward", "input_check", "empty_cache"]
 
 NAME = "triton"
 
@@ -123,6 +123,13 @@ LATTICE_LANES = 1
 LATTICE_DTYPE = torch.float64
 
 WINDOW_DP_MAX_S = 8192   # window starts one program of the window DP holds in its lanes
+# k2's window rule (``k2_starts``): the most starts of a sequence (more take the PyTorch
+# reference), the elements of one tile of scores (frames x starts: 1024 float64s, 88
+# registers a thread on sm_90 at 128 starts; 4096 took 255), the frames of one block of
+# its scans.
+K2_MAX_STARTS = 8192
+K2_TILE = 1024
+K2_SCAN = 1024
 
 
 def empty_cache() -> None:
@@ -916,6 +923,31 @@ def window_dp(mass: torch.Tensor, max_step: int):
             kernels._window_dp_kernel[(B,)](x, f, arg, total, starts, T, S, int(max_step),
                                             BLOCK_S=block_s, num_warps=_window_dp_warps(block_s))
     return total, starts
+
+
+def k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, R_e: int):
+    """k2's window starts ``s_begin (B, T)`` int64 (``torch_backend.k2_starts``, the
+    reference and its formulas) in one launch, ``kernels._k2_starts_kernel``, one program
+    per sequence: some 30 PyTorch operations fewer a call, each a kernel. Occupations of
+    two dtypes, or other than float32/float64, and more than ``K2_MAX_STARTS`` starts take
+    the reference."""
+    check_device(gamma_blank)
+    B, T, U1 = gamma_blank.shape
+    n = U1 - R + 1
+    if (gamma_blank.dtype != gamma_label.dtype or n > K2_MAX_STARTS
+            or gamma_blank.dtype not in (torch.float32, torch.float64)):
+        return torch_backend.k2_starts(gamma_blank, gamma_label, t_end, u_end, R, R_e)
+    gb, gl = (x if x.stride(-1) == 1 else x.contiguous() for x in (gamma_blank, gamma_label))
+    out = torch.empty((B, T), dtype=torch.int64, device=gb.device)
+    if B and T:
+        block_s = _pow2(n, K2_MAX_STARTS)
+        with _device(gb):
+            kernels._k2_starts_kernel[(B,)](
+                gb, gl, t_end, u_end, out, T, n, R, R_e, gb.stride(0), gb.stride(1),
+                gl.stride(0), gl.stride(1), t_end.stride(0), u_end.stride(0),
+                BLOCK_T=max(1, min(_pow2(T, 1 << 30), K2_TILE // block_s)), BLOCK_S=block_s,
+                BLOCK_SCAN=_pow2(T, K2_SCAN), num_warps=4)
+    return out
 
 
 # --------------------------------------------------------------------------- simple loss

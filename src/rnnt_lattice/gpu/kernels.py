@@ -1209,6 +1209,65 @@ def _window_dp_kernel(mass_ptr, f_ptr, arg_ptr, total_ptr, starts_ptr, T, S, max
         tl.store(starts_ptr + b * T + t - 1, k)
 
 
+@triton.jit
+def _min2(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit(do_not_specialize=("T", "n", "R", "R_e", "gb_sb", "gb_st", "gl_sb", "gl_st",
+                               "te_s", "ue_s"))
+def _k2_starts_kernel(gb_ptr, gl_ptr, t_end_ptr, u_end_ptr, starts_ptr, T, n, R, R_e,
+                      gb_sb, gb_st, gl_sb, gl_st, te_s, ue_s, BLOCK_T: tl.constexpr,
+                      BLOCK_S: tl.constexpr, BLOCK_SCAN: tl.constexpr):
+    """k2's window starts of sequence ``b = program_id(0)`` (``torch_backend.k2_starts``,
+    the same rule and order of sums). For ``BLOCK_T`` frames at a time, all ``n`` starts in
+    the lanes of a ``[BLOCK_T, BLOCK_S]`` tile::
+
+        score(t, s) = sum_{k < R} gamma_blank(t, s + k) - gamma_label(t, s - 1)
+        s_begin(t)  = first argmax_s score (NaN counts as the largest, as torch.argmax's),
+                      max(u_end - R + 1, 0) for t >= t_end - 1
+
+    the sum term by term in the occupations' dtype; then k2's repair (``k2_adjust``), two
+    suffix minima over the frames taken ``BLOCK_SCAN`` frames at a time from the last, each
+    block a scan carrying the minimum of the frames after it. One program per sequence, no
+    host synchronisation; offsets in int64 (the occupations' strides ``*_sb, *_st``, unit
+    along U+1; the ends read through their strides: a boundary's columns)."""
+    b = tl.program_id(0).to(tl.int64)
+    t_end = tl.load(t_end_ptr + b * te_s).to(tl.int32)
+    u_end = tl.load(u_end_ptr + b * ue_s).to(tl.int32)
+    tail = tl.maximum(u_end - R + 1, 0)
+    s = tl.arange(0, BLOCK_S)
+    row = starts_ptr + b * T
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        m = (t < T)[:, None] & (s < n)[None, :]
+        blk_at = gb_ptr + b * gb_sb + t[:, None].to(tl.int64) * gb_st + s[None, :]
+        blk = tl.load(blk_at, mask=m, other=0.0)
+        for k in range(1, R):
+            blk += tl.load(blk_at + k, mask=m, other=0.0)
+        lab = tl.load(gl_ptr + b * gl_sb + t[:, None].to(tl.int64) * gl_st + s[None, :] - 1,
+                      mask=m & (s[None, :] >= 1), other=0.0)
+        score = blk - lab
+        score = tl.where(score != score, POS_INF, score)
+        score = tl.where(m, score, NEG_INF)
+        best = tl.argmax(score, axis=1, tie_break_left=True).to(tl.int32)
+        tl.store(row + t, tl.where(t < t_end - 1, best, tail).to(tl.int64), mask=t < T)
+    tl.debug_barrier()                     # every frame's start is written
+    big = 1 << 30
+    carry_s = big
+    carry_y = big
+    for i in range(0, T, BLOCK_SCAN):
+        t = T - 1 - i - tl.arange(0, BLOCK_SCAN)            # descending frames
+        on = t >= 0
+        v = tl.load(row + t, mask=on, other=big).to(tl.int32)
+        sm = tl.minimum(tl.associative_scan(v, 0, _min2), carry_s)          # min_{t' >= t}
+        y = tl.where(on, (R_e - 1) * t - sm, big)
+        ym = tl.minimum(tl.associative_scan(y, 0, _min2), carry_y)
+        tl.store(row + t, ((R_e - 1) * t - tl.maximum(ym, 0)).to(tl.int64), mask=on)
+        carry_s = tl.minimum(carry_s, tl.min(v, axis=0))
+        carry_y = tl.minimum(carry_y, tl.min(y, axis=0))
+
+
 # --------------------------------------------------------------------------- simple loss
 @triton.jit
 def _rescue_chunk(a_row, l_row, cols, V, s_av, s_lv):

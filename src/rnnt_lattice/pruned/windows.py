@@ -134,7 +134,8 @@ def prune_ranges(
 
     R_used = _window_size(R, t_end, u_end, S, regular, method)
     if method == "k2":
-        s_begin = _k2_starts(gamma_blank, gamma_label, t_end, u_end, R_used, regular)
+        s_begin = _backends.resolve("auto", gamma_blank.device).k2_starts(
+            gamma_blank, gamma_label, t_end, u_end, R_used, R_used if regular else 2)
     else:
         s_begin = _exact_starts(gamma_blank + gamma_label, t_end, u_end, R_used, regular)
     ranges = s_begin[..., None] + torch.arange(R_used, device=s_begin.device)
@@ -170,40 +171,6 @@ def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> in
                       f"(rnnt_type {'regular' if regular else 'modified/constrained'}, "
                       f"U = {S}); using R={R}", RuntimeWarning, stacklevel=3)
     return R
-
-
-def _k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, regular: bool):
-    """fast_rnnt's ``get_rnnt_prune_ranges`` steps 3-5 (docs/variants.md A.6) on our layout:
-    ``py_grad[b, u, t] = gamma_blank[b, t, u]``, ``px_grad[b, u, t] = gamma_label[b, t, u]``."""
-    B, T, U1 = gamma_blank.shape
-    n = U1 - R + 1                                                   # candidate starts
-    # Window sums added up term by term in k2's order (its sum over a strided window axis
-    # adds k = 0, 1, ... in turn), so that float32 occupations give k2's very sums: a
-    # difference of cumulative sums would cancel (the windows that hold a frame's mass
-    # differ by edges of ~1e-9 against sums of ~0.5), and a reduction over the innermost
-    # axis may add in another order.
-    blk_sum = gamma_blank[..., :n].clone()                            # (B, T, n)
-    for k in range(1, R):
-        blk_sum += gamma_blank[..., k:k + n]
-    label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s - 1), 0 at s = 0
-    s_begin = torch.argmax(blk_sum - label_in, -1)                   # (B, T), first max
-    t = torch.arange(T, device=gamma_blank.device)[None, :]
-    tail = (u_end - R + 1).clamp(min=0)[:, None]                     # (B, 1)
-    s_begin = torch.where(t < t_end[:, None] - 1, s_begin, tail)
-    return _k2_adjust(s_begin, R if regular else 2)
-
-
-def _k2_adjust(s_begin, R_e: int):
-    """k2's ``_adjust_pruning_lower_bound``: non-decreasing, ``s[0] = 0``, steps ``<= R_e - 1``."""
-    T = s_begin.shape[1]
-    t = torch.arange(T, device=s_begin.device)[None, :]
-
-    def suffix_min(x):
-        return torch.flip(torch.cummin(torch.flip(x, (-1,)), -1).values, (-1,))
-
-    s = suffix_min(s_begin)
-    x = suffix_min((R_e - 1) * t - s).clamp(min=0)
-    return (R_e - 1) * t - x
 
 
 def _exact_starts(node, t_end, u_end, R: int, regular: bool):
