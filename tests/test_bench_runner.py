@@ -463,7 +463,7 @@ def test_lattice_traffic_counts_adjacent_diagonals(tmp_path):
     import json
     import subprocess
     out = subprocess.run([sys.executable, str(BENCH_DIR / "lattice_traffic.py"), "--shape", "s2",
-                          "--variants", "regular", "tdt", "--json", str(tmp_path / "t.json")],
+                          "--variants", "regular", "--json", str(tmp_path / "t.json")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads((tmp_path / "t.json").read_text())["results"]
