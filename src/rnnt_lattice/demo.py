@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import os
@@ -80,25 +81,46 @@ def _formants(g: torch.Generator):
     return perm, perm + glide, second
 
 
+def _digit_spectra(formants) -> list:
+    """``spectra[d][dur]`` ``(dur, N_BINS)``: digit d's ridges over ``dur`` frames before
+    its gain (what :func:`make_batch` draws only the gain, duration and noise of), made
+    once per formants (:func:`_spectra_of`)."""
+    return _spectra_of(*(tuple(x.tolist()) for x in formants))
+
+
+@functools.lru_cache(maxsize=8)
+def _spectra_of(start: tuple, end: tuple, second: tuple) -> list:
+    bins = torch.arange(N_BINS).float()
+    start, end, second = (torch.tensor(x) for x in (start, end, second))
+    spectra = []
+    for d in range(N_DIGITS):
+        spectra.append({})
+        for dur in range(DIGIT_FRAMES[0], DIGIT_FRAMES[1] + 1):
+            pos = torch.linspace(float(start[d]), float(end[d]), dur)[:, None]
+            spectra[d][dur] = torch.exp(-0.5 * (bins[None] - pos) ** 2) + 0.7 * torch.exp(
+                -0.5 * ((bins[None] - second[d]) / 1.5) ** 2)
+    return spectra
+
+
 def make_batch(n: int, g: torch.Generator, formants):
     """``n`` utterances: features ``(n, T, N_BINS)``, lengths ``(n,)``, targets ``(n, U)``
-    (labels 1..10, padded with 0), target lengths ``(n,)``."""
-    start, end, second = formants
-    bins = torch.arange(N_BINS).float()
+    (labels 1..10, padded with 0), target lengths ``(n,)``. The draws from ``g`` come in a
+    fixed order (per utterance: digits, leading gap, then per digit its frames, gain and
+    gap, then the noise), so a seed gives the same data; the spectra are computed once a
+    formants (:func:`_digit_spectra`), not once a digit."""
+    spectra = _digit_spectra(formants)
+    silence = torch.zeros(GAP_FRAMES[1] + 1, N_BINS)
     feats, targets = [], []
     for _ in range(n):
         k = int(torch.randint(DIGITS_PER_UTT[0], DIGITS_PER_UTT[1] + 1, (1,), generator=g))
         digits = torch.randint(0, N_DIGITS, (k,), generator=g)
-        frames = [torch.zeros(int(torch.randint(*GAP_FRAMES, (1,), generator=g)) + 1, N_BINS)]
+        frames = [silence[:int(torch.randint(*GAP_FRAMES, (1,), generator=g)) + 1]]
         for d in digits.tolist():
             dur = int(torch.randint(DIGIT_FRAMES[0], DIGIT_FRAMES[1] + 1, (1,), generator=g))
-            pos = torch.linspace(float(start[d]), float(end[d]), dur)[:, None]
             gain = 0.7 + 0.6 * float(torch.rand(1, generator=g))
-            spec = torch.exp(-0.5 * (bins[None] - pos) ** 2) + 0.7 * torch.exp(
-                -0.5 * ((bins[None] - second[d]) / 1.5) ** 2)
-            frames.append(gain * spec)
-            frames.append(torch.zeros(int(torch.randint(GAP_FRAMES[0], GAP_FRAMES[1] + 1, (1,),
-                                                        generator=g)), N_BINS))
+            frames.append(gain * spectra[d][dur])
+            frames.append(silence[:int(torch.randint(GAP_FRAMES[0], GAP_FRAMES[1] + 1, (1,),
+                                                     generator=g))])
         x = torch.cat(frames)
         feats.append(x + NOISE * torch.randn(x.shape, generator=g))
         targets.append(digits + 1)
