@@ -219,7 +219,7 @@ def k2_starts(gamma_blank: torch.Tensor, gamma_label: torch.Tensor, t_end: torch
     blk_sum = gamma_blank[..., :n].clone()                            # (B, T, n)
     for k in range(1, R):
         blk_sum += gamma_blank[..., k:k + n]
-    label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s - 1), 0 at s = 0
+    label_in = torch.nn.functional.pad(gamma_label, (1, 0))[..., :n]   # gamma_label(t, s-1); 0: s = 0
     s_begin = torch.argmax(blk_sum - label_in, -1)                   # (B, T), first max
     t = torch.arange(T, device=gamma_blank.device)[None, :]
     tail = (u_end - R + 1).clamp(min=0)[:, None]                     # (B, 1)

@@ -481,9 +481,8 @@ def _row_kernel(
                     other=0.0).to(tl.float64)
     at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
     _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, at, plane, u, u1, T, U1,
-               lse,
-               lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp, K, KP, DU,
-               READS, DURATION, N_DURATIONS, HAS_PLUS_NEXT_BLANK, FUSED)
+               lse, lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp, K, KP,
+               DU, READS, DURATION, N_DURATIONS, HAS_PLUS_NEXT_BLANK, FUSED)
 
 
 # --------------------------------------------------------------------------- pass 2
@@ -653,8 +652,8 @@ def _lattice_kernel(
 
 @triton.jit
 def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, s_t, s_u, sigma,
-                    delay_penalty,
-                    DT: tl.constexpr, DU: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
+                    delay_penalty, DT: tl.constexpr, DU: tl.constexpr,
+                    PLUS_NEXT_BLANK: tl.constexpr,
                     DELAY: tl.constexpr, MAY_END: tl.constexpr, SIGMA: tl.constexpr,
                     DELAY_ON: tl.constexpr):
     """Occupation of kind k's arc leaving ``(t, u)`` (math.md 9), float64, given ``a =
