@@ -1092,6 +1092,32 @@ def test_k2_starts_kernel_is_the_reference(dtype, blocks, monkeypatch):
         assert got.dtype == torch.int64 and torch.equal(got, want), (R, R_e, got, want)
 
 
+def test_k2_starts_takes_the_reference_where_the_kernel_does_not_apply(monkeypatch):
+    """``gpu.k2_starts``'s other branches: occupations of two dtypes (the reference promotes
+    their difference; the kernel would sum in one) and more starts than ``K2_MAX_STARTS``
+    run the reference, without launching the kernel, and give its starts."""
+    from rnnt_lattice.gpu import kernels
+    launches = []
+    real = kernels._k2_starts_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kernels, "_k2_starts_kernel", Counted())
+    g = torch.Generator().manual_seed(2)
+    gb, gl = torch.rand(2, 2, 7, 6, generator=g, dtype=torch.float64)
+    ends = torch.tensor([7, 5]), torch.tensor([5, 3])
+    want = torch_backend.k2_starts(gb, gl.float(), *ends, 3, 3)
+    assert torch.equal(gpu.k2_starts(gb, gl.float(), *ends, 3, 3), want) and not launches
+    monkeypatch.setattr(gpu, "K2_MAX_STARTS", 3)                       # 4 starts at R = 3
+    want = torch_backend.k2_starts(gb, gl, *ends, 3, 3)
+    assert torch.equal(gpu.k2_starts(gb, gl, *ends, 3, 3), want) and not launches
+    monkeypatch.setattr(gpu, "K2_MAX_STARTS", 4)
+    assert torch.equal(gpu.k2_starts(gb, gl, *ends, 3, 3), want) and len(launches) == 1
+
+
 @pytest.mark.parametrize("over", ["frames", "labels", "both"])
 def test_out_of_range_lengths_stay_in_their_block(over):
     """Lengths past the grid (not validated on CUDA: undefined behaviour there) are clamped

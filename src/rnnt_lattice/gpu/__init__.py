@@ -341,13 +341,12 @@ class _Layout:
     one pointer alignment whatever the shapes: one compiled variant), and the total.
     Parts a topology does not use (``lse_dur`` without durations, ``next_blank`` without
     ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient) take no room.
-    next_blank, lp, alpha and beta are skewed planes of ``plane`` elements (``_skew``)."""
+    next_blank, lp, alpha and beta are skewed planes (``_skew``)."""
 
     B: int
     T: int
     U1: int
     K: int
-    plane: int
     o_lse: int
     o_dur: int
     o_nb: int
@@ -379,7 +378,7 @@ def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool) -> _Layout:
     if plane * kinds["K"] >= 2 ** 31:
         raise ValueError(f"a lattice of (T, U+1) = ({T}, {U1}) with {kinds['K']} arc kinds "
                          f"has too many nodes per sequence for the GPU kernels (2**31 arcs)")
-    return _Layout(B, T, U1, kinds["K"], plane, *offsets, max(at, 2))
+    return _Layout(B, T, U1, kinds["K"], *offsets, max(at, 2))
 
 
 class _State:
