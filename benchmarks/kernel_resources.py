@@ -45,14 +45,17 @@ from triton.compiler import ASTSource  # noqa: E402
 # the joiner kernels' operands (gpu/joint.py) are in the input dtype too, their sums in
 # the costs' (float32; float64 for float64)
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
-              "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr"}
+              "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr", "am_cols_ptr", "lm_cols_ptr", "g_am_ptr",
+              "g_lm_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr", "t_end_ptr", "u_end_ptr"}
 INT32_PTRS = {"arg_ptr"}
-INT8_PTRS = {"best_kind_ptr", "need_ptr"}
+INT8_PTRS = {"best_kind_ptr", "need_ptr", "code_ptr"}
+UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr"}   # bool tensors, viewed as uint8
 COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
 FP32_PTRS = {"ok_ptr", "nan_ptr", "nan_rows_ptr"}   # the input check's flags and NaN rows
-FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay") for p in ("hi", "mid", "lo")}
+FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay", "c", "sa", "sl")
+          for p in ("hi", "mid", "lo")}
 
 
 def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
@@ -74,6 +77,8 @@ def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
             sig[p] = "*i64"
         elif p in INT8_PTRS:
             sig[p] = "*i8"
+        elif p in UINT8_PTRS:
+            sig[p] = "*u8"
         elif p in INT32_PTRS:
             sig[p] = "*i32"
         elif p in COST_PTRS:
@@ -151,6 +156,17 @@ def variants(V_list):
                    "_simple_rescue_kernel",
                    dict(BACKWARD=backward, BLOCK_NODES=gpu.RESCUE_BLOCK_NODES,
                         BLOCK_V=gpu._pow2(V, 1024)), 4, 3)
+    for U1 in (41, 101):                       # the simple losses' arc terms
+        block_t, block_u = gpu._arc_tiles(400, U1)
+        for mix in (False, True):
+            tiles = dict(MIX=mix, BLOCK_T=block_t, BLOCK_U=block_u)
+            yield (f"_arc_terms_kernel mix={int(mix)}", f"U+1={U1}", "_arc_terms_kernel",
+                   tiles, gpu.ARC_WARPS, 3)
+            yield (f"_arc_terms_grad_kernel mix={int(mix)}", f"U+1={U1}",
+                   "_arc_terms_grad_kernel", dict(tiles, HAS_GB=True, HAS_GE=True),
+                   gpu.ARC_WARPS, 3)
+    yield ("_arc_terms_cols_kernel", "-", "_arc_terms_cols_kernel",
+           dict(MIX=True, BLOCK_TB=gpu.ARC_COLS[0], BLOCK_U=gpu.ARC_COLS[1]), 4, 3)
     yield ("_input_check_kernel", "-", "_input_check_kernel",
            dict(LABELS=True, NO_BLANK=True, CLASSES=(), BOUNDARY=False,
                 BLOCK_B=gpu.INPUT_CHECK_BLOCK_B, BLOCK_U=gpu.INPUT_CHECK_BLOCK_U), 4, 3)

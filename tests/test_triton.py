@@ -518,7 +518,7 @@ def variants(sm):
     durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
     boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
     semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
-    the lattice tools, the window DP of prune_ranges and the simple losses' rescue.\"\"\"
+    the lattice tools, the window DP of prune_ranges, the simple losses' rescue and arc terms.\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
@@ -559,6 +559,12 @@ def variants(sm):
     for backward in (False, True):                             # the simple losses' rescue
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_NODES=256, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
+    for mix in (False, True):                                  # the simple losses' arc terms
+        tiles = dict(MIX=mix, BLOCK_T=4, BLOCK_U=128)
+        simple = [("fp32", "i64"), ("fp64", "i64")]
+        yield "_arc_terms_kernel", tiles, simple
+        yield "_arc_terms_grad_kernel", dict(tiles, HAS_GB=True, HAS_GE=mix), simple
+        yield "_arc_terms_cols_kernel", dict(MIX=mix, BLOCK_TB=32, BLOCK_U=32), simple
     # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
     # gradient passes of the regular topology in every dtype it runs in on a GPU (float64
     # takes the tile path there: fused._kernel_path), float32 also with TF32 products, TDT
@@ -1169,3 +1175,80 @@ def test_delay_penalty_never_synchronises(device_checks, rnnt_type):
             loss.backward()
         sites[name] = rec.ops
     assert sites == {"rnnt_loss_simple": [], "rnnt_loss_smoothed": [], "lattice_loss": []}, sites
+
+
+def _arc_parts(dtype, B=3, T=11, U1=7, mix=True, seed=2):
+    """``(ArcParts, Smoothing or None)`` with every kind of node: live, without mass (dead),
+    rescued with an lse and without one, on a bad frame row and a bad label row, entries of
+    -inf and +inf, a sequence with U = 0 when ``U1 == 1``."""
+    from rnnt_lattice._types import ArcParts, Smoothing
+    g = torch.Generator().manual_seed(seed)
+    f64 = dict(generator=g, dtype=torch.float64)
+    mass = torch.rand(B, T, U1, **f64) * 10.0 ** torch.randint(-300, 3, (B, T, U1), generator=g)
+    mass[torch.rand(B, T, U1, generator=g) < 0.15] = 0.0                     # no mass
+    rescued = torch.rand(B, T, U1, generator=g) < 0.2
+    lse_r = torch.where(rescued, torch.randn(B, T, U1, **f64) * 50, NEG_INF)
+    lse_r[rescued & (torch.rand(B, T, U1, generator=g) < 0.3)] = NEG_INF     # rescued, dead
+    am_cols = torch.randn(B, T, U1, **f64).to(dtype)
+    lm_cols = torch.randn(B, U1, 2, **f64).to(dtype)
+    am_cols[0, 2, :2] = NEG_INF                                              # masked classes
+    lm_cols[1, 0, 1] = NEG_INF
+    am_cols[2, 3, 0] = float("inf")
+    am_bad = torch.zeros(B, T, dtype=torch.bool)
+    lm_bad = torch.zeros(B, U1, dtype=torch.bool)
+    am_bad[1, 4] = lm_bad[2, U1 - 1] = True
+    shifts = (torch.randn(B, T, **f64) * 30, torch.randn(B, U1, **f64) * 30)
+    terms = ()
+    if mix:
+        terms = (torch.randn(B, T, **f64), torch.randn(B, U1, **f64), torch.randn(B, T, **f64),
+                 torch.randn(B, U1 - 1, **f64))
+    parts = ArcParts(mass, lse_r, rescued, am_cols, lm_cols, *shifts, am_bad, lm_bad, *terms)
+    return parts, (Smoothing(0.65, 0.2, 0.15) if mix else None)
+
+
+def _same(got, want, name):
+    """Equal to float64 rounding (the kernels sum in another order), the same -inf, +inf
+    and NaN entries."""
+    assert got.shape == want.shape and got.dtype == want.dtype, name
+    for special in (torch.isnan, torch.isneginf, torch.isposinf):
+        assert torch.equal(special(got), special(want)), (name, special)
+    ok = torch.isfinite(want)
+    tol = 64 * torch.finfo(want.dtype).eps
+    torch.testing.assert_close(got[ok], want[ok], rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("mix", [False, True], ids=["simple", "smoothed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tiles", ["one", "many"])
+@pytest.mark.parametrize("U1", [7, 1])
+def test_arc_terms_kernels_are_the_reference(mix, dtype, tiles, U1, monkeypatch):
+    """The simple losses' arc log-probs and their backward on the Triton kernels
+    (``gpu.arc_terms``, what CUDA runs) against the reference (``torch_backend``): every kind
+    of node (``_arc_parts``), upstream gradients with NaN and a plane of a ``(B, K, T, U+1)``
+    tensor (strided), one of them absent; the tiles of the default (one chunk of label
+    positions, one step of the column sums) and many (2 x 2 nodes a program, the column
+    sums 2 x 2 at a time); U = 0."""
+    if tiles == "many":
+        monkeypatch.setattr(gpu, "ARC_TILE", 4)
+        monkeypatch.setattr(gpu, "ARC_MAX_BLOCK_U", 2)
+        monkeypatch.setattr(gpu, "ARC_COLS", (2, 2))
+    parts, smooth = _arc_parts(dtype, U1=U1, mix=mix)
+    B, T, _ = parts.mass.shape
+    got, want = gpu.arc_terms(parts, smooth), torch_backend.arc_terms(parts, smooth)
+    for name, x, y in zip(("b", "e"), got, want):
+        _same(x, y, name)
+    g = torch.Generator().manual_seed(3)
+    planes = torch.randn(B, 2, T, U1, generator=g, dtype=torch.float64)      # (B, K, T, U+1)
+    planes[0, 0, 1, 0] = planes[2, 1, 5, 0] = float("nan")
+    dtypes = (parts.am_cols.dtype, parts.lm_cols.dtype)
+    for g_b, g_e in ((planes[:, 0], planes[:, 1]), (None, planes[:, 1]), (planes[:, 0], None)):
+        out = gpu.arc_terms_backward(got[2], g_b, g_e, smooth, dtypes)
+        ref = torch_backend.arc_terms_backward(want[2], g_b, g_e, smooth, dtypes)
+        names = ("d mass", "d lse_rescued", "d am_cols", "d lm_cols", "d mix")
+        for name, x, y in zip(names, out, ref):
+            if name == "d mix":
+                assert len(x) == len(y) == (4 if mix else 0)
+                for k, (xi, yi) in enumerate(zip(x, y)):
+                    _same(xi, yi, f"d {'PQRS'[k]}")
+            else:
+                _same(x, y, name)

@@ -16,7 +16,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from ._layout import Tile, packed_node_rows
-from ._types import Ends, Lattice, LossOptions
+from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
 from ._validate import Checked, Names, check_call
 from .topology import Topology
 
@@ -116,6 +116,16 @@ class Backend(Protocol):
     def simple_rescue_backward(self, am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor,
                                lse: torch.Tensor, g: torch.Tensor, grad_am: torch.Tensor | None,
                                grad_lm: torch.Tensor | None) -> None: ...
+
+    # The simple losses' arc log-probs ``(b', e', saved)`` ``(B, T, U+1)`` float64 from the
+    # normaliser's parts (``pruned.simple._ArcTerms``: its formulas), and their backward:
+    # ``(d mass, d lse_rescued, d am_cols, d lm_cols, (d P, d Q, d R, d S) or ())``.
+    def arc_terms(self, parts: ArcParts, mix: Smoothing | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, tuple]: ...
+
+    def arc_terms_backward(self, saved: tuple, g_b: torch.Tensor | None,
+                           g_e: torch.Tensor | None, mix: Smoothing | None,
+                           dtypes: tuple) -> tuple: ...
 
     # Release what the backend keeps between calls (``rnnt_lattice.empty_cache``).
     def empty_cache(self) -> None: ...

@@ -101,3 +101,43 @@ class Ends:
         u = torch.arange(U1, device=self.t0.device)[None, None, :]
         return ((t >= self.t0[:, None, None]) & (t < self.t1[:, None, None])
                 & (u >= self.u0[:, None, None]) & (u <= self.u1[:, None, None]))
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """The scales of the smoothed simple loss (``rnnt_loss_smoothed``): ``c = 1 - s_lm -
+    s_am``, and ``s_am``, ``s_lm`` with a zero replaced by 1e-20 (k2's, so that ``0 *
+    -inf`` is not NaN)."""
+
+    c: float
+    s_am: float
+    s_lm: float
+
+
+@dataclass(frozen=True)
+class ArcParts:
+    """What the simple losses' arc log-probs are made of (``pruned.simple._ArcTerms``; the
+    backends' ``arc_terms``). Float64 unless said.
+
+    mass, lse_rescued: ``(B, T, U+1)``, the joint mass of each node and the log-domain lse
+        of the rescued nodes (-inf elsewhere); rescued: ``(B, T, U+1)`` bool.
+    am_cols: ``(B, T, U+1)`` ``[am(t, blank), am(t, y_0), .., am(t, y_{U-1})]`` and lm_cols:
+        ``(B, U+1, 2)`` ``[lm(u, blank), lm(u, y_u)]``, in the inputs' dtype.
+    am_shift ``(B, T)``, lm_shift ``(B, U+1)``: the rows' shifts; am_bad, lm_bad: the same
+        shapes, bool: the rows that hold NaN or +inf.
+    P, R ``(B, T)``, Q ``(B, U+1)``, S ``(B, U)``: the smoothing's per-row terms, None
+        for the simple loss."""
+
+    mass: torch.Tensor
+    lse_rescued: torch.Tensor
+    rescued: torch.Tensor
+    am_cols: torch.Tensor
+    lm_cols: torch.Tensor
+    am_shift: torch.Tensor
+    lm_shift: torch.Tensor
+    am_bad: torch.Tensor
+    lm_bad: torch.Tensor
+    P: torch.Tensor | None = None
+    Q: torch.Tensor | None = None
+    R: torch.Tensor | None = None
+    S: torch.Tensor | None = None

@@ -18,9 +18,9 @@ import torch
 
 from ._layout import row_sequences
 from ._ops import scale_upstream, with_bad_rows
-from ._types import Ends, Lattice, LossOptions
+from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
 from .reference import (arc_weights, costs_and_grad_unchecked, grad, kind_log_probs, lattice,
-                        lattice_dtype, sweep_alpha, terms_weights)
+                        lattice_dtype, read_entry, sweep_alpha, terms_weights)
 from .topology import Topology
 
 NAME = "torch"
@@ -284,6 +284,67 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
             grad_am.index_put_((b[j], t[j]), p, accumulate=True)
         if grad_lm is not None:
             grad_lm.index_put_((b[j], u[j]), p, accumulate=True)
+
+
+def arc_terms(parts: ArcParts, mix: Smoothing | None):
+    """The simple losses' arc log-probs ``(b', e', saved)`` ``(B, T, U+1)`` float64 from
+    the normaliser's parts (the formulas: ``pruned.simple._ArcTerms``), and ``saved`` for
+    :func:`arc_terms_backward`: ``(mass, fin, live, resc)``, the nodes whose arcs read
+    their entries (lse not -inf), whose lse came from the mass, from the rescue (neither
+    on a bad row). The readable reference of the Triton kernel; the Numba backend runs it
+    too."""
+    ldt = parts.mass.dtype
+    U = parts.lm_cols.shape[1] - 1
+    mass, rescued = parts.mass, parts.rescued
+    live = (mass > 0) & ~rescued                # 0: a dead node (or one without mass on GPU)
+    lse = torch.log(torch.where(live, mass, 1.0)).add_(parts.am_shift[..., None]).add_(
+        parts.lm_shift[:, None, :])
+    lse = torch.where(live, lse, NEG_INF)
+    lse = torch.where(rescued, parts.lse_rescued.to(ldt), lse)
+    bad = parts.am_bad[:, :, None] | parts.lm_bad[:, None, :]
+    lse.masked_fill_(bad, float("nan"))                                     # (B, T, U+1)
+    a64, l64 = parts.am_cols.to(ldt), parts.lm_cols.to(ldt)
+    b = read_entry(a64[..., :1] + l64[:, None, :, 0], lse, True)
+    e = torch.full_like(b, NEG_INF)                                         # no label arc at u = U
+    e[..., :U] = read_entry(a64[..., 1:] + l64[:, None, :U, 1], lse[..., :U], True)
+    saved = (mass, lse != NEG_INF, live & ~bad, rescued & ~bad)
+    if mix is None:
+        return b, e, saved
+    b.mul_(mix.c).add_(torch.add(parts.Q, l64[..., 0], alpha=mix.s_lm)[:, None, :]).add_(
+        torch.add(parts.P, a64[..., 0], alpha=mix.s_am)[:, :, None])
+    e[..., :U].mul_(mix.c).add_(torch.add(parts.S, l64[:, :U, 1], alpha=mix.s_lm)[:, None, :]
+                                ).add_(a64[..., 1:], alpha=mix.s_am).add_(parts.R[:, :, None])
+    return b, e, saved
+
+
+def arc_terms_backward(saved: tuple, g_b: torch.Tensor | None, g_e: torch.Tensor | None,
+                       mix: Smoothing | None, dtypes: tuple):
+    """The backward of :func:`arc_terms` (the formulas: ``pruned.simple._ArcTerms``) from
+    the gradients of ``b', e'`` ``(B, T, U+1)`` (None: zero): ``(d mass, d lse_rescued (B,
+    T, U+1), d am_cols (B, T, U+1), d lm_cols (B, U+1, 2), (d P, d Q, d R, d S) or ())``,
+    the columns' gradients in ``dtypes = (am_cols', lm_cols')``."""
+    mass, fin, live, resc = saved
+    U = fin.shape[2] - 1
+    g_b2 = torch.zeros_like(mass) if g_b is None else g_b
+    g_e2 = (torch.zeros_like(mass) if g_e is None else g_e)[..., :U]
+    c = 1.0 if mix is None else mix.c
+    gb = torch.where(fin, g_b2 * c if c != 1.0 else g_b2, 0.0)            # d b   (B, T, U+1)
+    ge = torch.where(fin[..., :U], g_e2 * c if c != 1.0 else g_e2, 0.0)   # d e   (B, T, U)
+    g_lse = -gb
+    g_lse[..., :U] -= ge
+    g_mass = torch.where(live, g_lse / mass, 0.0)
+    g_resc = torch.where(resc, g_lse, 0.0)
+    g_am_blank, g_lm_blank, g_lm_label = gb.sum(2), gb.sum(1), ge.sum(1)
+    g_am_label, mix_grads = ge, ()
+    if mix is not None:
+        mix_grads = (g_b2.sum(2), g_b2.sum(1), g_e2.sum(2), g_e2.sum(1))   # P, Q, R, S
+        g_am_blank = g_am_blank.add_(mix_grads[0], alpha=mix.s_am)
+        g_lm_blank = g_lm_blank.add_(mix_grads[1], alpha=mix.s_lm)
+        g_lm_label = g_lm_label.add_(mix_grads[3], alpha=mix.s_lm)
+        g_am_label = ge.add_(g_e2, alpha=mix.s_am)
+    g_am = torch.cat((g_am_blank[..., None], g_am_label), 2).to(dtypes[0])
+    g_lm = torch.stack((g_lm_blank, torch.nn.functional.pad(g_lm_label, (0, 1))), 2)
+    return g_mass, g_resc, g_am, g_lm.to(dtypes[1]), mix_grads
 
 
 # --------------------------------------------------------------------------- memory

@@ -67,13 +67,14 @@ import triton.language as tl
 
 from .. import torch_backend
 from .._layout import row_nodes
-from .._types import Lattice, LossOptions
+from .._types import ArcParts, Lattice, LossOptions, Smoothing
 from ..topology import Topology
 from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
-           "simple_rescue", "simple_rescue_backward", "input_check", "empty_cache"]
+           "simple_rescue", "simple_rescue_backward", "arc_terms", "arc_terms_backward",
+           "input_check", "empty_cache"]
 
 NAME = "triton"
 
@@ -130,6 +131,10 @@ WINDOW_DP_MAX_S = 8192   # window starts one program of the window DP holds in i
 K2_MAX_STARTS = 8192
 K2_TILE = 1024
 K2_SCAN = 1024
+ARC_TILE = 512           # nodes a program of the simple losses' arc terms (``_arc_tiles``)
+ARC_MAX_BLOCK_U = 128    # label positions per chunk of those programs
+ARC_WARPS = 8            # 2 nodes a thread: 76 and 118 registers on sm_90 (4 warps: 106, 141)
+ARC_COLS = (32, 32)      # blocks of frames x label positions a step of their column sums
 
 
 def empty_cache() -> None:
@@ -991,3 +996,79 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
                 grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
                 BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, 1024))
+
+
+def _arc_tiles(T: int, U1: int) -> tuple[int, int]:
+    """``(BLOCK_T, BLOCK_U)`` of the arc terms' programs: the label positions in chunks of
+    at most ``ARC_MAX_BLOCK_U``, frames up to ``ARC_TILE`` nodes a chunk."""
+    block_u = _pow2(U1, ARC_MAX_BLOCK_U)
+    return max(1, min(_pow2(T, 1 << 30), ARC_TILE // block_u)), block_u
+
+
+def _scales(mix: Smoothing | None) -> tuple:
+    """The kernels' ``c, s_am, s_lm`` as float32 parts (``kernels._f64``); 0 without a mix."""
+    if mix is None:
+        return (0.0,) * 9
+    return (*_f64_cached(mix.c), *_f64_cached(mix.s_am), *_f64_cached(mix.s_lm))
+
+
+def arc_terms(parts: ArcParts, mix: Smoothing | None):
+    """The simple losses' arc log-probs ``(b', e', (mass, code))`` in one launch of
+    ``kernels._arc_terms_kernel`` (``torch_backend.arc_terms``: the reference; some 40
+    PyTorch operations, each a kernel, on CUDA): ``code (B, T, U+1)`` int8, the flags its
+    backward reads. No host synchronisation."""
+    mass = parts.mass
+    check_device(mass)
+    B, T, U1 = mass.shape
+    if mass.dtype != torch.float64 or not mass.numel():
+        return torch_backend.arc_terms(parts, mix)
+    flat = [x.contiguous() for x in (mass, parts.lse_rescued.to(torch.float64), parts.am_cols,
+                                     parts.lm_cols, parts.am_shift, parts.lm_shift)]
+    flags = [x.contiguous().view(torch.uint8) for x in (parts.rescued, parts.am_bad,
+                                                          parts.lm_bad)]
+    terms = [mass] * 4 if mix is None else [x.contiguous() for x in (parts.P, parts.Q, parts.R,
+                                                                       parts.S)]
+    b = torch.empty_like(mass)
+    e = torch.empty_like(mass)
+    code = torch.empty(mass.shape, dtype=torch.int8, device=mass.device)
+    block_t, block_u = _arc_tiles(T, U1)
+    with _device(mass):
+        kernels._arc_terms_kernel[(B, triton.cdiv(T, block_t))](
+            flat[0], flat[1], flags[0], flat[2], flat[3], flat[4], flat[5], flags[1], flags[2],
+            *terms, b, e, code, T, U1, *_scales(mix), MIX=mix is not None, BLOCK_T=block_t,
+            BLOCK_U=block_u, num_warps=ARC_WARPS)
+    return b, e, (flat[0], code)
+
+
+def arc_terms_backward(saved: tuple, g_b, g_e, mix: Smoothing | None, dtypes: tuple):
+    """The backward of :func:`arc_terms` (``torch_backend.arc_terms_backward``: the
+    reference) in two launches: ``kernels._arc_terms_grad_kernel`` on the tiles of the
+    forward (every per-node gradient, the sums over u, each block's sums over t), then
+    ``kernels._arc_terms_cols_kernel`` (the blocks' sums added in order: no atomics)."""
+    if saved[1].dtype == torch.bool:                 # the reference's forward ran (empty)
+        return torch_backend.arc_terms_backward(saved, g_b, g_e, mix, dtypes)
+    mass, code = saved
+    B, T, U1 = mass.shape
+    block_t, block_u = _arc_tiles(T, U1)
+    n_tb = triton.cdiv(T, block_t)
+    dev = mass.device
+    g_mass = torch.empty_like(mass)
+    g_resc = torch.empty_like(mass)
+    g_am = torch.empty((B, T, U1), dtype=dtypes[0], device=dev)
+    g_lm = torch.empty((B, U1, 2), dtype=dtypes[1], device=dev)
+    dP, dR = (torch.empty((B, T), dtype=torch.float64, device=dev) for _ in range(2))
+    dQ = torch.empty((B, U1), dtype=torch.float64, device=dev)
+    dS = torch.empty((B, U1 - 1), dtype=torch.float64, device=dev)
+    part = torch.empty((B, n_tb, 4, U1), dtype=torch.float64, device=dev)
+    gb = mass if g_b is None else g_b
+    ge = mass if g_e is None else g_e
+    scales = _scales(mix)
+    with _device(mass):
+        kernels._arc_terms_grad_kernel[(B, n_tb)](
+            code, mass, gb, ge, g_mass, g_resc, g_am, dP, dR, part, T, U1, n_tb, *gb.stride(),
+            *ge.stride(), *scales[:6], MIX=mix is not None, HAS_GB=g_b is not None,
+            HAS_GE=g_e is not None, BLOCK_T=block_t, BLOCK_U=block_u, num_warps=ARC_WARPS)
+        kernels._arc_terms_cols_kernel[(B, triton.cdiv(U1, ARC_COLS[1]))](
+            part, g_lm, dQ, dS, U1, n_tb, *scales[6:], MIX=mix is not None,
+            BLOCK_TB=ARC_COLS[0], BLOCK_U=ARC_COLS[1], num_warps=4)
+    return g_mass, g_resc, g_am, g_lm, (() if mix is None else (dP, dQ, dR, dS))

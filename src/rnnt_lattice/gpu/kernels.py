@@ -1336,3 +1336,202 @@ def _simple_rescue_kernel(
                             s = s * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
                             m = m_new
                         tl.store(lse_ptr + node, tl.where(s > 0.0, m + tl.log(s), NEG_INF))
+
+
+# The flags of a node that the arc terms' backward reads (``_arc_terms_kernel``'s ``code``).
+ARC_FIN = tl.constexpr(1)      # lse is not -inf: the node's b and e read their entries
+ARC_LIVE = tl.constexpr(2)     # lse came from the mass (not on a bad row)
+ARC_RESC = tl.constexpr(4)     # lse came from the rescue (not on a bad row)
+
+
+@triton.jit(do_not_specialize=("T", "U1"))
+def _arc_terms_kernel(
+    # the normaliser's parts (``_types.ArcParts``), contiguous; bool tensors as uint8
+    mass_ptr, lse_r_ptr, resc_ptr, am_cols_ptr, lm_cols_ptr, am_shift_ptr, lm_shift_ptr,
+    am_bad_ptr, lm_bad_ptr, P_ptr, Q_ptr, R_ptr, S_ptr,
+    # out: b', e' (B, T, U+1) float64, the flags (B, T, U+1) int8
+    b_ptr, e_ptr, code_ptr,
+    T, U1, c_hi, c_mid, c_lo, sa_hi, sa_mid, sa_lo, sl_hi, sl_mid, sl_lo,
+    MIX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    """The simple losses' arc log-probs of frames ``t0 = program_id(1) BLOCK_T ..`` of
+    sequence ``b = program_id(0)``, over U+1 in chunks of ``BLOCK_U``
+    (``torch_backend.arc_terms`` is the reference, ``pruned.simple._ArcTerms`` has the
+    formulas)::
+
+        lse = log mass + am_shift(t) + lm_shift(u)    live: mass > 0, not rescued
+            = lse_rescued (rescued),  -inf (no mass),  NaN on a bad row
+        b   = am(t, blank) + lm(u, blank) - lse,   e = am(t, y_u) + lm(u, y_u) - lse  (u < U)
+              (-inf where lse is -inf; e -inf at u = U)
+        MIX: b' = ((c b + (Q(u) + s_lm lm(u, blank))) + (P(t) + s_am am(t, blank)))
+             e' = ((c e + (S(u) + s_lm lm(u, y_u))) + s_am am(t, y_u)) + R(t)      (u < U)
+
+    and ``code``: ``ARC_FIN | ARC_LIVE | ARC_RESC`` for the backward
+    (``_arc_terms_grad_kernel``). The scales ``c, s_am, s_lm`` come as float32 parts
+    (``_f64``). Offsets in int64."""
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    on_t = t < T
+    bt = b * T + t                                                  # (BLOCK_T,)
+    a_sh = tl.load(am_shift_ptr + bt, mask=on_t, other=0.0)
+    a_bad = tl.load(am_bad_ptr + bt, mask=on_t, other=0) != 0
+    a_blank = tl.load(am_cols_ptr + bt * U1, mask=on_t, other=0.0).to(tl.float64)
+    if MIX:
+        c = _f64(c_hi, c_mid, c_lo)
+        s_am = _f64(sa_hi, sa_mid, sa_lo)
+        s_lm = _f64(sl_hi, sl_mid, sl_lo)
+        p_t = tl.load(P_ptr + bt, mask=on_t, other=0.0) + s_am * a_blank
+        r_t = tl.load(R_ptr + bt, mask=on_t, other=0.0)
+    for u0 in range(0, U1, BLOCK_U):
+        u = u0 + tl.arange(0, BLOCK_U)
+        on_u = u < U1
+        lab = u < U1 - 1                                            # a label arc: u < U
+        m = on_t[:, None] & on_u[None, :]
+        node = bt[:, None] * U1 + u[None, :]
+        bu = b * U1 + u
+        mass = tl.load(mass_ptr + node, mask=m, other=0.0)
+        resc = tl.load(resc_ptr + node, mask=m, other=0) != 0
+        live = (mass > 0.0) & ~resc
+        lse = tl.log(tl.where(live, mass, 1.0)) + a_sh[:, None]
+        lse = lse + tl.load(lm_shift_ptr + bu, mask=on_u, other=0.0)[None, :]
+        lse = tl.where(live, lse, NEG_INF)
+        lse = tl.where(resc, tl.load(lse_r_ptr + node, mask=m & resc, other=NEG_INF), lse)
+        bad = a_bad[:, None] | (tl.load(lm_bad_ptr + bu, mask=on_u, other=0) != 0)[None, :]
+        lse = tl.where(bad, POS_INF + NEG_INF, lse)                  # NaN
+        dead = lse == NEG_INF
+        l_blank = tl.load(lm_cols_ptr + bu * 2, mask=on_u, other=0.0).to(tl.float64)
+        l_lab = tl.load(lm_cols_ptr + bu * 2 + 1, mask=on_u & lab, other=0.0).to(tl.float64)
+        a_lab = tl.load(am_cols_ptr + node + 1, mask=m & lab[None, :], other=0.0)
+        a_lab = a_lab.to(tl.float64)
+        bb = tl.where(dead, NEG_INF, (a_blank[:, None] + l_blank[None, :]) - lse)
+        ee = tl.where(dead, NEG_INF, (a_lab + l_lab[None, :]) - lse)
+        if MIX:
+            q_u = tl.load(Q_ptr + bu, mask=on_u, other=0.0) + s_lm * l_blank
+            s_u = tl.load(S_ptr + b * (U1 - 1) + u, mask=lab, other=0.0) + s_lm * l_lab
+            bb = (bb * c + q_u[None, :]) + p_t[:, None]
+            ee = ((ee * c + s_u[None, :]) + s_am * a_lab) + r_t[:, None]
+        ee = tl.where(lab[None, :], ee, NEG_INF)
+        code = (tl.where(lse != NEG_INF, ARC_FIN, 0) + tl.where(live & ~bad, ARC_LIVE, 0)
+                + tl.where(resc & ~bad, ARC_RESC, 0))
+        tl.store(b_ptr + node, bb, mask=m)
+        tl.store(e_ptr + node, ee, mask=m)
+        tl.store(code_ptr + node, code.to(tl.int8), mask=m)
+
+
+@triton.jit(do_not_specialize=("T", "U1", "n_tb", "gb_sb", "gb_st", "gb_su", "ge_sb", "ge_st",
+                               "ge_su"))
+def _arc_terms_grad_kernel(
+    code_ptr, mass_ptr, gb_ptr, ge_ptr,
+    # out: d mass, d lse_rescued, d am_cols (B, T, U+1); d P, d R (B, T); the per-block
+    # column sums (B, n_tb, 4, U+1) float64
+    g_mass_ptr, g_resc_ptr, g_am_ptr, dP_ptr, dR_ptr, part_ptr,
+    T, U1, n_tb, gb_sb, gb_st, gb_su, ge_sb, ge_st, ge_su,
+    c_hi, c_mid, c_lo, sa_hi, sa_mid, sa_lo,
+    MIX: tl.constexpr, HAS_GB: tl.constexpr, HAS_GE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    """The backward of ``_arc_terms_kernel`` on its tile (``torch_backend.arc_terms_backward``
+    is the reference): from ``G_b, G_e`` (the gradients of b', e', read through their
+    strides; absent: 0) and ``g = c G`` on the nodes flagged ``ARC_FIN`` (0 elsewhere)::
+
+        d lse = -(g_b + g_e),   d mass = d lse / mass (ARC_LIVE),   d lse_rescued = d lse (ARC_RESC)
+        d am(t, y_u) = g_e + s_am G_e (u < U)       -> d am_cols[t, u+1]
+        d am(t, blank) = sum_u g_b + s_am sum_u G_b -> d am_cols[t, 0];  d P = sum_u G_b,
+        d R = sum_u G_e
+
+    (the sums over u in the program, chunk after chunk), and its frames' sums over t of
+    ``g_b, g_e, G_b, G_e`` into ``part[b, program_id(1)]``, which ``_arc_terms_cols_kernel``
+    adds up in block order (no atomics: two runs give the same bits)."""
+    b = tl.program_id(0).to(tl.int64)
+    tb = tl.program_id(1).to(tl.int64)
+    t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    on_t = t < T
+    bt = b * T + t
+    c = 1.0
+    if MIX:
+        c = _f64(c_hi, c_mid, c_lo)
+        s_am = _f64(sa_hi, sa_mid, sa_lo)
+    sum_gb = tl.zeros([BLOCK_T], tl.float64)
+    sum_Gb = tl.zeros([BLOCK_T], tl.float64)
+    sum_Ge = tl.zeros([BLOCK_T], tl.float64)
+    for u0 in range(0, U1, BLOCK_U):
+        u = u0 + tl.arange(0, BLOCK_U)
+        on_u = u < U1
+        lab = u < U1 - 1
+        m = on_t[:, None] & on_u[None, :]
+        m_lab = m & lab[None, :]
+        node = bt[:, None] * U1 + u[None, :]
+        code = tl.load(code_ptr + node, mask=m, other=0).to(tl.int32)
+        fin = (code & ARC_FIN) != 0
+        if HAS_GB:
+            G_b = tl.load(gb_ptr + b * gb_sb + t[:, None] * gb_st + u[None, :] * gb_su, mask=m,
+                          other=0.0).to(tl.float64)
+        else:
+            G_b = tl.zeros([BLOCK_T, BLOCK_U], tl.float64)
+        if HAS_GE:
+            G_e = tl.load(ge_ptr + b * ge_sb + t[:, None] * ge_st + u[None, :] * ge_su,
+                          mask=m_lab, other=0.0).to(tl.float64)
+        else:
+            G_e = tl.zeros([BLOCK_T, BLOCK_U], tl.float64)
+        gb = tl.where(fin, G_b * c, 0.0)                                # d b
+        ge = tl.where(fin & lab[None, :], G_e * c, 0.0)                 # d e
+        g_lse = -gb - ge
+        mass = tl.load(mass_ptr + node, mask=m, other=1.0)
+        tl.store(g_mass_ptr + node, tl.where((code & ARC_LIVE) != 0, g_lse / mass, 0.0), mask=m)
+        tl.store(g_resc_ptr + node, tl.where((code & ARC_RESC) != 0, g_lse, 0.0), mask=m)
+        g_lab = ge
+        if MIX:
+            g_lab = ge + s_am * G_e
+        tl.store(g_am_ptr + node + 1, g_lab.to(g_am_ptr.dtype.element_ty), mask=m_lab)
+        sum_gb += tl.sum(gb, axis=1)
+        sum_Gb += tl.sum(G_b, axis=1)
+        sum_Ge += tl.sum(G_e, axis=1)
+        part = part_ptr + ((b * n_tb + tb) * 4) * U1 + u
+        tl.store(part, tl.sum(gb, axis=0), mask=on_u)
+        tl.store(part + U1, tl.sum(ge, axis=0), mask=on_u)
+        tl.store(part + 2 * U1, tl.sum(G_b, axis=0), mask=on_u)
+        tl.store(part + 3 * U1, tl.sum(G_e, axis=0), mask=on_u)
+    g_blank = sum_gb
+    if MIX:
+        g_blank = sum_gb + s_am * sum_Gb
+    tl.store(g_am_ptr + bt * U1, g_blank.to(g_am_ptr.dtype.element_ty), mask=on_t)
+    tl.store(dP_ptr + bt, sum_Gb, mask=on_t)
+    tl.store(dR_ptr + bt, sum_Ge, mask=on_t)
+
+
+@triton.jit(do_not_specialize=("U1", "n_tb"))
+def _arc_terms_cols_kernel(
+    part_ptr, g_lm_ptr, dQ_ptr, dS_ptr, U1, n_tb, sl_hi, sl_mid, sl_lo,
+    MIX: tl.constexpr, BLOCK_TB: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    """The sums over t of ``_arc_terms_grad_kernel``'s blocks of frames, ``BLOCK_TB``
+    blocks at a time (a tree sum of the tile's columns, in a fixed order), for the label
+    positions ``u = program_id(1) BLOCK_U ..`` of sequence ``b = program_id(0)``::
+
+        d lm(u, blank) = sum_t g_b + s_lm sum_t G_b -> d lm_cols[u, 0];  d Q = sum_t G_b
+        d lm(u, y_u) = sum_t g_e + s_lm sum_t G_e   -> d lm_cols[u, 1] (0 at u = U);
+        d S = sum_t G_e (u < U)"""
+    b = tl.program_id(0).to(tl.int64)
+    u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
+    on_u = u < U1
+    s_gb = tl.zeros([BLOCK_U], tl.float64)
+    s_ge = tl.zeros([BLOCK_U], tl.float64)
+    s_Gb = tl.zeros([BLOCK_U], tl.float64)
+    s_Ge = tl.zeros([BLOCK_U], tl.float64)
+    for tb0 in range(0, n_tb, BLOCK_TB):
+        tb = tb0 + tl.arange(0, BLOCK_TB)
+        m = (tb < n_tb)[:, None] & on_u[None, :]
+        part = part_ptr + ((b * n_tb + tb[:, None]) * 4) * U1 + u[None, :]
+        s_gb += tl.sum(tl.load(part, mask=m, other=0.0), axis=0)
+        s_ge += tl.sum(tl.load(part + U1, mask=m, other=0.0), axis=0)
+        s_Gb += tl.sum(tl.load(part + 2 * U1, mask=m, other=0.0), axis=0)
+        s_Ge += tl.sum(tl.load(part + 3 * U1, mask=m, other=0.0), axis=0)
+    if MIX:
+        s_lm = _f64(sl_hi, sl_mid, sl_lo)
+        s_gb = s_gb + s_lm * s_Gb
+        s_ge = s_ge + s_lm * s_Ge
+        tl.store(dQ_ptr + b * U1 + u, s_Gb, mask=on_u)
+        tl.store(dS_ptr + b * (U1 - 1) + u, s_Ge, mask=on_u & (u < U1 - 1))
+    row = g_lm_ptr + (b * U1 + u) * 2
+    tl.store(row, s_gb.to(g_lm_ptr.dtype.element_ty), mask=on_u)
+    tl.store(row + 1, tl.where(u < U1 - 1, s_ge, 0.0).to(g_lm_ptr.dtype.element_ty), mask=on_u)

@@ -29,10 +29,10 @@ import torch
 
 from .. import _backends
 from .._ops import output_costs, reduce_costs, with_bad_rows
-from .._types import Ends
+from .._types import ArcParts, Ends, Smoothing
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
                          check_site, check_weight_args, device_value_check)
-from ..reference import lattice_dtype, read_entry
+from ..reference import lattice_dtype
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
 
@@ -226,17 +226,18 @@ def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth):
         am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt, impl)
     shifts = (am_shift.to(ldt), lm_shift.to(ldt), am_bad, lm_bad)
     if smooth is None:
-        return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, None)
-    mix = _mix(lm, am_ok, lm_ok, shifts[0], am_uni, uni, safe_targets, blank, *smooth, ldt)
-    return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix[:3],
-                           *mix[3:])
+        return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, None, impl)
+    mix, terms = _mix(lm, am_ok, lm_ok, shifts[0], am_uni, uni, safe_targets, blank, *smooth,
+                      ldt)
+    return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, impl,
+                           *terms)
 
 
 def _mix(lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_lm, s_am, ldt):
     """The smoothed loss's terms (:func:`rnnt_loss_smoothed`) that are neither per node nor
-    an entry of am or lm, by autograd: ``(c, s_am', s_lm', P (B, T), Q (B, U+1), R (B, T),
-    S (B, U))`` with ``c = 1 - s_lm - s_am``, the scales' zeros replaced by 1e-20 (k2: ``0 *
-    -inf`` would be NaN) in ``s_lm', s_am'``, and
+    an entry of am or lm, by autograd: ``(Smoothing(c, s_am', s_lm'), (P (B, T), Q (B,
+    U+1), R (B, T), S (B, U)))`` with ``c = 1 - s_lm - s_am``, the scales' zeros replaced by
+    1e-20 (k2: ``0 * -inf`` would be NaN) in ``s_lm', s_am'``, and
 
         P = s_am' (log uni(blank) - am_only_norm(t)),   Q = -s_lm' lm_only_norm(u),
         R = -s_am' am_only_norm(t),   S = s_am' log uni(y_u) - s_lm' lm_only_norm(u)
@@ -257,14 +258,16 @@ def _mix(lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_lm, s_am, ldt):
     P = R + s_am * log_uni[blank]
     Q = -s_lm * lm_only_norm
     S = Q[:, :U] + s_am * log_uni[y]
-    return c, s_am, s_lm, P, Q, R, S
+    return Smoothing(c, s_am, s_lm), (P, Q, R, S)
 
 
 class _ArcTerms(torch.autograd.Function):
     """The arc log-probs ``(b', e')`` ``(B, T, U+1)`` of the simple and smoothed losses from
     the normaliser's parts (``_JointMass``), as one node of the graph with a hand-written
-    backward (autograd's chain of where, log, add, pad and their backward took some 90
-    operations a call, each a kernel on a GPU). With ``as, ls, am_bad, lm_bad = shifts``::
+    backward, both computed by the backend (``impl.arc_terms``, ``impl.arc_terms_backward``:
+    the PyTorch operations of ``torch_backend`` on CPU, which took some 64 operations a
+    call, each a kernel on a GPU; on CUDA ``gpu.arc_terms``, one launch forward and two
+    backward). With ``as, ls, am_bad, lm_bad = shifts``::
 
         lse(t,u) = log mass(t,u) + as(t) + ls(u)    (mass > 0 and not rescued: ``live``)
                  = lse_rescued(t,u)                  (rescued)
@@ -273,7 +276,8 @@ class _ArcTerms(torch.autograd.Function):
         e(t,u)   = am(t, y_u) + lm(u, y_u) - lse(t,u)      (u < U; -inf at u = U)
                    (b and e -inf where lse is -inf: a dead node: ``reference.read_entry``)
 
-    smoothed (``mix = (c, s_am, s_lm)`` and the terms P, Q, R, S of :func:`_mix`)::
+    smoothed (``mix``: a :class:`Smoothing` ``(c, s_am, s_lm)``, and the terms P, Q, R, S
+    of :func:`_mix`)::
 
         b' = c b + s_lm lm(u, blank) + Q(u) + s_am am(t, blank) + P(t)
         e' = c e + s_lm lm(u, y_u) + S(u) + s_am am(t, y_u) + R(t)           (u < U)
@@ -291,63 +295,19 @@ class _ArcTerms(torch.autograd.Function):
     = ``[lm(u, blank), lm(u, y_u)]`` in the inputs' dtype; the gradients come back in it."""
 
     @staticmethod
-    def forward(ctx, mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, *mix_terms):
-        am_shift, lm_shift, am_bad, lm_bad = shifts
-        ldt = mass.dtype
-        U = lm_cols.shape[1] - 1
-        live = (mass > 0) & ~rescued                # 0: a dead node (or one without mass on GPU)
-        lse = torch.log(torch.where(live, mass, 1.0)).add_(am_shift[..., None]).add_(
-            lm_shift[:, None, :])
-        lse = torch.where(live, lse, NEG_INF)
-        lse = torch.where(rescued, lse_rescued.to(ldt), lse)
-        bad = am_bad[:, :, None] | lm_bad[:, None, :]
-        lse.masked_fill_(bad, float("nan"))                                     # (B, T, U+1)
-        a64, l64 = am_cols.to(ldt), lm_cols.to(ldt)
-        b = read_entry(a64[..., :1] + l64[:, None, :, 0], lse, True)
-        e = torch.full_like(b, NEG_INF)                                         # no label arc at u = U
-        e[..., :U] = read_entry(a64[..., 1:] + l64[:, None, :U, 1], lse[..., :U], True)
-        fin = lse != NEG_INF                      # the nodes whose b and e read the entries
-        ctx.mix = mix
+    def forward(ctx, mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, impl, *mix_terms):
+        parts = ArcParts(mass, lse_rescued, rescued, am_cols, lm_cols, *shifts, *mix_terms)
+        b, e, saved = impl.arc_terms(parts, mix)
+        ctx.mix, ctx.impl = mix, impl
         ctx.dtypes = am_cols.dtype, lm_cols.dtype
-        ctx.save_for_backward(mass, fin, live & ~bad, rescued & ~bad)
-        if mix is None:
-            return b, e
-        c, s_am, s_lm = mix
-        P, Q, R, S = mix_terms
-        b.mul_(c).add_(torch.add(Q, l64[..., 0], alpha=s_lm)[:, None, :]).add_(
-            torch.add(P, a64[..., 0], alpha=s_am)[:, :, None])
-        e[..., :U].mul_(c).add_(torch.add(S, l64[:, :U, 1], alpha=s_lm)[:, None, :]).add_(
-            a64[..., 1:], alpha=s_am).add_(R[:, :, None])
+        ctx.save_for_backward(*saved)
         return b, e
 
     @staticmethod
     def backward(ctx, g_b2, g_e2):
-        mass, fin, live, resc = ctx.saved_tensors
-        U = fin.shape[2] - 1
-        if g_b2 is None:
-            g_b2 = torch.zeros_like(mass)
-        if g_e2 is None:
-            g_e2 = torch.zeros_like(mass)
-        g_e2 = g_e2[..., :U]
-        c = 1.0 if ctx.mix is None else ctx.mix[0]
-        gb = torch.where(fin, g_b2 * c if c != 1.0 else g_b2, 0.0)            # d b   (B, T, U+1)
-        ge = torch.where(fin[..., :U], g_e2 * c if c != 1.0 else g_e2, 0.0)   # d e   (B, T, U)
-        g_lse = -gb
-        g_lse[..., :U] -= ge
-        g_mass = torch.where(live, g_lse / mass, 0.0)
-        g_resc = torch.where(resc, g_lse, 0.0)
-        g_am_blank, g_lm_blank, g_lm_label = gb.sum(2), gb.sum(1), ge.sum(1)
-        g_am_label, mix_grads = ge, ()
-        if ctx.mix is not None:
-            _, s_am, s_lm = ctx.mix
-            mix_grads = (g_b2.sum(2), g_b2.sum(1), g_e2.sum(2), g_e2.sum(1))   # P, Q, R, S
-            g_am_blank = g_am_blank.add_(mix_grads[0], alpha=s_am)
-            g_lm_blank = g_lm_blank.add_(mix_grads[1], alpha=s_lm)
-            g_lm_label = g_lm_label.add_(mix_grads[3], alpha=s_lm)
-            g_am_label = ge.add_(g_e2, alpha=s_am)
-        g_am = torch.cat((g_am_blank[..., None], g_am_label), 2).to(ctx.dtypes[0])
-        g_lm = torch.stack((g_lm_blank, torch.nn.functional.pad(g_lm_label, (0, 1))), 2)
-        return (g_mass, g_resc, None, g_am, g_lm.to(ctx.dtypes[1]), None, None) + mix_grads
+        g_mass, g_resc, g_am, g_lm, mix_grads = ctx.impl.arc_terms_backward(
+            ctx.saved_tensors, g_b2, g_e2, ctx.mix, ctx.dtypes)
+        return (g_mass, g_resc, None, g_am, g_lm, None, None, None) + tuple(mix_grads)
 
 
 # ---------------------------------------------------------------------------------------
