@@ -46,12 +46,14 @@ from triton.compiler import ASTSource  # noqa: E402
 # the costs' (float32; float64 for float64)
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
               "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr", "am_cols_ptr", "lm_cols_ptr", "g_am_ptr",
-              "g_lm_ptr"}
+              "g_lm_ptr", "x_ptr", "cols_ptr", "uni_ptr", "g_cols_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
-INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr", "t_end_ptr", "u_end_ptr"}
+INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr", "t_end_ptr", "u_end_ptr",
+              "idx_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr", "code_ptr"}
-UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr"}   # bool tensors, viewed as uint8
+UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr", "keep_ptr", "row_ok_ptr",   # bool
+              "row_bad_ptr"}                                                    # tensors' bytes
 COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
 FP32_PTRS = {"ok_ptr", "nan_ptr", "nan_rows_ptr"}   # the input check's flags and NaN rows
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay", "c", "sa", "sl")
@@ -156,6 +158,13 @@ def variants(V_list):
                    "_simple_rescue_kernel",
                    dict(BACKWARD=backward, BLOCK_NODES=gpu.RESCUE_BLOCK_NODES,
                         BLOCK_V=gpu._pow2(V, 1024)), 4, 3)
+    for V in V_list:                           # the simple losses' rows
+        tiles = gpu._rows_tiles(V, 101)
+        # V specialised as a launch specialises it (the 7th field: the ints' values)
+        yield ("_simple_rows_kernel", V, "_simple_rows_kernel", dict(tiles, CONTIG=True), 4, 3,
+               {"V": V})
+        yield ("_simple_rows_grad_kernel", V, "_simple_rows_grad_kernel",
+               dict(tiles, UNI=True, COLS=True), 4, 3, {"V": V})
     for U1 in (41, 101):                       # the simple losses' arc terms
         block_t, block_u = gpu._arc_tiles(400, U1)
         for mix in (False, True):
@@ -220,7 +229,8 @@ def main(argv=None) -> int:
     print("| kernel | V / shape | num_warps | registers | stack (bytes: spills) "
           "| global loads in the PTX |")
     print("|---|---|---|---|---|---|")
-    rows = [(*v, "fp32", {}) for v in variants(args.V)] + list(joint_variants(args.joint_V, args.H))
+    rows = ([(*v[:6], "fp32", v[6] if len(v) > 6 else {}) for v in variants(args.V)]
+            + list(joint_variants(args.joint_V, args.H)))
     for label, shape, name, const, warps, stages, x, ints in rows:
         fn = getattr(joint if name.startswith("_joint") else kernels, name)
         sig = signature(fn, const, x)

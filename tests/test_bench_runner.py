@@ -418,8 +418,8 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
 def test_pruned_profile_counts_the_gpu_paths_operations():
     """``pruned_profile.py --count-ops`` (no GPU): the GPU's code path of the pruned step
     counted per stage, PyTorch operations and Triton launches (the loss's five passes, the
-    simple loss's rescue both ways, its arc terms and k2's window rule among them), and the kernels and
-    the backend choice put back afterwards."""
+    simple loss's rescue both ways, its rows, its arc terms and k2's window rule among
+    them), and the kernels and the backend choice put back afterwards."""
     import pruned_profile
     from rnnt_lattice import _backends
     from rnnt_lattice.gpu import kernels
@@ -432,9 +432,11 @@ def test_pruned_profile_counts_the_gpu_paths_operations():
     assert out["stages"]["simple"] > 0 and out["stages"]["backward"] > 0
     assert out["triton"]["_row_kernel"] == 1 and out["triton"]["_grad_kernel"] == 1
     assert out["triton"]["_simple_rescue_kernel"] == 2
-    # the simple loss's arc terms: one launch forward, two backward
+    # the simple loss's arc terms: one launch forward, two backward; its rows (am, lm) one
+    # launch each way
     assert [out["triton"][k] for k in ("_arc_terms_kernel", "_arc_terms_grad_kernel",
                                        "_arc_terms_cols_kernel")] == [1, 1, 1]
+    assert [out["triton"][k] for k in ("_simple_rows_kernel", "_simple_rows_grad_kernel")] == [2, 2]
     assert all(sum(c for c, _ in out["sources"][s]) == n for s, n in out["stages"].items())
 
 

@@ -518,7 +518,7 @@ def variants(sm):
     durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
     boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
     semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
-    the lattice tools, the window DP of prune_ranges, the simple losses' rescue and arc terms.\"\"\"
+    the lattice tools, the window DP of prune_ranges, the simple losses' rescue, rows and arc terms.\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
@@ -565,6 +565,11 @@ def variants(sm):
         yield "_arc_terms_kernel", tiles, simple
         yield "_arc_terms_grad_kernel", dict(tiles, HAS_GB=True, HAS_GE=mix), simple
         yield "_arc_terms_cols_kernel", dict(MIX=mix, BLOCK_TB=32, BLOCK_U=32), simple
+    rows = dict(ROWS=2, BLOCK_V=1024, BLOCK_J=128)                 # the simple losses' rows
+    for contig in (True, False):
+        yield "_simple_rows_kernel", dict(rows, CONTIG=contig), [("fp32", "i64"), ("fp64", "i64")]
+    yield ("_simple_rows_grad_kernel", dict(rows, UNI=True, COLS=True),
+           [("fp32", "i64"), ("fp64", "i64")])
     # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
     # gradient passes of the regular topology in every dtype it runs in on a GPU (float64
     # takes the tile path there: fused._kernel_path), float32 also with TF32 products, TDT
@@ -693,7 +698,7 @@ import kernel_resources as kr
 
 print("span_tile", gpu.V_PASS_TILES["span"][0])
 
-for label, V, name, const, warps, stages in kr.variants([1024, 1025]):
+for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
     if name == "_row_kernel" and label != "_row_kernel multiblank":
         sig = kr.signature(kernels._row_kernel, const)
         attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
@@ -1252,3 +1257,52 @@ def test_arc_terms_kernels_are_the_reference(mix, dtype, tiles, U1, monkeypatch)
                     _same(xi, yi, f"d {'PQRS'[k]}")
             else:
                 _same(x, y, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tiles", ["one", "many"])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
+def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, monkeypatch):
+    """The simple losses' rows (``gpu.simple_rows``: ok, shift, bad, the exponentials and
+    the entries read) and their backward on the Triton kernels against the reference
+    (``torch_backend``): rows with a NaN, a +inf, only -inf, some -inf entries, padding
+    rows holding NaN, x contiguous and transposed (a Conv1d head's), an expanded idx with repeated
+    classes (the am rows' [blank, y_0 ..]); the uni term on and off, no entries'
+    gradient; in one step of a row's classes and entries, and in many (2 rows of 4
+    classes, entries 2 at a time)."""
+    if tiles == "many":
+        monkeypatch.setattr(gpu, "ROWS_TILE", 12)
+        monkeypatch.setattr(gpu, "ROWS_MAX_BLOCK_V", 4)
+        monkeypatch.setattr(gpu, "ROWS_BLOCK_J", 2)
+    g = torch.Generator().manual_seed(4)
+    B, N, V, J = 3, 7, 11, 5
+    x = (30 * torch.randn(B, V, N, generator=g, dtype=torch.float64)).to(dtype).transpose(1, 2)
+    x = x.contiguous() if contiguous else x
+    x[0, 1, 3] = float("nan")
+    x[1, 2, 0] = float("inf")
+    x[2, 3] = NEG_INF
+    x[0, 4, :5] = NEG_INF
+    keep = torch.ones(B, N, dtype=torch.bool)
+    keep[1, 5:] = False
+    x[1, 6] = float("nan")                                            # padding: never read
+    cols = torch.randint(0, V, (B, J), generator=g)
+    cols[:, 1] = cols[:, 2]                                           # a class read twice
+    idx = cols[:, None, :].expand(B, N, J)
+    got, want = gpu.simple_rows(x, keep, idx), torch_backend.simple_rows(x, keep, idx)
+    for name, a, b in zip(("ok", "shift", "bad", "ex", "cols"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.is_floating_point():
+            _same(a, b, name)
+        else:
+            assert torch.equal(a, b), name
+    ok, ex = want[0], want[3]
+    uni = torch.rand(V, generator=g, dtype=torch.float64).to(dtype)
+    g_uni = torch.randn(B, N, generator=g, dtype=torch.float64)
+    g_cols = torch.randn(B, N, J, generator=g, dtype=torch.float64).to(dtype)
+    grad0 = torch.randn(B, N, V, generator=g, dtype=torch.float64)
+    grad0[0, 1, 2] = g_uni[1, 2] = float("nan")                       # rows not ok: zeroed
+    for g_u, u, g_c in ((g_uni, uni, g_cols), (None, None, g_cols), (g_uni, uni, None)):
+        a, b = grad0.clone(), grad0.clone()
+        gpu.simple_rows_backward(a, ex, ok, g_u, u, idx, g_c)
+        torch_backend.simple_rows_backward(b, ex, ok, g_u, u, idx, g_c)
+        _same(a, b, "grad")

@@ -117,6 +117,16 @@ class Backend(Protocol):
                                lse: torch.Tensor, g: torch.Tensor, grad_am: torch.Tensor | None,
                                grad_lm: torch.Tensor | None) -> None: ...
 
+    # The simple losses' rows ``x (B, N, V)`` (am, lm) with the rows kept ``(B, N)`` and the
+    # classes their arcs read ``idx (B, N, J)``: ``(ok, shift, bad, ex, cols)``
+    # (``torch_backend.simple_rows``: their definitions); the backward of ``ex`` and
+    # ``cols`` in place on the matmul's gradient ``grad (B, N, V)``.
+    def simple_rows(self, x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor) -> tuple: ...
+
+    def simple_rows_backward(self, grad: torch.Tensor, ex: torch.Tensor, ok: torch.Tensor,
+                             g_uni: torch.Tensor | None, uni: torch.Tensor | None,
+                             idx: torch.Tensor, g_cols: torch.Tensor | None) -> None: ...
+
     # The simple losses' arc log-probs ``(b', e', saved)`` ``(B, T, U+1)`` float64 from the
     # normaliser's parts (``pruned.simple._ArcTerms``: its formulas), and their backward:
     # ``(d mass, d lse_rescued, d am_cols, d lm_cols, (d P, d Q, d R, d S) or ())``.

@@ -286,6 +286,50 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
             grad_lm.index_put_((b[j], u[j]), p, accumulate=True)
 
 
+def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
+    """The simple losses' rows ``x (B, N, V)`` (am: N = T; lm: N = U+1) with ``keep (B, N)``
+    the rows read (the others are padding) and ``idx (B, N, J)`` the classes the arcs read
+    of each row: ``(ok, shift, bad, ex, cols)``.
+
+    ``ok (B, N)`` marks the kept rows that hold no NaN or ``+inf``: only those reach the
+    matmul (it mixes rows over V only, but its backward mixes every t with every u of a
+    sequence, so a NaN must not enter it); ``shift (B, N)`` the row max, 0 where it is not
+    finite (a row of only ``-inf`` then gives ``ex = 0``: a dead row, lse ``-inf``); ``bad``
+    the kept rows whose max is NaN or ``+inf`` (math.md 8.1: their lse is NaN); ``ex (B,
+    N, V) = exp(x - shift)`` on the ok rows, 0 on the others; ``cols (B, N, J) = x[b, n,
+    idx]`` on the ok rows, 0 on the others. shift and ex in the lattice dtype (float64: an
+    exp of a float32 row, rounded to float32, would underflow 580 nats sooner), cols in
+    x's. The readable reference of the Triton kernel; the Numba backend runs it too."""
+    ldt = lattice_dtype(x.device)
+    row_max = x.detach().amax(-1)                                           # V >= 1
+    ok = keep & (row_max < float("inf"))                    # False for NaN and +inf
+    bad = keep ^ ok                                         # ok lies inside keep
+    shift = torch.where(ok & (row_max > NEG_INF), row_max, 0.0).to(ldt)
+    ex = x.detach().to(ldt, memory_format=torch.contiguous_format, copy=True)
+    ex.masked_fill_(~ok[..., None], NEG_INF).sub_(shift[..., None]).exp_()
+    cols = torch.gather(x.detach(), 2, idx).masked_fill_(~ok[..., None], 0.0)
+    return ok, shift, bad, ex, cols
+
+
+def simple_rows_backward(grad: torch.Tensor, ex: torch.Tensor, ok: torch.Tensor,
+                         g_uni: torch.Tensor | None, uni: torch.Tensor | None,
+                         idx: torch.Tensor, g_cols: torch.Tensor | None) -> None:
+    """The backward of :func:`simple_rows`' ``ex`` and ``cols``, in place on ``grad (B, N,
+    V)`` (float64, contiguous; on entry the gradient w.r.t. ``ex`` from the matmul)::
+
+        grad = (grad + g_uni uni^T) ex + scatter(idx, g_cols)   on the ok rows, 0 elsewhere
+
+    (``d ex / d x = ex``; ``g_uni (B, N)`` and ``uni (V,)``: the smoothed loss's ``ex @
+    uni``, None for none; ``g_cols (B, N, J)`` the entries' gradient, None for none)."""
+    V = grad.shape[2]
+    if g_uni is not None:
+        grad.view(-1, V).addr_(g_uni.to(grad.dtype).reshape(-1), uni.to(grad.dtype))
+    grad.mul_(ex)
+    if g_cols is not None:
+        grad.scatter_add_(2, idx, g_cols.to(grad.dtype))
+    grad.masked_fill_(~ok[..., None], 0.0)
+
+
 def arc_terms(parts: ArcParts, mix: Smoothing | None):
     """The simple losses' arc log-probs ``(b', e', saved)`` ``(B, T, U+1)`` float64 from
     the normaliser's parts (the formulas: ``pruned.simple._ArcTerms``), and ``saved`` for

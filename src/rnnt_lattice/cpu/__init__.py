@@ -63,7 +63,8 @@ from . import _config, kernels, regular, windows
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts", "simple_rescue",
-           "simple_rescue_backward", "arc_terms", "arc_terms_backward", "empty_cache"]
+           "simple_rescue_backward", "simple_rows", "simple_rows_backward", "arc_terms",
+           "arc_terms_backward", "empty_cache"]
 
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
@@ -75,7 +76,9 @@ ZEROES_INFINITE_COSTS = True      # loss_backward and tile_backward zero the ups
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.
 simple_rescue = torch_backend.simple_rescue
 simple_rescue_backward = torch_backend.simple_rescue_backward
-# Its arc log-probs (a few element-wise operations on (B, T, U+1) tensors): the same.
+# Its rows and arc log-probs (a few element-wise operations each): the same.
+simple_rows = torch_backend.simple_rows
+simple_rows_backward = torch_backend.simple_rows_backward
 arc_terms = torch_backend.arc_terms
 arc_terms_backward = torch_backend.arc_terms_backward
 

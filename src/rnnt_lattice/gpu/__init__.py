@@ -73,8 +73,8 @@ from . import kernels
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
-           "simple_rescue", "simple_rescue_backward", "arc_terms", "arc_terms_backward",
-           "input_check", "empty_cache"]
+           "simple_rescue", "simple_rescue_backward", "simple_rows", "simple_rows_backward",
+           "arc_terms", "arc_terms_backward", "input_check", "empty_cache"]
 
 NAME = "triton"
 
@@ -134,7 +134,10 @@ K2_SCAN = 1024
 ARC_TILE = 512           # nodes a program of the simple losses' arc terms (``_arc_tiles``)
 ARC_MAX_BLOCK_U = 128    # label positions per chunk of those programs
 ARC_WARPS = 8            # 2 nodes a thread: 76 and 118 registers on sm_90 (4 warps: 106, 141)
-ARC_COLS = (32, 32)      # blocks of frames x label positions a step of their column sums
+ARC_COLS = (32, 32)
+ROWS_TILE = 2048         # entries a program of the simple losses' row kernels (``_rows_tiles``)
+ROWS_MAX_BLOCK_V = 1024  # classes a chunk of them
+ROWS_BLOCK_J = 128       # entries read a chunk      # blocks of frames x label positions a step of their column sums
 
 
 def empty_cache() -> None:
@@ -996,6 +999,59 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
                 grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
                 BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, 1024))
+
+
+def _rows_tiles(V: int, J: int) -> dict:
+    """The row kernels' constexprs: ``ROWS`` rows of ``BLOCK_V`` classes a step, entries
+    ``BLOCK_J`` at a time."""
+    block_v = _pow2(V, ROWS_MAX_BLOCK_V)
+    rows = max(1, ROWS_TILE // block_v)
+    return dict(ROWS=1 << (rows.bit_length() - 1), BLOCK_V=block_v,         # a power of two
+                BLOCK_J=_pow2(J, ROWS_BLOCK_J))
+
+
+def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
+    """The simple losses' rows ``(ok, shift, bad, ex, cols)`` (``torch_backend.simple_rows``:
+    the reference and the definitions) in one launch of ``kernels._simple_rows_kernel``:
+    one read of ``x`` for the maximum, one for the exponentials, where the reference's
+    dozen operations each read or write a ``(B, N, V)`` tensor (float64 for four of them).
+    No host synchronisation."""
+    check_device(x)
+    B, N, V = x.shape
+    J = idx.shape[2]
+    dev = x.device
+    ok = torch.empty((B, N), dtype=torch.bool, device=dev)
+    bad = torch.empty((B, N), dtype=torch.bool, device=dev)
+    shift = torch.empty((B, N), dtype=torch.float64, device=dev)
+    ex = torch.empty((B, N, V), dtype=torch.float64, device=dev)
+    cols = torch.empty((B, N, J), dtype=x.dtype, device=dev)
+    if B * N and V:
+        tiles = _rows_tiles(V, J)
+        with _device(x):
+            kernels._simple_rows_kernel[(triton.cdiv(B * N, tiles["ROWS"]),)](
+                x, keep.contiguous().view(torch.uint8), idx, ok.view(torch.uint8),
+                bad.view(torch.uint8), shift, ex, cols, B * N, N, V, J, *x.stride(),
+                *idx.stride(), CONTIG=x.is_contiguous(), **tiles, num_warps=4)
+    return ok, shift, bad, ex, cols
+
+
+def simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols) -> None:
+    """The backward of :func:`simple_rows` in place on ``grad (B, N, V)`` float64
+    (``torch_backend.simple_rows_backward``: the reference), one launch of
+    ``kernels._simple_rows_grad_kernel`` (the entries' gradients added with atomics)."""
+    check_device(grad)
+    B, N, V = grad.shape
+    J = idx.shape[2]
+    if not (B * N and V):
+        return
+    tiles = _rows_tiles(V, J)
+    has_uni, has_cols = g_uni is not None, g_cols is not None and J > 0
+    g_uni = g_uni.contiguous() if has_uni else grad
+    g_cols = g_cols.contiguous() if has_cols else grad
+    with _device(grad):
+        kernels._simple_rows_grad_kernel[(triton.cdiv(B * N, tiles["ROWS"]),)](
+            grad, ex, ok.view(torch.uint8), g_uni, uni if has_uni else grad, idx, g_cols,
+            B * N, N, V, J, *idx.stride(), UNI=has_uni, COLS=has_cols, **tiles, num_warps=4)
 
 
 def _arc_tiles(T: int, U1: int) -> tuple[int, int]:

@@ -1535,3 +1535,114 @@ def _arc_terms_cols_kernel(
     row = g_lm_ptr + (b * U1 + u) * 2
     tl.store(row, s_gb.to(g_lm_ptr.dtype.element_ty), mask=on_u)
     tl.store(row + 1, tl.where(u < U1 - 1, s_ge, 0.0).to(g_lm_ptr.dtype.element_ty), mask=on_u)
+
+
+# --------------------------------------------------------------------------- simple loss: rows
+# V is specialised (a model's vocabulary: divisible by 16 or not), so that a row's start
+# is known to be aligned and the rows are read and written with vector loads; the row
+# counts and the strides of x and idx change with the batch's shape and are not.
+@triton.jit(do_not_specialize=("n_rows", "N", "J", "s_xb", "s_xn", "s_xv", "s_ib", "s_in",
+                               "s_ij"))
+def _simple_rows_kernel(
+    x_ptr, keep_ptr, idx_ptr,
+    # out: ok, bad (B, N) uint8 (bool tensors' bytes), shift (B, N) float64, ex (B, N, V)
+    # float64, cols (B, N, J) in x's dtype
+    row_ok_ptr, row_bad_ptr, shift_ptr, ex_ptr, cols_ptr,
+    n_rows, N, V, J, s_xb, s_xn, s_xv, s_ib, s_in, s_ij,
+    CONTIG: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """The simple losses' rows ``x (B, N, V)`` (am: N = T, lm: N = U+1), ``ROWS`` rows ``r =
+    b N + n`` a program (``torch_backend.simple_rows`` is the reference)::
+
+        ok(r)    = keep(r) and no NaN or +inf in the row;   bad(r) = keep(r) and not ok(r)
+        shift(r) = max_v x(r, v) where ok and finite, else 0
+        ex(r, v) = exp(x(r, v) - shift(r)) on ok rows, else 0                   (float64)
+        cols(r, j) = x(r, idx(r, j)) on ok rows, else 0                  (x's dtype)
+
+    two passes over V in chunks of ``BLOCK_V`` (the maximum, then the exponentials), then
+    the entries. x and idx read through their strides (am may be a transposed view; idx an
+    expanded one), x at ``r V + v`` when ``CONTIG`` (vector loads); offsets in int64."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    on = r < n_rows
+    b = r // N
+    n = r - b * N
+    if CONTIG:
+        base = r * V
+        s_xv = 1
+    else:
+        base = b * s_xb + n * s_xn
+    keep = tl.load(keep_ptr + r, mask=on, other=0) != 0
+    mx = tl.full([ROWS], NEG_INF, x_ptr.dtype.element_ty)
+    nan = tl.zeros([ROWS], tl.int32)
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        m = on[:, None] & (v < V)[None, :]
+        x = tl.load(x_ptr + base[:, None] + v[None, :].to(tl.int64) * s_xv, mask=m,
+                    other=NEG_INF)
+        mx = tl.maximum(mx, tl.max(x, axis=1))
+        nan += tl.sum((x != x).to(tl.int32), axis=1)
+    ok = keep & (nan == 0) & (mx < POS_INF)
+    shift = tl.where(ok & (mx > NEG_INF), mx, 0.0).to(tl.float64)
+    tl.store(row_ok_ptr + r, ok.to(tl.uint8), mask=on)
+    tl.store(row_bad_ptr + r, (keep & ~ok).to(tl.uint8), mask=on)
+    tl.store(shift_ptr + r, shift, mask=on)
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        m = on[:, None] & (v < V)[None, :]
+        x = tl.load(x_ptr + base[:, None] + v[None, :].to(tl.int64) * s_xv, mask=m & ok[:, None],
+                    other=NEG_INF).to(tl.float64)
+        ex = tl.where(ok[:, None], tl.exp(x - shift[:, None]), 0.0)
+        tl.store(ex_ptr + r[:, None] * V + v[None, :], ex, mask=m)
+    for j0 in range(0, J, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        m = on[:, None] & (j < J)[None, :]
+        ix = tl.load(idx_ptr + (b * s_ib + n * s_in)[:, None] + j[None, :].to(tl.int64) * s_ij,
+                     mask=m, other=0)
+        c = tl.load(x_ptr + base[:, None] + ix * s_xv, mask=m & ok[:, None], other=0.0)
+        tl.store(cols_ptr + r[:, None] * J + j[None, :], c, mask=m)
+
+
+@triton.jit(do_not_specialize=("n_rows", "N", "J", "s_ib", "s_in", "s_ij"))
+def _simple_rows_grad_kernel(
+    g_ptr, ex_ptr, row_ok_ptr, g_uni_ptr, uni_ptr, idx_ptr, g_cols_ptr,
+    n_rows, N, V, J, s_ib, s_in, s_ij,
+    UNI: tl.constexpr, COLS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
+    """The backward of ``_simple_rows_kernel``'s ``ex`` and ``cols``, in place on ``grad (B,
+    N, V)`` float64 (``torch_backend.simple_rows_backward`` is the reference), ``ROWS``
+    rows a program::
+
+        grad(r, v) = (grad(r, v) + g_uni(r) uni(v)) ex(r, v)      (UNI; else grad ex)
+                     + sum_{j: idx(r, j) = v} g_cols(r, j)           (COLS)
+                     on ok rows, 0 elsewhere
+
+    the entries' gradients added with float64 atomics after the row's products are written
+    (a barrier between): a class read twice by one row (a repeated label) gets its two
+    terms in either order."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    on = r < n_rows
+    ok = tl.load(row_ok_ptr + r, mask=on, other=0) != 0
+    if UNI:
+        g_uni = tl.load(g_uni_ptr + r, mask=on, other=0.0).to(tl.float64)
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        m = on[:, None] & (v < V)[None, :]
+        at = r[:, None] * V + v[None, :]
+        g = tl.load(g_ptr + at, mask=m, other=0.0)
+        if UNI:
+            g = g + g_uni[:, None] * tl.load(uni_ptr + v, mask=v < V, other=0.0).to(
+                tl.float64)[None, :]
+        g = g * tl.load(ex_ptr + at, mask=m, other=0.0)
+        tl.store(g_ptr + at, tl.where(ok[:, None], g, 0.0), mask=m)
+    if COLS:
+        tl.debug_barrier()                 # every product is written before the entries add
+        b = r // N
+        n = r - b * N
+        for j0 in range(0, J, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            m = (on & ok)[:, None] & (j < J)[None, :]
+            ix = tl.load(idx_ptr + (b * s_ib + n * s_in)[:, None] + j[None, :].to(tl.int64)
+                         * s_ij, mask=m, other=0)
+            gc = tl.load(g_cols_ptr + r[:, None] * J + j[None, :], mask=m, other=0.0)
+            tl.atomic_add(g_ptr + r[:, None] * V + ix, gc.to(tl.float64), mask=m)

@@ -81,28 +81,15 @@ class ArcOccupations:
 # The simple joiner's arc log-probs
 # ---------------------------------------------------------------------------------------
 
-def _row_stats(x: torch.Tensor, keep: torch.Tensor):
-    """For rows ``x (B, N, V)``: ``(ok, shift, bad)``. ``ok (B, N)`` marks the rows inside
-    ``keep`` (the others are padding) that hold no NaN or ``+inf``: only those reach the
-    matmul (it mixes rows over V only, but its backward mixes every t with every u of a
-    sequence, so a NaN must not enter it); ``shift (B, N)`` the row max, 0 where it is not
-    finite (a row of only ``-inf`` then gives ``exp = 0``: a dead row, lse ``-inf``);
-    ``bad`` marks the rows whose max is NaN or ``+inf`` (math.md 8.1: their lse is NaN)."""
-    row_max = x.detach().amax(-1)                                           # V >= 1
-    ok = keep & (row_max < float("inf"))                    # False for NaN and +inf
-    bad = keep ^ ok                                         # ok lies inside keep
-    shift = torch.where(ok & (row_max > NEG_INF), row_max, 0.0)
-    return ok, shift, bad
-
-
 class _JointMass(torch.autograd.Function):
     """The simple joiner's normaliser sums and the entries its arcs read, with a hand-written
     backward that makes one gradient buffer per input and updates it in place.
 
-    Forward, in the lattice dtype ``ldt`` (float64: an exp of a float32 row, rounded to
-    float32, would underflow 580 nats sooner and lose float64 accuracy), with
-    ``ea = exp(am - am_shift)`` on the rows ``am_ok`` (0 on the others) and ``el``
-    likewise::
+    Forward, from the backend's rows (``impl.simple_rows``: ``am_ok``, the shifts, the bad
+    rows, ``ea = exp(am - am_shift)`` in the lattice dtype ``ldt`` on the rows ``am_ok``, 0
+    on the others, and the entries read; ``el`` likewise; float64 because an exp of a
+    float32 row, rounded to float32, would underflow 580 nats sooner and lose float64
+    accuracy)::
 
         mass  (B, T, U+1) = ea @ el^T                 (the joint mass of node (t, u))
         am_uni (B, T)     = ea @ uni                  (smoothed loss only; else empty)
@@ -113,7 +100,7 @@ class _JointMass(torch.autograd.Function):
     by more than ~650 nats in all): those nodes (``rescued``) get their lse from the log
     domain, ``lse_rescued = logsumexp_v (am(t,v) + lm(u,v))``, over their two rows only
     (``_rescue``: on the host for CPU tensors, a Triton kernel on CUDA), and their mass is
-    not used.
+    not used. The rows' ok, shift and bad flags come out too (not differentiable).
 
     Backward (``d ea / d am = ea``; for a rescued node ``p(v) = exp(am + lm - lse)``)::
 
@@ -122,58 +109,54 @@ class _JointMass(torch.autograd.Function):
         d lm = el * (g_mass^T @ ea) + scatter(lm_idx, g_lm_cols) + sum_{rescued t} g_lse p
         d uni = g_am_uni^T ea
 
+    (the products in ``torch.bmm``, the rest in ``impl.simple_rows_backward``, in place)
     against autograd's chain of where, sub, exp, matmul and gather, each with its own
     buffer of the inputs' size in the backward."""
 
     @staticmethod
-    def forward(ctx, am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt, impl):
-        # (B, T, V) and (B, U+1, V), contiguous in ldt whatever the inputs' strides
-        ea = am.to(ldt, memory_format=torch.contiguous_format, copy=True)
-        ea.masked_fill_(~am_ok[..., None], NEG_INF).sub_(am_shift.to(ldt)[..., None]).exp_()
-        el = lm.to(ldt, memory_format=torch.contiguous_format, copy=True)
-        el.masked_fill_(~lm_ok[..., None], NEG_INF).sub_(lm_shift.to(ldt)[..., None]).exp_()
+    def forward(ctx, am, lm, frames, positions, am_idx, lm_idx, uni, ldt, impl):
+        am_ok, am_shift, am_bad, ea, am_cols = impl.simple_rows(am, frames, am_idx)
+        lm_ok, lm_shift, lm_bad, el, lm_cols = impl.simple_rows(lm, positions, lm_idx)
         mass = torch.bmm(ea, el.transpose(1, 2))                                         # (B, T, U+1)
         am_uni = torch.matmul(ea, uni.to(ldt)) if uni is not None else ea.new_empty(0)  # (B, T)
-        am_cols = torch.gather(am, 2, am_idx).masked_fill_(~am_ok[..., None], 0.0)
-        lm_cols = torch.gather(lm, 2, lm_idx).masked_fill_(~lm_ok[..., None], 0.0)
         rescued, lse_rescued = _rescue(impl, am, lm, am_ok, lm_ok, mass)
         ctx.save_for_backward(ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued,
                               lse_rescued)
         ctx.impl = impl
-        ctx.mark_non_differentiable(rescued)
+        ctx.set_materialize_grads(False)    # None, not a zero tensor, for an unused output
+        stats = (am_ok, am_shift, am_bad, lm_ok, lm_shift, lm_bad)
+        ctx.mark_non_differentiable(rescued, *stats)
         if uni is None:
             ctx.mark_non_differentiable(am_uni)
-        return mass, am_uni, am_cols, lm_cols, lse_rescued, rescued
+        return (mass, am_uni, am_cols, lm_cols, lse_rescued, rescued) + stats
 
     @staticmethod
-    def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols, g_rescued, _g):
+    def backward(ctx, g_mass, g_am_uni, g_am_cols, g_lm_cols, g_rescued, *_g):
         ea, el, am_ok, lm_ok, am_idx, lm_idx, uni, am, lm, rescued, lse = ctx.saved_tensors
         B, T, V = ea.shape
         grad_am = grad_lm = grad_uni = None
         if g_mass is None:
             g_mass = ea.new_zeros(B, T, el.shape[1])
         g_mass = g_mass.to(ea.dtype)
+        if uni is None:
+            g_am_uni = None
         if ctx.needs_input_grad[0]:
             grad_am = torch.bmm(g_mass, el)                                              # (B, T, V)
-            if uni is not None and g_am_uni is not None:
-                grad_am.view(-1, V).addr_(g_am_uni.to(ea.dtype).reshape(-1), uni.to(ea.dtype))
-            grad_am.mul_(ea)
-            if g_am_cols is not None:
-                grad_am.scatter_add_(2, am_idx, g_am_cols.to(ea.dtype))
+            ctx.impl.simple_rows_backward(grad_am, ea, am_ok, g_am_uni, uni, am_idx, g_am_cols)
         if ctx.needs_input_grad[1]:
-            grad_lm = torch.bmm(g_mass.transpose(1, 2), ea).mul_(el)                    # (B, U+1, V)
-            if g_lm_cols is not None:
-                grad_lm.scatter_add_(2, lm_idx, g_lm_cols.to(el.dtype))
+            grad_lm = torch.bmm(g_mass.transpose(1, 2), ea)                             # (B, U+1, V)
+            ctx.impl.simple_rows_backward(grad_lm, el, lm_ok, None, None, lm_idx, g_lm_cols)
         if g_rescued is not None and (grad_am is not None or grad_lm is not None):
+            # rescued nodes lie on ok rows only: the rows' zeros stay zeros
             ctx.impl.simple_rescue_backward(am, lm, rescued, lse, g_rescued, grad_am, grad_lm)
         if grad_am is not None:
-            grad_am = grad_am.masked_fill_(~am_ok[..., None], 0.0).to(am.dtype)
+            grad_am = grad_am.to(am.dtype)
         if grad_lm is not None:
-            grad_lm = grad_lm.masked_fill_(~lm_ok[..., None], 0.0).to(lm.dtype)
-        if uni is not None and g_am_uni is not None and ctx.needs_input_grad[8]:
+            grad_lm = grad_lm.to(lm.dtype)
+        if g_am_uni is not None and ctx.needs_input_grad[6]:
             grad_uni = torch.matmul(g_am_uni.to(ea.dtype).reshape(1, -1), ea.view(-1, V))[0]
             grad_uni = grad_uni.to(uni.dtype)
-        return grad_am, grad_lm, None, None, None, None, None, None, grad_uni, None, None
+        return grad_am, grad_lm, None, None, None, None, grad_uni, None, None
 
 
 # A node's float64 mass is exact (relative error below 2^-60) while it is at least
@@ -212,8 +195,6 @@ def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth):
     B, T, V = am.shape
     U1 = lm.shape[1]
     ldt = lattice_dtype(am.device)
-    am_ok, am_shift, am_bad = _row_stats(am, frames)                        # (B, T)
-    lm_ok, lm_shift, lm_bad = _row_stats(lm, positions)                     # (B, U+1)
     # The entries the arcs read: classes [blank, y_0 .. y_{U-1}] of every am row, [blank,
     # y_u] of lm row u (y_U: a placeholder, never used).
     safe_targets = targets.clamp(0, V - 1)                                  # padding may hold anything
@@ -222,9 +203,10 @@ def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth):
     lm_idx = torch.stack((cols.new_full((B, U1), blank), cols.roll(-1, 1)), -1)   # (B, U+1, 2)
     x = lm if lm.dtype in (torch.float32, torch.float64) else lm.float()
     uni = _unigram(x).to(am.dtype) if smooth is not None else None
-    mass, am_uni, am_cols, lm_cols, lse_rescued, rescued = _JointMass.apply(
-        am, lm, am_ok, lm_ok, am_shift, lm_shift, am_idx, lm_idx, uni, ldt, impl)
-    shifts = (am_shift.to(ldt), lm_shift.to(ldt), am_bad, lm_bad)
+    (mass, am_uni, am_cols, lm_cols, lse_rescued, rescued, am_ok, am_shift, am_bad, lm_ok,
+     lm_shift, lm_bad) = _JointMass.apply(am, lm, frames, positions, am_idx, lm_idx, uni, ldt,
+                                          impl)
+    shifts = (am_shift, lm_shift, am_bad, lm_bad)
     if smooth is None:
         return _ArcTerms.apply(mass, lse_rescued, rescued, am_cols, lm_cols, shifts, None, impl)
     mix, terms = _mix(lm, am_ok, lm_ok, shifts[0], am_uni, uni, safe_targets, blank, *smooth,
@@ -300,6 +282,7 @@ class _ArcTerms(torch.autograd.Function):
         b, e, saved = impl.arc_terms(parts, mix)
         ctx.mix, ctx.impl = mix, impl
         ctx.dtypes = am_cols.dtype, lm_cols.dtype
+        ctx.set_materialize_grads(False)    # None, not a zero tensor, for an unused output
         ctx.save_for_backward(*saved)
         return b, e
 
@@ -338,10 +321,13 @@ class _LatticeNLL(torch.autograd.Function):
         ctx.topo = topo
         ctx.save_for_backward(gamma)
         ctx.mark_non_differentiable(gamma)
+        ctx.set_materialize_grads(False)    # no zero tensor the size of gamma for its grad
         return -log_like, gamma
 
     @staticmethod
     def backward(ctx, grad_costs, _grad_gamma):
+        if grad_costs is None:
+            return None, None, None, None, None, None
         (gamma,) = ctx.saved_tensors
         up = grad_costs.to(gamma.dtype)[:, None, None, None]
         g = torch.where(up == 0, 0.0, gamma * -up)                          # G_k (B, K, T, U+1)
