@@ -584,6 +584,22 @@ def test_covered_is_nan_for_nan_occupations():
     assert torch.isfinite(win.covered[0]) and torch.isnan(win.covered[1])
 
 
+def test_covered_is_computed_on_first_use(monkeypatch):
+    """``PruneRanges.covered`` costs nothing until it is read (k2's recipes read only the
+    ranges), then once: the share of the occupancy mass inside the windows."""
+    from rnnt_lattice.pruned import windows
+    calls = []
+    real = windows._covered
+    monkeypatch.setattr(windows, "_covered", lambda *a: calls.append(1) or real(*a))
+    occ = _lattice(2, B=2, T=5, U=4)
+    win = rnnt_lattice.prune_ranges(occ, 2, method="k2")
+    assert not calls
+    node = occ.gamma_blank + occ.gamma_label
+    inside = torch.gather(node, 2, win.ranges).sum((1, 2)) / node.sum((1, 2))
+    assert torch.allclose(win.covered, inside) and win.covered is win.covered
+    assert len(calls) == 1
+
+
 def test_integer_like_arguments():
     """NumPy integers are ints (anything operator.index takes) for blank and R, and int32
     ranges are ranges, as for rnnt_loss_pruned."""

@@ -6,8 +6,9 @@ occupations (:func:`prune_ranges`: k2's rule, or the exact dynamic program
 (:func:`do_rnnt_pruning`)."""
 from __future__ import annotations
 
+import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,11 +32,18 @@ class PruneRanges:
         ranges: ``(B, T, R)`` int64, ``ranges[b, t, k] = s_begin(t) + k``: the label positions
             the full joiner evaluates at frame t (k2's ``ranges``; every entry ``<= U``).
         covered: ``(B,)`` float64, share of each sequence's occupancy mass (occ(t,u), the
-            total occupation leaving a node) inside its windows; 1 for a sequence without mass.
+            total occupation leaving a node) inside its windows; 1 for a sequence without
+            mass. Computed on first use (a training step that only reads ``ranges``, as
+            k2's recipes do, does not pay its dozen operations).
     """
 
     ranges: torch.Tensor
-    covered: torch.Tensor
+    occupations: tuple = field(repr=False, compare=False)     # (gamma_blank, gamma_label)
+
+    @functools.cached_property
+    def covered(self) -> torch.Tensor:
+        gamma_blank, gamma_label = self.occupations
+        return _covered(gamma_blank + gamma_label, self.ranges)
 
     @property
     def window(self) -> int:
@@ -139,7 +147,7 @@ def prune_ranges(
     else:
         s_begin = _exact_starts(gamma_blank + gamma_label, t_end, u_end, R_used, regular)
     ranges = s_begin[..., None] + torch.arange(R_used, device=s_begin.device)
-    return PruneRanges(ranges, _covered(gamma_blank + gamma_label, ranges))
+    return PruneRanges(ranges, (gamma_blank, gamma_label))
 
 
 def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> int:
