@@ -46,10 +46,10 @@ from triton.compiler import ASTSource  # noqa: E402
 # the costs' (float32; float64 for float64)
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
               "bias_ptr", "h_ptr", "dz_ptr", "dh_ptr", "am_cols_ptr", "lm_cols_ptr", "g_am_ptr",
-              "g_lm_ptr", "x_ptr", "cols_ptr", "uni_ptr", "g_cols_ptr"}
+              "g_lm_ptr", "x_ptr", "cols_ptr", "uni_ptr", "g_cols_ptr", "sums_ptr"}
 INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr", "t_end_ptr", "u_end_ptr",
-              "idx_ptr"}
+              "idx_ptr", "order_ptr", "bounds_ptr"}
 INT32_PTRS = {"arg_ptr"}
 INT8_PTRS = {"best_kind_ptr", "need_ptr", "code_ptr"}
 UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr", "keep_ptr", "row_ok_ptr",   # bool
@@ -165,6 +165,11 @@ def variants(V_list):
                {"V": V})
         yield ("_simple_rows_grad_kernel", V, "_simple_rows_grad_kernel",
                dict(tiles, UNI=True, COLS=True), 4, 3, {"V": V})
+    # do_rnnt_pruning's backward on a contiguous gradient (a launch specialises a unit
+    # stride to the constant 1)
+    yield ("_rows_sum_kernel", "D=1024", "_rows_sum_kernel",
+           dict(ACC=tl.float32, BLOCK_D=gpu.ROWS_SUM_BLOCK_D, s_gd=1), 4, 3,
+           {"D": 1024, "s_gn": 1024})
     for U1 in (41, 101):                       # the simple losses' arc terms
         block_t, block_u = gpu._arc_tiles(400, U1)
         for mix in (False, True):

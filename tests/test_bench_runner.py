@@ -418,8 +418,9 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
 def test_pruned_profile_counts_the_gpu_paths_operations():
     """``pruned_profile.py --count-ops`` (no GPU): the GPU's code path of the pruned step
     counted per stage, PyTorch operations and Triton launches (the loss's five passes, the
-    simple loss's rescue both ways, its rows, its arc terms and k2's window rule among
-    them), and the kernels and the backend choice put back afterwards."""
+    simple loss's rescue both ways, its rows, its arc terms, k2's window rule and the lm
+    rows' backward among them), and the kernels and the backend choice put back
+    afterwards."""
     import pruned_profile
     from rnnt_lattice import _backends
     from rnnt_lattice.gpu import kernels
@@ -437,6 +438,7 @@ def test_pruned_profile_counts_the_gpu_paths_operations():
     assert [out["triton"][k] for k in ("_arc_terms_kernel", "_arc_terms_grad_kernel",
                                        "_arc_terms_cols_kernel")] == [1, 1, 1]
     assert [out["triton"][k] for k in ("_simple_rows_kernel", "_simple_rows_grad_kernel")] == [2, 2]
+    assert out["triton"]["_rows_sum_kernel"] == 1            # do_rnnt_pruning's backward
     assert all(sum(c for c, _ in out["sources"][s]) == n for s, n in out["stages"].items())
 
 

@@ -13,6 +13,7 @@ module uses Triton: torch.compile on CPU generates C++). On a CUDA machine the i
 would also run these tests (it copies CUDA tensors to the host); ``test_cuda_native``
 runs the compiled kernels in a subprocess without the variable.
 """
+import itertools
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -518,7 +519,8 @@ def variants(sm):
     durations 0..4 and multi-blank with big blanks up to 8, these with the per-arc terms,
     boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
     semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
-    the lattice tools, the window DP of prune_ranges, the simple losses' rescue, rows and arc terms.\"\"\"
+    the lattice tools, the window DP of prune_ranges, the simple losses' rescue, rows
+    and arc terms, and do_rnnt_pruning's backward.\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
@@ -565,6 +567,7 @@ def variants(sm):
         yield "_arc_terms_kernel", tiles, simple
         yield "_arc_terms_grad_kernel", dict(tiles, HAS_GB=True, HAS_GE=mix), simple
         yield "_arc_terms_cols_kernel", dict(MIX=mix, BLOCK_TB=32, BLOCK_U=32), simple
+    yield "_rows_sum_kernel", dict(BLOCK_D=1024), [("fp32", "i64"), ("fp64", "i64")]  # pruning
     rows = dict(ROWS=2, BLOCK_V=1024, BLOCK_J=128)                 # the simple losses' rows
     for contig in (True, False):
         yield "_simple_rows_kernel", dict(rows, CONTIG=contig), [("fp32", "i64"), ("fp64", "i64")]
@@ -1306,3 +1309,43 @@ def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, monkeyp
         gpu.simple_rows_backward(a, ex, ok, g_u, u, idx, g_c)
         torch_backend.simple_rows_backward(b, ex, ok, g_u, u, idx, g_c)
         _same(a, b, "grad")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("block", [None, 4], ids=["default", "block4"])
+def test_rows_sum_kernel_is_the_reference(dtype, block, monkeypatch):
+    """``do_rnnt_pruning``'s backward on the Triton kernel (``gpu.rows_sum``: sorted indices,
+    each output row's run added in order): against ``index_add_`` on the CPU, bit for bit
+    in float32 and float64 (the same additions in the same order), and in bfloat16 the
+    float64 sum rounded once (ours adds in float32, index_add_ in bfloat16); indices out of
+    order, repeated, missing (a zero row), a strided gradient, columns in blocks of 4; and
+    through ``do_rnnt_pruning`` with the backend a GPU takes."""
+    if block:
+        monkeypatch.setattr(gpu, "ROWS_SUM_BLOCK_D", block)
+    g = torch.Generator().manual_seed(5)
+    N, D, n_out = 23, 10, 7
+    index = torch.randint(0, n_out - 1, (N,), generator=g)                 # row n_out-1: none
+    grad = torch.randn(D, N, generator=g, dtype=torch.float64).to(dtype).t()   # strided
+    got = gpu.rows_sum(grad, index, n_out)
+    assert got.dtype == dtype and got.shape == (n_out, D)
+    if dtype == torch.bfloat16:
+        # the float32 sum rounded once: within one bfloat16 ulp of the float64 sum (the
+        # interpreter rounds to bfloat16 towards zero, a GPU to the nearest)
+        want = torch_backend.rows_sum(grad.double(), index, n_out)
+        assert ((got.double() - want).abs() <= 2 ** -7 * want.abs()).all()
+    else:
+        assert torch.equal(got, torch_backend.rows_sum(grad, index, n_out))
+    assert (got[-1] == 0).all()
+    from rnnt_lattice import _backends
+    resolve = _backends.resolve
+    monkeypatch.setattr(_backends, "resolve", lambda backend, device: gpu if backend == "auto"
+                        else resolve(backend, device))
+    am = torch.randn(2, 6, 3, generator=g, dtype=torch.float64)
+    lm = torch.randn(2, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    ranges = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2, 2]])[..., None] + torch.arange(2)
+    w = torch.randn(2, 6, 2, 5, generator=g, dtype=torch.float64)
+    (rnnt_lattice.do_rnnt_pruning(am, lm, ranges)[1] * w).sum().backward()
+    want = torch.zeros_like(lm)
+    for b, t, k in itertools.product(range(2), range(6), range(2)):
+        want[b, ranges[b, t, k]] += w[b, t, k]
+    torch.testing.assert_close(lm.grad, want, rtol=1e-15, atol=1e-15)

@@ -137,6 +137,10 @@ class Backend(Protocol):
                            g_e: torch.Tensor | None, mix: Smoothing | None,
                            dtypes: tuple) -> tuple: ...
 
+    # The backward of ``x.index_select(0, index)`` (``do_rnnt_pruning``'s rows of lm):
+    # ``out (n_out, D)``, ``out[j] = sum_{i: index[i] = j} grad[i]``, in the order of i.
+    def rows_sum(self, grad: torch.Tensor, index: torch.Tensor, n_out: int) -> torch.Tensor: ...
+
     # Release what the backend keeps between calls (``rnnt_lattice.empty_cache``).
     def empty_cache(self) -> None: ...
 

@@ -391,6 +391,15 @@ def arc_terms_backward(saved: tuple, g_b: torch.Tensor | None, g_e: torch.Tensor
     return g_mass, g_resc, g_am, g_lm.to(dtypes[1]), mix_grads
 
 
+# --------------------------------------------------------------------------- pruning
+def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int) -> torch.Tensor:
+    """``out (n_out, D)`` with ``out[j] = sum_{i: index[i] = j} grad[i]`` for ``grad (N, D)``
+    and ``index (N,)`` int64 in ``[0, n_out)``, each sum in the order of i: the backward of
+    ``x.index_select(0, index)`` (``do_rnnt_pruning``'s rows of lm), by ``index_add_``. The
+    readable reference of the Triton kernel; the Numba backend runs it too."""
+    return grad.new_zeros((n_out, grad.shape[1])).index_add_(0, index, grad)
+
+
 # --------------------------------------------------------------------------- memory
 def empty_cache() -> None:
     """Nothing to release: this backend keeps no buffer between calls."""

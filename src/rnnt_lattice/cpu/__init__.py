@@ -64,7 +64,7 @@ from . import _config, kernels, regular, windows
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts", "simple_rescue",
            "simple_rescue_backward", "simple_rows", "simple_rows_backward", "arc_terms",
-           "arc_terms_backward", "empty_cache"]
+           "arc_terms_backward", "rows_sum", "empty_cache"]
 
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
@@ -81,6 +81,8 @@ simple_rows = torch_backend.simple_rows
 simple_rows_backward = torch_backend.simple_rows_backward
 arc_terms = torch_backend.arc_terms
 arc_terms_backward = torch_backend.arc_terms_backward
+# The backward of do_rnnt_pruning's rows of lm: index_add_ adds in order on the CPU.
+rows_sum = torch_backend.rows_sum
 
 
 def _np(x: torch.Tensor) -> np.ndarray:

@@ -74,7 +74,7 @@ from . import kernels
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
            "simple_rescue", "simple_rescue_backward", "simple_rows", "simple_rows_backward",
-           "arc_terms", "arc_terms_backward", "input_check", "empty_cache"]
+           "arc_terms", "arc_terms_backward", "rows_sum", "input_check", "empty_cache"]
 
 NAME = "triton"
 
@@ -137,7 +137,8 @@ ARC_WARPS = 8            # 2 nodes a thread: 76 and 118 registers on sm_90 (4 wa
 ARC_COLS = (32, 32)
 ROWS_TILE = 2048         # entries a program of the simple losses' row kernels (``_rows_tiles``)
 ROWS_MAX_BLOCK_V = 1024  # classes a chunk of them
-ROWS_BLOCK_J = 128       # entries read a chunk      # blocks of frames x label positions a step of their column sums
+ROWS_BLOCK_J = 128       # entries read a chunk
+ROWS_SUM_BLOCK_D = 1024  # columns a program of ``rows_sum``      # blocks of frames x label positions a step of their column sums
 
 
 def empty_cache() -> None:
@@ -999,6 +1000,29 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
                 grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
                 BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, 1024))
+
+
+def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int) -> torch.Tensor:
+    """``out[j] = sum_{i: index[i] = j} grad[i]`` ``(n_out, D)`` (``torch_backend.rows_sum``:
+    the reference), each sum in the order of i and in float32 (float64 for float64): the
+    indices sorted (stable), the bounds of each j's run found by binary search, then
+    ``kernels._rows_sum_kernel``, a program per output row and block of columns, adds its
+    run. Where ``index_add_`` on CUDA adds with atomics (the sums in any order, and in
+    the gradient's dtype: bfloat16 under autocast), and contends: at pg1, 64 000 rows of
+    1024 into 3232, 0.43 ms on an H100. No host synchronisation."""
+    check_device(grad)
+    N, D = grad.shape
+    out = torch.empty((n_out, D), dtype=grad.dtype, device=grad.device)
+    if not (n_out and D):
+        return out
+    keys, order = torch.sort(index, stable=True)
+    bounds = torch.searchsorted(keys, torch.arange(n_out + 1, device=index.device))
+    block_d = _pow2(D, ROWS_SUM_BLOCK_D)
+    with _device(grad):
+        kernels._rows_sum_kernel[(n_out, triton.cdiv(D, block_d))](
+            grad, order, bounds, out, D, *grad.stride(), ACC=_acc(grad.dtype), BLOCK_D=block_d,
+            num_warps=4)
+    return out
 
 
 def _rows_tiles(V: int, J: int) -> dict:

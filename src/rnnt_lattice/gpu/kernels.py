@@ -1646,3 +1646,23 @@ def _simple_rows_grad_kernel(
                          * s_ij, mask=m, other=0)
             gc = tl.load(g_cols_ptr + r[:, None] * J + j[None, :], mask=m, other=0.0)
             tl.atomic_add(g_ptr + r[:, None] * V + ix, gc.to(tl.float64), mask=m)
+
+
+# --------------------------------------------------------------------------- pruning
+@triton.jit
+def _rows_sum_kernel(grad_ptr, order_ptr, bounds_ptr, sums_ptr, D, s_gn, s_gd,
+                     ACC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``out[j, d] = sum_{i: index[i] = j} grad[i, d]`` for ``j = program_id(0)`` and the
+    columns ``d = program_id(1) BLOCK_D ..`` (``gpu.rows_sum``): the rows ``order[lo:hi]``
+    (the indices sorted, stable; ``lo, hi = bounds[j], bounds[j + 1]``) added one after the
+    other in ``ACC``. D and the strides are a model's widths: specialised. Offsets in int64."""
+    j = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    on = d < D
+    lo = tl.load(bounds_ptr + j)
+    hi = tl.load(bounds_ptr + j + 1)
+    acc = tl.zeros([BLOCK_D], ACC)
+    for i in range(lo, hi):
+        row = tl.load(order_ptr + i)
+        acc += tl.load(grad_ptr + row * s_gn + d * s_gd, mask=on, other=0.0).to(ACC)
+    tl.store(sums_ptr + j * D + d, acc.to(sums_ptr.dtype.element_ty), mask=on)

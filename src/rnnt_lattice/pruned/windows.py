@@ -11,6 +11,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import _backends
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
@@ -229,13 +230,33 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
     B, T, R = ranges.shape
     U1, Dl = lm.shape[1], lm.shape[2]
     am_pruned = am.unsqueeze(2).expand(B, T, R, am.shape[2])
-    # Whole rows of lm, by index_select on (B (U+1), Dl): its backward is an index_add of
-    # rows into an lm-sized buffer. (A gather from lm expanded over T would allocate
+    # Whole rows of lm, by index_select on (B (U+1), Dl): its backward adds rows into an
+    # lm-sized buffer (``_SelectRows``). (A gather from lm expanded over T would allocate
     # (B, T, U+1, Dl) in its backward; fast_rnnt 1.3's gather along lm's label axis reads one
     # index per element: 4x slower backward, 1.3x slower forward at B=4, T=150, R=5, V=5000.)
     rows = (ranges + torch.arange(B, device=ranges.device)[:, None, None] * U1).reshape(-1)
-    lm_pruned = lm.reshape(B * U1, Dl).index_select(0, rows)
+    lm_pruned = _SelectRows.apply(lm.reshape(B * U1, Dl), rows)
     return am_pruned, lm_pruned.view(B, T, R, Dl)
+
+
+class _SelectRows(torch.autograd.Function):
+    """``x.index_select(0, index)`` ``(N, D)`` whose backward is the backend's ``rows_sum``
+    (``d x[j] = sum_{i: index[i] = j} g[i]``, each sum in the order of i: on CUDA a Triton
+    kernel where ``index_add_`` adds with contended atomics in any order; on CPU
+    ``index_add_`` itself). The backend is resolved in the backward: a forward alone
+    imports no kernel library."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.n = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        return _backends.resolve("auto", g.device).rows_sum(g, index, ctx.n), None
 
 
 def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int, *,
