@@ -1234,12 +1234,12 @@ def test_arc_terms_kernels_are_the_reference(mix, dtype, tiles, U1, monkeypatch)
     (``gpu.arc_terms``, what CUDA runs) against the reference (``torch_backend``): every kind
     of node (``_arc_parts``), upstream gradients with NaN and a plane of a ``(B, K, T, U+1)``
     tensor (strided), one of them absent; the tiles of the default (one chunk of label
-    positions, one step of the column sums) and many (2 x 2 nodes a program, the column
-    sums 2 x 2 at a time); U = 0."""
+    positions, one step of the column sums) and many (2 x 4 nodes a program, the column
+    sums 2 blocks x 4 positions at a time, partial chunks); U = 0."""
     if tiles == "many":
-        monkeypatch.setattr(gpu, "ARC_TILE", 4)
-        monkeypatch.setattr(gpu, "ARC_MAX_BLOCK_U", 2)
-        monkeypatch.setattr(gpu, "ARC_COLS", (2, 2))
+        monkeypatch.setattr(gpu, "ARC_TILE", 8)
+        monkeypatch.setattr(gpu, "ARC_MAX_BLOCK_U", 4)
+        monkeypatch.setattr(gpu, "ARC_COLS", (2, 4))
     parts, smooth = _arc_parts(dtype, U1=U1, mix=mix)
     B, T, _ = parts.mass.shape
     got, want = gpu.arc_terms(parts, smooth), torch_backend.arc_terms(parts, smooth)
@@ -1249,7 +1249,10 @@ def test_arc_terms_kernels_are_the_reference(mix, dtype, tiles, U1, monkeypatch)
     planes = torch.randn(B, 2, T, U1, generator=g, dtype=torch.float64)      # (B, K, T, U+1)
     planes[0, 0, 1, 0] = planes[2, 1, 5, 0] = float("nan")
     dtypes = (parts.am_cols.dtype, parts.lm_cols.dtype)
-    for g_b, g_e in ((planes[:, 0], planes[:, 1]), (None, planes[:, 1]), (planes[:, 0], None)):
+    ups = [(planes[:, 0], planes[:, 1])]
+    if tiles == "one":                               # an absent gradient: the default tiles
+        ups += [(None, planes[:, 1]), (planes[:, 0], None)]
+    for g_b, g_e in ups:
         out = gpu.arc_terms_backward(got[2], g_b, g_e, smooth, dtypes)
         ref = torch_backend.arc_terms_backward(want[2], g_b, g_e, smooth, dtypes)
         names = ("d mass", "d lse_rescued", "d am_cols", "d lm_cols", "d mix")
