@@ -10,7 +10,8 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
                one_sym_per_frame) and options (clamp, FastEmit, log-prob input, delay
                penalty), tdt_loss, multiblank_rnnt_loss, packed logits
     pruned     rnnt_loss_simple / rnnt_loss_smoothed (values, gradients, occupations; far
-               apart logits rescued in the log domain), rnnt_loss_pruned on exact windows
+               apart logits rescued in the log domain), rnnt_loss_pruned on exact windows,
+               do_rnnt_pruning's gradient (the lm rows' sums)
     fused      fused_rnnt_loss / fused_tdt_loss / fused_multiblank_rnnt_loss (gradients of
                enc, pred and the joiner's parameters) against rnnt_loss on the logits; the
                joiner's kernel path (``rnnt_lattice.Joiner``, Triton backend): the same in
@@ -348,6 +349,42 @@ def check_pruned(ctx, shape, dtype, rnnt_type):
     fn = lambda leaf, **k: rnnt_lattice.rnnt_loss_pruned(leaf, y, ranges, tl, ul, blank=0,  # noqa: E731
                                                          rnnt_type=rnnt_type, **k)
     return f"R = {ranges.shape[-1]}  " + _compare_loss("pruned", fn, x, w, ctx.backend, dtype)
+
+
+def check_pruning_rows(ctx, shape):
+    """``do_rnnt_pruning``'s gradient on the device (the lm rows' sums: the backend's
+    ``rows_sum``, on CUDA sorted indices and a Triton sum in a fixed order) against
+    autograd's ``index_select`` backward (``index_add_``) on the CPU: the same bits in
+    float32 and float64, on CUDA one bfloat16 rounding of the float64 sum in bfloat16 (on
+    the CPU ``rows_sum`` is ``index_add_``, which adds in bfloat16)."""
+    B, T, U, V = shape
+    _, _, _, ranges = _windows(shape, ctx.device, "regular")
+    g = torch.Generator(device="cpu").manual_seed(17)
+    errs = {}
+    for dtype in (torch.float32, torch.float64) + ((torch.bfloat16,) if ctx.cuda else ()):
+        am = torch.randn(B, T, 24, generator=g).to(dtype)
+        lm = torch.randn(B, U + 1, 24, generator=g).to(dtype)
+        w = torch.randn(B, T, ranges.shape[-1], 24, generator=g).to(dtype)
+        lm_ = lm.to(ctx.device, copy=True).requires_grad_()
+        _, lm_p = rnnt_lattice.do_rnnt_pruning(am.to(ctx.device), lm_, ranges)
+        (lm_p * w.to(ctx.device)).sum().backward()
+        ref_dtype = torch.float64 if dtype == torch.bfloat16 else dtype
+        lm_ref = lm.to(ref_dtype, copy=True).requires_grad_()
+        rows = (ranges.cpu() + torch.arange(B)[:, None, None] * (U + 1)).reshape(-1)
+        ref = lm_ref.reshape(B * (U + 1), -1).index_select(0, rows)
+        (ref * w.to(ref_dtype).reshape(ref.shape)).sum().backward()
+        got, want = lm_.grad.cpu(), lm_ref.grad
+        if dtype == torch.bfloat16:
+            err = float(((got.double() - want).abs() / want.abs().clamp(min=1e-30)).max())
+            if err > 2 ** -8:
+                raise CheckFailed(f"do_rnnt_pruning bfloat16: lm gradient off by {err:.1e} "
+                                  f"(relative; one bfloat16 rounding is at most 2^-9)")
+            errs["bf16"] = f"; bfloat16 rel err {err:.1e}"
+        elif not torch.equal(got, want.to(dtype)):
+            raise CheckFailed(f"do_rnnt_pruning {dtype}: lm gradient differs from index_add_ on "
+                              f"the CPU by {float((got.double() - want).abs().max()):.1e}")
+    return (f"R = {ranges.shape[-1]}  float32, float64 bit-identical to index_add_ on the CPU"
+            + errs.get("bf16", ""))
 
 
 # --------------------------------------------------------------------------- fused
@@ -747,6 +784,9 @@ def check_no_sync(ctx):
     xp = torch.randn(4, 30, ranges.shape[-1], 40, device="cuda", requires_grad=True)
     groups.append(("rnnt_loss_pruned", lambda: rnnt_lattice.rnnt_loss_pruned(
         xp, y3, ranges, t3, u3, blank=0, backend=ctx.backend).backward()))
+    am_w, lm_w = am.clone().requires_grad_(), lm.clone().requires_grad_()
+    groups.append(("do_rnnt_pruning", lambda: sum(
+        x.sum() for x in rnnt_lattice.do_rnnt_pruning(am_w, lm_w, ranges)).backward()))
     joiner = _Joiner(16, 40, torch.float32, "cuda")
     enc = torch.randn(4, 30, 16, device="cuda", requires_grad=True)
     pred = torch.randn(4, 9, 16, device="cuda", requires_grad=True)
@@ -1065,6 +1105,7 @@ def _checks(ctx: Context, big: bool) -> list:
             cs.append((f"occupancy/best_alignment {kind} {_dtype_name(dtype)} {t}",
                        _bind(check_tools, ctx, t, dtype, kind)))
     cs.append((f"window DP, prune_ranges exact, prune_coverage {t}", _bind(check_window_dp, ctx, t)))
+    cs.append((f"do_rnnt_pruning's lm gradient {t}", _bind(check_pruning_rows, ctx, t)))
     cuda_checks = [("no host synchronisation", check_no_sync), ("CUDA graph replay", check_cuda_graph),
                    ("peak memory", check_peak_memory)]
     if big:
