@@ -36,6 +36,8 @@
 #   pruned       benchmarks/run.py --device cuda --mode pruned at pg1, R = 5
 #   pruned_profile  benchmarks/pruned_profile.py at pg1, R = 5: each stage of that step
 #                timed alone, and the kernels with the most device time
+#   pruned_base  the same with the package in .ab/old/ (as passes_base), for an A/B of the
+#                pruned step on the same machine
 set -uo pipefail
 out="${1:?usage: gpu_session.sh OUT_DIR STEP...}"
 shift
@@ -89,6 +91,10 @@ for step in "$@"; do
     pruned_profile) run pruned_profile "${PRUNED_PROFILE_LIMIT:-90}" python3 \
               benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \
               --json "$out/pruned_profile.json" ;;
+    pruned_base) run pruned_base "${PRUNED_PROFILE_LIMIT:-90}" env \
+              PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" python3 \
+              .ab/old/benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \
+              --json "$out/pruned_base.json" ;;
     *) echo "unknown step $step" ;;
   esac
 done
