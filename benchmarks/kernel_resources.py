@@ -51,9 +51,10 @@ INT_PTRS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr"}
 INT64_PTRS = {"row_nodes_ptr", "boundary_ptr", "starts_ptr", "t_end_ptr", "u_end_ptr",
               "idx_ptr", "order_ptr", "bounds_ptr"}
 INT32_PTRS = {"arg_ptr"}
-INT8_PTRS = {"best_kind_ptr", "need_ptr", "code_ptr"}
-UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr", "keep_ptr", "row_ok_ptr",   # bool
-              "row_bad_ptr"}                                                    # tensors' bytes
+INT8_PTRS = {"best_kind_ptr", "code_ptr"}
+# bool tensors, read as their bytes (a uint8 view)
+UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr", "keep_ptr", "row_ok_ptr", "need_ptr",
+              "row_bad_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
 FP32_PTRS = {"ok_ptr", "nan_ptr", "nan_rows_ptr"}   # the input check's flags and NaN rows
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay", "c", "sa", "sl")

@@ -974,7 +974,7 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
     U1 = lm.shape[1]
     lse = torch.full((B, T, U1), float("-inf"), dtype=torch.float64, device=am.device)
     if lse.numel() and V:
-        flags = need.to(torch.int8).contiguous()
+        flags = need.contiguous().view(torch.uint8)            # a view: no copy
         with _device(am):
             kernels._simple_rescue_kernel[_rescue_grid(lse.numel())](
                 am, lm, flags, lse, lse, lse, lse, lse.numel(), T, U1, V, *am.stride(),
@@ -994,7 +994,7 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
     grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
     if lse.numel() and V:
-        flags = need.to(torch.int8).contiguous()
+        flags = need.contiguous().view(torch.uint8)            # a view: no copy
         with _device(am):
             kernels._simple_rescue_kernel[_rescue_grid(lse.numel())](
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
