@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 
+from torch._C import _len_torch_dispatch_stack as _len_dispatch_stack
+from torch.utils._python_dispatch import _disable_current_modes
+
 
 def _input_check(args):
     args[4].fill_(1.0)          # every rule holds
@@ -40,9 +43,12 @@ class NoLaunch:
                 self.last = (args, kwargs)
             if self.name in WRITES:
                 # What the kernel would write, outside any dispatch mode that counts the
-                # step's operations (these are the kernel's, not PyTorch's).
-                from torch.utils._python_dispatch import _disable_current_modes
-                with _disable_current_modes():
+                # step's operations (these are the kernel's, not PyTorch's); without one,
+                # as it is (host_overhead.py times the package, not this stub).
+                if _len_dispatch_stack():
+                    with _disable_current_modes():
+                        WRITES[self.name](args)
+                else:
                     WRITES[self.name](args)
         return launch
 
