@@ -155,3 +155,33 @@ def test_gradient_buffer_reuse_can_be_turned_off(monkeypatch):
     rnnt_lattice.empty_cache()
     g = _step(logits, targets, tl, ul, blank)
     assert cpu._buffers.array is None and torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("mix", [False, True], ids=["simple", "smoothed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("U1", [7, 1])
+def test_arc_terms_kernels_are_the_reference(mix, dtype, U1):
+    """The simple losses' arc log-probs and their backward on the Numba kernels
+    (``cpu.arc_terms``, what the CPU runs) against the reference (``torch_backend``): every
+    kind of node (``support.simple_parts``), upstream gradients with NaN and a plane of a
+    ``(B, K, T, U+1)`` tensor (strided), either absent; U = 0."""
+    from rnnt_lattice import torch_backend
+    from support.simple_parts import arc_parts, same
+    parts, smooth = arc_parts(dtype, U1=U1, mix=mix)
+    B, T, _ = parts.mass.shape
+    got, want = cpu.arc_terms(parts, smooth), torch_backend.arc_terms(parts, smooth)
+    assert got[2][1].dtype == torch.int8                       # the kernel ran, not the reference
+    for name, x, y in zip(("b", "e"), got, want):
+        same(x, y, name)
+    g = torch.Generator().manual_seed(3)
+    planes = torch.randn(B, 2, T, U1, generator=g, dtype=torch.float64)      # (B, K, T, U+1)
+    planes[0, 0, 1, 0] = planes[2, 1, 5, 0] = float("nan")
+    dtypes = (parts.am_cols.dtype, parts.lm_cols.dtype)
+    for g_b, g_e in ((planes[:, 0], planes[:, 1]), (None, planes[:, 1]), (planes[:, 0], None)):
+        out = cpu.arc_terms_backward(got[2], g_b, g_e, smooth, dtypes)
+        ref = torch_backend.arc_terms_backward(want[2], g_b, g_e, smooth, dtypes)
+        for name, x, y in zip(("d mass", "d lse_rescued", "d am_cols", "d lm_cols"), out, ref):
+            same(x, y, name)
+        assert len(out[4]) == len(ref[4]) == (4 if mix else 0)
+        for k, (x, y) in enumerate(zip(out[4], ref[4])):
+            same(x, y, f"d {'PQRS'[k]}")

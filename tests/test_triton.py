@@ -34,6 +34,7 @@ import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
 from support.sync import SYNCING_OPS, RecordOps as _RecordOps, syncing as _syncing  # noqa: E402
+from support.simple_parts import arc_parts as _arc_parts, same as _same  # noqa: E402
 from support.triton_probes import skew_probe  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
@@ -1183,46 +1184,6 @@ def test_delay_penalty_never_synchronises(device_checks, rnnt_type):
             loss.backward()
         sites[name] = rec.ops
     assert sites == {"rnnt_loss_simple": [], "rnnt_loss_smoothed": [], "lattice_loss": []}, sites
-
-
-def _arc_parts(dtype, B=3, T=11, U1=7, mix=True, seed=2):
-    """``(ArcParts, Smoothing or None)`` with every kind of node: live, without mass (dead),
-    rescued with an lse and without one, on a bad frame row and a bad label row, entries of
-    -inf and +inf, a sequence with U = 0 when ``U1 == 1``."""
-    from rnnt_lattice._types import ArcParts, Smoothing
-    g = torch.Generator().manual_seed(seed)
-    f64 = dict(generator=g, dtype=torch.float64)
-    mass = torch.rand(B, T, U1, **f64) * 10.0 ** torch.randint(-300, 3, (B, T, U1), generator=g)
-    mass[torch.rand(B, T, U1, generator=g) < 0.15] = 0.0                     # no mass
-    rescued = torch.rand(B, T, U1, generator=g) < 0.2
-    lse_r = torch.where(rescued, torch.randn(B, T, U1, **f64) * 50, NEG_INF)
-    lse_r[rescued & (torch.rand(B, T, U1, generator=g) < 0.3)] = NEG_INF     # rescued, dead
-    am_cols = torch.randn(B, T, U1, **f64).to(dtype)
-    lm_cols = torch.randn(B, U1, 2, **f64).to(dtype)
-    am_cols[0, 2, :2] = NEG_INF                                              # masked classes
-    lm_cols[1, 0, 1] = NEG_INF
-    am_cols[2, 3, 0] = float("inf")
-    am_bad = torch.zeros(B, T, dtype=torch.bool)
-    lm_bad = torch.zeros(B, U1, dtype=torch.bool)
-    am_bad[1, 4] = lm_bad[2, U1 - 1] = True
-    shifts = (torch.randn(B, T, **f64) * 30, torch.randn(B, U1, **f64) * 30)
-    terms = ()
-    if mix:
-        terms = (torch.randn(B, T, **f64), torch.randn(B, U1, **f64), torch.randn(B, T, **f64),
-                 torch.randn(B, U1 - 1, **f64))
-    parts = ArcParts(mass, lse_r, rescued, am_cols, lm_cols, *shifts, am_bad, lm_bad, *terms)
-    return parts, (Smoothing(0.65, 0.2, 0.15) if mix else None)
-
-
-def _same(got, want, name):
-    """Equal to float64 rounding (the kernels sum in another order), the same -inf, +inf
-    and NaN entries."""
-    assert got.shape == want.shape and got.dtype == want.dtype, name
-    for special in (torch.isnan, torch.isneginf, torch.isposinf):
-        assert torch.equal(special(got), special(want)), (name, special)
-    ok = torch.isfinite(want)
-    tol = 64 * torch.finfo(want.dtype).eps
-    torch.testing.assert_close(got[ok], want[ok], rtol=tol, atol=tol, msg=name)
 
 
 @pytest.mark.parametrize("mix", [False, True], ids=["simple", "smoothed"])

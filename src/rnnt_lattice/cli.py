@@ -217,6 +217,7 @@ WARMUP_CALLS = [
     ("tdt_loss", ("row_pass", "lattice", "grad_rows")),
     ("best_alignment", ("row_pass", "viterbi")),
     ("prune_ranges", ("window_dp",)),
+    ("rnnt_loss_smoothed", ("arc_terms_forward", "lattice", "arc_terms_backward")),
 ]
 
 
@@ -234,6 +235,11 @@ def _warmup_call(name: str, dtype):
         rnnt_lattice.tdt_loss(x, *args, blank=-1, durations=[0, 1, 2], backend="numba").backward()
     elif name == "best_alignment":
         rnnt_lattice.best_alignment(x.detach(), *args, blank=0, backend="numba")
+    elif name == "rnnt_loss_smoothed":
+        lm = torch.randn(2, 3, 7, generator=g, dtype=dtype, requires_grad=True)
+        am = torch.randn(2, 5, 7, generator=g, dtype=dtype, requires_grad=True)
+        rnnt_lattice.rnnt_loss_smoothed(lm, am, *args, blank=0, lm_only_scale=0.25,
+                                        am_only_scale=0.0, backend="numba").backward()
     else:
         occ = torch.rand(2, 5, 3, generator=g, dtype=torch.float64)
         rnnt_lattice.prune_ranges((occ, occ), 2, logit_lengths=args[1], target_lengths=args[2])

@@ -59,7 +59,7 @@ from .._ops import with_bad_rows
 from .._types import Lattice, LossOptions
 from ..reference import Ends, terms_weights
 from ..topology import Topology
-from . import _config, kernels, regular, windows
+from . import _config, kernels, regular, simple, windows
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts", "simple_rescue",
@@ -76,11 +76,9 @@ ZEROES_INFINITE_COSTS = True      # loss_backward and tile_backward zero the ups
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.
 simple_rescue = torch_backend.simple_rescue
 simple_rescue_backward = torch_backend.simple_rescue_backward
-# Its rows and arc log-probs (a few element-wise operations each): the same.
+# Its rows (a few element-wise operations, over (B, T, V) float64): the same.
 simple_rows = torch_backend.simple_rows
 simple_rows_backward = torch_backend.simple_rows_backward
-arc_terms = torch_backend.arc_terms
-arc_terms_backward = torch_backend.arc_terms_backward
 # The backward of do_rnnt_pruning's rows of lm: index_add_ adds in order on the CPU.
 rows_sum = torch_backend.rows_sum
 
@@ -531,6 +529,51 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: End
 # k2's rule (prune_ranges(method="k2")): a few vectorised PyTorch operations over the
 # occupations, as fast as a loop of Numba's on the CPU.
 k2_starts = torch_backend.k2_starts
+
+
+def _scales(mix) -> tuple:
+    """``(on, c, s_am, s_lm)`` of the smoothing for the kernels (``c = 1``, no ``s`` off)."""
+    return (False, 1.0, 0.0, 0.0) if mix is None else (True, mix.c, mix.s_am, mix.s_lm)
+
+
+def arc_terms(parts, mix):
+    """The simple losses' arc log-probs ``(b', e', (mass, code))`` (``torch_backend.arc_terms``:
+    the reference) in one Numba kernel, ``simple.arc_terms_forward``; ``code (B, T, U+1)``
+    int8, the flags its backward reads."""
+    mass = parts.mass
+    if mass.dtype != torch.float64 or not mass.numel():
+        return torch_backend.arc_terms(parts, mix)
+    B, T, U1 = mass.shape
+    a = [np.ascontiguousarray(_np(x)) for x in (
+        mass, parts.lse_rescued.to(torch.float64), parts.rescued, parts.am_cols, parts.lm_cols,
+        parts.am_shift, parts.lm_shift, parts.am_bad, parts.lm_bad)]
+    none = np.empty((0, 0))
+    terms = [none] * 4 if mix is None else [np.ascontiguousarray(_np(x)) for x in (
+        parts.P, parts.Q, parts.R, parts.S)]
+    b, e = np.empty((B, T, U1)), np.empty((B, T, U1))
+    code = np.empty((B, T, U1), dtype=np.int8)
+    simple.arc_terms_forward(*a, *terms, *_scales(mix), b, e, code)
+    return torch.from_numpy(b), torch.from_numpy(e), (mass, torch.from_numpy(code))
+
+
+def arc_terms_backward(saved: tuple, g_b, g_e, mix, dtypes: tuple):
+    """The backward of :func:`arc_terms` (``torch_backend.arc_terms_backward``: the
+    reference), ``simple.arc_terms_backward``: one sequence per thread, its sums over t
+    in the thread."""
+    if saved[1].dtype == torch.bool:                 # the reference's forward ran
+        return torch_backend.arc_terms_backward(saved, g_b, g_e, mix, dtypes)
+    mass, code = saved
+    B, T, U1 = mass.shape
+    g = [np.zeros((B, T, U1)) if x is None else
+         np.ascontiguousarray(_np(x), dtype=np.float64) for x in (g_b, g_e)]
+    g_mass, g_resc = np.empty((B, T, U1)), np.empty((B, T, U1))
+    g_am = torch.empty((B, T, U1), dtype=dtypes[0])
+    g_lm = torch.empty((B, U1, 2), dtype=dtypes[1])
+    dP, dR, dQ, dS = np.empty((B, T)), np.empty((B, T)), np.empty((B, U1)), np.empty((B, U1 - 1))
+    simple.arc_terms_backward(_np(code), np.ascontiguousarray(_np(mass)), *g, *_scales(mix),
+                              g_mass, g_resc, g_am.numpy(), g_lm.numpy(), dP, dR, dQ, dS)
+    mix_grads = () if mix is None else tuple(torch.from_numpy(x) for x in (dP, dQ, dR, dS))
+    return torch.from_numpy(g_mass), torch.from_numpy(g_resc), g_am, g_lm, mix_grads
 
 
 def window_dp(mass: torch.Tensor, max_step: int):

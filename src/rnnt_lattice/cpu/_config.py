@@ -158,10 +158,11 @@ class ParallelKernel:
     ``serial`` (prange as range), with separate cache files. A call runs the parallel one
     unless ``RNNT_LATTICE_NUMBA_PARALLEL=0`` or the process is a forked child."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, jit=None):
         self.py_func = fn
-        self.parallel = njit(**JIT, cache=CACHE, parallel=True)(_variant(fn, "parallel"))
-        self.serial = njit(**JIT, cache=CACHE, parallel=False)(_variant(fn, "serial"))
+        jit = JIT if jit is None else jit
+        self.parallel = njit(**jit, cache=CACHE, parallel=True)(_variant(fn, "parallel"))
+        self.serial = njit(**jit, cache=CACHE, parallel=False)(_variant(fn, "serial"))
         self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
         self.__doc__, self.__module__ = fn.__doc__, fn.__module__
 
@@ -197,9 +198,14 @@ class ParallelKernel:
 ON_COMPILE = None
 
 
-def pjit(fn):
-    """Decorator of the prange kernels (see ``ParallelKernel``)."""
-    return ParallelKernel(fn)
+def pjit(fn=None, *, strict=False):
+    """Decorator of the prange kernels (see ``ParallelKernel``); ``@pjit(strict=True)``:
+    without fast-math flags (IEEE order and rounding: the kernels that must reproduce a
+    reference's operations one by one, with nothing to vectorise)."""
+    jit = dict(JIT, fastmath=False) if strict else None
+    if fn is None:
+        return lambda f: ParallelKernel(f, jit)
+    return ParallelKernel(fn, jit)
 
 
 # --------------------------------------------------------------------------- row order
