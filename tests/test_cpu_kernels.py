@@ -185,3 +185,56 @@ def test_arc_terms_kernels_are_the_reference(mix, dtype, U1):
         assert len(out[4]) == len(ref[4]) == (4 if mix else 0)
         for k, (x, y) in enumerate(zip(out[4], ref[4])):
             same(x, y, f"d {'PQRS'[k]}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
+def test_simple_rows_kernels_are_the_reference(dtype, contiguous):
+    """The simple losses' rows on the Numba kernels (``cpu.simple_rows``: ok, shift, bad,
+    the exponentials and the entries read) and their backward against the reference
+    (``torch_backend``): rows with a NaN, a +inf, only -inf, some -inf entries, padding
+    rows holding NaN, x contiguous and transposed (a Conv1d head's), an expanded idx with
+    repeated classes; the uni term on and off, no entries' gradient; and (float64) a row
+    reaching 720 and 740 nats below its maximum, whose exponentials are subnormal numbers:
+    within two units of the last place of the reference's, not flushed to zero."""
+    from rnnt_lattice import torch_backend
+    from support.simple_parts import same
+    g = torch.Generator().manual_seed(4)
+    B, N, V, J = 3, 7, 11, 5
+    x = (30 * torch.randn(B, V, N, generator=g, dtype=torch.float64)).to(dtype).transpose(1, 2)
+    x = x.contiguous() if contiguous else x
+    x[0, 1, 3] = float("nan")
+    x[1, 2, 0] = float("inf")
+    x[2, 3] = float("-inf")
+    x[0, 4, :5] = float("-inf")
+    if dtype == torch.float64:
+        x[2, 5, :3] = torch.tensor([0.0, -720.0, -740.0], dtype=dtype)
+        x[2, 5, 3:] = -30.0
+    keep = torch.ones(B, N, dtype=torch.bool)
+    keep[1, 5:] = False
+    x[1, 6] = float("nan")                                            # padding: never read
+    cols = torch.randint(0, V, (B, J), generator=g)
+    cols[:, 1] = cols[:, 2]                                           # a class read twice
+    idx = cols[:, None, :].expand(B, N, J)
+    got, want = cpu.simple_rows(x, keep, idx), torch_backend.simple_rows(x, keep, idx)
+    for name, a, b in zip(("ok", "shift", "bad", "ex", "cols"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.is_floating_point():
+            same(a, b, name)
+        else:
+            assert torch.equal(a, b), name
+    if dtype == torch.float64:
+        sub = want[3][2, 5, 1:3]
+        assert (sub > 0).all() and (sub < 2.3e-308).all()             # subnormal numbers
+        assert ((got[3][2, 5, 1:3] - sub).abs() <= 2 * 2.0 ** -1074).all()
+    ok, ex = want[0], want[3]
+    uni = torch.rand(V, generator=g, dtype=torch.float64).to(dtype)
+    g_uni = torch.randn(B, N, generator=g, dtype=torch.float64)
+    g_cols = torch.randn(B, N, J, generator=g, dtype=torch.float64).to(dtype)
+    grad0 = torch.randn(B, N, V, generator=g, dtype=torch.float64)
+    grad0[0, 1, 2] = g_uni[1, 2] = float("nan")                       # rows not ok: zeroed
+    for g_u, u, g_c in ((g_uni, uni, g_cols), (None, None, g_cols), (g_uni, uni, None)):
+        a, b = grad0.clone(), grad0.clone()
+        cpu.simple_rows_backward(a, ex, ok, g_u, u, idx, g_c)
+        torch_backend.simple_rows_backward(b, ex, ok, g_u, u, idx, g_c)
+        same(a, b, "grad")

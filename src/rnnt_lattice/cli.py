@@ -217,7 +217,8 @@ WARMUP_CALLS = [
     ("tdt_loss", ("row_pass", "lattice", "grad_rows")),
     ("best_alignment", ("row_pass", "viterbi")),
     ("prune_ranges", ("window_dp",)),
-    ("rnnt_loss_smoothed", ("arc_terms_forward", "lattice", "arc_terms_backward")),
+    ("rnnt_loss_smoothed", ("simple_rows_forward", "arc_terms_forward", "lattice",
+                            "arc_terms_backward", "simple_rows_backward")),
 ]
 
 

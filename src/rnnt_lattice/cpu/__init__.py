@@ -76,9 +76,6 @@ ZEROES_INFINITE_COSTS = True      # loss_backward and tile_backward zero the ups
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.
 simple_rescue = torch_backend.simple_rescue
 simple_rescue_backward = torch_backend.simple_rescue_backward
-# Its rows (a few element-wise operations, over (B, T, V) float64): the same.
-simple_rows = torch_backend.simple_rows
-simple_rows_backward = torch_backend.simple_rows_backward
 # The backward of do_rnnt_pruning's rows of lm: index_add_ adds in order on the CPU.
 rows_sum = torch_backend.rows_sum
 
@@ -529,6 +526,43 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: End
 # k2's rule (prune_ranges(method="k2")): a few vectorised PyTorch operations over the
 # occupations, as fast as a loop of Numba's on the CPU.
 k2_starts = torch_backend.k2_starts
+
+
+def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
+    """The simple losses' rows ``(ok, shift, bad, ex, cols)`` (``torch_backend.simple_rows``:
+    the reference and the definitions) in one Numba kernel, ``simple.simple_rows_forward``,
+    a row per prange iteration."""
+    B, N, V = x.shape
+    J = idx.shape[2]
+    if x.dtype not in (torch.float32, torch.float64) or not (B * N and V):
+        return torch_backend.simple_rows(x, keep, idx)
+    ok = np.empty((B, N), dtype=np.bool_)
+    bad = np.empty((B, N), dtype=np.bool_)
+    shift = np.empty((B, N))
+    ex = np.empty((B, N, V))
+    xa = np.ascontiguousarray(_np(x))
+    cols = np.empty((B, N, J), dtype=xa.dtype)
+    simple.simple_rows_forward(xa, np.ascontiguousarray(_np(keep)),
+                               np.ascontiguousarray(_np(idx)), ok, shift, bad, ex, cols)
+    return (torch.from_numpy(ok), torch.from_numpy(shift), torch.from_numpy(bad),
+            torch.from_numpy(ex), torch.from_numpy(cols))
+
+
+def simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols) -> None:
+    """The backward of :func:`simple_rows` in place on ``grad (B, N, V)`` float64
+    (``torch_backend.simple_rows_backward``: the reference), ``simple.simple_rows_backward``."""
+    B, N, V = grad.shape
+    if ex.dtype != torch.float64 or not grad.is_contiguous() or not (B * N and V):
+        return torch_backend.simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols)
+    none1, none2 = np.empty(0), np.empty((0, 0))
+    has_uni, has_cols = g_uni is not None, g_cols is not None
+    gu = np.ascontiguousarray(_np(g_uni), dtype=np.float64) if has_uni else none2
+    un = np.ascontiguousarray(_np(uni), dtype=np.float64) if has_uni else none1
+    gc = (np.ascontiguousarray(_np(g_cols), dtype=np.float64) if has_cols
+          else np.empty((0, 0, 0)))
+    simple.simple_rows_backward(_np(grad), np.ascontiguousarray(_np(ex)),
+                                np.ascontiguousarray(_np(ok)), has_uni, gu, un,
+                                np.ascontiguousarray(_np(idx)), has_cols, gc)
 
 
 def _scales(mix) -> tuple:

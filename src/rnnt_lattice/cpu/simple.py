@@ -1,11 +1,17 @@
-"""The simple losses' arc terms (``pruned.simple._ArcTerms``, whose docstring has the
-formulas; ``torch_backend.arc_terms`` is the reference), as two Numba kernels: per node
-element-wise work over ``(B, T, U+1)`` that the reference spends some 70 PyTorch
-operations on, each a pass over a plane (and, at the small shapes of a CPU batch, mostly
-their dispatch). ``cpu.arc_terms`` and ``cpu.arc_terms_backward`` prepare the arrays.
-Without fast-math flags (``pjit(strict=True)``): the same operations in the same order as
-the reference, no reassociation of ``(am + lm) - lse``, whose terms may be far larger
-than the result."""
+"""The simple losses' Numba kernels (``pruned.simple``; ``cpu.simple_rows``,
+``cpu.arc_terms`` and their backward prepare the arrays):
+
+- the rows (``simple_rows_forward``, ``simple_rows_backward``; ``torch_backend.simple_rows``
+  is the reference and has the definitions): per row of am or lm, its flags, its maximum,
+  ``exp(x - max)`` in float64 and the entries its arcs read, in one pass where the
+  reference makes a dozen over ``(B, T, V)`` tensors, four of them float64;
+- the arc terms (``arc_terms_forward``, ``arc_terms_backward``; ``pruned.simple._ArcTerms``
+  has the formulas, ``torch_backend.arc_terms`` is the reference): per node element-wise
+  work over ``(B, T, U+1)`` that the reference spends some 70 PyTorch operations on, each
+  a pass over a plane (and, at the small shapes of a CPU batch, mostly their dispatch).
+  Without fast-math flags (``pjit(strict=True)``): the same operations in the same order
+  as the reference, no reassociation of ``(am + lm) - lse``, whose terms may be far
+  larger than the result."""
 from __future__ import annotations
 
 import math
@@ -14,6 +20,7 @@ import numpy as np
 from numba import prange
 
 from ._config import pjit
+from .fastmath import exp64, row_max
 
 NEG_INF = -np.inf
 
@@ -145,3 +152,94 @@ def arc_terms_backward(
             dQ[b, u] = col_Gb[u]
             if u < U:
                 dS[b, u] = col_Ge[u]
+
+
+# exp(d) for d < -708 (a subnormal result, which ``exp64`` flushes to 0): exp(d + SUB_SHIFT)
+# times 2^-512, exactly a power of two, rounded once into the subnormal range.
+SUB_SHIFT = 512 * math.log(2.0)
+SUB_SCALE = 2.0 ** -512
+
+
+@pjit
+def simple_rows_forward(
+    # data: rows x (B, N, V) float32/float64, the rows kept (B, N), the classes read (B, N, J)
+    x, keep, idx,
+    # outputs: ok, shift, bad (B, N); ex (B, N, V) float64; cols (B, N, J) in x's dtype
+    ok, shift, bad, ex, cols,
+):
+    """Per row ``r = (b, n)``, one per prange iteration::
+
+        ok(r)    = keep(r) and no NaN or +inf in the row;   bad(r) = keep(r) and not ok(r)
+        shift(r) = max_v x(r, v) where ok and finite, else 0
+        ex(r, v) = exp(x(r, v) - shift(r)) on ok rows, else 0             (float64)
+        cols(r, j) = x(r, idx(r, j)) on ok rows, else 0
+
+    ``exp64`` (vectorised) where every ``x - shift >= -708``; a row reaching below takes
+    the subnormal range too (``SUB_SHIFT``), as the reference's exp does."""
+    B, N, V = x.shape
+    J = idx.shape[2]
+    for r in prange(B * N):
+        b = r // N
+        n = r - b * N
+        row = x[b, n]
+        out = ex[b, n]
+        m = np.float64(row_max(row))                   # NaN exactly when the row holds one
+        good = keep[b, n] and m < np.inf                   # False for NaN and +inf
+        ok[b, n] = good
+        bad[b, n] = keep[b, n] and not good
+        s = m if good and m > NEG_INF else 0.0
+        shift[b, n] = s
+        if not good:
+            for v in range(V):
+                out[v] = 0.0
+            for j in range(J):
+                cols[b, n, j] = 0.0
+            continue
+        lo = np.float64(row[0])
+        for v in range(V):
+            xv = np.float64(row[v])
+            lo = xv if xv < lo else lo
+        if lo - s >= -708.0:
+            for v in range(V):
+                out[v] = exp64(np.float64(row[v]) - s)
+        else:
+            for v in range(V):
+                d = np.float64(row[v]) - s
+                out[v] = exp64(d) if d >= -708.0 else exp64(d + SUB_SHIFT) * SUB_SCALE
+        for j in range(J):
+            cols[b, n, j] = row[idx[b, n, j]]
+
+
+@pjit
+def simple_rows_backward(
+    # in/out: the gradient w.r.t. ex (B, N, V) float64, then w.r.t. x; ex, ok of the forward
+    grad, ex, ok,
+    # the uni term (float64; empty arrays without), the entries' gradient (float64)
+    has_uni, g_uni, uni, idx, has_cols, g_cols,
+):
+    """The backward of :func:`simple_rows_forward` in place, per row::
+
+        grad(r, v) = (grad(r, v) + g_uni(r) uni(v)) ex(r, v)     (has_uni; else grad ex)
+                     + sum_{j: idx(r, j) = v} g_cols(r, j)          (has_cols, j in order)
+                     on ok rows, 0 elsewhere"""
+    B, N, V = grad.shape
+    J = idx.shape[2]
+    for r in prange(B * N):
+        b = r // N
+        n = r - b * N
+        g = grad[b, n]
+        e = ex[b, n]
+        if not ok[b, n]:
+            for v in range(V):
+                g[v] = 0.0
+            continue
+        if has_uni:
+            gu = g_uni[b, n]
+            for v in range(V):
+                g[v] = (g[v] + gu * uni[v]) * e[v]
+        else:
+            for v in range(V):
+                g[v] = g[v] * e[v]
+        if has_cols:
+            for j in range(J):
+                g[idx[b, n, j]] += g_cols[b, n, j]
