@@ -110,3 +110,42 @@ def test_custom_op(backend):
     eps = torch.finfo(torch.float64).eps
     torch.testing.assert_close(costs, eager, rtol=64 * eps, atol=0)
     torch.testing.assert_close(grad, grad_eager, rtol=64 * eps, atol=64 * eps)
+
+
+@pytest.mark.parametrize("spread", [0.0, 1000.0], ids=["plain", "rescued"])
+def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_compile_cache):
+    """A compiled training step of k2's pruned recipe (the smoothed and simple losses,
+    ``prune_ranges``, ``do_rnnt_pruning``, the pruned loss, ``lattice_loss``): the simple
+    losses and ``lattice_loss`` run eagerly inside it (a graph break: their backends are
+    opaque to TorchDynamo, which failed on them), so losses and gradients equal the eager
+    step's bit for bit, the log-domain rescue of logits 1000 nats apart included."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 2, 6, 3, 7
+    am = torch.randn(B, T, V, generator=g)
+    am[0, :, 1] += spread
+    lm = torch.randn(B, U + 1, V, generator=g)
+    y = torch.randint(1, V, (B, U), generator=g)
+    tl, ul = torch.tensor([6, 5]), torch.tensor([3, 2])
+
+    def step(lm, am):
+        s, occ = rnnt_lattice.rnnt_loss_smoothed(lm, am, y, tl, ul, blank=0, lm_only_scale=0.2,
+                                                 am_only_scale=0.1, return_occupations=True)
+        s2 = rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0)
+        win = rnnt_lattice.prune_ranges(occ, 2, method="k2")
+        am_p, lm_p = rnnt_lattice.do_rnnt_pruning(am, lm, win.ranges)
+        p = rnnt_lattice.rnnt_loss_pruned(am_p + lm_p, y, win.ranges, tl, ul, blank=0)
+        w = rnnt_lattice.lattice_loss(am[..., :U + 1].double(), lm[:, None, :, 0].double()
+                                      .expand(B, T, U + 1), tl, ul).sum()
+        return s + s2 + p + w
+
+    def run(fn):
+        a, l_ = am.clone().requires_grad_(), lm.clone().requires_grad_()
+        loss = fn(l_, a)
+        loss.backward()
+        return loss.detach(), a.grad, l_.grad
+
+    eager, compiled = run(step), run(torch.compile(step))
+    for name, c, e in zip(("loss", "am.grad", "lm.grad"), compiled, eager):
+        assert torch.isfinite(e).all() and torch.equal(c, e), name
+    torch._dynamo.reset()

@@ -33,6 +33,7 @@ buffer over without a copy.
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional
 
 import torch
@@ -247,3 +248,19 @@ def reduce_costs(costs: torch.Tensor, reduction: str, zero_infinity: bool) -> to
     if reduction == "sum" or costs.shape[0] == 0:
         return costs.sum()
     return costs.mean()
+
+
+def eager_under_compile(fn):
+    """``fn`` behind ``torch.compiler.disable``: run eagerly inside a compiled function (a
+    graph break around it), for the calls whose backends' kernels and host work TorchDynamo
+    cannot trace. Wrapped on the first call: decorating at import would import
+    torch._dynamo (and Triton) with rnnt_lattice."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+    return call

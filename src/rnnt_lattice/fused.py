@@ -43,7 +43,8 @@ import torch
 
 from . import _backends
 from ._layout import tile_node_rows, tile_plan
-from ._ops import reduce_costs, refuse_double_backward, with_bad_rows, without_infinite
+from ._ops import (eager_under_compile, reduce_costs, refuse_double_backward, with_bad_rows,
+                   without_infinite)
 from ._types import LossOptions
 from .joiner import Joiner
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
@@ -558,19 +559,6 @@ def _params(joiner) -> tuple:
     return ()
 
 
-def _fused_loss(*args, **kwargs) -> torch.Tensor:
-    """:func:`_fused_loss_eager` behind ``torch.compiler.disable``: a graph break under
-    ``torch.compile`` (the joiner is called inside the Function). Wrapped on first use:
-    decorating at import would import torch._dynamo (and Triton) with rnnt_lattice."""
-    global _fused_loss_disabled
-    if _fused_loss_disabled is None:
-        _fused_loss_disabled = torch.compiler.disable(_fused_loss_eager)
-    return _fused_loss_disabled(*args, **kwargs)
-
-
-_fused_loss_disabled = None
-
-
 def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
                       topology, frames_only, params, *, tile, clamp, reduction, fused,
                       fastemit_lambda, zero_infinity, backend, sigma=0.0, delay_penalty=0.0,
@@ -620,6 +608,10 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                      prep.chk.logits.dtype, inputs)
         costs = _FusedLoss.apply(call, enc, pred, *params)
     return reduce_costs(with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
+
+
+# A graph break under ``torch.compile`` (the joiner is called inside the Function).
+_fused_loss = eager_under_compile(_fused_loss_eager)
 
 
 def _dropping(joiner, drop: int):

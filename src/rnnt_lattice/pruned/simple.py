@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _backends
-from .._ops import output_costs, reduce_costs, with_bad_rows
+from .._ops import eager_under_compile, output_costs, reduce_costs, with_bad_rows
 from .._types import ArcParts, Ends, Smoothing
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
                          check_site, check_weight_args, device_value_check)
@@ -171,12 +171,9 @@ def _rescue(impl, am, lm, am_ok, lm_ok, mass):
     (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere), from the backend's
     ``simple_rescue`` (CPU: only those nodes, found on the host; CUDA: a Triton kernel
     whose programs, 256 nodes each, return at once where none of theirs is marked: no host
-    synchronisation).
-    While compiling nothing is rescued: such a node has no mass, lse ``-inf``."""
+    synchronisation). (Never traced: the simple losses run eagerly under ``torch.compile``.)"""
     V = am.shape[2]
     need = (mass < V * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
-    if torch.compiler.is_compiling():
-        return torch.zeros_like(need), torch.full_like(mass, NEG_INF, dtype=torch.float64)
     return need, impl.simple_rescue(am, lm, need)
 
 
@@ -634,3 +631,13 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
         return loss
     return loss, ArcOccupations(gamma[:, 0], gamma[:, 1], logit_lengths, target_lengths,
                                 boundary, rnnt_type)
+
+
+# The simple losses and the recursion on caller-given weights run eagerly inside a compiled
+# function (a graph break around each call): their backends' kernels and host work are
+# opaque to TorchDynamo, which failed while tracing them (torch 2.13 on the CPU: "exception
+# table entry start instruction has no offset", "'ndarray' object has no attribute
+# 'setflags'"). Eager inside, the rescue of far-apart logits runs too.
+lattice_loss = eager_under_compile(lattice_loss)
+_simple_loss = eager_under_compile(_simple_loss)
+
