@@ -34,7 +34,7 @@ import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
 from support.sync import SYNCING_OPS, RecordOps as _RecordOps, syncing as _syncing  # noqa: E402
-from support.simple_parts import arc_parts as _arc_parts, same as _same  # noqa: E402
+from support.simple_parts import check_arc_terms, check_simple_rows  # noqa: E402
 from support.triton_probes import skew_probe  # noqa: E402
 
 if not gpu.INTERPRETED:                                             # pragma: no cover
@@ -1192,87 +1192,30 @@ def test_delay_penalty_never_synchronises(device_checks, rnnt_type):
 @pytest.mark.parametrize("U1", [7, 1])
 def test_arc_terms_kernels_are_the_reference(mix, dtype, tiles, U1, monkeypatch):
     """The simple losses' arc log-probs and their backward on the Triton kernels
-    (``gpu.arc_terms``, what CUDA runs) against the reference (``torch_backend``): every kind
-    of node (``_arc_parts``), upstream gradients with NaN and a plane of a ``(B, K, T, U+1)``
-    tensor (strided), one of them absent; the tiles of the default (one chunk of label
-    positions, one step of the column sums) and many (2 x 4 nodes a program, the column
-    sums 2 blocks x 4 positions at a time, partial chunks); U = 0."""
+    (``gpu.arc_terms``, what CUDA runs) against the reference (``support.simple_parts``:
+    every kind of node, NaN and strided upstream gradients, either one absent with the
+    default tiles); the tiles of the default (one chunk of label positions, one step of the
+    column sums) and many (2 x 4 nodes a program, the column sums 2 blocks x 4 positions at
+    a time, partial chunks); U = 0."""
     if tiles == "many":
         monkeypatch.setattr(gpu, "ARC_TILE", 8)
         monkeypatch.setattr(gpu, "ARC_MAX_BLOCK_U", 4)
         monkeypatch.setattr(gpu, "ARC_COLS", (2, 4))
-    parts, smooth = _arc_parts(dtype, U1=U1, mix=mix)
-    B, T, _ = parts.mass.shape
-    got, want = gpu.arc_terms(parts, smooth), torch_backend.arc_terms(parts, smooth)
-    for name, x, y in zip(("b", "e"), got, want):
-        _same(x, y, name)
-    g = torch.Generator().manual_seed(3)
-    planes = torch.randn(B, 2, T, U1, generator=g, dtype=torch.float64)      # (B, K, T, U+1)
-    planes[0, 0, 1, 0] = planes[2, 1, 5, 0] = float("nan")
-    dtypes = (parts.am_cols.dtype, parts.lm_cols.dtype)
-    ups = [(planes[:, 0], planes[:, 1])]
-    if tiles == "one":                               # an absent gradient: the default tiles
-        ups += [(None, planes[:, 1]), (planes[:, 0], None)]
-    for g_b, g_e in ups:
-        out = gpu.arc_terms_backward(got[2], g_b, g_e, smooth, dtypes)
-        ref = torch_backend.arc_terms_backward(want[2], g_b, g_e, smooth, dtypes)
-        names = ("d mass", "d lse_rescued", "d am_cols", "d lm_cols", "d mix")
-        for name, x, y in zip(names, out, ref):
-            if name == "d mix":
-                assert len(x) == len(y) == (4 if mix else 0)
-                for k, (xi, yi) in enumerate(zip(x, y)):
-                    _same(xi, yi, f"d {'PQRS'[k]}")
-            else:
-                _same(x, y, name)
+    check_arc_terms(gpu, dtype, U1, mix, absent=tiles == "one")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("tiles", ["one", "many"])
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
 def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, monkeypatch):
-    """The simple losses' rows (``gpu.simple_rows``: ok, shift, bad, the exponentials and
-    the entries read) and their backward on the Triton kernels against the reference
-    (``torch_backend``): rows with a NaN, a +inf, only -inf, some -inf entries, padding
-    rows holding NaN, x contiguous and transposed (a Conv1d head's), an expanded idx with repeated
-    classes (the am rows' [blank, y_0 ..]); the uni term on and off, no entries'
-    gradient; in one step of a row's classes and entries, and in many (2 rows of 4
-    classes, entries 2 at a time)."""
+    """The simple losses' rows and their backward on the Triton kernels (``gpu.simple_rows``)
+    against the reference (``support.simple_parts.check_simple_rows``), in one step of a
+    row's classes and entries, and in many (2 rows of 4 classes, entries 2 at a time)."""
     if tiles == "many":
         monkeypatch.setattr(gpu, "ROWS_TILE", 12)
         monkeypatch.setattr(gpu, "ROWS_MAX_BLOCK_V", 4)
         monkeypatch.setattr(gpu, "ROWS_BLOCK_J", 2)
-    g = torch.Generator().manual_seed(4)
-    B, N, V, J = 3, 7, 11, 5
-    x = (30 * torch.randn(B, V, N, generator=g, dtype=torch.float64)).to(dtype).transpose(1, 2)
-    x = x.contiguous() if contiguous else x
-    x[0, 1, 3] = float("nan")
-    x[1, 2, 0] = float("inf")
-    x[2, 3] = NEG_INF
-    x[0, 4, :5] = NEG_INF
-    keep = torch.ones(B, N, dtype=torch.bool)
-    keep[1, 5:] = False
-    x[1, 6] = float("nan")                                            # padding: never read
-    cols = torch.randint(0, V, (B, J), generator=g)
-    cols[:, 1] = cols[:, 2]                                           # a class read twice
-    idx = cols[:, None, :].expand(B, N, J)
-    got, want = gpu.simple_rows(x, keep, idx), torch_backend.simple_rows(x, keep, idx)
-    for name, a, b in zip(("ok", "shift", "bad", "ex", "cols"), got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        if a.is_floating_point():
-            _same(a, b, name)
-        else:
-            assert torch.equal(a, b), name
-    ok, ex = want[0], want[3]
-    uni = torch.rand(V, generator=g, dtype=torch.float64).to(dtype)
-    g_uni = torch.randn(B, N, generator=g, dtype=torch.float64)
-    g_cols = torch.randn(B, N, J, generator=g, dtype=torch.float64).to(dtype)
-    grad0 = torch.randn(B, N, V, generator=g, dtype=torch.float64)
-    grad0[0, 1, 2] = g_uni[1, 2] = float("nan")                       # rows not ok: zeroed
-    for g_u, u, g_c in ((g_uni, uni, g_cols), (None, None, g_cols), (g_uni, uni, None)):
-        a, b = grad0.clone(), grad0.clone()
-        gpu.simple_rows_backward(a, ex, ok, g_u, u, idx, g_c)
-        torch_backend.simple_rows_backward(b, ex, ok, g_u, u, idx, g_c)
-        _same(a, b, "grad")
+    check_simple_rows(gpu, dtype, contiguous)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
