@@ -1256,3 +1256,15 @@ def test_rows_sum_kernel_is_the_reference(dtype, block, monkeypatch):
     for b, t, k in itertools.product(range(2), range(6), range(2)):
         want[b, ranges[b, t, k]] += w[b, t, k]
     torch.testing.assert_close(lm.grad, want, rtol=1e-15, atol=1e-15)
+
+
+def test_selfcheck_pruning_rows_on_the_gpu_backend(monkeypatch):
+    """``rnnt-lattice check``'s ``do_rnnt_pruning`` check as it runs on CUDA (the Triton
+    backend's ``rows_sum``, its bfloat16 branch included), here under the interpreter."""
+    from rnnt_lattice import _backends, selfcheck
+    resolve = _backends.resolve
+    monkeypatch.setattr(_backends, "resolve", lambda backend, device: gpu if backend == "auto"
+                        else resolve(backend, device))
+    ctx = selfcheck.Context("cpu", "triton", selfcheck.plan_for("cpu", "smoke"), "smoke")
+    line = selfcheck.check_pruning_rows(ctx, ctx.plan.tool_shape)
+    assert "bit-identical" in line and "bfloat16 rel err" in line, line

@@ -355,13 +355,15 @@ def check_pruning_rows(ctx, shape):
     """``do_rnnt_pruning``'s gradient on the device (the lm rows' sums: the backend's
     ``rows_sum``, on CUDA sorted indices and a Triton sum in a fixed order) against
     autograd's ``index_select`` backward (``index_add_``) on the CPU: the same bits in
-    float32 and float64, on CUDA one bfloat16 rounding of the float64 sum in bfloat16 (on
-    the CPU ``rows_sum`` is ``index_add_``, which adds in bfloat16)."""
+    float32 and float64; where the Triton backend sums (CUDA), within one bfloat16 rounding
+    of the float64 sum in bfloat16 (on the CPU ``rows_sum`` is ``index_add_``, which adds in
+    bfloat16)."""
     B, T, U, V = shape
     _, _, _, ranges = _windows(shape, ctx.device, "regular")
     g = torch.Generator(device="cpu").manual_seed(17)
     errs = {}
-    for dtype in (torch.float32, torch.float64) + ((torch.bfloat16,) if ctx.cuda else ()):
+    sums_f32 = _backends.resolve("auto", torch.device(ctx.device)).NAME == "triton"
+    for dtype in (torch.float32, torch.float64) + ((torch.bfloat16,) if sums_f32 else ()):
         am = torch.randn(B, T, 24, generator=g).to(dtype)
         lm = torch.randn(B, U + 1, 24, generator=g).to(dtype)
         w = torch.randn(B, T, ranges.shape[-1], 24, generator=g).to(dtype)
@@ -376,9 +378,12 @@ def check_pruning_rows(ctx, shape):
         got, want = lm_.grad.cpu(), lm_ref.grad
         if dtype == torch.bfloat16:
             err = float(((got.double() - want).abs() / want.abs().clamp(min=1e-30)).max())
-            if err > 2 ** -8:
+            # One rounding to bfloat16 (8 significant bits): within one unit in the last
+            # place, 2^-7 relative (to the nearest on a GPU: half of it; the interpreter
+            # rounds towards zero).
+            if err > 2 ** -7:
                 raise CheckFailed(f"do_rnnt_pruning bfloat16: lm gradient off by {err:.1e} "
-                                  f"(relative; one bfloat16 rounding is at most 2^-9)")
+                                  f"(relative; one bfloat16 rounding is at most 2^-7)")
             errs["bf16"] = f"; bfloat16 rel err {err:.1e}"
         elif not torch.equal(got, want.to(dtype)):
             raise CheckFailed(f"do_rnnt_pruning {dtype}: lm gradient differs from index_add_ on "
