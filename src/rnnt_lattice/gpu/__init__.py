@@ -134,11 +134,11 @@ K2_SCAN = 1024
 ARC_TILE = 512           # nodes a program of the simple losses' arc terms (``_arc_tiles``)
 ARC_MAX_BLOCK_U = 128    # label positions per chunk of those programs
 ARC_WARPS = 8            # 2 nodes a thread: 76 and 118 registers on sm_90 (4 warps: 106, 141)
-ARC_COLS = (32, 32)
+ARC_COLS = (32, 32)      # blocks of frames x label positions a step of their column sums
 ROWS_TILE = 2048         # entries a program of the simple losses' row kernels (``_rows_tiles``)
 ROWS_MAX_BLOCK_V = 1024  # classes a chunk of them
 ROWS_BLOCK_J = 128       # entries read a chunk
-ROWS_SUM_BLOCK_D = 1024  # columns a program of ``rows_sum``      # blocks of frames x label positions a step of their column sums
+ROWS_SUM_BLOCK_D = 1024  # columns a program of ``rows_sum``
 
 
 def empty_cache() -> None:
