@@ -22,6 +22,13 @@ The joiner's kernel path (``gpu/joint.py``) is compiled with the blocks it launc
 widths ``--H`` and each V, bfloat16 and float32 operands (TF32 products), with H and V
 specialised as a launch specialises them (divisible by 16 where they are).
 
+Every kernel is tried (one that does not compile gets a row saying so and a line on
+stderr, and the exit status is 1), and each compiled kernel's TTIR is searched for the loop
+that Triton 3.6's CUDA compiler rejects (``thread_locality_hazards``; also a failure).
+Run it with the Triton of the GPU machine before a GPU session (Triton 3.6 there): a
+venv with ``torch==2.13.0`` and ``triton==3.6.0`` from the registry, then
+``PYTHONPATH=src <venv>/bin/python benchmarks/kernel_resources.py``.
+
 ``docs/benchmarks.md`` ("Triton kernels on sm_90: registers, spills, vector loads") has
 the table and the command.
 """
@@ -219,6 +226,100 @@ def joint_variants(V_list, H_list):
                "bf16", dict(H=H))
 
 
+# Triton 3.6's ``OptimizeThreadLocality`` pass (CUDA) rewrites a loop that accumulates a
+# row reduction of a load (``acc = acc + tl.sum(tl.load(...), axis=-1)``, also max, min
+# and products) and asserts that the loop's result has a single use after it: a kernel
+# that reads such an accumulator twice does not compile there, while the interpreter and
+# newer Triton accept it. ``thread_locality_hazards`` finds the pattern in the TTIR.
+_SSA = r"%[\w.$-]+"
+_LOC = re.compile(r"\s+loc\(.*\)\s*$")
+_FLOAT_COMBINE = {"addf", "mulf", "maxnumf", "maximumf", "minnumf", "minimumf"}
+
+
+def _uses(lines, name):
+    """The lines that read the SSA value ``name`` (not the one that defines it)."""
+    pat = re.compile(re.escape(name) + r"(?![\w.$#-])")
+    return [i for i, ln in enumerate(lines)
+            if pat.search(ln) and not re.match(r"\s*" + re.escape(name) + r"\s*=", ln)]
+
+
+def thread_locality_hazards(ttir: str) -> list:
+    """The loop accumulators of ``ttir`` (a kernel's TTIR, ``compiled.asm["ttir"]``) that
+    Triton 3.6 fails to compile for CUDA (``loopResult.hasOneUse()``): a float row
+    reduction (innermost axis) of a loaded tensor, directly in an ``scf.for`` body,
+    combined with a loop-carried value initialised by a constant and yielded, whose loop
+    result is then read more than once. Returns one line per hazard (empty: none). The
+    test is conservative: it does not model the pass's layout conditions."""
+    lines = [_LOC.sub("", ln) for ln in ttir.splitlines()]
+    opens = [ln.rstrip().endswith("{") for ln in lines]
+    closes = [ln.lstrip().startswith("}") for ln in lines]
+    defs = {}                  # name -> [(line, text)]: the printer reuses names across regions
+    for i, ln in enumerate(lines):
+        m = re.match(r"\s*(" + _SSA + r")(?::\d+)?\s*=\s*(.*)$", ln)
+        if m:
+            defs.setdefault(m.group(1), []).append((i, m.group(2)))
+
+    def defined_by(name, at, op):
+        before = [text for k, text in defs.get(name, ()) if k < at]
+        return bool(before) and before[-1].startswith(op)
+
+    hazards = []
+    for i, ln in enumerate(lines):
+        m = re.match(r"\s*(" + _SSA + r")(?::(\d+))?\s*=\s*scf\.for .*iter_args\((.*?)\)\s*->", ln)
+        if not m:
+            continue
+        result, n = m.group(1), int(m.group(2) or 1)
+        iters = [tuple(a.strip().split(" = ")) for a in m.group(3).split(",")]
+        depth, end = 0, i
+        for j in range(i, len(lines)):          # the loop's body: up to its closing brace
+            depth += opens[j] - closes[j]
+            if depth == 0:
+                end = j
+                break
+        depth, scope = 0, len(lines)
+        for j in range(end + 1, len(lines)):    # the rest of the region the loop is in
+            depth += opens[j] - closes[j]
+            if depth < 0:
+                scope = j
+                break
+        body, d = [], 0
+        for j in range(i + 1, end):             # the body's own operations (depth 0)
+            if d == 0:
+                body.append(j)
+            d += opens[j] - closes[j]
+        for j in body:
+            r = re.match(r"\s*(" + _SSA + r") = \"tt\.reduce\"\((" + _SSA + r")\) <\{axis = (\d+)", lines[j])
+            if not r:
+                continue
+            red, src, axis = r.group(1), r.group(2), int(r.group(3))
+            combine = re.search(r"arith\.(\w+)", lines[j + 2])
+            rank = re.search(r"\) : \(tensor<([\dx]+)x\w+>\)", " ".join(lines[j:j + 6]))
+            if (not combine or combine.group(1) not in _FLOAT_COMBINE or not rank
+                    or axis != rank.group(1).count("x") or not defined_by(src, j, "tt.load")):
+                continue
+            users = [k for k in _uses(lines, red) if i < k < end]
+            if len(users) != 1:
+                continue
+            upd = re.match(r"\s*(" + _SSA + r") = arith\.\w+ (" + _SSA + r"), (" + _SSA + r")",
+                           lines[users[0]])
+            args = [a for a, _ in iters]
+            if not upd or not {upd.group(2), upd.group(3)} & set(args):
+                continue
+            acc = upd.group(2) if upd.group(2) in args else upd.group(3)
+            if not defined_by(iters[args.index(acc)][1], i, "arith.constant"):
+                continue
+            yields = [k for k in _uses(lines, upd.group(1)) if i < k < end]
+            if len(yields) != 1 or "scf.yield" not in lines[yields[0]]:
+                continue
+            k = args.index(acc)
+            out = f"{result}#{k}" if n > 1 else result
+            reads = len(_uses(lines[end + 1:scope], out))
+            if reads != 1:
+                hazards.append(f"the loop result {out} (accumulator {acc} of the reduction "
+                               f"{red}) is read {reads} times after the loop")
+    return hazards
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sm", type=int, default=90)
@@ -227,6 +328,8 @@ def main(argv=None) -> int:
                     help="the joiner widths of the kernel path's rows")
     ap.add_argument("--joint-V", type=int, nargs="*", default=[1024, 8198],
                     help="the vocabularies of the kernel path's rows")
+    ap.add_argument("--only", nargs="*", default=None, metavar="KERNEL",
+                    help="only the rows of these kernels (names as in the table)")
     args = ap.parse_args(argv)
     from rnnt_lattice.gpu import joint, kernels
     target = GPUTarget("cuda", args.sm, 32)
@@ -237,7 +340,10 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     rows = ([(*v[:6], "fp32", v[6] if len(v) > 6 else {}) for v in variants(args.V)]
             + list(joint_variants(args.joint_V, args.H)))
+    failed = []
     for label, shape, name, const, warps, stages, x, ints in rows:
+        if args.only is not None and name not in args.only:
+            continue
         fn = getattr(joint if name.startswith("_joint") else kernels, name)
         sig = signature(fn, const, x)
         # Every pointer 16-byte aligned, as a launch on CUDA tensors specialises them
@@ -245,12 +351,22 @@ def main(argv=None) -> int:
         # divisible by 16 where they are.
         attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
                  if t.startswith("*") or ints.get(p, 1) % 16 == 0}
-        compiled = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=target,
-                                  options=dict(num_warps=warps, num_stages=stages))
+        try:
+            compiled = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=target,
+                                      options=dict(num_warps=warps, num_stages=stages))
+        except Exception as err:        # every kernel is tried: a GPU's Triton may fail several
+            last = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
+            failed.append(f"{label} ({shape}): {type(err).__name__}: {last[0][:160]}")
+            print(f"| {label} | {shape} | {warps} | does not compile | - | - |", flush=True)
+            continue
+        for hazard in thread_locality_hazards(compiled.asm["ttir"]):
+            failed.append(f"{label} ({shape}): Triton 3.6 would not compile it: {hazard}")
         reg, stack = resources(compiled.asm["cubin"])
         width = loads(compiled.asm["ptx"])
         print(f"| {label} | {shape} | {warps} | {reg} | {stack} | {width} |", flush=True)
-    return 0
+    for line in failed:
+        print(f"kernel_resources: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -508,7 +508,7 @@ import torch
 from rnnt_lattice import gpu, topology
 from rnnt_lattice.gpu import joint, kernels
 
-from kernel_resources import signature   # the pointer types by naming convention
+from kernel_resources import signature, thread_locality_hazards   # pointer types by name
 
 INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
 ACC = {"fp32": tl.float32, "fp64": tl.float64}
@@ -628,6 +628,9 @@ for sm in map(int, sys.argv[2:]):
             sig = signature(fn, const, x, idt, costs)
             compiled = triton.compile(ASTSource(fn, sig, const), target=target)
             assert compiled.asm["cubin"], (name, sm, x, const)
+            # what Triton 3.6 (the H100's) would not compile
+            hazards = thread_locality_hazards(compiled.asm["ttir"])
+            assert not hazards, (name, sm, x, const, hazards)
             n += 1
 print("compiled", n)
 """
@@ -636,7 +639,9 @@ print("compiled", n)
 def test_kernels_compile_for_cuda():
     """The interpreter accepts code that the compiler rejects (e.g. a non-constexpr global
     inside a kernel): compile every kernel variant to a cubin for Turing, Ampere and Hopper
-    (Triton bundles ptxas; no GPU needed), in a subprocess without the interpreter."""
+    (Triton bundles ptxas; no GPU needed), in a subprocess without the interpreter; and no
+    kernel holds the loop that Triton 3.6, the H100's, fails to compile
+    (``kernel_resources.thread_locality_hazards``)."""
     env = _compile_env()
     # Two processes (the CI machine's two cores), each every other variant.
     procs = [subprocess.Popen([sys.executable, "-c", COMPILE_SCRIPT, f"{shard}/2", "75", "80",
@@ -649,6 +654,62 @@ def test_kernels_compile_for_cuda():
         assert proc.returncode == 0 and "compiled" in stdout, stdout + stderr[-4000:]
         counts.append(int(stdout.split("compiled")[-1]))
     assert min(counts) > 0 and abs(counts[0] - counts[1]) <= 1, counts
+
+
+THREAD_LOCALITY_SCRIPT = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernel_resources import thread_locality_hazards
+
+
+@triton.jit
+def reduce_in_loop(x_ptr, out_ptr, V, TWICE: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.arange(0, 4)
+    acc = tl.zeros([4], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        v = v0 + tl.arange(0, BLOCK)
+        acc += tl.sum(tl.load(x_ptr + r[:, None] * V + v[None, :]), axis=1)
+    tl.store(out_ptr + r, acc)
+    if TWICE:
+        tl.store(out_ptr + 4 + r, acc * 2.0)
+
+
+@triton.jit
+def reduce_after_loop(x_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    r = tl.arange(0, 4)
+    acc = tl.zeros([4, BLOCK], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        v = v0 + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + r[:, None] * V + v[None, :])
+    s = tl.sum(acc, axis=1)
+    tl.store(out_ptr + r, s)
+    tl.store(out_ptr + 4 + r, s * 2.0)
+
+
+sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", "V": "i32"}
+aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}     # as a launch on CUDA tensors
+for name, fn, const in (("once", reduce_in_loop, dict(TWICE=False, BLOCK=64)),
+                        ("twice", reduce_in_loop, dict(TWICE=True, BLOCK=64)),
+                        ("after", reduce_after_loop, dict(BLOCK=64))):
+    c = triton.compile(ASTSource(fn, dict(sig, **{k: "constexpr" for k in const}), const,
+                                 attrs=aligned), target=GPUTarget("cuda", 90, 32))
+    print(name, len(thread_locality_hazards(c.asm["ttir"])))
+"""
+
+
+def test_thread_locality_hazard_is_found(tmp_path):
+    """``kernel_resources.thread_locality_hazards`` (which ``test_kernels_compile_for_cuda``
+    applies to every kernel) finds the loop Triton 3.6 does not compile for CUDA -- a row
+    sum of a load accumulated across iterations and read twice after the loop -- and only
+    that: read once, or summed after the loop, it is no hazard. (With Triton 3.6 the
+    "twice" probe fails to compile for sm_90, the other two compile.)"""
+    script = tmp_path / "probe.py"                # Triton reads a kernel's source file
+    script.write_text(THREAD_LOCALITY_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], env=_compile_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    assert out.stdout.split() == ["once", "0", "twice", "1", "after", "0"], out.stdout
 
 
 LATTICE_SASS_SCRIPT = """

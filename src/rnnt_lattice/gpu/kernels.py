@@ -1451,9 +1451,11 @@ def _arc_terms_grad_kernel(
     if MIX:
         c = _f64(c_hi, c_mid, c_lo)
         s_am = _f64(sa_hi, sa_mid, sa_lo)
-    sum_gb = tl.zeros([BLOCK_T], tl.float64)
-    sum_Gb = tl.zeros([BLOCK_T], tl.float64)
-    sum_Ge = tl.zeros([BLOCK_T], tl.float64)
+    # The sums over u element by element, reduced after the loop (see _simple_rows_kernel:
+    # Triton 3.6 does not compile a loop-carried row sum read twice after the loop).
+    acc_gb = tl.zeros([BLOCK_T, BLOCK_U], tl.float64)
+    acc_Gb = tl.zeros([BLOCK_T, BLOCK_U], tl.float64)
+    acc_Ge = tl.zeros([BLOCK_T, BLOCK_U], tl.float64)
     for u0 in range(0, U1, BLOCK_U):
         u = u0 + tl.arange(0, BLOCK_U)
         on_u = u < U1
@@ -1483,14 +1485,17 @@ def _arc_terms_grad_kernel(
         if MIX:
             g_lab = ge + s_am * G_e
         tl.store(g_am_ptr + node + 1, g_lab.to(g_am_ptr.dtype.element_ty), mask=m_lab)
-        sum_gb += tl.sum(gb, axis=1)
-        sum_Gb += tl.sum(G_b, axis=1)
-        sum_Ge += tl.sum(G_e, axis=1)
+        acc_gb += gb
+        acc_Gb += G_b
+        acc_Ge += G_e
         part = part_ptr + ((b * n_tb + tb) * 4) * U1 + u
         tl.store(part, tl.sum(gb, axis=0), mask=on_u)
         tl.store(part + U1, tl.sum(ge, axis=0), mask=on_u)
         tl.store(part + 2 * U1, tl.sum(G_b, axis=0), mask=on_u)
         tl.store(part + 3 * U1, tl.sum(G_e, axis=0), mask=on_u)
+    sum_gb = tl.sum(acc_gb, axis=1)
+    sum_Gb = tl.sum(acc_Gb, axis=1)
+    sum_Ge = tl.sum(acc_Ge, axis=1)
     g_blank = sum_gb
     if MIX:
         g_blank = sum_gb + s_am * sum_Gb
@@ -1572,16 +1577,20 @@ def _simple_rows_kernel(
     else:
         base = b * s_xb + n * s_xn
     keep = tl.load(keep_ptr + r, mask=on, other=0) != 0
-    mx = tl.full([ROWS], NEG_INF, x_ptr.dtype.element_ty)
-    nan = tl.zeros([ROWS], tl.int32)
+    # The maximum and the NaN flags element by element, reduced after the loop: a row
+    # reduction inside the loop, whose result is then read more than once, fails Triton
+    # 3.6's compile for CUDA (OptimizeThreadLocality asserts ``loopResult.hasOneUse()``).
+    mx_v = tl.full([ROWS, BLOCK_V], NEG_INF, x_ptr.dtype.element_ty)
+    nan_v = tl.zeros([ROWS, BLOCK_V], tl.int32)
     for v0 in range(0, V, BLOCK_V):
         v = v0 + tl.arange(0, BLOCK_V)
         m = on[:, None] & (v < V)[None, :]
         x = tl.load(x_ptr + base[:, None] + v[None, :].to(tl.int64) * s_xv, mask=m,
                     other=NEG_INF)
-        mx = tl.maximum(mx, tl.max(x, axis=1))
-        nan += tl.sum((x != x).to(tl.int32), axis=1)
-    ok = keep & (nan == 0) & (mx < POS_INF)
+        mx_v = tl.maximum(mx_v, x)
+        nan_v = nan_v | (x != x).to(tl.int32)
+    mx = tl.max(mx_v, axis=1)
+    ok = keep & (tl.max(nan_v, axis=1) == 0) & (mx < POS_INF)
     shift = tl.where(ok & (mx > NEG_INF), mx, 0.0).to(tl.float64)
     tl.store(row_ok_ptr + r, ok.to(tl.uint8), mask=on)
     tl.store(row_bad_ptr + r, (keep & ~ok).to(tl.uint8), mask=on)
