@@ -13,6 +13,11 @@
 #
 #     RNNT_LATTICE_COMMIT=<git rev-parse --short HEAD, run here> bash benchmarks/gpu_session.sh ...
 #
+# Before the session, compile every kernel here with the device's Triton (3.6, older than
+# the tests'): benchmarks/kernel_resources.py run from a venv with torch==2.13.0 and
+# triton==3.6.0 exits 1 on a kernel that does not compile (docs/benchmarks.md, "The GPU
+# machine's Triton (3.6) compiles every kernel").
+#
 #   check        rnnt-lattice check --device cuda (every kernel family against the float64
 #                reference, no synchronisation, CUDA graph, memory, AMP recipe, bad input)
 #   passes       benchmarks/gpu_passes.py: each pass alone, the step, the host's enqueue
