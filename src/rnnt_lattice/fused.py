@@ -534,10 +534,12 @@ def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
     on the Triton backend, whose output layer is not sharded apart from it (the kernels
     read its weights inside the joiner's forward, where FSDP2 has gathered the joiner's
     own parameters but not those of a submodule with ``fully_shard`` of its own), with
-    float32 or half operands on a GPU: Triton 3.6 does not compile ``tl.dot`` on float64
-    operands for sm_90 (a CompilationError on an H100), so a float64 joiner on CUDA takes
-    the tile path (its products in cuBLAS); the interpreter runs float64 too, which is how
-    the tests hold the kernels to float64's precision."""
+    float32 or half operands on a GPU: Triton 3.6, the H100's, does not compile the
+    float64 gradient kernel (``_joint_grad_kernel``: its ``TritonGPURemoveLayoutConversions``
+    pass gives a masked load a mask in another layout than its pointers, for sm_80 and sm_90
+    alike; the row kernel compiles since its products name their float64 ``out_dtype``), so a
+    float64 joiner on CUDA takes the tile path (its products in cuBLAS); the interpreter
+    runs float64 too, which is how the tests hold the kernels to float64's precision."""
     return (isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
             and not _sharded_apart(joiner.out)
             and (prep.impl.INTERPRETED or prep.chk.logits.dtype != torch.float64))

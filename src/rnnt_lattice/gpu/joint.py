@@ -159,7 +159,7 @@ def _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v_ok, n_k, H,
             acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
                          input_precision=PRECISION)
         else:
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION, out_dtype=ACC)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + v, mask=v_ok, other=0.0).to(ACC)[None, :]
     return acc
