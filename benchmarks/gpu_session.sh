@@ -33,7 +33,8 @@
 #                autocast: the full pipeline against the joiner's kernel path
 #   joint_tiles  benchmarks/joint_tiles.py at j1, H = 512, bf16: the kernel path's block
 #                choices and its step by kernel
-#   joint_tiles_tf32  the same sweep with float32 inputs and TF32 products
+#   joint_tiles_tf32  the same sweep with float32 inputs and TF32 products, and float32's own
+#                choices with more pipeline stages (joint_tiles.F32_CANDIDATES)
 #   joint_tf32   the joiner's step at j1 with float32 inputs and TF32 products
 #   cuda_checks  tests/cuda_checks.py --big: the check at the benchmark shapes, offsets
 #                past 2**31
@@ -84,7 +85,7 @@ for step in "$@"; do
               --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
     joint_tiles) run joint_tiles "${JOINT_TILES_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision bf16 --reps 3 --json "$out/joint_tiles.json" ;;
-    joint_tiles_tf32) run joint_tiles_tf32 "${JOINT_TILES_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
+    joint_tiles_tf32) run joint_tiles_tf32 "${JOINT_TILES_TF32_LIMIT:-210}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision tf32 --reps 3 --json "$out/joint_tiles_tf32.json" ;;
     joint_tf32) run joint_tf32 "${JOINT_TF32_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full joint --precision tf32 --reps 3 --warmup 1 \

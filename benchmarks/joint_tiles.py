@@ -6,7 +6,8 @@ the step's time goes (torch.profiler), to choose ``gpu/joint.py``'s ``TILES``.
 One training step of ``fused_pipeline.py``'s model with the ``joint`` way (an
 ``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path) is timed (CUDA
 events, median of ``--reps`` after one warm-up, which compiles) with each entry of
-:data:`CANDIDATES` in place of ``gpu.joint.TILES``; then the CUDA time of the default's
+:data:`CANDIDATES` (and for float32 operands :data:`F32_CANDIDATES`, with their own
+pipeline stages) in place of ``gpu.joint.TILES``; then the CUDA time of the default's
 step by kernel (the row pass, the lattice, the coefficients, the gradient pass, the
 products, the act-grad pass). Prints a table and writes ``--json`` if given. Without a
 CUDA device it exits at once with a message (status 2).
@@ -46,6 +47,32 @@ CANDIDATES = {
     "64x128x64 w4 / 64x128x64 w4": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3),
                                     dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3)),
 }
+# Float32 operands (--precision fp32, tf32) run every choice above in two pipeline stages
+# (``joint.WIDE[4]``: three [128, 64] float32 blocks of h and W need more shared memory than
+# sm_90 has). These choices keep their own stages instead, with 32 of H per step: three
+# stages take 96 KiB of shared memory, four 128 KiB, as two of 64 do. Compiled with Triton
+# 3.6 for sm_90: 128 registers, no spill (the gradient pass at four stages spills 8 bytes).
+F32_CANDIDATES = {
+    "f32 128x128x32 w16 s3 / 128x128x32 w16 s3": (
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+    "f32 128x128x32 w16 s4 / 128x128x32 w16 s3": (
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+    "f32 128x128x64 w16 s2 / 128x128x32 w16 s3": (
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=2),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+}
+
+
+def candidates(precision: str) -> list:
+    """``[(name, (row tiles, grad tiles), WIDE[4] or None)]`` to time at ``precision``:
+    every choice of :data:`CANDIDATES`, and for float32 operands those of
+    :data:`F32_CANDIDATES` with their own stages (``WIDE[4]`` emptied)."""
+    out = [(name, tiles, None) for name, tiles in CANDIDATES.items()]
+    if precision in ("fp32", "tf32"):
+        out += [(name, tiles, {}) for name, tiles in F32_CANDIDATES.items()]
+    return out
 
 
 def _time(x, prec: str, reps: int) -> float:
@@ -78,13 +105,16 @@ def main(argv=None) -> int:
         return 2
     from rnnt_lattice.gpu import joint
     default = {k: dict(v) for k, v in joint.TILES.items()}
+    wide4 = dict(joint.WIDE[4])
     shape = shapes.SHAPES[args.shape]
     x = fused_pipeline.Inputs(shape, args.hidden, "cuda", 0, args.loss)
     print(f"# {torch.cuda.get_device_name()}; {shape.name} ({shape.describe()}), H={args.hidden}, "
           f"{args.loss}, {args.precision}; joint way, median of {args.reps}", flush=True)
     res = {}
-    for name, tiles in [("default", (default["row"], default["grad"]))] + list(CANDIDATES.items()):
+    for name, tiles, wide in ([("default", (default["row"], default["grad"]), None)]
+                              + candidates(args.precision)):
         joint.TILES.update(row=tiles[0], grad=tiles[1])
+        joint.WIDE[4] = wide4 if wide is None else wide
         try:
             res[name] = _time(x, args.precision, args.reps)
             print(f"  {name:34s} {res[name]:8.2f} ms", flush=True)
@@ -92,6 +122,7 @@ def main(argv=None) -> int:
             res[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             print(f"  {name:34s} {res[name]}", flush=True)
     joint.TILES.update(default)
+    joint.WIDE[4] = wide4
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fused_pipeline.step("joint", x, None, args.precision)

@@ -365,7 +365,14 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
     assert joint_tiles.main(["--reps", "1"]) == 2
     assert "CUDA device" in capsys.readouterr().err
     keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages"}
-    assert all(set(row) == keys and set(grad) == keys for row, grad in joint_tiles.CANDIDATES.values())
+    assert joint_tiles.F32_CANDIDATES
+    for precision, n_f32 in (("bf16", 0), ("fp16", 0), ("tf32", len(joint_tiles.F32_CANDIDATES)),
+                             ("fp32", len(joint_tiles.F32_CANDIDATES))):
+        chosen = joint_tiles.candidates(precision)
+        assert len(chosen) == len(joint_tiles.CANDIDATES) + n_f32
+        assert all(set(row) == keys and set(grad) == keys for _, (row, grad), _ in chosen)
+        # float32's own choices keep their stages (WIDE[4] emptied); the others take WIDE's
+        assert [wide for *_, wide in chosen].count({}) == n_f32
 
 
 def test_fused_mode_preset_and_ways(run):
