@@ -44,6 +44,9 @@
 #                timed alone, and the kernels with the most device time
 #   pruned_base  the same with the package in .ab/old/ (as passes_base), for an A/B of the
 #                pruned step on the same machine
+#   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
+#                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
+#                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
 set -uo pipefail
 out="${1:?usage: gpu_session.sh OUT_DIR STEP...}"
 shift
@@ -72,7 +75,7 @@ for step in "$@"; do
               --shapes s3 s5 big v5000 --variants regular tdt multiblank \
               --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --lattice-sweep s5 \
               --host-profile s3 --json "$out/passes.json" ;;
-    passes_base) run passes_base 45 env PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" \
+    passes_base) run passes_base "${PASSES_BASE_LIMIT:-60}" env PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" \
               python3 .ab/old/benchmarks/gpu_passes.py --shapes s5 \
               --variants regular tdt multiblank --peers --json "$out/passes_base.json" ;;
     tdt_sweep) run tdt_sweep "${SWEEP_LIMIT:-150}" python3 benchmarks/gpu_passes.py \
@@ -101,11 +104,22 @@ for step in "$@"; do
               PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" python3 \
               .ab/old/benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \
               --json "$out/pruned_base.json" ;;
+    launch_ab) i=0
+              for m in 1 0 1 0; do
+                i=$((i + 1))
+                run "launch_ab-passes$i-fast$m" "${LAUNCH_AB_LIMIT:-45}" env RNNT_LATTICE_FAST_LAUNCH=$m \
+                  python3 benchmarks/gpu_passes.py --shapes s3 s5 --variants regular --peers
+              done
+              for m in 1 0 1 0; do
+                i=$((i + 1))
+                run "launch_ab-pruned$i-fast$m" "${LAUNCH_AB_LIMIT:-45}" env RNNT_LATTICE_FAST_LAUNCH=$m \
+                  python3 benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5
+              done ;;
     *) echo "unknown step $step" ;;
   esac
 done
 
-for step in "$@"; do
-  echo "---- $step"
-  grep -E "FAIL|RESULT|checks:|Error|error|exit" "$out/$step.log" | tail -n 12 | cut -c1-300
+for log in "$out"/*.log; do
+  echo "---- $(basename "$log" .log)"
+  grep -E "FAIL|RESULT|checks:|Error|error|exit" "$log" | tail -n 12 | cut -c1-300
 done

@@ -70,6 +70,7 @@ from .._layout import row_nodes
 from .._types import ArcParts, Lattice, LossOptions, Smoothing
 from ..topology import Topology
 from . import kernels
+from ._launch import launch
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
@@ -551,7 +552,7 @@ def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: 
     grid, args, kw = _row_plan(opts.topology, opts.log_softmax, opts.blank, st.lay,
                                logits.shape[-1], logits.dtype, rows.n, rows.layout, rows.box,
                                boundary is not None, _tile_constants())
-    kernels._row_kernel[grid](
+    launch(kernels._row_kernel, grid,
         logits, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
         logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, *args, **kw)
 
@@ -580,7 +581,7 @@ def _lattice(st: _State, costs, logit_lengths, target_lengths, opts: LossOptions
                                    best_kind is not None, boundary is not None,
                                    nan_rows is not None, _tile_constants())
     # T = 0 or an empty region: log P = -inf and cost +inf without touching a node.
-    kernels._lattice_kernel[grid](
+    launch(kernels._lattice_kernel, grid,
         st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), costs,
         _or(nan_rows, costs), _or(best_kind, logit_lengths), *args, **kw)
 
@@ -606,8 +607,8 @@ def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boun
     grid, args, kw = _reads_plan(opts.topology, opts.fastemit_lambda, opts.sigma,
                                  opts.delay_penalty, st.lay, boundary is not None,
                                  _tile_constants())
-    kernels._reads_kernel[grid](st.ws, logit_lengths, target_lengths,
-                                _or(boundary, logit_lengths), *args, **kw)
+    launch(kernels._reads_kernel, grid, st.ws, logit_lengths, target_lengths,
+           _or(boundary, logit_lengths), *args, **kw)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -635,7 +636,7 @@ def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
                                       st.lay, logits.shape[-1], logits.dtype, rows.n,
                                       rows.layout, rows.box, boundary is not None,
                                       _tile_constants())
-    kernels._grad_kernel[grid](
+    launch(kernels._grad_kernel, grid,
         logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
         logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
         *head, upstream.stride(0), *tail, **kw)
@@ -786,7 +787,7 @@ def occupancy(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
         n_nodes = lay.B * lay.T * lay.U1
         if n_nodes:
             block = _pow2(n_nodes, BLOCK_NODES)
-            kernels._gamma_kernel[((n_nodes + block - 1) // block,)](
+            launch(kernels._gamma_kernel, ((n_nodes + block - 1) // block,),
                 st.ws, logit_lengths, target_lengths, _or(boundary, logit_lengths), gamma,
                 n_nodes, lay.T, lay.U1, *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"),
                 *_f64_cached(opts.sigma), *_f64_cached(opts.delay_penalty),
@@ -857,7 +858,7 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends,
     n_nodes = B * T * U1
     if B:
         with _device(b):
-            kernels._lattice_kernel[(B, 2)](
+            launch(kernels._lattice_kernel, (B, 2),
                 st.ws, corners, corners, corners, costs, costs,   # nan_rows_ptr: never read
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
                 *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"), *sigma, *delay,
@@ -866,7 +867,7 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends,
                 num_warps=_lattice_warps(_block_u(U1)), num_stages=1)
             if n_nodes:
                 block = _pow2(n_nodes, BLOCK_NODES)
-                kernels._gamma_kernel[((n_nodes + block - 1) // block,)](
+                launch(kernels._gamma_kernel, ((n_nodes + block - 1) // block,),
                     st.ws, corners, corners, corners, gamma, n_nodes, T, U1,
                     *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"), *sigma, *delay,
                     **kinds, **terms, BOUNDARY=True, BLOCK=block)
@@ -895,7 +896,7 @@ def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: 
     grid, kw = _input_check_plan(labels, blank is not None, tuple(classes),
                                  boundary is not None)
     with _device(out):
-        kernels._input_check_kernel[grid](
+        launch(kernels._input_check_kernel, grid,
             targets.contiguous() if labels else logit_lengths, logit_lengths.contiguous(),
             target_lengths.contiguous(), logit_lengths if boundary is None else boundary,
             out, nan_rows,
@@ -928,7 +929,7 @@ def window_dp(mass: torch.Tensor, max_step: int):
         arg = torch.empty((B, T, S), dtype=torch.int32, device=x.device)
         block_s = _pow2(S, 1 << 16)
         with _device(x):
-            kernels._window_dp_kernel[(B,)](x, f, arg, total, starts, T, S, int(max_step),
+            launch(kernels._window_dp_kernel, (B,), x, f, arg, total, starts, T, S, int(max_step),
                                             BLOCK_S=block_s, num_warps=_window_dp_warps(block_s))
     return total, starts
 
@@ -950,7 +951,7 @@ def k2_starts(gamma_blank, gamma_label, t_end, u_end, R: int, R_e: int):
     if B and T:
         block_s = _pow2(n, K2_MAX_STARTS)
         with _device(gb):
-            kernels._k2_starts_kernel[(B,)](
+            launch(kernels._k2_starts_kernel, (B,),
                 gb, gl, t_end, u_end, out, T, n, R, R_e, gb.stride(0), gb.stride(1),
                 gl.stride(0), gl.stride(1), t_end.stride(0), u_end.stride(0),
                 BLOCK_T=max(1, min(_pow2(T, 1 << 30), K2_TILE // block_s)), BLOCK_S=block_s,
@@ -976,7 +977,7 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
     if lse.numel() and V:
         flags = need.contiguous().view(torch.uint8)            # a view: no copy
         with _device(am):
-            kernels._simple_rescue_kernel[_rescue_grid(lse.numel())](
+            launch(kernels._simple_rescue_kernel, _rescue_grid(lse.numel()),
                 am, lm, flags, lse, lse, lse, lse, lse.numel(), T, U1, V, *am.stride(),
                 *lm.stride(), BACKWARD=False, BLOCK_NODES=RESCUE_BLOCK_NODES,
                 BLOCK_V=_pow2(V, 1024))
@@ -996,7 +997,7 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     if lse.numel() and V:
         flags = need.contiguous().view(torch.uint8)            # a view: no copy
         with _device(am):
-            kernels._simple_rescue_kernel[_rescue_grid(lse.numel())](
+            launch(kernels._simple_rescue_kernel, _rescue_grid(lse.numel()),
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
                 grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
                 BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, 1024))
@@ -1019,7 +1020,7 @@ def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int) -> torch.Tenso
     bounds = torch.searchsorted(keys, torch.arange(n_out + 1, device=index.device))
     block_d = _pow2(D, ROWS_SUM_BLOCK_D)
     with _device(grad):
-        kernels._rows_sum_kernel[(n_out, triton.cdiv(D, block_d))](
+        launch(kernels._rows_sum_kernel, (n_out, triton.cdiv(D, block_d)),
             grad, order, bounds, out, D, *grad.stride(), ACC=_acc(grad.dtype), BLOCK_D=block_d,
             num_warps=4)
     return out
@@ -1052,7 +1053,7 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     if B * N and V:
         tiles = _rows_tiles(V, J)
         with _device(x):
-            kernels._simple_rows_kernel[(triton.cdiv(B * N, tiles["ROWS"]),)](
+            launch(kernels._simple_rows_kernel, (triton.cdiv(B * N, tiles["ROWS"]),),
                 x, keep.contiguous().view(torch.uint8), idx, ok.view(torch.uint8),
                 bad.view(torch.uint8), shift, ex, cols, B * N, N, V, J, *x.stride(),
                 *idx.stride(), CONTIG=x.is_contiguous(), **tiles, num_warps=4)
@@ -1073,7 +1074,7 @@ def simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols) -> None:
     g_uni = g_uni.contiguous() if has_uni else grad
     g_cols = g_cols.contiguous() if has_cols else grad
     with _device(grad):
-        kernels._simple_rows_grad_kernel[(triton.cdiv(B * N, tiles["ROWS"]),)](
+        launch(kernels._simple_rows_grad_kernel, (triton.cdiv(B * N, tiles["ROWS"]),),
             grad, ex, ok.view(torch.uint8), g_uni, uni if has_uni else grad, idx, g_cols,
             B * N, N, V, J, *idx.stride(), UNI=has_uni, COLS=has_cols, **tiles, num_warps=4)
 
@@ -1113,7 +1114,7 @@ def arc_terms(parts: ArcParts, mix: Smoothing | None):
     code = torch.empty(mass.shape, dtype=torch.int8, device=mass.device)
     block_t, block_u = _arc_tiles(T, U1)
     with _device(mass):
-        kernels._arc_terms_kernel[(B, triton.cdiv(T, block_t))](
+        launch(kernels._arc_terms_kernel, (B, triton.cdiv(T, block_t)),
             flat[0], flat[1], flags[0], flat[2], flat[3], flat[4], flat[5], flags[1], flags[2],
             *terms, b, e, code, T, U1, *_scales(mix), MIX=mix is not None, BLOCK_T=block_t,
             BLOCK_U=block_u, num_warps=ARC_WARPS)
@@ -1144,11 +1145,11 @@ def arc_terms_backward(saved: tuple, g_b, g_e, mix: Smoothing | None, dtypes: tu
     ge = mass if g_e is None else g_e
     scales = _scales(mix)
     with _device(mass):
-        kernels._arc_terms_grad_kernel[(B, n_tb)](
+        launch(kernels._arc_terms_grad_kernel, (B, n_tb),
             code, mass, gb, ge, g_mass, g_resc, g_am, dP, dR, part, T, U1, n_tb, *gb.stride(),
             *ge.stride(), *scales[:6], MIX=mix is not None, HAS_GB=g_b is not None,
             HAS_GE=g_e is not None, BLOCK_T=block_t, BLOCK_U=block_u, num_warps=ARC_WARPS)
-        kernels._arc_terms_cols_kernel[(B, triton.cdiv(U1, ARC_COLS[1]))](
+        launch(kernels._arc_terms_cols_kernel, (B, triton.cdiv(U1, ARC_COLS[1])),
             part, g_lm, dQ, dS, U1, n_tb, *scales[6:], MIX=mix is not None,
             BLOCK_TB=ARC_COLS[0], BLOCK_U=ARC_COLS[1], num_warps=4)
     return g_mass, g_resc, g_am, g_lm, (() if mix is None else (dP, dQ, dR, dS))

@@ -60,6 +60,7 @@ from . import _layout as _ws_layout
 from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _ends, _f64,
                       _grad_out, _grad_rows, _grad_terms, _lse_chunk, _lse_finish,
                       _node_coords, _row_node, _row_plane_at, _row_state, _token_grad)
+from ._launch import launch
 
 __all__ = ["ACTIVATIONS", "JointState", "forward", "backward"]
 
@@ -79,10 +80,12 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # were still the fastest measured.
 TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
          "grad": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3)}
-# Wider operands, by their size in bytes: float32 in two pipeline stages (three of [128,
-# 64] blocks of h and W need more shared memory than sm_90 has), float64 (the exactness
-# checks) in smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
-WIDE = {4: dict(num_stages=2),
+# Wider operands, by their size in bytes: float32 with 32 of H per step in three pipeline
+# stages (three of [128, 64] float32 blocks of h and W need more shared memory than sm_90
+# has; on an H200, benchmarks/results/gpu/h200-65ccde2-joint_tiles_tf32.log, the TF32 step
+# took 38.1 ms against 42.5 with 64 of H in two stages), float64 (the exactness checks) in
+# smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
+WIDE = {4: dict(BLOCK_H=32, num_stages=3),
         8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
 # The act-grad pass: label positions and H per program (it runs over the chunk's frames).
 ACT_GRAD_BLOCK_U = 32
@@ -481,7 +484,7 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
         for t0, t1, u0, u1 in plan:
             n = B * (t1 - t0) * (u1 - u0)
             with _device(e):
-                _joint_row_kernel[(triton.cdiv(n, tile["BLOCK_N"]),)](
+                launch(_joint_row_kernel, (triton.cdiv(n, tile["BLOCK_N"]),),
                     e, p, w, _or(bias, w), h, _nonempty(targets, logit_lengths), logit_lengths,
                     target_lengths, _or(boundary, logit_lengths), st.ws,
                     n, T, U1, V_tok, H, opts.blank, t0, u0, t1 - t0, u1 - u0,
@@ -533,7 +536,7 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
         n = B * frames * labels
         progs = triton.cdiv(n, tile["BLOCK_N"])
         with _device(e):
-            _joint_grad_kernel[(progs,)](
+            launch(_joint_grad_kernel, (progs,),
                 e, p, w, _or(bias, w), h, dz, col_sums, _nonempty(tiles.targets, tiles.logit_lengths),
                 tiles.logit_lengths, tiles.target_lengths, _or(tiles.boundary, tiles.logit_lengths),
                 st.ws, upstream,
@@ -554,7 +557,7 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
         ublocks = triton.cdiv(labels, ACT_GRAD_BLOCK_U)
         de_part = torch.empty((ublocks, B, frames, H), dtype=acc, device=dev)
         with _device(e):
-            _joint_act_grad_kernel[(B, ublocks, triton.cdiv(H, ACT_GRAD_BLOCK_H))](
+            launch(_joint_act_grad_kernel, (B, ublocks, triton.cdiv(H, ACT_GRAD_BLOCK_H)),
                 rows_dh, rows_h, d_pred, de_part, frames, labels, u0, U1, H, ACT=state.act,
                 BLOCK_U=ACT_GRAD_BLOCK_U, BLOCK_H=ACT_GRAD_BLOCK_H)
         d_enc[:, t0:t1] += de_part.sum(0)
