@@ -83,8 +83,9 @@ TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_sta
 # Wider operands, by their size in bytes: float32 with 32 of H per step in three pipeline
 # stages (three of [128, 64] float32 blocks of h and W need more shared memory than sm_90
 # has; on an H200, benchmarks/results/gpu/h200-65ccde2-joint_tiles_tf32.log, the TF32 step
-# took 38.1 ms against 42.5 with 64 of H in two stages), float64 (the exactness checks) in
-# smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
+# took 38.1 ms against 42.5 with 64 of H in two stages; with Triton 3.6 for sm_90 the
+# spills fell to 0-64 bytes from 8-120), float64 (the exactness checks) in smaller blocks
+# (the float32 blocks spilled 136-536 bytes a thread).
 WIDE = {4: dict(BLOCK_H=32, num_stages=3),
         8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
 # The act-grad pass: label positions and H per program (it runs over the chunk's frames).
