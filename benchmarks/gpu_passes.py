@@ -220,12 +220,13 @@ def launch_costs() -> dict:
     """Host microseconds per launch (median of 5 runs of 500, queued back to back): a
     Triton kernel through ``JITFunction.run`` (the backend's input check: 11 arguments and
     6 constexprs), the backend's gradient pass (about 40 arguments and 20 constexprs), and
-    a PyTorch op, for the host's share of a step beside ``host_overhead.py``'s (launches
-    stubbed)."""
+    a PyTorch op, and a PyTorch op's forward+backward (the autograd engine's floor), for the
+    host's share of a step beside ``host_overhead.py``'s (launches stubbed)."""
     from rnnt_lattice import gpu
     y = torch.ones(8, 40, dtype=torch.int32, device="cuda")
     lengths = torch.full((8,), 40, dtype=torch.int32, device="cuda")
     x = torch.zeros(8, device="cuda")
+    leaf = torch.zeros(8, device="cuda", requires_grad=True)
     inp = shapes.make_inputs(shapes.SHAPES["s1"])
     from rnnt_lattice._types import LossOptions
     from rnnt_lattice.topology import by_name
@@ -243,6 +244,9 @@ def launch_costs() -> dict:
         "triton gradient pass": lambda: gpu._gradient(dst, logits, yy, tl, ul, st, opts, up,
                                                       boundary=None, rows=rows),
         "torch add_": lambda: x.add_(1.0),
+        # One autograd backward of one op: the engine's hand-off to the device's thread and
+        # back, which every forward+backward pays once (the host's floor for a step).
+        "torch sum+backward": lambda: leaf.sum().backward(),
     }
     return {name: _enqueue_ms(fn, 500, warmup=50) * 1e3 for name, fn in calls.items()}
 

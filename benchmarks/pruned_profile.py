@@ -4,6 +4,7 @@ step (ours, public API) timed alone, then the kernels of whole steps under the p
     python benchmarks/pruned_profile.py [--device cuda] [--shape pg1] [--window 5]
                                         [--method k2] [--reps 5] [--top 25] [--json FILE]
     python benchmarks/pruned_profile.py --count-ops [--shape pg1]      # no GPU needed
+    python benchmarks/pruned_profile.py --host --shape s1 [--profile 30]  # no GPU needed
 
 The stages, in the order the step runs them (``pruned_pipeline._ours``):
 
@@ -26,12 +27,17 @@ that would each be a kernel launch on a GPU (views and allocations left out) and
 launches, with the functions that issue the most: the step's structure, which sets a floor
 on its time wherever the tensors are small (a launch costs the host microseconds and the
 device at least one kernel's latency).
+
+``--host`` times that same path at a small shape: the host's own work per step, which is
+what a GPU waits on when the step is host-bound (the pruned step at pg1 on an H200: 7.8 ms
+a step, 3.4 ms of it device work).
 """
 from __future__ import annotations
 
 import common  # first: sets the thread env vars before torch is imported
 
 import argparse                   # noqa: E402
+import contextlib                 # noqa: E402
 import os                         # noqa: E402
 import json                       # noqa: E402
 import statistics                 # noqa: E402
@@ -100,6 +106,70 @@ NO_KERNEL = {"view", "as_strided", "unsqueeze", "squeeze", "expand", "select", "
              "unflatten"}
 
 
+@contextlib.contextmanager
+def gpu_path():
+    """The GPU's code path on CPU tensors: the Triton backend (``TRITON_INTERPRET=1`` set
+    before Triton's import) with its launches replaced by no-ops (``launch_stubs``), the
+    value checks on the device path, and "auto" resolved to the Triton backend for the
+    functions that take no backend argument (prune_ranges' window choice, the lm rows'
+    backward), as on a GPU. Yields the stubs."""
+    import rnnt_lattice
+    from rnnt_lattice import _backends
+    from launch_stubs import no_launches
+
+    before = rnnt_lattice.set_input_checks("device")
+    resolve = _backends.resolve
+    _backends.resolve = lambda backend, device: (_backends.load("triton") if backend == "auto"
+                                                 else resolve(backend, device))
+    try:
+        with no_launches() as stubs:
+            yield stubs
+    finally:
+        rnnt_lattice.set_input_checks(before)
+        _backends.resolve = resolve
+
+
+def host_us(shape: str, window: int, method: str, calls: int, profile: int = 0) -> float:
+    """Host microseconds of one step on the GPU's code path (``gpu_path``: kernels stubbed)
+    at a shape small enough that the CPU's own operations cost little (``--host``): the
+    median of 5 rounds of ``calls`` steps; with ``profile``, the functions with the most own
+    time (cProfile) over one more round. Triton's and PyTorch's launch costs on a GPU come
+    on top (``gpu_passes.py``'s ``launch_us``)."""
+    # The stubs leave their outputs as allocated: garbage, subnormal numbers among it, on
+    # which the CPU's float64 products (the normaliser's bmm) run a hundred times slower.
+    torch.set_flush_denormal(True)
+    try:
+        return _host_rounds(shape, window, method, calls, profile)
+    finally:
+        torch.set_flush_denormal(False)          # the default, for whatever runs next
+
+
+def _host_rounds(shape: str, window: int, method: str, calls: int, profile: int) -> float:
+    import time
+    with gpu_path():
+        x = shapes.make_joiner_inputs(shapes.SHAPES[shape])
+        am = x.am.detach().clone().requires_grad_()
+        lm = x.lm.detach().clone().requires_grad_()
+        for _ in range(10):
+            step(x, am, lm, window, method, backend="triton")
+        rounds = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                step(x, am, lm, window, method, backend="triton")
+            rounds.append((time.perf_counter() - t0) / calls * 1e6)
+        if profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                step(x, am, lm, window, method, backend="triton")
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
+    return statistics.median(rounds)
+
+
 def count_ops(shape: str, window: int, method: str) -> dict:
     """``{"stages": {stage: torch ops}, "triton": {kernel: launches}, "sources": {stage:
     [(ops, "file:function"), ...]}}`` of one step on the GPU's code path (``--count-ops``)."""
@@ -107,9 +177,6 @@ def count_ops(shape: str, window: int, method: str) -> dict:
     import traceback
 
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    import rnnt_lattice
-    from launch_stubs import no_launches
 
     class Count(TorchDispatchMode):
         stage = None
@@ -135,28 +202,16 @@ def count_ops(shape: str, window: int, method: str) -> dict:
             self.mode.stage = STAGES[self.i] if self.i < len(STAGES) else None
             self.i += 1
 
-    from rnnt_lattice import _backends
-
-    before = rnnt_lattice.set_input_checks("device")
-    resolve = _backends.resolve
-    # The functions without a backend argument (prune_ranges' window choice) take "auto",
-    # which is the Triton backend on a GPU: so here too.
-    _backends.resolve = lambda backend, device: (_backends.load("triton") if backend == "auto"
-                                                 else resolve(backend, device))
-    try:
-        with no_launches() as stubs:
-            x = shapes.make_joiner_inputs(shapes.SHAPES[shape])
-            am = x.am.detach().clone().requires_grad_()
-            lm = x.lm.detach().clone().requires_grad_()
-            step(x, am, lm, window, method, backend="triton")      # first-call work
-            for stub in stubs.values():
-                stub.launches = 0
-            mode = Count()
-            with mode:
-                step(x, am, lm, window, method, Marks(mode), backend="triton")
-    finally:
-        rnnt_lattice.set_input_checks(before)
-        _backends.resolve = resolve
+    with gpu_path() as stubs:
+        x = shapes.make_joiner_inputs(shapes.SHAPES[shape])
+        am = x.am.detach().clone().requires_grad_()
+        lm = x.lm.detach().clone().requires_grad_()
+        step(x, am, lm, window, method, backend="triton")      # first-call work
+        for stub in stubs.values():
+            stub.launches = 0
+        mode = Count()
+        with mode:
+            step(x, am, lm, window, method, Marks(mode), backend="triton")
     stages = {name: sum(c for (s, _), c in mode.ops.items() if s == name) for name in STAGES}
     sources = {name: sorted(((c, w) for (s, w), c in mode.ops.items() if s == name),
                             reverse=True) for name in STAGES}
@@ -175,7 +230,20 @@ def main(argv=None) -> dict:
     p.add_argument("--json", help="write the stage times here")
     p.add_argument("--count-ops", action="store_true",
                    help="count the GPU path's operations per stage, on the CPU (no timing)")
+    p.add_argument("--host", action="store_true",
+                   help="the host's microseconds per step on the GPU's code path, on the CPU "
+                        "with the kernels stubbed (use a small --shape, e.g. s1)")
+    p.add_argument("--calls", type=int, default=50, help="steps per round of --host")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="with --host: the N functions with the most own time")
     args = p.parse_args(argv)
+    if args.host:
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton is first imported
+        us = host_us(args.shape, args.window, args.method, args.calls, args.profile)
+        print(f"{args.shape} R={args.window} method={args.method}, the GPU's code path with "
+              f"the kernels stubbed: {us:.0f} us of host time a step (median of 5 rounds "
+              f"of {args.calls})")
+        return {"host_us": us}
     if args.count_ops:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton is first imported
         out = count_ops(args.shape, args.window, args.method)

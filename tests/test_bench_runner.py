@@ -422,6 +422,24 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["R"] == 5
 
 
+def test_pruned_profile_times_the_gpu_paths_host_work(capsys):
+    """``pruned_profile.py --host`` (no GPU): the host's microseconds of a pruned step on
+    the GPU's code path with the kernels stubbed, printed and returned; the kernels, the
+    backend choice and the input checks put back afterwards."""
+    import pruned_profile
+    import rnnt_lattice
+    from rnnt_lattice import _backends
+    from rnnt_lattice.gpu import kernels
+    row_kernel, resolve = kernels._row_kernel, _backends.resolve
+    checks = rnnt_lattice.set_input_checks("auto")
+    rnnt_lattice.set_input_checks(checks)
+    out = pruned_profile.main(["--host", "--shape", "s1", "--calls", "2"])
+    assert kernels._row_kernel is row_kernel and _backends.resolve is resolve
+    assert rnnt_lattice.set_input_checks(checks) == checks
+    assert out["host_us"] > 0
+    assert "us of host time a step" in capsys.readouterr().out
+
+
 def test_pruned_profile_counts_the_gpu_paths_operations():
     """``pruned_profile.py --count-ops`` (no GPU): the GPU's code path of the pruned step
     counted per stage, PyTorch operations and Triton launches (the loss's five passes, the

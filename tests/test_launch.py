@@ -31,6 +31,14 @@ pytestmark = [NO_TRITON, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 SRC = pathlib.Path(rnnt_lattice.__file__).resolve().parent
 
 
+@pytest.fixture(autouse=True)
+def _supported():
+    """The installed Triton's ``JITFunction.run`` ends with the launch the fast path makes
+    (``_launch.supported``, which also binds ``triton.knobs`` for the launch classes)."""
+    from rnnt_lattice.gpu import _launch
+    assert _launch.supported()
+
+
 def _triton():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -290,3 +298,19 @@ def test_other_calls_take_tritons_path(fake_kernel, calls, monkeypatch, why):
     if why != "interpreted":
         assert len(slow) == 2
     assert not compiled.launches and not _launch._classes
+
+
+def test_another_triton_takes_its_own_path(fake_kernel, calls, monkeypatch):
+    """A Triton whose ``JITFunction.run`` ends otherwise (here: a source without the
+    launch of the bound arguments) is not supported, and then every call takes Triton's own
+    path, from the first one on."""
+    from rnnt_lattice.gpu import _launch
+    assert not _launch.supported("def run(self, *args, grid, warmup, **kwargs):\n"
+                                 "    kernel.run(grid_0, grid_1, grid_2, stream, *args)\n")
+    twin, compiled, slow = fake_kernel
+    monkeypatch.setattr(_launch, "_device", None)
+    monkeypatch.setattr(_launch, "supported", lambda: False)
+    grid, args, kw = _check_args(calls)
+    for _ in range(3):
+        _launch.launch(twin, grid, *args, **kw)
+    assert len(slow) == 3 and not compiled.launches and not _launch.ENABLED

@@ -29,18 +29,29 @@ launcher directly (``CompiledKernel.run``, which ``JITFunction.run`` itself ends
 
 Anything else takes Triton's own path: the Triton interpreter (CPU tensors in the tests), a
 stand-in that is not a ``JITFunction`` (``benchmarks/launch_stubs.py``), a callable grid, an
-argument of another type, a compile in progress, and every call when the environment sets
-``RNNT_LATTICE_FAST_LAUNCH=0`` (read at import; for an A/B of the two paths).
+argument of another type, a compile in progress, every call with a Triton whose
+``JITFunction.run`` does not end with the launch repeated here (``supported``: checked on
+its source once, at the first launch; Triton 3.6 to 3.9 do), and every call when the
+environment sets ``RNNT_LATTICE_FAST_LAUNCH=0`` (read at import; for an A/B of the two
+paths).
 """
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
-from triton import knobs
 from triton.runtime.jit import JITFunction
 
 ENABLED = os.environ.get("RNNT_LATTICE_FAST_LAUNCH", "1") != "0"
+
+# The end of ``JITFunction.run`` that the fast path repeats, as Triton 3.6 to 3.9 write it
+# (``supported``): with another Triton every call takes Triton's own path.
+_RUN_ENDS_WITH = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, "
+                  "kernel.packed_metadata, launch_metadata,",
+                  "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
+                  "*bound_args.values())")
+_knobs = None                # triton.knobs, once ``supported`` has found it
 
 _I32_MIN, _I32_MAX, _I64_MAX = -(1 << 31), (1 << 31) - 1, (1 << 63) - 1
 _Tensor = torch.Tensor
@@ -88,22 +99,45 @@ def launch_class(kernel, args: tuple, kw: dict):
             return None
     # The kernel by identity: hashing a JITFunction hashes its source's dependencies. The
     # class's entry keeps the kernel alive (``_Compiled.jit``), so its id is not reused.
-    return (id(kernel), tuple(out), tuple(kw.items()), knobs.runtime.debug,
-            knobs.compilation.instrumentation_mode)
+    comp = _knobs.compilation
+    return (id(kernel), tuple(out), tuple(kw.items()), _knobs.runtime.debug,
+            comp.instrumentation_mode, getattr(comp, "fpsan_homomorphic_casts", None))
+
+
+def supported(source: str | None = None) -> bool:
+    """Whether this Triton's ``JITFunction.run`` ends with the launch the fast path makes
+    (``_RUN_ENDS_WITH``, whitespace aside: the bound arguments in signature order, the
+    launch hooks from ``triton.knobs``). ``source``: that function's source (default: read
+    from the installed Triton; an install without sources is not supported)."""
+    global _knobs
+    try:
+        if source is None:
+            source = inspect.getsource(JITFunction.run)
+        from triton import knobs
+    except (ImportError, OSError, TypeError):
+        return False
+    flat = " ".join(source.split())
+    if not all(part in flat for part in _RUN_ENDS_WITH):
+        return False
+    _knobs = knobs
+    return True
 
 
 def launch(kernel, grid, *args, **kw):
     """``kernel[grid](*args, **kw)``, through the launch class's compiled kernel once
     Triton has compiled it (module docstring)."""
-    global _device, _stream
+    global _device, _stream, ENABLED
     if not ENABLED or type(kernel) is not JITFunction or type(grid) is not tuple:
         return kernel[grid](*args, **kw)
+    if _device is None:
+        if not supported():
+            ENABLED = False
+            return kernel[grid](*args, **kw)
+        from triton.runtime.driver import driver
+        _device, _stream = driver.active.get_current_device, driver.active.get_current_stream
     cls = launch_class(kernel, args, kw)
     if cls is None:
         return kernel[grid](*args, **kw)
-    if _device is None:
-        from triton.runtime.driver import driver
-        _device, _stream = driver.active.get_current_device, driver.active.get_current_stream
     device = _device()
     key = (device, cls)
     try:
@@ -121,7 +155,7 @@ def launch(kernel, grid, *args, **kw):
     n = len(grid)
     hit.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, hit.function,
             hit.packed, hit.kernel.launch_metadata(grid, stream, *full),
-            knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+            _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook, *full)
     return hit.kernel
 
 
