@@ -144,7 +144,8 @@ def calls():
 def _variants(args):
     """``args`` and, per argument, the values that Triton specialises differently: a tensor
     at an address that is not 16-byte aligned and in another dtype; an integer of each
-    class (1, a multiple of 16, neither; 32-bit, 64-bit, unsigned 64-bit)."""
+    class (1, a multiple of 16, neither; 32-bit, 64-bit, unsigned 64-bit); a float of
+    another value (1.0, beyond float32's range)."""
     yield args
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
@@ -153,6 +154,9 @@ def _variants(args):
                 yield args[:i] + (b,) + args[i + 1:]
         elif type(a) is int:
             for b in (0, 1, 7, 16, 17, 1 << 31, (1 << 31) + 16, 1 << 40, 1 << 63, -16, -1):
+                yield args[:i] + (b,) + args[i + 1:]
+        elif type(a) is float:
+            for b in (0.0, 1.0, -2.5, 1e300, float("inf")):
                 yield args[:i] + (b,) + args[i + 1:]
 
 
