@@ -1,6 +1,6 @@
 """Kernel launches without ``JITFunction.run``'s per-launch work.
 
-``kernel[grid](*args, **kw)`` costs 40-55 us of host time a launch on the H100 and H200
+``kernel[grid](*args, **kw)`` costs 45-60 us of host time a launch on the H100 and H200
 machines this project measures on (``benchmarks/gpu_passes.py``'s ``launch_us``), about five
 PyTorch operations' worth, whatever the kernel: Triton's binder specialises every argument,
 builds the cache key from the specialisation and the options, looks the compiled kernel up,
@@ -25,13 +25,15 @@ launcher directly (``CompiledKernel.run``, which ``JITFunction.run`` itself ends
   returns.
 - **Later calls** pass the same arguments to ``CompiledKernel.run``, in the kernel's signature
   order with its defaults, as ``JITFunction.run`` does, on the current stream of the current
-  device, with Triton's launch hooks.
+  device, with Triton's launch hooks. What they skip besides the binder: Triton's check that
+  the module globals a kernel reads still hold their values (the package's are constants,
+  ``tests/test_device_checks.py`` checks them; Triton runs it at each class's first call).
 
 Anything else takes Triton's own path: the Triton interpreter (CPU tensors in the tests), a
 stand-in that is not a ``JITFunction`` (``benchmarks/launch_stubs.py``), a callable grid, an
 argument of another type, a compile in progress, every call with a Triton whose
 ``JITFunction.run`` does not end with the launch repeated here (``supported``: checked on
-its source once, at the first launch; Triton 3.6 to 3.9 do), and every call when the
+its source once, at the first launch; Triton 3.6 and 3.9 do), and every call when the
 environment sets ``RNNT_LATTICE_FAST_LAUNCH=0`` (read at import; for an A/B of the two
 paths).
 """
@@ -45,7 +47,7 @@ from triton.runtime.jit import JITFunction
 
 ENABLED = os.environ.get("RNNT_LATTICE_FAST_LAUNCH", "1") != "0"
 
-# The end of ``JITFunction.run`` that the fast path repeats, as Triton 3.6 to 3.9 write it
+# The end of ``JITFunction.run`` that the fast path repeats, as Triton 3.6 and 3.9 write it
 # (``supported``): with another Triton every call takes Triton's own path.
 _RUN_ENDS_WITH = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, "
                   "kernel.packed_metadata, launch_metadata,",
