@@ -85,7 +85,7 @@ def launch_class(kernel, args: tuple, kw: dict):
     """The launch class of ``kernel``'s call with ``args`` and ``kw`` on any one device
     (module docstring), or None where the call takes Triton's own path. One loop without a
     call per argument: it runs at every launch (about 5 us for 40 arguments on this
-    project's CPU machine, against 40-55 us for ``JITFunction.run`` on a GPU machine's)."""
+    project's CPU machine, against 45-60 us for ``JITFunction.run`` on a GPU machine's)."""
     out = []
     add = out.append
     for a in args:
@@ -159,8 +159,3 @@ def launch(kernel, grid, *args, **kw):
             hit.packed, hit.kernel.launch_metadata(grid, stream, *full),
             _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook, *full)
     return hit.kernel
-
-
-def clear() -> None:
-    """Forget every launch class (the next call of each goes through Triton again)."""
-    _classes.clear()
