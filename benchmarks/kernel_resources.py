@@ -176,7 +176,8 @@ def variants(V_list):
     # do_rnnt_pruning's backward on a contiguous gradient (a launch specialises a unit
     # stride to the constant 1)
     yield ("_rows_sum_kernel", "D=1024", "_rows_sum_kernel",
-           dict(ACC=tl.float32, BLOCK_D=gpu.ROWS_SUM_BLOCK_D, s_gd=1), 4, 3,
+           dict(ACC=tl.float32, BLOCK_D=gpu.ROWS_SUM_BLOCK_D, BLOCK_M=gpu.ROWS_SUM_BLOCK_M,
+                CHUNK=gpu.ROWS_SUM_CHUNK, s_gd=1), 4, 3,
            {"D": 1024, "s_gn": 1024})
     for U1 in (41, 101):                       # the simple losses' arc terms
         block_t, block_u = gpu._arc_tiles(400, U1)

@@ -568,7 +568,8 @@ def variants(sm):
         yield "_arc_terms_kernel", tiles, simple
         yield "_arc_terms_grad_kernel", dict(tiles, HAS_GB=True, HAS_GE=mix), simple
         yield "_arc_terms_cols_kernel", dict(MIX=mix, BLOCK_TB=32, BLOCK_U=32), simple
-    yield "_rows_sum_kernel", dict(BLOCK_D=1024), [("fp32", "i64"), ("fp64", "i64")]  # pruning
+    yield ("_rows_sum_kernel", dict(BLOCK_D=1024, BLOCK_M=1024, CHUNK=16),         # pruning
+           [("fp32", "i64"), ("fp64", "i64")])
     rows = dict(ROWS=2, BLOCK_V=1024, BLOCK_J=128)                 # the simple losses' rows
     for contig in (True, False):
         yield "_simple_rows_kernel", dict(rows, CONTIG=contig), [("fp32", "i64"), ("fp64", "i64")]
@@ -1288,20 +1289,27 @@ def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, monkeyp
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("block", [None, 4], ids=["default", "block4"])
-def test_rows_sum_kernel_is_the_reference(dtype, block, monkeypatch):
-    """``do_rnnt_pruning``'s backward on the Triton kernel (``gpu.rows_sum``: sorted indices,
-    each output row's run added in order): against ``index_add_`` on the CPU, bit for bit
-    in float32 and float64 (the same additions in the same order), and in bfloat16 the
-    float64 sum rounded once (ours adds in float32, index_add_ in bfloat16); indices out of
-    order, repeated, missing (a zero row), a strided gradient, columns in blocks of 4; and
-    through ``do_rnnt_pruning`` with the backend a GPU takes."""
+@pytest.mark.parametrize("groups", [1, 3])
+def test_rows_sum_kernel_is_the_reference(dtype, block, groups, monkeypatch):
+    """``do_rnnt_pruning``'s backward on the Triton kernel (``gpu.rows_sum``: each output
+    row's entries found by a scan of its group, then added in order): against ``index_add_``
+    on the CPU, bit for bit in float32 and float64 (the same additions in the same order),
+    and in bfloat16 the float64 sum rounded once (ours adds in float32, index_add_ in
+    bfloat16); indices out of order, repeated, missing (a zero row), in one group or in
+    three (each pointing into its own rows), a strided gradient; columns in blocks of 4,
+    the scan 4 indices a step and the sum 2 rows a step; and through ``do_rnnt_pruning``
+    with the backend a GPU takes."""
     if block:
         monkeypatch.setattr(gpu, "ROWS_SUM_BLOCK_D", block)
+        monkeypatch.setattr(gpu, "ROWS_SUM_BLOCK_M", block)
+        monkeypatch.setattr(gpu, "ROWS_SUM_CHUNK", 2)
     g = torch.Generator().manual_seed(5)
-    N, D, n_out = 23, 10, 7
-    index = torch.randint(0, n_out - 1, (N,), generator=g)                 # row n_out-1: none
+    N, D, n_out = 24, 10, 9
+    per = n_out // groups
+    index = torch.randint(0, per - 1, (N,), generator=g)                   # a group's last: none
+    index += torch.arange(groups).repeat_interleave(N // groups) * per
     grad = torch.randn(D, N, generator=g, dtype=torch.float64).to(dtype).t()   # strided
-    got = gpu.rows_sum(grad, index, n_out)
+    got = gpu.rows_sum(grad, index, n_out, groups)
     assert got.dtype == dtype and got.shape == (n_out, D)
     if dtype == torch.bfloat16:
         # the float32 sum rounded once: within one bfloat16 ulp of the float64 sum (the
@@ -1317,7 +1325,8 @@ def test_rows_sum_kernel_is_the_reference(dtype, block, monkeypatch):
                         else resolve(backend, device))
     am = torch.randn(2, 6, 3, generator=g, dtype=torch.float64)
     lm = torch.randn(2, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    ranges = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2, 2]])[..., None] + torch.arange(2)
+    # k2's windows in sequence 0; starts that go back in sequence 1
+    ranges = torch.tensor([[0, 0, 1, 1, 2, 2], [2, 0, 1, 2, 0, 1]])[..., None] + torch.arange(2)
     w = torch.randn(2, 6, 2, 5, generator=g, dtype=torch.float64)
     (rnnt_lattice.do_rnnt_pruning(am, lm, ranges)[1] * w).sum().backward()
     want = torch.zeros_like(lm)

@@ -353,7 +353,7 @@ def check_pruned(ctx, shape, dtype, rnnt_type):
 
 def check_pruning_rows(ctx, shape):
     """``do_rnnt_pruning``'s gradient on the device (the lm rows' sums: the backend's
-    ``rows_sum``, on CUDA sorted indices and a Triton sum in a fixed order) against
+    ``rows_sum``, on CUDA a Triton sum of each row's entries in their order) against
     autograd's ``index_select`` backward (``index_add_``) on the CPU: the same bits in
     float32 and float64; where the Triton backend sums (CUDA), within one bfloat16 rounding
     of the float64 sum in bfloat16 (on the CPU ``rows_sum`` is ``index_add_``, which adds in

@@ -392,11 +392,15 @@ def arc_terms_backward(saved: tuple, g_b: torch.Tensor | None, g_e: torch.Tensor
 
 
 # --------------------------------------------------------------------------- pruning
-def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int) -> torch.Tensor:
+def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int,
+             groups: int = 1) -> torch.Tensor:
     """``out (n_out, D)`` with ``out[j] = sum_{i: index[i] = j} grad[i]`` for ``grad (N, D)``
     and ``index (N,)`` int64 in ``[0, n_out)``, each sum in the order of i: the backward of
     ``x.index_select(0, index)`` (``do_rnnt_pruning``'s rows of lm), by ``index_add_``. The
-    readable reference of the Triton kernel; the Numba backend runs it too."""
+    readable reference of the Triton kernel; the Numba backend runs it too. ``groups``
+    divides N and n_out, and the entries of group g, ``i`` in ``[g N/groups, (g+1)
+    N/groups)``, lie in ``[g n_out/groups, (g+1) n_out/groups)`` (a sequence's windows
+    read its own rows): the Triton kernel scans one group per row; this sum needs no hint."""
     return grad.new_zeros((n_out, grad.shape[1])).index_add_(0, index, grad)
 
 

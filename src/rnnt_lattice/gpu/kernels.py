@@ -1658,20 +1658,44 @@ def _simple_rows_grad_kernel(
 
 
 # --------------------------------------------------------------------------- pruning
-@triton.jit
-def _rows_sum_kernel(grad_ptr, order_ptr, bounds_ptr, sums_ptr, D, s_gn, s_gd,
-                     ACC: tl.constexpr, BLOCK_D: tl.constexpr):
+@triton.jit(do_not_specialize=("M", "n_per"))
+def _rows_sum_kernel(grad_ptr, index_ptr, sums_ptr, D, M, n_per, s_gn, s_gd,
+                     ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     CHUNK: tl.constexpr):
     """``out[j, d] = sum_{i: index[i] = j} grad[i, d]`` for ``j = program_id(0)`` and the
-    columns ``d = program_id(1) BLOCK_D ..`` (``gpu.rows_sum``): the rows ``order[lo:hi]``
-    (the indices sorted, stable; ``lo, hi = bounds[j], bounds[j + 1]``) added one after the
-    other in ``ACC``. D and the strides are a model's widths: specialised. Offsets in int64."""
+    columns ``d = program_id(1) BLOCK_D ..`` (``gpu.rows_sum``), the rows added one after
+    the other in the order of i, in ``ACC``, without sorting the indices: the entries are in
+    groups of ``M``, and group ``g`` points only into rows ``[g n_per, (g + 1) n_per)``
+    (``do_rnnt_pruning``: a sequence's ``T R`` windows into its own ``U + 1`` rows of lm).
+
+    1. The first and last entry of j's group equal to j (``lo``, ``hi``): one vectorised
+       scan of the group's M indices, ``BLOCK_M`` at a time.
+    2. The entries ``lo .. hi`` in order, ``CHUNK`` per step (unrolled, so the loads of a
+       step issue together), each row added where its index is j (an add of 0.0 elsewhere
+       leaves the sum's bits as they are: the sum starts at +0.0, so it is never -0.0).
+
+    With k2's windows (starts that do not decrease, ``R`` consecutive positions) the
+    entries of j span about the frames whose window covers it times R; any other indices
+    are summed as correctly, at most M steps a program. D and the strides are a model's
+    widths: specialised; M and n_per are the batch's: not. Offsets in int64."""
     j = tl.program_id(0).to(tl.int64)
+    g = j // n_per
+    idx_g = index_ptr + g * M
+    lo = M.to(tl.int64)
+    hi = tl.full([], -1, tl.int64)
+    for m0 in range(0, M, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+        hit = tl.load(idx_g + m, mask=m < M, other=-1) == j
+        lo = tl.minimum(lo, tl.min(tl.where(hit, m, M), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(hit, m, -1), axis=0))
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     on = d < D
-    lo = tl.load(bounds_ptr + j)
-    hi = tl.load(bounds_ptr + j + 1)
+    rows = grad_ptr + g * M * s_gn + d * s_gd
     acc = tl.zeros([BLOCK_D], ACC)
-    for i in range(lo, hi):
-        row = tl.load(order_ptr + i)
-        acc += tl.load(grad_ptr + row * s_gn + d * s_gd, mask=on, other=0.0).to(ACC)
+    for m0 in range(lo, hi + 1, CHUNK):
+        for c in tl.static_range(CHUNK):
+            m = m0 + c
+            hit = tl.load(idx_g + m, mask=m <= hi, other=-1) == j
+            take = tl.where(hit, on, False)     # (``on & hit``: int32 in the interpreter)
+            acc += tl.load(rows + m * s_gn, mask=take, other=0.0).to(ACC)
     tl.store(sums_ptr + j * D + d, acc.to(sums_ptr.dtype.element_ty), mask=on)

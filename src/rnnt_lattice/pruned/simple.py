@@ -12,12 +12,12 @@ lm(u,blank) - lse(t,u)`` and ``e(t,u) = am(t,y_u) + lm(u,y_u) - lse(t,u)`` then 
 one recursion over arc weights (any topology of k2: ``regular``, ``modified``,
 ``constrained``; delay penalty; boundary): the backend's ``lattice_of_terms`` (Numba's
 ``kernels.lattice`` on CPU, Triton's ``_lattice_kernel`` and ``_gamma_kernel`` on CUDA,
-the reference's recursion on ``backend="torch"``). Three small autograd Functions carry
+the reference's recursion on ``backend="torch"``). Four small autograd Functions carry
 the gradient: the recursion's (``_LatticeNLL``: ``d(-log P)/dw = -gamma``, mapped onto
 ``b`` and ``e``), the arc log-probs' (``_ArcTerms``: ``lse``, ``b``, ``e`` and the
-smoothing's per-node sums) and the normaliser's (``_JointMass``: the masses and the entries
-read, with one in-place gradient buffer per input); the smoothing's per-row terms
-(``_mix``) are plain autograd. :func:`lattice_loss`
+smoothing's per-node sums), the normaliser's (``_JointMass``: the masses and the entries
+read, with one in-place gradient buffer per input) and the smoothing's per-row terms
+(``_Mix``); only k2's unigram (``_unigram``) is plain autograd. :func:`lattice_loss`
 offers that recursion on arc weights the caller computes (k2's
 ``mutual_information_recursion``, HAT; ``rnnt_lattice.compat.k2`` builds on it).
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import _backends
 from .._ops import eager_under_compile, output_costs, reduce_costs, with_bad_rows
@@ -214,30 +215,80 @@ def _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth):
 
 def _mix(lm, am_ok, lm_ok, am_shift, am_uni, uni, y, blank, s_lm, s_am, ldt):
     """The smoothed loss's terms (:func:`rnnt_loss_smoothed`) that are neither per node nor
-    an entry of am or lm, by autograd: ``(Smoothing(c, s_am', s_lm'), (P (B, T), Q (B,
-    U+1), R (B, T), S (B, U)))`` with ``c = 1 - s_lm - s_am``, the scales' zeros replaced by
-    1e-20 (k2: ``0 * -inf`` would be NaN) in ``s_lm', s_am'``, and
-
-        P = s_am' (log uni(blank) - am_only_norm(t)),   Q = -s_lm' lm_only_norm(u),
-        R = -s_am' am_only_norm(t),   S = s_am' log uni(y_u) - s_lm' lm_only_norm(u)
-
-    (``_ArcTerms`` adds the entries: ``s_am' b_am = s_am' am(t, blank) + P`` and so on)."""
-    U = y.shape[1]
-    lm_s = torch.where(lm_ok[..., None], lm, 0.0)                                # (B, U+1, V)
-    # Rows off am_ok have no mass (ea = 0 there): log 1 instead of log 0, whose backward
-    # would put 0/0 into uni's gradient (their arcs are off the lattice or NaN anyway).
-    am_uni = torch.where(am_ok, am_uni, 1.0)
-    am_only_norm = torch.log(am_uni.to(ldt)) + am_shift                         # (B, T)
-    log_uni = torch.log(uni).to(ldt)
-    lm_only_norm = torch.logsumexp(lm_s, -1).to(ldt)                            # (B, U+1)
+    an entry of am or lm: ``(Smoothing(c, s_am', s_lm'), (P (B, T), Q (B, U+1), R (B, T),
+    S (B, U)))`` with ``c = 1 - s_lm - s_am`` and the scales' zeros replaced by 1e-20 (k2:
+    ``0 * -inf`` would be NaN) in ``s_lm', s_am'``; the terms from :class:`_Mix`."""
     c = 1.0 - s_lm - s_am
     s_lm = s_lm if s_lm != 0.0 else 1e-20
     s_am = s_am if s_am != 0.0 else 1e-20
-    R = -s_am * am_only_norm
-    P = R + s_am * log_uni[blank]
-    Q = -s_lm * lm_only_norm
-    S = Q[:, :U] + s_am * log_uni[y]
-    return Smoothing(c, s_am, s_lm), (P, Q, R, S)
+    terms = _Mix.apply(lm, am_uni, uni, am_ok, lm_ok, am_shift, y, blank, s_lm, s_am, ldt)
+    return Smoothing(c, s_am, s_lm), terms
+
+
+class _Mix(torch.autograd.Function):
+    """The terms P, Q, R, S of the smoothed arc log-probs (``_ArcTerms`` adds the entries:
+    ``s_am' b_am = s_am' am(t, blank) + P`` and so on), as one node of the graph with a
+    hand-written backward (autograd's took some 28 operations, each a kernel on a GPU).
+    With ``lm_s = lm`` on the rows read (``lm_ok``) and 0 elsewhere, ``am_uni' = am_uni``
+    on ``am_ok`` and 1 elsewhere (rows off ``am_ok`` have no mass, ``ea = 0``: log 1
+    instead of log 0, whose gradient would put 0/0 into uni's)::
+
+        an(t) = log am_uni'(t) + am_shift(t)          (am_only_norm: log sum_v e^am uni)
+        ln(u) = logsumexp_v lm_s(u, v)                (lm_only_norm)
+        P = s_am (log uni(blank) - an),   Q = -s_lm ln,   R = -s_am an,
+        S(u) = Q(u) + s_am log uni(y_u)               (u < U)
+
+    Backward, from ``G_P .. G_S`` (None: 0)::
+
+        d am_uni = -s_am (G_P + G_R) / am_uni'        (0 off am_ok)
+        d lm     = softmax(lm_s) g_ln,   g_ln = -s_lm (G_Q + [G_S, 0])   (0 off lm_ok)
+        d uni    = s_am (e_blank sum G_P + sum_{b,u} e_{y_u} G_S(b, u)) / uni
+
+    (uni's gradient also gets ``_JointMass``'s, by autograd). ``lm (B, U+1, V)``, ``uni
+    (V,)`` in lm's dtype; ``am_uni, am_shift (B, T)`` and the terms in ``ldt``."""
+
+    @staticmethod
+    def forward(ctx, lm, am_uni, uni, am_ok, lm_ok, am_shift, y, blank, s_lm, s_am, ldt):
+        U = y.shape[1]
+        lm_s = torch.where(lm_ok[..., None], lm, 0.0)                           # (B, U+1, V)
+        am_uni = torch.where(am_ok, am_uni, 1.0)
+        an = torch.log(am_uni.to(ldt)).add_(am_shift)                          # (B, T)
+        log_uni = torch.log(uni).to(ldt)
+        R = an.mul_(-s_am)
+        P = torch.add(R, log_uni[blank], alpha=s_am)
+        Q = torch.logsumexp(lm_s, -1).to(ldt).mul_(-s_lm)                      # (B, U+1)
+        S = torch.add(Q[:, :U], log_uni[y], alpha=s_am)
+        ctx.save_for_backward(lm_s, am_uni, uni, am_ok, lm_ok, y)
+        ctx.blank, ctx.s_lm, ctx.s_am = blank, s_lm, s_am
+        ctx.set_materialize_grads(False)
+        return P, Q, R, S
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_P, g_Q, g_R, g_S):
+        lm_s, am_uni, uni, am_ok, lm_ok, y = ctx.saved_tensors
+        s_lm, s_am = ctx.s_lm, ctx.s_am
+        U = y.shape[1]
+        grad_lm = grad_am_uni = grad_uni = None
+        if (g_P is not None or g_R is not None) and ctx.needs_input_grad[1]:
+            g_an = g_P if g_R is None else (g_R if g_P is None else g_P + g_R)
+            grad_am_uni = torch.where(am_ok, g_an / am_uni, 0.0).mul_(-s_am).to(am_uni.dtype)
+        if (g_Q is not None or g_S is not None) and ctx.needs_input_grad[0]:
+            g_ln = torch.zeros(lm_ok.shape, dtype=lm_s.dtype, device=lm_s.device) \
+                if g_Q is None else g_Q.to(lm_s.dtype, copy=True)
+            if g_S is not None:
+                g_ln[:, :U] += g_S.to(lm_s.dtype)
+            g_ln = torch.where(lm_ok, g_ln, 0.0).mul_(-s_lm)
+            grad_lm = torch.softmax(lm_s, -1).mul_(g_ln[..., None])
+        if (g_P is not None or g_S is not None) and ctx.needs_input_grad[2]:
+            ldt = (g_P if g_P is not None else g_S).dtype
+            g_log_uni = torch.zeros(uni.shape, dtype=ldt, device=uni.device)
+            if g_S is not None:
+                g_log_uni.index_add_(0, y.reshape(-1), g_S.reshape(-1))
+            if g_P is not None:
+                g_log_uni[ctx.blank] += g_P.sum()
+            grad_uni = g_log_uni.mul_(s_am).to(uni.dtype).div_(uni)
+        return (grad_lm, grad_am_uni, grad_uni) + (None,) * 8
 
 
 class _ArcTerms(torch.autograd.Function):

@@ -235,7 +235,7 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
     # (B, T, U+1, Dl) in its backward; fast_rnnt 1.3's gather along lm's label axis reads one
     # index per element: 4x slower backward, 1.3x slower forward at B=4, T=150, R=5, V=5000.)
     rows = (ranges + torch.arange(B, device=ranges.device)[:, None, None] * U1).reshape(-1)
-    lm_pruned = _SelectRows.apply(lm.reshape(B * U1, Dl), rows)
+    lm_pruned = _SelectRows.apply(lm.reshape(B * U1, Dl), rows, B)
     return am_pruned, lm_pruned.view(B, T, R, Dl)
 
 
@@ -243,20 +243,22 @@ class _SelectRows(torch.autograd.Function):
     """``x.index_select(0, index)`` ``(N, D)`` whose backward is the backend's ``rows_sum``
     (``d x[j] = sum_{i: index[i] = j} g[i]``, each sum in the order of i: on CUDA a Triton
     kernel where ``index_add_`` adds with contended atomics in any order; on CPU
-    ``index_add_`` itself). The backend is resolved in the backward: a forward alone
-    imports no kernel library."""
+    ``index_add_`` itself). ``groups``: the index's equal parts, part g pointing into part g
+    of x's rows (a sequence's windows into its own rows of lm). The backend is resolved in
+    the backward: a forward alone imports no kernel library."""
 
     @staticmethod
-    def forward(ctx, x, index):
+    def forward(ctx, x, index, groups):
         ctx.save_for_backward(index)
-        ctx.n = x.shape[0]
+        ctx.n, ctx.groups = x.shape[0], groups
         return x.index_select(0, index)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
         (index,) = ctx.saved_tensors
-        return _backends.resolve("auto", g.device).rows_sum(g, index, ctx.n), None
+        sums = _backends.resolve("auto", g.device).rows_sum(g, index, ctx.n, ctx.groups)
+        return sums, None, None
 
 
 def best_window_starts(mass: torch.Tensor, n_starts: torch.Tensor, max_step: int, *,
