@@ -25,7 +25,7 @@ between calls):
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
 ``(ROWS, BLOCK_V, num_warps, span)`` of :data:`SWEEP` (the module's tile constants replaced
-for the call, ``span`` the row pass's ``gpu.SPAN_ROWS``), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
+for the call, ``span`` the row and gradient passes' ``gpu.SPAN_ROWS``), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
 ``(BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES)`` of :data:`LATTICE_SWEEP` (the lanes of its
 wavefront and their threads). ``--host-profile SHAPE`` prints where the host's time of
 forward+backward goes at that shape with real launches (cProfile over 300 calls, the

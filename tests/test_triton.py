@@ -540,14 +540,17 @@ def variants(sm):
             where = dict(BOUNDARY=on, LAYOUT=layout)
             terms = dict(SIGMA=on, DELAY_ON=on)
             dtypes = every if not on else fp32 + [("bf16", "i64")] * (tname == "tdt")
-            # SPAN: rows read from their aligned span where they are not aligned (TDT's)
+            # SPAN: rows read from their aligned span where they are not aligned (TDT's; the
+            # row and gradient passes)
             span = dict(SPAN=gpu._span(1000, n_dur, torch.float32))
             yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
                                       **where), dtypes
             yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=False, WIDE=on,
                                       **where), fp32
-            yield "_grad_kernel", dict(kinds("grad"), **tiles, FUSED=True, CLAMP=True, **where), dtypes
-            yield "_grad_kernel", dict(kinds("grad"), **tiles, FUSED=False, CLAMP=False, **where), fp32
+            yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True, CLAMP=True,
+                                        **where), dtypes)
+            yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
+                                        **where), fp32)
             for semiring in (False, True):
                 yield ("_lattice_kernel", dict(kinds("lattice"), BOUNDARY=on, MAX_SEMIRING=semiring,
                                                BLOCK_U=256, **terms), fp32)
@@ -772,41 +775,50 @@ import kernel_resources as kr
 print("span_tile", gpu.V_PASS_TILES["span"][0])
 
 for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
-    if name == "_row_kernel" and label != "_row_kernel multiblank":
-        sig = kr.signature(kernels._row_kernel, const)
+    if name in ("_row_kernel", "_grad_kernel") and "multiblank" not in label:
+        kernel = getattr(kernels, name)
+        sig = kr.signature(kernel, const)
         attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
                  if t.startswith("*")}
-        c = triton.compile(ASTSource(kernels._row_kernel, sig, const, attrs=attrs),
+        c = triton.compile(ASTSource(kernel, sig, const, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=warps, num_stages=stages))
         reg, stack = kr.resources(c.asm["cubin"])
         v4 = sum(".v4." in ln for ln in c.asm["ptx"].splitlines() if "ld.global" in ln)
-        print(label.split()[1], V, const["ROWS"], const["BLOCK_V"], const["SPAN"], v4, reg, stack)
+        print(name, label.split()[1], V, const["ROWS"], const["BLOCK_V"], const["SPAN"], v4,
+              reg, stack)
 """
 
 
 def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
-    """The row pass reads rows that start anywhere (TDT's V_tok + 5 entries, an odd V)
-    with 16-byte vector loads from their aligned span (``gpu._span``, ``SPAN``), on the
-    span's tiles (``V_PASS_TILES["span"]``, the aligned rows' block of classes): compiled
-    for sm_90 as the backend launches it at V = 1024 and 1025, its PTX has as many ``v4``
-    loads a row as the aligned regular row's (a load per element and NARROW_TILES before:
-    0), and no stack frame."""
+    """The row and gradient passes read rows that start anywhere (TDT's V_tok + 5 entries,
+    an odd V) with 16-byte vector loads from their aligned span (``gpu._span``, ``SPAN``):
+    compiled for sm_90 as the backend launches them at V = 1024 and 1025, the row pass on
+    the span's tile (``V_PASS_TILES["span"]``, the aligned rows' block of classes) has as
+    many ``v4`` loads a row as the aligned regular row's, the gradient pass (tile
+    ``"grad_span"``, as many entries a step as the aligned rows') as many a step (a load
+    per element and NARROW_TILES before: 0), and neither a stack frame."""
     env = _compile_env()
     out = subprocess.run([sys.executable, "-c", ROW_LOADS_SCRIPT], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
     span_tile = int(lines[0][1])                   # the default table's (this module's is small)
-    rows = {(r[0], int(r[1])): [int(v) for v in r[2:]] for r in lines[1:]}
-    assert set(rows) == {(t, V) for t in ("regular", "tdt") for V in (1024, 1025)}, out.stdout
-    aligned = rows["regular", 1024]
-    assert aligned[2] == 0 and aligned[3] > 0, out.stdout              # no SPAN, vector loads
-    for key in (("regular", 1025), ("tdt", 1024), ("tdt", 1025)):
-        tile_rows, block_v, span, v4, reg, stack = rows[key]
-        assert span == 4 and block_v == aligned[1], (key, out.stdout)
-        assert tile_rows * block_v == span_tile, (key, out.stdout)
-        assert v4 * aligned[0] == aligned[3] * tile_rows and stack == 0, (key, out.stdout)
+    rows = {(r[0], r[1], int(r[2])): [int(v) for v in r[3:]] for r in lines[1:]}
+    assert set(rows) == {(k, t, V) for k in ("_row_kernel", "_grad_kernel")
+                         for t in ("regular", "tdt") for V in (1024, 1025)}, out.stdout
+    for kernel in ("_row_kernel", "_grad_kernel"):
+        aligned = rows[kernel, "regular", 1024]
+        assert aligned[2] == 0 and aligned[3] > 0, out.stdout          # no SPAN, vector loads
+        for key in (("regular", 1025), ("tdt", 1024), ("tdt", 1025)):
+            tile_rows, block_v, span, v4, reg, stack = rows[(kernel,) + key]
+            assert span == 4 and stack == 0, (kernel, key, out.stdout)
+            if kernel == "_row_kernel":
+                assert block_v == aligned[1] and tile_rows * block_v == span_tile, out.stdout
+                assert v4 * aligned[0] == aligned[3] * tile_rows, (key, out.stdout)
+            else:
+                assert tile_rows * block_v == aligned[0] * aligned[1], (key, out.stdout)
+                assert v4 == aligned[3], (key, out.stdout)
 
 
 JOINT_FIT_SCRIPT = """
@@ -852,15 +864,18 @@ def test_joiner_blocks_fit_a_multiprocessor():
         assert int(regs) * 32 * int(warps) <= REGISTERS_PER_SM, (sm, name, x, regs, warps)
 
 
-@pytest.mark.parametrize("span", [True, False], ids=["span", "narrow"])
+@pytest.mark.parametrize("span, grad_span", [(True, True), (True, False), (False, True)],
+                         ids=["span", "row_span", "narrow"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
                          ids=["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("case", ["v_chunks", "masked"])
-def test_unaligned_rows_either_way(case, dtype, span, monkeypatch):
-    """Rows of an odd V (every start residue mod 16 bytes in one batch) through both row
-    passes the backend has (``gpu.SPAN_ROWS``: the aligned span, or a load per element on
-    NARROW_TILES) against the float64 reference."""
+def test_unaligned_rows_either_way(case, dtype, span, grad_span, monkeypatch):
+    """Rows of an odd V (every start residue mod 16 bytes in one batch) through the row
+    and gradient passes the backend has (``gpu.SPAN_ROWS``: the aligned span, or a load per
+    element on NARROW_TILES; ``gpu.SPAN_GRAD`` off: the gradient pass a load per element
+    after the row pass's span) against the float64 reference."""
     monkeypatch.setattr(gpu, "SPAN_ROWS", span)
+    monkeypatch.setattr(gpu, "SPAN_GRAD", grad_span)
     batch = make_batch(CASES[case])
     assert gpu._span(batch.logits.shape[-1], 0, dtype) == (16 // dtype.itemsize if span else 0)
     costs, grad, _ = run(batch, dtype, "triton")

@@ -105,13 +105,19 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u
 # (within 1% at s5, big and V = 5000) but 11% slower for multi-blank's at s5 and big
 # (h100-175fa4a-passes_ours.log). TDT's rows from their span: 16 rows of 128 took
 # 0.637 ms at s5, 8 rows 0.691.
-V_PASS_TILES = {"row": (512, 128), "grad": (1024, 256), "span": (2048, 128)}
+# The gradient pass over such rows (``grad_span``: reads from the span since 2026-11-27)
+# takes as many entries a step as the aligned rows' tile, in 8 rows of 128 (4 rows of 256
+# put 8 bytes on the stack with Triton 3.6 at V = 1025), until a GPU times it.
+V_PASS_TILES = {"row": (512, 128), "grad": (1024, 256), "span": (2048, 128),
+                "grad_span": (1024, 128)}
 # Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
 NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
-# The row pass reads such rows from their 16-byte aligned span instead (``_span``), with
-# vector loads and V_PASS_TILES; False: NARROW_TILES and a load per element (the A/B of
-# benchmarks/gpu_passes.py --sweep).
+# The row and gradient passes read such rows from their 16-byte aligned span instead
+# (``_span``), with vector loads and V_PASS_TILES; False: NARROW_TILES and a load per
+# element (the A/B of benchmarks/gpu_passes.py --sweep).
 SPAN_ROWS = True
+# The gradient pass too (False: the row pass alone reads from the span; not yet timed).
+SPAN_GRAD = True
 NUM_WARPS_V = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 # Nodes per program of the simple losses' rescue (``simple_rescue``): one vector load of
@@ -169,10 +175,10 @@ def _v_align(V: int, n_durations: int = 0) -> int:
 
 
 def _span(V_tok: int, n_durations: int, dtype: torch.dtype) -> int:
-    """``kernels``' ``SPAN`` of the row pass: for rows whose loads cannot be vectorised
-    (``_v_align`` below 4), the entries in 16 bytes of ``dtype``, the alignment from which
-    ``kernels._group_lse`` reads each row's token group; 0 for aligned rows (or with
-    :data:`SPAN_ROWS` off)."""
+    """``kernels``' ``SPAN`` of the row and gradient passes: for rows whose loads cannot be
+    vectorised (``_v_align`` below 4), the entries in 16 bytes of ``dtype``, the alignment
+    from which ``kernels._group_lse`` and ``kernels._grad_kernel`` read each row's token
+    group; 0 for aligned rows (or with :data:`SPAN_ROWS` off)."""
     if not SPAN_ROWS or _v_align(V_tok + n_durations, n_durations) >= 4:
         return 0
     return 16 // dtype.itemsize
@@ -213,14 +219,15 @@ def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0, span: int = 0)
     with its own address, and 16 rows of 128 took 240-255 registers a thread
     (benchmarks/kernel_resources.py). On an H100, TDT's row pass at s5 took 1.35 ms with one
     row of 256 a program, 1.97 with 4 rows of 128, 2.71 with 16 rows of 128, 3.03 with 16
-    rows and 8 warps (docs/benchmarks.md, "GPU"). The row pass reads such rows from their
-    aligned span (``span`` > 0, :func:`_span`): vector loads again, and the tiles of
-    aligned rows."""
+    rows and 8 warps (docs/benchmarks.md, "GPU"). The row and gradient passes read such
+    rows from their aligned span (``span`` > 0, :func:`_span`): vector loads again, and
+    the tiles ``"span"`` (row) and ``"grad_span"``."""
     narrow = _v_align(V + n_durations, n_durations) < 4 and not span
     if narrow:
         tile, cap = NARROW_TILES[which]
     else:
-        tile, cap = V_PASS_TILES.get("span" if span else which, V_PASS_TILES[which])
+        key = ("span" if which == "row" else f"{which}_span") if span else which
+        tile, cap = V_PASS_TILES.get(key, V_PASS_TILES[which])
     block_v = _pow2(V, cap)
     rows = min(max(1, tile // block_v), _pow2(n_rows, 1 << 30))
     return rows, block_v, NUM_WARPS_V
@@ -540,9 +547,9 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
 def _tile_constants() -> tuple:
     """The module's tile constants, as a key of the launch plans (tests change them)."""
     return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]),
-            tuple(V_PASS_TILES.get("span", ())),
+            tuple(V_PASS_TILES.get("span", ())), tuple(V_PASS_TILES.get("grad_span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
-            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS)
+            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
@@ -617,12 +624,13 @@ def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boun
 def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay: _Layout, V: int,
                dtype, n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple):
     n_dur = topo.n_durations
-    per, block_v, num_warps = _tiles(V - n_dur, n_rows, "grad", n_dur)
+    span = _span(V - n_dur, n_dur, dtype) if SPAN_GRAD else 0
+    per, block_v, num_warps = _tiles(V - n_dur, n_rows, "grad", n_dur, span)
     head = (n_rows, lay.B * lay.T * lay.U1, lay.T, lay.U1, V - n_dur, blank)
     tail = (*box, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads"), *_f64_parts(clamp))
     kw = dict(_kernel_kinds(topo, "grad"), FUSED=log_softmax, CLAMP=clamp > 0,
               BOUNDARY=boundary, LAYOUT=layout, ACC=_acc(dtype), ROWS=per, BLOCK_V=block_v,
-              BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur),
+              BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur), SPAN=span,
               COSTS32=_costs_dtype(dtype) == torch.float32, num_warps=num_warps)
     return ((n_rows + per - 1) // per,), head, tail, kw
 

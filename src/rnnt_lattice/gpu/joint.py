@@ -333,7 +333,8 @@ def _joint_grad_kernel(
             x = tl.where(live[:, None] & (v[None, :] < V_tok), z, NEG_INF)
         else:
             x = tl.zeros([BLOCK_N, BLOCK_V], ACC)
-        g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+        g = _token_grad(x, v[None, :], lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y,
+                        FUSED)
         for k in tl.static_range(K):
             if CLS_FIRST[k]:                  # each fixed class once, whichever kinds read it
                 g -= tl.where(v[None, :] == CLASS_ID[k],

@@ -882,16 +882,32 @@ def _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, bound
 @triton.jit
 def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED: tl.constexpr):
     """The token group's gradient at the entries ``x [ROWS, BLOCK]`` of classes ``v``
-    (ACC; -inf where a row is not read), before NaN, clamp and the upstream factor:
-    ``p(v) S`` (0 for a row without mass: ``p`` may be NaN there; log-prob mode: none) minus
-    the blank's and the label's reads at their classes."""
+    (``[1, BLOCK]``, or ``[ROWS, BLOCK]`` where each row's entries are other classes; ACC;
+    -inf where a row is not read), before NaN, clamp and the upstream factor: ``p(v) S``
+    (0 for a row without mass: ``p`` may be NaN there; log-prob mode: none) minus the
+    blank's and the label's reads at their classes."""
     if FUSED:
         g = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None]) * mass[:, None]
         g = tl.where(no_mass[:, None], 0.0, g)
     else:
         g = tl.zeros_like(x)
-    return (g - tl.where(v[None, :] == blank, gb_a[:, None], 0.0)
-            - tl.where(v[None, :] == y[:, None], gl_a[:, None], 0.0))
+    return (g - tl.where(v == blank, gb_a[:, None], 0.0)
+            - tl.where(v == y[:, None], gl_a[:, None], 0.0))
+
+
+@triton.jit
+def _token_grad_store(x, v, out, dst, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y,
+                      nan_row, clamp, write, w_up, K: tl.constexpr, READS: tl.constexpr,
+                      CLASS_ID: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr):
+    """Step 1 of ``_grad_kernel`` on a block: the token group's gradient at the entries
+    ``x`` of classes ``v`` (:func:`_token_grad`, :func:`_grad_out`) stored at ``dst`` where
+    ``out``, except the fixed classes' columns (step 2 writes them)."""
+    g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+    g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
+    for k in tl.static_range(K):
+        if READS[k] == 2:
+            out = out & (v != CLASS_ID[k])
+    tl.store(dst, g.to(dst.dtype.element_ty), mask=out)
 
 
 @triton.jit
@@ -981,12 +997,14 @@ def _grad_kernel(
     # flags
     FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
     ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
-    V_ALIGN: tl.constexpr, COSTS32: tl.constexpr,
+    V_ALIGN: tl.constexpr, COSTS32: tl.constexpr, SPAN: tl.constexpr = 0,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
     topology (math.md 9, ``reference.grad``), written once; ``grad_ptr`` may equal
-    ``logits_ptr`` (every entry is read before it is overwritten, by the same program).
+    ``logits_ptr`` (every entry is read before it is overwritten, by the same program; with
+    ``SPAN``, the few entries of the row before that a span holds may be read while their
+    own program overwrites them, and are never used).
     With the coefficients of ``_reads_kernel`` (S_g the sum of a softmax group's reads,
     tokens or TDT durations):
 
@@ -997,7 +1015,9 @@ def _grad_kernel(
     gets 0 (not ``0 * p``: p may be NaN there). In two steps:
 
     1. the token group in chunks of ``BLOCK_V``: ``p S`` minus the blank's and the label's
-       reads, every entry but the fixed classes' columns;
+       reads, every entry but the fixed classes' columns (``SPAN`` > 0, rows that start
+       anywhere: read with vector loads from the row's aligned span, as the row pass
+       reads them, and written element by element);
     2. the fixed classes' columns (their logits read before step 1, so that ``grad_ptr ==
        logits_ptr`` works) and the duration group.
 
@@ -1029,24 +1049,63 @@ def _grad_kernel(
             x_cls = tl.where(kidx[None, :] == k, xk[:, None], x_cls)
 
     # 1. The token group, every entry but the fixed classes' columns (step 2).
-    # V_ALIGN divides V_tok: the masks change at multiples of it (vector loads and stores)
-    v_read = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
-    v_write = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
-    for v0 in range(0, V_tok, BLOCK_V):
-        v = v0 + offs
+    if SPAN > 0:
+        # Rows that start anywhere: read from their aligned span (as ``_group_lse``), the
+        # entries before the row (``c < 0``: the row before's, which its own program may
+        # be writing) selected away; written element by element at exactly the row's.
+        base = tl.multiple_of(row - row % SPAN, SPAN)          # 16-byte aligned
+        head = (row - base).to(tl.int32)                       # [0, SPAN)
+        end_w = head + tl.where(has_row, V_tok, 0)
+        body_w = tl.multiple_of(end_w - end_w % SPAN, SPAN)    # whole SPAN-groups
+        body_r = tl.multiple_of(tl.where(live, body_w, 0), SPAN)
+        for v0 in range(0, tl.max(body_w, axis=0), BLOCK_V):
+            p = v0 + offs
+            c = p[None, :] - head[:, None]                     # the classes
+            if FUSED:
+                x = tl.load(logits_ptr + base[:, None] + p[None, :],
+                            mask=p[None, :] < body_r[:, None], other=NEG_INF)
+                x = tl.where(c >= 0, x.to(ACC), NEG_INF)
+            else:
+                x = tl.zeros([ROWS, BLOCK_V], ACC)
+            _token_grad_store(x, c, (p[None, :] < body_w[:, None]) & (c >= 0),
+                              grad_ptr + base[:, None] + p[None, :], lse_hi, lse_lo, mass,
+                              no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
+                              K, READS, CLASS_ID, FUSED, CLAMP)
+        p = body_w[:, None] + tl.arange(0, SPAN)[None, :]       # the last < SPAN entries
+        c = p - head[:, None]
+        on = (p < end_w[:, None]) & (c >= 0)
         if FUSED:
-            x = tl.load(logits_ptr + row[:, None] + v[None, :],
-                        mask=v[None, :] < v_read[:, None], other=NEG_INF).to(ACC)
+            x = tl.load(logits_ptr + base[:, None] + p, mask=on & live[:, None],
+                        other=NEG_INF).to(ACC)
         else:
-            x = tl.zeros([ROWS, BLOCK_V], ACC)
-        g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
-        g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
-        out = v[None, :] < v_write[:, None]
-        for k in tl.static_range(K):
-            if READS[k] == 2:
-                out = out & (v[None, :] != CLASS_ID[k])
-        tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=out)
+            x = tl.zeros([ROWS, SPAN], ACC)
+        _token_grad_store(x, c, on, grad_ptr + base[:, None] + p, lse_hi, lse_lo, mass,
+                          no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
+                          K, READS, CLASS_ID, FUSED, CLAMP)
+    else:
+        # V_ALIGN divides V_tok: the masks change at multiples of it (vector loads and
+        # stores)
+        v_read = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
+        v_write = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
+        for v0 in range(0, V_tok, BLOCK_V):
+            v = v0 + offs
+            if FUSED:
+                x = tl.load(logits_ptr + row[:, None] + v[None, :],
+                            mask=v[None, :] < v_read[:, None], other=NEG_INF).to(ACC)
+            else:
+                x = tl.zeros([ROWS, BLOCK_V], ACC)
+            # (inline, not ``_token_grad_store``: its mask made before g took 10 more
+            # registers a thread on sm_90)
+            g = _token_grad(x, v[None, :], lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank,
+                            y, FUSED)
+            g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
+                          CLAMP)
+            out = v[None, :] < v_write[:, None]
+            for k in tl.static_range(K):
+                if READS[k] == 2:
+                    out = out & (v[None, :] != CLASS_ID[k])
+            tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
+                     mask=out)
 
     # 2. The fixed classes' columns: p S minus every read of that class (the kinds that
     # read it, and the blank or the label where they are that class).
