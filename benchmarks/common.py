@@ -87,6 +87,52 @@ def maxrss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux
 
 
+# --------------------------------------------------------------------------- A/B
+def paired_ab(script: Path, argv: list, tree_b: Path, pairs: int, figure,
+              timeout: float = 600.0) -> dict:
+    """The figure of ``script argv`` with this checkout's package (A) against the package of
+    another checkout ``tree_b`` (B: its ``src/``), each run a fresh process, A and B in
+    turn ``pairs`` times (``A B A B ..``), the harness (``script``) this checkout's for
+    both. ``figure(stdout) -> float`` reads a run's figure. The ratio A/B is taken pair by
+    pair, so that the machine's drift during the runs cancels out of it (on this project's
+    shared 2-core machines one process's median could differ from the next's by 1.5x).
+    Returns ``{"a": [..], "b": [..], "ratios": [..], "median": r, "min": r, "max": r}``."""
+    import statistics
+    runs = {"a": [], "b": []}
+    for _ in range(pairs):
+        for side, tree in (("a", HERE.parent), ("b", Path(tree_b))):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [str(Path(tree).resolve() / "src"), os.environ.get("PYTHONPATH", "")]))
+            p = subprocess.run([sys.executable, str(script), *map(str, argv)], env=env,
+                               capture_output=True, text=True, timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"{side} ({tree}) failed: {p.stderr.strip()[-2000:]}")
+            runs[side].append(figure(p.stdout))
+    ratios = [a / b for a, b in zip(runs["a"], runs["b"])]
+    return dict(runs, ratios=ratios, median=statistics.median(ratios), min=min(ratios),
+                max=max(ratios))
+
+
+def host_work_us(stdout: str) -> float:
+    """The microseconds a run of ``host_overhead.py`` printed (its ``--vs``)."""
+    import re
+    return float(re.search(r": ([0-9.]+) us of host work per forward\+backward", stdout)[1])
+
+
+def host_step_us(stdout: str) -> float:
+    """The microseconds a run of ``pruned_profile.py --host`` printed (its ``--vs``)."""
+    import re
+    return float(re.search(r": ([0-9.]+) us of host time a step", stdout)[1])
+
+
+def print_ab(out: dict, unit: str, tree_b) -> None:
+    """``paired_ab``'s result, a line a pair and the ratios' median and range."""
+    for i, (a, b, r) in enumerate(zip(out["a"], out["b"], out["ratios"])):
+        print(f"  pair {i + 1}: A {a:.1f} {unit}, B {b:.1f} {unit}, A/B {r:.3f}")
+    print(f"A (this checkout) / B ({tree_b}): median {out['median']:.3f} over "
+          f"{len(out['ratios'])} pairs (min {out['min']:.3f}, max {out['max']:.3f})")
+
+
 # --------------------------------------------------------------------------- metadata
 
 def _read(path: str) -> str:

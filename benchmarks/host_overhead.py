@@ -4,6 +4,7 @@ forward+backward, on CPU tensors, with every kernel launch replaced by a no-op.
 
     python benchmarks/host_overhead.py [--shape s3] [--variant regular] [--calls 2000]
                                        [--profile N] [--binder]
+    python benchmarks/host_overhead.py --vs OTHER_CHECKOUT [--pairs 10]   # A/B
 
 On a GPU the launches are asynchronous: the host enqueues a step while the device runs the
 previous one, and when the host's time per step exceeds the device's, the device waits
@@ -19,7 +20,10 @@ PyTorch's CUDA caching allocator charges.
 
 Prints the median microseconds per forward+backward over ``--calls`` calls (5 rounds,
 the median round), and with ``--profile N`` the N functions with the most own time
-(cProfile). ``--binder``: part of what the stubs leave out, Triton's own Python per launch
+(cProfile). ``--vs CHECKOUT`` compares this checkout's package with another's (its
+``src/``, e.g. ``git worktree add /tmp/base <commit>``): fresh processes in turn, the
+ratio taken pair by pair (``common.paired_ab``), the one way to see a change of a few
+percent on a machine whose speed drifts more than that between processes. ``--binder``: part of what the stubs leave out, Triton's own Python per launch
 before the driver's call -- the argument binder (specialisation of every argument) and the
 cache key of ``JITFunction.run`` -- timed on each kernel's last launch's arguments, the
 binder built for sm_90 without a GPU (Triton's internals: this follows Triton 3.x and
@@ -47,6 +51,7 @@ import cProfile  # noqa: E402
 import pstats  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -124,7 +129,17 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--binder", action="store_true",
                     help="also time Triton's binder and cache key per launch (sm_90, no GPU)")
+    ap.add_argument("--vs", metavar="CHECKOUT",
+                    help="A/B: this figure with this checkout's package against CHECKOUT's "
+                         "src/, fresh processes in turn (common.paired_ab)")
+    ap.add_argument("--pairs", type=int, default=10, help="pairs of runs of --vs")
     args = ap.parse_args(argv)
+    if args.vs:
+        from common import host_work_us, paired_ab, print_ab
+        child = ["--shape", args.shape, "--variant", args.variant, "--calls", args.calls]
+        out = paired_ab(Path(__file__), child, Path(args.vs), args.pairs, host_work_us)
+        print_ab(out, "us", args.vs)
+        return 0
     import rnnt_lattice
     with no_launches() as stubs:
         rnnt_lattice.set_input_checks("device")

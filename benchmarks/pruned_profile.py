@@ -5,6 +5,7 @@ step (ours, public API) timed alone, then the kernels of whole steps under the p
                                         [--method k2] [--reps 5] [--top 25] [--json FILE]
     python benchmarks/pruned_profile.py --count-ops [--shape pg1]      # no GPU needed
     python benchmarks/pruned_profile.py --host --shape s1 [--profile 30]  # no GPU needed
+    python benchmarks/pruned_profile.py --host --shape s1 --vs OTHER_CHECKOUT [--pairs 10]
 
 The stages, in the order the step runs them (``pruned_pipeline._ours``):
 
@@ -30,7 +31,8 @@ device at least one kernel's latency).
 
 ``--host`` times that same path at a small shape: the host's own work per step, which is
 what a GPU waits on when the step is host-bound (the pruned step at pg1 on an H200: 7.8 ms
-a step, 3.4 ms of it device work).
+a step, 3.4 ms of it device work); with ``--vs CHECKOUT``, against another checkout's
+package, fresh processes in turn and the ratio pair by pair (``common.paired_ab``).
 """
 from __future__ import annotations
 
@@ -236,7 +238,19 @@ def main(argv=None) -> dict:
     p.add_argument("--calls", type=int, default=50, help="steps per round of --host")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="with --host: the N functions with the most own time")
+    p.add_argument("--vs", metavar="CHECKOUT",
+                   help="with --host, an A/B: this checkout's package against CHECKOUT's src/, "
+                        "fresh processes in turn (common.paired_ab)")
+    p.add_argument("--pairs", type=int, default=10, help="pairs of runs of --vs")
     args = p.parse_args(argv)
+    if args.host and args.vs:
+        from pathlib import Path
+        from common import host_step_us, paired_ab, print_ab
+        child = ["--host", "--shape", args.shape, "--window", args.window, "--method",
+                 args.method, "--calls", args.calls]
+        out = paired_ab(Path(__file__), child, Path(args.vs), args.pairs, host_step_us)
+        print_ab(out, "us", args.vs)
+        return {"ab": out}
     if args.host:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton is first imported
         us = host_us(args.shape, args.window, args.method, args.calls, args.profile)

@@ -437,7 +437,8 @@ def test_pruned_profile_times_the_gpu_paths_host_work(capsys):
     assert kernels._row_kernel is row_kernel and _backends.resolve is resolve
     assert rnnt_lattice.set_input_checks(checks) == checks
     assert out["host_us"] > 0
-    assert "us of host time a step" in capsys.readouterr().out
+    import common
+    assert common.host_step_us(capsys.readouterr().out) > 0     # what --vs reads back
 
 
 def test_pruned_profile_counts_the_gpu_paths_operations():
@@ -477,12 +478,33 @@ def test_host_overhead_runs_with_stubbed_launches():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "us of host work per forward+backward" in out.stdout
+    import common
+    assert common.host_work_us(out.stdout) > 0           # what --vs reads back
     for kernel in ("_row_kernel x1", "_lattice_kernel x1", "_grad_kernel x1",
                    "_input_check_kernel x1"):
         assert kernel in out.stdout, out.stdout
     # --binder: Triton's binder and cache key timed per kernel (or said why not)
     assert ("binder + cache key, per step" in out.stdout
             or "internals differ" in out.stdout), out.stdout
+
+
+def test_paired_ab_takes_the_ratio_pair_by_pair(tmp_path):
+    """``common.paired_ab`` (``host_overhead.py --vs``, ``pruned_profile.py --host --vs``):
+    the script runs in fresh processes, A (this checkout's ``src/`` first on PYTHONPATH)
+    and B (the other checkout's) in turn, and each pair gives one ratio A/B. (The two
+    scripts' own lines are read back in their tests.)"""
+    import common
+    other = tmp_path / "other"
+    (other / "src").mkdir(parents=True)
+    script = tmp_path / "figure.py"
+    script.write_text(
+        "import os, sys\n"
+        f"b = os.environ['PYTHONPATH'].startswith({str(other.resolve())!r})\n"
+        "print(f'x: {(4.0 if b else 3.0) * float(sys.argv[1]):.1f} us of host work per "
+        "forward+backward')\n")
+    out = common.paired_ab(script, [2], other, 3, common.host_work_us)
+    assert out["a"] == [6.0] * 3 and out["b"] == [8.0] * 3, out
+    assert out["ratios"] == [0.75] * 3 and out["median"] == out["min"] == out["max"] == 0.75
 
 
 def test_lattice_traffic_counts_adjacent_diagonals(tmp_path):
