@@ -127,12 +127,22 @@ def test_loss_and_gradient(topo_name, option, monkeypatch):
         check(costs, grad, *ref, torch.float32, pad=~region)
 
 
-@pytest.mark.parametrize("topo_name", ["constrained", "tdt012"])
-def test_inplace_and_strided_upstream(topo_name):
+# V = 8: rows 16-byte aligned in float64 (RAGGED's V = 6 reads its rows from their span)
+ALIGNED = Case("aligned", (5, 3), (2, 1), 8, 0, T=6, U=3)
+
+
+@pytest.mark.parametrize("topo_name, case", [("constrained", RAGGED), ("tdt012", RAGGED),
+                                             ("multiblank", RAGGED), ("multiblank", ALIGNED)],
+                         ids=["constrained", "tdt012", "multiblank", "multiblank_aligned"])
+def test_inplace_and_strided_upstream(topo_name, case):
     """``inplace_grad``: the gradient lands in the logits' storage and equals the
-    out-of-place one; an expanded scalar upstream gradient (stride 0) and a zero one."""
+    out-of-place one (TDT: rows read from their span, which holds the row before's last
+    entries; multi-blank: the fixed classes' columns written first, then read as
+    gradients by the token group's step and not stored); an expanded scalar upstream
+    gradient (stride 0) and a zero one."""
     opts = dict(fastemit_lambda=0.3, clamp=0.1, sigma=0.05)
-    logits, targets, tl, ul, topo, blank, _ = inputs(RAGGED, topo_name, opts)
+    logits, targets, tl, ul, topo, blank, _ = inputs(case, topo_name, opts)
+    assert (gpu._v_align(logits.shape[-1]) >= 4) == (case is ALIGNED)
     for up in (torch.tensor(0.7, dtype=torch.float64).expand(2),
                torch.tensor([0.0, -1.25], dtype=torch.float64)):
         ref = reference_costs_grad(logits, targets, tl, ul, topo, blank, opts, up)

@@ -899,9 +899,9 @@ def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED
 def _token_grad_store(x, v, out, dst, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y,
                       nan_row, clamp, write, w_up, K: tl.constexpr, READS: tl.constexpr,
                       CLASS_ID: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr):
-    """Step 1 of ``_grad_kernel`` on a block: the token group's gradient at the entries
+    """Step 2 of ``_grad_kernel`` on a block: the token group's gradient at the entries
     ``x`` of classes ``v`` (:func:`_token_grad`, :func:`_grad_out`) stored at ``dst`` where
-    ``out``, except the fixed classes' columns (step 2 writes them)."""
+    ``out``, except the fixed classes' columns (step 1 writes them)."""
     g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
     g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
     for k in tl.static_range(K):
@@ -1014,12 +1014,12 @@ def _grad_kernel(
     since d(x_c - lse_g)/dx_v = [v = c] - p_g(v). A row that no arc reads (``S_g = 0``)
     gets 0 (not ``0 * p``: p may be NaN there). In two steps:
 
-    1. the token group in chunks of ``BLOCK_V``: ``p S`` minus the blank's and the label's
+    1. the fixed classes' columns and the duration group (read, then written: in place,
+       step 2 reads those columns' entries as gradients and stores none of them);
+    2. the token group in chunks of ``BLOCK_V``: ``p S`` minus the blank's and the label's
        reads, every entry but the fixed classes' columns (``SPAN`` > 0, rows that start
        anywhere: read with vector loads from the row's aligned span, as the row pass
-       reads them, and written element by element);
-    2. the fixed classes' columns (their logits read before step 1, so that ``grad_ptr ==
-       logits_ptr`` works) and the duration group.
+       reads them, and written element by element).
 
     Clamp clips the token group only. A NaN sequence (log P NaN) gets NaN on every entry of
     its rows in fused mode, on its arc entries in log-prob mode; padding, rows of
@@ -1039,16 +1039,43 @@ def _grad_kernel(
     y, live, lse_hi, lse_lo = _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr,
                                          target_lengths_ptr, boundary_ptr, node, inside, keep,
                                          mass, T, U1, o_lse, BOUNDARY, ACC)
-    # The fixed classes' logits, read before step 1 writes over them (grad_ptr may be the
-    # logits): column k of a [ROWS, KP] tile.
-    kidx = tl.arange(0, KP)
-    x_cls = tl.zeros([ROWS, KP], ACC)
+    # 1. The fixed classes' columns: p S minus every read of that class (the kinds that
+    # read it, and the blank or the label where they are that class); then TDT's duration
+    # group. First: nothing of them stays live through step 2's loop (multi-blank's pass
+    # took 80 registers a thread on sm_90 with them after it, 72 now; Triton 3.6).
     for k in tl.static_range(K):
         if READS[k] == 2:
-            xk = tl.load(logits_ptr + row + CLASS_ID[k], mask=live, other=NEG_INF).to(ACC)
-            x_cls = tl.where(kidx[None, :] == k, xk[:, None], x_cls)
+            cls = CLASS_ID[k]
+            xk = tl.load(logits_ptr + row + cls, mask=live, other=NEG_INF).to(ACC)
+            if FUSED:
+                gk = tl.where(no_mass, 0.0, tl.exp((xk - lse_hi) - lse_lo) * mass)
+            else:
+                gk = tl.zeros([ROWS], ACC)
+            gk = (gk - tl.where(blank == cls, gb_a, 0.0) - tl.where(y == cls, gl_a, 0.0)
+                  - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, ACC))
+            gk = _grad_out(gk, nan_row, clamp, write, w_up, FUSED, CLAMP)
+            # (a vector compare: the interpreter refuses a vector & scalar mask)
+            tl.store(grad_ptr + row + cls, gk.to(grad_ptr.dtype.element_ty),
+                     mask=has_row & (r * 0 + V_tok > cls))
+    if N_DURATIONS > 0:
+        # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
+        didx = tl.arange(0, BLOCK_DUR)
+        g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
+            ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
+            BLOCK_DUR, FUSED)
+        if FUSED:
+            x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
+                            mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
+                            other=NEG_INF).to(ACC)
+        else:
+            x_dur = tl.zeros([ROWS, BLOCK_DUR], ACC)
+        g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
+        tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :],
+                 g_d.to(grad_ptr.dtype.element_ty),
+                 mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
 
-    # 1. The token group, every entry but the fixed classes' columns (step 2).
+    # 2. The token group, every entry but the fixed classes' columns (step 1 wrote them: in
+    # place, their entries read here are gradients already, and never stored).
     if SPAN > 0:
         # Rows that start anywhere: read from their aligned span (as ``_group_lse``), the
         # entries before the row (``c < 0``: the row before's, which its own program may
@@ -1106,38 +1133,6 @@ def _grad_kernel(
                     out = out & (v[None, :] != CLASS_ID[k])
             tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
                      mask=out)
-
-    # 2. The fixed classes' columns: p S minus every read of that class (the kinds that
-    # read it, and the blank or the label where they are that class).
-    for k in tl.static_range(K):
-        if READS[k] == 2:
-            c = CLASS_ID[k]
-            xk = tl.sum(tl.where(kidx[None, :] == k, x_cls, 0.0), axis=1)
-            if FUSED:
-                gk = tl.where(no_mass, 0.0, tl.exp((xk - lse_hi) - lse_lo) * mass)
-            else:
-                gk = tl.zeros([ROWS], ACC)
-            gk = (gk - tl.where(blank == c, gb_a, 0.0) - tl.where(y == c, gl_a, 0.0)
-                  - _fixed_reads(c, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, ACC))
-            gk = _grad_out(gk, nan_row, clamp, write, w_up, FUSED, CLAMP)
-            # (a vector compare: the interpreter refuses a vector & scalar mask)
-            tl.store(grad_ptr + row + c, gk.to(grad_ptr.dtype.element_ty),
-                     mask=has_row & (r * 0 + V_tok > c))
-    if N_DURATIONS > 0:
-        # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
-        didx = tl.arange(0, BLOCK_DUR)
-        g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
-            ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
-            BLOCK_DUR, FUSED)
-        if FUSED:
-            x = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
-                        mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
-                        other=NEG_INF).to(ACC)
-        else:
-            x = tl.zeros([ROWS, BLOCK_DUR], ACC)
-        g = _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
-        tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g.to(grad_ptr.dtype.element_ty),
-                 mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
 
 
 # --------------------------------------------------------------------------- input check
