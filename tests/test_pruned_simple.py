@@ -537,6 +537,18 @@ def test_large_logit_spreads_equal_full_joiner(fn, dtype, spread):
         torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol * max(1.0, float(w.abs().max())))
 
 
+def test_selfcheck_rescue_on_the_default_backend():
+    """``rnnt-lattice check``'s rescue check as the full CPU check runs it (random am and
+    lm, their peaks 1000 nats apart, the smoothed loss with zero scales, the default
+    backend): am's unigram mass is subnormal there, and the smoothing's gradient of it
+    must take the scale (1e-20 for a zero one) before dividing by it (divided first, it
+    was inf)."""
+    from rnnt_lattice import selfcheck
+    ctx = selfcheck.Context("cpu", "auto", selfcheck.plan_for("cpu", "default"), "default")
+    line = selfcheck.check_simple_rescue(ctx, ctx.plan.tool_shape)
+    assert "smoothed grads" in line, line
+
+
 def test_transposed_am_backward():
     """am as a Conv1d head gives it, ``(B, V, T)`` transposed: the backward of the smoothed
     loss (which reads am's exps as rows) equals that of a contiguous copy."""

@@ -272,7 +272,9 @@ class _Mix(torch.autograd.Function):
         grad_lm = grad_am_uni = grad_uni = None
         if (g_P is not None or g_R is not None) and ctx.needs_input_grad[1]:
             g_an = g_P if g_R is None else (g_R if g_P is None else g_P + g_R)
-            grad_am_uni = torch.where(am_ok, g_an / am_uni, 0.0).mul_(-s_am).to(am_uni.dtype)
+            # The scale first: am_uni may be subnormal (am and lm peaking at classes far
+            # apart) and s_am 1e-20 (a zero scale), where g / am_uni alone overflows.
+            grad_am_uni = torch.where(am_ok, g_an * -s_am / am_uni, 0.0).to(am_uni.dtype)
         if (g_Q is not None or g_S is not None) and ctx.needs_input_grad[0]:
             g_ln = torch.zeros(lm_ok.shape, dtype=lm_s.dtype, device=lm_s.device) \
                 if g_Q is None else g_Q.to(lm_s.dtype, copy=True)
