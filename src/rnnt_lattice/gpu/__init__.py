@@ -360,7 +360,8 @@ class _Layout:
     one pointer alignment whatever the shapes: one compiled variant), and the total.
     Parts a topology does not use (``lse_dur`` without durations, ``next_blank`` without
     ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient) take no room.
-    next_blank, lp, alpha and beta are skewed planes (``_skew``)."""
+    next_blank, lp, alpha and beta are skewed planes (``_skew``). The log P part has one
+    cell more, after the B sequences' own: the lattice kernel's -inf cell (``kernels._gather``)."""
 
     B: int
     T: int
@@ -389,7 +390,7 @@ def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool) -> _Layout:
     plane = _skew(T, U1)[2]
     sizes = (n, n if kinds["N_DURATIONS"] else 0,
              B * plane if kinds["HAS_PLUS_NEXT_BLANK"] else 0, kinds["K"] * B * plane,
-             B * plane, B * plane, B, kinds["NC"] * n if reads else 0)
+             B * plane, B * plane, B + 1, kinds["NC"] * n if reads else 0)
     offsets, at = [], 0
     for size in sizes:
         offsets.append(at)

@@ -211,22 +211,25 @@ def _lands(lt, lu, t1, u1, MAY_END: tl.constexpr):
 
 
 @triton.jit
-def _gather(ptr, off, ok, GATHER: tl.constexpr):
-    """``ptr[off]`` where ``ok``, -inf elsewhere. ``GATHER``: an unpredicated load of
-    ``ptr[where(ok, off, 0)]`` then a select, for a ``ptr`` whose element 0 is always in
-    bounds (the lattice kernel's own sequence). On sm_90 a predicated load needs its mask in
-    one of the seven predicate registers until it issues: with TDT's nine kinds ptxas then
-    issued each kind's loads only after the previous kind's max had consumed its values,
-    one memory latency per kind and diagonal; unpredicated, every load of a diagonal issues
-    before the first use (benchmarks/kernel_resources.py compiles it). Otherwise a masked
-    load (node-parallel kernels, whose lanes past the last node have no valid base)."""
+def _gather(ptr, off, ok, none, GATHER: tl.constexpr):
+    """``ptr[off]`` where ``ok``, -inf elsewhere. ``GATHER``: an unpredicated load from
+    ``ptr + off`` where ``ok`` and from ``none`` elsewhere, a cell that holds -inf (the
+    lattice kernel's: the cell after log P's). The load's value is then the result, with no
+    select after it: on sm_90 a predicated load needs its mask in one of the seven predicate
+    registers until it issues, and a select after an unpredicated load needs it until the
+    value arrives; with TDT's nine kinds (eighteen loads a diagonal) either way ptxas ran
+    out of predicates and consumed the first kinds' values before issuing the other kinds'
+    loads, two memory latencies per diagonal. Here a mask is dead once its address is
+    chosen, and every load of a diagonal issues before the first use
+    (benchmarks/kernel_resources.py compiles it). Otherwise (``none`` unused) a masked load
+    (node-parallel kernels, whose lanes past the last node have no valid base)."""
     if GATHER:
-        return tl.where(ok, tl.load(ptr + tl.where(ok, off, 0)), NEG_INF)
+        return tl.load(tl.where(ok, ptr + off, none))
     return tl.load(ptr + off, mask=ok, other=NEG_INF)
 
 
 @triton.jit
-def _arc_weight(lp_k, nb_b, off, s_u, t, t1, ok, sigma, delay_penalty,
+def _arc_weight(lp_k, nb_b, off, s_u, t, t1, ok, sigma, delay_penalty, none,
                 PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr, SIGMA: tl.constexpr,
                 DELAY_ON: tl.constexpr, GATHER: tl.constexpr):
     """Weight ``w_k(t, u)`` (float64) of kind k's arc leaving ``(t, u)``, -inf where not
@@ -236,14 +239,16 @@ def _arc_weight(lp_k, nb_b, off, s_u, t, t1, ok, sigma, delay_penalty,
     plus ``delay_penalty ((t1 - 1)/2 - t)`` on delay kinds — the order of
     ``reference.kind_log_probs`` and ``reference.arc_weights``. ``GATHER``: loads as
     :func:`_gather`'s."""
-    w = _gather(lp_k, off, ok, GATHER)
+    w = _gather(lp_k, off, ok, none, GATHER)
     if PLUS_NEXT_BLANK:
-        w = w + _gather(nb_b, off + s_u, ok, GATHER)
+        w = w + _gather(nb_b, off + s_u, ok, none, GATHER)
     if SIGMA:
         w = w - sigma
     if DELAY_ON:
         if DELAY:
             w = w + delay_penalty * ((t1.to(tl.float64) - 1.0) / 2.0 - t.to(tl.float64))
+    if GATHER:
+        return w          # -inf off the arcs already: finite terms added to -inf
     return tl.where(ok, w, NEG_INF)
 
 
@@ -486,27 +491,80 @@ def _row_kernel(
 
 
 # --------------------------------------------------------------------------- pass 2
+# ``_exp_nonpos``: Cody-Waite's split of ln 2 (LN2_HI has 32 significant bits, so ``k LN2_HI``
+# is exact for the |k| <= 1022 used), the Taylor coefficients 1/n! of exp (n = 0..13), and
+# 1.5 * 2**52, whose float64 neighbourhood rounds to integers.
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2_HI = tl.constexpr(6.93147180369123816490e-01)
+_LN2_LO = tl.constexpr(1.90821492927058770002e-10)
+_ROUND = tl.constexpr(6755399441055744.0)
+_ROUND_BITS = tl.constexpr(0x4338000000000000)
+_EXP_C = tl.constexpr(tuple(1.0 / f for f in (1, 1, 2, 6, 24, 120, 720, 5040, 40320, 362880,
+                                                  3628800, 39916800, 479001600, 6227020800)))
+
+
+@triton.jit
+def _exp_nonpos(x):
+    """``exp(x)`` of float64 ``x <= 0`` (``-inf`` and NaN too) in straight-line code, for the
+    lattice's log-sum-exp over arc kinds, where every term is ``x_k - max_k x_k``. Within
+    about 1 ulp of ``exp`` (tests/test_triton.py::test_exp_nonpos); ``exp(0)`` is 1 exactly.
+
+        x  <- max(x, -708)                 (NaN stays NaN)
+        k  =  round(x / ln 2)              (x log2(e) + 1.5 * 2**52: k in its low bits)
+        r  =  x - k ln 2                   (|r| <= ln(2) / 2; ln 2 in two parts, exact products)
+        exp(x) = 2**k (1 + r + r**2 q(r)),  q(r) = sum_{n=2..13} r**(n-2) / n!
+
+    (truncation below 1e-17 of the sum), ``q`` in Estrin's scheme: pairs of terms, then
+    powers r**2, r**4, r**8, six dependent operations where Horner's rule takes thirteen.
+    ``2**k`` is built from k's bits (exponent field ``k + 1023``; k >= -1021, a normal
+    float). Below -708 it returns ``exp(-708)`` (3.3e-308) instead of a smaller value or 0:
+    each caller adds the term to a sum that holds ``exp(0) = 1`` (the max's own term), where
+    anything below 2**-53 vanishes in the rounding, and a sum of -inf terms only is discarded
+    by the caller. Why not ``tl.exp``: libdevice's float64 exp holds a branch (its slow path
+    near the overflow range), across which ptxas does not move instructions, and a longer
+    chain; the lattice's diagonal is one warp's dependent chain, with nothing to hide it
+    (docs/benchmarks.md, ``benchmarks/lattice_sass.py``)."""
+    x = tl.where(x < -708.0, -708.0, x)
+    t = x * _LOG2E + _ROUND
+    k = t - _ROUND
+    r = x - k * _LN2_HI
+    r = r - k * _LN2_LO
+    r2 = r * r
+    r4 = r2 * r2
+    q = ((r * _EXP_C[3] + _EXP_C[2]) + (r * _EXP_C[5] + _EXP_C[4]) * r2
+         + ((r * _EXP_C[7] + _EXP_C[6]) + (r * _EXP_C[9] + _EXP_C[8]) * r2) * r4
+         + ((r * _EXP_C[11] + _EXP_C[10]) + (r * _EXP_C[13] + _EXP_C[12]) * r2) * (r4 * r4))
+    p = 1.0 + (r + r2 * q)
+    scale = ((t.to(tl.int64, bitcast=True) - _ROUND_BITS + 1023) << 52).to(tl.float64,
+                                                                             bitcast=True)
+    return p * scale
+
+
 @triton.jit
 def _lse_kinds(xs, K: tl.constexpr, MAX_SEMIRING: tl.constexpr):
     """``(lse_k xs[k], best)`` over a tuple of the K kinds' terms (float64 ``[BLOCK_U]``
     each): the max, then one exp per term, all independent, and one log; in the max-plus
     semiring the max and ``best``, the first kind holding it (strictly greater replaces, so
     the first kind wins a tie and a NaN never wins). -inf terms add nothing and never meet
-    as ``-inf - -inf``; a NaN propagates. The caller has issued every term's loads before
-    this first reads one (see :func:`_gather`)."""
+    as ``-inf - -inf``; a NaN propagates: the max takes a term only where it is greater
+    (the same on the GPU and under the interpreter, and no NaN bookkeeping), so a NaN term
+    is either the first (then the max) or lands in the sum, which turns NaN; a sum that is
+    NaN is never taken for "no arc". The exps are :func:`_exp_nonpos`'s. The caller has
+    issued every term's loads before this first reads one (see :func:`_gather`)."""
     mx = xs[0]
     best = tl.zeros(mx.shape, tl.int32)
-    for k in tl.static_range(1, K):
-        if MAX_SEMIRING:
-            best = tl.where(xs[k] > mx, k, best)
-        mx = tl.maximum(mx, xs[k], propagate_nan=tl.PropagateNan.ALL)
     if MAX_SEMIRING:
+        for k in tl.static_range(1, K):
+            best = tl.where(xs[k] > mx, k, best)
+            mx = tl.maximum(mx, xs[k], propagate_nan=tl.PropagateNan.ALL)
         return mx, best
-    shift = tl.where(mx == NEG_INF, 0.0, mx)
-    s = tl.exp(xs[0] - shift)
     for k in tl.static_range(1, K):
-        s += tl.exp(xs[k] - shift)
-    return tl.where(mx == NEG_INF, mx, mx + tl.log(s)), best
+        mx = tl.where(xs[k] > mx, xs[k], mx)
+    shift = tl.where(mx == NEG_INF, 0.0, mx)
+    s = _exp_nonpos(xs[0] - shift)
+    for k in tl.static_range(1, K):
+        s += _exp_nonpos(xs[k] - shift)
+    return tl.where((mx == NEG_INF) & (s == s), mx, mx + tl.log(s)), best
 
 
 @triton.jit(do_not_specialize=_SHAPES + _WS)
@@ -580,6 +638,11 @@ def _lattice_kernel(
     d0 = t0 + u0
     d1 = t1 + u1
     n_diag = tl.where(has_path, d1 - d0, 0)
+    # The cell after log P's holds -inf (the layout reserves it): off the arcs every load
+    # reads it (``_gather``). Each program writes it before its first barrier (the same
+    # value from every program, so that none reads it before its own write).
+    none = ws_ptr + o_ll + tl.num_programs(0)
+    tl.store(none, NEG_INF)
 
     if tl.program_id(1) == 0:
         alpha_b = ws_ptr + o_alpha + base
@@ -604,10 +667,10 @@ def _lattice_kernel(
                           & _lands(t, u, t1, u1, MAY_END[k]))
                     src = at - (DT[k] * s_t + DU[k] * s_u)      # the source (st, su)
                     w = _arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
-                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON,
-                                    True)
+                                    delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                                    DELAY_ON, True)
                     nan_arcs = nan_arcs | (w != w).to(tl.int32)
-                    xs = xs + (_gather(alpha_b, src, ok, True) + w,)
+                    xs = xs + (_gather(alpha_b, src, ok, none, True) + w,)
                 acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
                 tl.store(alpha_b + at, acc, mask=on)
                 if MAX_SEMIRING:                 # best_kind (B, T+1, U+1): node order
@@ -641,10 +704,10 @@ def _lattice_kernel(
                     lu = u + DU[k]
                     ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
                     w = _arc_weight(lp_b + k * plane, nb_b, at, s_u, t, t1, ok, sigma,
-                                    delay_penalty, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON,
-                                    True)
+                                    delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                                    DELAY_ON, True)
                     dst = at + (DT[k] * s_t + DU[k] * s_u)      # the landing (lt, lu)
-                    xs = xs + (w + _gather(beta_b, dst, ok, True),)
+                    xs = xs + (w + _gather(beta_b, dst, ok, none, True),)
                 acc, _ = _lse_kinds(xs, K, MAX_SEMIRING)
                 tl.store(beta_b + at, acc, mask=on)
             tl.debug_barrier()
@@ -668,7 +731,7 @@ def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, s_t, s_u, sig
     coefficients and the lattice tools' occupations."""
     ok = keep & _lands(t + DT, u + DU, t1, u1, MAY_END)
     w = _arc_weight(lp_b, nb_b, t * s_t + u * s_u, s_u, t, t1, ok, sigma, delay_penalty,
-                    PLUS_NEXT_BLANK, DELAY, SIGMA, DELAY_ON, False)
+                    lp_b, PLUS_NEXT_BLANK, DELAY, SIGMA, DELAY_ON, False)
     nb = tl.load(beta_b + (t + DT) * s_t + (u + DU) * s_u, mask=ok, other=NEG_INF)
     return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
 
@@ -815,7 +878,7 @@ def _reads_kernel(
             okp = keep & (u - 1 >= u0) & _lands(t + DT[k], u, t1, u1, MAY_END[k])
             src = t * s_t + (u - 1) * s_u
             ap = tl.load(alpha_b + src, mask=okp, other=NEG_INF)
-            wp = _arc_weight(lp_b, nb_b, src, s_u, t, t1, okp, sigma, delay_penalty,
+            wp = _arc_weight(lp_b, nb_b, src, s_u, t, t1, okp, sigma, delay_penalty, lp_b,
                              PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON, False)
             nbp = tl.load(beta_b + (t + DT[k]) * s_t + u * s_u, mask=okp, other=NEG_INF)
             gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
