@@ -221,7 +221,7 @@ def _gather(ptr, off, ok, none, GATHER: tl.constexpr):
     out of predicates and consumed the first kinds' values before issuing the other kinds'
     loads, two memory latencies per diagonal. Here a mask is dead once its address is
     chosen, and every load of a diagonal issues before the first use
-    (benchmarks/kernel_resources.py compiles it). Otherwise (``none`` unused) a masked load
+    (benchmarks/lattice_sass.py counts them). Otherwise (``none`` unused) a masked load
     (node-parallel kernels, whose lanes past the last node have no valid base)."""
     if GATHER:
         return tl.load(tl.where(ok, ptr + off, none))
