@@ -13,6 +13,16 @@ import os
 # need the compiled kernels (test_triton.py::test_cuda_native) start a subprocess without it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (the README's command, ``-n auto``: one worker per core), OpenMP's idle
+# threads sleep instead of spinning. Torch and Numba (its OpenMP layer: the same libgomp)
+# keep their threads, one per core, so N workers run N x N threads on N cores; spinning,
+# each parallel region waits for threads that another worker has preempted (the default
+# demo's training took 297 s beside another worker, against 70 s alone; 107 s with
+# passive waits). libgomp reads the variable when it starts, after this file: xdist names
+# the worker before the worker reads any conftest. A policy the caller set is kept.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 import pytest  # noqa: E402
 
@@ -33,6 +43,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # pytest-xdist's marker (``--dist loadgroup``: a module's tests on one worker), declared
+    # here too so that a run without xdist does not warn about it.
+    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     try:
         from hypothesis import HealthCheck, settings
     except ImportError:           # the fuzz tests skip themselves without hypothesis
