@@ -43,9 +43,6 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    # pytest-xdist's marker (``--dist loadgroup``: a module's tests on one worker), declared
-    # here too so that a run without xdist does not warn about it.
-    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     try:
         from hypothesis import HealthCheck, settings
     except ImportError:           # the fuzz tests skip themselves without hypothesis

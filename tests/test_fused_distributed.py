@@ -25,9 +25,6 @@ from support import fused_distributed_worker as worker
 
 WORKER = pathlib.Path(worker.__file__)
 
-# One xdist worker for the module: its module fixture (the two ranks, every case) runs once.
-pytestmark = pytest.mark.xdist_group("fused_distributed")
-
 
 def _gloo() -> bool:
     try:

@@ -26,10 +26,7 @@ import torch
 import rnnt_lattice
 from support.backends import NO_TRITON
 
-# One xdist worker for the module: its module fixture (every launch of the loss families,
-# recorded) is built once.
-pytestmark = [NO_TRITON, pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-              pytest.mark.xdist_group("test_launch")]
+pytestmark = [NO_TRITON, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 SRC = pathlib.Path(rnnt_lattice.__file__).resolve().parent
 

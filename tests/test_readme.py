@@ -117,3 +117,18 @@ def test_citations_stay_inside_the_repository():
             if cited not in sections[doc]:
                 bad.append(f"{where}: {doc} has no section {cited}")
     assert not bad, "\n".join(bad)
+
+
+def _pytest_commands(text: str) -> list[str]:
+    """The ``python -m pytest ...`` command lines of ``text``, comments dropped."""
+    return [line.split("#")[0].strip() for line in text.splitlines()
+            if line.strip().startswith("python -m pytest")]
+
+
+def test_ci_runs_the_readmes_test_command():
+    """CI (``.ci/run``) runs the test command the README's Test section gives a new user,
+    word for word: the suite's time and its worker settings are the ones users get."""
+    section = README.read_text().split("\n## Test\n", 1)[1].split("\n## ", 1)[0]
+    readme = _pytest_commands(section)
+    assert len(readme) == 1, f"the README's Test section should give one test command: {readme}"
+    assert _pytest_commands((ROOT / ".ci" / "run").read_text()) == readme
