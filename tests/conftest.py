@@ -13,15 +13,22 @@ import os
 # need the compiled kernels (test_triton.py::test_cuda_native) start a subprocess without it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Under pytest-xdist (the README's command, ``-n auto``: one worker per core), OpenMP's idle
-# threads sleep instead of spinning. Torch and Numba (its OpenMP layer: the same libgomp)
-# keep their threads, one per core, so N workers run N x N threads on N cores; spinning,
-# each parallel region waits for threads that another worker has preempted (the default
-# demo's training took 297 s beside another worker, against 70 s alone; 107 s with
-# passive waits). libgomp reads the variable when it starts, after this file: xdist names
-# the worker before the worker reads any conftest. A policy the caller set is kept.
+# Under pytest-xdist (the README's command, ``-n auto``: one worker per core), each worker's
+# torch and Numba (its OpenMP layer: the same libgomp) take the cores divided among the
+# workers, at least 2 (so that Numba's prange kernels still run on two threads, as users'
+# do) and at most the cores; and OpenMP's idle threads sleep instead of spinning. With 2
+# cores and 2 workers that is each worker's default of 2 threads, so N workers run 2N
+# threads on N cores: spinning, each parallel region would wait for threads that another
+# worker has preempted (the default demo's training took 297 s beside another worker,
+# against 70 s alone; 107 s with passive waits). Torch, Numba and libgomp read these when
+# they start, which is after this file: xdist names the worker before the worker reads any
+# conftest. A value the caller set is kept.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _cores = os.cpu_count() or 1
+    _threads = str(min(_cores, max(2, _cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+    for _name, _value in (("OMP_WAIT_POLICY", "PASSIVE"), ("OMP_NUM_THREADS", _threads),
+                          ("NUMBA_NUM_THREADS", _threads)):
+        os.environ.setdefault(_name, _value)
 
 
 import pytest  # noqa: E402
