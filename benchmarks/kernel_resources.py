@@ -134,13 +134,17 @@ def variants(V_list):
         for V in V_list:
             for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
                                        ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True))):
-                span = gpu._span(V, n_dur, torch.float32)
+                # as the backend launches them: the gradient pass reads unaligned rows from
+                # their span only with gpu.SPAN_GRAD
+                span = (gpu._span(V, n_dur, torch.float32)
+                        if which == "row" or gpu.SPAN_GRAD else 0)
                 rows, block_v, warps = gpu._tiles(V, 1 << 20, which, n_dur, span)
                 const = dict(gpu._kernel_kinds(topo, which), ROWS=rows, BLOCK_V=block_v,
                              BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
                              V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32,
                              BOUNDARY=False, LAYOUT=0, SPAN=span, **flags,
-                             **(dict(WIDE=False) if which == "row" else {}))
+                             **(dict(WIDE=False, PREFETCH=gpu.ROW_PREFETCH) if which == "row"
+                                else {}))
                 yield (f"{name} {tname}", V, name, const, warps, 3)
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",

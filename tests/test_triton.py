@@ -23,7 +23,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 import pathlib  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -748,7 +748,7 @@ from rnnt_lattice import gpu
 from rnnt_lattice.gpu import kernels
 import kernel_resources as kr
 
-print("span_tile", gpu.V_PASS_TILES["span"][0])
+print("span_tile", gpu.V_PASS_TILES["span"][0], int(gpu.ROW_PREFETCH), int(gpu.SPAN_GRAD))
 
 for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
     if name in ("_row_kernel", "_grad_kernel") and "multiblank" not in label:
@@ -767,19 +767,23 @@ for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
 
 
 def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
-    """The row and gradient passes read rows that start anywhere (TDT's V_tok + 5 entries,
-    an odd V) with 16-byte vector loads from their aligned span (``gpu._span``, ``SPAN``):
-    compiled for sm_90 as the backend launches them at V = 1024 and 1025, the row pass on
-    the span's tile (``V_PASS_TILES["span"]``, the aligned rows' block of classes) has as
-    many ``v4`` loads a row as the aligned regular row's, the gradient pass (tile
-    ``"grad_span"``, as many entries a step as the aligned rows') as many a step (a load
-    per element and NARROW_TILES before: 0), and neither a stack frame."""
+    """The row pass reads rows that start anywhere (TDT's V_tok + 5 entries, an odd V)
+    with 16-byte vector loads from their aligned span (``gpu._span``, ``SPAN``): compiled
+    for sm_90 as the backend launches it at V = 1024 and 1025, on the span's tile
+    (``V_PASS_TILES["span"]``, the aligned rows' block of classes) it has as many ``v4``
+    loads a row as the aligned regular row's (whose loop's loads appear twice with
+    ``gpu.ROW_PREFETCH``: the first chunk's ahead of the loop). The gradient pass reads them
+    from the span only with ``gpu.SPAN_GRAD`` (tile ``"grad_span"``, as many entries a step
+    and ``v4`` loads as the aligned rows'); without it (the default: slower from the span
+    on an H200), a load per element on NARROW_TILES, no ``v4`` load. Neither has a stack
+    frame."""
     env = _compile_env()
     out = subprocess.run([sys.executable, "-c", ROW_LOADS_SCRIPT], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
     span_tile = int(lines[0][1])                   # the default table's (this module's is small)
+    prefetch, span_grad = int(lines[0][2]), int(lines[0][3])
     rows = {(r[0], r[1], int(r[2])): [int(v) for v in r[3:]] for r in lines[1:]}
     assert set(rows) == {(k, t, V) for k in ("_row_kernel", "_grad_kernel")
                          for t in ("regular", "tdt") for V in (1024, 1025)}, out.stdout
@@ -788,13 +792,19 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
         assert aligned[2] == 0 and aligned[3] > 0, out.stdout          # no SPAN, vector loads
         for key in (("regular", 1025), ("tdt", 1024), ("tdt", 1025)):
             tile_rows, block_v, span, v4, reg, stack = rows[(kernel,) + key]
-            assert span == 4 and stack == 0, (kernel, key, out.stdout)
+            assert stack == 0, (kernel, key, out.stdout)
             if kernel == "_row_kernel":
+                assert span == 4, (kernel, key, out.stdout)
                 assert block_v == aligned[1] and tile_rows * block_v == span_tile, out.stdout
-                assert v4 * aligned[0] == aligned[3] * tile_rows, (key, out.stdout)
-            else:
+                per_chunk = aligned[3] // (2 if prefetch else 1)
+                assert v4 * aligned[0] == per_chunk * tile_rows, (key, out.stdout)
+            elif span_grad:
+                assert span == 4, (kernel, key, out.stdout)
                 assert tile_rows * block_v == aligned[0] * aligned[1], (key, out.stdout)
                 assert v4 == aligned[3], (key, out.stdout)
+            else:
+                assert span == 0 and v4 == 0, (kernel, key, out.stdout)
+                assert tile_rows * block_v == gpu.NARROW_TILES["grad"][0], (key, out.stdout)
 
 
 JOINT_FIT_SCRIPT = """
@@ -859,6 +869,28 @@ def test_unaligned_rows_either_way(case, dtype, span, grad_span, monkeypatch):
     tol = tolerance(dtype, costs) if dtype != torch.bfloat16 else 2.0 ** -7
     assert loss_err <= tol and grad_err <= 8 * tol, (loss_err, grad_err)
     check_padding(batch, grad)
+
+
+@pytest.mark.parametrize("span", [True, False], ids=["span", "narrow"])
+@pytest.mark.parametrize("V", [12, 11], ids=["aligned", "odd_V"])
+def test_row_prefetch_changes_nothing(V, span, monkeypatch):
+    """The row pass's prefetch (``gpu.ROW_PREFETCH``: each chunk's load issued before the
+    chunk before is reduced) reduces the same chunks in the same order: costs and gradients
+    bit-identical with it on and off, over rows of three chunks and a partial one (V = 12,
+    aligned; V = 11: every start residue, from the aligned span or a load per element), and
+    equal to the float64 reference."""
+    monkeypatch.setattr(gpu, "SPAN_ROWS", span)
+    case = replace(CASES["v_chunks"], V=V)
+    batch = make_batch(case)
+    got = {}
+    for prefetch in (True, False):
+        monkeypatch.setattr(gpu, "ROW_PREFETCH", prefetch)
+        got[prefetch] = run(batch, torch.float32, "triton")[:2]
+    assert torch.equal(got[True][0], got[False][0])
+    assert torch.equal(got[True][1], got[False][1])
+    loss_err, grad_err = errors(*got[True], *reference64(batch, torch.float32))
+    tol = tolerance(torch.float32, got[True][0])
+    assert loss_err <= tol and grad_err <= 8 * tol, (loss_err, grad_err)
 
 
 def test_lattice_loads_issue_before_use_on_sm90():

@@ -116,8 +116,14 @@ NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 # (``_span``), with vector loads and V_PASS_TILES; False: NARROW_TILES and a load per
 # element (the A/B of benchmarks/gpu_passes.py --sweep).
 SPAN_ROWS = True
-# The gradient pass too (False: the row pass alone reads from the span; not yet timed).
-SPAN_GRAD = True
+# The gradient pass too. Off: on an H200 at s5 TDT's gradient pass took 1.10 ms from the
+# span (16 or 8 rows of 128) and 0.79 with a load per element (one row of 256; V = 1025
+# likewise; benchmarks/results/gpu/h200-aefffe7-tdt_sweep.log): its stores cannot be
+# vectorised either way, and the span's masks cost more than the loads save.
+SPAN_GRAD = False
+# The row pass issues each chunk's load before it reduces the one before
+# (``kernels._group_lse``'s PREFETCH; the same sums in the same order either way).
+ROW_PREFETCH = True
 NUM_WARPS_V = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 # Nodes per program of the simple losses' rescue (``simple_rescue``): one vector load of
@@ -541,7 +547,7 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
     kw = dict(_kernel_kinds(topo, "row"), FUSED=log_softmax, LAYOUT=layout, ACC=_acc(dtype),
               ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
               V_ALIGN=_v_align(V, n_dur), SPAN=span, BOUNDARY=boundary,
-              WIDE=lay.U1 > lay.T + 1, num_warps=num_warps)
+              WIDE=lay.U1 > lay.T + 1, PREFETCH=ROW_PREFETCH, num_warps=num_warps)
     return ((n_rows + per - 1) // per,), args, kw
 
 
@@ -550,7 +556,8 @@ def _tile_constants() -> tuple:
     return (tuple(V_PASS_TILES["row"]), tuple(V_PASS_TILES["grad"]),
             tuple(V_PASS_TILES.get("span", ())), tuple(V_PASS_TILES.get("grad_span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
-            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD)
+            BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD,
+            ROW_PREFETCH)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,

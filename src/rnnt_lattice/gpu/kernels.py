@@ -276,7 +276,8 @@ def _lse_finish(m, s):
 
 @triton.jit
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK: tl.constexpr, ALIGN: tl.constexpr, SPAN: tl.constexpr = 0):
+               BLOCK: tl.constexpr, ALIGN: tl.constexpr, SPAN: tl.constexpr = 0,
+               PREFETCH: tl.constexpr = False):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
     chunks of BLOCK (:func:`_lse_chunk`): -inf for an all -inf row, NaN for a row holding a
     NaN or +inf (math.md 8.1: either one turns the row's exp sum into NaN, whatever the
@@ -288,7 +289,15 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
     alignment, and the entries before the group are selected away in registers; the
     whole ``SPAN``-groups end at or before the group's end, and its last ``< SPAN`` entries
     are one short load of their own. Nothing past the group is read; the entries before
-    it lie in the same tensor (the row before, or this row's own)."""
+    it lie in the same tensor (the row before, or this row's own).
+
+    ``PREFETCH`` (aligned rows, ``SPAN`` = 0): each chunk's load is issued before the
+    previous chunk is reduced (the chunk in registers is carried by the loop), so that a
+    program keeps a load in flight while its warps reduce; without it the next load waits
+    for the reductions (the loop is a chain load -> max -> exp -> sum). The chunks, their
+    order and so the result are the same either way. On an H200 at s5 the row pass took
+    0.422 ms with it and 0.436 without; TDT's span took 0.634 with it and 0.621 without,
+    so the span's loop has none (benchmarks/results/gpu/h200-*-sweep.log)."""
     offs = tl.arange(0, BLOCK)
     m = tl.full([ROWS], NEG_INF, ACC)
     s = tl.zeros([ROWS], tl.float64)
@@ -310,11 +319,24 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
         m, s = _lse_chunk(m, s, x)
     else:
         v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
-        for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
-            v = v0 + offs
-            x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
-                        mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
-            m, s = _lse_chunk(m, s, x)
+        if PREFETCH:
+            # Chunk 0 ahead of the loop: all -inf when no row is live, which leaves m = -inf
+            # and s = 0 as no chunk would.
+            x = tl.load(logits_ptr + row[:, None] + start + offs[None, :],
+                        mask=offs[None, :] < v_end[:, None], other=NEG_INF)
+            for v0 in range(BLOCK, tl.max(v_end, axis=0), BLOCK):
+                v = v0 + offs
+                x_next = tl.load(logits_ptr + row[:, None] + start + v[None, :],
+                                 mask=v[None, :] < v_end[:, None], other=NEG_INF)
+                m, s = _lse_chunk(m, s, x.to(ACC))
+                x = x_next
+            m, s = _lse_chunk(m, s, x.to(ACC))
+        else:
+            for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
+                v = v0 + offs
+                x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
+                            mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
+                m, s = _lse_chunk(m, s, x)
     return _lse_finish(m, s)
 
 
@@ -426,7 +448,7 @@ def _row_kernel(
     # flags
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
-    SPAN: tl.constexpr, WIDE: tl.constexpr,
+    SPAN: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
@@ -453,7 +475,8 @@ def _row_kernel(
     # int64: past 2**31 logits. V_ALIGN divides the row length and V_tok (``gpu._v_align``).
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     if FUSED:
-        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN, SPAN)
+        lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN, SPAN,
+                         PREFETCH)
     else:
         lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
