@@ -105,9 +105,9 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u
 # (within 1% at s5, big and V = 5000) but 11% slower for multi-blank's at s5 and big
 # (h100-175fa4a-passes_ours.log). TDT's rows from their span: 16 rows of 128 took
 # 0.637 ms at s5, 8 rows 0.691.
-# The gradient pass over such rows (``grad_span``: reads from the span since 2026-11-27)
-# takes as many entries a step as the aligned rows' tile, in 8 rows of 128 (4 rows of 256
-# put 8 bytes on the stack with Triton 3.6 at V = 1025), until a GPU times it.
+# The gradient pass over such rows from their span (``grad_span``, with SPAN_GRAD) takes as
+# many entries a step as the aligned rows' tile, in 8 rows of 128 (4 rows of 256 put 8
+# bytes on the stack with Triton 3.6 at V = 1025); timed slower than NARROW_TILES (below).
 V_PASS_TILES = {"row": (512, 128), "grad": (1024, 256), "span": (2048, 128),
                 "grad_span": (1024, 128)}
 # Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
@@ -117,9 +117,10 @@ NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 # element (the A/B of benchmarks/gpu_passes.py --sweep).
 SPAN_ROWS = True
 # The gradient pass too. Off: on an H200 at s5 TDT's gradient pass took 1.10 ms from the
-# span (16 or 8 rows of 128) and 0.79 with a load per element (one row of 256; V = 1025
-# likewise; benchmarks/results/gpu/h200-aefffe7-tdt_sweep.log): its stores cannot be
-# vectorised either way, and the span's masks cost more than the loads save.
+# span (16 or 8 rows of 128) and 0.79 with a load per element (one row of 256), the
+# regular pass at V = 1025 1.07 and 0.63 (benchmarks/results/gpu/h200-aefffe7-tdt_sweep.log,
+# h200-200152e-run2-odd.log): its stores cannot be vectorised either way, and the span's
+# masks cost more than its loads save.
 SPAN_GRAD = False
 # The row pass issues each chunk's load before it reduces the one before
 # (``kernels._group_lse``'s PREFETCH; the same sums in the same order either way).
