@@ -24,10 +24,10 @@ between calls):
   on the same logits, and its peak memory above the inputs beside ours.
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
-``(ROWS, BLOCK_V, num_warps, span[, prefetch])`` of :data:`SWEEP` or ``--sweep-configs``
-(the module's tile constants replaced for the call, ``span`` the row and gradient passes'
-``gpu.SPAN_ROWS`` and ``gpu.SPAN_GRAD``, ``prefetch`` the row pass's ``gpu.ROW_PREFETCH``),
-for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
+``(ROWS, BLOCK_V, num_warps, span[, prefetch[, lanes]])`` of :data:`SWEEP` or
+``--sweep-configs`` (the module's tile constants replaced for the call, ``span`` the row and
+gradient passes' ``gpu.SPAN_ROWS`` and ``gpu.SPAN_GRAD``, ``prefetch`` and ``lanes`` the row
+pass's ``gpu.ROW_PREFETCH`` and ``gpu.ROW_LANES``), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
 ``(BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES)`` of :data:`LATTICE_SWEEP` (the lanes of its
 wavefront and their threads). ``--host-profile SHAPE`` prints where the host's time of
 forward+backward goes at that shape with real launches (cProfile over 300 calls, the
@@ -58,13 +58,15 @@ LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
 
 
 def _config(text: str) -> tuple:
-    """``"4x128x4"`` -> ``(4, 128, 4, True, None)``; trailing letters: ``n`` span off
-    (``"1x256x4n"``), ``p`` / ``q`` the row pass's prefetch on / off (``gpu.ROW_PREFETCH``;
-    neither: the module's)."""
+    """``"4x128x4"`` -> ``(4, 128, 4, True, None, None)``; trailing letters: ``n`` span off
+    (``"1x256x4n"``), ``p`` / ``q`` the row pass's prefetch on / off (``gpu.ROW_PREFETCH``),
+    ``l`` / ``c`` its reductions once a row / every chunk (``gpu.ROW_LANES``); neither of a
+    pair: the module's."""
     flags = text.lstrip("0123456789x")
     rows, block_v, warps = (int(x) for x in text[:len(text) - len(flags)].split("x"))
     prefetch = True if "p" in flags else False if "q" in flags else None
-    return rows, block_v, warps, "n" not in flags, prefetch
+    lanes = True if "l" in flags else False if "c" in flags else None
+    return rows, block_v, warps, "n" not in flags, prefetch, lanes
 
 
 def _rounded(d: dict) -> dict:
@@ -107,20 +109,22 @@ def _state(inp, opts):
 
 def passes(inp, opts, config=None) -> dict:
     """Median ms of each pass alone (``config``: ``(ROWS, BLOCK_V, num_warps, span[,
-    prefetch])`` of the V passes -- ``span`` both passes' ``gpu.SPAN_ROWS`` and
-    ``gpu.SPAN_GRAD``, ``prefetch`` the row pass's ``gpu.ROW_PREFETCH`` (None: the
-    module's) -- or None for the backend's own)."""
+    prefetch[, lanes]])`` of the V passes -- ``span`` both passes' ``gpu.SPAN_ROWS`` and
+    ``gpu.SPAN_GRAD``, ``prefetch`` and ``lanes`` the row pass's ``gpu.ROW_PREFETCH`` and
+    ``gpu.ROW_LANES`` (None: the module's) -- or None for the backend's own)."""
     from triton.testing import do_bench
     from rnnt_lattice import gpu
     saved = (gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V, gpu.SPAN_ROWS, gpu.SPAN_GRAD,
-             gpu.ROW_PREFETCH)
+             gpu.ROW_PREFETCH, gpu.ROW_LANES)
     if config is not None:                # the module's constants: part of the plans' keys
-        rows, block_v, warps, span, prefetch = (*config, None)[:5]
+        rows, block_v, warps, span, prefetch, lanes = (*config, None, None)[:6]
         tiles = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
         gpu.V_PASS_TILES = gpu.NARROW_TILES = tiles
         gpu.NUM_WARPS_V, gpu.SPAN_ROWS, gpu.SPAN_GRAD = warps, span, span
         if prefetch is not None:
             gpu.ROW_PREFETCH = prefetch
+        if lanes is not None:
+            gpu.ROW_LANES = lanes
     try:
         logits, y, tl, ul, rows, st, costs = _state(inp, opts)
         up = torch.ones_like(costs)
@@ -138,7 +142,7 @@ def passes(inp, opts, config=None) -> dict:
         }
     finally:
         (gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V, gpu.SPAN_ROWS, gpu.SPAN_GRAD,
-         gpu.ROW_PREFETCH) = saved
+         gpu.ROW_PREFETCH, gpu.ROW_LANES) = saved
     nbytes = logits.numel() * logits.element_size()
     out["row_GBps"] = nbytes / (out["row"] * 1e-3) / 1e9
     out["grad_GBps"] = 2 * nbytes / (out["grad"] * 1e-3) / 1e9
@@ -269,7 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", nargs="*", default=[])
     ap.add_argument("--sweep-configs", nargs="*", default=None, metavar="ROWSxBLOCK_VxWARPS[n]",
                     help="the configs of --sweep instead of SWEEP, e.g. 4x128x4 (trailing letters: "
-                         "n span off, p / q the row pass's prefetch on / off)")
+                         "n span off, p / q the row pass's prefetch on / off, l / c its "
+                         "reductions once a row / every chunk)")
     ap.add_argument("--lattice-sweep", nargs="*", default=[])
     ap.add_argument("--host-profile", nargs="*", default=[])
     ap.add_argument("--peers", nargs="*", default=["torchaudio"])

@@ -143,8 +143,9 @@ def variants(V_list):
                              BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
                              V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32,
                              BOUNDARY=False, LAYOUT=0, SPAN=span, **flags,
-                             **(dict(WIDE=False, PREFETCH=gpu.ROW_PREFETCH) if which == "row"
-                                else {}))
+                             **(dict(WIDE=False, PREFETCH=gpu.ROW_PREFETCH,
+                                     LANES=gpu._row_lanes(torch.float32, block_v))
+                                if which == "row" else {}))
                 yield (f"{name} {tname}", V, name, const, warps, 3)
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",

@@ -893,6 +893,56 @@ def test_row_prefetch_changes_nothing(V, span, monkeypatch):
     assert loss_err <= tol and grad_err <= 8 * tol, (loss_err, grad_err)
 
 
+@pytest.mark.parametrize("span", [True, False], ids=["span", "narrow"])
+@pytest.mark.parametrize("V", [12, 11], ids=["aligned", "odd_V"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
+                         ids=["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("case", ["v_chunks", "masked"])
+def test_row_lanes(case, dtype, V, span, monkeypatch):
+    """The row pass with its reductions once a row (``gpu.ROW_LANES``: a running max and
+    sum per thread's 16 bytes of entries, ``kernels._lse_step``) against the float64
+    reference: rows of three chunks and a partial one, aligned and odd V (from the span or
+    a load per element), -inf entries and a dead node (``masked``), every dtype (float64
+    logits keep the reductions every chunk)."""
+    monkeypatch.setattr(gpu, "ROW_LANES", True)
+    monkeypatch.setattr(gpu, "SPAN_ROWS", span)
+    assert gpu._row_lanes(dtype, 4) == (0 if dtype == torch.float64 else 4)
+    batch = make_batch(replace(CASES[case], V=V))
+    costs, grad, _ = run(batch, dtype, "triton")
+    loss_err, grad_err = errors(costs, grad, *reference64(batch, dtype))
+    tol = tolerance(dtype, costs) if dtype != torch.bfloat16 else 2.0 ** -7
+    assert loss_err <= tol and grad_err <= 8 * tol, (loss_err, grad_err)
+    check_padding(batch, grad)
+
+
+@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "chunks"])
+@pytest.mark.parametrize("V", [12, 11], ids=["aligned", "odd_V"])
+def test_row_pass_nonfinite_entries(V, lanes, monkeypatch):
+    """A row's NaN (either sign, in any chunk), +inf or all -inf entries, through the row
+    pass either way (``gpu.ROW_LANES``): a NaN or +inf makes its sequence's loss and
+    gradient NaN, an all -inf row (a dead node) is no path through it; the other sequences
+    agree with the float64 reference, as the PyTorch backend's results on the same logits."""
+    monkeypatch.setattr(gpu, "ROW_LANES", lanes)
+    case = replace(CASES["v_chunks"], T_b=(3, 3, 3, 3), U_b=(2, 2, 2, 2), pad=0, V=V)
+    batch = make_batch(case)
+    x = batch.logits
+    x[0, 1, 1, 9] = float("nan")                          # the third chunk
+    x[1, 2, 0, 1] = -float("nan")                         # the first chunk, sign bit set
+    x[2, 0, 1, 6] = float("inf")                          # +inf in the second chunk
+    x[3, 1, 0, :] = NEG_INF                               # a dead node
+    assert torch.signbit(x[1, 2, 0, 1])
+    costs, grad, _ = run(batch, torch.float32, "triton")
+    want, want_grad = reference64(batch, torch.float32)
+    for b in range(3):
+        assert torch.isnan(costs[b]) and torch.isnan(want[b]), (b, costs, want)
+        assert torch.isnan(grad[b]).any()
+    assert torch.isfinite(costs[3]) and torch.isfinite(grad[3]).all()
+    assert abs(costs[3].item() - want[3].item()) <= tolerance(torch.float32, want[3:])
+    assert (grad[3, 1, 0] == 0).all()                     # nothing flows through the dead node
+    scale = want_grad[3].abs().max().item()
+    assert (grad[3].double() - want_grad[3]).abs().max().item() <= 8e-6 * scale
+
+
 def test_lattice_loads_issue_before_use_on_sm90():
     """The lattice pass's time is one memory latency per diagonal only if every load of a
     diagonal (each kind's arc weight and the alpha or beta it extends) issues before the
@@ -919,6 +969,43 @@ def test_lattice_loads_issue_before_use_on_sm90():
         assert int(loads) == 2 * kinds, f"{where}: {loads} loads"
         assert int(first) == int(loads), f"{where}: {first} of {loads} loads first"
         assert int(stack) == 0, f"{where}: {stack} bytes of stack ({reg} registers)"
+
+
+ROW_SASS_SCRIPT = """
+import os, sys
+import triton
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+if not os.path.exists(tool):
+    print("no nvdisasm")
+    sys.exit(0)
+import row_sass
+for row in row_sass.analyse(90, (1024, 1025), ("regular", "tdt")):
+    print(*row)
+"""
+
+
+def test_row_lanes_loop_has_no_cross_lane_reduction_on_sm90():
+    """The row pass with its reductions once a row (``gpu.ROW_LANES``) compiles, for sm_90 as
+    the backend launches it, to a chunk loop without a warp shuffle or a barrier (the groups'
+    max and sum stay in each thread: ``tl.reshape`` of a thread's 16-byte load moves no data)
+    and with fewer instructions than the loop that reduces every chunk across the row
+    (``benchmarks/row_sass.py``): aligned rows (V = 1024) and rows from the span (V = 1025,
+    TDT), no stack frame."""
+    out = subprocess.run([sys.executable, "-c", ROW_SASS_SCRIPT], env=_compile_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    if "no nvdisasm" in out.stdout:
+        pytest.skip("this Triton build has no nvdisasm")
+    rows = {(r[0], int(r[1]), int(r[2])): [int(v) for v in r[3:]]
+            for r in (line.split() for line in out.stdout.splitlines() if line.strip())}
+    assert {(t, V) for t, V, _ in rows} == {(t, V) for t in ("regular", "tdt")
+                                            for V in (1024, 1025)}, out.stdout
+    for (topo, V, lanes), (reg, stack, loop, shuffles, barriers, total) in rows.items():
+        assert stack == 0 and loop > 0, (topo, V, lanes, out.stdout)
+        if lanes:
+            chunks = rows[topo, V, 0]
+            assert shuffles == 0 and barriers == 0, (topo, V, out.stdout)
+            assert chunks[3] > 0 and loop < chunks[2], (topo, V, out.stdout)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -125,6 +125,11 @@ SPAN_GRAD = False
 # The row pass issues each chunk's load before it reduces the one before
 # (``kernels._group_lse``'s PREFETCH; the same sums in the same order either way).
 ROW_PREFETCH = True
+# The row pass folds each chunk into a running max and sum per thread's 16 bytes of entries
+# and reduces across the row once (``kernels._lse_step``'s LANES), instead of two cross-lane
+# reductions and a float64 exp a chunk. Off until a GPU times it (docs/benchmarks.md, "The
+# row pass's reductions once a row").
+ROW_LANES = False
 NUM_WARPS_V = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 # Nodes per program of the simple losses' rescue (``simple_rescue``): one vector load of
@@ -189,6 +194,16 @@ def _span(V_tok: int, n_durations: int, dtype: torch.dtype) -> int:
     if not SPAN_ROWS or _v_align(V_tok + n_durations, n_durations) >= 4:
         return 0
     return 16 // dtype.itemsize
+
+
+def _row_lanes(dtype: torch.dtype, block_v: int) -> int:
+    """``kernels._group_lse``'s ``LANES`` for the row pass: the entries of one 16-byte
+    load of ``dtype`` (at most the chunk's ``block_v``) with :data:`ROW_LANES`, else 0.
+    float64 logits keep the reductions every chunk: their groups' float64 state on the
+    span's tile took 242-255 registers a thread on sm_90 (and a stack with Triton 3.6)."""
+    if not ROW_LANES or dtype == torch.float64:
+        return 0
+    return min(16 // dtype.itemsize, block_v)
 
 
 def _block_u(U1: int) -> int:
@@ -548,7 +563,8 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
     kw = dict(_kernel_kinds(topo, "row"), FUSED=log_softmax, LAYOUT=layout, ACC=_acc(dtype),
               ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
               V_ALIGN=_v_align(V, n_dur), SPAN=span, BOUNDARY=boundary,
-              WIDE=lay.U1 > lay.T + 1, PREFETCH=ROW_PREFETCH, num_warps=num_warps)
+              WIDE=lay.U1 > lay.T + 1, PREFETCH=ROW_PREFETCH,
+              LANES=_row_lanes(dtype, block_v), num_warps=num_warps)
     return ((n_rows + per - 1) // per,), args, kw
 
 
@@ -558,7 +574,7 @@ def _tile_constants() -> tuple:
             tuple(V_PASS_TILES.get("span", ())), tuple(V_PASS_TILES.get("grad_span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
             BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD,
-            ROW_PREFETCH)
+            ROW_PREFETCH, ROW_LANES)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,

@@ -275,9 +275,52 @@ def _lse_finish(m, s):
 
 
 @triton.jit
+def _lse_step(m, s, x, LANES: tl.constexpr):
+    """One chunk ``x [ROWS, BLOCK]`` (ACC) into the running log-normaliser ``(m, s)``.
+
+    ``LANES`` = 0: :func:`_lse_chunk`, ``m`` and ``s`` of shape ``[ROWS]``: the chunk's max
+    and sum are reduced across the row's threads at every chunk (two cross-lane reductions
+    and a float64 exp a row and chunk: about 120 instructions a thread and chunk of 4
+    float32 entries on sm_90, most of the row pass's).
+
+    ``LANES`` > 0: a running max and sum per group of ``LANES`` adjacent entries (one
+    thread's vector load: 16 bytes), ``m`` and ``s`` of shape ``[ROWS, BLOCK // LANES]``:
+    ``m' = max(m, max_j x_j)``, ``s' = s exp(m - m') + sum_j exp(x_j - m')`` over the
+    group's entries j, with the rescaling in ACC and the sum kept in float64; nothing
+    crosses threads until :func:`_lse_done`. A group whose max is still -inf shifts by 0,
+    and a NaN or +inf entry turns its ``s`` into NaN, as in :func:`_lse_chunk`."""
+    if LANES > 0:
+        x3 = tl.reshape(x, [x.shape[0], x.shape[1] // LANES, LANES])
+        m_new = tl.maximum(m, tl.max(x3, axis=2))
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+        part = tl.sum(tl.exp(x3 - shift[:, :, None]), axis=2)
+        s = s * tl.exp(m - shift).to(tl.float64) + part.to(tl.float64)
+        m = m_new
+    else:
+        m, s = _lse_chunk(m, s, x)
+    return m, s
+
+
+@triton.jit
+def _lse_done(m, s, LANES: tl.constexpr):
+    """The float64 log-normaliser of :func:`_lse_step`'s ``(m, s)``: with ``LANES`` > 0 the
+    groups' ``(m, s)`` reduced once across the row, ``M = max m``, ``S = sum s exp(m - M)``
+    (float64 sum), ``lse = M + log S``; -inf for an all -inf row, NaN for a row that held a
+    NaN or +inf (a group's NaN ``s``, or ``exp(inf - inf)``)."""
+    if LANES > 0:
+        top = tl.max(m, axis=1)
+        shift = tl.where(top == NEG_INF, 0.0, top)
+        total = tl.sum(s * tl.exp(m - shift[:, None]).to(tl.float64), axis=1)
+        lse = shift.to(tl.float64) + tl.log(total)
+    else:
+        lse = _lse_finish(m, s)
+    return lse
+
+
+@triton.jit
 def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.constexpr,
                BLOCK: tl.constexpr, ALIGN: tl.constexpr, SPAN: tl.constexpr = 0,
-               PREFETCH: tl.constexpr = False):
+               PREFETCH: tl.constexpr = False, LANES: tl.constexpr = 0):
     """Log-normaliser of the ``n`` entries ``start ..`` of ``ROWS`` rows, float64, in
     chunks of BLOCK (:func:`_lse_chunk`): -inf for an all -inf row, NaN for a row holding a
     NaN or +inf (math.md 8.1: either one turns the row's exp sum into NaN, whatever the
@@ -297,10 +340,17 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
     for the reductions (the loop is a chain load -> max -> exp -> sum). The chunks, their
     order and so the result are the same either way. On an H200 at s5 the row pass took
     0.422 ms with it and 0.436 without; TDT's span took 0.634 with it and 0.621 without,
-    so the span's loop has none (benchmarks/results/gpu/h200-200152e-run2-sweep.log)."""
+    so the span's loop has none (benchmarks/results/gpu/h200-200152e-run2-sweep.log).
+
+    ``LANES`` > 0: the chunks are folded per group of ``LANES`` entries and reduced across
+    the row once, at the end (:func:`_lse_step`, :func:`_lse_done`)."""
     offs = tl.arange(0, BLOCK)
-    m = tl.full([ROWS], NEG_INF, ACC)
-    s = tl.zeros([ROWS], tl.float64)
+    if LANES > 0:
+        m = tl.full([ROWS, BLOCK // LANES], NEG_INF, ACC)
+        s = tl.zeros([ROWS, BLOCK // LANES], tl.float64)
+    else:
+        m = tl.full([ROWS], NEG_INF, ACC)
+        s = tl.zeros([ROWS], tl.float64)
     if SPAN > 0:
         first = row + start                                   # int64, any alignment
         base = tl.multiple_of(first - first % SPAN, SPAN)     # 16-byte aligned
@@ -312,11 +362,20 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
             x = tl.load(logits_ptr + base[:, None] + v[None, :],
                         mask=v[None, :] < body[:, None], other=NEG_INF)
             x = tl.where(v[None, :] >= head[:, None], x, NEG_INF).to(ACC)
-            m, s = _lse_chunk(m, s, x)
-        t = body[:, None] + tl.arange(0, SPAN)[None, :]       # the last < SPAN entries
-        x = tl.load(logits_ptr + base[:, None] + t,
-                    mask=(t >= head[:, None]) & (t < end[:, None]), other=NEG_INF).to(ACC)
-        m, s = _lse_chunk(m, s, x)
+            m, s = _lse_step(m, s, x, LANES)
+        # The last < SPAN entries (with LANES in chunks of BLOCK: the groups' shape).
+        if LANES > 0:
+            for k in tl.static_range(0, SPAN, BLOCK):
+                t = body[:, None] + k + offs[None, :]
+                x = tl.load(logits_ptr + base[:, None] + t,
+                            mask=(t >= head[:, None]) & (t < end[:, None]),
+                            other=NEG_INF).to(ACC)
+                m, s = _lse_step(m, s, x, LANES)
+        else:
+            t = body[:, None] + tl.arange(0, SPAN)[None, :]
+            x = tl.load(logits_ptr + base[:, None] + t,
+                        mask=(t >= head[:, None]) & (t < end[:, None]), other=NEG_INF).to(ACC)
+            m, s = _lse_step(m, s, x, LANES)
     else:
         v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
         if PREFETCH:
@@ -328,16 +387,16 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
                 v = v0 + offs
                 x_next = tl.load(logits_ptr + row[:, None] + start + v[None, :],
                                  mask=v[None, :] < v_end[:, None], other=NEG_INF)
-                m, s = _lse_chunk(m, s, x.to(ACC))
+                m, s = _lse_step(m, s, x.to(ACC), LANES)
                 x = x_next
-            m, s = _lse_chunk(m, s, x.to(ACC))
+            m, s = _lse_step(m, s, x.to(ACC), LANES)
         else:
             for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
                 v = v0 + offs
                 x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
                             mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
-                m, s = _lse_chunk(m, s, x)
-    return _lse_finish(m, s)
+                m, s = _lse_step(m, s, x, LANES)
+    return _lse_done(m, s, LANES)
 
 
 @triton.jit
@@ -449,6 +508,7 @@ def _row_kernel(
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
     SPAN: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr = False,
+    LANES: tl.constexpr = 0,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
@@ -476,7 +536,7 @@ def _row_kernel(
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
     if FUSED:
         lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN, SPAN,
-                         PREFETCH)
+                         PREFETCH, LANES)
     else:
         lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
