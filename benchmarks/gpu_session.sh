@@ -46,8 +46,10 @@
 #                pruned step on the same machine
 #   row_lanes    the row pass's reductions once a row (gpu.ROW_LANES, off by default until
 #                timed) against every chunk, at s5 and big, regular / TDT / multi-blank: the
-#                passes with the defaults, then the row pass's tiles with and without
-#                (gpu_passes.py --sweep-configs: l / c)
+#                passes with the defaults, then at s5 the row pass's tiles with and without
+#                (gpu_passes.py --sweep-configs: l / c), and the narrow gradient pass (TDT's
+#                rows) on fewer warps: one row of 256 on 4 warps runs the row's
+#                once-a-program work on every warp (n)
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -108,10 +110,11 @@ for step in "$@"; do
               PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" python3 \
               .ab/old/benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \
               --json "$out/pruned_base.json" ;;
-    row_lanes) run row_lanes "${ROW_LANES_LIMIT:-150}" python3 benchmarks/gpu_passes.py \
-              --shapes s5 big --variants regular tdt multiblank --peers --sweep s5 big \
-              --sweep-configs 4x128x4c 4x128x4l 8x128x4l 4x256x4l 2x256x4l 16x128x4c \
-              16x128x4l 8x256x4l --json "$out/row_lanes.json" ;;
+    row_lanes) run row_lanes "${ROW_LANES_LIMIT:-220}" python3 benchmarks/gpu_passes.py \
+              --shapes s5 big --variants regular tdt multiblank --peers --sweep s5 \
+              --sweep-configs 4x128x4c 4x128x4l 8x128x4l 4x256x4l 16x128x4c 16x128x4l \
+              8x256x4l 1x256x4n 1x256x2n 1x256x1n 1x512x2n 2x256x2n \
+              --json "$out/row_lanes.json" ;;
     launch_ab) i=0
               for m in 1 0 1 0; do
                 i=$((i + 1))

@@ -104,6 +104,20 @@ def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
     return sig
 
 
+def compile_as_launched(fn, const, warps: int, stages: int, sm: int = 90, x: str = "fp32",
+                        ints=None):
+    """``fn`` compiled for ``sm`` as a launch on CUDA tensors specialises it: every pointer
+    16-byte aligned (``do_not_specialize`` covers the shape integers only), and the
+    specialised ints of ``ints`` (name -> value) divisible by 16 where they are."""
+    sig = signature(fn, const, x)
+    ints = ints or {}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
+             if t.startswith("*") or ints.get(p, 1) % 16 == 0}
+    return triton.compile(ASTSource(fn, sig, const, attrs=attrs),
+                          target=GPUTarget("cuda", sm, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
 def resources(cubin: bytes) -> tuple[int, int]:
     """``(registers, stack bytes)`` of a cubin's kernel (cuobjdump)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -338,7 +352,6 @@ def main(argv=None) -> int:
                     help="only the rows of these kernels (names as in the table)")
     args = ap.parse_args(argv)
     from rnnt_lattice.gpu import joint, kernels
-    target = GPUTarget("cuda", args.sm, 32)
     print(f"triton {triton.__version__}, sm_{args.sm}, float32 logits (the joiner's kernel "
           f"path: the operands as stated)")
     print("| kernel | V / shape | num_warps | registers | stack (bytes: spills) "
@@ -351,15 +364,8 @@ def main(argv=None) -> int:
         if args.only is not None and name not in args.only:
             continue
         fn = getattr(joint if name.startswith("_joint") else kernels, name)
-        sig = signature(fn, const, x)
-        # Every pointer 16-byte aligned, as a launch on CUDA tensors specialises them
-        # (``do_not_specialize`` covers the shape integers only), and the specialised ints
-        # divisible by 16 where they are.
-        attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
-                 if t.startswith("*") or ints.get(p, 1) % 16 == 0}
         try:
-            compiled = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=target,
-                                      options=dict(num_warps=warps, num_stages=stages))
+            compiled = compile_as_launched(fn, const, warps, stages, args.sm, x, ints)
         except Exception as err:        # every kernel is tried: a GPU's Triton may fail several
             last = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
             failed.append(f"{label} ({shape}): {type(err).__name__}: {last[0][:160]}")

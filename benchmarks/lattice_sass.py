@@ -43,8 +43,6 @@ import tempfile
 os.environ.pop("TRITON_INTERPRET", None)      # compiled kernels, not interpreted
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import kernel_resources as kr  # noqa: E402
 
@@ -184,12 +182,7 @@ def analyse(sm: int, U1_list, load_latency: int):
     for label, shape, name, const, warps, stages, *_ in kr.variants([1024]):
         if name != "_lattice_kernel" or int(shape.split("=")[1]) not in U1_list:
             continue
-        sig = kr.signature(kernels._lattice_kernel, const)
-        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
-                 if t.startswith("*")}
-        c = triton.compile(ASTSource(kernels._lattice_kernel, sig, const, attrs=attrs),
-                           target=GPUTarget("cuda", sm, 32),
-                           options=dict(num_warps=warps, num_stages=stages))
+        c = kr.compile_as_launched(kernels._lattice_kernel, const, warps, stages, sm)
         reg, stack = kr.resources(c.asm["cubin"])
         ins = sass_lines(c.asm["cubin"])
         for loop, (lo, hi) in enumerate(diagonal_loops(ins), 1):

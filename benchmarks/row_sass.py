@@ -26,8 +26,6 @@ os.environ.pop("TRITON_INTERPRET", None)      # compiled kernels, not interprete
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import kernel_resources as kr  # noqa: E402
 from lattice_sass import _target, sass_lines  # noqa: E402
@@ -57,13 +55,8 @@ def analyse(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
         if name != "_row_kernel" or label.split()[1] not in topologies:
             continue
         for lanes in (0, min(16 // torch.float32.itemsize, const["BLOCK_V"])):
-            c_ = dict(const, LANES=lanes)
-            sig = kr.signature(kernels._row_kernel, c_)
-            attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
-                     if t.startswith("*")}
-            c = triton.compile(ASTSource(kernels._row_kernel, sig, c_, attrs=attrs),
-                               target=GPUTarget("cuda", sm, 32),
-                               options=dict(num_warps=warps, num_stages=stages))
+            c = kr.compile_as_launched(kernels._row_kernel, dict(const, LANES=lanes), warps,
+                                       stages, sm)
             reg, stack = kr.resources(c.asm["cubin"])
             ins = sass_lines(c.asm["cubin"])
             loop = chunk_loop(ins)

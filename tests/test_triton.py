@@ -850,20 +850,39 @@ def test_joiner_blocks_fit_a_multiprocessor():
         assert int(regs) * 32 * int(warps) <= REGISTERS_PER_SM, (sm, name, x, regs, warps)
 
 
-@pytest.mark.parametrize("span, grad_span", [(True, True), (True, False), (False, True)],
-                         ids=["span", "row_span", "narrow"])
+# The row and gradient passes' switches: (gpu.SPAN_ROWS, gpu.SPAN_GRAD, gpu.ROW_LANES, V) with
+# V None for the case's own (odd: V = 11, 6); "aligned" rows of V = 12.
+PASS_MODES = {
+    "span": (True, True, False, None),
+    "row_span": (True, False, False, None),
+    "narrow": (False, True, False, None),
+    "lanes_span": (True, False, True, None),
+    "lanes_narrow": (False, False, True, None),
+    "lanes_aligned": (True, False, True, 12),
+}
+
+
+@pytest.mark.parametrize("mode", PASS_MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
                          ids=["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("case", ["v_chunks", "masked"])
-def test_unaligned_rows_either_way(case, dtype, span, grad_span, monkeypatch):
-    """Rows of an odd V (every start residue mod 16 bytes in one batch) through the row
-    and gradient passes the backend has (``gpu.SPAN_ROWS``: the aligned span, or a load per
-    element on NARROW_TILES; ``gpu.SPAN_GRAD`` off: the gradient pass a load per element
-    after the row pass's span) against the float64 reference."""
+def test_row_and_gradient_pass_modes(case, dtype, mode, monkeypatch):
+    """Rows of an odd V (every start residue mod 16 bytes in one batch) and aligned rows
+    through every way the backend has of the row and gradient passes, against the float64
+    reference: ``gpu.SPAN_ROWS`` (the aligned span, or a load per element on NARROW_TILES),
+    ``gpu.SPAN_GRAD`` (the gradient pass from the span too), ``gpu.ROW_LANES`` (the row
+    pass's reductions once a row: a running max and sum per thread's 16 bytes of entries,
+    ``kernels._lse_step``; float64 logits keep the reductions every chunk). Rows of three
+    chunks and a partial one (``v_chunks``), -inf entries and a dead node (``masked``)."""
+    span, grad_span, lanes, V = PASS_MODES[mode]
     monkeypatch.setattr(gpu, "SPAN_ROWS", span)
     monkeypatch.setattr(gpu, "SPAN_GRAD", grad_span)
-    batch = make_batch(CASES[case])
-    assert gpu._span(batch.logits.shape[-1], 0, dtype) == (16 // dtype.itemsize if span else 0)
+    monkeypatch.setattr(gpu, "ROW_LANES", lanes)
+    batch = make_batch(replace(CASES[case], V=V or CASES[case].V))
+    V = batch.logits.shape[-1]
+    unaligned = math.gcd(V, 16) < 4                  # rows that start anywhere (gpu._v_align)
+    assert gpu._span(V, 0, dtype) == (16 // dtype.itemsize if span and unaligned else 0)
+    assert gpu._row_lanes(dtype, 4) == (4 if lanes and dtype != torch.float64 else 0)
     costs, grad, _ = run(batch, dtype, "triton")
     loss_err, grad_err = errors(costs, grad, *reference64(batch, dtype))
     tol = tolerance(dtype, costs) if dtype != torch.bfloat16 else 2.0 ** -7
@@ -891,28 +910,6 @@ def test_row_prefetch_changes_nothing(V, span, monkeypatch):
     loss_err, grad_err = errors(*got[True], *reference64(batch, torch.float32))
     tol = tolerance(torch.float32, got[True][0])
     assert loss_err <= tol and grad_err <= 8 * tol, (loss_err, grad_err)
-
-
-@pytest.mark.parametrize("span", [True, False], ids=["span", "narrow"])
-@pytest.mark.parametrize("V", [12, 11], ids=["aligned", "odd_V"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
-                         ids=["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("case", ["v_chunks", "masked"])
-def test_row_lanes(case, dtype, V, span, monkeypatch):
-    """The row pass with its reductions once a row (``gpu.ROW_LANES``: a running max and
-    sum per thread's 16 bytes of entries, ``kernels._lse_step``) against the float64
-    reference: rows of three chunks and a partial one, aligned and odd V (from the span or
-    a load per element), -inf entries and a dead node (``masked``), every dtype (float64
-    logits keep the reductions every chunk)."""
-    monkeypatch.setattr(gpu, "ROW_LANES", True)
-    monkeypatch.setattr(gpu, "SPAN_ROWS", span)
-    assert gpu._row_lanes(dtype, 4) == (0 if dtype == torch.float64 else 4)
-    batch = make_batch(replace(CASES[case], V=V))
-    costs, grad, _ = run(batch, dtype, "triton")
-    loss_err, grad_err = errors(costs, grad, *reference64(batch, dtype))
-    tol = tolerance(dtype, costs) if dtype != torch.bfloat16 else 2.0 ** -7
-    assert loss_err <= tol and grad_err <= 8 * tol, (loss_err, grad_err)
-    check_padding(batch, grad)
 
 
 @pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "chunks"])
