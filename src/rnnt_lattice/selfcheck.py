@@ -132,7 +132,11 @@ def plan_for(device: str, tier: str) -> Plan:
         s = (3, 10, 4, 9) if tier == "quick" else (2, 7, 3, 6)
         return Plan((s,), (s,), s, (torch.float32,), timing, 3)
     if tier == "default":
-        return Plan(((4, 24, 8, 40), (1, 6, 17, 5)), ((4, 24, 8, 40),), (4, 30, 8, 40),
+        # (2, 12, 5, 300): rows of several chunks of the V passes (their tiles hold up to
+        # 128 or 256 classes a step), aligned (multi-blank's 300 classes) and starting
+        # anywhere (TDT's 305).
+        return Plan(((4, 24, 8, 40), (1, 6, 17, 5)), ((4, 24, 8, 40), (2, 12, 5, 300)),
+                    (4, 30, 8, 40),
                     (torch.float32, torch.float64) + halves, timing, 5)
     if tier == "full":
         return Plan(((8, 150, 40, 256), (8, 400, 80, 1024), (8, 300, 60, 500),
