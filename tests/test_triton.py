@@ -547,10 +547,16 @@ def variants(sm):
             # SPAN: rows read from their aligned span where they are not aligned (TDT's; the
             # row and gradient passes)
             span = dict(SPAN=gpu._span(1000, n_dur, torch.float32))
-            yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
-                                      **where), dtypes
-            yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=False, WIDE=on,
-                                      **where), fp32
+            # The row pass's load ahead of its loop (PREFETCH: aligned rows), and its
+            # reductions once a row (LANES; off by default: sm_90 only)
+            row = dict(PREFETCH=gpu.ROW_PREFETCH, LANES=0)
+            yield "_row_kernel", dict(kinds("row"), **tiles, **span, **row, FUSED=True,
+                                      WIDE=on, **where), dtypes
+            yield "_row_kernel", dict(kinds("row"), **tiles, **span, **row, FUSED=False,
+                                      WIDE=on, **where), fp32
+            if sm == 90:
+                yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
+                                          PREFETCH=not gpu.ROW_PREFETCH, LANES=4, **where), fp32
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True, CLAMP=True,
                                         **where), dtypes)
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
