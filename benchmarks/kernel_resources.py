@@ -74,11 +74,15 @@ def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
     map, boundary and window starts int64, the max-plus pointers int8, costs and upstream
     gradient in ``costs``, every other pointer (the lattice) float64, the options' float32
     parts ``fp32``, other plain arguments int32 (also read by tests/test_triton.py's compile
-    test)."""
+    test). A parameter declared ``tl.constexpr`` must be in ``const`` (ValueError): typed as
+    an argument it would compile as a runtime value, another kernel than the one launched."""
     sig = {}
-    for p in inspect.signature(fn.fn).parameters:
+    for p, param in inspect.signature(fn.fn).parameters.items():
         if p in const:
             sig[p] = "constexpr"
+        elif str(param.annotation).endswith("constexpr"):
+            # typed as a plain argument it would compile as a runtime value, not as launched
+            raise ValueError(f"{fn.fn.__name__}: constexpr {p} missing from the constants")
         elif p in INPUT_PTRS:
             sig[p] = "*" + x
         elif p in INT_PTRS:
@@ -147,7 +151,8 @@ def variants(V_list):
         n_dur = topo.n_durations
         for V in V_list:
             for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
-                                       ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True))):
+                                       ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True,
+                                                                     COSTS32=True))):
                 # as the backend launches them: the gradient pass reads unaligned rows from
                 # their span only with gpu.SPAN_GRAD
                 span = (gpu._span(V, n_dur, torch.float32)

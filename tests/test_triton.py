@@ -563,7 +563,7 @@ def variants(sm):
                                         **where), fp32)
             for semiring in (False, True):
                 yield ("_lattice_kernel", dict(kinds("lattice"), BOUNDARY=on, MAX_SEMIRING=semiring,
-                                               BLOCK_U=256, **terms), fp32)
+                                               NAN_ROWS=on, BLOCK_U=256, **terms), fp32)
             yield "_gamma_kernel", dict(kinds("lattice"), BOUNDARY=on, BLOCK=512, **terms), fp32
             yield "_reads_kernel", dict(kinds("reads"), BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP
@@ -639,6 +639,8 @@ for sm in map(int, sys.argv[2:]):
             const = dict(const0)
             if "ACC" in params:
                 const["ACC"] = ACC[costs]
+            if "COSTS32" in params:                   # as launched: float32 costs
+                const["COSTS32"] = costs == "fp32"
             sig = signature(fn, const, x, idt, costs)
             compiled = triton.compile(ASTSource(fn, sig, const), target=target)
             assert compiled.asm["cubin"], (name, sm, x, const)
