@@ -280,8 +280,8 @@ def _lse_step(m, s, x, LANES: tl.constexpr):
 
     ``LANES`` = 0: :func:`_lse_chunk`, ``m`` and ``s`` of shape ``[ROWS]``: the chunk's max
     and sum are reduced across the row's threads at every chunk (two cross-lane reductions
-    and a float64 exp a row and chunk: about 120 instructions a thread and chunk of 4
-    float32 entries on sm_90, most of the row pass's).
+    and a float64 exp a row and chunk: 136 instructions a thread and chunk of 4 float32
+    entries on sm_90 with Triton 3.6, most of the row pass's; benchmarks/row_sass.py).
 
     ``LANES`` > 0: a running max and sum per group of ``LANES`` adjacent entries (one
     thread's vector load: 16 bytes), ``m`` and ``s`` of shape ``[ROWS, BLOCK // LANES]``:
@@ -378,24 +378,23 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
             m, s = _lse_step(m, s, x, LANES)
     else:
         v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
+        at = logits_ptr + row[:, None] + start
         if PREFETCH:
             # Chunk 0 ahead of the loop: all -inf when no row is live, which leaves m = -inf
             # and s = 0 as no chunk would.
-            x = tl.load(logits_ptr + row[:, None] + start + offs[None, :],
-                        mask=offs[None, :] < v_end[:, None], other=NEG_INF)
+            x = tl.load(at + offs[None, :], mask=offs[None, :] < v_end[:, None], other=NEG_INF)
             for v0 in range(BLOCK, tl.max(v_end, axis=0), BLOCK):
                 v = v0 + offs
-                x_next = tl.load(logits_ptr + row[:, None] + start + v[None, :],
-                                 mask=v[None, :] < v_end[:, None], other=NEG_INF)
+                x_next = tl.load(at + v[None, :], mask=v[None, :] < v_end[:, None],
+                                 other=NEG_INF)
                 m, s = _lse_step(m, s, x.to(ACC), LANES)
                 x = x_next
             m, s = _lse_step(m, s, x.to(ACC), LANES)
         else:
             for v0 in range(0, tl.max(v_end, axis=0), BLOCK):     # no chunk when no row is live
                 v = v0 + offs
-                x = tl.load(logits_ptr + row[:, None] + start + v[None, :],
-                            mask=v[None, :] < v_end[:, None], other=NEG_INF).to(ACC)
-                m, s = _lse_step(m, s, x, LANES)
+                x = tl.load(at + v[None, :], mask=v[None, :] < v_end[:, None], other=NEG_INF)
+                m, s = _lse_step(m, s, x.to(ACC), LANES)
     return _lse_done(m, s, LANES)
 
 
@@ -507,8 +506,7 @@ def _row_kernel(
     # flags
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
-    SPAN: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr = False,
-    LANES: tl.constexpr = 0,
+    SPAN: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr, LANES: tl.constexpr,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
