@@ -24,10 +24,11 @@ between calls):
   on the same logits, and its peak memory above the inputs beside ours.
 
 ``--sweep SHAPE ...`` also times the row and gradient passes at those shapes under each
-``(ROWS, BLOCK_V, num_warps, span[, prefetch[, lanes]])`` of :data:`SWEEP` or
+``(ROWS, BLOCK_V, num_warps, span[, prefetch[, lanes[, grad_span]]])`` of :data:`SWEEP` or
 ``--sweep-configs`` (the module's tile constants replaced for the call, ``span`` the row and
 gradient passes' ``gpu.SPAN_ROWS`` and ``gpu.SPAN_GRAD``, ``prefetch`` and ``lanes`` the row
-pass's ``gpu.ROW_PREFETCH`` and ``gpu.ROW_LANES``), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
+pass's ``gpu.ROW_PREFETCH`` and ``gpu.ROW_LANES``, ``grad_span`` the gradient pass's
+``gpu.SPAN_GRAD`` alone), for tuning them; ``--lattice-sweep SHAPE ...`` the lattice pass under each
 ``(BLOCK_U_SMALL, BLOCK_U, LATTICE_LANES)`` of :data:`LATTICE_SWEEP` (the lanes of its
 wavefront and their threads). ``--host-profile SHAPE`` prints where the host's time of
 forward+backward goes at that shape with real launches (cProfile over 300 calls, the
@@ -58,15 +59,33 @@ LATTICE_SWEEP = [(64, 256, 1), (64, 256, 2), (32, 256, 1), (32, 256, 2)]
 
 
 def _config(text: str) -> tuple:
-    """``"4x128x4"`` -> ``(4, 128, 4, True, None, None)``; trailing letters: ``n`` span off
-    (``"1x256x4n"``), ``p`` / ``q`` the row pass's prefetch on / off (``gpu.ROW_PREFETCH``),
-    ``l`` / ``c`` its reductions once a row / every chunk (``gpu.ROW_LANES``); neither of a
-    pair: the module's."""
+    """``"4x128x4"`` -> ``(4, 128, 4, True, None, None, None)``; trailing letters: ``n`` span
+    off (``"1x256x4n"``), ``p`` / ``q`` the row pass's prefetch on / off
+    (``gpu.ROW_PREFETCH``), ``l`` / ``c`` its reductions once a row / every chunk
+    (``gpu.ROW_LANES``), ``g`` / ``e`` the gradient pass over rows that start anywhere by
+    their whole 16-byte groups / an entry a load (``gpu.SPAN_GRAD``, whatever ``n`` says);
+    neither of a pair: the module's (for ``g`` / ``e``: as the span)."""
     flags = text.lstrip("0123456789x")
     rows, block_v, warps = (int(x) for x in text[:len(text) - len(flags)].split("x"))
     prefetch = True if "p" in flags else False if "q" in flags else None
     lanes = True if "l" in flags else False if "c" in flags else None
-    return rows, block_v, warps, "n" not in flags, prefetch, lanes
+    grad_span = True if "g" in flags else False if "e" in flags else None
+    return rows, block_v, warps, "n" not in flags, prefetch, lanes, grad_span
+
+
+def _overrides(items) -> dict:
+    """``--set``'s ``["NAME=VALUE", ...]`` -> ``{NAME: value}``: upper-case constants of
+    ``rnnt_lattice.gpu`` that exist, each value a Python literal (a ValueError otherwise)."""
+    import ast
+    from rnnt_lattice import gpu
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.isupper() or not hasattr(gpu, name):
+            raise ValueError(f"--set: {item!r} is not NAME=VALUE with NAME a constant of "
+                             f"rnnt_lattice.gpu")
+        out[name] = ast.literal_eval(text)
+    return out
 
 
 def _rounded(d: dict) -> dict:
@@ -109,18 +128,21 @@ def _state(inp, opts):
 
 def passes(inp, opts, config=None) -> dict:
     """Median ms of each pass alone (``config``: ``(ROWS, BLOCK_V, num_warps, span[,
-    prefetch[, lanes]])`` of the V passes -- ``span`` both passes' ``gpu.SPAN_ROWS`` and
-    ``gpu.SPAN_GRAD``, ``prefetch`` and ``lanes`` the row pass's ``gpu.ROW_PREFETCH`` and
-    ``gpu.ROW_LANES`` (None: the module's) -- or None for the backend's own)."""
+    prefetch[, lanes[, grad_span]]])`` of the V passes -- ``span`` both passes'
+    ``gpu.SPAN_ROWS`` and ``gpu.SPAN_GRAD``, ``prefetch`` and ``lanes`` the row pass's
+    ``gpu.ROW_PREFETCH`` and ``gpu.ROW_LANES`` (None: the module's), ``grad_span``
+    ``gpu.SPAN_GRAD`` alone (None: as ``span``) -- or None for the backend's own)."""
     from triton.testing import do_bench
     from rnnt_lattice import gpu
     saved = (gpu.V_PASS_TILES, gpu.NARROW_TILES, gpu.NUM_WARPS_V, gpu.SPAN_ROWS, gpu.SPAN_GRAD,
              gpu.ROW_PREFETCH, gpu.ROW_LANES)
     if config is not None:                # the module's constants: part of the plans' keys
-        rows, block_v, warps, span, prefetch, lanes = (*config, None, None)[:6]
+        rows, block_v, warps, span, prefetch, lanes, grad_span = (*config, None, None,
+                                                                   None)[:7]
         tiles = {"row": (rows * block_v, block_v), "grad": (rows * block_v, block_v)}
         gpu.V_PASS_TILES = gpu.NARROW_TILES = tiles
-        gpu.NUM_WARPS_V, gpu.SPAN_ROWS, gpu.SPAN_GRAD = warps, span, span
+        gpu.NUM_WARPS_V, gpu.SPAN_ROWS = warps, span
+        gpu.SPAN_GRAD = span if grad_span is None else grad_span
         if prefetch is not None:
             gpu.ROW_PREFETCH = prefetch
         if lanes is not None:
@@ -274,24 +296,35 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-configs", nargs="*", default=None, metavar="ROWSxBLOCK_VxWARPS[n]",
                     help="the configs of --sweep instead of SWEEP, e.g. 4x128x4 (trailing letters: "
                          "n span off, p / q the row pass's prefetch on / off, l / c its "
-                         "reductions once a row / every chunk)")
+                         "reductions once a row / every chunk, g / e the gradient pass over "
+                         "unaligned rows by 16-byte groups / an entry a load)")
     ap.add_argument("--lattice-sweep", nargs="*", default=[])
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="set rnnt_lattice.gpu's constants for the whole run, e.g. "
+                         "SPAN_GRAD=True (a Python literal; the name must exist)")
     ap.add_argument("--host-profile", nargs="*", default=[])
     ap.add_argument("--peers", nargs="*", default=["torchaudio"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     sweep = SWEEP if args.sweep_configs is None else [_config(c) for c in args.sweep_configs]
+    overrides = _overrides(args.set)
     if not torch.cuda.is_available():
         print("gpu_passes.py needs a CUDA device", file=sys.stderr)
         return 2
+    from rnnt_lattice import gpu
     from rnnt_lattice._types import LossOptions
     from rnnt_lattice.topology import by_name, multiblank, tdt
     import peers
+    for name, value in overrides.items():
+        setattr(gpu, name, value)
     bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"torch {torch.__version__}", flush=True)
     results = {"device": torch.cuda.get_device_name(), "copy_GBps": bw / 1e9,
-               "torch": torch.__version__, "rows": [], "launch_us": launch_costs()}
+               "torch": torch.__version__, "rows": [], "launch_us": launch_costs(),
+               "set": {k: repr(v) for k, v in overrides.items()}}
+    if overrides:
+        print("rnnt_lattice.gpu set:", results["set"], flush=True)
     print("host us per launch:", {k: round(v, 1) for k, v in results["launch_us"].items()},
           flush=True)
     for name in args.host_profile:

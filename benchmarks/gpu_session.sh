@@ -50,6 +50,11 @@
 #                (gpu_passes.py --sweep-configs: l / c), and the narrow gradient pass (TDT's
 #                rows) on fewer warps: one row of 256 on 4 warps runs the row's
 #                once-a-program work on every warp (n)
+#   grad_rows    the gradient pass over rows that start anywhere: TDT at s5 and the regular
+#                loss at s5odd (V = 1025), an entry a load on one row of 256 (e, the
+#                default) against the row's whole 16-byte groups (g, gpu.SPAN_GRAD) on 16,
+#                8 and 4 rows of 128 and 4 rows of 256; then the passes at s5 and big with
+#                gpu.SPAN_GRAD on (gpu_passes.py --set), every topology
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -115,6 +120,16 @@ for step in "$@"; do
               --sweep-configs 4x128x4c 4x128x4l 8x128x4l 4x256x4l 16x128x4c 16x128x4l \
               8x256x4l 1x256x4n 1x256x2n 1x256x1n 1x512x2n 2x256x2n \
               --json "$out/row_lanes.json" ;;
+    grad_rows) for v in "tdt s5" "regular s5odd"; do
+                read -r variant shape <<<"$v"
+                run "grad_rows-$variant" "${GRAD_ROWS_LIMIT:-90}" python3 benchmarks/gpu_passes.py \
+                  --shapes "$shape" --variants "$variant" --peers --sweep "$shape" \
+                  --sweep-configs 1x256x4e 16x128x4g 8x128x4g 4x128x4g 4x256x4g \
+                  --json "$out/grad_rows-$variant.json"
+              done
+              run grad_rows-on "${GRAD_ROWS_LIMIT:-90}" python3 benchmarks/gpu_passes.py \
+                --set SPAN_GRAD=True --shapes s5 big --variants regular tdt multiblank --peers \
+                --json "$out/grad_rows-on.json" ;;
     launch_ab) i=0
               for m in 1 0 1 0; do
                 i=$((i + 1))

@@ -153,8 +153,8 @@ def variants(V_list):
             for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
                                        ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True,
                                                                      COSTS32=True))):
-                # as the backend launches them: the gradient pass reads unaligned rows from
-                # their span only with gpu.SPAN_GRAD
+                # as the backend launches them: the gradient pass reads unaligned rows by
+                # their whole 16-byte groups only with gpu.SPAN_GRAD
                 span = (gpu._span(V, n_dur, torch.float32)
                         if which == "row" or gpu.SPAN_GRAD else 0)
                 rows, block_v, warps = gpu._tiles(V, 1 << 20, which, n_dur, span)

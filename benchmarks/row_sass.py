@@ -1,4 +1,5 @@
-"""The row pass's chunk loop as sm_90 compiles it, read from its SASS without a GPU.
+"""The chunk loops of the passes over V (the row pass, the gradient pass) as sm_90
+compiles them, read from their SASS without a GPU.
 
     python benchmarks/row_sass.py [--sm 90] [--V 1024 1025]
     PYTHONPATH=src <venv with triton 3.6.0>/bin/python benchmarks/row_sass.py   # the GPU's Triton
@@ -15,6 +16,15 @@ registers, the stack, the chunk loop's instructions (the smallest loop holding a
 load and an exp; one pass of it is one chunk: ``ROWS`` rows of ``BLOCK_V`` classes), its
 warp shuffles and barriers (the cross-lane reductions), and the kernel's instructions in
 all (static counts: what runs once a program plus one pass of each loop).
+
+The second table is the gradient pass's (``kernels._grad_kernel``), compiled both ways for
+rows that start anywhere (``gpu.SPAN_GRAD``: the row's whole 16-byte groups, or an entry a
+load on ``NARROW_TILES``): its tile, registers, stack, the chunk loop (the smallest loop
+holding a global store and an exp) with its 16-byte loads and stores against all of its
+loads and stores, and two estimates a warp issues per row of 1024 classes: the loop's
+instructions per 32 classes a warp, and what runs once a program, ``(all - loop) x warps /
+rows`` (every warp runs it for the rows it holds; an upper bound: the static count holds the
+slow paths too).
 """
 from __future__ import annotations
 
@@ -31,20 +41,25 @@ import kernel_resources as kr  # noqa: E402
 from lattice_sass import _target, sass_lines  # noqa: E402
 
 
-def chunk_loop(ins) -> list[str]:
-    """The instructions of the smallest backward-branch loop that holds a 16-byte global
-    load and an exp (``MUFU.EX2``): the token group's chunk loop (TDT's duration group has a
-    loop of its own, of scalar loads)."""
+def smallest_loop(ins, *needles) -> list[str]:
+    """The instructions of the smallest backward-branch loop that holds an instruction
+    containing each of ``needles``; [] if none does."""
     best = None
     for a, s in ins:
         tgt = _target(s)
         if tgt is None or tgt >= a:
             continue
         body = [x for b, x in ins if tgt <= b <= a]
-        if any("LDG.E.128" in x for x in body) and any("MUFU.EX2" in x for x in body):
+        if all(any(n in x for x in body) for n in needles):
             if best is None or len(body) < len(best):
                 best = body
     return best or []
+
+
+def chunk_loop(ins) -> list[str]:
+    """The row pass's chunk loop: the smallest loop that holds a 16-byte global load and an
+    exp (``MUFU.EX2``; TDT's duration group has a loop of its own, of scalar loads)."""
+    return smallest_loop(ins, "LDG.E.128", "MUFU.EX2")
 
 
 def analyse(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
@@ -65,6 +80,43 @@ def analyse(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
                    len(ins))
 
 
+def store_loop(ins) -> list[str]:
+    """The gradient pass's token-group loop: the smallest loop that holds a global store
+    and an exp."""
+    return smallest_loop(ins, "STG", "MUFU.EX2")
+
+
+def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
+    """Rows ``(topology, V, SPAN_GRAD, "ROWSxBLOCK_V", registers, stack, loop instructions,
+    "LDG 16-byte/all", "STG 16-byte/all", instructions in all, loop instructions per 32
+    classes a warp, once-a-program instructions a row a warp)`` of the gradient pass."""
+    from rnnt_lattice import gpu
+    from rnnt_lattice.gpu import kernels
+    saved = gpu.SPAN_GRAD
+    try:
+        for grad_span in (False, True):
+            gpu.SPAN_GRAD = grad_span
+            for label, V, name, const, warps, stages, *_ in kr.variants(V_list):
+                if name != "_grad_kernel" or label.split()[1] not in topologies:
+                    continue
+                topo = label.split()[1]
+                if grad_span and not const["SPAN"]:
+                    continue                              # aligned rows: one way only
+                c = kr.compile_as_launched(kernels._grad_kernel, const, warps, stages, sm)
+                reg, stack = kr.resources(c.asm["cubin"])
+                ins = sass_lines(c.asm["cubin"])
+                loop = store_loop(ins)
+                rows, block_v = const["ROWS"], const["BLOCK_V"]
+                wide = (lambda op: f"{sum(op in x and '.128' in x for x in loop)}/"
+                                   f"{sum(op in x for x in loop)}")
+                yield (topo, V, int(grad_span), f"{rows}x{block_v}", reg, stack, len(loop),
+                       wide("LDG"), wide("STG"), len(ins),
+                       round(len(loop) * 32 * warps / (rows * block_v), 1),
+                       round((len(ins) - len(loop)) * warps / rows))
+    finally:
+        gpu.SPAN_GRAD = saved
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sm", type=int, default=90)
@@ -76,6 +128,15 @@ def main(argv=None) -> int:
           "| loop barriers | instructions in all |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in analyse(args.sm, args.V):
+        print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+    print(f"\ntriton {triton.__version__}, sm_{args.sm}, the gradient pass's chunk loop "
+          "(SPAN_GRAD 1: the row's whole 16-byte groups; 0: an entry a load, for rows that "
+          "start anywhere)")
+    print("| topology | V | SPAN_GRAD | tile | registers | stack | loop instructions "
+          "| loop LDG 16-byte/all | loop STG 16-byte/all | instructions in all "
+          "| loop a warp per 32 classes | once a program, a row a warp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in analyse_grad(args.sm, args.V):
         print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
     return 0
 

@@ -375,6 +375,24 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
         assert [wide for *_, wide in chosen].count({}) == n_f32
 
 
+def test_gpu_passes_configs_and_settings(run, capsys):
+    """benchmarks/gpu_passes.py without a GPU exits with status 2 (after checking its
+    arguments); its sweep configs' letters and ``--set``'s constants parse as the GPU
+    session's steps write them (benchmarks/gpu_session.sh), and a name that is not one of
+    ``rnnt_lattice.gpu``'s constants is refused."""
+    import gpu_passes
+    assert gpu_passes._config("1x256x4n") == (1, 256, 4, False, None, None, None)
+    assert gpu_passes._config("8x128x4g") == (8, 128, 4, True, None, None, True)
+    assert gpu_passes._config("4x128x4lqe") == (4, 128, 4, True, False, True, False)
+    assert gpu_passes._overrides(["SPAN_GRAD=True", "NUM_WARPS_V=8"]) == {
+        "SPAN_GRAD": True, "NUM_WARPS_V": 8}
+    for bad in (["SPAN_GRAD"], ["span_grad=True"], ["NO_SUCH_CONSTANT=1"]):
+        with pytest.raises(ValueError, match="--set"):
+            gpu_passes._overrides(bad)
+    assert gpu_passes.main(["--set", "SPAN_GRAD=True"]) == 2
+    assert "CUDA device" in capsys.readouterr().err
+
+
 def test_fused_mode_preset_and_ways(run):
     """--preset issue34 gives issue 34's rows (narrowed by --shapes), with full, fused and
     joint; TDT rows never run the pruned way; the fused-mode options belong to it."""

@@ -758,8 +758,11 @@ import kernel_resources as kr
 
 print("span_tile", gpu.V_PASS_TILES["span"][0], int(gpu.ROW_PREFETCH), int(gpu.SPAN_GRAD))
 
-for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
-    if name in ("_row_kernel", "_grad_kernel") and "multiblank" not in label:
+for grad_span in (False, True):
+    gpu.SPAN_GRAD = grad_span
+    for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
+        if name not in ("_row_kernel", "_grad_kernel") or (grad_span and name == "_row_kernel"):
+            continue
         kernel = getattr(kernels, name)
         sig = kr.signature(kernel, const)
         attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
@@ -768,9 +771,11 @@ for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
                            target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=warps, num_stages=stages))
         reg, stack = kr.resources(c.asm["cubin"])
-        v4 = sum(".v4." in ln for ln in c.asm["ptx"].splitlines() if "ld.global" in ln)
-        print(name, label.split()[1], V, const["ROWS"], const["BLOCK_V"], const["SPAN"], v4,
-              reg, stack)
+        ptx = c.asm["ptx"].splitlines()
+        v4 = sum(".v4." in ln for ln in ptx if "ld.global" in ln)
+        st4 = sum(".v4." in ln for ln in ptx if "st.global" in ln)
+        print(name, label.split()[1], V, int(grad_span), const["ROWS"], const["BLOCK_V"],
+              const["SPAN"], v4, st4, reg, stack)
 """
 
 
@@ -780,39 +785,43 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
     for sm_90 as the backend launches it at V = 1024 and 1025, on the span's tile
     (``V_PASS_TILES["span"]``, the aligned rows' block of classes) it has as many ``v4``
     loads a row as the aligned regular row's (whose loop's loads appear twice with
-    ``gpu.ROW_PREFETCH``: the first chunk's ahead of the loop). The gradient pass reads them
-    from the span only with ``gpu.SPAN_GRAD`` (tile ``"grad_span"``, as many entries a step
-    and ``v4`` loads as the aligned rows'); without it (the default: slower from the span
-    on an H200), a load per element on NARROW_TILES, no ``v4`` load. Neither has a stack
-    frame."""
+    ``gpu.ROW_PREFETCH``: the first chunk's ahead of the loop). The gradient pass, compiled
+    both ways: with ``gpu.SPAN_GRAD`` (tile ``"grad_span"``) the row's whole 16-byte groups,
+    with as many entries a step and as many ``v4`` loads and stores as the aligned rows',
+    for multi-blank's rows too (its fixed classes' chunks store an entry at a time, the
+    others with vector stores, as on its aligned rows); without it, a load per element on
+    NARROW_TILES, no ``v4`` load. No stack frame."""
     env = _compile_env()
     out = subprocess.run([sys.executable, "-c", ROW_LOADS_SCRIPT], env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
     span_tile = int(lines[0][1])                   # the default table's (this module's is small)
-    prefetch, span_grad = int(lines[0][2]), int(lines[0][3])
-    rows = {(r[0], r[1], int(r[2])): [int(v) for v in r[3:]] for r in lines[1:]}
-    assert set(rows) == {(k, t, V) for k in ("_row_kernel", "_grad_kernel")
-                         for t in ("regular", "tdt") for V in (1024, 1025)}, out.stdout
-    for kernel in ("_row_kernel", "_grad_kernel"):
-        aligned = rows[kernel, "regular", 1024]
-        assert aligned[2] == 0 and aligned[3] > 0, out.stdout          # no SPAN, vector loads
-        for key in (("regular", 1025), ("tdt", 1024), ("tdt", 1025)):
-            tile_rows, block_v, span, v4, reg, stack = rows[(kernel,) + key]
-            assert stack == 0, (kernel, key, out.stdout)
-            if kernel == "_row_kernel":
-                assert span == 4, (kernel, key, out.stdout)
-                assert block_v == aligned[1] and tile_rows * block_v == span_tile, out.stdout
-                per_chunk = aligned[3] // (2 if prefetch else 1)
-                assert v4 * aligned[0] == per_chunk * tile_rows, (key, out.stdout)
-            elif span_grad:
-                assert span == 4, (kernel, key, out.stdout)
-                assert tile_rows * block_v == aligned[0] * aligned[1], (key, out.stdout)
-                assert v4 == aligned[3], (key, out.stdout)
-            else:
-                assert span == 0 and v4 == 0, (kernel, key, out.stdout)
-                assert tile_rows * block_v == gpu.NARROW_TILES["grad"][0], (key, out.stdout)
+    prefetch = int(lines[0][2])
+    rows = {(r[0], r[1], int(r[2]), int(r[3])): [int(v) for v in r[4:]] for r in lines[1:]}
+    topos = ("regular", "tdt", "multiblank")
+    assert set(rows) == ({("_row_kernel", t, V, 0) for t in topos for V in (1024, 1025)}
+                         | {("_grad_kernel", t, V, g) for t in topos for V in (1024, 1025)
+                            for g in (0, 1)}), out.stdout
+    for kernel, topo, V, grad_span in rows:
+        tile_rows, block_v, span, v4, st4, reg, stack = rows[kernel, topo, V, grad_span]
+        key = (kernel, topo, V, grad_span, out.stdout)
+        assert stack == 0, key
+        aligned = rows[kernel, "regular", 1024, 0]
+        if (topo, V) in (("regular", 1024), ("multiblank", 1024)):
+            assert span == 0 and v4 > 0 and (kernel == "_row_kernel" or st4 > 0), key
+        elif kernel == "_row_kernel":
+            assert span == 4, key
+            assert block_v == aligned[1] and tile_rows * block_v == span_tile, key
+            per_chunk = aligned[3] // (2 if prefetch else 1)
+            assert v4 * aligned[0] == per_chunk * tile_rows, key
+        elif grad_span:
+            assert span == 4, key
+            assert tile_rows * block_v == aligned[0] * aligned[1], key
+            assert v4 == aligned[3] and st4 == aligned[4], key
+        else:
+            assert span == 0 and v4 == 0 and st4 == 0, key
+            assert tile_rows * block_v == gpu.NARROW_TILES["grad"][0], key
 
 
 JOINT_FIT_SCRIPT = """
@@ -986,6 +995,8 @@ if not os.path.exists(tool):
 import row_sass
 for row in row_sass.analyse(90, (1024, 1025), ("regular", "tdt")):
     print(*row)
+for row in row_sass.analyse_grad(90, (1025,), ("tdt",)):
+    print("grad", *row)
 """
 
 
@@ -995,14 +1006,25 @@ def test_row_lanes_loop_has_no_cross_lane_reduction_on_sm90():
     max and sum stay in each thread: ``tl.reshape`` of a thread's 16-byte load moves no data)
     and with fewer instructions than the loop that reduces every chunk across the row
     (``benchmarks/row_sass.py``): aligned rows (V = 1024) and rows from the span (V = 1025,
-    TDT), no stack frame."""
+    TDT), no stack frame. And the gradient pass over TDT's rows by their whole 16-byte
+    groups (``gpu.SPAN_GRAD``): every load and store of its loop 16 bytes wide, and fewer
+    instructions a row, in the loop and once a program, than an entry a load."""
     out = subprocess.run([sys.executable, "-c", ROW_SASS_SCRIPT], env=_compile_env(),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     if "no nvdisasm" in out.stdout:
         pytest.skip("this Triton build has no nvdisasm")
+    lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    grad = {int(r[3]): r[4:] for r in lines if r[0] == "grad"}
+    assert set(grad) == {0, 1}, out.stdout
+    for op in (4, 5):                                      # "LDG 16-byte/all", "STG ..."
+        wide, every = (int(x) for x in grad[1][op].split("/"))
+        assert wide == every > 0, out.stdout
+    assert int(grad[1][2]) == 0, out.stdout                # no stack
+    for col in (-2, -1):                                   # per 32 classes; once a program
+        assert float(grad[1][col]) < float(grad[0][col]), out.stdout
     rows = {(r[0], int(r[1]), int(r[2])): [int(v) for v in r[3:]]
-            for r in (line.split() for line in out.stdout.splitlines() if line.strip())}
+            for r in lines if r[0] != "grad"}
     assert {(t, V) for t, V, _ in rows} == {(t, V) for t in ("regular", "tdt")
                                             for V in (1024, 1025)}, out.stdout
     for (topo, V, lanes), (reg, stack, loop, shuffles, barriers, total) in rows.items():

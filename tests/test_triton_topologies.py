@@ -150,6 +150,55 @@ def test_inplace_and_strided_upstream(topo_name, case):
               *ref, torch.float64)
 
 
+# The gradient pass's rows: (case, gpu.SPAN_GRAD). V_tok = 13: the rows start at every
+# residue mod 16 bytes in float32 and bfloat16 (TDT's rows of 13 + durations too), and each
+# holds several whole 16-byte groups between its first and last few entries; V_tok = 12:
+# rows 16-byte aligned in float32 but for TDT's.
+ROW_MODES = {
+    "odd_interior": (Case("odd", (5, 3), (2, 1), 13, 0, T=6, U=3), True),
+    "odd_per_entry": (Case("odd", (5, 3), (2, 1), 13, 0, T=6, U=3), False),
+    "aligned": (Case("aligned", (5, 3), (2, 1), 12, 0, T=6, U=3), True),
+}
+# (dtype, tolerance on the costs and the gradient relative to their scale): the gradient is
+# written in the logits' dtype.
+ROW_DTYPES = {"float32": (torch.float32, 2e-6), "bfloat16": (torch.bfloat16, 2.0 ** -7)}
+
+
+@pytest.mark.parametrize("dtype", ROW_DTYPES)
+@pytest.mark.parametrize("mode", ROW_MODES)
+@pytest.mark.parametrize("topo_name", ["multiblank", "multiblank_mid", "tdt012", "tdt13",
+                                       "constrained"])
+def test_gradient_pass_rows(topo_name, mode, dtype, monkeypatch):
+    """The gradient pass over rows that start anywhere, both ways (``gpu.SPAN_GRAD``: the
+    row's whole 16-byte groups with vector loads and stores and its first and last few
+    entries apart, or an entry a load on NARROW_TILES), and over aligned rows, in place and
+    not, against the float64 reference on the same (rounded) logits: TDT's duration group
+    after the token group, multi-blank's fixed classes (the big blanks, the last columns
+    of the token group but the blank: the chunks that may hold them store an entry at a
+    time; or the blank in the middle and a big blank at class 8, the first of a chunk
+    where the row starts on a 16-byte boundary), chunks of 4 classes (BLOCK_V) against
+    groups of 4 (float32) and 8 (bfloat16) entries."""
+    case, grad_span = ROW_MODES[mode]
+    monkeypatch.setattr(gpu, "SPAN_GRAD", grad_span)
+    monkeypatch.setitem(TOPOLOGIES, "multiblank_mid",
+                        lambda V_tok, blank: (topology.multiblank(9, [2, 3]), 9))
+    dt, tol = ROW_DTYPES[dtype]
+    opts = dict(fastemit_lambda=0.3, clamp=0.5)
+    logits, targets, tl, ul, topo, blank, _ = inputs(case, topo_name, opts)
+    x = logits.to(dt)
+    aligned = gpu._v_align(x.shape[-1], topo.n_durations) >= 4
+    assert aligned == (case.V == 12 and not topo.n_durations), mode
+    up = upstream_weights(logits.shape[0])
+    ref_costs, ref_grad = reference_costs_grad(x, targets, tl, ul, topo, blank, opts, up)
+    region = reference.Ends.of(tl, ul).region(x.shape[1], x.shape[2])
+    for inplace in (False, True):
+        costs, grad = triton_costs_grad(x, targets, tl.int(), ul.int(), topo, blank, opts,
+                                        up.float(), inplace=inplace)
+        assert grad.dtype == dt
+        assert rel_err(costs, ref_costs) <= tol and rel_err(grad, ref_grad) <= tol, inplace
+        assert (grad[~region] == 0).all()
+
+
 LONG_STEPS = {
     # (topology, blank, T_b, U_b): big blanks of 8 frames, TDT durations up to 4
     "multiblank_2_4_8": (lambda: topology.multiblank(5, [2, 4, 8]), 5, (9, 6), (1, 2)),

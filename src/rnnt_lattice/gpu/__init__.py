@@ -105,9 +105,9 @@ BLOCK_U_SMALL = 64 # the lanes for U + 1 <= 64, twice that up to 128 (``_block_u
 # (within 1% at s5, big and V = 5000) but 11% slower for multi-blank's at s5 and big
 # (h100-175fa4a-passes_ours.log). TDT's rows from their span: 16 rows of 128 took
 # 0.637 ms at s5, 8 rows 0.691.
-# The gradient pass over such rows from their span (``grad_span``, with SPAN_GRAD) takes as
-# many entries a step as the aligned rows' tile, in 8 rows of 128 (4 rows of 256 put 8
-# bytes on the stack with Triton 3.6 at V = 1025); timed slower than NARROW_TILES (below).
+# The gradient pass over such rows by their whole 16-byte groups (``grad_span``, with
+# SPAN_GRAD): 8 rows of 128, the fewest instructions a row of the tiles compiled for sm_90
+# (benchmarks/row_sass.py; not timed).
 V_PASS_TILES = {"row": (512, 128), "grad": (1024, 256), "span": (2048, 128),
                 "grad_span": (1024, 128)}
 # Rows whose loads cannot be vectorised (``_tiles``): one row of up to 256 classes a program.
@@ -116,11 +116,16 @@ NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 # (``_span``), with vector loads and V_PASS_TILES; False: NARROW_TILES and a load per
 # element (the A/B of benchmarks/gpu_passes.py --sweep).
 SPAN_ROWS = True
-# The gradient pass too. Off: on an H200 at s5 TDT's gradient pass took 1.10 ms from the
-# span (16 or 8 rows of 128) and 0.79 with a load per element (one row of 256), the
-# regular pass at V = 1025 1.07 and 0.63 (benchmarks/results/gpu/h200-aefffe7-tdt_sweep.log,
-# h200-200152e-run2-odd.log): its stores cannot be vectorised either way, and the span's
-# masks cost more than its loads save.
+# The gradient pass over such rows by their whole 16-byte groups (``kernels._grad_kernel``
+# with SPAN: vector loads and stores from the row's first 16-byte boundary, its first and
+# last few entries an entry a load; tile ``grad_span``). Off until a GPU times it
+# (docs/benchmarks.md, "The gradient pass over rows that start anywhere"). Compiled for
+# sm_90 (benchmarks/row_sass.py), TDT's loop on 8 rows of 128 is as the aligned rows': 25.8
+# instructions a warp per 32 classes against 29.5 an entry a load, and what runs once a
+# program 533 instructions a row a warp against 2004 on one row of 256. But the span's first
+# version (each row read from the 16-byte boundary below its start, stored an entry at a
+# time) took 1.10 ms against 0.79 for TDT's pass at s5 on an H200
+# (benchmarks/results/gpu/h200-aefffe7-tdt_sweep.log).
 SPAN_GRAD = False
 # The row pass issues each chunk's load before it reduces the one before
 # (``kernels._group_lse``'s PREFETCH; the same sums in the same order either way).
@@ -242,8 +247,9 @@ def _tiles(V: int, n_rows: int, which: str, n_durations: int = 0, span: int = 0)
     (benchmarks/kernel_resources.py). On an H100, TDT's row pass at s5 took 1.35 ms with one
     row of 256 a program, 1.97 with 4 rows of 128, 2.71 with 16 rows of 128, 3.03 with 16
     rows and 8 warps (docs/benchmarks.md, "GPU"). The row and gradient passes read such
-    rows from their aligned span (``span`` > 0, :func:`_span`): vector loads again, and
-    the tiles ``"span"`` (row) and ``"grad_span"``."""
+    rows from their aligned span (``span`` > 0, :func:`_span`; the gradient pass with
+    :data:`SPAN_GRAD`): vector loads again, and the tiles ``"span"`` (row) and
+    ``"grad_span"``."""
     narrow = _v_align(V + n_durations, n_durations) < 4 and not span
     if narrow:
         tile, cap = NARROW_TILES[which]

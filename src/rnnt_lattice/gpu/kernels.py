@@ -1146,9 +1146,8 @@ def _grad_kernel(
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
     topology (math.md 9, ``reference.grad``), written once; ``grad_ptr`` may equal
-    ``logits_ptr`` (every entry is read before it is overwritten, by the same program; with
-    ``SPAN``, the few entries of the row before that a span holds may be read while their
-    own program overwrites them, and are never used).
+    ``logits_ptr`` (every entry is read before it is overwritten, by the same program, and
+    a program reads and writes only its own rows).
     With the coefficients of ``_reads_kernel`` (S_g the sum of a softmax group's reads,
     tokens or TDT durations):
 
@@ -1162,8 +1161,8 @@ def _grad_kernel(
        step 2 reads those columns' entries as gradients and stores none of them);
     2. the token group in chunks of ``BLOCK_V``: ``p S`` minus the blank's and the label's
        reads, every entry but the fixed classes' columns (``SPAN`` > 0, rows that start
-       anywhere: read with vector loads from the row's aligned span, as the row pass
-       reads them, and written element by element).
+       anywhere: the row's whole 16-byte groups with vector loads and stores, its first
+       and last few entries an entry a load).
 
     Clamp clips the token group only. A NaN sequence (log P NaN) gets NaN on every entry of
     its rows in fused mode, on its arc entries in log-prob mode; padding, rows of
@@ -1219,64 +1218,73 @@ def _grad_kernel(
                  mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
 
     # 2. The token group, every entry but the fixed classes' columns (step 1 wrote them: in
-    # place, their entries read here are gradients already, and never stored).
+    # place, their entries read here are gradients already, and never stored). In chunks
+    # of BLOCK_V from the row's first 16-byte boundary ``at`` (class ``a``): with SPAN = 0,
+    # ``V_ALIGN`` divides V_tok and the row starts there (a = 0); with SPAN > 0 (rows that
+    # start anywhere) the first ``a < SPAN`` classes and the last ``< SPAN`` are an edge of
+    # their own (below), so that the loop's masks change at multiples of SPAN too: vector
+    # loads and stores either way, and no entry outside the row is read or written.
     if SPAN > 0:
-        # Rows that start anywhere: read from their aligned span (as ``_group_lse``), the
-        # entries before the row (``c < 0``: the row before's, which its own program may
-        # be writing) selected away; written element by element at exactly the row's.
-        base = tl.multiple_of(row - row % SPAN, SPAN)          # 16-byte aligned
-        head = (row - base).to(tl.int32)                       # [0, SPAN)
-        end_w = head + tl.where(has_row, V_tok, 0)
-        body_w = tl.multiple_of(end_w - end_w % SPAN, SPAN)    # whole SPAN-groups
-        body_r = tl.multiple_of(tl.where(live, body_w, 0), SPAN)
-        for v0 in range(0, tl.max(body_w, axis=0), BLOCK_V):
-            p = v0 + offs
-            c = p[None, :] - head[:, None]                     # the classes
-            if FUSED:
-                x = tl.load(logits_ptr + base[:, None] + p[None, :],
-                            mask=p[None, :] < body_r[:, None], other=NEG_INF)
-                x = tl.where(c >= 0, x.to(ACC), NEG_INF)
-            else:
-                x = tl.zeros([ROWS, BLOCK_V], ACC)
-            _token_grad_store(x, c, (p[None, :] < body_w[:, None]) & (c >= 0),
-                              grad_ptr + base[:, None] + p[None, :], lse_hi, lse_lo, mass,
-                              no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
-                              K, READS, CLASS_ID, FUSED, CLAMP)
-        p = body_w[:, None] + tl.arange(0, SPAN)[None, :]       # the last < SPAN entries
-        c = p - head[:, None]
-        on = (p < end_w[:, None]) & (c >= 0)
-        if FUSED:
-            x = tl.load(logits_ptr + base[:, None] + p, mask=on & live[:, None],
-                        other=NEG_INF).to(ACC)
-        else:
-            x = tl.zeros([ROWS, SPAN], ACC)
-        _token_grad_store(x, c, on, grad_ptr + base[:, None] + p, lse_hi, lse_lo, mass,
-                          no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
-                          K, READS, CLASS_ID, FUSED, CLAMP)
+        a = ((SPAN - row % SPAN) % SPAN).to(tl.int32)          # classes before the boundary
+        at = tl.multiple_of(row + a, SPAN)                     # 16-byte aligned
+        n_w = tl.maximum(tl.where(has_row, V_tok, 0) - a, 0)
+        n_w = tl.multiple_of(n_w - n_w % SPAN, SPAN)           # whole SPAN-groups
+        n_r = tl.multiple_of(tl.where(live, n_w, 0), SPAN)
     else:
-        # V_ALIGN divides V_tok: the masks change at multiples of it (vector loads and
-        # stores)
-        v_read = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
-        v_write = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
-        for v0 in range(0, V_tok, BLOCK_V):
-            v = v0 + offs
-            if FUSED:
-                x = tl.load(logits_ptr + row[:, None] + v[None, :],
-                            mask=v[None, :] < v_read[:, None], other=NEG_INF).to(ACC)
-            else:
-                x = tl.zeros([ROWS, BLOCK_V], ACC)
-            # (inline, not ``_token_grad_store``: through it this pass took 58-60 registers
-            # a thread on sm_90 with Triton 3.6, its mask made before g or after, 48 inline)
-            g = _token_grad(x, v[None, :], lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank,
-                            y, FUSED)
-            g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
-                          CLAMP)
-            out = v[None, :] < v_write[:, None]
+        a = tl.zeros([ROWS], tl.int32)
+        at = row
+        n_r = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
+        n_w = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
+    for v0 in range(0, V_tok, BLOCK_V):
+        v = v0 + offs
+        if SPAN > 0:
+            c = a[:, None] + v[None, :]                        # the classes
+        else:
+            c = v[None, :]
+        if FUSED:
+            x = tl.load(logits_ptr + at[:, None] + v[None, :],
+                        mask=v[None, :] < n_r[:, None], other=NEG_INF).to(ACC)
+        else:
+            x = tl.zeros([ROWS, BLOCK_V], ACC)
+        # (inline, not ``_token_grad_store``: through it this pass took 58-60 registers
+        # a thread on sm_90 with Triton 3.6, its mask made before g or after, 48 inline)
+        g = _token_grad(x, c, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+        g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
+                      CLAMP)
+        out = v[None, :] < n_w[:, None]
+        dst = grad_ptr + at[:, None] + v[None, :]
+        if N_CLS > 0:
+            # The fixed classes' columns are step 1's: a mask that changes at any entry
+            # (stores of an entry each), only in the chunks that may hold one of them
+            # (classes v0 + a + [0, BLOCK_V), a < max(SPAN, 1)).
+            fixed_here = v0 < 0
             for k in tl.static_range(K):
                 if READS[k] == 2:
-                    out = out & (v[None, :] != CLASS_ID[k])
-            tl.store(grad_ptr + row[:, None] + v[None, :], g.to(grad_ptr.dtype.element_ty),
-                     mask=out)
+                    fixed_here = fixed_here | ((CLASS_ID[k] >= v0)
+                                               & (CLASS_ID[k] < v0 + BLOCK_V + SPAN))
+            if fixed_here:
+                for k in tl.static_range(K):
+                    if READS[k] == 2:
+                        out = out & (c != CLASS_ID[k])
+                tl.store(dst, g.to(grad_ptr.dtype.element_ty), mask=out)
+            else:
+                tl.store(dst, g.to(grad_ptr.dtype.element_ty), mask=out)
+        else:
+            tl.store(dst, g.to(grad_ptr.dtype.element_ty), mask=out)
+    if SPAN > 0:
+        # The edges, an entry a load: the head (classes 0 .. a-1, lanes j < SPAN) and the
+        # tail (a + n_w .., lanes j >= SPAN), each fewer than SPAN classes.
+        j = tl.arange(0, 2 * SPAN)[None, :]
+        c = tl.where(j < SPAN, j, a[:, None] + n_w[:, None] + (j - SPAN))
+        on = (c < V_tok) & ((j >= SPAN) | (j < a[:, None])) & has_row[:, None]
+        if FUSED:
+            x = tl.load(logits_ptr + row[:, None] + c, mask=on & live[:, None],
+                        other=NEG_INF).to(ACC)
+        else:
+            x = tl.zeros([ROWS, 2 * SPAN], ACC)
+        _token_grad_store(x, c, on, grad_ptr + row[:, None] + c, lse_hi, lse_lo, mass,
+                          no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
+                          K, READS, CLASS_ID, FUSED, CLAMP)
 
 
 # --------------------------------------------------------------------------- input check
