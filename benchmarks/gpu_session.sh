@@ -55,6 +55,16 @@
 #                default) against the row's whole 16-byte groups (g, gpu.SPAN_GRAD) on 16,
 #                8 and 4 rows of 128 and 4 rows of 256; then the passes at s5 and big with
 #                gpu.SPAN_GRAD on (gpu_passes.py --set), every topology
+#   lattice_onchip  the lattice pass with its state in registers (gpu.LATTICE_ONCHIP, off
+#                until timed): rnnt-lattice check --device cuda --quick with it on, then
+#                gpu_passes.py --set LATTICE_ONCHIP=True at s3, s5 and big, every topology (the
+#                defaults' passes: row_lanes or passes_ours in the same session)
+#   switches     the three switches that are off until a GPU times them, at once (each acts
+#                on its own pass: gpu.ROW_LANES the row pass, gpu.SPAN_GRAD the gradient
+#                pass of rows that start anywhere, gpu.LATTICE_ONCHIP the lattice pass):
+#                rnnt-lattice check --device cuda --quick with all three on, then
+#                gpu_passes.py at s5, s5odd and big, every topology, with the defaults and
+#                with all three on, twice in turn (switches-off1, -on1, -off2, -on2)
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -130,6 +140,22 @@ for step in "$@"; do
               run grad_rows-on "${GRAD_ROWS_LIMIT:-90}" python3 benchmarks/gpu_passes.py \
                 --set SPAN_GRAD=True --shapes s5 big --variants regular tdt multiblank --peers \
                 --json "$out/grad_rows-on.json" ;;
+    lattice_onchip) run lattice_onchip-check "${ONCHIP_CHECK_LIMIT:-120}" python3 -c \
+                "import sys; from rnnt_lattice import gpu, cli; gpu.LATTICE_ONCHIP = True; sys.exit(cli.main(['check', '--device', 'cuda', '--quick']))"
+              run lattice_onchip "${ONCHIP_LIMIT:-90}" python3 benchmarks/gpu_passes.py \
+                --set LATTICE_ONCHIP=True --shapes s3 s5 big --variants regular tdt multiblank \
+                --peers --json "$out/lattice_onchip.json" ;;
+    switches) on="ROW_LANES=True SPAN_GRAD=True LATTICE_ONCHIP=True"
+              run switches-check "${SWITCHES_CHECK_LIMIT:-120}" python3 -c \
+                "import sys; from rnnt_lattice import gpu, cli; gpu.ROW_LANES = gpu.SPAN_GRAD = gpu.LATTICE_ONCHIP = True; sys.exit(cli.main(['check', '--device', 'cuda', '--quick']))"
+              for i in 1 2; do
+                run "switches-off$i" "${SWITCHES_LIMIT:-75}" python3 benchmarks/gpu_passes.py \
+                  --shapes s5 s5odd big --variants regular tdt multiblank --peers \
+                  --json "$out/switches-off$i.json"
+                run "switches-on$i" "${SWITCHES_LIMIT:-75}" python3 benchmarks/gpu_passes.py \
+                  --set $on --shapes s5 s5odd big --variants regular tdt multiblank --peers \
+                  --json "$out/switches-on$i.json"
+              done ;;
     launch_ab) i=0
               for m in 1 0 1 0; do
                 i=$((i + 1))

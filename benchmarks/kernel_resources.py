@@ -172,7 +172,8 @@ def variants(V_list):
         for U1 in (41, 81, 151):
             yield (f"_lattice_kernel {tname}", f"U+1={U1}", "_lattice_kernel",
                    dict(gpu._kernel_kinds(topo, "lattice"), MAX_SEMIRING=False,
-                        NAN_ROWS=True, BLOCK_U=gpu._block_u(U1), **terms),
+                        NAN_ROWS=True, BLOCK_U=gpu._block_u(U1), **terms,
+                        **gpu._onchip(U1, topo)),
                    gpu._lattice_warps(gpu._block_u(U1)), 1)
     yield ("_gamma_kernel regular", "-", "_gamma_kernel",
            dict(gpu._kernel_kinds(topology.regular(), "lattice"), SIGMA=False, DELAY_ON=False,

@@ -1,6 +1,6 @@
 """The lattice pass's diagonal loop as sm_90 runs it, read from its SASS without a GPU.
 
-    python benchmarks/lattice_sass.py [--sm 90] [--U1 41 81 151] [--load-latency 400]
+    python benchmarks/lattice_sass.py [--sm 90] [--U1 41 81 151] [--load-latency 400] [--onchip]
     PYTHONPATH=<another checkout>/src python benchmarks/lattice_sass.py     # its kernels
 
 ``kernels._lattice_kernel`` runs one program per sequence and direction, one lane per
@@ -27,6 +27,11 @@ table gives:
   multiply 5, ``MUFU`` 20, a global load ``--load-latency``, the barrier 30 after every
   outstanding result). A model, not a measurement: it ranks versions of the loop (fewer
   round trips to memory, shorter chains), and a GPU's timing (``gpu_passes.py``) decides.
+
+``--onchip``: the loop of ``gpu.LATTICE_ONCHIP`` (the last diagonals' alpha or beta in
+registers, a lane's neighbour read by a gather through shared memory, the next diagonal's
+weights loaded during this one): its loads are not waited for in the pass that issues
+them, and a diagonal takes at least one load latency.
 
 Compiles with the Triton installed (the GPU machine has Triton 3.6: run it with that one
 too, as ``kernel_resources.py``); needs Triton's ``nvdisasm`` (in its NVIDIA backend).
@@ -160,28 +165,39 @@ def loads_first(path: list[str]) -> tuple[int, int]:
     return (total if first is None else first), total
 
 
-def modelled_cycles(path: list[str], load_latency: int) -> int:
-    """One warp issuing ``path`` in order (see the module's docstring)."""
+def modelled_cycles(path: list[str], load_latency: int, ahead: bool = False) -> int:
+    """One warp issuing ``path`` in order (see the module's docstring). ``ahead`` (the
+    ``ONCHIP`` loop, whose loads are the next diagonal's): a load's result is not waited
+    for in the pass that issues it (neither by a barrier, which does not wait for a
+    register's load, nor at the end), and a diagonal takes at least one load latency."""
     latency = dict(LATENCY, load=load_latency)
-    ready, t = {}, 0
+    ready, t, loaded = {}, 0, set()
     for s in path:
         op, kind, dst, src = _parse(s)
         start = max([t] + [ready.get(r, 0) for r in src])
         if kind == "bar":
-            start = max([start, *ready.values()])
+            start = max([start, *(v for r, v in ready.items() if r not in loaded)])
         t = start + (2 if kind == "dp" else 1)
         for r in dst:
             ready[r] = start + latency[kind]
+            if ahead:
+                (loaded.add if kind == "load" else loaded.discard)(r)
+    if ahead:
+        return max([t, load_latency, *(v for r, v in ready.items() if r not in loaded)])
     return max([t, *ready.values()])
 
 
-def analyse(sm: int, U1_list, load_latency: int):
+def analyse(sm: int, U1_list, load_latency: int, onchip: bool = False):
     """Rows ``(topology, U+1, loop (1 or 2, code order), loads first, loads, instructions, float64 ops,
-    modelled cycles, registers, stack)``."""
+    modelled cycles, registers, stack)``; ``onchip``: compiled with ``ONCHIP`` (the state in
+    registers, where the grid's U + 1 fits one block of lanes), whose loads are the next
+    diagonal's (``modelled_cycles``'s ``ahead``)."""
     from rnnt_lattice.gpu import kernels
     for label, shape, name, const, warps, stages, *_ in kr.variants([1024]):
         if name != "_lattice_kernel" or int(shape.split("=")[1]) not in U1_list:
             continue
+        if onchip:
+            const = dict(const, ONCHIP=True)
         c = kr.compile_as_launched(kernels._lattice_kernel, const, warps, stages, sm)
         reg, stack = kr.resources(c.asm["cubin"])
         ins = sass_lines(c.asm["cubin"])
@@ -190,7 +206,7 @@ def analyse(sm: int, U1_list, load_latency: int):
             first, total = loads_first(path)
             dp = sum(_parse(s)[1] == "dp" for s in path)
             yield (label.split()[1], shape.split("=")[1], loop, first, total, len(path), dp,
-                   modelled_cycles(path, load_latency), reg, stack)
+                   modelled_cycles(path, load_latency, ahead=onchip), reg, stack)
 
 
 def main(argv=None) -> int:
@@ -200,14 +216,17 @@ def main(argv=None) -> int:
                     help="U + 1 of the BLOCK_U buckets compiled")
     ap.add_argument("--load-latency", type=int, default=LATENCY["load"],
                     help="cycles of a global load in the model")
+    ap.add_argument("--onchip", action="store_true",
+                    help="the state in registers (gpu.LATTICE_ONCHIP) instead of the default")
     args = ap.parse_args(argv)
     print(f"triton {triton.__version__}, sm_{args.sm}, the lattice kernel's diagonal loop "
-          f"(model: a load {args.load_latency} cycles)")
+          f"(model: a load {args.load_latency} cycles"
+          f"{'; ONCHIP: the loads are the next diagonal' + chr(39) + 's' if args.onchip else ''})")
     print("| topology | U+1 | loop | loads first / loads | instructions (float64) "
           "| modelled cycles a diagonal | registers | stack |")
     print("|---|---|---|---|---|---|---|---|")
     for topo, U1, loop, first, total, n, dp, cycles, reg, stack in analyse(
-            args.sm, args.U1, args.load_latency):
+            args.sm, args.U1, args.load_latency, args.onchip):
         print(f"| {topo} | {U1} | {loop} | {first} / {total} | {n} ({dp}) | {cycles} "
               f"| {reg} | {stack} |", flush=True)
     return 0

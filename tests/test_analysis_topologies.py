@@ -235,6 +235,31 @@ def test_best_alignment_matches_oracle(name, seed, backend):
                                                          **dict(kw, backend="torch")))
 
 
+@pytest.mark.parametrize("name", list(TOPOS))
+def test_lattice_state_in_registers(name, monkeypatch):
+    """``gpu.LATTICE_ONCHIP`` (off until a GPU times it): the lattice pass with the last
+    diagonals' alpha and beta held by the lanes, where one block of lanes holds a diagonal
+    (U + 1 = 4 here), gives the occupations and the best path (the max-plus sweep and its
+    best kinds) of the pass through the workspace, bit for bit, and both agree with the
+    oracle."""
+    from rnnt_lattice import gpu
+    topo, logits, targets, tl, ul, blank = _batch(name)
+    kw = dict(blank=blank, backend="triton", **_kw(name))
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(gpu, "LATTICE_ONCHIP", on)
+        assert gpu._onchip(U + 1, topo)["ONCHIP"] == on
+        got[on] = (rnnt_lattice.best_alignment(logits, targets, tl, ul, **kw),
+                   rnnt_lattice.occupancy(logits, targets, tl, ul, **kw))
+    (ali, occ), (ali0, occ0) = got[True], got[False]
+    _check_alignment(ali, occ, topo, logits, targets, tl, ul, blank)
+    assert torch.equal(ali.log_prob, ali0.log_prob)
+    for f in ARC_FIELDS:
+        assert torch.equal(getattr(ali, f), getattr(ali0, f)), f
+    for f in ("node", "gamma_blank", "gamma_label", "gamma", "log_likelihood"):
+        assert torch.equal(getattr(occ, f), getattr(occ0, f)), f
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["modified", "tdt"])
 def test_best_alignment_with_sigma_and_delay_penalty(name, backend):

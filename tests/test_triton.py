@@ -562,8 +562,14 @@ def variants(sm):
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
                                         **where), fp32)
             for semiring in (False, True):
-                yield ("_lattice_kernel", dict(kinds("lattice"), BOUNDARY=on, MAX_SEMIRING=semiring,
-                                               NAN_ROWS=on, BLOCK_U=256, **terms), fp32)
+                # the lattice's state in registers (gpu.LATTICE_ONCHIP, off by default): sm_90
+                for onchip in ((False, True) if sm == 90 and (not semiring or not on)
+                               else (False,)):
+                    yield ("_lattice_kernel", dict(kinds("lattice"), BOUNDARY=on,
+                                                   MAX_SEMIRING=semiring, NAN_ROWS=on,
+                                                   BLOCK_U=256, **terms, ONCHIP=onchip,
+                                                   DEPTH=gpu._onchip(256, topo)["DEPTH"]),
+                           fp32)
             yield "_gamma_kernel", dict(kinds("lattice"), BOUNDARY=on, BLOCK=512, **terms), fp32
             yield "_reads_kernel", dict(kinds("reads"), BOUNDARY=on, BLOCK=512, **terms), fp32
     yield "_window_dp_kernel", dict(BLOCK_S=128), fp32        # prune_ranges' window DP

@@ -127,6 +127,42 @@ def test_loss_and_gradient(topo_name, option, monkeypatch):
         check(costs, grad, *ref, torch.float32, pad=~region)
 
 
+@pytest.mark.parametrize("option", ["plain", "logprob_boundary"])
+@pytest.mark.parametrize("topo_name", TOPOLOGIES)
+def test_lattice_state_in_registers(topo_name, option, monkeypatch):
+    """``gpu.LATTICE_ONCHIP`` (off until a GPU times it): the lattice pass with the last
+    diagonals' alpha and beta held by the lanes (U + 1 = 4 lanes: one block a diagonal),
+    each diagonal's weights loaded while the one before is combined. The costs and
+    gradients of the pass through the workspace bit for bit, and the float64 reference's;
+    float32 logits too (plain); in log-prob mode also with a +inf log-prob, whose +inf
+    alpha and beta meet the -inf weight of every kind that is not an arc there (the end
+    frame, past the last label): -inf, not NaN, as through the workspace."""
+    opts = OPTIONS[option]
+    logits, targets, tl, ul, topo, blank, bnd = inputs(RAGGED, topo_name, opts)
+    up = upstream_weights(logits.shape[0])
+    ref = reference_costs_grad(logits, targets, tl, ul, topo, blank, opts, up, bnd)
+    region = reference.Ends.of(tl, ul, bnd).region(logits.shape[1], logits.shape[2])
+    xs = (logits, logits.float()) if option == "plain" else (logits, logits.clone())
+    if option != "plain":
+        xs[1][0, 1, 0, :] = float("inf")             # every kind's log-prob at node (1, 0)
+    for i, x in enumerate(xs):
+        got = {}
+        for on in (False, True):
+            monkeypatch.setattr(gpu, "LATTICE_ONCHIP", on)
+            assert gpu._onchip(logits.shape[2], topo)["ONCHIP"] == on
+            got[on] = triton_costs_grad(x, targets, tl, ul, topo, blank, opts,
+                                        up.to(x.dtype), boundary=bnd)
+        for a, b in zip(got[True], got[False]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        if option != "plain" and i == 1:
+            continue                                 # no reference value for a +inf log-prob
+        if x.dtype == torch.float64:
+            check(*got[True], *ref, torch.float64, pad=~region)
+        else:
+            check(*got[True], *reference_costs_grad(x, targets, tl, ul, topo, blank, opts, up,
+                                                    bnd), torch.float32, pad=~region)
+
+
 # V = 8: rows 16-byte aligned in float64 (RAGGED's V = 6 reads its rows from their span)
 ALIGNED = Case("aligned", (5, 3), (2, 1), 8, 0, T=6, U=3)
 

@@ -144,6 +144,12 @@ RESCUE_BLOCK_NODES = 256
 # thread's loads of a diagonal all issue before the first is used (sm_90 SASS: TDT's nine
 # kinds in 62 registers; two lanes a thread took 126 and interleaved loads with the max).
 LATTICE_LANES = 1
+# The lattice pass with the recursion's state in registers (``kernels._lattice_kernel``'s
+# ONCHIP: the last diagonals' alpha / beta held by the lanes, a lane's neighbour read by a
+# gather, each diagonal's weights loaded while the one before is combined), where one block
+# of lanes holds a diagonal (U + 1 <= BLOCK_U). Off until a GPU times it (docs/benchmarks.md,
+# "The lattice's state in registers").
+LATTICE_ONCHIP = False
 
 LATTICE_DTYPE = torch.float64
 
@@ -222,6 +228,14 @@ def _block_u(U1: int) -> int:
     if U1 <= small:
         return small
     return min(BLOCK_U, 2 * small) if U1 <= 2 * small else BLOCK_U
+
+
+def _onchip(U1: int, topo: Topology) -> dict:
+    """``kernels._lattice_kernel``'s ``ONCHIP`` (:data:`LATTICE_ONCHIP`, where one block of
+    lanes holds a diagonal) and ``DEPTH`` (the most diagonals a kind steps, ``dt + du``)."""
+    kinds = _kinds(topo)
+    return dict(ONCHIP=LATTICE_ONCHIP and U1 <= _block_u(U1),
+                DEPTH=max(dt + du for dt, du in zip(kinds["DT"], kinds["DU"])))
 
 
 def _lattice_warps(block_u: int) -> int:
@@ -580,7 +594,7 @@ def _tile_constants() -> tuple:
             tuple(V_PASS_TILES.get("span", ())), tuple(V_PASS_TILES.get("grad_span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
             BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD,
-            ROW_PREFETCH, ROW_LANES)
+            ROW_PREFETCH, ROW_LANES, LATTICE_ONCHIP)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
@@ -604,7 +618,7 @@ def _lattice_plan(topo: Topology, sigma: float, delay_penalty: float, lay: _Layo
             *_f64_parts(sigma), *_f64_parts(delay_penalty))
     kw = dict(_kernel_kinds(topo, "lattice"), **_terms(topo, sigma, delay_penalty),
               MAX_SEMIRING=max_semiring, NAN_ROWS=nan_rows, BLOCK_U=_block_u(lay.U1),
-              BOUNDARY=boundary,
+              BOUNDARY=boundary, **_onchip(lay.U1, topo),
               # num_stages=1: no load is issued ahead of the barrier that makes the
               # earlier diagonals visible.
               num_warps=_lattice_warps(_block_u(lay.U1)), num_stages=1)
@@ -904,7 +918,7 @@ def lattice_of_terms(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends,
                 corners, T, U1,       # best_kind_ptr: never read (MAX_SEMIRING=False)
                 *lay.offsets("o_nb", "o_lp", "o_alpha", "o_beta", "o_ll"), *sigma, *delay,
                 **kinds, **terms, MAX_SEMIRING=False, NAN_ROWS=False, BLOCK_U=_block_u(U1),
-                BOUNDARY=True,
+                BOUNDARY=True, **_onchip(U1, topo),
                 num_warps=_lattice_warps(_block_u(U1)), num_stages=1)
             if n_nodes:
                 block = _pow2(n_nodes, BLOCK_NODES)

@@ -648,6 +648,80 @@ def _lse_kinds(xs, K: tl.constexpr, MAX_SEMIRING: tl.constexpr):
     return tl.where((mx == NEG_INF) & (s == s), mx, mx + tl.log(s)), best
 
 
+@triton.jit
+def _alpha_weights(d, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma, delay_penalty,
+                   none, K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr,
+                   PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
+                   SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+    """``ONCHIP``'s alpha: the weights of the K kinds' arcs into the nodes ``(d - u, u)`` of
+    diagonal ``d`` (lanes ``u``), a tuple of ``[BLOCK_U]``: -inf off the arcs (loaded
+    unpredicated, as ``_gather``'s)."""
+    t = d - u
+    on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
+    at = t * s_t + u * s_u
+    ws = ()
+    for k in tl.static_range(K):
+        st = t - DT[k]
+        ok = (on & (st >= t0) & (st < t1) & (u - DU[k] >= u0)
+              & _lands(t, u, t1, u1, MAY_END[k]))
+        src = at - (DT[k] * s_t + DU[k] * s_u)
+        ws = ws + (_arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
+                               delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                               DELAY_ON, True),)
+    return ws
+
+
+@triton.jit
+def _beta_weights(d, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma, delay_penalty,
+                  none, K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr,
+                  PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
+                  SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
+    """``ONCHIP``'s beta: the weights of the K kinds' arcs leaving the nodes of diagonal
+    ``d`` (as :func:`_alpha_weights`)."""
+    t = d - u
+    on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
+    at = t * s_t + u * s_u
+    ws = ()
+    for k in tl.static_range(K):
+        ok = on & (t < t1) & _lands(t + DT[k], u + DU[k], t1, u1, MAY_END[k])
+        ws = ws + (_arc_weight(lp_b + k * plane, nb_b, at, s_u, t, t1, ok, sigma,
+                               delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                               DELAY_ON, True),)
+    return ws
+
+
+@triton.jit
+def _shift(x, u, BY: tl.constexpr):
+    """``x[u - BY]`` at lane u (BY = 1 or -1), -inf where that lane is outside the block: a
+    gather across the program's lanes (through shared memory, with its barriers)."""
+    BLOCK: tl.constexpr = x.shape[0]
+    v = tl.gather(x, tl.minimum(tl.maximum(u - BY, 0), BLOCK - 1), 0)
+    return tl.where((u - BY >= 0) & (u - BY < BLOCK), v, NEG_INF)
+
+
+@triton.jit
+def _ring_start(u, lane, DEPTH: tl.constexpr, BY: tl.constexpr):
+    """The diagonals' ring before the first diagonal: the start node's 0 at ``lane``, -inf
+    on every other lane and on the ``DEPTH - 1`` diagonals before it; and the same shifted
+    ``BY`` lanes (:func:`_shift`)."""
+    hist = (tl.where(u == lane, 0.0, NEG_INF).to(tl.float64),)
+    for j in tl.static_range(DEPTH - 1):
+        hist = hist + (tl.full(u.shape, NEG_INF, tl.float64),)
+    hist_s = ()
+    for j in tl.static_range(DEPTH):
+        hist_s = hist_s + (_shift(hist[j], u, BY),)
+    return hist, hist_s
+
+
+@triton.jit
+def _push(hist, x, DEPTH: tl.constexpr):
+    """``(x, hist[0], ..., hist[DEPTH - 2])``: the diagonals' ring, newest first."""
+    out = (x,)
+    for j in tl.static_range(DEPTH - 1):
+        out = out + (hist[j],)
+    return out
+
+
 @triton.jit(do_not_specialize=_SHAPES + _WS)
 def _lattice_kernel(
     # data ptrs
@@ -664,6 +738,7 @@ def _lattice_kernel(
     # flags
     SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BOUNDARY: tl.constexpr,
     MAX_SEMIRING: tl.constexpr, NAN_ROWS: tl.constexpr, BLOCK_U: tl.constexpr,
+    ONCHIP: tl.constexpr, DEPTH: tl.constexpr,
 ):
     """alpha (program ``(b, 0)``) or beta (program ``(b, 1)``) of sequence b for any
     topology, along anti-diagonals ``d = t + u`` of the node grid ``[t0, t1] x [u0, u1]``
@@ -702,7 +777,15 @@ def _lattice_kernel(
     ``best_kind (B, T+1, U+1)`` int8, the kind of the best arc into each node (the first
     kind on an exact tie; -1 where no finite path arrives; the start node and nodes off the
     region are not written), so that a backtrack only follows pointers. Launch with grid
-    ``(B, 1)`` for alpha alone."""
+    ``(B, 1)`` for alpha alone.
+
+    ``ONCHIP`` (the grid's U + 1 within ``BLOCK_U``: lane = label position, one block a
+    diagonal): the last ``DEPTH`` diagonals (the most a kind steps, ``dt + du``) stay in
+    registers, those a lane over read by a gather across the lanes (``_shift``), and each
+    diagonal's weights are loaded while the one before is combined; the same sums in the
+    same order, so the same alpha and beta wherever log P is not NaN; the gather's
+    barriers stand for the one after each diagonal, and alpha and beta are never read back
+    from the workspace."""
     b = tl.program_id(0).to(tl.int64)
     t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, b >= 0, T,
                            U1, BOUNDARY)
@@ -730,35 +813,78 @@ def _lattice_kernel(
         tl.store(alpha_b + t0 * s_t + u0 * s_u, tl.zeros([], tl.float64), mask=has_path)
         tl.debug_barrier()
         nan_arcs = tl.zeros([BLOCK_U], tl.int32)
-        for i in range(0, n_diag):
-            d = d0 + 1 + i
-            u_lo = tl.maximum(d - t1, u0)
-            u_hi = tl.minimum(d - t0, u1)
-            for ub in range(u_lo, u_hi + 1, BLOCK_U):
-                u = ub + offs
-                t = d - u
-                on = u <= u_hi
-                at = t * s_t + u * s_u           # adjacent along the diagonal (_skew)
-                # Every kind's loads first, then the log-sum-exp (_lse_kinds).
+        if ONCHIP:
+            # One block of lanes holds a whole diagonal (lane = u): the last DEPTH
+            # diagonals' alpha stay in registers (``hist[j]``: diagonal d - 1 - j; ``hist_s``
+            # the same a lane over, for the kinds with du = 1); each diagonal's weights load
+            # while the one before is combined, and nothing of the recursion goes through
+            # global memory (alpha is stored for the gradient only). A kind that is no arc
+            # into a node adds its -inf weight to a source that is -inf (off its diagonal's
+            # nodes) or finite, or NaN from a NaN or +inf weight, which makes log P NaN
+            # anyway: no select after the sum (the workspace's path gathers -inf there).
+            u = offs
+            hist, hist_s = _ring_start(u, u0, DEPTH, 1)
+            ws = _alpha_weights(d0 + 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
+                                delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY,
+                                MAY_END, SIGMA, DELAY_ON)
+            for i in range(0, n_diag):
+                d = d0 + 1 + i
+                ws_next = _alpha_weights(
+                    d + 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
+                    delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY, MAY_END, SIGMA,
+                    DELAY_ON)
                 xs = ()
                 for k in tl.static_range(K):
-                    st = t - DT[k]
-                    su = u - DU[k]
-                    ok = (on & (st >= t0) & (st < t1) & (su >= u0)
-                          & _lands(t, u, t1, u1, MAY_END[k]))
-                    src = at - (DT[k] * s_t + DU[k] * s_u)      # the source (st, su)
-                    w = _arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
-                                    delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
-                                    DELAY_ON, True)
-                    nan_arcs = nan_arcs | (w != w).to(tl.int32)
-                    xs = xs + (_gather(alpha_b, src, ok, none, True) + w,)
+                    tl.static_assert(DU[k] <= 1)
+                    if DU[k] == 0:
+                        a = hist[DT[k] - 1]
+                    else:
+                        a = hist_s[DT[k]]
+                    nan_arcs = nan_arcs | (ws[k] != ws[k]).to(tl.int32)
+                    xs = xs + (a + ws[k],)
                 acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
-                tl.store(alpha_b + at, acc, mask=on)
-                if MAX_SEMIRING:                 # best_kind (B, T+1, U+1): node order
+                t = d - u
+                on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
+                tl.store(alpha_b + t * s_t + u * s_u, acc, mask=on)
+                if MAX_SEMIRING:
                     best = tl.where(acc > NEG_INF, best, -1)
                     tl.store(best_kind_ptr + b * (T + 1) * U1 + t * U1 + u, best.to(tl.int8),
                              mask=on)
+                acc = tl.where(on, acc, NEG_INF)
+                hist = _push(hist, acc, DEPTH)
+                hist_s = _push(hist_s, _shift(acc, u, 1), DEPTH)
+                ws = ws_next
             tl.debug_barrier()
+        else:
+            for i in range(0, n_diag):
+                d = d0 + 1 + i
+                u_lo = tl.maximum(d - t1, u0)
+                u_hi = tl.minimum(d - t0, u1)
+                for ub in range(u_lo, u_hi + 1, BLOCK_U):
+                    u = ub + offs
+                    t = d - u
+                    on = u <= u_hi
+                    at = t * s_t + u * s_u           # adjacent along the diagonal (_skew)
+                    # Every kind's loads first, then the log-sum-exp (_lse_kinds).
+                    xs = ()
+                    for k in tl.static_range(K):
+                        st = t - DT[k]
+                        su = u - DU[k]
+                        ok = (on & (st >= t0) & (st < t1) & (su >= u0)
+                              & _lands(t, u, t1, u1, MAY_END[k]))
+                        src = at - (DT[k] * s_t + DU[k] * s_u)      # the source (st, su)
+                        w = _arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
+                                        delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                                        DELAY_ON, True)
+                        nan_arcs = nan_arcs | (w != w).to(tl.int32)
+                        xs = xs + (_gather(alpha_b, src, ok, none, True) + w,)
+                    acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
+                    tl.store(alpha_b + at, acc, mask=on)
+                    if MAX_SEMIRING:                 # best_kind (B, T+1, U+1): node order
+                        best = tl.where(acc > NEG_INF, best, -1)
+                        tl.store(best_kind_ptr + b * (T + 1) * U1 + t * U1 + u, best.to(tl.int8),
+                                 mask=on)
+                tl.debug_barrier()
         log_like = tl.load(alpha_b + t1 * s_t + u1 * s_u, mask=has_path, other=NEG_INF)
         log_like = tl.where(tl.max(nan_arcs, axis=0) > 0, POS_INF + NEG_INF, log_like)
         tl.store(ws_ptr + o_ll + b, log_like)
@@ -770,28 +896,59 @@ def _lattice_kernel(
         beta_b = ws_ptr + o_beta + base
         tl.store(beta_b + t1 * s_t + u1 * s_u, tl.zeros([], tl.float64), mask=has_path)
         tl.debug_barrier()
-        for i in range(0, n_diag):
-            d = d1 - 1 - i
-            u_lo = tl.maximum(d - t1, u0)
-            u_hi = tl.minimum(d - t0, u1)
-            for ub in range(u_lo, u_hi + 1, BLOCK_U):
-                u = ub + offs
-                t = d - u
-                on = u <= u_hi
-                at = t * s_t + u * s_u           # adjacent along the diagonal (_skew)
+        if ONCHIP:
+            # As alpha's, mirrored: hist[j] is beta of diagonal d + 1 + j, hist_s its lane
+            # u + 1 at lane u.
+            u = offs
+            hist, hist_s = _ring_start(u, u1, DEPTH, -1)
+            ws = _beta_weights(d1 - 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
+                               delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY,
+                               MAY_END, SIGMA, DELAY_ON)
+            for i in range(0, n_diag):
+                d = d1 - 1 - i
+                ws_next = _beta_weights(
+                    d - 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
+                    delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY, MAY_END, SIGMA,
+                    DELAY_ON)
                 xs = ()
                 for k in tl.static_range(K):
-                    lt = t + DT[k]
-                    lu = u + DU[k]
-                    ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
-                    w = _arc_weight(lp_b + k * plane, nb_b, at, s_u, t, t1, ok, sigma,
-                                    delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
-                                    DELAY_ON, True)
-                    dst = at + (DT[k] * s_t + DU[k] * s_u)      # the landing (lt, lu)
-                    xs = xs + (w + _gather(beta_b, dst, ok, none, True),)
+                    tl.static_assert(DU[k] <= 1)
+                    if DU[k] == 0:
+                        nb = hist[DT[k] - 1]
+                    else:
+                        nb = hist_s[DT[k]]
+                    xs = xs + (ws[k] + nb,)
                 acc, _ = _lse_kinds(xs, K, MAX_SEMIRING)
-                tl.store(beta_b + at, acc, mask=on)
-            tl.debug_barrier()
+                t = d - u
+                on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
+                tl.store(beta_b + t * s_t + u * s_u, acc, mask=on)
+                acc = tl.where(on, acc, NEG_INF)
+                hist = _push(hist, acc, DEPTH)
+                hist_s = _push(hist_s, _shift(acc, u, -1), DEPTH)
+                ws = ws_next
+        else:
+            for i in range(0, n_diag):
+                d = d1 - 1 - i
+                u_lo = tl.maximum(d - t1, u0)
+                u_hi = tl.minimum(d - t0, u1)
+                for ub in range(u_lo, u_hi + 1, BLOCK_U):
+                    u = ub + offs
+                    t = d - u
+                    on = u <= u_hi
+                    at = t * s_t + u * s_u           # adjacent along the diagonal (_skew)
+                    xs = ()
+                    for k in tl.static_range(K):
+                        lt = t + DT[k]
+                        lu = u + DU[k]
+                        ok = on & (t < t1) & _lands(lt, lu, t1, u1, MAY_END[k])
+                        w = _arc_weight(lp_b + k * plane, nb_b, at, s_u, t, t1, ok, sigma,
+                                        delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
+                                        DELAY_ON, True)
+                        dst = at + (DT[k] * s_t + DU[k] * s_u)      # the landing (lt, lu)
+                        xs = xs + (w + _gather(beta_b, dst, ok, none, True),)
+                    acc, _ = _lse_kinds(xs, K, MAX_SEMIRING)
+                    tl.store(beta_b + at, acc, mask=on)
+                tl.debug_barrier()
 
 
 @triton.jit
