@@ -649,42 +649,28 @@ def _lse_kinds(xs, K: tl.constexpr, MAX_SEMIRING: tl.constexpr):
 
 
 @triton.jit
-def _alpha_weights(d, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma, delay_penalty,
-                   none, K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr,
-                   PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
-                   SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
-    """``ONCHIP``'s alpha: the weights of the K kinds' arcs into the nodes ``(d - u, u)`` of
-    diagonal ``d`` (lanes ``u``), a tuple of ``[BLOCK_U]``: -inf off the arcs (loaded
-    unpredicated, as ``_gather``'s)."""
-    t = d - u
-    on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
-    at = t * s_t + u * s_u
-    ws = ()
-    for k in tl.static_range(K):
-        st = t - DT[k]
-        ok = (on & (st >= t0) & (st < t1) & (u - DU[k] >= u0)
-              & _lands(t, u, t1, u1, MAY_END[k]))
-        src = at - (DT[k] * s_t + DU[k] * s_u)
-        ws = ws + (_arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
-                               delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
-                               DELAY_ON, True),)
-    return ws
-
-
-@triton.jit
-def _beta_weights(d, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma, delay_penalty,
+def _diag_weights(d, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma, delay_penalty,
                   none, K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr,
                   PLUS_NEXT_BLANK: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
-                  SIGMA: tl.constexpr, DELAY_ON: tl.constexpr):
-    """``ONCHIP``'s beta: the weights of the K kinds' arcs leaving the nodes of diagonal
-    ``d`` (as :func:`_alpha_weights`)."""
+                  SIGMA: tl.constexpr, DELAY_ON: tl.constexpr, BETA: tl.constexpr):
+    """``ONCHIP``'s weights of diagonal ``d`` (lanes ``u``, nodes ``(d - u, u)``), a tuple
+    of K ``[BLOCK_U]``: each kind's arcs into the nodes (alpha) or leaving them (``BETA``),
+    -inf off the arcs (loaded unpredicated, as ``_gather``'s)."""
     t = d - u
     on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
     at = t * s_t + u * s_u
     ws = ()
     for k in tl.static_range(K):
-        ok = on & (t < t1) & _lands(t + DT[k], u + DU[k], t1, u1, MAY_END[k])
-        ws = ws + (_arc_weight(lp_b + k * plane, nb_b, at, s_u, t, t1, ok, sigma,
+        if BETA:                                         # the arc leaves (t, u)
+            st = t
+            ok = on & (t < t1) & _lands(t + DT[k], u + DU[k], t1, u1, MAY_END[k])
+            src = at
+        else:                                            # the arc comes from (st, u - du)
+            st = t - DT[k]
+            ok = (on & (st >= t0) & (st < t1) & (u - DU[k] >= u0)
+                  & _lands(t, u, t1, u1, MAY_END[k]))
+            src = at - (DT[k] * s_t + DU[k] * s_u)
+        ws = ws + (_arc_weight(lp_b + k * plane, nb_b, src, s_u, st, t1, ok, sigma,
                                delay_penalty, none, PLUS_NEXT_BLANK[k], DELAY[k], SIGMA,
                                DELAY_ON, True),)
     return ws
@@ -824,15 +810,15 @@ def _lattice_kernel(
             # anyway: no select after the sum (the workspace's path gathers -inf there).
             u = offs
             hist, hist_s = _ring_start(u, u0, DEPTH, 1)
-            ws = _alpha_weights(d0 + 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
-                                delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY,
-                                MAY_END, SIGMA, DELAY_ON)
+            ws = _diag_weights(d0 + 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
+                               delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY, MAY_END,
+                               SIGMA, DELAY_ON, False)
             for i in range(0, n_diag):
                 d = d0 + 1 + i
-                ws_next = _alpha_weights(
+                ws_next = _diag_weights(
                     d + 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
                     delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY, MAY_END, SIGMA,
-                    DELAY_ON)
+                    DELAY_ON, False)
                 xs = ()
                 for k in tl.static_range(K):
                     tl.static_assert(DU[k] <= 1)
@@ -901,15 +887,15 @@ def _lattice_kernel(
             # u + 1 at lane u.
             u = offs
             hist, hist_s = _ring_start(u, u1, DEPTH, -1)
-            ws = _beta_weights(d1 - 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
-                               delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY,
-                               MAY_END, SIGMA, DELAY_ON)
+            ws = _diag_weights(d1 - 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
+                               delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY, MAY_END,
+                               SIGMA, DELAY_ON, True)
             for i in range(0, n_diag):
                 d = d1 - 1 - i
-                ws_next = _beta_weights(
+                ws_next = _diag_weights(
                     d - 1, u, t0, u0, t1, u1, s_t, s_u, lp_b, nb_b, plane, sigma,
                     delay_penalty, none, K, DT, DU, PLUS_NEXT_BLANK, DELAY, MAY_END, SIGMA,
-                    DELAY_ON)
+                    DELAY_ON, True)
                 xs = ()
                 for k in tl.static_range(K):
                     tl.static_assert(DU[k] <= 1)
