@@ -525,7 +525,11 @@ def variants(sm):
     boundary and node_rows on (float32; TDT also bfloat16); the lattice pass in both
     semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
     the lattice tools, the window DP of prune_ranges, the simple losses' rescue, rows
-    and arc terms, and do_rnnt_pruning's backward.\"\"\"
+    and arc terms, and do_rnnt_pruning's backward; each with the warps and pipeline stages
+    it is launched with (``LAUNCH``: the lattice pass in one stage, the joiner's passes over
+    16 warps; compiled with Triton's defaults, 4 warps and 3 stages, they were other
+    kernels than the launched ones, and the joiner's took 5-6x longer to compile, spilling
+    kilobytes).\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
     fp32 = [("fp32", "i64")]
     topologies = {"regular": topology.regular(), "constrained": topology.constrained(),
@@ -620,17 +624,30 @@ def variants(sm):
                     flags["CLAMP"] = True
                 else:
                     flags["WIDE"] = on
-                yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)]
+                launched = {k: v for k, v in joint._tiles(which, half[x]).items()
+                            if k.startswith("num_")}
+                yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)], launched
     yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
                                           BLOCK_H=joint.ACT_GRAD_BLOCK_H), [("fp32", "i64")])
 
+
+# The warps and pipeline stages of the launches (gpu/__init__.py) at the blocks above; the
+# kernels not named launch with Triton's defaults (4 warps, 3 stages), the joiner's passes
+# name theirs in their variants (joint._tiles).
+LAUNCH = {"_row_kernel": dict(num_warps=gpu.NUM_WARPS_V),
+          "_grad_kernel": dict(num_warps=gpu.NUM_WARPS_V),
+          "_lattice_kernel": dict(num_warps=gpu._lattice_warps(256), num_stages=1),
+          "_window_dp_kernel": dict(num_warps=gpu._window_dp_warps(128)),
+          "_arc_terms_kernel": dict(num_warps=gpu.ARC_WARPS),
+          "_arc_terms_grad_kernel": dict(num_warps=gpu.ARC_WARPS)}
 
 n = 0
 shard, shards = map(int, sys.argv[1].split("/"))   # this process compiles every shards-th
 i = 0
 for sm in map(int, sys.argv[2:]):
     target = GPUTarget("cuda", sm, 32)
-    for name, const0, dtypes in variants(sm):
+    for name, const0, dtypes, *launched in variants(sm):
+        options = launched[0] if launched else LAUNCH.get(name, {})
         fn = getattr(joint if name.startswith("_joint") else kernels, name)
         params = list(inspect.signature(fn.fn).parameters)
         for x, idt in dtypes:
@@ -648,7 +665,7 @@ for sm in map(int, sys.argv[2:]):
             if "COSTS32" in params:                   # as launched: float32 costs
                 const["COSTS32"] = costs == "fp32"
             sig = signature(fn, const, x, idt, costs)
-            compiled = triton.compile(ASTSource(fn, sig, const), target=target)
+            compiled = triton.compile(ASTSource(fn, sig, const), target=target, options=options)
             assert compiled.asm["cubin"], (name, sm, x, const)
             # what Triton 3.6 (the H100's) would not compile
             hazards = thread_locality_hazards(compiled.asm["ttir"])
