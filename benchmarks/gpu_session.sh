@@ -30,9 +30,12 @@
 #                read from their aligned span (the default) against a load per element
 #   passes_ours  the same without the peers and the sweep (s3, s5, big)
 #   joint_j1     the joiner's training step at j1 (32, 400, 100, 1024), H = 512, bf16
-#                autocast: the full pipeline against the joiner's kernel path
+#                autocast: the full pipeline against the tile path (fused_rnnt_loss with the
+#                model's own joiner: cuBLAS products, the V passes on each tile's logits)
+#                and the joiner's kernel path
 #   joint_tiles  benchmarks/joint_tiles.py at j1, H = 512, bf16: the kernel path's block
-#                choices and its step by kernel
+#                choices (joint.TILES' FLATTEN among them), each against the default's bits,
+#                and its step by kernel
 #   joint_tiles_tf32  the same sweep with float32 inputs and TF32 products, and float32's own
 #                choices with more pipeline stages (joint_tiles.F32_CANDIDATES)
 #   joint_tf32   the joiner's step at j1 with float32 inputs and TF32 products
@@ -104,8 +107,8 @@ for step in "$@"; do
               --json "$out/tdt_sweep.json" ;;
     passes_ours) run passes_ours "${PASSES_OURS_LIMIT:-90}" python3 benchmarks/gpu_passes.py --shapes s3 s5 big \
               --variants regular tdt multiblank --peers --json "$out/passes_ours.json" ;;
-    joint_j1) run joint_j1 70 python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
-              --hidden 512 --ways full joint --precision bf16 --reps 3 --warmup 1 \
+    joint_j1) run joint_j1 "${JOINT_J1_LIMIT:-100}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
+              --hidden 512 --ways full fused joint --precision bf16 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
     joint_tiles) run joint_tiles "${JOINT_TILES_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision bf16 --reps 3 --json "$out/joint_tiles.json" ;;

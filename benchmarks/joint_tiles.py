@@ -7,10 +7,11 @@ One training step of ``fused_pipeline.py``'s model with the ``joint`` way (an
 ``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path) is timed (CUDA
 events, median of ``--reps`` after one warm-up, which compiles) with each entry of
 :data:`CANDIDATES` (and for float32 operands :data:`F32_CANDIDATES`, with their own
-pipeline stages) in place of ``gpu.joint.TILES``; then the CUDA time of the default's
-step by kernel (the row pass, the lattice, the coefficients, the gradient pass, the
-products, the act-grad pass). Prints a table and writes ``--json`` if given. Without a
-CUDA device it exits at once with a message (status 2).
+pipeline stages) in place of ``gpu.joint.TILES``, each step's loss and gradients compared
+with the default's (the same bits, or the largest relative difference); then the CUDA time
+of the default's step by kernel (the row pass, the lattice, the coefficients, the gradient
+pass, the products, the act-grad pass). Prints a table and writes ``--json`` if given.
+Without a CUDA device it exits at once with a message (status 2).
 """
 from __future__ import annotations
 
@@ -29,14 +30,22 @@ import shapes                     # noqa: E402
 # Block choices (row pass, gradient pass): BLOCK_N nodes x BLOCK_V classes per program,
 # BLOCK_H of H per product step, warps, pipeline stages. "default" is gpu/joint.py's.
 CANDIDATES = {
-    "128x128x64 w16 / 128x64x32 w8": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
-                                      dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, num_warps=8, num_stages=3)),
-    "128x128x64 w16 / 128x128x32 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
-                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
-    "128x128x64 w16 / 128x128x64 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
-                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3)),
-    "128x128x64 w16 s4 / 128x128x32 w16 s4": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=4),
-                                              dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4)),
+    "128x128x64 w16 / 128x64x32 w8": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False),
+                                      dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, num_warps=8, num_stages=3, FLATTEN=False)),
+    "128x128x64 w16 / 128x128x32 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False),
+                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
+    "128x128x64 w16 / 128x128x64 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False),
+                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False)),
+    "128x128x64 w16 s4 / 128x128x32 w16 s4": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=4, FLATTEN=False),
+                                              dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4, FLATTEN=False)),
+    # The default's blocks with the loop over blocks of classes and the loop over H as one
+    # (``joint.TILES``' FLATTEN): the next block's loads issue before the block's epilogue.
+    "128x128x64 w16 flat / 128x128x64 w16": (
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=True),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False)),
+    "128x128x64 w16 flat / 128x128x64 w16 flat": (
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=True),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=True)),
     # Of nine choices compiled for sm_90 (bf16, H = 512: 128 or 64 nodes, 64 to 256
     # classes, 32 or 64 of H, 4 to 16 warps), the only one that puts two programs on a
     # multiprocessor, so that one's epilogue (the log-sum-exp, the gradient's formula) can
@@ -44,8 +53,8 @@ CANDIDATES = {
     # spills 32 bytes), 72 KiB of shared memory; the others hold the whole register file
     # with one program. (256x64x32 w16, 25.67 ms against the default's 21.81 in bf16, made
     # room for it.)
-    "64x128x64 w4 / 64x128x64 w4": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3),
-                                    dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3)),
+    "64x128x64 w4 / 64x128x64 w4": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False),
+                                    dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False)),
 }
 # Float32 operands (--precision fp32, tf32) run every choice above in two pipeline stages
 # (``joint.WIDE[4]``: three [128, 64] float32 blocks of h and W need more shared memory than
@@ -54,14 +63,14 @@ CANDIDATES = {
 # 3.6 for sm_90: 128 registers, no spill (the gradient pass at four stages spills 8 bytes).
 F32_CANDIDATES = {
     "f32 128x128x32 w16 s3 / 128x128x32 w16 s3": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
     "f32 128x128x32 w16 s4 / 128x128x32 w16 s3": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4, FLATTEN=False),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
     "f32 128x128x64 w16 s2 / 128x128x32 w16 s3": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=2),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3)),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=2, FLATTEN=False),
+        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
 }
 
 
@@ -90,6 +99,25 @@ def _time(x, prec: str, reps: int) -> float:
     return statistics.median(times)
 
 
+def _result(x, prec: str) -> tuple:
+    """The joint way's loss and gradients of enc, pred and the output layer's weight after
+    one step (what :func:`_agreement` compares)."""
+    x.zero()
+    loss = fused_pipeline.step("joint", x, None, prec)
+    return (loss, x.enc.grad.clone(), x.pred.grad.clone(), x.model.joiner.out.weight.grad.clone())
+
+
+def _agreement(ref: tuple, got: tuple) -> str:
+    """``"same bits"`` when every tensor of ``got`` equals ``ref``'s, else the largest
+    difference relative to each tensor's largest entry: a block choice changes the order of
+    the products' sums (BLOCK_H) or nothing at all (FLATTEN, the warps)."""
+    if all(torch.equal(a, b) for a, b in zip(ref, got)):
+        return "same bits"
+    return "max rel diff " + ", ".join(
+        f"{name} {float((b - a).abs().max() / a.abs().max().clamp(min=1e-30)):.1e}"
+        for name, a, b in zip(("loss", "enc", "pred", "W"), ref, got))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="j1", choices=list(shapes.SHAPES))
@@ -110,17 +138,20 @@ def main(argv=None) -> int:
     x = fused_pipeline.Inputs(shape, args.hidden, "cuda", 0, args.loss)
     print(f"# {torch.cuda.get_device_name()}; {shape.name} ({shape.describe()}), H={args.hidden}, "
           f"{args.loss}, {args.precision}; joint way, median of {args.reps}", flush=True)
-    res = {}
+    res, agree, ref = {}, {}, None
     for name, tiles, wide in ([("default", (default["row"], default["grad"]), None)]
                               + candidates(args.precision)):
         joint.TILES.update(row=tiles[0], grad=tiles[1])
         joint.WIDE[4] = wide4 if wide is None else wide
         try:
             res[name] = _time(x, args.precision, args.reps)
-            print(f"  {name:34s} {res[name]:8.2f} ms", flush=True)
+            got = _result(x, args.precision)
+            ref = got if ref is None else ref
+            agree[name] = _agreement(ref, got)
+            print(f"  {name:42s} {res[name]:8.2f} ms  {agree[name]}", flush=True)
         except Exception as err:                   # noqa: BLE001  (out of resources, ...)
             res[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-            print(f"  {name:34s} {res[name]}", flush=True)
+            print(f"  {name:42s} {res[name]}", flush=True)
     joint.TILES.update(default)
     joint.WIDE[4] = wide4
     from torch.profiler import ProfilerActivity, profile
@@ -131,7 +162,8 @@ def main(argv=None) -> int:
     print(table, flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times_ms": res, "profile": table, "meta": common.machine_info()}, f, indent=2,
+            json.dump({"times_ms": res, "agreement_with_default": agree, "profile": table,
+                       "meta": common.machine_info()}, f, indent=2,
                       default=str)
     return 0
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import os
 import re
 import subprocess
@@ -220,10 +221,13 @@ def variants(V_list):
                 BLOCK_B=gpu.INPUT_CHECK_BLOCK_B, BLOCK_U=gpu.INPUT_CHECK_BLOCK_U), 4, 3)
 
 
-def joint_variants(V_list, H_list):
+def joint_variants(V_list, H_list, flatten=(None,)):
     """The joiner's kernel path (``gpu.joint``): ``(label, shape, name, constexprs, warps,
     stages, operand dtype, specialised ints)`` of its row and gradient passes (regular;
-    TDT with durations 0..4; multi-blank with big blanks 2, 4, 8) and its act-grad pass."""
+    TDT with durations 0..4; multi-blank with big blanks 2, 4, 8) and its act-grad pass.
+    ``flatten``: the passes' ``FLATTEN`` values to compile, None for the launched one
+    (``joint._tiles``); another value is labelled ``flatten=<value>`` (the launched one's
+    value again is skipped)."""
     import torch
     from rnnt_lattice import gpu, topology
     from rnnt_lattice.gpu import joint
@@ -232,20 +236,28 @@ def joint_variants(V_list, H_list):
         for x, dtype, precision in (("bf16", torch.bfloat16, "ieee"), ("fp32", torch.float32, "tf32")):
             for V in V_list:
                 for H in H_list:
-                    for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
-                                         ("grad", joint._grad_kinds(topo))):
+                    for which, fl in itertools.product(("row", "grad"), flatten):
+                        kinds = (gpu._kernel_kinds(topo, "row") if which == "row"
+                                 else joint._grad_kinds(topo))
                         tile = joint._tiles(which, dtype)
+                        # the constexprs of the tile (the blocks, FLATTEN), not its launch options
                         const = dict(kinds, ACT=0, HAS_BIAS=True, FUSED=True, BOUNDARY=False,
                                      ACC=tl.float32, PRECISION=precision, DOT_F32=False,
                                      BLOCK_DUR=joint._block_dur(topo.n_durations),
-                                     **{k: v for k, v in tile.items() if k.startswith("BLOCK")})
+                                     **{k: v for k, v in tile.items() if not k.startswith("num_")})
+                        label = f"_joint_{which}_kernel {tname} {x}"
+                        if fl is not None:
+                            if fl == const["FLATTEN"]:
+                                continue              # the launched variant, already listed
+                            const["FLATTEN"] = fl
+                            label += f" flatten={fl}"
                         if which == "grad":
                             const["CLAMP"] = True
                         else:
                             const["WIDE"] = False
-                        yield (f"_joint_{which}_kernel {tname} {x}", f"{V}, H={H}",
-                               f"_joint_{which}_kernel", const, tile["num_warps"],
-                               tile["num_stages"], x, dict(V_tok=V - topo.n_durations, H=H))
+                        yield (label, f"{V}, H={H}", f"_joint_{which}_kernel", const,
+                               tile["num_warps"], tile["num_stages"], x,
+                               dict(V_tok=V - topo.n_durations, H=H))
     for H in H_list:
         yield ("_joint_act_grad_kernel", f"H={H}", "_joint_act_grad_kernel",
                dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U, BLOCK_H=joint.ACT_GRAD_BLOCK_H), 4, 3,
@@ -364,7 +376,7 @@ def main(argv=None) -> int:
           "| global loads in the PTX |")
     print("|---|---|---|---|---|---|")
     rows = ([(*v[:6], "fp32", v[6] if len(v) > 6 else {}) for v in variants(args.V)]
-            + list(joint_variants(args.joint_V, args.H)))
+            + list(joint_variants(args.joint_V, args.H, flatten=(None, True))))
     failed = []
     for label, shape, name, const, warps, stages, x, ints in rows:
         if args.only is not None and name not in args.only:

@@ -364,7 +364,7 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
     import joint_tiles
     assert joint_tiles.main(["--reps", "1"]) == 2
     assert "CUDA device" in capsys.readouterr().err
-    keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages"}
+    keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "FLATTEN", "num_warps", "num_stages"}
     assert joint_tiles.F32_CANDIDATES
     for precision, n_f32 in (("bf16", 0), ("fp16", 0), ("tf32", len(joint_tiles.F32_CANDIDATES)),
                              ("fp32", len(joint_tiles.F32_CANDIDATES))):

@@ -616,17 +616,22 @@ def variants(sm):
         for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
                              ("grad", joint._grad_kinds(topo))):
             for x, idt in dtypes:
-                tiles = {k: v for k, v in joint._tiles(which, half[x]).items()
-                         if k.startswith("BLOCK")}
+                tile = joint._tiles(which, half[x])
+                tiles = {k: v for k, v in tile.items() if not k.startswith("num_")}
+                launched = {k: v for k, v in tile.items() if k.startswith("num_")}
                 flags = dict(ACT=int(on), HAS_BIAS=True, FUSED=True, BOUNDARY=on, DOT_F32=False,
                              PRECISION=precision, BLOCK_DUR=joint._block_dur(topo.n_durations))
                 if which == "grad":
                     flags["CLAMP"] = True
                 else:
                     flags["WIDE"] = on
-                launched = {k: v for k, v in joint._tiles(which, half[x]).items()
-                            if k.startswith("num_")}
                 yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)], launched
+                # the blocks' loop and H's as one (FLATTEN: off by default until timed): sm_90,
+                # multi-blank's fixed classes picked without a branch
+                if sm == 90 and (x == "bf16" or tname == "multiblank"):
+                    yield (f"_joint_{which}_kernel",
+                           {**kinds, **flags, **tiles, "FLATTEN": not tiles["FLATTEN"]},
+                           [(x, idt)], launched)
     yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
                                           BLOCK_H=joint.ACT_GRAD_BLOCK_H), [("fp32", "i64")])
 

@@ -78,8 +78,20 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # sm_90 (benchmarks/kernel_resources.py) both passes take 128 registers a thread, and some
 # spill (TDT's gradient pass 160 bytes in bf16, the float32 gradient passes 128-264): they
 # were still the fastest measured.
-TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3),
-         "grad": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3)}
+#
+# FLATTEN: the loop over the blocks of classes and its loop over H as one loop (``tl.range``'s
+# ``flatten``, Triton >= 3.3): the pipeline then loads the next block's first steps of h and
+# W while the block before finishes and folds its logits, where the nested loops drain the
+# pipeline and fill it again for each block of classes (8 times a program at V = 1024).
+# Compiled for sm_90 (Triton 3.6, H = 512, benchmarks/results/joint/sm90-triton36-flatten.md):
+# the row pass keeps 128 registers, its stack and 96-97 KiB of shared memory; the gradient
+# pass spills 200-320 bytes in bf16 (float32: 528-824) and takes 128 KiB (float32: 160).
+# Off until a GPU times it (benchmarks/joint_tiles.py's candidates, each against the
+# default's bits).
+TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3,
+                     FLATTEN=False),
+         "grad": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3,
+                      FLATTEN=False)}
 # Wider operands, by their size in bytes: float32 with 32 of H per step in three pipeline
 # stages (three of [128, 64] float32 blocks of h and W need more shared memory than sm_90
 # has; on an H200, benchmarks/results/gpu/h200-65ccde2-joint_tiles_tf32.log, the TF32 step
@@ -197,6 +209,7 @@ def _joint_row_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, BOUNDARY: tl.constexpr,
     ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr, WIDE: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     """The row pass of ``BLOCK_N`` nodes of a chunk without their logits (module
     docstring): the token group's log-normaliser over the logits blocks ``z = h W^T + b``,
@@ -205,7 +218,8 @@ def _joint_row_kernel(
 
     TDT's ``lse_dur`` over its ``N_DURATIONS`` columns, and every kind's arc log-prob from
     the entries it reads, written by ``kernels._row_state`` exactly as ``_row_kernel``
-    writes them. A program whose nodes are all padding computes nothing."""
+    writes them. A program whose nodes are all padding computes nothing. ``FLATTEN``: the
+    loop over the blocks of classes and the loop over H compile as one (:data:`TILES`)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)    # [BLOCK_N], int64
     rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
                                                               box_u0, box_T, box_U1, H)
@@ -228,7 +242,7 @@ def _joint_row_kernel(
     x_blank = tl.zeros([BLOCK_N], ACC)
     x_label = tl.zeros([BLOCK_N], ACC)
     x_cls = tl.zeros([BLOCK_N, KP], ACC)
-    for v0 in range(0, tl.where(busy, V_tok, 0), BLOCK_V):
+    for v0 in tl.range(0, tl.where(busy, V_tok, 0), BLOCK_V, flatten=FLATTEN):
         v = v0 + offs
         z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
                           PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
@@ -240,7 +254,12 @@ def _joint_row_kernel(
         x_label += tl.sum(tl.where(v[None, :] == y[:, None], z, 0.0), axis=1)
         for k in tl.static_range(K):
             if READS[k] == 2:
-                if (v0 <= CLASS_ID[k]) & (CLASS_ID[k] < v0 + BLOCK_V):
+                if FLATTEN:
+                    # every block adds its entry of the class (0 but in the one block that
+                    # holds it): Triton 3.6's loop flattening fails on a branch per class
+                    xk = tl.sum(tl.where(v[None, :] == CLASS_ID[k], z, 0.0), axis=1)
+                    x_cls += tl.where(kidx[None, :] == k, xk[:, None], 0.0)
+                elif (v0 <= CLASS_ID[k]) & (CLASS_ID[k] < v0 + BLOCK_V):
                     xk = tl.sum(tl.where(v[None, :] == CLASS_ID[k], z, 0.0), axis=1)
                     x_cls = tl.where(kidx[None, :] == k, xk[:, None], x_cls)
     if FUSED:
@@ -290,7 +309,7 @@ def _joint_grad_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
     BOUNDARY: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_DUR: tl.constexpr,
+    BLOCK_DUR: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """``dz = upstream[b] * clip(d cost_b / d z)`` of ``BLOCK_N`` rows of a chunk, with
     ``z = h W^T + b`` recomputed block by block in registers (as ``_joint_row_kernel``
@@ -301,7 +320,8 @@ def _joint_grad_kernel(
     the fixed classes' reads subtracted in the same pass (no entry is read twice here),
     clamp on the token group. Writes ``h`` (0 on rows without a path), ``dz`` (0 on
     padding, impossible sequences and a zero upstream gradient; NaN on a NaN sequence's
-    rows) and the program's column sums of ``dz`` into ``db_ptr[program]``."""
+    rows) and the program's column sums of ``dz`` into ``db_ptr[program]``. ``FLATTEN`` as
+    in ``_joint_row_kernel``."""
     pid = tl.program_id(0)
     r = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)                 # [BLOCK_N], int64
     rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
@@ -325,7 +345,7 @@ def _joint_grad_kernel(
     dz_row = tl.multiple_of(tl.where(on, rows, 0) * dz_stride, 16)
     # 2. the token group, block by block
     offs = tl.arange(0, BLOCK_V)
-    for v0 in range(0, V_tok, BLOCK_V):
+    for v0 in tl.range(0, V_tok, BLOCK_V, flatten=FLATTEN):
         v = v0 + offs
         z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
                           PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
@@ -433,8 +453,9 @@ def _grad_kinds(topo) -> dict:
 
 
 def _tiles(which: str, dtype: torch.dtype) -> dict:
-    """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
-    return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
+    """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`;
+    ``FLATTEN`` off where a replacement of :data:`TILES` does not name it)."""
+    return {"FLATTEN": False, **TILES[which], **WIDE.get(dtype.itemsize, {})}
 
 
 def _block_dur(n_durations: int) -> int:
