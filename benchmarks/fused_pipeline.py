@@ -13,7 +13,8 @@ leaves. The step is forward + loss + backward into ``enc``, ``pred`` and every p
             simple + rnnt_loss_pruned(joiner(e_p, p_p), ...)   (B, T, R, V): icefall's recipe
     fused   fused_rnnt_loss(joiner, e, p, ...)                  tiles of the default size
     joint   fused_rnnt_loss(Joiner.sharing(joiner.out, "tanh"), e, p, ...): the same weights
-            as rnnt_lattice.Joiner, the kernel path (CUDA: the logits never in memory)
+            as rnnt_lattice.Joiner, the kernel path (CUDA: the logits never in memory; fp32
+            with IEEE products takes the tile path, gpu.joint.takes)
 
 (``reduction="sum"``, backend "auto": Numba on CPU, Triton on CUDA). ``--loss tdt`` runs
 ``tdt_loss`` / ``fused_tdt_loss`` instead (the last 5 of V classes the durations 0..4, the
@@ -281,7 +282,8 @@ def run(shape_list, device, args, meta) -> list:
                     "pruned": f"icefall's pruned recipe, R={R}",
                     "fused": "fused_rnnt_loss, tile " + tile,
                     "joint": "fused_rnnt_loss with rnnt_lattice.Joiner (the kernel path on "
-                             "CUDA), chunks of " + tile}
+                             "CUDA but for fp32 with IEEE products: the tile path), chunks of "
+                             + tile}
     meta["joiner"] = "out(tanh(enc_proj(enc) + pred_proj(pred))), Linear(H, H) x 2, Linear(H, V)"
     rows = []
     for shape, H, loss, prec in runs_of(shape_list, args):
@@ -347,7 +349,8 @@ def markdown(rows, device_name: str, ctx: dict) -> str:
            f"{ctx['warmup']} warm-up ({'wall clock' if device_name == 'cpu' else 'CUDA events'}); "
            f"joiner out(tanh(enc_proj(enc) + pred_proj(pred))); reduction sum; pruned: icefall's "
            f"recipe with R={R}; fused: {ctx.get('tile') or 'the default tile'}."
-           + (" joint: the same joiner as rnnt_lattice.Joiner (the kernel path on CUDA)."
+           + (" joint: the same joiner as rnnt_lattice.Joiner (the kernel path on CUDA; fp32 "
+              "with IEEE products: the tile path)."
               if "joint" in ways else "")
            + (" Precision: fp32 (IEEE), tf32 (TF32 products), bf16/fp16 (forward under "
               "autocast, backward outside); loss rnnt or tdt (durations 0..4)." if extra else "")

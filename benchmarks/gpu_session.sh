@@ -39,6 +39,11 @@
 #   joint_tiles_tf32  the same sweep with float32 inputs and TF32 products, and float32's own
 #                choices with more pipeline stages (joint_tiles.F32_CANDIDATES)
 #   joint_tf32   the joiner's step at j1 with float32 inputs and TF32 products
+#   joint_fp32   the joiner's step at j1 with float32 inputs and IEEE products (TF32 off,
+#                PyTorch's default): the full pipeline, the tile path and a Joiner, which
+#                takes the tile path there (gpu.joint.takes)
+#   joint_tiles_fp32  joint_tiles.py at j1 with float32 inputs and IEEE products: the kernel
+#                path forced (joint.IEEE_FLOAT32), to hold against joint_fp32's tile path
 #   cuda_checks  tests/cuda_checks.py --big: the check at the benchmark shapes, offsets
 #                past 2**31
 #   fused        benchmarks/run.py --device cuda --mode fused: the joiner's training step
@@ -117,6 +122,11 @@ for step in "$@"; do
     joint_tf32) run joint_tf32 "${JOINT_TF32_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full joint --precision tf32 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-tf32 ;;
+    joint_fp32) run joint_fp32 "${JOINT_FP32_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
+              --hidden 512 --ways full fused joint --precision fp32 --reps 3 --warmup 1 \
+              --out-dir "$out" --stem cuda-joint-j1-fp32 ;;
+    joint_tiles_fp32) run joint_tiles_fp32 "${JOINT_TILES_FP32_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
+              --shape j1 --hidden 512 --precision fp32 --reps 1 --json "$out/joint_tiles_fp32.json" ;;
     cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
     pruned) run pruned "${PRUNED_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \

@@ -91,6 +91,8 @@ def main(argv=None) -> int:
         small = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1)
         joint.TILES.update(row=small, grad=dict(small))
         joint.WIDE.clear()
+    # float32 with IEEE products on the kernel path too (a GPU gives it the tile path)
+    joint.IEEE_FLOAT32 = True
     warnings.simplefilter("ignore", RuntimeWarning)      # the interpreter's masked lanes
     print("| operands | topology | loss | " + " | ".join(f"grad {n}" for n in NAMES) + " |")
     print("|---|---|---|" + "---|" * len(NAMES))

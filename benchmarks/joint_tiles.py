@@ -4,7 +4,8 @@ the step's time goes (torch.profiler), to choose ``gpu/joint.py``'s ``TILES``.
     python benchmarks/joint_tiles.py [--shape j1] [--hidden 512] [--precision bf16] [--reps 5]
 
 One training step of ``fused_pipeline.py``'s model with the ``joint`` way (an
-``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path) is timed (CUDA
+``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path, at ``--precision
+fp32`` too, where a Joiner takes the tile path by default: ``joint.IEEE_FLOAT32``) is timed (CUDA
 events, median of ``--reps`` after one warm-up, which compiles) with each entry of
 :data:`CANDIDATES` (and for float32 operands :data:`F32_CANDIDATES`, with their own
 pipeline stages) in place of ``gpu.joint.TILES``, each step's loss and gradients compared
@@ -132,6 +133,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     from rnnt_lattice.gpu import joint
+    joint.IEEE_FLOAT32 = True          # fp32 (IEEE products) on the kernel path too: it is timed
     default = {k: dict(v) for k, v in joint.TILES.items()}
     wide4 = dict(joint.WIDE[4])
     shape = shapes.SHAPES[args.shape]

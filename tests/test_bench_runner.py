@@ -418,6 +418,7 @@ def test_joint_exactness_table(monkeypatch, capsys):
     from rnnt_lattice.gpu import joint
     monkeypatch.setattr(joint, "TILES", {k: dict(v) for k, v in joint.TILES.items()})
     monkeypatch.setattr(joint, "WIDE", {k: dict(v) for k, v in joint.WIDE.items()})
+    monkeypatch.setattr(joint, "IEEE_FLOAT32", joint.IEEE_FLOAT32)     # main() sets it
     assert joint_exactness.main(["--dtype", "float64"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float64")]
     assert len(rows) == len(joint_exactness.TOPOLOGIES)

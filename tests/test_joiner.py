@@ -279,23 +279,42 @@ def test_other_joiners_and_backends_take_the_tile_path(monkeypatch, small_blocks
         assert launches.calls > 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_compiled_float64_joiners_take_the_tile_path(monkeypatch, small_blocks, dtype):
-    """Compiled for a GPU (not interpreted), a float64 joiner takes the tile path: Triton
-    3.6 did not compile the kernels' float64 ``tl.dot`` for an H100. float32 keeps the
-    kernel path. (The launches themselves run interpreted here: only the choice is the
-    GPU's.)"""
+# (operands, TF32 allowed, joint.IEEE_FLOAT32) -> the kernel path?
+COMPILED_CHOICES = {"float64": (torch.float64, False, False, False),
+                    "float32_ieee": (torch.float32, False, False, False),
+                    "float32_tf32": (torch.float32, True, False, True),
+                    "float32_ieee_forced": (torch.float32, False, True, True),
+                    "bfloat16_autocast": (torch.bfloat16, False, False, True)}
+
+
+@pytest.mark.parametrize("case", list(COMPILED_CHOICES))
+def test_compiled_joiners_take_the_path_of_their_products(monkeypatch, small_blocks, case):
+    """Compiled for a GPU (not interpreted), a Joiner takes the kernel path with half
+    operands (autocast) and float32 ones whose products are TF32, and the tile path with
+    float32 ones whose products are IEEE (cuBLAS's IEEE products are 4x Triton's on an
+    H100: ``joint.IEEE_FLOAT32``) and float64 ones (Triton 3.6 did not compile the kernels'
+    float64 ``tl.dot`` for an H100). (The launches themselves run interpreted here: only the
+    choice is the GPU's.)"""
     from rnnt_lattice import gpu
     from rnnt_lattice.gpu import joint
-    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=dtype)
+    dtype, tf32, forced, kernels = COMPILED_CHOICES[case]
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(
+        CASE, dtype=torch.float32 if dtype == torch.bfloat16 else dtype)
     launches = Launches(monkeypatch, small_blocks)
     monkeypatch.setattr(gpu, "INTERPRETED", False)
     for module in (gpu, joint):            # CPU tensors pass as if on the GPU
         monkeypatch.setattr(module, "check_device", lambda x: None)
-    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=13,
-                                        backend="triton")
-    loss.backward()
-    assert (launches.calls > 0) == (dtype == torch.float32)
+    monkeypatch.setattr(joint, "IEEE_FLOAT32", forced)
+    saved = torch.backends.cuda.matmul.allow_tf32         # a property: no monkeypatch
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul,
+                                                blank=blank, tile=13, backend="triton")
+        loss.backward()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert (launches.calls > 0) == kernels
 
 
 def test_frozen_parameters_inputs_without_grad_and_no_projections():

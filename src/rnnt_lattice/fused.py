@@ -22,7 +22,9 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
 With an ``rnnt_lattice.Joiner`` (``out(act(enc_proj(enc) + pred_proj(pred)))``) on the
 Triton backend there are no tiles of logits at all: the kernel path (``_JointLoss``, the
 kernels of ``gpu/joint.py``, math.md section 12) computes the logits block by block in
-registers, forward and backward; the projections stay autograd's.
+registers, forward and backward; the projections stay autograd's. On a GPU it takes half
+operands (autocast) and float32 with TF32 products; float32 with IEEE products and float64
+keep the tile path (``_kernel_path``).
 
 The gradient pass needs only the occupations and the row statistics of the forward, so
 the result is that of ``rnnt_loss`` on the materialised logits, to float rounding: this is
@@ -534,15 +536,15 @@ def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
     on the Triton backend, whose output layer is not sharded apart from it (the kernels
     read its weights inside the joiner's forward, where FSDP2 has gathered the joiner's
     own parameters but not those of a submodule with ``fully_shard`` of its own), with
-    float32 or half operands on a GPU: Triton 3.6, the H100's, does not compile the
-    float64 gradient kernel (``_joint_grad_kernel``: its ``TritonGPURemoveLayoutConversions``
-    pass gives a masked load a mask in another layout than its pointers, for sm_80 and sm_90
-    alike; the row kernel compiles since its products name their float64 ``out_dtype``), so a
-    float64 joiner on CUDA takes the tile path (its products in cuBLAS); the interpreter
-    runs float64 too, which is how the tests hold the kernels to float64's precision."""
-    return (isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
-            and not _sharded_apart(joiner.out)
-            and (prep.impl.INTERPRETED or prep.chk.logits.dtype != torch.float64))
+    operands the compiled kernels take on a GPU (``gpu.joint.takes``: half, and float32
+    with TF32 products; float32 with IEEE products and float64 take the tile path, whose
+    products are cuBLAS's); the interpreter runs every dtype, which is how the tests hold
+    the kernels to float64's precision."""
+    if not (isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
+            and not _sharded_apart(joiner.out)):
+        return False
+    from .gpu import joint
+    return prep.impl.INTERPRETED or joint.takes(prep.chk.logits.dtype)
 
 
 def _sharded_apart(module: torch.nn.Module) -> bool:
@@ -662,7 +664,8 @@ def fused_rnnt_loss(
     ``torch.no_grad`` and again with autograd in the backward pass (math.md section 11);
     an :class:`rnnt_lattice.Joiner` on the Triton backend takes the kernel path instead,
     the logits computed block by block in registers and never in memory (math.md section
-    12, docs/api.md "The joiner the kernels know"). Same loss and gradients (w.r.t.
+    12, docs/api.md "The joiner the kernels know"; on a GPU with half operands, or float32
+    ones with TF32 products). Same loss and gradients (w.r.t.
     ``enc``, ``pred`` and the joiner's parameters) as :func:`rnnt_loss` on the
     materialised logits, to float rounding.
 

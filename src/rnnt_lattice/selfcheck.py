@@ -488,14 +488,30 @@ def _kernel_joiner(H, V, dtype, device, seed=3) -> rnnt_lattice.Joiner:
     return joiner.to(dtype=dtype, device=device)
 
 
+@contextlib.contextmanager
+def _float32_kernels():
+    """The joiner's kernel path for float32 operands whatever TF32 says
+    (``gpu.joint.IEEE_FLOAT32``): on a GPU with TF32 off, PyTorch's default, a float32
+    ``Joiner`` takes the tile path (cuBLAS's IEEE products), and a check of the kernels
+    would check the tiles."""
+    from .gpu import joint
+    saved, joint.IEEE_FLOAT32 = joint.IEEE_FLOAT32, True
+    try:
+        yield
+    finally:
+        joint.IEEE_FLOAT32 = saved
+
+
 def check_joint(ctx, shape, dtype, kind):
     """The joiner's kernel path (``rnnt_lattice.Joiner`` on the Triton backend: the
-    logits in registers, never in memory) against the loss of the materialised logits on
-    the float64 reference, and a second backward bit-identical to the first (the kernel
-    path sums in a fixed order; :func:`_check_fused_pair`)."""
+    logits in registers, never in memory; float32 with IEEE products, :func:`_float32_kernels`)
+    against the loss of the materialised logits on the float64 reference, and a second
+    backward bit-identical to the first (the kernel path sums in a fixed order;
+    :func:`_check_fused_pair`)."""
     B, T, U, V = shape
-    return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
-                             "joiner kernels", reruns=True)
+    with _float32_kernels():
+        return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
+                                 "joiner kernels", reruns=True)
 
 
 def _amp_grads(loss_fn, params, enc, pred, w, backward_inside, device):
@@ -804,7 +820,7 @@ def check_no_sync(ctx):
     kernel_joiner = _kernel_joiner(16, 40, torch.float32, "cuda")
     for amp in (False, True):
         def joint(amp=amp):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            with _float32_kernels(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
                 loss = rnnt_lattice.fused_rnnt_loss(kernel_joiner, enc, pred, y, tl, ul, blank=0,
                                                     tile=64, backend=ctx.backend)
             loss.backward()

@@ -62,7 +62,7 @@ from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _e
                       _node_coords, _row_node, _row_plane_at, _row_state, _token_grad)
 from ._launch import launch
 
-__all__ = ["ACTIVATIONS", "JointState", "forward", "backward"]
+__all__ = ["ACTIVATIONS", "JointState", "forward", "backward", "takes"]
 
 # The activations the kernels know (``ACT``).
 ACTIVATIONS = {"tanh": 0, "relu": 1}
@@ -420,6 +420,28 @@ def _joint_act_grad_kernel(
 
 
 # --------------------------------------------------------------------------- host
+# float32 operands whose products would be IEEE float32 (TF32 off, PyTorch's default) take
+# the tile path, whose products are cuBLAS's: on an H100 at j1 (32, 400, 100, 1024), H = 512,
+# the gradient pass with its IEEE product took 109.8 ms a step against 27.1 and 25.4 ms for
+# cuBLAS's two products of the same size (benchmarks/results/gpu/
+# h100-tiles-jt_tf32-ieee-backward.log), so the kernel path's IEEE step (the row and
+# gradient passes, and those two products) takes at least 162 ms plus the row pass, where
+# the tile path took 161.8 ms there before the V passes were reworked (issue 34's table)
+# at about the same memory (0.72 GiB against 0.65). True: the kernel path for them too
+# (benchmarks/joint_tiles.py times the kernel path at every precision with it).
+IEEE_FLOAT32 = False
+
+
+def takes(dtype: torch.dtype) -> bool:
+    """Whether compiled kernels (a GPU) take operands of ``dtype``: bfloat16 and float16;
+    float32 where its products are TF32 (:func:`_precision`), or with :data:`IEEE_FLOAT32`;
+    not float64 (Triton 3.6 does not compile the float64 gradient kernel for sm_80 or sm_90,
+    in its ``TritonGPURemoveLayoutConversions`` pass). The others take the tile path."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return True
+    return dtype == torch.float32 and (IEEE_FLOAT32 or _precision(dtype) == "tf32")
+
+
 def _precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s input precision for operands of ``dtype``: TF32 for float32 where
     PyTorch's own matrix products use it (``torch.backends.cuda.matmul.allow_tf32``), so
