@@ -177,17 +177,20 @@ def step(way: str, x: Inputs, tile=None, prec: str = "fp32"):
     return loss.detach()
 
 
+def result(way: str, x: Inputs, tile=None, prec: str = "fp32") -> tuple:
+    """One :func:`step` of ``way`` from zero gradients: its loss and the gradients of enc,
+    pred and the output Linear's weight."""
+    x.zero()
+    loss = step(way, x, tile, prec)
+    return (loss, x.enc.grad.clone(), x.pred.grad.clone(), x.model.joiner.out.weight.grad.clone())
+
+
 def agreement(x: Inputs, ways, tile=None, prec: str = "fp32") -> dict:
     """Each of ``ways`` (fused, joint) against full on the same inputs: relative differences
     of the loss and of the gradients of enc, pred and the output Linear's weight, per way
     (keys ``<way>_loss_rel_diff`` ..., ``<way>_agree``; fused's without the prefix, as
     before the kernel path)."""
-    grads = {}
-    for way in ("full", *ways):
-        x.zero()
-        loss = step(way, x, tile, prec)
-        grads[way] = (loss, x.enc.grad.clone(), x.pred.grad.clone(),
-                      x.model.joiner.out.weight.grad.clone())
+    grads = {way: result(way, x, tile, prec) for way in ("full", *ways)}
     out = {}
     l0, *g0 = grads["full"]
     eps = torch.finfo(torch.float32).eps

@@ -100,14 +100,6 @@ def _time(x, prec: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def _result(x, prec: str) -> tuple:
-    """The joint way's loss and gradients of enc, pred and the output layer's weight after
-    one step (what :func:`_agreement` compares)."""
-    x.zero()
-    loss = fused_pipeline.step("joint", x, None, prec)
-    return (loss, x.enc.grad.clone(), x.pred.grad.clone(), x.model.joiner.out.weight.grad.clone())
-
-
 def _agreement(ref: tuple, got: tuple) -> str:
     """``"same bits"`` when every tensor of ``got`` equals ``ref``'s, else the largest
     difference relative to each tensor's largest entry: a block choice changes the order of
@@ -147,7 +139,7 @@ def main(argv=None) -> int:
         joint.WIDE[4] = wide4 if wide is None else wide
         try:
             res[name] = _time(x, args.precision, args.reps)
-            got = _result(x, args.precision)
+            got = fused_pipeline.result("joint", x, None, args.precision)
             ref = got if ref is None else ref
             agree[name] = _agreement(ref, got)
             print(f"  {name:42s} {res[name]:8.2f} ms  {agree[name]}", flush=True)

@@ -30,7 +30,7 @@ def small_blocks(monkeypatch):
     """Blocks of 16 (``tl.dot``'s smallest) over H = 20, V = 6..9: two blocks of H, one or
     two of classes; the act-grad pass over 2 label positions and 8 of H at a time."""
     from rnnt_lattice.gpu import joint
-    tile = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1)
+    tile = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1, FLATTEN=False)
     monkeypatch.setitem(joint.TILES, "row", tile)
     monkeypatch.setitem(joint.TILES, "grad", tile)
     monkeypatch.setattr(joint, "WIDE", {})

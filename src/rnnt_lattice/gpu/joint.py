@@ -475,9 +475,8 @@ def _grad_kinds(topo) -> dict:
 
 
 def _tiles(which: str, dtype: torch.dtype) -> dict:
-    """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`;
-    ``FLATTEN`` off where a replacement of :data:`TILES` does not name it)."""
-    return {"FLATTEN": False, **TILES[which], **WIDE.get(dtype.itemsize, {})}
+    """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
+    return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
 
 
 def _block_dur(n_durations: int) -> int:
