@@ -2,6 +2,7 @@
 the step's time goes (torch.profiler), to choose ``gpu/joint.py``'s ``TILES``.
 
     python benchmarks/joint_tiles.py [--shape j1] [--hidden 512] [--precision bf16] [--reps 5]
+    python benchmarks/joint_tiles.py --compile [SM] [--precision bf16]     # no GPU needed
 
 One training step of ``fused_pipeline.py``'s model with the ``joint`` way (an
 ``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path, at ``--precision
@@ -12,7 +13,10 @@ pipeline stages) in place of ``gpu.joint.TILES``, each step's loss and gradients
 with the default's (the same bits, or the largest relative difference); then the CUDA time
 of the default's step by kernel (the row pass, the lattice, the coefficients, the gradient
 pass, the products, the act-grad pass). Prints a table and writes ``--json`` if given.
-Without a CUDA device it exits at once with a message (status 2).
+Without a CUDA device it exits at once with a message (status 2). ``--compile``: no
+timing, each choice's passes compiled for sm_90 (or the SM given) as they would launch, with
+their registers, spills, shared memory and how many programs fit a multiprocessor
+(``kernel_resources.programs_per_sm``): the choices' occupancy, checked without a GPU.
 """
 from __future__ import annotations
 
@@ -56,12 +60,30 @@ CANDIDATES = {
     # room for it.)
     "64x128x64 w4 / 64x128x64 w4": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False),
                                     dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False)),
+    # More programs a multiprocessor by a cap on registers a thread (``maxnreg``): with one
+    # program of 16 warps holding the register file, a block's epilogue (the exps and
+    # reductions, the gradient's formula and its stores) cannot overlap the next block's
+    # products, nor hide the latency of its barriers; with two or three programs, one's
+    # epilogue runs while another's products do. Compiled with Triton 3.6 for sm_90 at H =
+    # 512 (``--compile``; results/joint/sm90-triton36-occupancy.md): the default's blocks on
+    # 8 warps capped at 128 registers, two programs, spill 160 bytes; 128 nodes x 64 classes
+    # on 8 warps at 128, two programs, no spill; 64 x 128 on 4 warps at 168, three programs,
+    # no spill (the gradient pass 16 bytes at 64 of H a step).
+    "128x128x64 w8 r128 / same": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128),
+                                  dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128)),
+    "128x64x64 w8 r128 / same": (dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128),
+                                 dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128)),
+    "64x128x64 w4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168),
+                                 dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168)),
+    "64x128x32 w4 s4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=4, num_stages=4, FLATTEN=False, maxnreg=168),
+                                    dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=4, num_stages=4, FLATTEN=False, maxnreg=168)),
 }
-# Float32 operands (--precision fp32, tf32) run every choice above in two pipeline stages
-# (``joint.WIDE[4]``: three [128, 64] float32 blocks of h and W need more shared memory than
-# sm_90 has). These choices keep their own stages instead, with 32 of H per step: three
-# stages take 96 KiB of shared memory, four 128 KiB, as two of 64 do. Compiled with Triton
-# 3.6 for sm_90: 128 registers, no spill (the gradient pass at four stages spills 8 bytes).
+# Float32 operands (--precision fp32, tf32) run every choice above with ``joint.WIDE[4]``
+# over it (32 of H a step in three pipeline stages: three [128, 64] float32 blocks of h and W
+# need more shared memory than sm_90 has), whatever its name says of H and stages. These
+# choices keep their own stages instead, with 32 of H per step: three stages take 96 KiB of
+# shared memory, four 128 KiB, as two of 64 do. Compiled with Triton 3.6 for sm_90: 128
+# registers, no spill (the gradient pass at four stages spilled 8 bytes when chosen).
 F32_CANDIDATES = {
     "f32 128x128x32 w16 s3 / 128x128x32 w16 s3": (
         dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
@@ -111,6 +133,44 @@ def _agreement(ref: tuple, got: tuple) -> str:
         for name, a, b in zip(("loss", "enc", "pred", "W"), ref, got))
 
 
+# --compile: the operands' dtype (kernel_resources' name) and the products' precision.
+OPERANDS = {"bf16": ("bf16", 2, "ieee"), "fp16": ("fp16", 2, "ieee"), "fp32": ("fp32", 4, "ieee"),
+            "tf32": ("fp32", 4, "tf32")}
+
+
+def compile_table(precision: str, H: int, V: int, loss: str = "rnnt", sm: int = 90) -> list:
+    """Each choice's two passes compiled for ``sm`` as they would launch (no GPU needed:
+    ``kernel_resources``), at width ``H`` and ``V`` classes: ``[(choice, pass, warps,
+    registers, stack bytes, shared KiB, programs a multiprocessor)]``; a pass that does not
+    compile has the error's last line in place of its registers."""
+    import kernel_resources as kr
+    from rnnt_lattice import topology
+    from rnnt_lattice.gpu import joint
+    x, size, dot = OPERANDS[precision]
+    topo = (topology.tdt(list(fused_pipeline.TDT_DURATIONS)) if loss == "tdt"
+            else topology.regular())
+    default = (joint.TILES["row"], joint.TILES["grad"])
+    out = []
+    for name, tiles, wide in [("default", default, None)] + candidates(precision):
+        for which, tile in zip(("row", "grad"), tiles):
+            tile = dict(tile, **(joint.WIDE.get(size, {}) if wide is None else wide))
+            options = joint.launch_options(tile)
+            warps = options.get("num_warps", 4)
+            try:
+                c = kr.compile_launch(getattr(joint, f"_joint_{which}_kernel"),
+                                      kr.joint_constants(topo, which, tile, dot), options, sm, x,
+                                      dict(V_tok=V - topo.n_durations, H=H))
+            except Exception as err:             # noqa: BLE001  (out of resources, ...)
+                last = [ln for ln in str(err).splitlines() if ln.strip()][-1:] or [type(err).__name__]
+                out.append((name, which, warps, last[0][:160], "-", "-", "-"))
+                continue
+            regs, stack = kr.resources(c.asm["cubin"])
+            shared = c.metadata.shared
+            out.append((name, which, warps, regs, stack, round(shared / 1024),
+                        kr.programs_per_sm(regs, warps, shared, sm)))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="j1", choices=list(shapes.SHAPES))
@@ -119,7 +179,22 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", default="rnnt", choices=list(fused_pipeline.LOSSES))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--compile", type=int, nargs="?", const=90, default=None, metavar="SM",
+                    help="no timing: compile each choice's passes for sm_SM (default 90) "
+                         "and print their registers, spills, shared memory and programs a "
+                         "multiprocessor (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.compile is not None:
+        import triton
+        V = shapes.SHAPES[args.shape].V
+        print(f"# triton {triton.__version__}, sm_{args.compile}; {args.shape}: V = {V}, "
+              f"H = {args.hidden}, {args.loss}, {args.precision}")
+        print("| choice | pass | warps | registers | stack (bytes) | shared memory (KiB) "
+              "| programs a multiprocessor |")
+        print("|---|---|---|---|---|---|---|")
+        for row in compile_table(args.precision, args.hidden, V, args.loss, args.compile):
+            print("| " + " | ".join(map(str, row)) + " |", flush=True)
+        return 0
     if not torch.cuda.is_available():
         print("joint_tiles.py needs a CUDA device (the kernel path is Triton's on CUDA)",
               file=sys.stderr)

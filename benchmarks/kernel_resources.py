@@ -110,17 +110,46 @@ def signature(fn, const, x="fp32", idt="i32", costs="fp32"):
 
 
 def compile_as_launched(fn, const, warps: int, stages: int, sm: int = 90, x: str = "fp32",
-                        ints=None):
+                        ints=None, maxnreg: int | None = None):
     """``fn`` compiled for ``sm`` as a launch on CUDA tensors specialises it: every pointer
     16-byte aligned (``do_not_specialize`` covers the shape integers only), and the
-    specialised ints of ``ints`` (name -> value) divisible by 16 where they are."""
+    specialised ints of ``ints`` (name -> value) divisible by 16 where they are; ``maxnreg``
+    the launch's cap on registers a thread, if it has one."""
     sig = signature(fn, const, x)
     ints = ints or {}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
              if t.startswith("*") or ints.get(p, 1) % 16 == 0}
+    options = dict(num_warps=warps, num_stages=stages)
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     return triton.compile(ASTSource(fn, sig, const, attrs=attrs),
-                          target=GPUTarget("cuda", sm, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
+                          target=GPUTarget("cuda", sm, 32), options=options)
+
+
+def compile_launch(fn, const, options: dict, sm: int = 90, x: str = "fp32", ints=None):
+    """:func:`compile_as_launched` with a launch's options as a dict (``num_warps``,
+    ``num_stages``, ``maxnreg``; Triton's defaults where absent)."""
+    return compile_as_launched(fn, const, options.get("num_warps", 4),
+                               options.get("num_stages", 3), sm, x, ints,
+                               options.get("maxnreg"))
+
+
+# A multiprocessor's registers and shared memory (bytes, the most its blocks may hold
+# together; each block also reserves 1 KiB), warps and blocks, by compute capability
+# (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability").
+SM_LIMITS = {80: dict(registers=65536, shared=167936, warps=64, blocks=32),
+             90: dict(registers=65536, shared=233472, warps=64, blocks=32)}
+
+
+def programs_per_sm(registers: int, warps: int, shared: int, sm: int = 90) -> int:
+    """How many programs (blocks) of ``warps`` warps, ``registers`` a thread and ``shared``
+    bytes of shared memory fit on one multiprocessor at once: the least of the register
+    file (allocated a warp at a time, in units of 256 registers), the shared memory, the
+    warps and the blocks it holds."""
+    lim = SM_LIMITS[sm]
+    per_warp = -(-registers * 32 // 256) * 256
+    return min(lim["registers"] // max(per_warp * warps, 1),
+               lim["shared"] // (shared + 1024), lim["warps"] // warps, lim["blocks"])
 
 
 def resources(cubin: bytes) -> tuple[int, int]:
@@ -221,15 +250,33 @@ def variants(V_list):
                 BLOCK_B=gpu.INPUT_CHECK_BLOCK_B, BLOCK_U=gpu.INPUT_CHECK_BLOCK_U), 4, 3)
 
 
+def joint_constants(topo, which: str, tile: dict, precision: str) -> dict:
+    """The constexprs of the joiner's pass ``which`` ("row", "grad") for ``topo`` with the
+    blocks of ``tile`` (``joint._tiles``: its launch options left out) and the products'
+    ``precision`` ("ieee", "tf32"): tanh, a bias, the fused log-softmax, no boundary, clamp
+    on, float32 sums, as ``gpu.joint`` launches them."""
+    from rnnt_lattice import gpu
+    from rnnt_lattice.gpu import joint
+    kinds = gpu._kernel_kinds(topo, "row") if which == "row" else joint._grad_kinds(topo)
+    const = dict(kinds, ACT=0, HAS_BIAS=True, FUSED=True, BOUNDARY=False, ACC=tl.float32,
+                 PRECISION=precision, DOT_F32=False, BLOCK_DUR=joint._block_dur(topo.n_durations),
+                 **joint.block_constants(tile))
+    if which == "grad":
+        const["CLAMP"] = True
+    else:
+        const["WIDE"] = False
+    return const
+
+
 def joint_variants(V_list, H_list, flatten=(None,)):
-    """The joiner's kernel path (``gpu.joint``): ``(label, shape, name, constexprs, warps,
-    stages, operand dtype, specialised ints)`` of its row and gradient passes (regular;
+    """The joiner's kernel path (``gpu.joint``): ``(label, shape, name, constexprs, launch
+    options, operand dtype, specialised ints)`` of its row and gradient passes (regular;
     TDT with durations 0..4; multi-blank with big blanks 2, 4, 8) and its act-grad pass.
     ``flatten``: the passes' ``FLATTEN`` values to compile, None for the launched one
     (``joint._tiles``); another value is labelled ``flatten=<value>`` (the launched one's
     value again is skipped)."""
     import torch
-    from rnnt_lattice import gpu, topology
+    from rnnt_lattice import topology
     from rnnt_lattice.gpu import joint
     for tname, topo in (("regular", topology.regular()), ("tdt", topology.tdt([0, 1, 2, 3, 4])),
                         ("multiblank", topology.multiblank(4095, [2, 4, 8]))):
@@ -237,31 +284,21 @@ def joint_variants(V_list, H_list, flatten=(None,)):
             for V in V_list:
                 for H in H_list:
                     for which, fl in itertools.product(("row", "grad"), flatten):
-                        kinds = (gpu._kernel_kinds(topo, "row") if which == "row"
-                                 else joint._grad_kinds(topo))
                         tile = joint._tiles(which, dtype)
-                        # the constexprs of the tile (the blocks, FLATTEN), not its launch options
-                        const = dict(kinds, ACT=0, HAS_BIAS=True, FUSED=True, BOUNDARY=False,
-                                     ACC=tl.float32, PRECISION=precision, DOT_F32=False,
-                                     BLOCK_DUR=joint._block_dur(topo.n_durations),
-                                     **{k: v for k, v in tile.items() if not k.startswith("num_")})
+                        const = joint_constants(topo, which, tile, precision)
                         label = f"_joint_{which}_kernel {tname} {x}"
                         if fl is not None:
                             if fl == const["FLATTEN"]:
                                 continue              # the launched variant, already listed
                             const["FLATTEN"] = fl
                             label += f" flatten={fl}"
-                        if which == "grad":
-                            const["CLAMP"] = True
-                        else:
-                            const["WIDE"] = False
                         yield (label, f"{V}, H={H}", f"_joint_{which}_kernel", const,
-                               tile["num_warps"], tile["num_stages"], x,
+                               joint.launch_options(tile), x,
                                dict(V_tok=V - topo.n_durations, H=H))
     for H in H_list:
         yield ("_joint_act_grad_kernel", f"H={H}", "_joint_act_grad_kernel",
-               dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U, BLOCK_H=joint.ACT_GRAD_BLOCK_H), 4, 3,
-               "bf16", dict(H=H))
+               dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U, BLOCK_H=joint.ACT_GRAD_BLOCK_H),
+               dict(num_warps=4, num_stages=3), "bf16", dict(H=H))
 
 
 # Triton 3.6's ``OptimizeThreadLocality`` pass (CUDA) rewrites a loop that accumulates a
@@ -375,15 +412,17 @@ def main(argv=None) -> int:
     print("| kernel | V / shape | num_warps | registers | stack (bytes: spills) "
           "| global loads in the PTX |")
     print("|---|---|---|---|---|---|")
-    rows = ([(*v[:6], "fp32", v[6] if len(v) > 6 else {}) for v in variants(args.V)]
+    rows = ([(*v[:4], dict(num_warps=v[4], num_stages=v[5]), "fp32", v[6] if len(v) > 6 else {})
+             for v in variants(args.V)]
             + list(joint_variants(args.joint_V, args.H, flatten=(None, True))))
     failed = []
-    for label, shape, name, const, warps, stages, x, ints in rows:
+    for label, shape, name, const, options, x, ints in rows:
         if args.only is not None and name not in args.only:
             continue
+        warps = options["num_warps"]
         fn = getattr(joint if name.startswith("_joint") else kernels, name)
         try:
-            compiled = compile_as_launched(fn, const, warps, stages, args.sm, x, ints)
+            compiled = compile_launch(fn, const, options, args.sm, x, ints)
         except Exception as err:        # every kernel is tried: a GPU's Triton may fail several
             last = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
             failed.append(f"{label} ({shape}): {type(err).__name__}: {last[0][:160]}")

@@ -360,17 +360,23 @@ def test_fused_mode_end_to_end(run, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_joint_tiles_needs_a_gpu(run, capsys):
     """benchmarks/joint_tiles.py (the kernel path's block choices, timed on a GPU) exits with
-    status 2 and a message without one; its candidates are complete block choices."""
+    status 2 and a message without one; its candidates are complete block choices, some
+    with a cap on registers (``maxnreg``, a launch option: never passed as a constexpr)."""
     import joint_tiles
+    from rnnt_lattice.gpu import joint
     assert joint_tiles.main(["--reps", "1"]) == 2
     assert "CUDA device" in capsys.readouterr().err
     keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "FLATTEN", "num_warps", "num_stages"}
+    capped = [tiles for tiles, _ in joint_tiles.CANDIDATES.values() if "maxnreg" in tiles]
+    assert capped and all(set(joint.launch_options(t)) == {"num_warps", "num_stages", "maxnreg"}
+                          and set(joint.block_constants(t)) == keys - {"num_warps", "num_stages"}
+                          for t in capped)
     assert joint_tiles.F32_CANDIDATES
     for precision, n_f32 in (("bf16", 0), ("fp16", 0), ("tf32", len(joint_tiles.F32_CANDIDATES)),
                              ("fp32", len(joint_tiles.F32_CANDIDATES))):
         chosen = joint_tiles.candidates(precision)
         assert len(chosen) == len(joint_tiles.CANDIDATES) + n_f32
-        assert all(set(row) == keys and set(grad) == keys for _, (row, grad), _ in chosen)
+        assert all(set(t) - {"maxnreg"} == keys for _, tiles, _ in chosen for t in tiles)
         # float32's own choices keep their stages (WIDE[4] emptied); the others take WIDE's
         assert [wide for *_, wide in chosen].count({}) == n_f32
 

@@ -617,8 +617,7 @@ def variants(sm):
                              ("grad", joint._grad_kinds(topo))):
             for x, idt in dtypes:
                 tile = joint._tiles(which, half[x])
-                tiles = {k: v for k, v in tile.items() if not k.startswith("num_")}
-                launched = {k: v for k, v in tile.items() if k.startswith("num_")}
+                tiles, launched = joint.block_constants(tile), joint.launch_options(tile)
                 flags = dict(ACT=int(on), HAS_BIAS=True, FUSED=True, BOUNDARY=on, DOT_F32=False,
                              PRECISION=precision, BLOCK_DUR=joint._block_dur(topo.n_durations))
                 if which == "grad":
@@ -853,27 +852,20 @@ def test_unaligned_rows_are_read_with_vector_loads_on_sm90():
 
 
 JOINT_FIT_SCRIPT = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from rnnt_lattice.gpu import joint
 import kernel_resources as kr
+from rnnt_lattice.gpu import joint
 
 for sm in (80, 90):
-    for label, shape, name, const, warps, stages, x, ints in kr.joint_variants([1024], [512]):
+    for label, shape, name, const, options, x, ints in kr.joint_variants([1024], [512]):
         if not label.startswith("_joint_") or " regular " not in label or (sm, x) == (80, "bf16"):
             continue
-        sig = kr.signature(getattr(joint, name), const, x)
-        attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
-                 if t.startswith("*") or ints.get(p, 1) % 16 == 0}
-        c = triton.compile(ASTSource(getattr(joint, name), sig, const, attrs=attrs),
-                           target=GPUTarget("cuda", sm, 32),
-                           options=dict(num_warps=warps, num_stages=stages))
-        print(sm, name, x, warps, c.metadata.shared, kr.resources(c.asm["cubin"])[0])
+        c = kr.compile_launch(getattr(joint, name), const, options, sm, x, ints)
+        regs = kr.resources(c.asm["cubin"])[0]
+        print(sm, name, x, options["num_warps"], c.metadata.shared, regs,
+              kr.programs_per_sm(regs, options["num_warps"], c.metadata.shared, sm))
 """
-# The shared memory one block may opt into (bytes) and the registers of a multiprocessor.
+# The shared memory one block may opt into (bytes).
 SHARED_MAX = {80: 166912, 90: 232448}
-REGISTERS_PER_SM = 65536
 
 
 def test_joiner_blocks_fit_a_multiprocessor():
@@ -890,9 +882,10 @@ def test_joiner_blocks_fit_a_multiprocessor():
     assert {(r[0], r[1], r[2]) for r in rows} == {
         (sm, f"_joint_{w}_kernel", x) for w in ("row", "grad")
         for sm, x in (("80", "fp32"), ("90", "fp32"), ("90", "bf16"))}, out.stdout
-    for sm, name, x, warps, shared, regs in rows:
+    for sm, name, x, warps, shared, regs, programs in rows:
         assert int(shared) <= SHARED_MAX[int(sm)], (sm, name, x, shared)
-        assert int(regs) * 32 * int(warps) <= REGISTERS_PER_SM, (sm, name, x, regs, warps)
+        assert int(regs) * 32 * int(warps) <= 65536, (sm, name, x, regs, warps)
+        assert int(programs) >= 1, (sm, name, x, regs, warps, shared)
 
 
 # The row and gradient passes' switches: (gpu.SPAN_ROWS, gpu.SPAN_GRAD, gpu.ROW_LANES, V) with

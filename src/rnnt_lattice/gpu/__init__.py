@@ -376,7 +376,7 @@ _KERNEL_KINDS = {
     "row": _LATTICE_KINDS + ("N_DURATIONS", "HAS_PLUS_NEXT_BLANK"),
     "lattice": _LATTICE_KINDS,
     "reads": _LATTICE_KINDS + ("N_DURATIONS", "N_CLS", "CLS_COL", "DUR_COL"),
-    "grad": ("K", "KP", "READS", "CLASS_ID", "DURATION", "N_DURATIONS", "N_CLS", "CLS_COL",
+    "grad": ("K", "READS", "CLASS_ID", "DURATION", "N_DURATIONS", "N_CLS", "CLS_COL",
              "DUR_COL"),
 }
 

@@ -100,6 +100,10 @@ TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_sta
 # (the float32 blocks spilled 136-536 bytes a thread).
 WIDE = {4: dict(BLOCK_H=32, num_stages=3),
         8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
+# A pass's entries that are Triton's launch options rather than constexprs: warps, pipeline
+# stages, and the cap on registers a thread (``maxnreg``, ptxas' ``.maxnreg``; none by
+# default), which decides how many programs share a multiprocessor (its 65536 registers).
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 # The act-grad pass: label positions and H per program (it runs over the chunk's frames).
 ACT_GRAD_BLOCK_U = 32
 ACT_GRAD_BLOCK_H = 64
@@ -302,7 +306,7 @@ def _joint_grad_kernel(
     # options: clamp, a float64 in three float32 parts
     clamp_hi, clamp_mid, clamp_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
+    K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
     DURATION: tl.constexpr, N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr,
     CLS_COL: tl.constexpr, DUR_COL: tl.constexpr, CLS_FIRST: tl.constexpr,
     # flags
@@ -477,6 +481,18 @@ def _grad_kinds(topo) -> dict:
 def _tiles(which: str, dtype: torch.dtype) -> dict:
     """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
     return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
+
+
+def launch_options(tile: dict) -> dict:
+    """The entries of a pass's ``tile`` (:func:`_tiles`) that are Triton's launch options,
+    not the kernel's constexprs: :data:`LAUNCH_OPTIONS`."""
+    return {k: v for k, v in tile.items() if k in LAUNCH_OPTIONS}
+
+
+def block_constants(tile: dict) -> dict:
+    """The entries of a pass's ``tile`` that are the kernel's constexprs (the blocks,
+    ``FLATTEN``)."""
+    return {k: v for k, v in tile.items() if k not in LAUNCH_OPTIONS}
 
 
 def _block_dur(n_durations: int) -> int:

@@ -1278,7 +1278,7 @@ def _grad_kernel(
     # options: clamp, a float64 in three float32 parts
     clamp_hi, clamp_mid, clamp_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
+    K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
     DURATION: tl.constexpr, N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr,
     CLS_COL: tl.constexpr, DUR_COL: tl.constexpr,
     # flags
