@@ -75,6 +75,16 @@ CANDIDATES = {
                                  dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128)),
     "64x128x64 w4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168),
                                  dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168)),
+    # Fewer bytes from L2: a program reads its rows of h once per block of classes and W's
+    # block once per block of nodes, so at j1 (N = 1.29M nodes, H = 512, V = 1024, bf16) the
+    # default's 128 x 128 reads 10.6 GB of h and 10.1 GB of W a pass; 256 x 128 reads 10.6
+    # and 5.0, 128 x 256 5.3 and 10.1 (256 x 64, 21 and 5, timed slower than the default:
+    # 25.67 against 21.81 ms, as its 26 GB against 20.7 would have it). One program a
+    # multiprocessor, 128 registers, spills of 80-120 bytes (Triton 3.6, sm_90).
+    "256x128x32 w16 / same": (dict(BLOCK_N=256, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
+                              dict(BLOCK_N=256, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
+    "128x256x32 w16 / same": (dict(BLOCK_N=128, BLOCK_V=256, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
+                              dict(BLOCK_N=128, BLOCK_V=256, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
     "64x128x32 w4 s4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=4, num_stages=4, FLATTEN=False, maxnreg=168),
                                     dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=4, num_stages=4, FLATTEN=False, maxnreg=168)),
 }
