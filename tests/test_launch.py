@@ -211,6 +211,26 @@ def test_the_launcher_gets_what_triton_would_bind(calls):
             assert a is b or (not isinstance(a, torch.Tensor) and a == b), (twin.fn.__name__, a, b)
 
 
+def test_a_register_cap_is_a_launch_option_of_its_own_class(calls):
+    """The joiner's blocks may cap registers a thread (``maxnreg``, ``joint.LAUNCH_OPTIONS``):
+    Triton's binder takes it as an option, not as an argument (the bound arguments are the
+    same), it changes Triton's cache key, and it makes another launch class."""
+    from rnnt_lattice.gpu import _launch
+    keys = _Keys()
+    joiner = [(k, a, kw) for k, _, a, kw in calls if _twin(k).fn.__name__.startswith("_joint_")
+              and "num_warps" in kw]
+    assert {_twin(k).fn.__name__ for k, _, _ in joiner} >= {"_joint_row_kernel",
+                                                              "_joint_grad_kernel"}
+    for kernel, args, kw in joiner:
+        twin = _twin(kernel)
+        capped = dict(kw, maxnreg=128)
+        (key, bound), (capped_key, capped_bound) = keys(twin, args, kw), keys(twin, args, capped)
+        assert capped_key != key and len(capped_bound) == len(bound), twin.fn.__name__
+        assert all(a is b or a == b for a, b in zip(capped_bound, bound)), twin.fn.__name__
+        assert _launch.launch_class(twin, args, capped) != _launch.launch_class(twin, args, kw)
+        assert _launch.launch_tail(twin, len(args), capped) == _launch.launch_tail(twin, len(args), kw)
+
+
 class _FakeCompiled:
     """Stands for a ``CompiledKernel``: records the launcher's calls."""
 
