@@ -75,12 +75,12 @@ CANDIDATES = {
                                  dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128)),
     "64x128x64 w4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168),
                                  dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168)),
-    # Fewer bytes from L2: a program reads its rows of h once per block of classes and W's
-    # block once per block of nodes, so at j1 (N = 1.29M nodes, H = 512, V = 1024, bf16) the
-    # default's 128 x 128 reads 10.6 GB of h and 10.1 GB of W a pass; 256 x 128 reads 10.6
-    # and 5.0, 128 x 256 5.3 and 10.1 (256 x 64, 21 and 5, timed slower than the default:
-    # 25.67 against 21.81 ms, as its 26 GB against 20.7 would have it). One program a
-    # multiprocessor, 128 registers, spills of 80-120 bytes (Triton 3.6, sm_90).
+    # Fewer bytes from L2 (l2_reads): a program reads its rows of h once per block of classes
+    # and W's block once per block of nodes, so at j1 (1.29M nodes, H = 512, V = 1024, bf16)
+    # the default's 128 x 128 reads 10.6 GB of h and 10.6 GB of W a pass; 256 x 128 reads
+    # 10.6 and 5.3, 128 x 256 5.3 and 10.6 (256 x 64, 21.2 and 5.3, timed slower than the
+    # default: 25.67 against 21.81 ms, as its 26.5 GB against 21.2 would have it). One
+    # program a multiprocessor, 128 registers, spills of 80-120 bytes (Triton 3.6, sm_90).
     "256x128x32 w16 / same": (dict(BLOCK_N=256, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
                               dict(BLOCK_N=256, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
     "128x256x32 w16 / same": (dict(BLOCK_N=128, BLOCK_V=256, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
@@ -148,11 +148,20 @@ OPERANDS = {"bf16": ("bf16", 2, "ieee"), "fp16": ("fp16", 2, "ieee"), "fp32": ("
             "tf32": ("fp32", 4, "tf32")}
 
 
-def compile_table(precision: str, H: int, V: int, loss: str = "rnnt", sm: int = 90) -> list:
+def l2_reads(nodes: int, V: int, H: int, size: int, block_n: int, block_v: int) -> tuple:
+    """``(h, W)`` bytes a pass of a ``block_n`` x ``block_v`` choice reads from L2 over
+    ``nodes`` nodes: each program reads its rows of ``h`` once per block of classes, and each
+    block of ``W`` once per block of nodes (operands of ``size`` bytes)."""
+    return (nodes * H * size * -(-V // block_v), -(-nodes // block_n) * V * H * size)
+
+
+def compile_table(precision: str, H: int, V: int, loss: str = "rnnt", sm: int = 90,
+                  nodes: int = 0) -> list:
     """Each choice's two passes compiled for ``sm`` as they would launch (no GPU needed:
     ``kernel_resources``), at width ``H`` and ``V`` classes: ``[(choice, pass, warps,
-    registers, stack bytes, shared KiB, programs a multiprocessor)]``; a pass that does not
-    compile has the error's last line in place of its registers."""
+    registers, stack bytes, shared KiB, programs a multiprocessor, GB of h + W read from L2
+    over ``nodes`` nodes)]`` (:func:`l2_reads`); a pass that does not compile has the
+    error's last line in place of its registers."""
     import kernel_resources as kr
     from rnnt_lattice import topology
     from rnnt_lattice.gpu import joint
@@ -166,18 +175,20 @@ def compile_table(precision: str, H: int, V: int, loss: str = "rnnt", sm: int = 
             tile = dict(tile, **(joint.WIDE.get(size, {}) if wide is None else wide))
             options = joint.launch_options(tile)
             warps = options.get("num_warps", 4)
+            h, w = l2_reads(nodes, V, H, size, tile["BLOCK_N"], tile["BLOCK_V"])
+            traffic = f"{h / 1e9:.1f} + {w / 1e9:.1f}"
             try:
                 c = kr.compile_launch(getattr(joint, f"_joint_{which}_kernel"),
                                       kr.joint_constants(topo, which, tile, dot), options, sm, x,
                                       dict(V_tok=V - topo.n_durations, H=H))
             except Exception as err:             # noqa: BLE001  (out of resources, ...)
                 last = [ln for ln in str(err).splitlines() if ln.strip()][-1:] or [type(err).__name__]
-                out.append((name, which, warps, last[0][:160], "-", "-", "-"))
+                out.append((name, which, warps, last[0][:160], "-", "-", "-", traffic))
                 continue
             regs, stack = kr.resources(c.asm["cubin"])
             shared = c.metadata.shared
             out.append((name, which, warps, regs, stack, round(shared / 1024),
-                        kr.programs_per_sm(regs, warps, shared, sm)))
+                        kr.programs_per_sm(regs, warps, shared, sm), traffic))
     return out
 
 
@@ -196,13 +207,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.compile is not None:
         import triton
-        V = shapes.SHAPES[args.shape].V
+        shape = shapes.SHAPES[args.shape]
+        V, nodes = shape.V, shape.B * shape.T * (shape.U + 1)
         print(f"# triton {triton.__version__}, sm_{args.compile}; {args.shape}: V = {V}, "
-              f"H = {args.hidden}, {args.loss}, {args.precision}")
+              f"H = {args.hidden}, {args.loss}, {args.precision}; L2 reads over its "
+              f"{nodes} nodes")
         print("| choice | pass | warps | registers | stack (bytes) | shared memory (KiB) "
-              "| programs a multiprocessor |")
-        print("|---|---|---|---|---|---|---|")
-        for row in compile_table(args.precision, args.hidden, V, args.loss, args.compile):
+              "| programs a multiprocessor | L2 reads a pass, h + W (GB) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in compile_table(args.precision, args.hidden, V, args.loss, args.compile,
+                                 nodes):
             print("| " + " | ".join(map(str, row)) + " |", flush=True)
         return 0
     if not torch.cuda.is_available():
