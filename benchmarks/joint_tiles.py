@@ -10,9 +10,12 @@ fp32`` too, where a Joiner takes the tile path by default: ``joint.IEEE_FLOAT32`
 events, median of ``--reps`` after one warm-up, which compiles) with each entry of
 :data:`CANDIDATES` (and for float32 operands :data:`F32_CANDIDATES`, with their own
 pipeline stages) in place of ``gpu.joint.TILES``, each step's loss and gradients compared
-with the default's (the same bits, or the largest relative difference); then the CUDA time
-of the default's step by kernel (the row pass, the lattice, the coefficients, the gradient
-pass, the products, the act-grad pass). Prints a table and writes ``--json`` if given.
+with the default's (the same bits, or the largest relative difference), and the device
+time of its row and gradient passes (one profiled step; ``TILES`` sets the two passes'
+blocks apart, so the fastest of each pass is named at the end, whichever choices they come
+from); then the CUDA time of the default's step by kernel (the row pass, the lattice, the
+coefficients, the gradient pass, the products, the act-grad pass). Prints a table and
+writes ``--json`` if given.
 Without a CUDA device it exits at once with a message (status 2). ``--compile``: no
 timing, each choice's passes compiled for sm_90 (or the SM given) as they would launch, with
 their registers, spills, shared memory and how many programs fit a multiprocessor
@@ -132,6 +135,45 @@ def _time(x, prec: str, reps: int) -> float:
     return statistics.median(times)
 
 
+# The kernels of the two passes whose blocks TILES sets, by the TILES entry.
+PASSES = {"row": "_joint_row_kernel", "grad": "_joint_grad_kernel"}
+
+
+def pass_times(events) -> dict:
+    """``{"row": ms, "grad": ms}``: the device time of the two passes in one step's profiler
+    events (``key_averages()``), summed over their launches (one a chunk)."""
+    out = {}
+    for e in events:
+        for which, kernel in PASSES.items():
+            if e.key == kernel:
+                us = getattr(e, "self_device_time_total", None)
+                us = getattr(e, "self_cuda_time_total", 0.0) if us is None else us
+                out[which] = out.get(which, 0.0) + us / 1e3
+    return out
+
+
+def _profiled(x, prec: str):
+    """One step of the joint way under torch.profiler (CUDA): its profile."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fused_pipeline.step("joint", x, None, prec)
+        torch.cuda.synchronize()
+    return prof
+
+
+def best_passes(passes: dict) -> dict:
+    """``{"row": (choice, ms), "grad": (choice, ms)}``: each pass's fastest choice (TILES
+    sets the two passes' blocks apart, so the fastest row pass and the fastest gradient
+    pass may come from two choices)."""
+    out = {}
+    for which in PASSES:
+        timed = [(ms[which], name) for name, ms in passes.items() if which in ms]
+        if timed:
+            ms, name = min(timed)
+            out[which] = (name, ms)
+    return out
+
+
 def _agreement(ref: tuple, got: tuple) -> str:
     """``"same bits"`` when every tensor of ``got`` equals ``ref``'s, else the largest
     difference relative to each tensor's largest entry: a block choice changes the order of
@@ -231,7 +273,7 @@ def main(argv=None) -> int:
     x = fused_pipeline.Inputs(shape, args.hidden, "cuda", 0, args.loss)
     print(f"# {torch.cuda.get_device_name()}; {shape.name} ({shape.describe()}), H={args.hidden}, "
           f"{args.loss}, {args.precision}; joint way, median of {args.reps}", flush=True)
-    res, agree, ref = {}, {}, None
+    res, agree, passes, ref = {}, {}, {}, None
     for name, tiles, wide in ([("default", (default["row"], default["grad"]), None)]
                               + candidates(args.precision)):
         joint.TILES.update(row=tiles[0], grad=tiles[1])
@@ -241,21 +283,24 @@ def main(argv=None) -> int:
             got = fused_pipeline.result("joint", x, None, args.precision)
             ref = got if ref is None else ref
             agree[name] = _agreement(ref, got)
-            print(f"  {name:42s} {res[name]:8.2f} ms  {agree[name]}", flush=True)
+            passes[name] = pass_times(_profiled(x, args.precision).key_averages())
+            each = ", ".join(f"{k} {v:.2f}" for k, v in passes[name].items())
+            print(f"  {name:42s} {res[name]:8.2f} ms  ({each} ms)  {agree[name]}", flush=True)
         except Exception as err:                   # noqa: BLE001  (out of resources, ...)
             res[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             print(f"  {name:42s} {res[name]}", flush=True)
     joint.TILES.update(default)
     joint.WIDE[4] = wide4
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fused_pipeline.step("joint", x, None, args.precision)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+    best = best_passes(passes)
+    for which, (name, ms) in best.items():
+        print(f"  fastest {which} pass: {name} ({ms:.2f} ms; {agree[name]})", flush=True)
+    table = _profiled(x, args.precision).key_averages().table(sort_by="cuda_time_total",
+                                                              row_limit=20)
     print(table, flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times_ms": res, "agreement_with_default": agree, "profile": table,
+            json.dump({"times_ms": res, "agreement_with_default": agree, "passes_ms": passes,
+                       "fastest_passes": best, "profile": table,
                        "meta": common.machine_info()}, f, indent=2,
                       default=str)
     return 0

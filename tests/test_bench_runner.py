@@ -381,6 +381,25 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
         assert [wide for *_, wide in chosen].count({}) == n_f32
 
 
+def test_joint_tiles_times_each_pass_apart():
+    """joint_tiles.py reads each choice's row and gradient passes from a profiled step's
+    events (summed over the chunks' launches, whichever device-time attribute the torch
+    version has) and names the fastest choice of each pass, which may be two choices."""
+    import types
+
+    import joint_tiles
+
+    def ev(key, us, old=False):
+        return types.SimpleNamespace(key=key, **{("self_cuda_time_total" if old else
+                                                  "self_device_time_total"): us})
+    events = [ev("_joint_row_kernel", 1500.0), ev("_joint_grad_kernel", 4000.0),
+              ev("_joint_row_kernel", 500.0, old=True), ev("_lattice_kernel", 900.0)]
+    assert joint_tiles.pass_times(events) == {"row": 2.0, "grad": 4.0}
+    best = joint_tiles.best_passes({"a": {"row": 2.0, "grad": 4.0}, "b": {"row": 3.0, "grad": 3.5},
+                                    "c": {}})
+    assert best == {"row": ("a", 2.0), "grad": ("b", 3.5)}
+
+
 def test_gpu_passes_configs_and_settings(run, capsys):
     """benchmarks/gpu_passes.py without a GPU exits with status 2 (after checking its
     arguments); its sweep configs' letters and ``--set``'s constants parse as the GPU
