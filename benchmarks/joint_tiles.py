@@ -35,25 +35,39 @@ import torch                      # noqa: E402
 import fused_pipeline             # noqa: E402
 import shapes                     # noqa: E402
 
+
+def _blocks(n: int, v: int, h: int, warps: int, stages: int = 3, flatten: bool = False,
+            maxnreg: int | None = None) -> dict:
+    """One pass's blocks, as ``joint.TILES`` holds them: ``n`` nodes x ``v`` classes per
+    program, ``h`` of H per product step, warps, pipeline stages, FLATTEN and, where given,
+    the cap on registers a thread."""
+    out = dict(BLOCK_N=n, BLOCK_V=v, BLOCK_H=h, num_warps=warps, num_stages=stages,
+               FLATTEN=flatten)
+    if maxnreg is not None:
+        out["maxnreg"] = maxnreg
+    return out
+
+
+def _same(*args, **kw) -> tuple:
+    """The same blocks for both passes (row, gradient)."""
+    return _blocks(*args, **kw), _blocks(*args, **kw)
+
+
 # Block choices (row pass, gradient pass): BLOCK_N nodes x BLOCK_V classes per program,
 # BLOCK_H of H per product step, warps, pipeline stages. "default" is gpu/joint.py's.
 CANDIDATES = {
-    "128x128x64 w16 / 128x64x32 w8": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False),
-                                      dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, num_warps=8, num_stages=3, FLATTEN=False)),
-    "128x128x64 w16 / 128x128x32 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False),
-                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
-    "128x128x64 w16 / 128x128x64 w16": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False),
-                                        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False)),
-    "128x128x64 w16 s4 / 128x128x32 w16 s4": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=4, FLATTEN=False),
-                                              dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4, FLATTEN=False)),
+    "128x128x64 w16 / 128x64x32 w8": (_blocks(128, 128, 64, 16),
+                                      _blocks(128, 64, 32, 8)),
+    "128x128x64 w16 / 128x128x32 w16": (_blocks(128, 128, 64, 16),
+                                        _blocks(128, 128, 32, 16)),
+    "128x128x64 w16 / 128x128x64 w16": _same(128, 128, 64, 16),
+    "128x128x64 w16 s4 / 128x128x32 w16 s4": (_blocks(128, 128, 64, 16, stages=4),
+                                              _blocks(128, 128, 32, 16, stages=4)),
     # The default's blocks with the loop over blocks of classes and the loop over H as one
     # (``joint.TILES``' FLATTEN): the next block's loads issue before the block's epilogue.
-    "128x128x64 w16 flat / 128x128x64 w16": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=True),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=False)),
-    "128x128x64 w16 flat / 128x128x64 w16 flat": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=True),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3, FLATTEN=True)),
+    "128x128x64 w16 flat / 128x128x64 w16": (_blocks(128, 128, 64, 16, flatten=True),
+                                             _blocks(128, 128, 64, 16)),
+    "128x128x64 w16 flat / 128x128x64 w16 flat": _same(128, 128, 64, 16, flatten=True),
     # Of nine choices compiled for sm_90 (bf16, H = 512: 128 or 64 nodes, 64 to 256
     # classes, 32 or 64 of H, 4 to 16 warps), the only one that puts two programs on a
     # multiprocessor, so that one's epilogue (the log-sum-exp, the gradient's formula) can
@@ -61,8 +75,7 @@ CANDIDATES = {
     # spills 32 bytes), 72 KiB of shared memory; the others hold the whole register file
     # with one program. (256x64x32 w16, 25.67 ms against the default's 21.81 in bf16, made
     # room for it.)
-    "64x128x64 w4 / 64x128x64 w4": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False),
-                                    dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False)),
+    "64x128x64 w4 / 64x128x64 w4": _same(64, 128, 64, 4),
     # More programs a multiprocessor by a cap on registers a thread (``maxnreg``): with one
     # program of 16 warps holding the register file, a block's epilogue (the exps and
     # reductions, the gradient's formula and its stores) cannot overlap the next block's
@@ -72,24 +85,18 @@ CANDIDATES = {
     # 8 warps capped at 128 registers, two programs, spill 160 bytes; 128 nodes x 64 classes
     # on 8 warps at 128, two programs, no spill; 64 x 128 on 4 warps at 168, three programs,
     # no spill (the gradient pass 16 bytes at 64 of H a step).
-    "128x128x64 w8 r128 / same": (dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128),
-                                  dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128)),
-    "128x64x64 w8 r128 / same": (dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128),
-                                 dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3, FLATTEN=False, maxnreg=128)),
-    "64x128x64 w4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168),
-                                 dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=4, num_stages=3, FLATTEN=False, maxnreg=168)),
+    "128x128x64 w8 r128 / same": _same(128, 128, 64, 8, maxnreg=128),
+    "128x64x64 w8 r128 / same": _same(128, 64, 64, 8, maxnreg=128),
+    "64x128x64 w4 r168 / same": _same(64, 128, 64, 4, maxnreg=168),
     # Fewer bytes from L2 (l2_reads): a program reads its rows of h once per block of classes
     # and W's block once per block of nodes, so at j1 (1.29M nodes, H = 512, V = 1024, bf16)
     # the default's 128 x 128 reads 10.6 GB of h and 10.6 GB of W a pass; 256 x 128 reads
     # 10.6 and 5.3, 128 x 256 5.3 and 10.6 (256 x 64, 21.2 and 5.3, timed slower than the
     # default: 25.67 against 21.81 ms, as its 26.5 GB against 21.2 would have it). One
     # program a multiprocessor, 128 registers, spills of 80-120 bytes (Triton 3.6, sm_90).
-    "256x128x32 w16 / same": (dict(BLOCK_N=256, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
-                              dict(BLOCK_N=256, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
-    "128x256x32 w16 / same": (dict(BLOCK_N=128, BLOCK_V=256, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
-                              dict(BLOCK_N=128, BLOCK_V=256, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
-    "64x128x32 w4 s4 r168 / same": (dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=4, num_stages=4, FLATTEN=False, maxnreg=168),
-                                    dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=4, num_stages=4, FLATTEN=False, maxnreg=168)),
+    "256x128x32 w16 / same": _same(256, 128, 32, 16),
+    "128x256x32 w16 / same": _same(128, 256, 32, 16),
+    "64x128x32 w4 s4 r168 / same": _same(64, 128, 32, 4, stages=4, maxnreg=168),
 }
 # Float32 operands (--precision fp32, tf32) run every choice above with ``joint.WIDE[4]``
 # over it (32 of H a step in three pipeline stages: three [128, 64] float32 blocks of h and W
@@ -98,15 +105,13 @@ CANDIDATES = {
 # shared memory, four 128 KiB, as two of 64 do. Compiled with Triton 3.6 for sm_90: 128
 # registers, no spill (the gradient pass at four stages spilled 8 bytes when chosen).
 F32_CANDIDATES = {
-    "f32 128x128x32 w16 s3 / 128x128x32 w16 s3": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
+    "f32 128x128x32 w16 s3 / 128x128x32 w16 s3": _same(128, 128, 32, 16),
     "f32 128x128x32 w16 s4 / 128x128x32 w16 s3": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=4, FLATTEN=False),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
+        _blocks(128, 128, 32, 16, stages=4),
+        _blocks(128, 128, 32, 16)),
     "f32 128x128x64 w16 s2 / 128x128x32 w16 s3": (
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=2, FLATTEN=False),
-        dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3, FLATTEN=False)),
+        _blocks(128, 128, 64, 16, stages=2),
+        _blocks(128, 128, 32, 16)),
 }
 
 
