@@ -64,7 +64,8 @@ INT8_PTRS = {"best_kind_ptr", "code_ptr"}
 UINT8_PTRS = {"resc_ptr", "am_bad_ptr", "lm_bad_ptr", "keep_ptr", "row_ok_ptr", "need_ptr",
               "row_bad_ptr"}
 COST_PTRS = {"costs_ptr", "upstream_ptr", "db_ptr", "de_ptr", "dp_ptr"}
-FP32_PTRS = {"ok_ptr", "nan_ptr", "nan_rows_ptr"}   # the input check's flags and NaN rows
+FP32_PTRS = {"ok_ptr", "nan_ptr", "nan_rows_ptr",   # the input check's flags and NaN rows,
+             "check_ptr"}                          # the gradient pass's recomputation check
 FLOATS = {f"{o}_{p}" for o in ("clamp", "scale", "sigma", "delay", "c", "sa", "sl")
           for p in ("hi", "mid", "lo")}
 
@@ -182,7 +183,8 @@ def variants(V_list):
         for V in V_list:
             for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
                                        ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True,
-                                                                     COSTS32=True))):
+                                                                     COSTS32=True,
+                                                                     CHECK=False))):
                 # as the backend launches them: the gradient pass reads unaligned rows by
                 # their whole 16-byte groups only with gpu.SPAN_GRAD
                 span = (gpu._span(V, n_dur, torch.float32)
@@ -196,6 +198,10 @@ def variants(V_list):
                                      LANES=gpu._row_lanes(torch.float32, block_v))
                                 if which == "row" else {}))
                 yield (f"{name} {tname}", V, name, const, warps, 3)
+                if which == "grad":
+                    # a fused tile's gradient pass, its recomputation checked in the pass
+                    yield (f"{name} {tname} tile, CHECK", V, name,
+                           dict(const, CHECK=True, LAYOUT=2), warps, 3)
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",
                dict(gpu._kernel_kinds(topo, "reads"), BLOCK=gpu.BLOCK_NODES, **terms), 4, 3)

@@ -491,6 +491,78 @@ def test_non_deterministic_joiner_is_an_error():
         loss.backward()
 
 
+# Where a recomputed tile drifts: one column of every row, a column each backend's check
+# reads in its own way -- the Triton backend's gradient pass (fused mode) takes a label's
+# column in its loop over V, a big blank's in its first step (before an in-place gradient
+# overwrites it) and a duration's in TDT's duration group; log-prob mode compares row sums.
+DRIFT = [("regular", "label", True), ("regular", "label", False),
+         ("multiblank", "big_blank", True), ("tdt13", "duration", True)]
+
+
+@pytest.mark.parametrize("backend", backends.ALL)
+@pytest.mark.parametrize("topo_name, column, fused", DRIFT)
+@pytest.mark.parametrize("delta", [0.0, 1e-13, 0.5])
+def test_recomputed_tiles_are_checked(topo_name, column, fused, delta, backend):
+    """A joiner whose recomputation adds ``delta`` to one column: an error beyond float64's
+    rounding (0.5), and beyond it only (1e-13 and 0: the losses and gradients of the
+    materialised logits), on every backend and in the in-place gradient (multi-blank's
+    fixed classes are written over before the pass reads the row's other entries)."""
+    check_drift(topo_name, column, fused, delta, backend)
+
+
+@backends.NO_TRITON
+@pytest.mark.parametrize("topo_name, column", [d[:2] for d in DRIFT if d[2]])
+@pytest.mark.parametrize("delta", [0.0, 0.5])
+def test_recomputed_tiles_are_checked_from_the_span(topo_name, column, delta, monkeypatch):
+    """The same with the Triton gradient pass reading float32 rows (V = 6, 8: not 16-byte
+    aligned) from their aligned span (``gpu.SPAN_GRAD``): the check counts the span's
+    edges (a row's first and last classes, an entry a load) as it counts its body."""
+    from rnnt_lattice import gpu
+    monkeypatch.setattr(gpu, "SPAN_GRAD", True)
+    assert gpu._span(6, 0, torch.float32) == gpu._span(6, 2, torch.float32) == 4
+    check_drift(topo_name, column, True, delta, "triton", torch.float32)
+
+
+def check_drift(topo_name, column, fused, delta, backend, dtype=torch.float64):
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, topo_name, dtype=dtype,
+                                                        log_probs=not fused)
+    V = joiner.out.out_features
+    col = {"label": int(targets[0, 0]), "big_blank": blank - 1, "duration": V - 1}[column]
+
+    class Drifting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.joiner = joiner
+
+        def forward(self, e, p):
+            x = self.joiner(e, p)
+            if torch.is_grad_enabled():           # the backward's recomputation (and the full loss)
+                x = x + delta * (torch.arange(V) == col).to(x.dtype)
+            return x
+
+    drifting = Drifting()
+    kw = {} if fused else dict(fused_log_softmax=False)
+    ctx = quiet()
+    try:
+        if delta < 0.1:
+            assert_same(*full_and_fused(topo_name, drifting, enc, pred, targets, tl, ul, blank,
+                                        tile=5, backend=backend, **kw), TOL[dtype])
+            return
+        fused_name, _, extra = PUBLIC[topo_name]
+        loss = getattr(rnnt_lattice, fused_name)(drifting, enc, pred, targets, tl, ul,
+                                                 blank=blank, tile=5, backend=backend,
+                                                 reduction="sum", **extra, **kw)
+        with pytest.raises(RuntimeError, match="deterministic"):
+            loss.backward()
+    finally:
+        ctx.__exit__(None, None, None)
+    fused_name, _, extra = PUBLIC[topo_name]
+    loss = getattr(rnnt_lattice, fused_name)(drifting, enc, pred, targets, tl, ul, blank=blank,
+                                             tile=5, backend=backend, **extra, **kw)
+    with pytest.raises(RuntimeError, match="deterministic"):
+        loss.backward()
+
+
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("backend", backends.CPU)
 def test_double_backward_is_refused(fused, backend):

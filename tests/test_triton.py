@@ -562,9 +562,14 @@ def variants(sm):
                 yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
                                           PREFETCH=not gpu.ROW_PREFETCH, LANES=4, **where), fp32
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True, CLAMP=True,
-                                        **where), dtypes)
+                                        CHECK=False, **where), dtypes)
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
-                                        **where), fp32)
+                                        CHECK=False, **where), fp32)
+            if on:
+                # a fused tile's recomputation checked in the pass (gpu.tile_backward)
+                yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True,
+                                            CLAMP=True, CHECK=True,
+                                            **dict(where, LAYOUT=kernels.BOX)), fp32)
             for semiring in (False, True):
                 # the lattice's state in registers (gpu.LATTICE_ONCHIP, off by default): sm_90
                 for onchip in ((False, True) if sm == 90 and (not semiring or not on)
@@ -788,7 +793,8 @@ print("span_tile", gpu.V_PASS_TILES["span"][0], int(gpu.ROW_PREFETCH), int(gpu.S
 for grad_span in (False, True):
     gpu.SPAN_GRAD = grad_span
     for label, V, name, const, warps, stages, *_ in kr.variants([1024, 1025]):
-        if name not in ("_row_kernel", "_grad_kernel") or (grad_span and name == "_row_kernel"):
+        if (name not in ("_row_kernel", "_grad_kernel") or (grad_span and name == "_row_kernel")
+                or const.get("CHECK")):           # (the fused tiles' check: not the loss's pass)
             continue
         kernel = getattr(kernels, name)
         sig = kr.signature(kernel, const)

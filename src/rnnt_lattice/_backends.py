@@ -47,6 +47,9 @@ class Backend(Protocol):
     ZEROES_INFINITE_COSTS: bool  # loss_backward and tile_backward give a zero gradient to every
                                  # sequence whose cost is infinite in the costs' dtype (else the
                                  # caller zeroes their upstream gradient first)
+    CHECKS_RECOMPUTED_TILES: bool  # tile_backward in fused mode (opts.log_softmax) checks that
+                                 # the recomputed rows are the forward's (the device assert
+                                 # "recompute"; else the caller compares the rows' sums)
 
     # The loss (``_ops``): costs (B,), tensors for ctx.save_for_backward, any other state;
     # then upstream[b] * d cost_b / d logits, shaped like the logits. ``nan_rows`` (B,), the

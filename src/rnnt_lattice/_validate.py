@@ -139,6 +139,26 @@ def device_assert(ok: torch.Tensor, rule: str) -> None:
     torch._assert_async(ok, DEVICE_MESSAGES[rule])
 
 
+# The fused losses' check that a recomputed tile is the forward's (``fused``): the largest
+# deviation allowed, relative, by the joiner's output dtype. A deterministic joiner gives
+# the same rows (the same kernels on the same shapes); a GPU joiner with atomics differs
+# by its rounding. Beyond that the recomputed logits are not the forward's, and the
+# gradient would be that of other logits.
+RECOMPUTE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+
+
+def recompute_rtol(dtype: torch.dtype) -> float:
+    """:data:`RECOMPUTE_RTOL` of ``dtype`` (half dtypes: 1e-2)."""
+    return RECOMPUTE_RTOL.get(dtype, 1e-2)
+
+
+def recompute_check(deviation: torch.Tensor, dtype: torch.dtype) -> None:
+    """The device assert ``"recompute"`` on a tile's per-row ``deviation`` from the
+    forward's normalisers (``gpu.tile_backward``: ``(sum_v p(v) - 1) / (1 + |lse|)`` per
+    softmax group read), within :func:`recompute_rtol` of the rows' ``dtype``; NaN fails."""
+    device_assert((deviation.abs() <= recompute_rtol(dtype)).all(), "recompute")
+
+
 @functools.lru_cache(maxsize=1)
 def _input_check():
     """``gpu.input_check``, imported on first use (Triton loads with it)."""

@@ -14,8 +14,10 @@ u1)`` of every sequence (``_layout.tile_plan``; each tile is one more node -> ro
                               it to the leaves it reaches that the Function does not own
                               (FSDP2's gathered parameters): their hooks see the backward begin
               for each tile:  x = joiner(...) again, with autograd (RNG and autocast replayed),
-                              its row sums compared with the forward's (determinism)
                               g = upstream[b] * d cost_b / d x  (gradient pass, over x itself)
+                              x checked to be the forward's (determinism): in the GPU's
+                              gradient pass (fused mode), else its row sums against the
+                              forward's
                               torch.autograd.grad(x, [enc, pred, *params], g), accumulated
                               (other leaves the joiner reached: torch.autograd.backward)
 
@@ -51,7 +53,7 @@ from ._types import LossOptions
 from .joiner import Joiner
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
                         check_int, check_joiner_output, check_multiblank_blank_id,
-                        check_reduction, check_tile, device_assert)
+                        check_reduction, check_tile, device_assert, recompute_rtol)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -209,20 +211,21 @@ def _fingerprint(rows: torch.Tensor) -> torch.Tensor:
         return rows.sum(-1, dtype=torch.float32)
 
 
-# Relative tolerance of the recomputed rows' sums, by the joiner's output dtype: a
-# deterministic joiner gives equal sums (the same kernels on the same shapes); a GPU
-# joiner with atomics differs by its rounding. Beyond that the recomputed logits are not
-# the forward's, and the gradient would be that of other logits.
-_RECOMPUTE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
-
-
 def _check_same(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype, V: int) -> None:
     """A device-side assert (``_validate.device_assert``: no host synchronisation on CUDA, a
     RuntimeError at once on the CPU) that the recomputed tile's row sums equal the
-    forward's (:func:`_fingerprint`) up to the rounding of the joiner's output ``dtype``."""
-    rtol = _RECOMPUTE_RTOL.get(dtype, 1e-2)
+    forward's (:func:`_fingerprint`) up to the rounding of the joiner's output ``dtype``
+    (``_validate.recompute_rtol``)."""
+    rtol = recompute_rtol(dtype)
     device_assert(torch.isclose(after, before, rtol=rtol, atol=rtol * V, equal_nan=True).all(),
                   "recompute")
+
+
+def _backend_checks(prep) -> bool:
+    """Whether the backend's ``tile_backward`` checks the recomputed rows itself (fused
+    mode on the Triton backend: against the forward's normalisers, in the gradient pass),
+    so that no row sums are taken here."""
+    return prep.impl.CHECKS_RECOMPUTED_TILES and prep.opts.log_softmax
 
 
 def _reached_leaves(x: torch.Tensor) -> list:
@@ -257,6 +260,7 @@ class _FusedLoss(torch.autograd.Function):
         prep = call.prep
         chk, opts = prep.chk, prep.opts
         need_grad = any(ctx.needs_input_grad[1:])
+        sums = need_grad and not _backend_checks(prep)   # the check's row sums are ours
         ctx.rng = _Rng(dev)
         ctx.amp = _autocast_of(dev)
         state = None
@@ -272,8 +276,7 @@ class _FusedLoss(torch.autograd.Function):
                 rows = x.reshape(-1, call.V).to(call.dtype).contiguous()
                 if _storage(rows) in call.inputs:
                     rows = rows.clone()           # a view of an input: the pass writes over it
-                if need_grad:
-                    prints.append(_fingerprint(rows))
+                prints.append(_fingerprint(rows) if sums else None)
                 with _no_autocast(dev):
                     state = prep.impl.tile_forward(rows, tile, chk.targets, chk.logit_lengths,
                                                    chk.target_lengths, opts, prep.boundary, state)
@@ -332,7 +335,8 @@ class _FusedLoss(torch.autograd.Function):
                                     (B, 1, u1 - u0, pred.shape[2]), enc.device)
                 rows = _own_version(x).reshape(-1, call.V)
                 rows = rows.to(call.dtype).contiguous()
-                _check_same(before, _fingerprint(rows), x.dtype, call.V)
+                if before is not None:
+                    _check_same(before, _fingerprint(rows), x.dtype, call.V)
                 # The gradient goes over the recomputed logits unless the joiner's graph
                 # saved them (its last op's backward reads its output: tanh, exp, ...) or
                 # they are a view of an input (enc, pred, a parameter).
@@ -709,9 +713,11 @@ def fused_rnnt_loss(
             exactly), and once more on one node with autograd when the backward pass
             begins (so that FSDP2 sees one backward of the joiner, whichever backend). The recomputation must give the forward's logits
             (``torch.utils.checkpoint``'s rule: deterministic given the inputs and the RNG
-            state); the row sums of each recomputed tile are compared with the forward's,
-            and a difference beyond rounding is a RuntimeError (a device-side assert on
-            CUDA). An output that is a view of ``enc``, ``pred`` or a parameter is copied
+            state); each recomputed tile is checked against the forward's (on the Triton
+            backend in fused mode, every row's softmax under the forward's normaliser must
+            still sum to one, checked in the gradient pass; elsewhere the rows' sums are
+            compared), and a difference beyond rounding is a RuntimeError (a device-side
+            assert on CUDA). An output that is a view of ``enc``, ``pred`` or a parameter is copied
             before the passes write over it. Logits that are not floating, of the tile's
             shape, on the device of ``enc`` and ``pred`` (not the meta device, not another
             GPU) are a ValueError naming the joiner.

@@ -28,7 +28,8 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
     bad input  out-of-range labels and lengths on the device path: the sequence's loss is
                NaN, a device-side assert names the argument and the rule (in a
                subprocess: the assert ends the CUDA context), and set_input_checks("host")
-               gives the ValueError
+               gives the ValueError; a fused loss's joiner that recomputes other logits
+               in the backward pass fails with the "recompute" message (a subprocess too)
 
 Each check prints one ``PASS`` / ``FAIL`` / ``SKIP`` line as it finishes; the run ends with
 a block to paste into a bug report and exits non-zero if any check failed.
@@ -653,6 +654,50 @@ def check_bad_input(ctx):
             f"'{DEVICE_MESSAGES[rule][:40]}...'; " + _host_bad_inputs(ctx))
 
 
+_RECOMPUTE_SCRIPT = """
+import sys, torch, rnnt_lattice
+device, backend, fused = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+torch.manual_seed(0)
+B, T, U, V, H = 3, 6, 3, 11, 8
+out = torch.nn.Linear(H, V).to(device)
+enc = torch.randn(B, T, 1, H, device=device, requires_grad=True)
+pred = torch.randn(B, 1, U + 1, H, device=device, requires_grad=True)
+y = torch.randint(1, V, (B, U), device=device)
+lengths = lambda n: torch.full((B,), n, device=device)
+
+
+def joiner(e, p):
+    x = out(torch.tanh(e + p))
+    x = x if fused else x.log_softmax(-1)
+    return x * 1.01 if torch.is_grad_enabled() else x     # the recomputation drifts
+
+
+loss = rnnt_lattice.fused_rnnt_loss(joiner, enc[:, :, 0], pred[:, 0], y, lengths(T), lengths(U),
+                                    blank=0, backend=backend, fused_log_softmax=fused, tile=7)
+loss.backward()
+torch.cuda.synchronize() if device == "cuda" else None
+print("NO ERROR", loss.item())
+"""
+
+
+def check_recompute(ctx):
+    """A fused loss whose joiner gives other logits when the backward recomputes a tile
+    (each 1% larger): the process fails with the ``"recompute"`` message, from the device
+    on CUDA (the Triton gradient pass's check in fused mode; the rows' sums in log-prob
+    mode), in a subprocess (a device-side assert ends the CUDA context)."""
+    from ._validate import DEVICE_MESSAGES
+    want = DEVICE_MESSAGES["recompute"][:60]
+    for fused in ("1", "0"):
+        died = subprocess.run([sys.executable, "-c", _RECOMPUTE_SCRIPT, ctx.device, ctx.backend,
+                               fused], capture_output=True, text=True, timeout=600)
+        said = died.stdout + died.stderr
+        if died.returncode == 0 or want not in said:
+            mode = "fused" if fused == "1" else "log-prob"
+            raise CheckFailed(f"{mode} mode: a drifting recomputation went unnoticed: "
+                              f"{said[-600:]}")
+    return f"fused and log-prob modes: '{want[:40]}...'"
+
+
 def _host_bad_inputs(ctx) -> str:
     """``set_input_checks("host")``: each of :data:`BAD_INPUTS` is a ValueError."""
     from ._validate import set_input_checks
@@ -1125,6 +1170,8 @@ def _checks(ctx: Context, big: bool) -> list:
                _bind(check_joint_amp, ctx) if joint else None))
     cs.append(("bad input (NaN, device-side assert, host ValueError)",
                _bind(check_bad_input, ctx)))
+    cs.append(("fused, a joiner that recomputes other logits (an error)",
+               _bind(check_recompute, ctx)))
     for kind in ("regular", "tdt"):
         for dtype in f64:
             cs.append((f"occupancy/best_alignment {kind} {_dtype_name(dtype)} {t}",

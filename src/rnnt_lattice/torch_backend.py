@@ -28,6 +28,7 @@ INPLACE_WRITES_IN = "backward"    # the gradient is computed in the forward pass
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
 NATIVE_INT32_IDS = False          # ids and lengths are converted to int64 first
 ZEROES_INFINITE_COSTS = False     # the caller zeroes the upstream gradient of infinite costs
+CHECKS_RECOMPUTED_TILES = False   # the fused losses compare a recomputed tile's row sums
 
 NEG_INF = float("-inf")
 

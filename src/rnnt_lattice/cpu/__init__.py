@@ -71,6 +71,7 @@ NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to floa
 NATIVE_INT32_IDS = True           # int32 ids and lengths are converted here, in NumPy (``_ids``)
 ZEROES_INFINITE_COSTS = True      # loss_backward and tile_backward zero the upstream gradient
                                   # of the sequences whose cost is infinite (``_upstream``)
+CHECKS_RECOMPUTED_TILES = False   # the fused losses compare a recomputed tile's row sums
 
 # The simple losses' log-domain rescue of the few nodes beyond the float64 matmul's range
 # (``pruned``): the PyTorch backend's host loop over those nodes serves the CPU.

@@ -68,6 +68,7 @@ import triton.language as tl
 from .. import torch_backend
 from .._layout import row_nodes
 from .._types import ArcParts, Lattice, LossOptions, Smoothing
+from .._validate import recompute_check
 from ..topology import Topology
 from . import kernels
 from ._launch import launch
@@ -86,6 +87,10 @@ NATIVE_INT32_IDS = True
 # The gradient pass zeroes the rows of every sequence whose cost is infinite in the costs'
 # dtype: the caller passes the upstream gradient as it is (no isinf and masked_fill).
 ZEROES_INFINITE_COSTS = True
+# In fused mode the gradient pass of a recomputed tile checks its rows against the forward's
+# normalisers (``kernels._grad_kernel``'s ``CHECK``): no row sums of the caller's, which
+# read each tile twice more.
+CHECKS_RECOMPUTED_TILES = True
 
 # Decorated as interpreted functions iff TRITON_INTERPRET=1 was set at import.
 INTERPRETED = not isinstance(kernels._row_kernel, triton.runtime.JITFunction)
@@ -667,7 +672,8 @@ def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boun
 
 @functools.lru_cache(maxsize=1024)
 def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay: _Layout, V: int,
-               dtype, n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple):
+               dtype, n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple,
+               check: bool = False):
     n_dur = topo.n_durations
     span = _span(V - n_dur, n_dur, dtype) if SPAN_GRAD else 0
     per, block_v, num_warps = _tiles(V - n_dur, n_rows, "grad", n_dur, span)
@@ -677,24 +683,28 @@ def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay:
               BOUNDARY=boundary, LAYOUT=layout, ACC=_acc(dtype), ROWS=per, BLOCK_V=block_v,
               BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur), SPAN=span,
               COSTS32=_costs_dtype(dtype) == torch.float32, num_warps=num_warps)
+    if check:                                      # (absent otherwise: the launch's key as before)
+        kw["CHECK"] = True
     return ((n_rows + per - 1) // per,), head, tail, kw
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
-              opts: LossOptions, upstream, *, boundary, rows: _Rows):
+              opts: LossOptions, upstream, *, boundary, rows: _Rows, check=None):
     """Pass 3 of any topology over the rows ``rows``: ``dst = upstream[b] * clip(d loss_b /
     d logits)``; ``dst`` may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides
-    included). The coefficients are ``st``'s ``reads`` (``_reads``)."""
+    included). The coefficients are ``st``'s ``reads`` (``_reads``). ``check`` (fused
+    mode): a float32 ``(rows.n,)`` that gets each row's deviation from the forward's
+    normalisers (``kernels._grad_kernel``, ``CHECK``)."""
     if rows.n == 0:
         return dst
     grid, head, tail, kw = _grad_plan(opts.topology, opts.log_softmax, opts.clamp, opts.blank,
                                       st.lay, logits.shape[-1], logits.dtype, rows.n,
                                       rows.layout, rows.box, boundary is not None,
-                                      _tile_constants())
+                                      _tile_constants(), check is not None)
     launch(kernels._grad_kernel, grid,
         logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
         logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
-        *head, upstream.stride(0), *tail, **kw)
+        _or(check, upstream), *head, upstream.stride(0), *tail, **kw)
     return dst
 
 
@@ -806,10 +816,19 @@ def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
 def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     """Pass 3 on one tile (``kernels._grad_kernel`` over the tile's box): ``out (n, V) =
     upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is read
-    through its stride."""
+    through its stride. In fused mode (:data:`CHECKS_RECOMPUTED_TILES`) the pass also
+    checks the rows against the forward's normalisers, and a device assert
+    (``_validate.recompute_check``) fails on a row beyond its dtype's rounding."""
+    box = _box(tile)
+    check = (torch.empty((box.n,), dtype=torch.float32, device=rows.device)
+             if opts.log_softmax and box.n else None)
     with _device(rows):
-        return _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
-                         state.st, opts, upstream, boundary=state.boundary, rows=_box(tile))
+        out = _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
+                        state.st, opts, upstream, boundary=state.boundary, rows=box,
+                        check=check)
+    if check is not None:
+        recompute_check(check, rows.dtype)
+    return out
 
 
 # --------------------------------------------------------------------------- lattice tools

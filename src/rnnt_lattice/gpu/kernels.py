@@ -1213,6 +1213,19 @@ def _fixed_reads(c, reads, keep, n_nodes, K: tl.constexpr, READS: tl.constexpr,
 
 
 @triton.jit
+def _unfixed_p(x, c, lse_hi, lse_lo, K: tl.constexpr, READS: tl.constexpr,
+               CLASS_ID: tl.constexpr):
+    """``p(v) = exp(x_v - lse)`` of the entries ``x [ROWS, n]`` of classes ``c`` (ACC;
+    -inf where not read: 0), 0 at the fixed classes' columns (step 1 of ``_grad_kernel``
+    counts them: in place, step 2 reads gradients there)."""
+    p = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None])
+    for k in tl.static_range(K):
+        if READS[k] == 2:
+            p = tl.where(c == CLASS_ID[k], 0.0, p)
+    return p
+
+
+@triton.jit
 def _grad_out(g, nan_row, clamp, write, w_up, FUSED: tl.constexpr, CLAMP: tl.constexpr):
     """A token group's gradient as written: NaN on the rows of a NaN sequence (fused
     mode), clamped to ``[-clamp, clamp]`` (both bounds; NaN stays NaN), times the upstream
@@ -1271,7 +1284,7 @@ def _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED: tl.
 def _grad_kernel(
     # data ptrs
     logits_ptr, grad_ptr, row_nodes_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr,
-    boundary_ptr, ws_ptr, upstream_ptr,
+    boundary_ptr, ws_ptr, upstream_ptr, check_ptr,
     # shapes and strides: the rows, the grid, the box (LAYOUT 2); the workspace parts read
     n_rows, n_nodes, T, U1, V_tok, blank, upstream_stride, box_t0, box_u0, box_T, box_U1,
     o_lse, o_dur, o_ll, o_reads,
@@ -1285,6 +1298,7 @@ def _grad_kernel(
     FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
     ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
     V_ALIGN: tl.constexpr, COSTS32: tl.constexpr, SPAN: tl.constexpr = 0,
+    CHECK: tl.constexpr = False,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
@@ -1311,7 +1325,19 @@ def _grad_kernel(
     its rows in fused mode, on its arc entries in log-prob mode; padding, rows of
     impossible sequences, sequences whose cost is infinite in the costs' dtype (``COSTS32``:
     float32 costs, where a float64 cost beyond 3.4e38 is +inf: math.md 8.1) and sequences
-    whose upstream gradient is exactly 0 get exactly 0 (a select, not a product)."""
+    whose upstream gradient is exactly 0 get exactly 0 (a select, not a product).
+
+    ``CHECK`` (fused mode; the fused losses' recomputed tiles, ``gpu.tile_backward``): the
+    rows are checked to be the forward's, at no extra read. Each softmax group a row's
+    gradient reads sums to one under the forward's normaliser, ``sum_v exp(x_v - lse_g) =
+    exp(lse_g(x) - lse_g)``, exactly when the recomputed row has the forward's log-sum-exp;
+    ``check_ptr[r]`` (float32) gets ``(sum_g sum_v p_g(v) - n_g) / (1 + |lse|)`` over the
+    ``n_g`` groups read (the tokens, and TDT's durations), 0 for a row read by none or of a
+    NaN sequence (its gradient is NaN whatever the row holds). The fixed classes' entries
+    count in step 1, before step 2 could have written over them; the loop over V keeps a
+    sum per entry of its chunk, reduced across the row once (sm_90, Triton 3.6: the regular
+    loss's aligned float32 rows take 71 registers a thread against 48 without, multi-blank's
+    80 against 64-72; a sum per thread's vector load took more)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     has_row = r < n_rows
     node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
@@ -1329,12 +1355,22 @@ def _grad_kernel(
     # read it, and the blank or the label where they are that class); then TDT's duration
     # group. First: nothing of them stays live through step 2's loop (multi-blank's pass
     # took 80 registers a thread on sm_90 with them after it, 72 now; Triton 3.6).
+    total = tl.zeros([ROWS], ACC)                  # CHECK: the softmax groups' sums of p
     for k in tl.static_range(K):
         if READS[k] == 2:
             cls = CLASS_ID[k]
             xk = tl.load(logits_ptr + row + cls, mask=live, other=NEG_INF).to(ACC)
             if FUSED:
-                gk = tl.where(no_mass, 0.0, tl.exp((xk - lse_hi) - lse_lo) * mass)
+                pk = tl.exp((xk - lse_hi) - lse_lo)
+                gk = tl.where(no_mass, 0.0, pk * mass)
+                if CHECK:
+                    first = True                               # each class's entry once
+                    for j in tl.static_range(k):
+                        if READS[j] == 2:
+                            if CLASS_ID[j] == cls:
+                                first = False
+                    if first:
+                        total += tl.where(live, pk, 0.0)
             else:
                 gk = tl.zeros([ROWS], ACC)
             gk = (gk - tl.where(blank == cls, gb_a, 0.0) - tl.where(y == cls, gl_a, 0.0)
@@ -1355,6 +1391,9 @@ def _grad_kernel(
                             other=NEG_INF).to(ACC)
         else:
             x_dur = tl.zeros([ROWS, BLOCK_DUR], ACC)
+        if CHECK:
+            total += tl.sum(tl.exp((x_dur - d_hi[:, None]) - d_lo[:, None]), axis=1) - tl.where(
+                live_d, 1.0, 0.0)
         g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
         tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :],
                  g_d.to(grad_ptr.dtype.element_ty),
@@ -1378,6 +1417,8 @@ def _grad_kernel(
         at = row
         n_r = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
         n_w = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
+    if CHECK:
+        sums = tl.zeros([ROWS, BLOCK_V], ACC)     # a sum per entry of the chunk
     for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         if SPAN > 0:
@@ -1394,6 +1435,8 @@ def _grad_kernel(
         g = _token_grad(x, c, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
         g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
                       CLAMP)
+        if CHECK:
+            sums += _unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID)
         out = v[None, :] < n_w[:, None]
         dst = grad_ptr + at[:, None] + v[None, :]
         if N_CLS > 0:
@@ -1428,6 +1471,13 @@ def _grad_kernel(
         _token_grad_store(x, c, on, grad_ptr + row[:, None] + c, lse_hi, lse_lo, mass,
                           no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
                           K, READS, CLASS_ID, FUSED, CLAMP)
+        if CHECK:
+            total += tl.sum(_unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID), axis=1)
+    if CHECK:
+        # (sum_g sum_v p_g(v) - n_g) / (1 + |lse|): the durations' term is in ``total``.
+        dev = total + tl.sum(sums, axis=1) - tl.where(live, 1.0, 0.0)
+        dev = tl.where(nan_row, 0.0, dev) / (1.0 + tl.abs(lse_hi))
+        tl.store(check_ptr + r, dev.to(tl.float32), mask=has_row)
 
 
 # --------------------------------------------------------------------------- input check
