@@ -263,7 +263,7 @@ def joint_constants(topo, which: str, tile: dict, precision: str) -> dict:
     on, float32 sums, as ``gpu.joint`` launches them."""
     from rnnt_lattice import gpu
     from rnnt_lattice.gpu import joint
-    kinds = gpu._kernel_kinds(topo, "row") if which == "row" else joint._grad_kinds(topo)
+    kinds = gpu._kernel_kinds(topo, which)
     const = dict(kinds, ACT=0, HAS_BIAS=True, FUSED=True, BOUNDARY=False, ACC=tl.float32,
                  PRECISION=precision, DOT_F32=False, BLOCK_DUR=joint._block_dur(topo.n_durations),
                  **joint.block_constants(tile))

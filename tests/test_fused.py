@@ -523,6 +523,35 @@ def test_recomputed_tiles_are_checked_from_the_span(topo_name, column, delta, mo
     check_drift(topo_name, column, True, delta, "triton", torch.float32)
 
 
+@pytest.mark.parametrize("backend", backends.KERNELS)
+def test_a_nan_sequence_is_no_recomputation_error(backend):
+    """A sequence whose logits are NaN (its encoder frames are) has a NaN loss and NaN
+    gradients, not an error of the recomputation check: the others' losses and gradients
+    are those of the same call without it (upstream weight 0 on the NaN sequence)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, "multiblank")
+    fused_name, _, extra = PUBLIC["multiblank"]
+    weights = torch.tensor([1.0, 0.0, -0.5], dtype=enc.dtype)
+
+    def step(poison):
+        e = enc.detach().clone()
+        if poison:
+            e[1] = float("nan")
+        e.requires_grad_()
+        ctx = quiet()
+        try:
+            costs = getattr(rnnt_lattice, fused_name)(joiner, e, pred, targets, tl, ul,
+                                                      blank=blank, tile=5, backend=backend,
+                                                      reduction="none", **extra)
+            (costs * weights).sum().backward()
+        finally:
+            ctx.__exit__(None, None, None)
+        return costs.detach(), e.grad
+
+    (c0, g0), (c1, g1) = step(False), step(True)
+    assert torch.isnan(c1[1]) and torch.allclose(c1[[0, 2]], c0[[0, 2]], rtol=1e-12, atol=0)
+    assert torch.allclose(g1[[0, 2]], g0[[0, 2]], rtol=1e-10, atol=1e-12)
+
+
 def check_drift(topo_name, column, fused, delta, backend, dtype=torch.float64):
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, topo_name, dtype=dtype,
                                                         log_probs=not fused)

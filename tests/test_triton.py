@@ -619,7 +619,7 @@ def variants(sm):
         topo = topologies[tname]
         on = tname != "regular"
         for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
-                             ("grad", joint._grad_kinds(topo))):
+                             ("grad", gpu._kernel_kinds(topo, "grad"))):
             for x, idt in dtypes:
                 tile = joint._tiles(which, half[x])
                 tiles, launched = joint.block_constants(tile), joint.launch_options(tile)

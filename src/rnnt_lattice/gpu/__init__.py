@@ -351,7 +351,8 @@ def _kinds(topo: Topology) -> dict:
     ``HAS_PLUS_NEXT_BLANK`` (any kind is), and the columns of the gradient's coefficients
     (``kernels``, pass 3): ``N_CLS`` kinds with a fixed class, ``CLS_COL[k]`` and
     ``DUR_COL[k]`` each kind's column of its class and duration read (-1: none), ``NC``
-    columns in all. The names are the fields of ``topology.ArcKind``. Each kernel takes
+    columns in all; ``CLS_FIRST[k]``: kind k reads a fixed class that no earlier kind
+    reads (the gradient passes count or subtract each fixed class once). The names are the fields of ``topology.ArcKind``. Each kernel takes
     its subset (:data:`_KERNEL_KINDS`). Cached per topology (frozen, hashable); each
     distinct topology compiles its own kernels."""
     kinds = topo.kinds
@@ -362,6 +363,9 @@ def _kinds(topo: Topology) -> dict:
     dur_col = tuple(4 + n_cls + sum(j.duration >= 0 for j in kinds[:i]) if k.duration >= 0
                     else -1 for i, k in enumerate(kinds))
     nc = 3 + n_cls + (1 + sum(k.duration >= 0 for k in kinds) if n_dur else 0)
+    cls_first = tuple(k.reads == "class" and all(j.reads != "class" or j.class_id != k.class_id
+                                                 for j in kinds[:i])
+                      for i, k in enumerate(kinds))
     return dict(
         K=len(kinds), KP=_pow2(len(kinds), 1 << 30),
         DT=tuple(k.dt for k in kinds), DU=tuple(k.du for k in kinds),
@@ -371,18 +375,18 @@ def _kinds(topo: Topology) -> dict:
         FASTEMIT=tuple(k.fastemit for k in kinds),
         DELAY=tuple(k.delay for k in kinds), MAY_END=tuple(k.may_end for k in kinds),
         N_DURATIONS=n_dur, HAS_PLUS_NEXT_BLANK=any(k.plus_next_blank for k in kinds),
-        N_CLS=n_cls, CLS_COL=cls_col, DUR_COL=dur_col, NC=nc,
+        N_CLS=n_cls, CLS_COL=cls_col, DUR_COL=dur_col, NC=nc, CLS_FIRST=cls_first,
     )
 
 
-_LATTICE_KINDS = ("K", "KP", "DT", "DU", "READS", "CLASS_ID", "DURATION", "PLUS_NEXT_BLANK",
+_LATTICE_KINDS = ("K", "DT", "DU", "READS", "CLASS_ID", "DURATION", "PLUS_NEXT_BLANK",
                   "FASTEMIT", "DELAY", "MAY_END")
 _KERNEL_KINDS = {
-    "row": _LATTICE_KINDS + ("N_DURATIONS", "HAS_PLUS_NEXT_BLANK"),
+    "row": _LATTICE_KINDS + ("KP", "N_DURATIONS", "HAS_PLUS_NEXT_BLANK"),
     "lattice": _LATTICE_KINDS,
     "reads": _LATTICE_KINDS + ("N_DURATIONS", "N_CLS", "CLS_COL", "DUR_COL"),
     "grad": ("K", "READS", "CLASS_ID", "DURATION", "N_DURATIONS", "N_CLS", "CLS_COL",
-             "DUR_COL"),
+             "DUR_COL", "CLS_FIRST"),
 }
 
 

@@ -45,7 +45,6 @@ matrix products use it. The lattice is float64, as everywhere.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -466,18 +465,6 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-@functools.lru_cache(maxsize=64)
-def _grad_kinds(topo) -> dict:
-    """The gradient pass's kinds (``gpu._kernel_kinds(topo, "grad")``) and ``CLS_FIRST[k]``:
-    kind k reads a fixed class that no earlier kind reads (its reads are subtracted once)."""
-    seen, first = set(), []
-    for k in topo.kinds:
-        first.append(k.reads == "class" and k.class_id not in seen)
-        if k.reads == "class":
-            seen.add(k.class_id)
-    return dict(_kernel_kinds(topo, "grad"), CLS_FIRST=tuple(first))
-
-
 def _tiles(which: str, dtype: torch.dtype) -> dict:
     """The blocks of pass ``which`` for operands of ``dtype`` (:data:`TILES`, :data:`WIDE`)."""
     return dict(TILES[which], **WIDE.get(dtype.itemsize, {}))
@@ -590,7 +577,7 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
     h = torch.empty((n_max, H), dtype=state.dtype, device=dev)
     dh = torch.empty((n_max, H), dtype=state.dtype, device=dev)
     col_sums = torch.empty((progs_max, V), dtype=acc, device=dev)
-    kinds = _grad_kinds(topo)
+    kinds = _kernel_kinds(topo, "grad")
     for t0, t1, u0, u1 in plan:
         frames, labels = t1 - t0, u1 - u0
         n = B * frames * labels

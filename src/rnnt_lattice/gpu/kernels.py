@@ -718,7 +718,7 @@ def _lattice_kernel(
     # options: sigma and delay_penalty, each a float64 in three float32 parts
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     # flags
@@ -989,7 +989,7 @@ def _gamma_kernel(
     # options: sigma and delay_penalty, each a float64 in three float32 parts
     sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     # flags
@@ -1041,7 +1041,7 @@ def _reads_kernel(
     # delay_penalty
     scale_hi, scale_mid, scale_lo, sigma_hi, sigma_mid, sigma_lo, delay_hi, delay_mid, delay_lo,
     # arc kinds
-    K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
+    K: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
     N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr, CLS_COL: tl.constexpr,
@@ -1293,7 +1293,7 @@ def _grad_kernel(
     # arc kinds
     K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
     DURATION: tl.constexpr, N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr,
-    CLS_COL: tl.constexpr, DUR_COL: tl.constexpr,
+    CLS_COL: tl.constexpr, DUR_COL: tl.constexpr, CLS_FIRST: tl.constexpr,
     # flags
     FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
     ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
@@ -1335,9 +1335,9 @@ def _grad_kernel(
     ``n_g`` groups read (the tokens, and TDT's durations), 0 for a row read by none or of a
     NaN sequence (its gradient is NaN whatever the row holds). The fixed classes' entries
     count in step 1, before step 2 could have written over them; the loop over V keeps a
-    sum per entry of its chunk, reduced across the row once (sm_90, Triton 3.6: the regular
-    loss's aligned float32 rows take 71 registers a thread against 48 without, multi-blank's
-    80 against 64-72; a sum per thread's vector load took more)."""
+    sum per entry of its chunk, reduced across the row once (sm_90, Triton 3.6, a tile's
+    float32 rows: the regular loss's take 72 registers a thread against 48 without,
+    multi-blank's 89 against 72; a sum per thread's vector load took more)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     has_row = r < n_rows
     node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
@@ -1364,12 +1364,7 @@ def _grad_kernel(
                 pk = tl.exp((xk - lse_hi) - lse_lo)
                 gk = tl.where(no_mass, 0.0, pk * mass)
                 if CHECK:
-                    first = True                               # each class's entry once
-                    for j in tl.static_range(k):
-                        if READS[j] == 2:
-                            if CLASS_ID[j] == cls:
-                                first = False
-                    if first:
+                    if CLS_FIRST[k]:                           # each class's entry once
                         total += tl.where(live, pk, 0.0)
             else:
                 gk = tl.zeros([ROWS], ACC)
@@ -1476,7 +1471,7 @@ def _grad_kernel(
     if CHECK:
         # (sum_g sum_v p_g(v) - n_g) / (1 + |lse|): the durations' term is in ``total``.
         dev = total + tl.sum(sums, axis=1) - tl.where(live, 1.0, 0.0)
-        dev = tl.where(nan_row, 0.0, dev) / (1.0 + tl.abs(lse_hi))
+        dev = tl.where(nan_row, 0.0, dev / (1.0 + tl.abs(lse_hi)))     # (lse may be NaN there)
         tl.store(check_ptr + r, dev.to(tl.float32), mask=has_row)
 
 
