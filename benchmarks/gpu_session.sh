@@ -33,6 +33,11 @@
 #                autocast: the full pipeline against the tile path (fused_rnnt_loss with the
 #                model's own joiner: cuBLAS products, the V passes on each tile's logits)
 #                and the joiner's kernel path
+#   fused_tiles  the tile path's step at j1, H = 512, bf16, with tiles of 16, 32, 64 and 128
+#                MiB of logits (the default is 256 MiB, joint_j1's): a tile that fits the
+#                GPU's L2 (50 MiB on an H100) may be read back from there by the row and
+#                gradient passes right after the joiner's product wrote it, at the cost of
+#                more launches a step (about 160 tiles at 16 MiB)
 #   joint_tiles  benchmarks/joint_tiles.py at j1, H = 512, bf16: the kernel path's block
 #                choices (joint.TILES' FLATTEN among them, and two or three programs a
 #                multiprocessor by a cap on registers, maxnreg, and larger blocks that read
@@ -117,6 +122,11 @@ for step in "$@"; do
     joint_j1) run joint_j1 "${JOINT_J1_LIMIT:-100}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full fused joint --precision bf16 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-bf16 ;;
+    fused_tiles) for t in 16MiB 32MiB 64MiB 128MiB; do
+                run "fused_tiles-$t" "${FUSED_TILES_LIMIT:-60}" python3 benchmarks/run.py --device cuda \
+                  --mode fused --shapes j1 --hidden 512 --ways fused --precision bf16 --reps 3 \
+                  --warmup 1 --tile "$t" --out-dir "$out" --stem "cuda-fused-j1-bf16-$t"
+              done ;;
     joint_tiles) run joint_tiles "${JOINT_TILES_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision bf16 --reps 3 --json "$out/joint_tiles.json" ;;
     joint_tiles_tf32) run joint_tiles_tf32 "${JOINT_TILES_TF32_LIMIT:-210}" python3 benchmarks/joint_tiles.py \
