@@ -569,7 +569,8 @@ def variants(sm):
                 # a fused tile's recomputation checked in the pass (gpu.tile_backward)
                 yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True,
                                             CLAMP=True, CHECK=True,
-                                            **dict(where, LAYOUT=kernels.BOX)), fp32)
+                                            **dict(where, LAYOUT=kernels.BOX)),
+                       fp32 + [("fp64", "i64")])
             for semiring in (False, True):
                 # the lattice's state in registers (gpu.LATTICE_ONCHIP, off by default): sm_90
                 for onchip in ((False, True) if sm == 90 and (not semiring or not on)

@@ -1337,7 +1337,9 @@ def _grad_kernel(
     count in step 1, before step 2 could have written over them; the loop over V keeps a
     sum per entry of its chunk, reduced across the row once (sm_90, Triton 3.6, a tile's
     float32 rows: the regular loss's take 72 registers a thread against 48 without,
-    multi-blank's 89 against 72; a sum per thread's vector load took more)."""
+    multi-blank's 89 against 72; a sum per thread's vector load took more). Float64 rows
+    reduce every chunk instead: a sum per entry took multi-blank's pass from 112 registers
+    to 191 (168 so) and the regular loss's 16 bytes of stack (8 so)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     has_row = r < n_rows
     node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
@@ -1413,7 +1415,7 @@ def _grad_kernel(
         n_r = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
         n_w = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
     if CHECK:
-        sums = tl.zeros([ROWS, BLOCK_V], ACC)     # a sum per entry of the chunk
+        sums = tl.zeros([ROWS, BLOCK_V], ACC)     # a sum per entry of the chunk (float32)
     for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         if SPAN > 0:
@@ -1431,7 +1433,10 @@ def _grad_kernel(
         g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
                       CLAMP)
         if CHECK:
-            sums += _unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID)
+            if ACC == tl.float64:       # reduced every chunk: a sum per entry took more
+                total += tl.sum(_unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID), axis=1)
+            else:
+                sums += _unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID)
         out = v[None, :] < n_w[:, None]
         dst = grad_ptr + at[:, None] + v[None, :]
         if N_CLS > 0:
