@@ -106,7 +106,7 @@ run() {  # run STEP SECONDS COMMAND...
 
 for step in "$@"; do
   case "$step" in
-    check) run check "${CHECK_LIMIT:-150}" python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
+    check) run check "${CHECK_LIMIT:-200}" python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
     passes) run passes "${PASSES_LIMIT:-170}" python3 benchmarks/gpu_passes.py \
               --shapes s3 s5 big v5000 --variants regular tdt multiblank \
               --peers torchaudio nemo_numba nemo_tdt nemo_multiblank --lattice-sweep s5 \
