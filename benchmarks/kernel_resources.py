@@ -184,7 +184,7 @@ def variants(V_list):
             for which, name, flags in (("row", "_row_kernel", dict(FUSED=True)),
                                        ("grad", "_grad_kernel", dict(FUSED=True, CLAMP=True,
                                                                      COSTS32=True,
-                                                                     CHECK=False))):
+                                                                     CHECK=0.0))):
                 # as the backend launches them: the gradient pass reads unaligned rows by
                 # their whole 16-byte groups only with gpu.SPAN_GRAD
                 span = (gpu._span(V, n_dur, torch.float32)
@@ -201,7 +201,7 @@ def variants(V_list):
                 if which == "grad":
                     # a fused tile's gradient pass, its recomputation checked in the pass
                     yield (f"{name} {tname} tile, CHECK", V, name,
-                           dict(const, CHECK=True, LAYOUT=2), warps, 3)
+                           dict(const, CHECK=1e-4, LAYOUT=2), warps, 3)
         terms = dict(SIGMA=False, DELAY_ON=False, BOUNDARY=False)
         yield (f"_reads_kernel {tname}", "-", "_reads_kernel",
                dict(gpu._kernel_kinds(topo, "reads"), BLOCK=gpu.BLOCK_NODES, **terms), 4, 3)

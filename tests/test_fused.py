@@ -501,12 +501,13 @@ DRIFT = [("regular", "label", True), ("regular", "label", False),
 
 @pytest.mark.parametrize("backend", backends.ALL)
 @pytest.mark.parametrize("topo_name, column, fused", DRIFT)
-@pytest.mark.parametrize("delta", [0.0, 1e-13, 0.5])
+@pytest.mark.parametrize("delta", [0.0, 1e-13, 0.5, float("nan")])
 def test_recomputed_tiles_are_checked(topo_name, column, fused, delta, backend):
     """A joiner whose recomputation adds ``delta`` to one column: an error beyond float64's
-    rounding (0.5), and beyond it only (1e-13 and 0: the losses and gradients of the
-    materialised logits), on every backend and in the in-place gradient (multi-blank's
-    fixed classes are written over before the pass reads the row's other entries)."""
+    rounding (0.5; NaN, which turns every entry of the rows NaN), and beyond it only (1e-13
+    and 0: the losses and gradients of the materialised logits), on every backend and in
+    the in-place gradient (multi-blank's fixed classes are written over before the pass
+    reads the row's other entries)."""
     check_drift(topo_name, column, fused, delta, backend)
 
 

@@ -562,13 +562,13 @@ def variants(sm):
                 yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
                                           PREFETCH=not gpu.ROW_PREFETCH, LANES=4, **where), fp32
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True, CLAMP=True,
-                                        CHECK=False, **where), dtypes)
+                                        CHECK=0.0, **where), dtypes)
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
-                                        CHECK=False, **where), fp32)
+                                        CHECK=0.0, **where), fp32)
             if on:
                 # a fused tile's recomputation checked in the pass (gpu.tile_backward)
                 yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True,
-                                            CLAMP=True, CHECK=True,
+                                            CLAMP=True, CHECK=1e-4,
                                             **dict(where, LAYOUT=kernels.BOX)),
                        fp32 + [("fp64", "i64")])
             for semiring in (False, True):

@@ -68,7 +68,7 @@ import triton.language as tl
 from .. import torch_backend
 from .._layout import row_nodes
 from .._types import ArcParts, Lattice, LossOptions, Smoothing
-from .._validate import recompute_check
+from .._validate import device_assert, recompute_rtol
 from ..topology import Topology
 from . import kernels
 from ._launch import launch
@@ -677,7 +677,7 @@ def _reads(st: _State, logit_lengths, target_lengths, opts: LossOptions, *, boun
 @functools.lru_cache(maxsize=1024)
 def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay: _Layout, V: int,
                dtype, n_rows: int, layout: int, box: tuple, boundary: bool, tiles: tuple,
-               check: bool = False):
+               check: float = 0.0):
     n_dur = topo.n_durations
     span = _span(V - n_dur, n_dur, dtype) if SPAN_GRAD else 0
     per, block_v, num_warps = _tiles(V - n_dur, n_rows, "grad", n_dur, span)
@@ -688,23 +688,24 @@ def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay:
               BLOCK_DUR=_pow2(n_dur, 1 << 30), V_ALIGN=_v_align(V, n_dur), SPAN=span,
               COSTS32=_costs_dtype(dtype) == torch.float32, num_warps=num_warps)
     if check:                                      # (absent otherwise: the launch's key as before)
-        kw["CHECK"] = True
+        kw["CHECK"] = check
     return ((n_rows + per - 1) // per,), head, tail, kw
 
 
 def _gradient(dst, logits, targets, logit_lengths, target_lengths, st: _State,
-              opts: LossOptions, upstream, *, boundary, rows: _Rows, check=None):
+              opts: LossOptions, upstream, *, boundary, rows: _Rows, check=None,
+              check_tol: float = 0.0):
     """Pass 3 of any topology over the rows ``rows``: ``dst = upstream[b] * clip(d loss_b /
     d logits)``; ``dst`` may be ``logits``. ``upstream`` is any ``(B,)`` tensor (strides
     included). The coefficients are ``st``'s ``reads`` (``_reads``). ``check`` (fused
-    mode): a float32 ``(rows.n,)`` that gets each row's deviation from the forward's
-    normalisers (``kernels._grad_kernel``, ``CHECK``)."""
+    mode): a float32 ``(1,)`` flag set to 1 where a row deviates from the forward's
+    normalisers by more than ``check_tol`` (``kernels._grad_kernel``, ``CHECK``)."""
     if rows.n == 0:
         return dst
     grid, head, tail, kw = _grad_plan(opts.topology, opts.log_softmax, opts.clamp, opts.blank,
                                       st.lay, logits.shape[-1], logits.dtype, rows.n,
                                       rows.layout, rows.box, boundary is not None,
-                                      _tile_constants(), check is not None)
+                                      _tile_constants(), check_tol if check is not None else 0.0)
     launch(kernels._grad_kernel, grid,
         logits, dst, _or(rows.row_nodes, logit_lengths), _nonempty(targets, logit_lengths),
         logit_lengths, target_lengths, _or(boundary, logit_lengths), st.ws, upstream,
@@ -773,6 +774,7 @@ class _Tiles:
     target_lengths: torch.Tensor   # (B,)
     boundary: torch.Tensor | None  # (B, 4) int64
     dtype: torch.dtype             # of the rows
+    check: torch.Tensor | None = None  # (1,) float32: 1 once a recomputed row deviated
 
 
 def _box(tile) -> _Rows:
@@ -821,17 +823,20 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     """Pass 3 on one tile (``kernels._grad_kernel`` over the tile's box): ``out (n, V) =
     upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is read
     through its stride. In fused mode (:data:`CHECKS_RECOMPUTED_TILES`) the pass also
-    checks the rows against the forward's normalisers, and a device assert
-    (``_validate.recompute_check``) fails on a row beyond its dtype's rounding."""
+    checks the rows against the forward's normalisers: a row beyond its dtype's rounding
+    (``_validate.recompute_rtol``) sets the call's flag ``state.check``, and the device
+    assert ``"recompute"`` on it follows each tile (two launches a tile)."""
     box = _box(tile)
-    check = (torch.empty((box.n,), dtype=torch.float32, device=rows.device)
-             if opts.log_softmax and box.n else None)
+    check = opts.log_softmax and box.n > 0
+    if check and state.check is None:             # one flag a call, 0 until a row deviates
+        state.check = torch.zeros((1,), dtype=torch.float32, device=rows.device)
     with _device(rows):
         out = _gradient(out, rows, state.targets, state.logit_lengths, state.target_lengths,
                         state.st, opts, upstream, boundary=state.boundary, rows=box,
-                        check=check)
-    if check is not None:
-        recompute_check(check, rows.dtype)
+                        check=state.check if check else None,
+                        check_tol=recompute_rtol(rows.dtype))
+    if check:
+        device_assert(state.check == 0, "recompute")
     return out
 
 

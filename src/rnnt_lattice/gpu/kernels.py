@@ -1298,7 +1298,7 @@ def _grad_kernel(
     FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
     ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
     V_ALIGN: tl.constexpr, COSTS32: tl.constexpr, SPAN: tl.constexpr = 0,
-    CHECK: tl.constexpr = False,
+    CHECK: tl.constexpr = 0.0,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
@@ -1327,19 +1327,20 @@ def _grad_kernel(
     float32 costs, where a float64 cost beyond 3.4e38 is +inf: math.md 8.1) and sequences
     whose upstream gradient is exactly 0 get exactly 0 (a select, not a product).
 
-    ``CHECK`` (fused mode; the fused losses' recomputed tiles, ``gpu.tile_backward``): the
-    rows are checked to be the forward's, at no extra read. Each softmax group a row's
+    ``CHECK`` > 0 (fused mode; the fused losses' recomputed tiles, ``gpu.tile_backward``):
+    the rows are checked to be the forward's, at no extra read. Each softmax group a row's
     gradient reads sums to one under the forward's normaliser, ``sum_v exp(x_v - lse_g) =
     exp(lse_g(x) - lse_g)``, exactly when the recomputed row has the forward's log-sum-exp;
-    ``check_ptr[r]`` (float32) gets ``(sum_g sum_v p_g(v) - n_g) / (1 + |lse|)`` over the
-    ``n_g`` groups read (the tokens, and TDT's durations), 0 for a row read by none or of a
-    NaN sequence (its gradient is NaN whatever the row holds). The fixed classes' entries
+    a row whose deviation ``(sum_g sum_v p_g(v) - n_g) / (1 + |lse|)``, over the ``n_g``
+    groups read (the tokens, and TDT's durations), is not within ``CHECK`` (NaN included)
+    sets ``check_ptr[0]`` (float32) to 1. A row read by none or of a NaN sequence (its
+    gradient is NaN whatever the row holds) passes. The fixed classes' entries
     count in step 1, before step 2 could have written over them; the loop over V keeps a
     sum per entry of its chunk, reduced across the row once (sm_90, Triton 3.6, a tile's
-    float32 rows: the regular loss's take 72 registers a thread against 48 without,
-    multi-blank's 89 against 72; a sum per thread's vector load took more). Float64 rows
-    reduce every chunk instead: a sum per entry took multi-blank's pass from 112 registers
-    to 191 (168 so) and the regular loss's 16 bytes of stack (8 so)."""
+    float32 rows: the regular loss's take 71 registers a thread against 48 without,
+    multi-blank's 80 against 72; a sum per thread's vector load took more). Float64 rows
+    reduce every chunk instead, where a sum per entry took more registers and a stack
+    (multi-blank's pass: 150 registers against 112 without the check)."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     has_row = r < n_rows
     node, inside = _row_node(r, has_row, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
@@ -1365,7 +1366,7 @@ def _grad_kernel(
             if FUSED:
                 pk = tl.exp((xk - lse_hi) - lse_lo)
                 gk = tl.where(no_mass, 0.0, pk * mass)
-                if CHECK:
+                if CHECK > 0:
                     if CLS_FIRST[k]:                           # each class's entry once
                         total += tl.where(live, pk, 0.0)
             else:
@@ -1388,7 +1389,7 @@ def _grad_kernel(
                             other=NEG_INF).to(ACC)
         else:
             x_dur = tl.zeros([ROWS, BLOCK_DUR], ACC)
-        if CHECK:
+        if CHECK > 0:
             total += tl.sum(tl.exp((x_dur - d_hi[:, None]) - d_lo[:, None]), axis=1) - tl.where(
                 live_d, 1.0, 0.0)
         g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
@@ -1414,7 +1415,7 @@ def _grad_kernel(
         at = row
         n_r = tl.multiple_of(tl.where(live, V_tok, 0), V_ALIGN)
         n_w = tl.multiple_of(tl.where(has_row, V_tok, 0), V_ALIGN)
-    if CHECK:
+    if CHECK > 0:
         sums = tl.zeros([ROWS, BLOCK_V], ACC)     # a sum per entry of the chunk (float32)
     for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
@@ -1432,7 +1433,7 @@ def _grad_kernel(
         g = _token_grad(x, c, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
         g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
                       CLAMP)
-        if CHECK:
+        if CHECK > 0:
             if ACC == tl.float64:       # reduced every chunk: a sum per entry took more
                 total += tl.sum(_unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID), axis=1)
             else:
@@ -1471,13 +1472,15 @@ def _grad_kernel(
         _token_grad_store(x, c, on, grad_ptr + row[:, None] + c, lse_hi, lse_lo, mass,
                           no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
                           K, READS, CLASS_ID, FUSED, CLAMP)
-        if CHECK:
+        if CHECK > 0:
             total += tl.sum(_unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID), axis=1)
-    if CHECK:
+    if CHECK > 0:
         # (sum_g sum_v p_g(v) - n_g) / (1 + |lse|): the durations' term is in ``total``.
         dev = total + tl.sum(sums, axis=1) - tl.where(live, 1.0, 0.0)
         dev = tl.where(nan_row, 0.0, dev / (1.0 + tl.abs(lse_hi)))     # (lse may be NaN there)
-        tl.store(check_ptr + r, dev.to(tl.float32), mask=has_row)
+        bad = has_row & ~(tl.abs(dev) <= CHECK)                         # NaN is bad
+        # every writer writes the same 1: no atomics needed
+        tl.store(check_ptr + r * 0, tl.full([ROWS], 1.0, tl.float32), mask=bad)
 
 
 # --------------------------------------------------------------------------- input check
