@@ -565,8 +565,9 @@ def variants(sm):
                                         CHECK=0.0, **where), dtypes)
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
                                         CHECK=0.0, **where), fp32)
-            if on:
-                # a fused tile's recomputation checked in the pass (gpu.tile_backward)
+            if on and sm == 90:
+                # a fused tile's recomputation checked in the pass (gpu.tile_backward; the
+                # GPU machines' architecture)
                 yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True,
                                             CLAMP=True, CHECK=1e-4,
                                             **dict(where, LAYOUT=kernels.BOX)),
