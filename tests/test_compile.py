@@ -5,6 +5,10 @@ Under compilation ``rnnt_loss`` routes through the custom op
 ``fullgraph=True`` makes any graph break an error. Forward and backward are compared with
 the same model run eagerly.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -117,7 +121,8 @@ def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_comp
     """A compiled training step of k2's pruned recipe (the smoothed and simple losses,
     ``prune_ranges``, ``do_rnnt_pruning``, the pruned loss, ``lattice_loss``): the simple
     losses and ``lattice_loss`` run eagerly inside it (a graph break: their backends are
-    opaque to TorchDynamo, which failed on them), so losses and gradients equal the eager
+    opaque to TorchDynamo, which failed on them), ``prune_ranges`` too (its host read of
+    the window's size), so losses and gradients equal the eager
     step's bit for bit, the log-domain rescue of logits 1000 nats apart included."""
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
@@ -149,3 +154,63 @@ def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_comp
     for name, c, e in zip(("loss", "am.grad", "lm.grad"), compiled, eager):
         assert torch.isfinite(e).all() and torch.equal(c, e), name
     torch._dynamo.reset()
+
+
+# A training step's losses compiled in a fresh process: TorchDynamo warns once per process
+# and call site, so a test in a process where another test compiled first could not see it.
+QUIET_SCRIPT = """
+import warnings
+import torch
+import rnnt_lattice
+
+g = torch.Generator().manual_seed(0)
+B, T, U, V = 2, 5, 3, 7
+x = torch.randn(B, T, U + 1, V, generator=g, requires_grad=True)
+xd = torch.randn(B, T, U + 1, V + 3, generator=g, requires_grad=True)
+y = torch.randint(1, V - 1, (B, U), generator=g, dtype=torch.int32)
+tl, ul = torch.tensor([T, T - 1], dtype=torch.int32), torch.tensor([U, U - 1], dtype=torch.int32)
+am, lm = torch.randn(B, T, V, generator=g), torch.randn(B, U + 1, V, generator=g)
+
+
+def losses(x, xd):                # every option and topology the call path checks
+    return (rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="mean", fastemit_lambda=0.1,
+                                   clamp=0.5)
+            + rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=-1, rnnt_type="modified",
+                                     delay_penalty=0.1, reduction="sum")
+            + rnnt_lattice.tdt_loss(xd, y, tl, ul, blank=V - 1, durations=[0, 1, 2], sigma=0.05)
+            + rnnt_lattice.multiblank_rnnt_loss(x, y, tl, ul, blank=V - 1,
+                                                big_blank_durations=[2, 4]))
+
+
+def pruned(lm, am):               # k2's recipe: the window's size is read on the host
+    s, occ = rnnt_lattice.rnnt_loss_smoothed(lm, am, y, tl, ul, blank=0, lm_only_scale=0.2,
+                                             am_only_scale=0.1, return_occupations=True)
+    win = rnnt_lattice.prune_ranges(occ, 2, method="k2")
+    am_p, lm_p = rnnt_lattice.do_rnnt_pruning(am, lm, win.ranges)
+    return s + rnnt_lattice.rnnt_loss_pruned(am_p + lm_p, y, win.ranges, tl, ul, blank=0)
+
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.compile(losses, fullgraph=True)(x, xd).backward()
+    torch.compile(pruned)(lm.requires_grad_(), am.requires_grad_()).backward()
+for w in caught:
+    if not issubclass(w.category, DeprecationWarning):     # (torch's own imports)
+        print("WARNING", w.category.__name__, w.message)
+print("DONE")
+"""
+
+
+def test_compiled_steps_warn_nothing():
+    """A compiled step of every loss and option the call path checks (fullgraph), and of k2's
+    pruned recipe (``prune_ranges`` reads its window's size on the host, a graph break),
+    prints no warning and logs no graph break: the per-call caches of the call path are
+    bypassed while TorchDynamo traces (``_memo.memo``; ``functools.lru_cache`` alone drew
+    six warnings, one per call site), and ``prune_ranges`` runs eagerly under compilation
+    (its host read was logged as a graph break with its trace)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", QUIET_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.rstrip().endswith("DONE"), out.stdout + out.stderr[-4000:]
+    assert "WARNING" not in out.stdout, out.stdout
+    assert "Graph break" not in out.stderr and "lru_cache" not in out.stderr, out.stderr[-4000:]

@@ -7,7 +7,6 @@ members and nothing else: no capability probing, no fallback written in a caller
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import warnings
 from dataclasses import dataclass, replace
@@ -16,6 +15,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from ._layout import Tile, packed_node_rows
+from ._memo import memo
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
 from ._validate import Checked, Names, check_call
 from .topology import Topology
@@ -259,6 +259,6 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
 
 
 # Per-call work that depends only on hashable options, done once per value.
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _with_blank(opts: LossOptions, blank: int) -> LossOptions:
     return opts if opts.blank == blank else replace(opts, blank=blank)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._memo import memo
+from ._types import LossOptions
 from .topology import K2_TYPES, by_name
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -455,12 +457,12 @@ def check_run(logits, targets, logit_lengths, target_lengths, boundary, node_row
 
 
 # Per-call work that depends only on hashable options, done once per value.
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _check_topology(topology, V: int, blank: int) -> int:
     return check_topology(topology, V, blank)
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _fixed_classes(topology) -> tuple:
     """The classes an arc kind of ``topology`` reads as fixed (multi-blank's big blanks)."""
     return tuple(sorted({k.class_id for k in topology.kinds if k.reads == "class"}))
@@ -585,15 +587,40 @@ FLOAT_RANGES = {
 }
 
 
+def loss_options(fused: bool, inplace_grad: bool, topology, clamp, fastemit_lambda, sigma,
+                 delay_penalty) -> LossOptions:
+    """The losses' float options checked (:func:`check_float`) into one :class:`LossOptions`
+    (its ``blank`` is set by the call's check). With plain numbers (the usual call), one
+    object per value, built and checked once."""
+    if (type(clamp) in _PLAIN and type(fastemit_lambda) in _PLAIN and type(sigma) in _PLAIN
+            and type(delay_penalty) in _PLAIN):
+        return _cached_options(fused, inplace_grad, topology, clamp, fastemit_lambda, sigma,
+                               delay_penalty)
+    return _options(fused, inplace_grad, topology, clamp, fastemit_lambda, sigma, delay_penalty)
+
+
+def _options(fused, inplace_grad, topology, clamp, fastemit_lambda, sigma, delay_penalty):
+    return LossOptions(0, fused, check_float("clamp", clamp),
+                       check_float("fastemit_lambda", fastemit_lambda, finite=True),
+                       inplace_grad, topology=topology,
+                       sigma=check_float("sigma", sigma, finite=True),
+                       delay_penalty=check_float("delay_penalty", delay_penalty, minimum=0.0,
+                                                 finite=True))
+
+
+_PLAIN = (float, int)
+_cached_options = memo(maxsize=256)(_options)
+
+
 def check_float(name: str, value, *, minimum: float | None = None, finite: bool = False) -> float:
     """``value`` as a Python float: a number, not NaN, ``>= minimum`` and finite if asked,
     and inside ``FLOAT_RANGES[name]`` for the options listed there."""
-    if type(value) in (float, int):            # the usual call: checked once per value
+    if type(value) in _PLAIN:                  # the usual call: checked once per value
         return _checked_float(name, value, minimum, finite)
     return _check_float(name, value, minimum, finite)
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _checked_float(name: str, value, minimum, finite: bool) -> float:
     return _check_float(name, value, minimum, finite)
 

@@ -5,10 +5,9 @@ import torch
 
 from . import _backends, _ops
 from ._layout import pack
-from ._types import LossOptions
 from ._validate import (FLOAT_RANGES, check_durations, check_float, check_int,
                         check_multiblank_blank, check_pack_logits_args, check_reduction,
-                        check_tdt_logits)
+                        check_tdt_logits, loss_options)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "pack_logits", "empty_cache"]
@@ -331,12 +330,8 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
     are packed rows; ``node_rows``: a layout's map given directly (the pruned loss), the
     logits being its rows ``(N, V)``."""
     check_reduction(reduction)
-    clamp = check_float("clamp", clamp)
-    fastemit_lambda = check_float("fastemit_lambda", fastemit_lambda, finite=True)
-    sigma = check_float("sigma", sigma, finite=True)
-    delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
-    opts = LossOptions(0, bool(fused), clamp, fastemit_lambda, bool(inplace_grad),
-                       topology=topology, sigma=sigma, delay_penalty=delay_penalty)
+    opts = loss_options(bool(fused), bool(inplace_grad), topology, clamp, fastemit_lambda,
+                        sigma, delay_penalty)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
                                   traced=torch.compiler.is_compiling(),

@@ -49,11 +49,11 @@ from . import _backends
 from ._layout import tile_node_rows, tile_plan
 from ._ops import (eager_under_compile, reduce_costs, refuse_double_backward, with_bad_rows,
                    without_infinite)
-from ._types import LossOptions
 from .joiner import Joiner
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
                         check_int, check_joiner_output, check_multiblank_blank_id,
-                        check_reduction, check_tile, device_assert, recompute_rtol)
+                        check_reduction, check_tile, device_assert, loss_options,
+                        recompute_rtol)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -581,11 +581,8 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
     rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
     check_reduction(reduction)
     _backends.check_name(backend)
-    opts = LossOptions(0, bool(fused), check_float("clamp", clamp),
-                       check_float("fastemit_lambda", fastemit_lambda, finite=True),
-                       sigma=check_float("sigma", sigma, finite=True),
-                       delay_penalty=check_float("delay_penalty", delay_penalty, minimum=0.0,
-                                                 finite=True))
+    opts = loss_options(bool(fused), False, regular(), clamp, fastemit_lambda, sigma,
+                        delay_penalty)
     _check_per_node(joiner)
     if isinstance(joiner, Joiner):
         _check_joiner_widths(joiner, enc, pred)

@@ -28,8 +28,9 @@ Builders, with the peers' exact semantics (docs/variants.md):
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
+
+from ._memo import memo
 
 READS = ("blank", "label", "class")
 
@@ -172,7 +173,7 @@ def multiblank(blank: int, big_blank_durations) -> Topology:
 # The builders with parameters are cached by their (hashable) parameters: a loss builds its
 # topology in every call, and one frozen object per value spares the arc kinds' checks and
 # makes the backends' cache lookups, keyed by the topology, an identity hit.
-@functools.lru_cache(maxsize=64)
+@memo(maxsize=64)
 def _multiblank(blank: int, durations: tuple) -> Topology:
     durations = list(durations)
     if blank < 0:
@@ -197,7 +198,7 @@ def tdt(durations) -> Topology:
     return _tdt(tuple(int(d) for d in durations))
 
 
-@functools.lru_cache(maxsize=64)
+@memo(maxsize=64)
 def _tdt(durations: tuple) -> Topology:
     durations = list(durations)
     if (not durations or any(d < 0 for d in durations) or durations != sorted(set(durations))

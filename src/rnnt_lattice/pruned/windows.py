@@ -14,6 +14,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _backends
+from .._ops import eager_under_compile
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
                          check_pruning_args, check_site, device_value_check)
 from ..topology import K2_TYPES, by_name
@@ -149,6 +150,12 @@ def prune_ranges(
         s_begin = _exact_starts(gamma_blank + gamma_label, t_end, u_end, R_used, regular)
     ranges = s_begin[..., None] + torch.arange(R_used, device=s_begin.device)
     return PruneRanges(ranges, (gamma_blank, gamma_label))
+
+
+# The window's size is read on the host (the output's shape depends on it): inside a
+# compiled step TorchDynamo would break its graph at that read and log the break with its
+# trace; the whole choice runs eagerly there instead, a graph break without a message.
+prune_ranges = eager_under_compile(prune_ranges)
 
 
 def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> int:
