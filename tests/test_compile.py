@@ -150,7 +150,7 @@ def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_comp
         loss.backward()
         return loss.detach(), a.grad, l_.grad
 
-    eager, compiled = run(step), run(torch.compile(step))
+    compiled, eager = run(torch.compile(step)), run(step)      # compiled first (its wrapper made then)
     for name, c, e in zip(("loss", "am.grad", "lm.grad"), compiled, eager):
         assert torch.isfinite(e).all() and torch.equal(c, e), name
     torch._dynamo.reset()
@@ -214,3 +214,38 @@ def test_compiled_steps_warn_nothing():
     assert out.returncode == 0 and out.stdout.rstrip().endswith("DONE"), out.stdout + out.stderr[-4000:]
     assert "WARNING" not in out.stdout, out.stdout
     assert "Graph break" not in out.stderr and "lru_cache" not in out.stderr, out.stderr[-4000:]
+
+
+EAGER_SCRIPT = """
+import sys
+import torch
+import rnnt_lattice
+
+g = torch.Generator().manual_seed(0)
+B, T, U, V = 2, 6, 3, 7
+am, lm = torch.randn(B, T, V, generator=g), torch.randn(B, U + 1, V, generator=g)
+y = torch.randint(1, V, (B, U), generator=g)
+tl, ul = torch.tensor([6, 5]), torch.tensor([3, 2])
+s, occ = rnnt_lattice.rnnt_loss_smoothed(lm.requires_grad_(), am.requires_grad_(), y, tl, ul,
+                                         blank=0, return_occupations=True, backend="torch")
+win = rnnt_lattice.prune_ranges(occ, 2, method="k2")
+w = rnnt_lattice.lattice_loss(am[..., :U + 1].double(), lm[:, None, :, 0].double().expand(B, T, U + 1),
+                              tl, ul, backend="torch")
+enc, pred = torch.randn(B, T, 4, requires_grad=True), torch.randn(B, U + 1, 4)
+f = rnnt_lattice.fused_rnnt_loss(lambda e, p: (e + p).repeat(1, 1, 1, 2)[..., :V], enc, pred, y,
+                                 tl, ul, blank=0, backend="torch")
+(s + w.sum() + f).backward()
+print(sorted(m for m in ("torch._dynamo",) if m in sys.modules))
+"""
+
+
+def test_eager_calls_never_import_dynamo():
+    """The calls that run eagerly under ``torch.compile`` (the simple losses,
+    ``prune_ranges``, ``lattice_loss``, the fused losses: ``_ops.eager_under_compile``) make
+    their ``torch.compiler.disable`` wrapper at the first call that TorchDynamo traces, so an
+    eager training step never imports torch._dynamo (about a second, once a process)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", EAGER_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

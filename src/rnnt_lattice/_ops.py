@@ -253,13 +253,16 @@ def reduce_costs(costs: torch.Tensor, reduction: str, zero_infinity: bool) -> to
 def eager_under_compile(fn):
     """``fn`` behind ``torch.compiler.disable``: run eagerly inside a compiled function (a
     graph break around it), for the calls whose backends' kernels and host work TorchDynamo
-    cannot trace. Wrapped on the first call: decorating at import would import
-    torch._dynamo (and Triton) with rnnt_lattice."""
+    cannot trace. Eager calls call ``fn`` itself; the wrapper is made at the first call
+    that TorchDynamo traces: decorating at import, or at an eager call, would import
+    torch._dynamo (and Triton) with rnnt_lattice (about a second)."""
     disabled = None
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         nonlocal disabled
+        if not torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
         if disabled is None:
             disabled = torch.compiler.disable(fn)
         return disabled(*args, **kwargs)
