@@ -156,6 +156,87 @@ def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_comp
     torch._dynamo.reset()
 
 
+
+def test_dynamic_shapes_compile_once(no_compile_cache):
+    """``torch.compile(dynamic=True, fullgraph=True)``, the usual setting for batches of
+    varying lengths: one compilation serves batches of other sizes, with the eager losses
+    and gradients (the regular loss with its float options, TDT with sigma). Dynamo traces
+    the float options as symbolic floats there, and the options' check formatted its range
+    message (``:g``) on the traced path, which made the whole call Unsupported."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):              # counts compilations, runs the graph as is
+        graphs.append(gm)
+        return gm.forward
+
+    V = 7
+
+    def losses(x, xd, y, tl, ul):
+        return (rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, fastemit_lambda=0.01, clamp=0.5)
+                + rnnt_lattice.tdt_loss(xd, y, tl, ul, blank=V - 1, durations=[0, 1, 2],
+                                        sigma=0.05))
+
+    compiled = torch.compile(losses, backend=backend, dynamic=True, fullgraph=True)
+    g = torch.Generator().manual_seed(0)
+    for B, T, U in ((2, 5, 3), (3, 8, 4), (4, 6, 2)):
+        x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+        xd = torch.randn(B, T, U + 1, V + 3, generator=g, dtype=torch.float64)
+        y = torch.randint(1, V - 1, (B, U), generator=g, dtype=torch.int32)
+        tl = torch.arange(T, T - B, -1, dtype=torch.int32).clamp(min=1)
+        ul = torch.arange(U, U - B, -1, dtype=torch.int32).clamp(min=0)
+        results = []
+        for fn in (compiled, losses):
+            a, b = x.clone().requires_grad_(), xd.clone().requires_grad_()
+            loss = fn(a, b, y, tl, ul)
+            loss.backward()
+            results.append((loss.detach(), a.grad, b.grad))
+        for c, e in zip(*results):
+            torch.testing.assert_close(c, e, rtol=1e-12, atol=1e-12)
+    assert len(graphs) == 1
+    torch._dynamo.reset()
+
+
+def test_compat_losses_compile_with_dynamic_shapes(no_compile_cache):
+    """The compat modules' losses whose own Python checks the traced path runs, compiled
+    with ``dynamic=True, fullgraph=True``: k2's ``rnnt_loss`` (its check of the default
+    ``delay_penalty``, which TorchDynamo traced as a symbolic float, called
+    ``math.isfinite``) and transformers' Parakeet
+    ``tdt_loss`` on the two adjacent slices of one joint output (its in-place join read the
+    slices' storage offsets, which TorchDynamo cannot: under compilation it concatenates).
+    One compilation for two batch sizes, the eager values and gradients."""
+    import rnnt_lattice.compat.k2 as k2
+    import rnnt_lattice.compat.transformers as hf
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def losses(x, y, tl, ul):
+        boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), ul, tl], 1)
+        return (k2.rnnt_loss(logits=x[..., :7], symbols=y, termination_symbol=0,
+                             boundary=boundary, rnnt_type="modified", reduction="sum")
+                + hf.tdt_loss(x[..., :7], x[..., 7:], y, tl, ul, 6, [0, 1, 2], sigma=0.05))
+
+    compiled = torch.compile(losses, backend=backend, dynamic=True, fullgraph=True)
+    g = torch.Generator().manual_seed(0)
+    for B, T, U in ((2, 5, 3), (3, 8, 4)):
+        x = torch.randn(B, T, U + 1, 10, generator=g, dtype=torch.float64)
+        y = torch.randint(1, 6, (B, U), generator=g)
+        tl, ul = torch.full((B,), T), torch.full((B,), U)
+        results = []
+        for fn in (compiled, losses):
+            leaf = x.clone().requires_grad_()
+            loss = fn(leaf, y, tl, ul)
+            loss.backward()
+            results.append((loss.detach(), leaf.grad))
+        for c, e in zip(*results):
+            torch.testing.assert_close(c, e, rtol=1e-12, atol=1e-12)
+    assert len(graphs) == 1
+    torch._dynamo.reset()
+
 # A training step's losses compiled in a fresh process: TorchDynamo warns once per process
 # and call site, so a test in a process where another test compiled first could not see it.
 QUIET_SCRIPT = """

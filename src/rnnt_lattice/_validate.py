@@ -635,15 +635,20 @@ def _check_float(name: str, value, minimum, finite: bool) -> float:
     if value != value:
         raise ValueError(f"{name} must not be NaN")
     lo, hi = FLOAT_RANGES.get(name, (-INF, INF))
-    where = "" if (lo, hi) == (-INF, INF) else f" (valid range [{lo:g}, {hi:g}])"
+    # (The messages are formatted only when raised: torch.compile(dynamic=True) traces this
+    # with symbolic floats, which a format spec such as ``:g`` does not take.)
     if (finite or lo > -INF or hi < INF) and value in (INF, -INF):
-        raise ValueError(f"{name} must be finite{where}, got {value}")
+        raise ValueError(f"{name} must be finite{_valid_range(lo, hi)}, got {value}")
     for bound in (lo, minimum):
         if bound is not None and value < bound:
-            raise ValueError(f"{name} must be >= {bound:g}{where}, got {value}")
+            raise ValueError(f"{name} must be >= {bound:g}{_valid_range(lo, hi)}, got {value}")
     if value > hi:
-        raise ValueError(f"{name} must be <= {hi:g}{where}, got {value}")
+        raise ValueError(f"{name} must be <= {hi:g}{_valid_range(lo, hi)}, got {value}")
     return value
+
+
+def _valid_range(lo: float, hi: float) -> str:
+    return "" if (lo, hi) == (-INF, INF) else f" (valid range [{lo:g}, {hi:g}])"
 
 
 def check_durations(name: str, durations, *, minimum: int, ascending: bool,

@@ -208,8 +208,8 @@ def _number(name: str, x) -> float:
         value = float(x)
     except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"{name} must be a number, got {x!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+    if value != value or value in (math.inf, -math.inf):   # (not math.isfinite: TorchDynamo
+        raise ValueError(f"{name} must be finite, got {value}")   # traces symbolic floats)
     return value
 
 

@@ -103,9 +103,12 @@ def _joined(token_logits: torch.Tensor, duration_logits: torch.Tensor) -> torch.
     durations. When the two are adjacent views of one storage (the Parakeet model's slices
     ``logits[..., :V]`` and ``logits[..., V:]`` of its joint output), that window of their
     base, without a copy (``as_strided`` on the base: autograd sends the gradient to the
-    base, as it would through the two views); otherwise their concatenation."""
+    base, as it would through the two views); otherwise, and under ``torch.compile``, their
+    concatenation."""
     base = token_logits._base
     V, D = token_logits.shape[-1], duration_logits.shape[-1]
+    if torch.compiler.is_compiling():       # TorchDynamo cannot read a storage offset
+        base = None
     if (base is not None and duration_logits._base is base
             and token_logits.dtype == duration_logits.dtype
             and token_logits.dim() == duration_logits.dim()
