@@ -200,7 +200,11 @@ class Checked:
 
 
 def _shape(x) -> str:
-    return str(tuple(x.shape))
+    """``"(2, 5, 4, 6)"``: written one size at a time, which TorchDynamo can trace where the
+    sizes are symbolic (``torch.compile(dynamic=True)``; ``str`` of a tuple it cannot), so
+    that a compiled call's error still names the shapes."""
+    sizes = [f"{n}" for n in x.shape]
+    return "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
 
 
 @dataclass(frozen=True)
