@@ -31,8 +31,8 @@ backward scales it by the upstream gradient. Eager calls use the Function instea
 fuses the upstream factor into the gradient write and lets the Numba backend hand its
 buffer over without a copy.
 """
-from __future__ import annotations
-
+# (No ``from __future__ import annotations`` here: the custom op's schema is inferred from
+# its annotations, which torch 2.4 reads as objects, not strings.)
 import functools
 from typing import List, Optional
 
