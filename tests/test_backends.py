@@ -3,6 +3,7 @@ so that no caller needs to probe for a capability."""
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -68,3 +69,60 @@ def test_numba_kernels_read_int64_ids_only():
              for var in (f.parallel, f.serial) for sig in var.signatures
              if any("int32" in str(a) for a in sig)]
     assert not found, found
+
+
+@pytest.mark.parametrize("version, refused", [("3.0.0", True), ("3.2.0", True),
+                                              ("3.4.0+git1a2b3c", True), ("3.5.1", False),
+                                              ("3.6.0", False), ("3.10.0", False),
+                                              ("4.0.0", False)])
+def test_a_triton_too_old_for_the_kernels_is_refused_by_name(version, refused):
+    """Triton 3.1 and 3.2 (torch 2.5, 2.6) compile none of the loss's kernels: the Triton
+    backend refuses a Triton older than ``gpu.MIN_TRITON`` when it is imported, with an
+    ImportError that names the versions and the way out (compared as numbers: 3.10 is
+    newer than 3.5)."""
+    pytest.importorskip("triton")
+    from rnnt_lattice import gpu
+    if not refused:
+        gpu.check_triton_version(version)
+        return
+    with pytest.raises(ImportError, match=r"need Triton >= 3\.5 .*found triton " + re.escape(version)):
+        gpu.check_triton_version(version)
+
+
+def test_auto_falls_back_to_torch_and_says_why(monkeypatch):
+    """``backend="auto"`` on a device whose backend cannot be imported (no Triton, or one
+    too old) runs the PyTorch backend, with one RuntimeWarning that carries the reason."""
+    real = _backends.load
+
+    def load(name):
+        if name == "triton":
+            raise ImportError("rnnt_lattice's Triton kernels need Triton >= 3.5; found 3.2.0")
+        return real(name)
+
+    monkeypatch.setattr(_backends, "load", load)
+    monkeypatch.setattr(_backends, "_warned_fallback", set())
+    import torch
+    with pytest.warns(RuntimeWarning, match=r"'triton' backend is not importable .*found 3\.2\.0"):
+        impl = _backends.resolve("auto", torch.device("cuda"))
+    assert impl.NAME == "torch"
+
+
+def test_with_blank_is_replace_for_every_field():
+    """``_backends._with_blank`` names every field of ``LossOptions`` (TorchDynamo before torch
+    2.9 cannot trace ``dataclasses.replace``): it must stay ``replace(opts, blank=...)``,
+    whatever fields LossOptions gains."""
+    import dataclasses
+
+    from rnnt_lattice._types import LossOptions
+    from rnnt_lattice.topology import tdt
+    names = [f.name for f in dataclasses.fields(LossOptions)]
+    # every field away from its default, so that a field left out would show
+    values = dict(blank=1, log_softmax=False, clamp=0.5, fastemit_lambda=0.25, inplace_grad=True,
+                  topology=tdt([0, 1, 2]), sigma=0.05, delay_penalty=0.125)
+    assert sorted(values) == sorted(names), "a new LossOptions field: add it here and to _with_blank"
+    opts = LossOptions(**values)
+    for f in dataclasses.fields(LossOptions):
+        if f.default is not dataclasses.MISSING:
+            assert getattr(opts, f.name) != f.default, f.name
+    assert _backends._with_blank.__wrapped__(opts, 3) == dataclasses.replace(opts, blank=3)
+    assert _backends._with_blank.__wrapped__(opts, 1) is opts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 import torch
@@ -158,12 +158,13 @@ def load(name: str) -> Backend:
     return _loaded[name]
 
 
-def _available(name: str) -> bool:
+def _unavailable(name: str) -> str | None:
+    """Why the backend ``name`` cannot be imported here (its ImportError), or None."""
     try:
         load(name)
-    except ImportError:
-        return False
-    return True
+    except ImportError as err:
+        return str(err)
+    return None
 
 
 def empty_cache() -> None:
@@ -184,13 +185,14 @@ def resolve(backend: str, device) -> Backend:
     kind = "cpu" if device is None else device.type
     if backend == "auto":
         preferred = {"cpu": "numba", "cuda": "triton"}.get(kind, "torch")
-        if preferred != "torch" and not _available(preferred):
+        why = None if preferred == "torch" else _unavailable(preferred)
+        if why is not None:
             if preferred not in _warned_fallback:
                 _warned_fallback.add(preferred)
                 warnings.warn(
-                    f"rnnt_lattice: the {preferred!r} backend is not importable on this machine; "
-                    f"falling back to the pure-PyTorch backend (slower). Install "
-                    f"{'numba' if preferred == 'numba' else 'triton'} to use it.",
+                    f"rnnt_lattice: the {preferred!r} backend is not importable on this machine "
+                    f"({why}); falling back to the pure-PyTorch backend (slower). Install "
+                    f"{'numba' if preferred == 'numba' else 'triton'} (or a newer one) to use it.",
                     RuntimeWarning, stacklevel=3)
             preferred = "torch"
         return load(preferred)
@@ -261,4 +263,10 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
 # Per-call work that depends only on hashable options, done once per value.
 @memo(maxsize=256)
 def _with_blank(opts: LossOptions, blank: int) -> LossOptions:
-    return opts if opts.blank == blank else replace(opts, blank=blank)
+    # Every field named, not dataclasses.replace: TorchDynamo before torch 2.9 cannot trace
+    # replace (a compiled loss whose blank is not 0 failed there with fullgraph=True).
+    # tests/test_backends.py holds this equal to replace for every field.
+    if opts.blank == blank:
+        return opts
+    return LossOptions(blank, opts.log_softmax, opts.clamp, opts.fastemit_lambda,
+                       opts.inplace_grad, opts.topology, opts.sigma, opts.delay_penalty)

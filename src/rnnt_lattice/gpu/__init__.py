@@ -58,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,13 +66,35 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import torch_backend
-from .._layout import row_nodes
-from .._types import ArcParts, Lattice, LossOptions, Smoothing
-from .._validate import device_assert, recompute_rtol
-from ..topology import Topology
-from . import kernels
-from ._launch import launch
+# The oldest Triton the kernels are tested with: 3.5.1 (torch 2.9.1: the suite, through
+# the interpreter and the sm_75/80/90 compiles), 3.6 (torch 2.11, on an H100 and an H200)
+# and 3.9. Triton 3.1 and 3.2 (torch 2.5, 2.6) compile none of the loss's kernels (a
+# constexpr tuple indexed in a kernel, ``tl.gather``, ``tl.range(flatten=)``).
+MIN_TRITON = (3, 5)
+
+
+def check_triton_version(version: str) -> None:
+    """ImportError, naming the versions and the way out, for a Triton older than
+    :data:`MIN_TRITON` (importing this module runs it: ``backend="auto"`` then falls back
+    to the PyTorch backend with a warning that says why, ``backend="triton"`` is a
+    ValueError that says it)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and tuple(map(int, found.groups())) < MIN_TRITON:
+        raise ImportError(
+            f"rnnt_lattice's Triton kernels need Triton >= {'.'.join(map(str, MIN_TRITON))} "
+            f"(torch >= 2.9 installs it); found triton {version} with torch "
+            f"{torch.__version__}. Upgrade torch (and triton), or pass backend='torch'")
+
+
+check_triton_version(triton.__version__)
+
+from .. import torch_backend  # noqa: E402
+from .._layout import row_nodes  # noqa: E402
+from .._types import ArcParts, Lattice, LossOptions, Smoothing  # noqa: E402
+from .._validate import device_assert, recompute_rtol  # noqa: E402
+from ..topology import Topology  # noqa: E402
+from . import kernels  # noqa: E402
+from ._launch import launch  # noqa: E402
 
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
