@@ -711,3 +711,29 @@ def test_cuda_graph_capture_is_refused_with_a_clear_error():
         with pytest.raises(RuntimeError, match="CUDA graph"):
             with torch.cuda.graph(graph):
                 rnnt_lattice.fused_rnnt_loss(joiner, *args, blank=blank, backend="torch")
+
+
+def test_the_joiner_never_runs_with_autocasts_cast_cache():
+    """The fused loss runs the joiner under ``no_grad`` in the forward; a weight cast that
+    autocast cached there has no graph, and a recomputation inside the same autocast block
+    (``backward()`` inside it) reused it and reached no parameter: with torch 2.9 the
+    joiner's parameters got no gradient. Every call of the joiner (probe, tiles, the
+    backward's recomputation) runs with the cache off, and the parameters get gradients."""
+    seen = []
+    lin = torch.nn.Linear(8, 7)
+
+    def joiner(e, p):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_cache_enabled()))
+        return lin(torch.tanh(e + p))
+
+    g = torch.Generator().manual_seed(0)
+    enc = torch.randn(2, 6, 8, generator=g, requires_grad=True)
+    pred = torch.randn(2, 4, 8, generator=g)
+    y = torch.randint(1, 6, (2, 3), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_cache_enabled()
+        loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, y, torch.tensor([6, 4]),
+                                            torch.tensor([3, 2]), blank=0, tile=5)
+        loss.backward()
+    assert len(seen) > 3 and all(enabled and not cached for enabled, cached in seen), seen
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0

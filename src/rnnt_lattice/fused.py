@@ -124,9 +124,13 @@ def _fork_rng(device: torch.device):
 
 
 def _autocast_of(device: torch.device) -> dict:
-    """``{device_type: torch.autocast kwargs}`` in effect now, for CPU and ``device``."""
+    """``{device_type: torch.autocast kwargs}`` in effect now, for CPU and ``device``, with
+    autocast's cache of cast weights off. The joiner runs under ``no_grad`` in the forward:
+    a cast cached there has no graph, and with ``backward()`` inside the same autocast block
+    the recomputation found it in the cache and reached no parameter (torch 2.9: the
+    joiner's parameters got no gradient, silently)."""
     return {d: dict(enabled=torch.is_autocast_enabled(d), dtype=torch.get_autocast_dtype(d),
-                    cache_enabled=torch.is_autocast_cache_enabled())
+                    cache_enabled=False)
             for d in dict.fromkeys(("cpu", device.type))}
 
 
@@ -177,7 +181,7 @@ def _probe(joiner, enc, pred) -> torch.Tensor:
     else:
         e = enc.new_zeros((1, 1, 1, enc.shape[2]))
         p = pred.new_zeros((1, 1, 1, pred.shape[2]))
-    with torch.no_grad(), _fork_rng(enc.device):
+    with torch.no_grad(), _fork_rng(enc.device), _autocast(_autocast_of(enc.device)):
         x = joiner(e, p)
     check_joiner_output(x, (1, 1, 1, None), tuple(e.shape), tuple(p.shape), enc.device)
     return x
@@ -265,7 +269,7 @@ class _FusedLoss(torch.autograd.Function):
         ctx.amp = _autocast_of(dev)
         state = None
         prints = []
-        with torch.no_grad():
+        with torch.no_grad(), _autocast(ctx.amp):          # (no cast cached: _autocast_of)
             for box in call.plan:
                 t0, t1, u0, u1 = box
                 tile = tile_node_rows(B, T, U1, *box, dev)

@@ -101,9 +101,12 @@ def launch_class(kernel, args: tuple, kw: dict):
             return None
     # The kernel by identity: hashing a JITFunction hashes its source's dependencies. The
     # class's entry keeps the kernel alive (``_Compiled.jit``), so its id is not reused.
+    # (Each compilation knob read where this Triton has it: 3.5 has neither of these two,
+    # and reading one raised at every launch there.)
     comp = _knobs.compilation
     return (id(kernel), tuple(out), tuple(kw.items()), _knobs.runtime.debug,
-            comp.instrumentation_mode, getattr(comp, "fpsan_homomorphic_casts", None))
+            getattr(comp, "instrumentation_mode", None),
+            getattr(comp, "fpsan_homomorphic_casts", None))
 
 
 def supported(source: str | None = None) -> bool:
