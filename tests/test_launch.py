@@ -338,3 +338,25 @@ def test_another_triton_takes_its_own_path(fake_kernel, calls, monkeypatch):
     for _ in range(3):
         _launch.launch(twin, grid, *args, **kw)
     assert len(slow) == 3 and not compiled.launches and not _launch.ENABLED
+
+
+def test_a_class_reads_only_the_knobs_this_triton_has(monkeypatch):
+    """The launch class holds the compilation knobs Triton folds into a kernel's options
+    where this Triton has them: Triton 3.5 (torch 2.9) has no ``instrumentation_mode``, and
+    reading it raised at every launch on a GPU. Without the knobs the class is the same as
+    with them at their defaults (None), and a knob's value still tells two classes apart."""
+    from types import SimpleNamespace
+
+    from rnnt_lattice.gpu import _launch
+    kernel, args = object(), (1, 17, torch.zeros(4))
+    runtime = SimpleNamespace(debug=False)
+    monkeypatch.setattr(_launch, "_knobs", SimpleNamespace(runtime=runtime,
+                                                           compilation=SimpleNamespace()))
+    bare = _launch.launch_class(kernel, args, {"BLOCK": 8})
+    monkeypatch.setattr(_launch, "_knobs", SimpleNamespace(
+        runtime=runtime, compilation=SimpleNamespace(instrumentation_mode=None,
+                                                     fpsan_homomorphic_casts=None)))
+    assert _launch.launch_class(kernel, args, {"BLOCK": 8}) == bare
+    monkeypatch.setattr(_launch, "_knobs", SimpleNamespace(
+        runtime=runtime, compilation=SimpleNamespace(instrumentation_mode="consan")))
+    assert _launch.launch_class(kernel, args, {"BLOCK": 8}) != bare
