@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rnnt_lattice import _backends
+from rnnt_lattice import _backends, _validate
 
 
 def _members():
@@ -108,7 +108,7 @@ def test_auto_falls_back_to_torch_and_says_why(monkeypatch):
 
 
 def test_with_blank_is_replace_for_every_field():
-    """``_backends._with_blank`` names every field of ``LossOptions`` (TorchDynamo before torch
+    """``_validate.with_blank`` names every field of ``LossOptions`` (TorchDynamo before torch
     2.9 cannot trace ``dataclasses.replace``): it must stay ``replace(opts, blank=...)``,
     whatever fields LossOptions gains."""
     import dataclasses
@@ -119,10 +119,10 @@ def test_with_blank_is_replace_for_every_field():
     # every field away from its default, so that a field left out would show
     values = dict(blank=1, log_softmax=False, clamp=0.5, fastemit_lambda=0.25, inplace_grad=True,
                   topology=tdt([0, 1, 2]), sigma=0.05, delay_penalty=0.125)
-    assert sorted(values) == sorted(names), "a new LossOptions field: add it here and to _with_blank"
+    assert sorted(values) == sorted(names), "a new LossOptions field: add it here and to _validate.with_blank"
     opts = LossOptions(**values)
     for f in dataclasses.fields(LossOptions):
         if f.default is not dataclasses.MISSING:
             assert getattr(opts, f.name) != f.default, f.name
-    assert _backends._with_blank.__wrapped__(opts, 3) == dataclasses.replace(opts, blank=3)
-    assert _backends._with_blank.__wrapped__(opts, 1) is opts
+    assert _validate.with_blank.__wrapped__(opts, 3) == dataclasses.replace(opts, blank=3)
+    assert _validate.with_blank.__wrapped__(opts, 1) is opts

@@ -15,9 +15,8 @@ from typing import Any, Optional, Protocol
 import torch
 
 from ._layout import Tile, packed_node_rows
-from ._memo import memo
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
-from ._validate import Checked, Names, check_call
+from ._validate import Checked, Names, check_call, with_blank
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -255,18 +254,7 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                      grid=None if node_rows is None else tuple(node_rows.shape), packed=packed,
                      boundary=boundary, allow_blank_targets=allow_blank_targets, names=names,
                      inplace_grad=opts.inplace_grad and not traced)
+    opts = with_blank(opts, chk.blank)
     if packed:
         node_rows = packed_node_rows(chk.logit_lengths, chk.target_lengths, chk.grid)
-    return Prepared(impl, chk, _with_blank(opts, chk.blank), node_rows)
-
-
-# Per-call work that depends only on hashable options, done once per value.
-@memo(maxsize=256)
-def _with_blank(opts: LossOptions, blank: int) -> LossOptions:
-    # Every field named, not dataclasses.replace: TorchDynamo before torch 2.9 cannot trace
-    # replace (a compiled loss whose blank is not 0 failed there with fullgraph=True).
-    # tests/test_backends.py holds this equal to replace for every field.
-    if opts.blank == blank:
-        return opts
-    return LossOptions(blank, opts.log_softmax, opts.clamp, opts.fastemit_lambda,
-                       opts.inplace_grad, opts.topology, opts.sigma, opts.delay_penalty)
+    return Prepared(impl, chk, opts, node_rows)

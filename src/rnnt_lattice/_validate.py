@@ -616,6 +616,19 @@ _PLAIN = (float, int)
 _cached_options = memo(maxsize=256)(_options)
 
 
+@memo(maxsize=256)
+def with_blank(opts: LossOptions, blank: int) -> LossOptions:
+    """``opts`` with the call's checked ``blank`` (:func:`check_call` resolves a negative
+    one), once per value. Every field is named rather than ``dataclasses.replace``d:
+    TorchDynamo before torch 2.9 cannot trace ``replace`` (a compiled loss whose blank is not
+    0 failed there with ``fullgraph=True``); tests/test_backends.py holds this equal to
+    ``replace`` for every field."""
+    if opts.blank == blank:
+        return opts
+    return LossOptions(blank, opts.log_softmax, opts.clamp, opts.fastemit_lambda,
+                       opts.inplace_grad, opts.topology, opts.sigma, opts.delay_penalty)
+
+
 def check_float(name: str, value, *, minimum: float | None = None, finite: bool = False) -> float:
     """``value`` as a Python float: a number, not NaN, ``>= minimum`` and finite if asked,
     and inside ``FLOAT_RANGES[name]`` for the options listed there."""
