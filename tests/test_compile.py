@@ -157,6 +157,98 @@ def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_comp
 
 
 
+def test_packed_logits_compile_with_a_graph_break(no_compile_cache):
+    """``packed=True`` under ``torch.compile``: the row map is built from the lengths read on
+    the host, so the call runs eagerly inside the compiled function (a graph break), for
+    ``rnnt_loss``, ``tdt_loss`` and warp-rnnt's ``compact=True``, which packs too (without
+    the eager wrapper TorchDynamo broke the graph at a data-dependent guard of that read,
+    fatal with ``fullgraph=True``: the test below). The losses and gradients equal the
+    eager ones bit for bit, compiled first (the wrapper made while tracing: a frame that
+    TorchDynamo skipped there once recursed into itself)."""
+    import rnnt_lattice.compat.warp_rnnt as warp_rnnt
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    V, T_b, U_b = 6, torch.tensor([5, 3], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
+    rows = int((T_b * (U_b + 1)).sum())
+    x = torch.randn(rows, V, generator=g, dtype=torch.float64)
+    y = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    flat = torch.tensor([1, 2, 3], dtype=torch.int32)
+
+    def losses(x):
+        lp = x.float().log_softmax(-1)
+        return (rnnt_lattice.rnnt_loss(x, y, T_b, U_b, blank=0, packed=True, reduction="sum")
+                + rnnt_lattice.tdt_loss(x, y.clamp(max=2), T_b, U_b, blank=3, durations=[0, 1],
+                                       packed=True)
+                + warp_rnnt.rnnt_loss(lp, flat, T_b, U_b, blank=0, compact=True).sum())
+
+    def run(fn):
+        leaf = x.clone().requires_grad_()
+        loss = fn(leaf)
+        loss.backward()
+        return loss.detach(), leaf.grad
+
+    compiled, eager = run(torch.compile(losses, backend="eager")), run(losses)
+    for name, c, e in zip(("loss", "grad"), compiled, eager):
+        assert torch.isfinite(e).all() and torch.equal(c, e), name
+    torch._dynamo.reset()
+
+
+def _fused_call():
+    g = torch.Generator().manual_seed(0)
+    enc, pred = torch.randn(2, 4, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    y, tl, ul = torch.tensor([[1, 2], [2, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
+    head = torch.nn.Linear(5, 4)
+    return lambda: rnnt_lattice.fused_rnnt_loss(lambda e, p: head(torch.tanh(e + p)), enc, pred,
+                                                 y, tl, ul, blank=0)
+
+
+def _pruned_calls():
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 2, 6, 3, 7
+    am, lm = torch.randn(B, T, V, generator=g), torch.randn(B, U + 1, V, generator=g)
+    y, tl, ul = torch.randint(1, V, (B, U), generator=g), torch.tensor([6, 5]), torch.tensor([3, 2])
+    _, occ = rnnt_lattice.rnnt_loss_smoothed(lm, am, y, tl, ul, blank=0, lm_only_scale=0.2,
+                                             am_only_scale=0.1, return_occupations=True)
+    return {
+        "simple": lambda: rnnt_lattice.rnnt_loss_simple(lm, am, y, tl, ul, blank=0),
+        "prune_ranges": lambda: rnnt_lattice.prune_ranges(occ, 2, method="k2").ranges,
+        "lattice_loss": lambda: rnnt_lattice.lattice_loss(
+            am[..., :U + 1].double(), lm[:, None, :, 0].double().expand(B, T, U + 1), tl, ul),
+    }
+
+
+def _packed_call():
+    x = torch.randn(5 * 3 + 3 * 2, 6)
+    T_b, U_b = torch.tensor([5, 3]), torch.tensor([2, 1])
+    return lambda: rnnt_lattice.rnnt_loss(x, torch.tensor([[1, 2], [3, 0]]), T_b, U_b, blank=0,
+                                          packed=True)
+
+
+@pytest.mark.skipif(not _ops._DYNAMO_TAKES_REASONS, reason="TorchDynamo's messages take a "
+                    "reason from torch 2.9 on")
+@pytest.mark.parametrize("call, says", [
+    ("packed", "packed=True read the lengths on the host"),
+    ("fused", "fused losses call the joiner tile by tile"),
+    ("simple", "simple losses (rnnt_loss_simple, rnnt_loss_smoothed) run their kernels eagerly"),
+    ("prune_ranges", "prune_ranges reads its window's size on the host"),
+    ("lattice_loss", "lattice_loss runs its kernels eagerly"),
+])
+def test_fullgraph_says_why_a_call_breaks_the_graph(call, says, no_compile_cache):
+    """The calls that run eagerly under ``torch.compile`` (a graph break) make
+    ``fullgraph=True``, which allows none, fail with a message that says why and what to
+    do, whether or not an earlier compilation made their eager wrapper already: TorchDynamo
+    said "Attempted to call function marked as skipped" (``torch.compiler.disable``'s own
+    code) or, for packed logits, "Could not guard on data-dependent expression"."""
+    fn = {"packed": _packed_call, "fused": _fused_call}.get(call, lambda: _pruned_calls()[call])()
+    for _ in range(2):          # the second: the eager wrapper made by the first
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(fn, backend="eager", fullgraph=True)()
+        assert says in str(info.value) and "compile without fullgraph=True" in str(info.value)
+    torch.compile(fn, backend="eager")()           # without fullgraph: a graph break
+    torch._dynamo.reset()
+
+
 def test_dynamic_shapes_compile_once(no_compile_cache):
     """``torch.compile(dynamic=True, fullgraph=True)``, the usual setting for batches of
     varying lengths: one compilation serves batches of other sizes, with the eager losses

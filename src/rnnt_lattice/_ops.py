@@ -250,10 +250,11 @@ def reduce_costs(costs: torch.Tensor, reduction: str, zero_infinity: bool) -> to
     return costs.mean()
 
 
-def eager_under_compile(fn):
+def eager_under_compile(fn, reason: str):
     """``fn`` behind ``torch.compiler.disable``: run eagerly inside a compiled function (a
     graph break around it), for the calls whose backends' kernels and host work TorchDynamo
-    cannot trace. Eager calls call ``fn`` itself; the wrapper is made at the first call
+    cannot trace. ``torch.compile(..., fullgraph=True)``, which allows no graph break,
+    fails with ``reason`` in its message (torch 2.9 and later; before, without it). Eager calls call ``fn`` itself; the wrapper is made at the first call
     that TorchDynamo traces: decorating at import, or at an eager call, would import
     torch._dynamo (and Triton) with rnnt_lattice (about a second)."""
     disabled = None
@@ -264,6 +265,25 @@ def eager_under_compile(fn):
         if not torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         if disabled is None:
-            disabled = torch.compiler.disable(fn)
+            # (No try/except here: TorchDynamo cannot break a graph inside a try block, and
+            # would run this frame untraced, which calls fn traced, which calls this.)
+            _graph_break(reason)
+            disabled = (torch.compiler.disable(fn, reason=reason) if _DYNAMO_TAKES_REASONS
+                        else torch.compiler.disable(fn))
         return disabled(*args, **kwargs)
     return call
+
+
+def _graph_break(reason: str) -> None:
+    """A graph break that says why (``fullgraph=True`` raises it with ``reason``); called
+    while TorchDynamo traces, so torch._dynamo is already imported."""
+    import torch._dynamo
+    if _DYNAMO_TAKES_REASONS:
+        torch._dynamo.graph_break(msg=reason)
+    else:
+        torch._dynamo.graph_break()
+
+
+# torch._dynamo.graph_break and torch.compiler.disable take a message from torch 2.9 on (read
+# from the version: their signatures would need torch._dynamo imported, about a second).
+_DYNAMO_TAKES_REASONS = tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 9)

@@ -329,14 +329,31 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
     or the custom op while compiling; zero_infinity; the reduction). ``packed``: the logits
     are packed rows; ``node_rows``: a layout's map given directly (the pruned loss), the
     logits being its rows ``(N, V)``."""
+    traced = torch.compiler.is_compiling()
+    if packed and traced:
+        return _packed_loss(logits, targets, logit_lengths, target_lengths, blank, topology,
+                            clamp=clamp, reduction=reduction, fused=fused,
+                            fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
+                            backend=backend, inplace_grad=inplace_grad, sigma=sigma,
+                            delay_penalty=delay_penalty, boundary=boundary, packed=packed,
+                            node_rows=node_rows, allow_blank_targets=allow_blank_targets)
     check_reduction(reduction)
     opts = loss_options(bool(fused), bool(inplace_grad), topology, clamp, fastemit_lambda,
                         sigma, delay_penalty)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
-                                  traced=torch.compiler.is_compiling(),
+                                  traced=traced,
                                   allow_blank_targets=allow_blank_targets)
     return _ops.run(prep, backend, reduction, zero_infinity)
+
+
+# A packed layout's row map is built from the lengths read on the host (the rows' count is
+# data): under torch.compile the call runs eagerly, a graph break, where TorchDynamo would
+# otherwise break at the read, or fail with fullgraph=True on a guard it cannot express.
+_packed_loss = _ops.eager_under_compile(
+    logits_loss, "rnnt_lattice's losses with packed=True read the lengths on the host to "
+    "build the row map: they run eagerly, a graph break; compile without fullgraph=True, "
+    "or give padded (B, T, U+1, V) logits")
 
 
 def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,

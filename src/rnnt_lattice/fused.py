@@ -620,7 +620,10 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
 
 
 # A graph break under ``torch.compile`` (the joiner is called inside the Function).
-_fused_loss = eager_under_compile(_fused_loss_eager)
+_fused_loss = eager_under_compile(
+    _fused_loss_eager, "rnnt_lattice's fused losses call the joiner tile by tile inside "
+    "their autograd Function: they run eagerly, a graph break; compile without "
+    "fullgraph=True")
 
 
 def _dropping(joiner, drop: int):

@@ -691,6 +691,10 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
 # opaque to TorchDynamo, which failed while tracing them (torch 2.13 on the CPU: "exception
 # table entry start instruction has no offset", "'ndarray' object has no attribute
 # 'setflags'"). Eager inside, the rescue of far-apart logits runs too.
-lattice_loss = eager_under_compile(lattice_loss)
-_simple_loss = eager_under_compile(_simple_loss)
+lattice_loss = eager_under_compile(
+    lattice_loss, "rnnt_lattice's lattice_loss runs its kernels eagerly, a graph break; "
+    "compile without fullgraph=True")
+_simple_loss = eager_under_compile(
+    _simple_loss, "rnnt_lattice's simple losses (rnnt_loss_simple, rnnt_loss_smoothed) run "
+    "their kernels eagerly, a graph break; compile without fullgraph=True")
 

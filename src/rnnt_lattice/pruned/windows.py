@@ -155,7 +155,10 @@ def prune_ranges(
 # The window's size is read on the host (the output's shape depends on it): inside a
 # compiled step TorchDynamo would break its graph at that read and log the break with its
 # trace; the whole choice runs eagerly there instead, a graph break without a message.
-prune_ranges = eager_under_compile(prune_ranges)
+prune_ranges = eager_under_compile(
+    prune_ranges, "rnnt_lattice's prune_ranges reads its window's size on the host (the "
+    "ranges' shape depends on it): it runs eagerly, a graph break; compile without "
+    "fullgraph=True")
 
 
 def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> int:
