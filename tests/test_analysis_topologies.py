@@ -235,6 +235,7 @@ def test_best_alignment_matches_oracle(name, seed, backend):
                                                          **dict(kw, backend="torch")))
 
 
+@backends.NO_TRITON
 @pytest.mark.parametrize("name", list(TOPOS))
 def test_lattice_state_in_registers(name, monkeypatch):
     """``gpu.LATTICE_ONCHIP`` (off until a GPU times it): the lattice pass with the last
@@ -376,7 +377,7 @@ def test_lattice_options_are_validated():
             fn(logits, targets % 2, tl, ul, blank=0, topology=topology.tdt([0, 1]), backend="torch")
 
 
-@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "numba", backends.TRITON])
 def test_multiblank_topology_must_agree_with_blank_and_targets(backend):
     """A multi-blank topology places its big blanks below the blank it was built for: with
     another ``blank=`` it would be another lattice, and a big blank's class is no label.

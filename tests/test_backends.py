@@ -8,6 +8,7 @@ import re
 import pytest
 
 from rnnt_lattice import _backends, _validate
+from support.backends import need_triton
 
 
 def _members():
@@ -20,7 +21,7 @@ def _members():
 @pytest.mark.parametrize("name", ["numba", "torch", "triton"])
 def test_every_backend_implements_the_whole_protocol(name):
     if name == "triton":
-        pytest.importorskip("triton")
+        need_triton()
     impl = _backends.load(name)
     hints, funcs = _members()
     assert funcs and hints                                  # the protocol declares both
@@ -80,7 +81,7 @@ def test_a_triton_too_old_for_the_kernels_is_refused_by_name(version, refused):
     backend refuses a Triton older than ``gpu.MIN_TRITON`` when it is imported, with an
     ImportError that names the versions and the way out (compared as numbers: 3.10 is
     newer than 3.5)."""
-    pytest.importorskip("triton")
+    need_triton()
     from rnnt_lattice import gpu
     if not refused:
         gpu.check_triton_version(version)

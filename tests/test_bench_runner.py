@@ -18,6 +18,7 @@ RESULTS = BENCH_DIR / "results"
 sys.path.insert(0, str(BENCH_DIR))            # the benchmark scripts import each other by name
 import shapes  # noqa: E402
 import timing  # noqa: E402
+from support.backends import NO_TRITON  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +358,7 @@ def test_fused_mode_end_to_end(run, tmp_path):
     assert (tmp_path / "f.md").read_text() == md
 
 
+@NO_TRITON
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_joint_tiles_needs_a_gpu(run, capsys):
     """benchmarks/joint_tiles.py (the kernel path's block choices, timed on a GPU) exits with
@@ -400,6 +402,7 @@ def test_joint_tiles_times_each_pass_apart():
     assert best == {"row": ("a", 2.0), "grad": ("b", 3.5)}
 
 
+@NO_TRITON
 def test_gpu_passes_configs_and_settings(run, capsys):
     """benchmarks/gpu_passes.py without a GPU exits with status 2 (after checking its
     arguments); its sweep configs' letters and ``--set``'s constants parse as the GPU
@@ -435,7 +438,7 @@ def test_fused_mode_preset_and_ways(run):
         run.parse(["--mode", "floor", "--precision", "bf16"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@NO_TRITON
 def test_joint_exactness_table(monkeypatch, capsys):
     """benchmarks/joint_exactness.py (docs/benchmarks.md's exactness table of the kernel
     path), float64 under the interpreter: every relative error within 1e-12."""
@@ -466,6 +469,7 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["R"] == 5
 
 
+@NO_TRITON
 def test_pruned_profile_times_the_gpu_paths_host_work(capsys):
     """``pruned_profile.py --host`` (no GPU): the host's microseconds of a pruned step on
     the GPU's code path with the kernels stubbed, printed and returned; the kernels, the
@@ -485,6 +489,7 @@ def test_pruned_profile_times_the_gpu_paths_host_work(capsys):
     assert common.host_step_us(capsys.readouterr().out) > 0     # what --vs reads back
 
 
+@NO_TRITON
 def test_pruned_profile_counts_the_gpu_paths_operations():
     """``pruned_profile.py --count-ops`` (no GPU): the GPU's code path of the pruned step
     counted per stage, PyTorch operations and Triton launches (the loss's five passes, the
@@ -512,6 +517,7 @@ def test_pruned_profile_counts_the_gpu_paths_operations():
     assert all(sum(c for c, _ in out["sources"][s]) == n for s, n in out["stages"].items())
 
 
+@NO_TRITON
 def test_host_overhead_runs_with_stubbed_launches():
     """``host_overhead.py`` (it restarts itself with glibc's thresholds set, so it runs in
     a subprocess): the Triton backend's host path at s1, every pass and the input check
@@ -551,6 +557,7 @@ def test_paired_ab_takes_the_ratio_pair_by_pair(tmp_path):
     assert out["ratios"] == [0.75] * 3 and out["median"] == out["min"] == out["max"] == 0.75
 
 
+@NO_TRITON
 def test_lattice_traffic_counts_adjacent_diagonals(tmp_path):
     """``lattice_traffic.py`` (a subprocess: it sets ``TRITON_INTERPRET``) counts the lattice
     pass's memory requests from the addresses the kernel computes: with the skewed planes

@@ -31,7 +31,7 @@ from rnnt_lattice import _validate
 from rnnt_lattice.compat import k2 as fast_rnnt
 from rnnt_lattice.compat import torchaudio as ta
 
-from support.backends import NO_TRITON
+from support.backends import NO_TRITON, need_triton
 
 SRC = pathlib.Path(rnnt_lattice.__file__).resolve().parent
 
@@ -71,7 +71,7 @@ def test_triton_globals_equal_themselves():
     the module globals it uses (transitively, through the functions it calls): each must
     compare equal to its own value. The compiled kernels are needed (the interpreter has no
     such check), so this runs in a subprocess without ``TRITON_INTERPRET``."""
-    pytest.importorskip("triton")
+    need_triton()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", GLOBALS_SCRIPT], env=env, capture_output=True,
                          text=True, timeout=300)

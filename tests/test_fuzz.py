@@ -17,7 +17,6 @@ are in conftest.py). A failure prints the shrunk example and a
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 
@@ -25,6 +24,7 @@ import pytest
 import torch
 
 import rnnt_lattice
+from support import backends
 
 hypothesis = pytest.importorskip("hypothesis")
 
@@ -39,9 +39,10 @@ from hypothesis import strategies as st  # noqa: E402
 
 # The backends compared, in one place. The Triton backend runs on CPU tensors only under
 # the interpreter (TRITON_INTERPRET=1, set by conftest.py before triton is first imported);
-# it takes part when triton is installed. RNNT_LATTICE_FUZZ_BACKENDS overrides the list.
+# it takes part when the Triton backend is usable (installed, >= gpu.MIN_TRITON).
+# RNNT_LATTICE_FUZZ_BACKENDS overrides the list.
 _DEFAULT_BACKENDS = "numba,torch" + (
-    ",triton" if importlib.util.find_spec("triton") is not None
+    ",triton" if backends.HAS_TRITON
     and os.environ.get("TRITON_INTERPRET") == "1" else "")
 BACKENDS = tuple(b for b in os.environ.get("RNNT_LATTICE_FUZZ_BACKENDS", _DEFAULT_BACKENDS).split(",")
                  if b)

@@ -293,7 +293,7 @@ def test_long_targets(backend):
     torch.testing.assert_close(lat.gamma[0, 1, :, :1100].sum(0), torch.ones(1100, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("backend", BACKENDS + ["triton"])
+@pytest.mark.parametrize("backend", BACKENDS + [backends.TRITON])
 @pytest.mark.parametrize("with_boundary", [False, True], ids=["lengths", "boundary"])
 @pytest.mark.parametrize("clamp,fastemit_lambda", [(-1.0, 0.0), (0.2, 0.5)], ids=["plain", "clamp_fe"])
 def test_allow_blank_targets(clamp, fastemit_lambda, with_boundary, backend):

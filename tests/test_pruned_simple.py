@@ -671,7 +671,7 @@ interpreter_lanes = pytest.mark.filterwarnings("ignore:invalid value encountered
 
 def _kernel_backend(backend):
     if backend == "triton":
-        pytest.importorskip("triton")
+        backends.need_triton()
         from rnnt_lattice import gpu
         if not gpu.INTERPRETED:                                         # pragma: no cover
             pytest.skip("rnnt_lattice.gpu was imported before TRITON_INTERPRET=1")

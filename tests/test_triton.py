@@ -29,7 +29,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.utils._python_dispatch  # noqa: E402
 
-pytest.importorskip("triton")
+from support.backends import HAS_TRITON, TRITON_MISSING  # noqa: E402
+
+if not HAS_TRITON:
+    pytest.skip(f"needs the Triton backend: {TRITON_MISSING}", allow_module_level=True)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

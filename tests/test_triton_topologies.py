@@ -19,7 +19,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-pytest.importorskip("triton")
+from support.backends import HAS_TRITON, TRITON_MISSING  # noqa: E402
+
+if not HAS_TRITON:
+    pytest.skip(f"needs the Triton backend: {TRITON_MISSING}", allow_module_level=True)
 
 import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, topology  # noqa: E402

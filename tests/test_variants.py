@@ -233,7 +233,7 @@ def test_bad_arguments(fn_name, kw, match):
             fn(x, *args, **kw)
 
 
-@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "numba", backends.TRITON])
 def test_big_blank_durations_in_any_order(backend):
     """NeMo accepts ``big_blank_durations`` in any order, the big blank of duration
     ``d_i`` being class ``blank - 1 - i``: [4, 2] on some logits is [2, 4] on the logits
@@ -254,7 +254,7 @@ def test_big_blank_durations_in_any_order(backend):
     torch.testing.assert_close(a.grad, b.grad[..., perm], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "numba", backends.TRITON])
 def test_multiblank_blank_after_its_big_blanks(backend):
     """ESPnet's layout (its big blanks inserted at the front of the token list, before the
     blank: big blank 4, big blank 2, blank, then the labels) is NeMo's (the labels, then

@@ -16,12 +16,13 @@ import torch  # noqa: E402
 
 from rnnt_lattice import cpu, torch_backend  # noqa: E402
 from rnnt_lattice.pruned import windows as coverage  # noqa: E402
+from support.backends import need_triton  # noqa: E402
 
 NEG_INF = float("-inf")
 
 
 def _triton_dp():
-    pytest.importorskip("triton")
+    need_triton()
     from rnnt_lattice import gpu
     if not gpu.INTERPRETED:                                  # pragma: no cover
         pytest.skip("the Triton backend was imported without the interpreter")

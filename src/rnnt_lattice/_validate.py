@@ -89,12 +89,27 @@ def _device_checks_run_on(device: torch.device) -> bool:
     return runs
 
 
+def tracing(x) -> bool:
+    """Whether a call on ``x`` is being traced rather than run: TorchDynamo traces
+    (``torch.compiler.is_compiling()``), or ``x`` is a fake tensor. In torch 2.7 and 2.8
+    (2.9.1 too, by the README's table) TorchDynamo runs the Python kernel of a
+    ``CompositeImplicitAutograd`` op (the torchaudio compat module's) on fake tensors with
+    ``is_compiling()`` False: such a call has no values to read and no kernels to run (it
+    takes the custom op, as while tracing)."""
+    if torch.compiler.is_compiling():
+        return True
+    if type(x) is torch.Tensor or not isinstance(x, torch.Tensor):
+        return False                                    # the eager path: one type check
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(x)
+
+
 def check_site(x: torch.Tensor) -> str | None:
     """Where the value checks of a call on ``x``'s device run: ``"host"``, ``"device"``, or
     None (not at all: while ``torch.compile`` traces, where there are no values, or on the
     meta device). The one rule of every value check (``set_input_checks``)."""
     device = x.device
-    if device.type == "meta" or torch.compiler.is_compiling():
+    if device.type == "meta" or tracing(x):
         return None
     mode = _input_checks["mode"] or input_checks()
     if mode == "host":

@@ -7,7 +7,8 @@ and prediction projections, a joiner Module) trains one step on its share of the
 with a fused loss under DistributedDataParallel or FSDP2, and rank 0 saves, per
 case, what the test checks: the parameters' types after ``backward()`` (FSDP2: resharded,
 DTensors), their gradients' types (FSDP2: sharded DTensors), the gradients gathered and
-times the number of ranks (both engines average over the ranks; the loss is a sum), and
+times the number of ranks (both engines average over the ranks; the loss is a sum; FSDP2
+on gloo in torch 2.7 and 2.8 sums them: :func:`reduce_scatter_averages`), and
 the one-process gradients of ``rnnt_loss`` on the materialised logits of the whole batch.
 """
 from __future__ import annotations
@@ -170,7 +171,18 @@ def wrap(model: Model) -> torch.nn.Module:
     return model
 
 
-def step(case: Case, rank: int, world: int) -> dict:
+def reduce_scatter_averages() -> bool:
+    """Whether gloo's ``reduce_scatter_tensor(op=ReduceOp.AVG)`` averages. In torch 2.7
+    and 2.8 it sums, silently (pytorch/pytorch#162338), and FSDP2, which reduces float32
+    gradients with AVG, then returns the ranks' sum on CPU: a torch bug, which the check
+    undoes (the gradients' scale), not the loss's."""
+    world = dist.get_world_size()
+    out = torch.empty(1)
+    dist.reduce_scatter_tensor(out, torch.ones(world), op=dist.ReduceOp.AVG)
+    return out.item() == 1.0
+
+
+def step(case: Case, rank: int, world: int, fsdp2_sums: bool = False) -> dict:
     torch.manual_seed(0)
     model = Model(case)
     data = batch()
@@ -189,7 +201,7 @@ def step(case: Case, rank: int, world: int) -> dict:
         params[n], grads[n] = type(p).__name__, type(g).__name__
         if hasattr(g, "full_tensor"):
             g = g.full_tensor()
-        got[n] = None if g is None else g * world
+        got[n] = None if g is None else g * (1 if fsdp2_sums and case.engine == "fsdp2" else world)
     return {"got": got, "want": want, "params": params, "grads": grads}
 
 
@@ -205,10 +217,11 @@ def warm_up() -> None:
 def main(out: str, ids: list) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    fsdp2_sums = not reduce_scatter_averages()
     res, failed = {}, False
     for case in (c for c in CASES if c.id in ids):
         try:
-            res[case.id] = step(case, rank, world)
+            res[case.id] = step(case, rank, world, fsdp2_sums)
         except Exception as err:                  # noqa: BLE001  reported by the test
             res[case.id] = f"{type(err).__name__}: {err}"
             failed = True
