@@ -224,8 +224,8 @@ def _packed_call():
                                           packed=True)
 
 
-@pytest.mark.skipif(not _ops._DYNAMO_TAKES_REASONS, reason="TorchDynamo's messages take a "
-                    "reason from torch 2.9 on")
+@pytest.mark.skipif(not _ops.DYNAMO_TAKES_REASONS, reason="TorchDynamo's messages take a "
+                    "reason from torch 2.8 on")
 @pytest.mark.parametrize("call, says", [
     ("packed", "packed=True read the lengths on the host"),
     ("fused", "fused losses call the joiner tile by tile"),

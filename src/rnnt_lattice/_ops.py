@@ -254,7 +254,7 @@ def eager_under_compile(fn, reason: str):
     """``fn`` behind ``torch.compiler.disable``: run eagerly inside a compiled function (a
     graph break around it), for the calls whose backends' kernels and host work TorchDynamo
     cannot trace. ``torch.compile(..., fullgraph=True)``, which allows no graph break,
-    fails with ``reason`` in its message (torch 2.9 and later; before, without it). Eager calls call ``fn`` itself; the wrapper is made at the first call
+    fails with ``reason`` in its message (torch 2.8 and later; before, without it). Eager calls call ``fn`` itself; the wrapper is made at the first call
     that TorchDynamo traces: decorating at import, or at an eager call, would import
     torch._dynamo (and Triton) with rnnt_lattice (about a second)."""
     disabled = None
@@ -268,7 +268,7 @@ def eager_under_compile(fn, reason: str):
             # (No try/except here: TorchDynamo cannot break a graph inside a try block, and
             # would run this frame untraced, which calls fn traced, which calls this.)
             _graph_break(reason)
-            disabled = (torch.compiler.disable(fn, reason=reason) if _DYNAMO_TAKES_REASONS
+            disabled = (torch.compiler.disable(fn, reason=reason) if _TORCH >= (2, 8)
                         else torch.compiler.disable(fn))
         return disabled(*args, **kwargs)
     return call
@@ -278,12 +278,14 @@ def _graph_break(reason: str) -> None:
     """A graph break that says why (``fullgraph=True`` raises it with ``reason``); called
     while TorchDynamo traces, so torch._dynamo is already imported."""
     import torch._dynamo
-    if _DYNAMO_TAKES_REASONS:
+    if _TORCH >= (2, 7):
         torch._dynamo.graph_break(msg=reason)
     else:
         torch._dynamo.graph_break()
 
 
-# torch._dynamo.graph_break and torch.compiler.disable take a message from torch 2.9 on (read
-# from the version: their signatures would need torch._dynamo imported, about a second).
-_DYNAMO_TAKES_REASONS = tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 9)
+# torch._dynamo.graph_break takes a message from torch 2.7 on, torch.compiler.disable a reason
+# from 2.8 on (read from the version: their signatures need torch._dynamo imported, about a
+# second). fullgraph=True names the reason from 2.8 on, and on 2.7 at a call's first trace.
+_TORCH = tuple(int(n) for n in torch.__version__.split(".")[:2])
+DYNAMO_TAKES_REASONS = _TORCH >= (2, 8)
