@@ -361,7 +361,9 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
             v = v0 + offs
             x = tl.load(logits_ptr + base[:, None] + v[None, :],
                         mask=v[None, :] < body[:, None], other=NEG_INF)
-            x = tl.where(v[None, :] >= head[:, None], x, NEG_INF).to(ACC)
+            # Widened first: -inf in the logits' dtype would be a bfloat16 constant, which
+            # the interpreters of Triton 3.5 and 3.6 cannot make (no get_bf16); same values.
+            x = tl.where(v[None, :] >= head[:, None], x.to(ACC), NEG_INF)
             m, s = _lse_step(m, s, x, LANES)
         # The last < SPAN entries (with LANES in chunks of BLOCK: the groups' shape).
         if LANES > 0:
