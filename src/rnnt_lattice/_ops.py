@@ -254,9 +254,10 @@ def eager_under_compile(fn, reason: str):
     """``fn`` behind ``torch.compiler.disable``: run eagerly inside a compiled function (a
     graph break around it), for the calls whose backends' kernels and host work TorchDynamo
     cannot trace. ``torch.compile(..., fullgraph=True)``, which allows no graph break,
-    fails with ``reason`` in its message (torch 2.8 and later; before, without it). Eager calls call ``fn`` itself; the wrapper is made at the first call
-    that TorchDynamo traces: decorating at import, or at an eager call, would import
-    torch._dynamo (and Triton) with rnnt_lattice (about a second)."""
+    fails with ``reason`` in its message (torch 2.8 and later; before, without it). Eager
+    calls call ``fn`` itself; the wrapper is made at the first call that TorchDynamo
+    traces: decorating at import, or at an eager call, would import torch._dynamo (and
+    Triton) with rnnt_lattice (about a second)."""
     disabled = None
 
     @functools.wraps(fn)
