@@ -45,6 +45,9 @@
 #                passes timed apart (the fastest of each named), and its step by kernel
 #   joint_tiles_tf32  the same sweep with float32 inputs and TF32 products, and float32's own
 #                choices with more pipeline stages (joint_tiles.F32_CANDIDATES)
+#   joint_tiles_tdt  joint_tiles.py for TDT at j4 (V = 8198 with durations 0..4), H = 640,
+#                bf16: the capped blocks that joint.TILES took from the regular loss at j1,
+#                against the others, for the duration head's wider rows
 #   joint_tf32   the joiner's step at j1 with float32 inputs and TF32 products
 #   joint_fp32   the joiner's step at j1 with float32 inputs and IEEE products (TF32 off,
 #                PyTorch's default): the full pipeline, the tile path and a Joiner, which
@@ -131,6 +134,9 @@ for step in "$@"; do
               --shape j1 --hidden 512 --precision bf16 --reps 3 --json "$out/joint_tiles.json" ;;
     joint_tiles_tf32) run joint_tiles_tf32 "${JOINT_TILES_TF32_LIMIT:-210}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision tf32 --reps 3 --json "$out/joint_tiles_tf32.json" ;;
+    joint_tiles_tdt) run joint_tiles_tdt "${JOINT_TILES_TDT_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
+              --shape j4 --hidden 640 --loss tdt --precision bf16 --reps 3 \
+              --json "$out/joint_tiles_tdt.json" ;;
     joint_tf32) run joint_tf32 "${JOINT_TF32_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode fused --shapes j1 \
               --hidden 512 --ways full joint --precision tf32 --reps 3 --warmup 1 \
               --out-dir "$out" --stem cuda-joint-j1-tf32 ;;

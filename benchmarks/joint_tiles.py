@@ -98,12 +98,14 @@ CANDIDATES = {
     "128x256x32 w16 / same": _same(128, 256, 32, 16),
     "64x128x32 w4 s4 r168 / same": _same(64, 128, 32, 4, stages=4, maxnreg=168),
 }
-# Float32 operands (--precision fp32, tf32) run every choice above with ``joint.WIDE[4]``
-# over it (32 of H a step in three pipeline stages: three [128, 64] float32 blocks of h and W
-# need more shared memory than sm_90 has), whatever its name says of H and stages. These
-# choices keep their own stages instead, with 32 of H per step: three stages take 96 KiB of
-# shared memory, four 128 KiB, as two of 64 do. Compiled with Triton 3.6 for sm_90: 128
-# registers, no spill (the gradient pass at four stages spilled 8 bytes when chosen).
+# Float32 operands (--precision fp32, tf32) run every choice above with F32_OVER over it
+# (32 of H a step in three pipeline stages: three [128, 64] float32 blocks of h and W need
+# more shared memory than sm_90 has), whatever its name says of H and stages; the default
+# is ``joint.WIDE[4]``'s choice. These choices keep their own stages instead, with 32 of H
+# per step: three stages take 96 KiB of shared memory, four 128 KiB, as two of 64 do.
+# Compiled with Triton 3.6 for sm_90: 128 registers, no spill (the gradient pass at four
+# stages spilled 8 bytes when chosen).
+F32_OVER = dict(BLOCK_H=32, num_stages=3)
 F32_CANDIDATES = {
     "f32 128x128x32 w16 s3 / 128x128x32 w16 s3": _same(128, 128, 32, 16),
     "f32 128x128x32 w16 s4 / 128x128x32 w16 s3": (
@@ -117,12 +119,13 @@ F32_CANDIDATES = {
 
 def candidates(precision: str) -> list:
     """``[(name, (row tiles, grad tiles), WIDE[4] or None)]`` to time at ``precision``:
-    every choice of :data:`CANDIDATES`, and for float32 operands those of
-    :data:`F32_CANDIDATES` with their own stages (``WIDE[4]`` emptied)."""
-    out = [(name, tiles, None) for name, tiles in CANDIDATES.items()]
-    if precision in ("fp32", "tf32"):
-        out += [(name, tiles, {}) for name, tiles in F32_CANDIDATES.items()]
-    return out
+    every choice of :data:`CANDIDATES` (for float32 operands with :data:`F32_OVER` as
+    ``WIDE[4]``), and for float32 operands those of :data:`F32_CANDIDATES` with their own
+    stages (``WIDE[4]`` emptied)."""
+    if precision not in ("fp32", "tf32"):
+        return [(name, tiles, None) for name, tiles in CANDIDATES.items()]
+    return ([(name, tiles, dict(F32_OVER)) for name, tiles in CANDIDATES.items()]
+            + [(name, tiles, {}) for name, tiles in F32_CANDIDATES.items()])
 
 
 def _time(x, prec: str, reps: int) -> float:

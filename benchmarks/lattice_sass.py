@@ -28,10 +28,12 @@ table gives:
   outstanding result). A model, not a measurement: it ranks versions of the loop (fewer
   round trips to memory, shorter chains), and a GPU's timing (``gpu_passes.py``) decides.
 
-``--onchip``: the loop of ``gpu.LATTICE_ONCHIP`` (the last diagonals' alpha or beta in
-registers, a lane's neighbour read by a gather through shared memory, the next diagonal's
-weights loaded during this one): its loads are not waited for in the pass that issues
-them, and a diagonal takes at least one load latency.
+Without ``--onchip``: the workspace pass's loop (the pass where the state does not fit one
+block of lanes, and everywhere with ``gpu.LATTICE_ONCHIP`` off). ``--onchip``: the loop of
+``gpu.LATTICE_ONCHIP`` (the default where U + 1 fits one block of lanes: the last
+diagonals' alpha or beta in registers, a lane's neighbour read by a gather through shared
+memory, the next diagonal's weights loaded during this one): its loads are not waited for
+in the pass that issues them, and a diagonal takes at least one load latency.
 
 Compiles with the Triton installed (the GPU machine has Triton 3.6: run it with that one
 too, as ``kernel_resources.py``); needs Triton's ``nvdisasm`` (in its NVIDIA backend).
@@ -189,15 +191,14 @@ def modelled_cycles(path: list[str], load_latency: int, ahead: bool = False) -> 
 
 def analyse(sm: int, U1_list, load_latency: int, onchip: bool = False):
     """Rows ``(topology, U+1, loop (1 or 2, code order), loads first, loads, instructions, float64 ops,
-    modelled cycles, registers, stack)``; ``onchip``: compiled with ``ONCHIP`` (the state in
-    registers, where the grid's U + 1 fits one block of lanes), whose loads are the next
-    diagonal's (``modelled_cycles``'s ``ahead``)."""
+    modelled cycles, registers, stack)``: the workspace pass, or with ``onchip`` compiled
+    with ``ONCHIP`` (the state in registers, where the grid's U + 1 fits one block of
+    lanes), whose loads are the next diagonal's (``modelled_cycles``'s ``ahead``)."""
     from rnnt_lattice.gpu import kernels
     for label, shape, name, const, warps, stages, *_ in kr.variants([1024]):
         if name != "_lattice_kernel" or int(shape.split("=")[1]) not in U1_list:
             continue
-        if onchip:
-            const = dict(const, ONCHIP=True)
+        const = dict(const, ONCHIP=onchip)
         c = kr.compile_as_launched(kernels._lattice_kernel, const, warps, stages, sm)
         reg, stack = kr.resources(c.asm["cubin"])
         ins = sass_lines(c.asm["cubin"])
@@ -217,7 +218,8 @@ def main(argv=None) -> int:
     ap.add_argument("--load-latency", type=int, default=LATENCY["load"],
                     help="cycles of a global load in the model")
     ap.add_argument("--onchip", action="store_true",
-                    help="the state in registers (gpu.LATTICE_ONCHIP) instead of the default")
+                    help="the state in registers (gpu.LATTICE_ONCHIP, the default where U+1 "
+                         "fits a block of lanes) instead of the workspace pass")
     args = ap.parse_args(argv)
     print(f"triton {triton.__version__}, sm_{args.sm}, the lattice kernel's diagonal loop "
           f"(model: a load {args.load_latency} cycles"

@@ -379,8 +379,11 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
         chosen = joint_tiles.candidates(precision)
         assert len(chosen) == len(joint_tiles.CANDIDATES) + n_f32
         assert all(set(t) - {"maxnreg"} == keys for _, tiles, _ in chosen for t in tiles)
-        # float32's own choices keep their stages (WIDE[4] emptied); the others take WIDE's
+        # float32's own choices keep their stages (WIDE[4] emptied); the others take
+        # F32_OVER's (WIDE[4] itself is float32's default, a whole choice)
         assert [wide for *_, wide in chosen].count({}) == n_f32
+        assert [wide for *_, wide in chosen].count(joint_tiles.F32_OVER) == (
+            len(joint_tiles.CANDIDATES) if n_f32 else 0)
 
 
 def test_joint_tiles_times_each_pass_apart():

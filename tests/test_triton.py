@@ -518,6 +518,8 @@ from rnnt_lattice.gpu import joint, kernels
 from kernel_resources import signature, thread_locality_hazards   # pointer types by name
 
 INPUTS = {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32", "fp64": "fp64"}   # -> costs dtype
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+          "fp64": torch.float64}
 ACC = {"fp32": tl.float32, "fp64": tl.float64}
 
 
@@ -529,8 +531,8 @@ def variants(sm):
     semirings (max-plus: the lattice tools' Viterbi sweep), the occupation kernel of
     the lattice tools, the window DP of prune_ranges, the simple losses' rescue, rows
     and arc terms, and do_rnnt_pruning's backward; each with the warps and pipeline stages
-    it is launched with (``LAUNCH``: the lattice pass in one stage, the joiner's passes over
-    16 warps; compiled with Triton's defaults, 4 warps and 3 stages, they were other
+    it is launched with (``LAUNCH``: the lattice pass in one stage, the joiner's passes with
+    their blocks' warps and register caps; compiled with Triton's defaults, 4 warps and 3 stages, they were other
     kernels than the launched ones, and the joiner's took 5-6x longer to compile, spilling
     kilobytes).\"\"\"
     every = [("fp16", "i64"), ("bf16", "i64"), ("fp32", "i64"), ("fp32", "i32"), ("fp64", "i64")]
@@ -555,30 +557,46 @@ def variants(sm):
             # row and gradient passes)
             span = dict(SPAN=gpu._span(1000, n_dur, torch.float32))
             # The row pass's load ahead of its loop (PREFETCH: aligned rows), and its
-            # reductions once a row (LANES; off by default: sm_90 only)
-            row = dict(PREFETCH=gpu.ROW_PREFETCH, LANES=0)
-            yield "_row_kernel", dict(kinds("row"), **tiles, **span, **row, FUSED=True,
-                                      WIDE=on, **where), dtypes
-            yield "_row_kernel", dict(kinds("row"), **tiles, **span, **row, FUSED=False,
-                                      WIDE=on, **where), fp32
+            # reductions once a row (LANES, as launched: the entries of a 16-byte load of
+            # the dtype, none for float64, gpu._row_lanes); the other way on sm_90
+            row = dict(PREFETCH=gpu.ROW_PREFETCH)
+            lanes = {}
+            for x in dtypes:
+                lanes.setdefault(gpu._row_lanes(DTYPES[x[0]], tiles["BLOCK_V"]), []).append(x)
+            for n, group in lanes.items():
+                yield "_row_kernel", dict(kinds("row"), **tiles, **span, **row, LANES=n,
+                                          FUSED=True, WIDE=on, **where), group
+            lanes32 = gpu._row_lanes(torch.float32, tiles["BLOCK_V"])
+            yield "_row_kernel", dict(kinds("row"), **tiles, **span, **row, LANES=lanes32,
+                                      FUSED=False, WIDE=on, **where), fp32
             if sm == 90:
                 yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
-                                          PREFETCH=not gpu.ROW_PREFETCH, LANES=4, **where), fp32
-            yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True, CLAMP=True,
-                                        CHECK=0.0, **where), dtypes)
-            yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=False, CLAMP=False,
-                                        CHECK=0.0, **where), fp32)
+                                          PREFETCH=not gpu.ROW_PREFETCH,
+                                          LANES=4 if not lanes32 else 0, **where), fp32
+            # The gradient pass over rows that start anywhere as launched (gpu.SPAN_GRAD: by
+            # their whole 16-byte groups, else an entry a load); the other way on sm_90
+            grad_span = dict(SPAN=span["SPAN"] if gpu.SPAN_GRAD else 0)
+            yield ("_grad_kernel", dict(kinds("grad"), **tiles, **grad_span, FUSED=True,
+                                        CLAMP=True, CHECK=0.0, **where), dtypes)
+            yield ("_grad_kernel", dict(kinds("grad"), **tiles, **grad_span, FUSED=False,
+                                        CLAMP=False, CHECK=0.0, **where), fp32)
+            if span["SPAN"] and sm == 90:
+                yield ("_grad_kernel", dict(kinds("grad"), **tiles, FUSED=True, CLAMP=True,
+                                            CHECK=0.0, SPAN=0 if grad_span["SPAN"] else span["SPAN"],
+                                            **where), fp32)
             if on and sm == 90:
                 # a fused tile's recomputation checked in the pass (gpu.tile_backward; the
                 # GPU machines' architecture)
-                yield ("_grad_kernel", dict(kinds("grad"), **tiles, **span, FUSED=True,
+                yield ("_grad_kernel", dict(kinds("grad"), **tiles, **grad_span, FUSED=True,
                                             CLAMP=True, CHECK=1e-4,
                                             **dict(where, LAYOUT=kernels.BOX)),
                        fp32 + [("fp64", "i64")])
             for semiring in (False, True):
-                # the lattice's state in registers (gpu.LATTICE_ONCHIP, off by default): sm_90
-                for onchip in ((False, True) if sm == 90 and (not semiring or not on)
-                               else (False,)):
+                # the lattice's state in registers as launched (gpu.LATTICE_ONCHIP, where
+                # one block of lanes holds a diagonal); the other way on sm_90
+                onchip_ = gpu.LATTICE_ONCHIP
+                for onchip in ((onchip_, not onchip_) if sm == 90 and (not semiring or not on)
+                               else (onchip_,)):
                     yield ("_lattice_kernel", dict(kinds("lattice"), BOUNDARY=on,
                                                    MAX_SEMIRING=semiring, NAN_ROWS=on,
                                                    BLOCK_U=256, **terms, ONCHIP=onchip,
@@ -877,6 +895,25 @@ for sm in (80, 90):
 """
 # The shared memory one block may opt into (bytes).
 SHARED_MAX = {80: 166912, 90: 232448}
+
+
+def test_joiner_blocks_by_operand_width():
+    """The joiner's passes launch half operands with ``joint.TILES`` (timed with bf16: two
+    programs a multiprocessor by a cap on registers, ``maxnreg``), float32 with
+    ``joint.WIDE[4]``'s own whole choice (timed with TF32: no cap, 16 warps) and float64
+    with smaller blocks, no cap; a cap of None is no launch option at all."""
+    from rnnt_lattice.gpu import joint
+    for which in ("row", "grad"):
+        for dtype in (torch.bfloat16, torch.float16):
+            tile = joint._tiles(which, dtype)
+            assert tile == joint.TILES[which] and tile.get("maxnreg"), (which, dtype, tile)
+            assert joint.launch_options(tile)["maxnreg"] == tile["maxnreg"]
+        for dtype in (torch.float32, torch.float64):
+            tile = joint._tiles(which, dtype)
+            assert tile["maxnreg"] is None and "maxnreg" not in joint.launch_options(tile)
+            assert {k: tile[k] for k in joint.WIDE[dtype.itemsize]} == joint.WIDE[dtype.itemsize]
+            assert set(joint.launch_options(tile)) == {"num_warps", "num_stages"}
+        assert joint._tiles(which, torch.float32)["num_warps"] == 16
 
 
 def test_joiner_blocks_fit_a_multiprocessor():

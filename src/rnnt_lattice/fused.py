@@ -64,8 +64,12 @@ __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "D
 # joiner's matrix products long enough to run at full speed at larger V: at V = 2000,
 # H = 1024 the 4 MiB tile (524 rows) took 1.39x the full pipeline's time, 1024 rows (8 MiB)
 # 1.29x, at 1/11 of its memory (docs/benchmarks.md, "Fused joiner and loss"). Elsewhere
-# (CUDA): fewer, larger tiles, so that the launches of a tile's joiner and passes stay
-# small beside its work (not yet measured on a GPU).
+# (CUDA): fewer, larger tiles, so that the host's work a tile (the joiner's calls and the
+# passes' launches, 1.1-1.5 ms forward and backward on an H200) stays small beside the
+# tile's GPU work. At (32, 400, 100, 1024), H = 512, bf16 on an H200
+# (benchmarks/results/gpu/h200-0fd8b8d-cuda-fused-j1-bf16-*.md): 24.6 ms a step with
+# 256 MiB, 26.2 with 128 MiB, 58.7 with 64, 85.2 with 32, 222 with 16 (a tile that fits
+# the L2 gains nothing); the peak memory 783, 530, 404, 334 and 220 MiB.
 DEFAULT_TILE = {"cpu": "4MiB", "other": "256MiB"}
 DEFAULT_MIN_ROWS = 1024
 
@@ -734,7 +738,12 @@ def fused_rnnt_loss(
             tile, or a byte budget of one tile's logits as a string such as ``"64MiB"`` or
             ``"1GB"`` (units B, KB, MB, GB, KiB, MiB, GiB); None (the default):
             ``"4MiB"`` on CPU, ``"256MiB"`` on other devices (:data:`DEFAULT_TILE`), and
-            at least 1024 rows (:data:`DEFAULT_MIN_ROWS`).
+            at least 1024 rows (:data:`DEFAULT_MIN_ROWS`). A smaller tile holds less
+            memory and costs time: each tile costs the host its joiner's calls and the
+            passes' launches, forward and backward (about 1.1-1.5 ms a tile on an H200),
+            and a tile with less GPU work than that leaves the GPU waiting (at
+            (32, 400, 100, 1024), H = 512, bf16: 24.6 ms a step with 256 MiB tiles, 26.2
+            with 128 MiB, 58.7 with 64 MiB; docs/benchmarks.md).
             Tiles are whole frames, ``max(1, rows // (B (U+1)))`` of them; when one frame
             is larger, one frame cut into runs of ``max(1, rows // B)`` label positions (not for
             ``rnnt_type="constrained"``, whose label arcs read the next position's blank:

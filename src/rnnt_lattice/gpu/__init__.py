@@ -146,23 +146,25 @@ NARROW_TILES = {"row": (256, 256), "grad": (256, 256)}
 SPAN_ROWS = True
 # The gradient pass over such rows by their whole 16-byte groups (``kernels._grad_kernel``
 # with SPAN: vector loads and stores from the row's first 16-byte boundary, its first and
-# last few entries an entry a load; tile ``grad_span``). Off until a GPU times it
-# (docs/benchmarks.md, "The gradient pass over rows that start anywhere"). Compiled for
-# sm_90 (benchmarks/row_sass.py), TDT's loop on 8 rows of 128 is as the aligned rows': 25.8
-# instructions a warp per 32 classes against 29.5 an entry a load, and what runs once a
-# program 533 instructions a row a warp against 2004 on one row of 256. But the span's first
+# last few entries an entry a load; tile ``grad_span``). Compiled for sm_90
+# (benchmarks/row_sass.py), TDT's loop on 8 rows of 128 is as the aligned rows': 25.8
+# instructions a warp per 32 classes against 29.5 an entry a load. Timed on an H200
+# (benchmarks/results/gpu/h200-0fd8b8d-switches-*.log, three runs each way, the same to
+# 0.3%): TDT's gradient pass at s5 0.617 ms against 0.787 an entry a load, at big 2.63
+# against 3.85 (the step 5.32 against 7.05 ms with the other two switches). The span's first
 # version (each row read from the 16-byte boundary below its start, stored an entry at a
-# time) took 1.10 ms against 0.79 for TDT's pass at s5 on an H200
-# (benchmarks/results/gpu/h200-aefffe7-tdt_sweep.log).
-SPAN_GRAD = False
+# time) had taken 1.10 ms at s5 (h200-aefffe7-tdt_sweep.log). False: an entry a load.
+SPAN_GRAD = True
 # The row pass issues each chunk's load before it reduces the one before
 # (``kernels._group_lse``'s PREFETCH; the same sums in the same order either way).
 ROW_PREFETCH = True
 # The row pass folds each chunk into a running max and sum per thread's 16 bytes of entries
 # and reduces across the row once (``kernels._lse_step``'s LANES), instead of two cross-lane
-# reductions and a float64 exp a chunk. Off until a GPU times it (docs/benchmarks.md, "The
-# row pass's reductions once a row").
-ROW_LANES = False
+# reductions and a float64 exp a chunk. On an H200 (h200-0fd8b8d-switches-*.log): the row
+# pass at s5 0.370 ms against 0.421 (regular), TDT 0.523 against 0.621, multi-blank 0.391
+# against 0.438; at big 1.47 against 1.57 (docs/benchmarks.md, "The row pass's reductions
+# once a row"). False: the reductions every chunk.
+ROW_LANES = True
 NUM_WARPS_V = 4
 BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice tools)
 # Nodes per program of the simple losses' rescue (``simple_rescue``): one vector load of
@@ -175,9 +177,11 @@ LATTICE_LANES = 1
 # The lattice pass with the recursion's state in registers (``kernels._lattice_kernel``'s
 # ONCHIP: the last diagonals' alpha / beta held by the lanes, a lane's neighbour read by a
 # gather, each diagonal's weights loaded while the one before is combined), where one block
-# of lanes holds a diagonal (U + 1 <= BLOCK_U). Off until a GPU times it (docs/benchmarks.md,
-# "The lattice's state in registers").
-LATTICE_ONCHIP = False
+# of lanes holds a diagonal (U + 1 <= BLOCK_U; longer label sequences keep the workspace).
+# On an H200 (h200-0fd8b8d-switches-*.log): at s5 0.231 ms against 0.327 (regular), TDT
+# 0.425 against 0.582, multi-blank 0.319 against 0.435; at big 0.239 against 0.334
+# (docs/benchmarks.md, "The lattice's state in registers"). False: the workspace pass.
+LATTICE_ONCHIP = True
 
 LATTICE_DTYPE = torch.float64
 

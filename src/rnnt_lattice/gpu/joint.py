@@ -67,41 +67,44 @@ __all__ = ["ACTIVATIONS", "JointState", "forward", "backward", "takes"]
 ACTIVATIONS = {"tanh": 0, "relu": 1}
 
 # Blocks of the two passes: nodes x classes per program, H per dot step, warps, pipeline
-# stages. 128 nodes: each block of W read from L2 serves 128 rows (the node tiles re-read
-# W, as attention re-reads its keys per query block), and 128 classes: the tile re-reads
-# its h per block of classes. Chosen on an H100 (benchmarks/joint_tiles.py at j1, H = 512;
-# benchmarks/results/gpu/h100-tiles-jt_*.log): with 64 of H per step in both passes over
-# 16 warps the step took 21.8 ms in bf16 (TDT 27.8), 22.9 (30.4) with 32 of H in the
-# gradient pass, 22.2 with four stages, 27.4 (34.6) with the first choice (row 128x128x32,
-# gradient 128x64x32 over 8 warps); float32 with TF32 products 46.8 ms against 57.9. On
-# sm_90 (benchmarks/kernel_resources.py) both passes take 128 registers a thread, and some
-# spill (TDT's gradient pass 160 bytes in bf16, the float32 gradient passes 128-264): they
-# were still the fastest measured.
+# stages, and a cap on registers a thread (``maxnreg``). 128 nodes x 64 classes over 8 warps
+# capped at 128 registers: two programs share a multiprocessor, so that one's epilogue (the
+# log-sum-exp, the gradient's formula and its stores) runs while the other's products do.
+# Chosen on an H200 (benchmarks/joint_tiles.py at j1, H = 512, bf16;
+# benchmarks/results/gpu/h200-0fd8b8d-joint_tiles.log): the step took 19.69 ms (row pass
+# 5.28, gradient pass 6.73) against 21.86 (5.85, 8.16) with the blocks before it, 128 x 128
+# over 16 warps with no cap, which one program held with the whole register file (chosen
+# on an H100, h100-tiles-jt_*.log); 128 x 128 on 8 warps capped at 128: 20.02 ms (the
+# fastest row pass, 5.17, but 160 bytes of spills), 64 x 128 on 4 warps capped at 168
+# (three programs): 19.96; every other choice 21.6-26.8 ms. Compiled for sm_90 (Triton 3.6,
+# results/joint/sm90-triton36-occupancy.md): 128 registers, 72 KiB of shared memory, no
+# spill in bf16 at j1; TDT at j4 (V = 8198, H = 640) spills 16 bytes (row) and 96
+# (gradient), not timed yet.
 #
 # FLATTEN: the loop over the blocks of classes and its loop over H as one loop (``tl.range``'s
 # ``flatten``, Triton >= 3.3): the pipeline then loads the next block's first steps of h and
 # W while the block before finishes and folds its logits, where the nested loops drain the
-# pipeline and fill it again for each block of classes (8 times a program at V = 1024).
-# Compiled for sm_90 (Triton 3.6, H = 512, benchmarks/results/joint/sm90-triton36-flatten.md):
-# the row pass keeps 128 registers, its stack and 96-97 KiB of shared memory; the gradient
-# pass spills 200-320 bytes in bf16 (float32: 528-824) and takes 128 KiB (float32: 160).
-# Off until a GPU times it (benchmarks/joint_tiles.py's candidates, each against the
-# default's bits).
-TILES = {"row": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3,
-                     FLATTEN=False),
-         "grad": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=3,
-                      FLATTEN=False)}
-# Wider operands, by their size in bytes: float32 with 32 of H per step in three pipeline
-# stages (three of [128, 64] float32 blocks of h and W need more shared memory than sm_90
-# has; on an H200, benchmarks/results/gpu/h200-65ccde2-joint_tiles_tf32.log, the TF32 step
-# took 38.1 ms against 42.5 with 64 of H in two stages; with Triton 3.6 for sm_90 the
-# spills fell to 0-64 bytes from 8-120), float64 (the exactness checks) in smaller blocks
-# (the float32 blocks spilled 136-536 bytes a thread).
-WIDE = {4: dict(BLOCK_H=32, num_stages=3),
-        8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2)}
+# pipeline and fill it again for each block of classes. Timed on an H200 with the blocks
+# before (h200-0fd8b8d-joint_tiles.log): 22.30 ms flattened in the row pass, 22.62 in both,
+# against 21.86; off.
+TILES = {"row": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
+                     maxnreg=128, FLATTEN=False),
+         "grad": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
+                      maxnreg=128, FLATTEN=False)}
+# Wider operands, by their size in bytes, over TILES (``maxnreg=None``: no cap). float32:
+# 128 x 128 over 16 warps, 32 of H per step in three pipeline stages (three of [128, 64]
+# float32 blocks of h and W need more shared memory than sm_90 has; on an H200,
+# benchmarks/results/gpu/h200-65ccde2-joint_tiles_tf32.log, the TF32 step took 38.1 ms
+# against 42.5 with 64 of H in two stages; with Triton 3.6 for sm_90 the spills fell to
+# 0-64 bytes from 8-120). The half types' capped blocks are not timed with float32 operands
+# (joint_tiles.py --precision tf32), so float32 keeps its timed ones. float64 (the exactness
+# checks) in smaller blocks (the float32 blocks spilled 136-536 bytes a thread).
+WIDE = {4: dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3,
+                maxnreg=None),
+        8: dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=16, num_warps=4, num_stages=2, maxnreg=None)}
 # A pass's entries that are Triton's launch options rather than constexprs: warps, pipeline
-# stages, and the cap on registers a thread (``maxnreg``, ptxas' ``.maxnreg``; none by
-# default), which decides how many programs share a multiprocessor (its 65536 registers).
+# stages, and the cap on registers a thread (``maxnreg``, ptxas' ``.maxnreg``; None: no
+# cap), which decides how many programs share a multiprocessor (its 65536 registers).
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 # The act-grad pass: label positions and H per program (it runs over the chunk's frames).
 ACT_GRAD_BLOCK_U = 32
@@ -473,7 +476,7 @@ def _tiles(which: str, dtype: torch.dtype) -> dict:
 def launch_options(tile: dict) -> dict:
     """The entries of a pass's ``tile`` (:func:`_tiles`) that are Triton's launch options,
     not the kernel's constexprs: :data:`LAUNCH_OPTIONS`."""
-    return {k: v for k, v in tile.items() if k in LAUNCH_OPTIONS}
+    return {k: v for k, v in tile.items() if k in LAUNCH_OPTIONS and v is not None}
 
 
 def block_constants(tile: dict) -> dict:
