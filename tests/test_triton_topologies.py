@@ -133,7 +133,7 @@ def test_loss_and_gradient(topo_name, option, monkeypatch):
 @pytest.mark.parametrize("option", ["plain", "logprob_boundary"])
 @pytest.mark.parametrize("topo_name", TOPOLOGIES)
 def test_lattice_state_in_registers(topo_name, option, monkeypatch):
-    """``gpu.LATTICE_ONCHIP`` (off until a GPU times it): the lattice pass with the last
+    """``gpu.LATTICE_ONCHIP`` (on by default): the lattice pass with the last
     diagonals' alpha and beta held by the lanes (U + 1 = 4 lanes: one block a diagonal),
     each diagonal's weights loaded while the one before is combined. The costs and
     gradients of the pass through the workspace bit for bit, and the float64 reference's;
@@ -164,6 +164,37 @@ def test_lattice_state_in_registers(topo_name, option, monkeypatch):
         else:
             check(*got[True], *reference_costs_grad(x, targets, tl, ul, topo, blank, opts, up,
                                                     bnd), torch.float32, pad=~region)
+
+
+@pytest.mark.parametrize("U1", [8, 16, 17])
+@pytest.mark.parametrize("topo_name", ["regular", "tdt012", "multiblank"])
+def test_lattice_lane_blocks_filled(topo_name, U1, monkeypatch):
+    """The lattice pass's three lane blocks (``gpu._block_u``: ``BLOCK_U_SMALL`` lanes, twice
+    that, ``BLOCK_U``; here 4, 8 and 16 for the interpreter's sake, 64, 128 and 256 as
+    launched) filled to their last lane: U + 1 = 8 and 16 take the state in registers
+    (``gpu.LATTICE_ONCHIP``, the default), whose neighbour gather and ring then reach the
+    block's edge (the first block, filled: ``test_lattice_state_in_registers``); 17 takes
+    the workspace pass. Costs and gradients against the float64
+    reference (the longest sequence fills the block, the other is shorter), and bit for bit
+    the workspace pass's."""
+    monkeypatch.setattr(gpu, "BLOCK_U", 16)
+    monkeypatch.setattr(gpu, "BLOCK_U_SMALL", 4)
+    opts = OPTIONS["plain"]
+    case = Case(f"u{U1}", (3, 2), (U1 - 1, max(U1 - 3, 0)), 5, 0, T=3, U=U1 - 1)
+    logits, targets, tl, ul, topo, blank, bnd = inputs(case, topo_name, opts)
+    assert logits.shape[2] == U1 and gpu.LATTICE_ONCHIP
+    assert gpu._block_u(U1) == {8: 8, 16: 16, 17: 16}[U1]
+    assert gpu._onchip(U1, topo)["ONCHIP"] == (U1 <= 16)
+    up = upstream_weights(logits.shape[0])
+    got = triton_costs_grad(logits, targets, tl, ul, topo, blank, opts, up)
+    ref = reference_costs_grad(logits, targets, tl, ul, topo, blank, opts, up)
+    region = reference.Ends.of(tl, ul, None).region(logits.shape[1], logits.shape[2])
+    assert torch.isfinite(ref[0]).all()
+    check(*got, *ref, torch.float64, pad=~region)
+    if U1 <= 16:
+        monkeypatch.setattr(gpu, "LATTICE_ONCHIP", False)
+        for a, b in zip(got, triton_costs_grad(logits, targets, tl, ul, topo, blank, opts, up)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 # V = 8: rows 16-byte aligned in float64 (RAGGED's V = 6 reads its rows from their span)
