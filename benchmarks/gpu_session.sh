@@ -5,9 +5,13 @@
 #
 # run from the repository root on the GPU machine (nothing is installed: the package runs
 # from src/; wheels carried in .whl/, such as nemo-toolkit for the NeMo peers, are unpacked
-# into a temporary site directory first). Each step writes OUT_DIR/<step>.log (and its
-# JSON where it has one) and runs under its own time limit, so that a slow step cannot eat
-# the others' time; the last lines of every log are printed at the end. The results
+# into a temporary site directory first). Each step writes <step>.log (and its JSON where
+# it has one) into a work folder and runs under its own time limit, so that a slow step
+# cannot eat the others' time; the last lines of every log are printed at the end. The
+# work folder is packed into one file, OUT_DIR/session.tgz (the device tool brings back
+# at most 8 files a call), when the script ends, also when an outer `timeout` stops it
+# with SIGTERM (give that timeout `-k` a few seconds for the packing); unpack it here with
+# `tar xzf session.tgz` (a folder session/). The results
 # record the commit from RNNT_LATTICE_COMMIT when it is set: the device's copy of .git can
 # lag behind the tree carried to it, so give the hash with the command, e.g.
 #
@@ -87,9 +91,14 @@
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
 set -uo pipefail
-out="${1:?usage: gpu_session.sh OUT_DIR STEP...}"
+dest="${1:?usage: gpu_session.sh OUT_DIR STEP...}"
 shift
+mkdir -p "$dest"
+out="$(mktemp -d)/session"           # the steps' logs and results, packed at the end
 mkdir -p "$out"
+pack() { tar czf "$dest/session.tgz" -C "$(dirname "$out")" session && echo "packed $dest/session.tgz"; }
+trap pack EXIT
+trap 'exit 143' TERM INT             # EXIT's trap packs what the steps wrote so far
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
