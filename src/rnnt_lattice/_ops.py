@@ -269,7 +269,7 @@ def eager_under_compile(fn, reason: str):
             # (No try/except here: TorchDynamo cannot break a graph inside a try block, and
             # would run this frame untraced, which calls fn traced, which calls this.)
             _graph_break(reason)
-            disabled = (torch.compiler.disable(fn, reason=reason) if _TORCH >= (2, 8)
+            disabled = (torch.compiler.disable(fn, reason=reason) if DYNAMO_TAKES_REASONS
                         else torch.compiler.disable(fn))
         return disabled(*args, **kwargs)
     return call
