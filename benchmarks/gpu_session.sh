@@ -87,6 +87,14 @@
 #                rnnt-lattice check --device cuda --quick with all three on, then
 #                gpu_passes.py at s5 and big, every topology, with the defaults and with all
 #                three on, twice in turn (switches-off1, -on1, -off2, -on2): at most 400 s
+#   row_early    the row pass's two switches that are off until a GPU times them:
+#                gpu.ROW_EARLY (the entries besides the token group's -- the blank's, the
+#                label's, the fixed classes', the durations' -- read before the group's loop,
+#                every topology) and gpu.SPAN_PREFETCH (the span's chunks loaded ahead: TDT's
+#                rows, odd V): gpu_passes.py at s5 and big, every topology, the defaults and
+#                both on, in turn ROW_EARLY_RUNS times (1: row_early-off1, -on1); then with
+#                both on, at s5 (TDT) and s5odd, the row pass on 16, 8 and 4 rows of 128
+#                (row_early-sweep; the span's tile is V_PASS_TILES["span"], 16 rows of 128)
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -196,6 +204,18 @@ for step in "$@"; do
                   --set $on --shapes s5 big --variants regular tdt multiblank --peers \
                   --json "$out/switches-on$i.json"
               done ;;
+    row_early) on="ROW_EARLY=True SPAN_PREFETCH=True"
+              for i in $(seq "${ROW_EARLY_RUNS:-1}"); do
+                run "row_early-off$i" "${ROW_EARLY_LIMIT:-70}" python3 benchmarks/gpu_passes.py \
+                  --shapes s5 big --variants regular tdt multiblank --peers \
+                  --json "$out/row_early-off$i.json"
+                run "row_early-on$i" "${ROW_EARLY_LIMIT:-70}" python3 benchmarks/gpu_passes.py \
+                  --set $on --shapes s5 big --variants regular tdt multiblank --peers \
+                  --json "$out/row_early-on$i.json"
+              done
+              run row_early-sweep "${ROW_EARLY_SWEEP_LIMIT:-60}" python3 benchmarks/gpu_passes.py \
+                --set $on --shapes s5 s5odd --variants tdt --peers --sweep s5 s5odd \
+                --sweep-configs 16x128x4 8x128x4 4x128x4 --json "$out/row_early-sweep.json" ;;
     launch_ab) i=0
               for m in 1 0 1 0; do
                 i=$((i + 1))

@@ -1,7 +1,7 @@
 """The chunk loops of the passes over V (the row pass, the gradient pass) as sm_90
 compiles them, read from their SASS without a GPU.
 
-    python benchmarks/row_sass.py [--sm 90] [--V 1024 1025]
+    python benchmarks/row_sass.py [--sm 90] [--V 1024 1025] [--early]
     PYTHONPATH=src <venv with triton 3.6.0>/bin/python benchmarks/row_sass.py   # the GPU's Triton
 
 ``kernels._row_kernel`` reads each row of the logits in chunks of ``BLOCK_V`` classes and
@@ -25,6 +25,13 @@ loads and stores, and two estimates a warp issues per row of 1024 classes: the l
 instructions per 32 classes a warp, and what runs once a program, ``(all - loop) x warps /
 rows`` (every warp runs it for the rows it holds; an upper bound: the static count holds the
 slow paths too).
+
+``--early``: a third table instead, the row pass with its entries besides the token group's
+read before the group's loop or after it (``gpu.ROW_EARLY``) and the span's chunks loaded
+ahead or not (``gpu.SPAN_PREFETCH``), on 16, 8 and 4 rows of 128 for the span's rows: the
+registers (how many programs a multiprocessor holds, so how many bytes are in flight) and
+the global loads the compiled code issues before the chunk loop and after it (after it, a
+program waits for them with none of its loads in flight).
 """
 from __future__ import annotations
 
@@ -117,11 +124,55 @@ def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
         gpu.SPAN_GRAD = saved
 
 
+def analyse_early(sm: int, V_list, topologies=("regular", "tdt", "multiblank"),
+                  tiles=((16, 128), (8, 128), (4, 128))):
+    """Rows ``(topology, V, "ROWSxBLOCK_V", prefetch, early, registers, stack, loop
+    instructions, global loads before the loop, after it)`` of the row pass with its reads
+    ahead or not (``gpu.ROW_EARLY``: the entries besides the token group's read before its
+    loop; the chunks' prefetch, ``gpu.ROW_PREFETCH`` for aligned rows and
+    ``gpu.SPAN_PREFETCH`` for the span's), on the tiles given for the span's rows (aligned
+    rows: the launched tile, with the prefetch on, as launched)."""
+    from rnnt_lattice.gpu import kernels
+    for label, V, name, const, warps, stages, *_ in kr.variants(V_list):
+        if name != "_row_kernel" or label.split()[1] not in topologies:
+            continue
+        topo = label.split()[1]
+        swept = tiles if const["SPAN"] else ((const["ROWS"], const["BLOCK_V"]),)
+        for rows, block_v in swept:
+            for prefetch, early in ((False, False), (True, False), (False, True), (True, True)):
+                if not const["SPAN"] and not prefetch:
+                    continue
+                c = kr.compile_as_launched(
+                    kernels._row_kernel, dict(const, ROWS=rows, BLOCK_V=block_v,
+                                              PREFETCH=prefetch, EARLY=early), warps, stages, sm)
+                reg, stack = kr.resources(c.asm["cubin"])
+                ins = sass_lines(c.asm["cubin"])
+                loop = chunk_loop(ins)
+                lo = next(i for i, (_, x) in enumerate(ins) if x == loop[0]) if loop else 0
+                loads = [i for i, (_, x) in enumerate(ins) if "LDG" in x]
+                yield (topo, V, f"{rows}x{block_v}", int(prefetch), int(early), reg, stack,
+                       len(loop), sum(i < lo for i in loads),
+                       sum(i >= lo + len(loop) for i in loads))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sm", type=int, default=90)
     ap.add_argument("--V", type=int, nargs="*", default=[1024, 1025])
+    ap.add_argument("--early", action="store_true",
+                    help="only the third table: the row pass with its reads ahead of its loop "
+                         "or not (gpu.ROW_EARLY, the span's prefetch gpu.SPAN_PREFETCH)")
     args = ap.parse_args(argv)
+    if args.early:
+        print(f"triton {triton.__version__}, sm_{args.sm}, the row pass's reads ahead "
+              "(prefetch: the chunks' loads ahead; early: the entries besides the token "
+              "group's before its loop)")
+        print("| topology | V | tile | prefetch | early | registers | stack | loop instructions "
+              "| global loads before the loop | after it |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for row in analyse_early(args.sm, args.V):
+            print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+        return 0
     print(f"triton {triton.__version__}, sm_{args.sm}, the row pass's chunk loop "
           "(LANES 0: reduced across the row every chunk; 4: once a row)")
     print("| topology | V | LANES | registers | stack | loop instructions | loop shuffles "

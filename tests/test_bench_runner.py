@@ -417,6 +417,8 @@ def test_gpu_passes_configs_and_settings(run, capsys):
     assert gpu_passes._config("4x128x4lqe") == (4, 128, 4, True, False, True, False)
     assert gpu_passes._overrides(["SPAN_GRAD=True", "NUM_WARPS_V=8"]) == {
         "SPAN_GRAD": True, "NUM_WARPS_V": 8}
+    assert gpu_passes._overrides(["ROW_EARLY=True", "SPAN_PREFETCH=True"]) == {   # row_early
+        "ROW_EARLY": True, "SPAN_PREFETCH": True}
     for bad in (["SPAN_GRAD"], ["span_grad=True"], ["NO_SUCH_CONSTANT=1"]):
         with pytest.raises(ValueError, match="--set"):
             gpu_passes._overrides(bad)

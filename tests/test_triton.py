@@ -556,10 +556,13 @@ def variants(sm):
             # SPAN: rows read from their aligned span where they are not aligned (TDT's; the
             # row and gradient passes)
             span = dict(SPAN=gpu._span(1000, n_dur, torch.float32))
-            # The row pass's load ahead of its loop (PREFETCH: aligned rows), and its
-            # reductions once a row (LANES, as launched: the entries of a 16-byte load of
-            # the dtype, none for float64, gpu._row_lanes); the other way on sm_90
-            row = dict(PREFETCH=gpu.ROW_PREFETCH)
+            # The row pass's load ahead of its loop (PREFETCH: gpu.ROW_PREFETCH for aligned
+            # rows, gpu.SPAN_PREFETCH for the span's), its reductions once a row (LANES, as
+            # launched: the entries of a 16-byte load of the dtype, none for float64,
+            # gpu._row_lanes) and its entries read before the loop (EARLY, gpu.ROW_EARLY);
+            # the other way of all three on sm_90
+            prefetch = gpu.SPAN_PREFETCH if span["SPAN"] else gpu.ROW_PREFETCH
+            row = dict(PREFETCH=prefetch, EARLY=gpu.ROW_EARLY)
             lanes = {}
             for x in dtypes:
                 lanes.setdefault(gpu._row_lanes(DTYPES[x[0]], tiles["BLOCK_V"]), []).append(x)
@@ -571,7 +574,7 @@ def variants(sm):
                                       FUSED=False, WIDE=on, **where), fp32
             if sm == 90:
                 yield "_row_kernel", dict(kinds("row"), **tiles, **span, FUSED=True, WIDE=on,
-                                          PREFETCH=not gpu.ROW_PREFETCH,
+                                          PREFETCH=not prefetch, EARLY=not gpu.ROW_EARLY,
                                           LANES=4 if not lanes32 else 0, **where), fp32
             # The gradient pass over rows that start anywhere as launched (gpu.SPAN_GRAD: by
             # their whole 16-byte groups, else an entry a load); the other way on sm_90

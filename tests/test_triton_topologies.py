@@ -269,6 +269,41 @@ def test_gradient_pass_rows(topo_name, mode, dtype, monkeypatch):
         assert (grad[~region] == 0).all()
 
 
+@pytest.mark.parametrize("topo_name, mode, dtype", [
+    ("tdt012", "odd_interior", "float32"), ("multiblank", "aligned", "float32"),
+    ("regular", "odd_interior", "float32"), ("regular", "odd_interior", "bfloat16"),
+    ("multiblank", "odd_interior", "bfloat16")])
+def test_row_pass_reads_ahead_change_nothing(topo_name, mode, dtype, monkeypatch):
+    """The row pass's entries read before the token group's loop (``gpu.ROW_EARLY``) and
+    the span's chunks loaded ahead (``gpu.SPAN_PREFETCH``), both on and both off: costs and
+    gradients bit for bit the same (the same sums in the same order), and the float64
+    reference's. Rows of every start residue (TDT's with durations, odd V) and aligned
+    ones, chunks of 4 classes against groups of 4 (float32) and 8 (bfloat16: the span's
+    head reaches past its first chunk), multi-blank's fixed classes, and a node whose
+    token group is all -inf (dead; its duration group still read)."""
+    case = ROW_MODES[mode][0]
+    dt, tol = ROW_DTYPES[dtype]
+    opts = dict(fastemit_lambda=0.3, clamp=0.5)
+    logits, targets, tl, ul, topo, blank, _ = inputs(case, topo_name, opts)
+    V_tok = logits.shape[-1] - topo.n_durations
+    logits[0, 1, 1, :V_tok] = float("-inf")
+    x = logits.to(dt)
+    up = upstream_weights(logits.shape[0])
+    got = {}
+    for early, ahead in ((False, False), (True, True)):
+        monkeypatch.setattr(gpu, "ROW_EARLY", early)
+        monkeypatch.setattr(gpu, "SPAN_PREFETCH", ahead)
+        got[early, ahead] = triton_costs_grad(x, targets, tl.int(), ul.int(), topo, blank,
+                                              opts, up.float())
+    base = got[False, False]
+    for key, (costs, grad) in got.items():
+        assert torch.equal(costs, base[0]) and torch.equal(grad, base[1]), key
+    ref_costs, ref_grad = reference_costs_grad(x, targets, tl, ul, topo, blank, opts, up)
+    assert torch.isfinite(base[0]).all()
+    assert rel_err(base[0], ref_costs) <= tol and rel_err(base[1], ref_grad) <= tol
+    assert (base[1][0, 1, 1] == 0).all()
+
+
 LONG_STEPS = {
     # (topology, blank, T_b, U_b): big blanks of 8 frames, TDT durations up to 4
     "multiblank_2_4_8": (lambda: topology.multiblank(5, [2, 4, 8]), 5, (9, 6), (1, 2)),

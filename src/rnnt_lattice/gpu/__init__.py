@@ -158,6 +158,18 @@ SPAN_GRAD = True
 # The row pass issues each chunk's load before it reduces the one before
 # (``kernels._group_lse``'s PREFETCH; the same sums in the same order either way).
 ROW_PREFETCH = True
+# The same for rows read from their aligned span (``_span``: TDT's, odd V). Timed before
+# the reductions once a row (ROW_LANES), when it lost (0.634 ms against 0.621 at s5 on an
+# H200); with them, the span's loop is mostly its loads: 127 registers and no load in
+# flight while a chunk is reduced on TDT's 16 rows of 128 (Triton 3.6, sm_90). Off until a
+# GPU times it (``gpu_session.sh row_early``); the same sums in the same order either way.
+SPAN_PREFETCH = False
+# The row pass loads the entries that do not need the token group's log-normaliser (the
+# blank's, the label's, the fixed classes', the duration group) before the group's loop
+# rather than after it (``kernels._row_kernel``'s EARLY; the same results, bit for bit):
+# after the loop, a program waits for two dependent loads (the target, then its entry)
+# with nothing in flight. Off until a GPU times it (``gpu_session.sh row_early``).
+ROW_EARLY = False
 # The row pass folds each chunk into a running max and sum per thread's 16 bytes of entries
 # and reduces across the row once (``kernels._lse_step``'s LANES), instead of two cross-lane
 # reductions and a float64 exp a chunk. On an H200 (h200-0fd8b8d-switches-*.log): the row
@@ -619,8 +631,8 @@ def _row_plan(topo: Topology, log_softmax: bool, blank: int, lay: _Layout, V: in
     kw = dict(_kernel_kinds(topo, "row"), FUSED=log_softmax, LAYOUT=layout, ACC=_acc(dtype),
               ROWS=per, BLOCK_V=block_v, BLOCK_DUR=_pow2(n_dur, 1 << 30),
               V_ALIGN=_v_align(V, n_dur), SPAN=span, BOUNDARY=boundary,
-              WIDE=lay.U1 > lay.T + 1, PREFETCH=ROW_PREFETCH,
-              LANES=_row_lanes(dtype, block_v), num_warps=num_warps)
+              WIDE=lay.U1 > lay.T + 1, PREFETCH=SPAN_PREFETCH if span else ROW_PREFETCH,
+              LANES=_row_lanes(dtype, block_v), EARLY=ROW_EARLY, num_warps=num_warps)
     return ((n_rows + per - 1) // per,), args, kw
 
 
@@ -630,7 +642,7 @@ def _tile_constants() -> tuple:
             tuple(V_PASS_TILES.get("span", ())), tuple(V_PASS_TILES.get("grad_span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
             BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD,
-            ROW_PREFETCH, ROW_LANES, LATTICE_ONCHIP)
+            ROW_PREFETCH, ROW_LANES, LATTICE_ONCHIP, SPAN_PREFETCH, ROW_EARLY)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,

@@ -334,13 +334,15 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
     are one short load of their own. Nothing past the group is read; the entries before
     it lie in the same tensor (the row before, or this row's own).
 
-    ``PREFETCH`` (aligned rows, ``SPAN`` = 0): each chunk's load is issued before the
-    previous chunk is reduced (the chunk in registers is carried by the loop), so that a
-    program keeps a load in flight while its warps reduce; without it the next load waits
-    for the reductions (the loop is a chain load -> max -> exp -> sum). The chunks, their
-    order and so the result are the same either way. On an H200 at s5 the row pass took
-    0.422 ms with it and 0.436 without; TDT's span took 0.634 with it and 0.621 without,
-    so the span's loop has none (benchmarks/results/gpu/h200-200152e-run2-sweep.log).
+    ``PREFETCH``: each chunk's load is issued before the previous chunk is reduced (the
+    chunk in registers is carried by the loop), so that a program keeps a load in flight
+    while its warps reduce; without it the next load waits for the reductions (the loop is
+    a chain load -> max -> exp -> sum). The chunks, their order and so the result are the
+    same either way. On an H200 at s5 the row pass took 0.422 ms with it and 0.436 without
+    (aligned rows: ``gpu.ROW_PREFETCH``); TDT's span took 0.634 with it and 0.621 without
+    when each chunk was reduced across the row (``LANES`` = 0;
+    benchmarks/results/gpu/h200-200152e-run2-sweep.log), so the span's rows take it only
+    with ``gpu.SPAN_PREFETCH``. The span's tail comes first, either way.
 
     ``LANES`` > 0: the chunks are folded per group of ``LANES`` entries and reduced across
     the row once, at the end (:func:`_lse_step`, :func:`_lse_done`)."""
@@ -357,27 +359,47 @@ def _group_lse(logits_ptr, row, start, n, live, ACC: tl.constexpr, ROWS: tl.cons
         head = (first - base).to(tl.int32)                    # [0, SPAN): not the group's
         end = head + tl.where(live, n, 0)                     # the group's end from base
         body = tl.multiple_of(end - end % SPAN, SPAN)         # whole SPAN-groups
-        for v0 in range(0, tl.max(body, axis=0), BLOCK):
-            v = v0 + offs
-            x = tl.load(logits_ptr + base[:, None] + v[None, :],
-                        mask=v[None, :] < body[:, None], other=NEG_INF)
-            # Widened first: -inf in the logits' dtype would be a bfloat16 constant, which
-            # the interpreters of Triton 3.5 and 3.6 cannot make (no get_bf16); same values.
-            x = tl.where(v[None, :] >= head[:, None], x.to(ACC), NEG_INF)
-            m, s = _lse_step(m, s, x, LANES)
-        # The last < SPAN entries (with LANES in chunks of BLOCK: the groups' shape).
+        # The last < SPAN entries first (with LANES in chunks of BLOCK: the groups' shape),
+        # so that their short load is issued ahead of the body's.
         if LANES > 0:
             for k in tl.static_range(0, SPAN, BLOCK):
                 t = body[:, None] + k + offs[None, :]
-                x = tl.load(logits_ptr + base[:, None] + t,
-                            mask=(t >= head[:, None]) & (t < end[:, None]),
-                            other=NEG_INF).to(ACC)
-                m, s = _lse_step(m, s, x, LANES)
+                tail = tl.load(logits_ptr + base[:, None] + t,
+                               mask=(t >= head[:, None]) & (t < end[:, None]),
+                               other=NEG_INF).to(ACC)
+                m, s = _lse_step(m, s, tail, LANES)
         else:
             t = body[:, None] + tl.arange(0, SPAN)[None, :]
-            x = tl.load(logits_ptr + base[:, None] + t,
-                        mask=(t >= head[:, None]) & (t < end[:, None]), other=NEG_INF).to(ACC)
+            tail = tl.load(logits_ptr + base[:, None] + t,
+                           mask=(t >= head[:, None]) & (t < end[:, None]), other=NEG_INF).to(ACC)
+            m, s = _lse_step(m, s, tail, LANES)
+        if PREFETCH:
+            # As the aligned rows' below: chunk 0 ahead of the loop (all -inf when no row
+            # has a whole group, which leaves m and s as they are), each chunk's load issued
+            # before the previous one is reduced; the entries before the group are selected
+            # away in chunk 0 only (head < SPAN <= BLOCK). The same chunks in the same order.
+            x = tl.load(logits_ptr + base[:, None] + offs[None, :],
+                        mask=offs[None, :] < body[:, None], other=NEG_INF)
+            x = tl.where(offs[None, :] >= head[:, None], x.to(ACC), NEG_INF)
+            for v0 in range(BLOCK, tl.max(body, axis=0), BLOCK):
+                v = v0 + offs
+                x_next = tl.load(logits_ptr + base[:, None] + v[None, :],
+                                 mask=v[None, :] < body[:, None], other=NEG_INF).to(ACC)
+                if SPAN > BLOCK:                      # (tiny chunks: head may pass chunk 0)
+                    x_next = tl.where(v[None, :] >= head[:, None], x_next, NEG_INF)
+                m, s = _lse_step(m, s, x, LANES)
+                x = x_next
             m, s = _lse_step(m, s, x, LANES)
+        else:
+            for v0 in range(0, tl.max(body, axis=0), BLOCK):
+                v = v0 + offs
+                x = tl.load(logits_ptr + base[:, None] + v[None, :],
+                            mask=v[None, :] < body[:, None], other=NEG_INF)
+                # Widened first: -inf in the logits' dtype would be a bfloat16 constant,
+                # which the interpreters of Triton 3.5 and 3.6 cannot make (no get_bf16);
+                # same values.
+                x = tl.where(v[None, :] >= head[:, None], x.to(ACC), NEG_INF)
+                m, s = _lse_step(m, s, x, LANES)
     else:
         v_end = tl.multiple_of(tl.where(live, n, 0), ALIGN)   # ALIGN | n: vector loads
         at = logits_ptr + row[:, None] + start
@@ -493,6 +515,40 @@ def _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, at, pl
         tl.store(ws_ptr + o_nb + b * plane + at, lp_blank, mask=inside)
 
 
+@triton.jit
+def _row_reads(logits_ptr, targets_ptr, row, b, u, U1, V_tok, blank, valid, live, has_label,
+               ACC: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, READS: tl.constexpr,
+               CLASS_ID: tl.constexpr, N_DURATIONS: tl.constexpr, FUSED: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_DUR: tl.constexpr):
+    """The row pass's entries besides the token group's log-normaliser: the blank's (rows
+    ``live``), the label's ``y[u]`` (rows ``has_label``; a label outside ``[0, V_tok)`` is
+    never read: the input check NaNs its sequence's loss), the fixed classes' (``x_cls
+    [ROWS, KP]``, column k kind k's; rows ``live``), float64; and TDT's duration group over
+    the rows ``valid``: its log-normaliser ``lse_dur`` (zeros without durations or in
+    log-prob mode) and its entries ``x_dur [ROWS, BLOCK_DUR]`` (column i duration index
+    i's) where ``lse_dur`` is not -inf."""
+    x_blank = tl.load(logits_ptr + row + blank, mask=live, other=0.0).to(tl.float64)
+    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=0)
+    x_label = tl.load(logits_ptr + row + y, mask=has_label & (y >= 0) & (y < V_tok),
+                      other=0.0).to(tl.float64)
+    kidx = tl.arange(0, KP)
+    x_cls = tl.zeros([ROWS, KP], tl.float64)
+    for k in tl.static_range(K):
+        if READS[k] == 2:
+            x = tl.load(logits_ptr + row + CLASS_ID[k], mask=live, other=0.0).to(tl.float64)
+            x_cls = tl.where(kidx[None, :] == k, x[:, None], x_cls)
+    if N_DURATIONS > 0 and FUSED:
+        lse_dur = _group_lse(logits_ptr, row, V_tok, N_DURATIONS, valid, ACC, ROWS, BLOCK_DUR,
+                             1)
+    else:
+        lse_dur = tl.zeros([ROWS], tl.float64)
+    didx = tl.arange(0, BLOCK_DUR)
+    x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
+                    mask=(valid & (lse_dur != NEG_INF))[:, None]
+                    & (didx[None, :] < N_DURATIONS), other=0.0).to(tl.float64)
+    return x_blank, x_label, x_cls, lse_dur, x_dur
+
+
 @triton.jit(do_not_specialize=_SHAPES + _WS + ("box_t0", "box_u0", "box_T", "box_U1"))
 def _row_kernel(
     # data ptrs
@@ -509,6 +565,7 @@ def _row_kernel(
     FUSED: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr, ACC: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr, V_ALIGN: tl.constexpr,
     SPAN: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr, LANES: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     """Row pass of ``ROWS`` rows of the logits, each that of the node ``_row_node`` maps
     it to (``LAYOUT``: programs run over the rows, never over the whole grid): the token
@@ -524,7 +581,15 @@ def _row_kernel(
     is read from its 16-byte aligned span (rows not aligned, :func:`_group_lse`). Outputs
     are float64; padding gets ``lse = 0`` and -inf arcs. Only the nodes of the rows are
     written: with ``row_nodes``, the caller fills the nodes that read no row (``lse = 0``,
-    -inf arcs). ``WIDE``: ``U+1 > T+1`` (:func:`_row_plane_at`)."""
+    -inf arcs). ``WIDE``: ``U+1 > T+1`` (:func:`_row_plane_at`).
+
+    ``EARLY``: the entries that do not need the token group's ``lse`` (the blank's, the
+    label's after its target, the fixed classes', the duration group) are loaded before the
+    token group's loop, from every row in the region, so that their latency overlaps the
+    loop's instead of following it (a program reads nothing in flight while it waits for
+    them); without it they are read after the loop, from the rows whose token group is not
+    all -inf. The rows not ``live`` read as -inf either way (:func:`_read`): the same
+    results, bit for bit."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)       # [ROWS], int64
     node, inside = _row_node(r, r < n_rows, row_nodes_ptr, T, U1, box_t0, box_u0, box_T,
                              box_U1, LAYOUT)
@@ -534,39 +599,24 @@ def _row_kernel(
     valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
     # int64: past 2**31 logits. V_ALIGN divides the row length and V_tok (``gpu._v_align``).
     row = tl.multiple_of(r * (V_tok + N_DURATIONS), V_ALIGN)
+    if EARLY:
+        x_blank, x_label, x_cls, lse_dur, x_dur = _row_reads(
+            logits_ptr, targets_ptr, row, b, u, U1, V_tok, blank, valid, valid,
+            valid & (u < u1), ACC, K, KP, READS, CLASS_ID, N_DURATIONS, FUSED, ROWS, BLOCK_DUR)
     if FUSED:
         lse = _group_lse(logits_ptr, row, 0, V_tok, valid, ACC, ROWS, BLOCK_V, V_ALIGN, SPAN,
                          PREFETCH, LANES)
     else:
         lse = tl.zeros([ROWS], tl.float64)   # log-prob mode: rows are normalised
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
-    x_blank = tl.load(logits_ptr + row + blank, mask=live, other=0.0).to(tl.float64)
     has_label = live & (u < u1)
-    y = tl.load(targets_ptr + b * (U1 - 1) + u, mask=has_label, other=0)
-    # A label outside [0, V_tok) is never read (the input check NaNs its sequence's loss).
-    x_label = tl.load(logits_ptr + row + y, mask=has_label & (y >= 0) & (y < V_tok),
-                      other=0.0).to(tl.float64)
-    if N_DURATIONS > 0:
-        if FUSED:
-            lse_dur = _group_lse(logits_ptr, row, V_tok, N_DURATIONS, valid, ACC, ROWS,
-                                 BLOCK_DUR, 1)
-        else:
-            lse_dur = tl.zeros([ROWS], tl.float64)
-    else:
+    if not EARLY:
+        x_blank, x_label, x_cls, lse_dur, x_dur = _row_reads(
+            logits_ptr, targets_ptr, row, b, u, U1, V_tok, blank, valid, live, has_label, ACC,
+            K, KP, READS, CLASS_ID, N_DURATIONS, FUSED, ROWS, BLOCK_DUR)
+    if N_DURATIONS == 0:
         lse_dur = lse
     live_dur = valid & (lse_dur != NEG_INF)
-    # The fixed classes' entries the kinds read (column k of [ROWS, KP]) and the durations'
-    # entries (column i: duration index i).
-    kidx = tl.arange(0, KP)
-    x_cls = tl.zeros([ROWS, KP], tl.float64)
-    for k in tl.static_range(K):
-        if READS[k] == 2:
-            x = tl.load(logits_ptr + row + CLASS_ID[k], mask=live, other=0.0).to(tl.float64)
-            x_cls = tl.where(kidx[None, :] == k, x[:, None], x_cls)
-    didx = tl.arange(0, BLOCK_DUR)
-    x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
-                    mask=live_dur[:, None] & (didx[None, :] < N_DURATIONS),
-                    other=0.0).to(tl.float64)
     at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
     _row_state(ws_ptr, node, inside, valid, live, live_dur, has_label, b, at, plane, u, u1, T, U1,
                lse, lse_dur, x_blank, x_label, x_cls, x_dur, o_lse, o_dur, o_nb, o_lp, K, KP,
