@@ -93,8 +93,11 @@
 #                every topology) and gpu.SPAN_PREFETCH (the span's chunks loaded ahead: TDT's
 #                rows, odd V): gpu_passes.py at s5 and big, every topology, the defaults and
 #                both on, in turn ROW_EARLY_RUNS times (1: row_early-off1, -on1); then with
-#                both on, at s5 (TDT) and s5odd, the row pass on 16, 8 and 4 rows of 128
-#                (row_early-sweep; the span's tile is V_PASS_TILES["span"], 16 rows of 128)
+#                both on, at s5 and s5odd (V = 1025), regular and TDT, the row pass on 16 and
+#                8 rows of 128, 4 of 256 and 4 of 128 (row_early-sweep; the tiles today:
+#                V_PASS_TILES["row"], 4 rows of 128, for aligned rows, 16 rows of 128 for the
+#                span's; with both on, 8 rows of 128 keep 48 registers for aligned rows where
+#                4 keep 40, so 10 programs of 4 KiB chunks a multiprocessor where 12 had 2 KiB)
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -213,9 +216,10 @@ for step in "$@"; do
                   --set $on --shapes s5 big --variants regular tdt multiblank --peers \
                   --json "$out/row_early-on$i.json"
               done
-              run row_early-sweep "${ROW_EARLY_SWEEP_LIMIT:-60}" python3 benchmarks/gpu_passes.py \
-                --set $on --shapes s5 s5odd --variants tdt --peers --sweep s5 s5odd \
-                --sweep-configs 16x128x4 8x128x4 4x128x4 --json "$out/row_early-sweep.json" ;;
+              run row_early-sweep "${ROW_EARLY_SWEEP_LIMIT:-100}" python3 benchmarks/gpu_passes.py \
+                --set $on --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
+                --sweep-configs 16x128x4 8x128x4 4x256x4 4x128x4 \
+                --json "$out/row_early-sweep.json" ;;
     launch_ab) i=0
               for m in 1 0 1 0; do
                 i=$((i + 1))

@@ -1,7 +1,7 @@
 """The chunk loops of the passes over V (the row pass, the gradient pass) as sm_90
 compiles them, read from their SASS without a GPU.
 
-    python benchmarks/row_sass.py [--sm 90] [--V 1024 1025] [--early]
+    python benchmarks/row_sass.py [--sm 90] [--V 1024 1025] [--early [--tiles 4x128 ...]]
     PYTHONPATH=src <venv with triton 3.6.0>/bin/python benchmarks/row_sass.py   # the GPU's Triton
 
 ``kernels._row_kernel`` reads each row of the logits in chunks of ``BLOCK_V`` classes and
@@ -124,20 +124,21 @@ def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
         gpu.SPAN_GRAD = saved
 
 
-def analyse_early(sm: int, V_list, topologies=("regular", "tdt", "multiblank"),
-                  tiles=((16, 128), (8, 128), (4, 128))):
+def analyse_early(sm: int, V_list, topologies=("regular", "tdt", "multiblank"), tiles=None):
     """Rows ``(topology, V, "ROWSxBLOCK_V", prefetch, early, registers, stack, loop
     instructions, global loads before the loop, after it)`` of the row pass with its reads
     ahead or not (``gpu.ROW_EARLY``: the entries besides the token group's read before its
     loop; the chunks' prefetch, ``gpu.ROW_PREFETCH`` for aligned rows and
-    ``gpu.SPAN_PREFETCH`` for the span's), on the tiles given for the span's rows (aligned
-    rows: the launched tile, with the prefetch on, as launched)."""
+    ``gpu.SPAN_PREFETCH`` for the span's), on ``tiles`` (``[(ROWS, BLOCK_V), ...]``; None:
+    16, 8 and 4 rows of 128 for the span's rows, the launched tile for aligned rows); aligned
+    rows with the prefetch on only, as launched."""
     from rnnt_lattice.gpu import kernels
     for label, V, name, const, warps, stages, *_ in kr.variants(V_list):
         if name != "_row_kernel" or label.split()[1] not in topologies:
             continue
         topo = label.split()[1]
-        swept = tiles if const["SPAN"] else ((const["ROWS"], const["BLOCK_V"]),)
+        swept = (tiles or (((16, 128), (8, 128), (4, 128)) if const["SPAN"]
+                           else ((const["ROWS"], const["BLOCK_V"]),)))
         for rows, block_v in swept:
             for prefetch, early in ((False, False), (True, False), (False, True), (True, True)):
                 if not const["SPAN"] and not prefetch:
@@ -162,15 +163,19 @@ def main(argv=None) -> int:
     ap.add_argument("--early", action="store_true",
                     help="only the third table: the row pass with its reads ahead of its loop "
                          "or not (gpu.ROW_EARLY, the span's prefetch gpu.SPAN_PREFETCH)")
+    ap.add_argument("--tiles", nargs="*", default=None, metavar="ROWSxBLOCK_V",
+                    help="--early's tiles for every row (default: 16, 8 and 4 rows of 128 for "
+                         "rows that start anywhere, the launched tile for aligned rows)")
     args = ap.parse_args(argv)
     if args.early:
+        tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles] if args.tiles else None
         print(f"triton {triton.__version__}, sm_{args.sm}, the row pass's reads ahead "
               "(prefetch: the chunks' loads ahead; early: the entries besides the token "
               "group's before its loop)")
         print("| topology | V | tile | prefetch | early | registers | stack | loop instructions "
               "| global loads before the loop | after it |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        for row in analyse_early(args.sm, args.V):
+        for row in analyse_early(args.sm, args.V, tiles=tiles):
             print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
         return 0
     print(f"triton {triton.__version__}, sm_{args.sm}, the row pass's chunk loop "

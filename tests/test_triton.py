@@ -1069,6 +1069,9 @@ for row in row_sass.analyse(90, (1024, 1025), ("regular", "tdt")):
     print(*row)
 for row in row_sass.analyse_grad(90, (1025,), ("tdt",)):
     print("grad", *row)
+for tiles, topos in ((None, ("regular",)), ([(16, 128)], ("tdt",))):
+    for row in row_sass.analyse_early(90, (1024,), topos, tiles):
+        print("early", *row)
 """
 
 
@@ -1080,7 +1083,9 @@ def test_row_lanes_loop_has_no_cross_lane_reduction_on_sm90():
     (``benchmarks/row_sass.py``): aligned rows (V = 1024) and rows from the span (V = 1025,
     TDT), no stack frame. And the gradient pass over TDT's rows by their whole 16-byte
     groups (``gpu.SPAN_GRAD``): every load and store of its loop 16 bytes wide, and fewer
-    instructions a row, in the loop and once a program, than an entry a load."""
+    instructions a row, in the loop and once a program, than an entry a load. And the row
+    pass's reads ahead of its loop (``gpu.ROW_EARLY``, either way of the span's prefetch):
+    no global load after the chunk loop, where without it there are some."""
     out = subprocess.run([sys.executable, "-c", ROW_SASS_SCRIPT], env=_compile_env(),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
@@ -1095,8 +1100,13 @@ def test_row_lanes_loop_has_no_cross_lane_reduction_on_sm90():
     assert int(grad[1][2]) == 0, out.stdout                # no stack
     for col in (-2, -1):                                   # per 32 classes; once a program
         assert float(grad[1][col]) < float(grad[0][col]), out.stdout
+    early = [r[1:] for r in lines if r[0] == "early"]
+    assert {r[0] for r in early} == {"regular", "tdt"} and len(early) == 6, out.stdout
+    for topo, V, tile, prefetch, ahead, reg, stack, loop, before, after in early:
+        assert int(stack) == 0 and int(loop) > 0, out.stdout
+        assert (int(after) == 0) == (ahead == "1"), (topo, tile, prefetch, ahead, out.stdout)
     rows = {(r[0], int(r[1]), int(r[2])): [int(v) for v in r[3:]]
-            for r in lines if r[0] != "grad"}
+            for r in lines if r[0] not in ("grad", "early")}
     assert {(t, V) for t, V, _ in rows} == {(t, V) for t in ("regular", "tdt")
                                             for V in (1024, 1025)}, out.stdout
     for (topo, V, lanes), (reg, stack, loop, shuffles, barriers, total) in rows.items():
