@@ -127,6 +127,17 @@ run() {  # run STEP SECONDS COMMAND...
   echo "== $step: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$out/$step.log"
 }
 
+ab() {  # ab NAME SECONDS RUNS "NAME=VALUE ...": gpu_passes.py at s5 and big, every topology,
+        # the defaults (NAME-offI) and with the settings (NAME-onI) in turn, RUNS times
+  local name=$1 limit=$2 runs=$3 settings=$4 i
+  for i in $(seq "$runs"); do
+    run "$name-off$i" "$limit" python3 benchmarks/gpu_passes.py \
+      --shapes s5 big --variants regular tdt multiblank --peers --json "$out/$name-off$i.json"
+    run "$name-on$i" "$limit" python3 benchmarks/gpu_passes.py --set $settings \
+      --shapes s5 big --variants regular tdt multiblank --peers --json "$out/$name-on$i.json"
+  done
+}
+
 for step in "$@"; do
   case "$step" in
     check) run check "${CHECK_LIMIT:-200}" python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
@@ -199,23 +210,9 @@ for step in "$@"; do
     switches) on="ROW_LANES=True SPAN_GRAD=True LATTICE_ONCHIP=True"
               run switches-check "${SWITCHES_CHECK_LIMIT:-120}" python3 -c \
                 "import sys; from rnnt_lattice import gpu, cli; gpu.ROW_LANES = gpu.SPAN_GRAD = gpu.LATTICE_ONCHIP = True; sys.exit(cli.main(['check', '--device', 'cuda', '--quick']))"
-              for i in 1 2; do
-                run "switches-off$i" "${SWITCHES_LIMIT:-70}" python3 benchmarks/gpu_passes.py \
-                  --shapes s5 big --variants regular tdt multiblank --peers \
-                  --json "$out/switches-off$i.json"
-                run "switches-on$i" "${SWITCHES_LIMIT:-70}" python3 benchmarks/gpu_passes.py \
-                  --set $on --shapes s5 big --variants regular tdt multiblank --peers \
-                  --json "$out/switches-on$i.json"
-              done ;;
+              ab switches "${SWITCHES_LIMIT:-70}" 2 "$on" ;;
     row_early) on="ROW_EARLY=True SPAN_PREFETCH=True"
-              for i in $(seq "${ROW_EARLY_RUNS:-1}"); do
-                run "row_early-off$i" "${ROW_EARLY_LIMIT:-70}" python3 benchmarks/gpu_passes.py \
-                  --shapes s5 big --variants regular tdt multiblank --peers \
-                  --json "$out/row_early-off$i.json"
-                run "row_early-on$i" "${ROW_EARLY_LIMIT:-70}" python3 benchmarks/gpu_passes.py \
-                  --set $on --shapes s5 big --variants regular tdt multiblank --peers \
-                  --json "$out/row_early-on$i.json"
-              done
+              ab row_early "${ROW_EARLY_LIMIT:-70}" "${ROW_EARLY_RUNS:-1}" "$on"
               run row_early-sweep "${ROW_EARLY_SWEEP_LIMIT:-100}" python3 benchmarks/gpu_passes.py \
                 --set $on --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
                 --sweep-configs 16x128x4 8x128x4 4x256x4 4x128x4 \
