@@ -160,7 +160,7 @@ SPAN_GRAD = True
 ROW_PREFETCH = True
 # The same for rows read from their aligned span (``_span``: TDT's, odd V). Timed before
 # the reductions once a row (ROW_LANES), when it lost (0.634 ms against 0.621 at s5 on an
-# H200); with them, the span's loop is mostly its loads: 127 registers and no load in
+# H200); with them, the span's loop is mostly its loads: 128 registers and no load in
 # flight while a chunk is reduced on TDT's 16 rows of 128 (Triton 3.6, sm_90). Off until a
 # GPU times it (``gpu_session.sh row_early``); the same sums in the same order either way.
 SPAN_PREFETCH = False

@@ -586,7 +586,7 @@ def _row_kernel(
     ``EARLY``: the entries that do not need the token group's ``lse`` (the blank's, the
     label's after its target, the fixed classes', the duration group) are loaded before the
     token group's loop, from every row in the region, so that their latency overlaps the
-    loop's instead of following it (a program reads nothing in flight while it waits for
+    loop's instead of following it (a program has no load in flight while it waits for
     them); without it they are read after the loop, from the rows whose token group is not
     all -inf. The rows not ``live`` read as -inf either way (:func:`_read`): the same
     results, bit for bit."""
