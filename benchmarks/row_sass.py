@@ -134,9 +134,9 @@ def analyse_early(sm: int, V_list, topologies=("regular", "tdt", "multiblank"), 
     rows with the prefetch on only, as launched."""
     from rnnt_lattice.gpu import kernels
     for label, V, name, const, warps, stages, *_ in kr.variants(V_list):
-        if name != "_row_kernel" or label.split()[1] not in topologies:
+        topo = label.split()[1] if name == "_row_kernel" else None
+        if topo not in topologies:
             continue
-        topo = label.split()[1]
         swept = (tiles or (((16, 128), (8, 128), (4, 128)) if const["SPAN"]
                            else ((const["ROWS"], const["BLOCK_V"]),)))
         for rows, block_v in swept:
