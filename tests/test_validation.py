@@ -185,6 +185,52 @@ def test_packed_meta_tensors_are_refused():
                                m(torch.tensor([5])), m(torch.tensor([2])), blank=0, packed=True)
 
 
+def _transformed_cases():
+    """The entry points under a torch.func transform: (the call on one example's tensor,
+    that tensor batched over a leading N = 2, its name)."""
+    g = torch.Generator().manual_seed(0)
+    a = good()
+    x, y, tl, ul = a["logits"], a["targets"], a["logit_lengths"], a["target_lengths"]
+    lm, am = torch.randn(B, U + 1, V, generator=g), torch.randn(B, T, V, generator=g)
+    pred = torch.randn(B, U + 1, V, generator=g)
+    R = rnnt_lattice
+    return {
+        "rnnt_loss": (lambda x: R.rnnt_loss(x, y, tl, ul, blank=0), x, "logits"),
+        "targets": (lambda y: R.rnnt_loss(x, y, tl, ul, blank=0), y, "targets"),
+        "tdt_loss": (lambda x: R.tdt_loss(x, y, tl, ul, blank=0, durations=[0, 1]),
+                     torch.randn(B, T, U + 1, V + 2, generator=g), "logits"),
+        "occupancy": (lambda x: R.occupancy(x, y, tl, ul, blank=0).node, x, "logits"),
+        "simple": (lambda am: R.rnnt_loss_simple(lm, am, y, tl, ul, blank=0), am, "am"),
+        "fused": (lambda e: R.fused_rnnt_loss(lambda e, p: e[:, :, None] + p[:, None], e, pred,
+                                              y, tl, ul, blank=0),
+                  torch.randn(B, T, V, generator=g), "enc"),
+        "lattice_loss": (lambda w: R.lattice_loss(w, w, tl, ul), x[..., 0], "blank_weights"),
+        "do_rnnt_pruning": (lambda am: R.do_rnnt_pruning(am, lm, torch.zeros(B, T, 2, dtype=torch.long)
+                                                         + torch.arange(2))[0], am, "am"),
+        "none": (lambda s: s * R.rnnt_loss(x, y, tl, ul, blank=0), torch.tensor(1.0), None),
+    }
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+@pytest.mark.parametrize("entry", sorted(_transformed_cases()))
+def test_torch_func_transforms_are_refused(entry, transform):
+    """Inside torch.func's vmap or grad, every entry point raises a NotImplementedError
+    that names the argument the transform wraps, if any, where the host reads of the
+    checks said "Cannot access data pointer" and PyTorch refused the autograd Functions
+    (they define no transform rules); "none": the loss's own tensors are plain."""
+    fn, one, name = _transformed_cases()[entry]
+    if transform == "grad":
+        if not one.is_floating_point():
+            pytest.skip("grad takes floating inputs")
+        call = lambda: torch.func.grad(lambda a: fn(a).sum())(one)  # noqa: E731
+    else:
+        call = lambda: torch.func.vmap(fn)(torch.stack([one, one]))  # noqa: E731
+    which = rf"{name} is a tensor of one, and the call" if name else "the call"
+    with pytest.raises(NotImplementedError, match=rf"^rnnt_lattice does not run inside torch\.func "
+                       rf"transforms \(vmap, grad, jacrev, \.\.\.\): {which} runs inside one\."):
+        call()
+
+
 def test_numba_backend_rejects_other_devices():
     a = good()
     with pytest.raises(ValueError, match="numba"):

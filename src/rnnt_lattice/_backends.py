@@ -16,7 +16,7 @@ import torch
 
 from ._layout import Tile, packed_node_rows
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
-from ._validate import Checked, Names, check_call, with_blank
+from ._validate import Checked, Names, check_call, check_untransformed, with_blank
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -247,6 +247,9 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
         check_name(backend)
         impl = None
     else:
+        check_untransformed(("logits", logits), ("targets", targets),
+                            ("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
+                            ("boundary", boundary), ("node_rows", node_rows))
         impl = resolve(backend, getattr(logits, "device", None))
     chk = check_call(logits, targets, logit_lengths, target_lengths, blank, opts.topology,
                      int64_ids=impl is None or not impl.NATIVE_INT32_IDS,

@@ -104,6 +104,34 @@ def tracing(x) -> bool:
     return is_fake(x)
 
 
+_functorch = getattr(torch._C, "_functorch", None)
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def check_untransformed(*named) -> None:
+    """``NotImplementedError`` inside a ``torch.func`` transform (vmap, grad, ...), naming
+    the first tensor ``(name, x)`` of ``named`` that is the transform's (vmap's batched
+    tensors, grad's) where there is one: the kernels read a tensor's memory, which such a
+    tensor does not have, and inside a transform PyTorch refuses every autograd Function
+    that does not define its transforms' rules (ours: their backward is a kernel, not
+    operations a transform could batch or differentiate). Outside a transform this is
+    one call. Never called while tracing (TorchDynamo would break the graph on it)."""
+    if not _transforms_active():
+        return
+    which = "the call"
+    for name, x in named:
+        if (isinstance(x, torch.Tensor) and _functorch is not None
+                and _functorch.is_functorch_wrapped_tensor(x)):
+            which = f"{name} is a tensor of one, and the call"
+            break
+    raise NotImplementedError(
+        f"rnnt_lattice does not run inside torch.func transforms (vmap, grad, jacrev, ...): "
+        f"{which} runs inside one. Its kernels read the tensors' memory and its autograd "
+        "Functions define no transform rules. The losses are batched over B already: call "
+        "them on the whole batch (reduction='none' gives one loss per sequence), and take "
+        "gradients with loss.backward() or torch.autograd.grad")
+
+
 def check_site(x: torch.Tensor) -> str | None:
     """Where the value checks of a call on ``x``'s device run: ``"host"``, ``"device"``, or
     None (not at all: while ``torch.compile`` traces, where there are no values, or on the
@@ -907,10 +935,12 @@ def check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnn
     losses' arguments. Returns ``(targets, logit_lengths, target_lengths, blank, topo)``
     normalised (int64, blank in ``[0, V)``, the topology of k2's ``rnnt_type``).
     ``allow_blank_targets``: a target may be the blank."""
-    for name, x in (("lm", lm), ("am", am), ("targets", targets),
-                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+    named = (("lm", lm), ("am", am), ("targets", targets), ("logit_lengths", logit_lengths),
+             ("target_lengths", target_lengths))
+    for name, x in named:
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_untransformed(*named)
     if lm.dim() != 3:
         raise ValueError(f"lm must have 3 dims (B, U+1, V), got shape {_shape(lm)}")
     if am.dim() != 3:
@@ -964,6 +994,7 @@ def check_weight_args(blank_weights, label_weights, logit_lengths, target_length
     for name, x in named:
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_untransformed(*named)
     for name, x in named[:2]:
         if x.dim() != 3 or x.shape[2] < 1:
             raise ValueError(f"{name} must have 3 dims (B, T, U+1), got shape {_shape(x)}")
@@ -1041,11 +1072,13 @@ def check_occupation_lengths(gamma_blank, logit_lengths, target_lengths) -> None
 def check_pruning_args(am, lm, ranges) -> torch.Tensor:
     """``do_rnnt_pruning``: ``am (B, T, Da)``, ``lm (B, U+1, Dl)`` and ``ranges (B, T, R)``
     in ``[0, U]`` (values where :func:`may_read_values`). Returns ``ranges`` as int64."""
-    for name, x in (("am", am), ("lm", lm), ("ranges", ranges)):
+    named = (("am", am), ("lm", lm), ("ranges", ranges))
+    for name, x in named:
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3:
             raise ValueError(f"{name} must have 3 dims, got shape {_shape(x)}")
+    check_untransformed(*named)
     B, T, R = ranges.shape
     if ranges.dtype not in _INTS:
         raise ValueError(f"ranges must be int32 or int64, got {ranges.dtype}")
@@ -1105,6 +1138,7 @@ def check_fused_args(joiner, enc, pred) -> None:
             raise ValueError(f"{name} must have 3 dims {what}, got shape {_shape(x)}")
         if not x.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor, got {x.dtype}")
+    check_untransformed(("enc", enc), ("pred", pred))
     if enc.shape[0] != pred.shape[0]:
         raise ValueError(f"batch sizes differ: enc {_shape(enc)} and pred {_shape(pred)}")
     if pred.shape[1] < 1:
