@@ -87,13 +87,15 @@
 #                rnnt-lattice check --device cuda --quick with all three on, then
 #                gpu_passes.py at s5 and big, every topology, with the defaults and with all
 #                three on, twice in turn (switches-off1, -on1, -off2, -on2): at most 400 s
-#   row_early    the row pass's two switches that are off until a GPU times them:
+#   row_early    the V passes' three switches that are off until a GPU times them:
 #                gpu.ROW_EARLY (the entries besides the token group's -- the blank's, the
 #                label's, the fixed classes', the durations' -- read before the group's loop,
 #                every topology) and gpu.SPAN_PREFETCH (the span's chunks loaded ahead: TDT's
-#                rows, odd V): gpu_passes.py at s5 and big, every topology, the defaults and
-#                both on, in turn ROW_EARLY_RUNS times (1: row_early-off1, -on1); then with
-#                both on, at s5 and s5odd (V = 1025), regular and TDT, the row pass on 16 and
+#                rows, odd V) in the row pass, gpu.GRAD_DURATIONS_LAST (TDT's duration group
+#                after the token group's loop) in the gradient pass: gpu_passes.py at s5 and
+#                big, every topology, the defaults and all three on, in turn ROW_EARLY_RUNS
+#                times (1: row_early-off1, -on1); then with
+#                all three on, at s5 and s5odd (V = 1025), regular and TDT, the row pass on 16 and
 #                8 rows of 128, 4 of 256 and 4 of 128 (row_early-sweep; the tiles today:
 #                V_PASS_TILES["row"], 4 rows of 128, for aligned rows, 16 rows of 128 for the
 #                span's; with both on, 8 rows of 128 keep 48 registers for aligned rows where
@@ -211,7 +213,7 @@ for step in "$@"; do
               run switches-check "${SWITCHES_CHECK_LIMIT:-120}" python3 -c \
                 "import sys; from rnnt_lattice import gpu, cli; gpu.ROW_LANES = gpu.SPAN_GRAD = gpu.LATTICE_ONCHIP = True; sys.exit(cli.main(['check', '--device', 'cuda', '--quick']))"
               ab switches "${SWITCHES_LIMIT:-70}" 2 "$on" ;;
-    row_early) on="ROW_EARLY=True SPAN_PREFETCH=True"
+    row_early) on="ROW_EARLY=True SPAN_PREFETCH=True GRAD_DURATIONS_LAST=True"
               ab row_early "${ROW_EARLY_LIMIT:-70}" "${ROW_EARLY_RUNS:-1}" "$on"
               run row_early-sweep "${ROW_EARLY_SWEEP_LIMIT:-100}" python3 benchmarks/gpu_passes.py \
                 --set $on --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \

@@ -194,6 +194,8 @@ def variants(V_list):
                              BLOCK_DUR=gpu._pow2(n_dur, 1 << 30),
                              V_ALIGN=gpu._v_align(V + n_dur, n_dur), ACC=tl.float32,
                              BOUNDARY=False, LAYOUT=0, SPAN=span, **flags,
+                             **(dict(DUR_LAST=bool(n_dur) and gpu.GRAD_DURATIONS_LAST)
+                                if which == "grad" else {}),
                              **(dict(WIDE=False,
                                      PREFETCH=gpu.SPAN_PREFETCH if span else gpu.ROW_PREFETCH,
                                      LANES=gpu._row_lanes(torch.float32, block_v),

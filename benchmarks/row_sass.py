@@ -24,7 +24,8 @@ holding a global store and an exp) with its 16-byte loads and stores against all
 loads and stores, and two estimates a warp issues per row of 1024 classes: the loop's
 instructions per 32 classes a warp, and what runs once a program, ``(all - loop) x warps /
 rows`` (every warp runs it for the rows it holds; an upper bound: the static count holds the
-slow paths too).
+slow paths too). TDT's rows by their 16-byte groups also with the duration group before the
+token group's loop and after it (``gpu.GRAD_DURATIONS_LAST``).
 
 ``--early``: a third table instead, the row pass with its entries besides the token group's
 read before the group's loop or after it (``gpu.ROW_EARLY``) and the span's chunks loaded
@@ -94,9 +95,13 @@ def store_loop(ins) -> list[str]:
 
 
 def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
-    """Rows ``(topology, V, SPAN_GRAD, "ROWSxBLOCK_V", registers, stack, loop instructions,
-    "LDG 16-byte/all", "STG 16-byte/all", instructions in all, loop instructions per 32
-    classes a warp, once-a-program instructions a row a warp)`` of the gradient pass."""
+    """Rows ``(topology, V, SPAN_GRAD, DUR_LAST, "ROWSxBLOCK_V", registers, stack, loop
+    instructions, "LDG 16-byte/all", "STG 16-byte/all", instructions in all, loop
+    instructions per 32 classes a warp, once-a-program instructions a row a warp)`` of the
+    gradient pass (the topology ``NAME,CHECK``: a fused tile's, its recomputation checked in
+    the pass); ``DUR_LAST`` (TDT's duration group after the token group's loop,
+    ``gpu.GRAD_DURATIONS_LAST``) both ways for TDT's rows by their 16-byte groups, "-" for
+    the topologies without durations."""
     from rnnt_lattice import gpu
     from rnnt_lattice.gpu import kernels
     saved = gpu.SPAN_GRAD
@@ -109,17 +114,22 @@ def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
                 topo = label.split()[1]
                 if grad_span and not const["SPAN"]:
                     continue                              # aligned rows: one way only
-                c = kr.compile_as_launched(kernels._grad_kernel, const, warps, stages, sm)
-                reg, stack = kr.resources(c.asm["cubin"])
-                ins = sass_lines(c.asm["cubin"])
-                loop = store_loop(ins)
-                rows, block_v = const["ROWS"], const["BLOCK_V"]
-                wide = (lambda op: f"{sum(op in x and '.128' in x for x in loop)}/"
-                                   f"{sum(op in x for x in loop)}")
-                yield (topo, V, int(grad_span), f"{rows}x{block_v}", reg, stack, len(loop),
-                       wide("LDG"), wide("STG"), len(ins),
-                       round(len(loop) * 32 * warps / (rows * block_v), 1),
-                       round((len(ins) - len(loop)) * warps / rows))
+                ways = ((False, True) if topo == "tdt" and grad_span
+                        else (const.get("DUR_LAST", False),))
+                for dur_last in ways:
+                    c = kr.compile_as_launched(kernels._grad_kernel,
+                                               dict(const, DUR_LAST=dur_last), warps, stages, sm)
+                    reg, stack = kr.resources(c.asm["cubin"])
+                    ins = sass_lines(c.asm["cubin"])
+                    loop = store_loop(ins)
+                    rows, block_v = const["ROWS"], const["BLOCK_V"]
+                    wide = (lambda op: f"{sum(op in x and '.128' in x for x in loop)}/"
+                                       f"{sum(op in x for x in loop)}")
+                    shown = topo + (",CHECK" if const.get("CHECK") else "")   # a fused tile's
+                    yield (shown, V, int(grad_span), int(dur_last) if topo == "tdt" else "-",
+                           f"{rows}x{block_v}", reg, stack, len(loop), wide("LDG"), wide("STG"),
+                           len(ins), round(len(loop) * 32 * warps / (rows * block_v), 1),
+                           round((len(ins) - len(loop)) * warps / rows))
     finally:
         gpu.SPAN_GRAD = saved
 
@@ -187,11 +197,11 @@ def main(argv=None) -> int:
         print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
     print(f"\ntriton {triton.__version__}, sm_{args.sm}, the gradient pass's chunk loop "
           "(SPAN_GRAD 1: the row's whole 16-byte groups; 0: an entry a load, for rows that "
-          "start anywhere)")
-    print("| topology | V | SPAN_GRAD | tile | registers | stack | loop instructions "
+          "start anywhere; DUR_LAST 1: TDT's duration group after the loop)")
+    print("| topology | V | SPAN_GRAD | DUR_LAST | tile | registers | stack | loop instructions "
           "| loop LDG 16-byte/all | loop STG 16-byte/all | instructions in all "
           "| loop a warp per 32 classes | once a program, a row a warp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in analyse_grad(args.sm, args.V):
         print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
     return 0

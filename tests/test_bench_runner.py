@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -417,8 +418,11 @@ def test_gpu_passes_configs_and_settings(run, capsys):
     assert gpu_passes._config("4x128x4lqe") == (4, 128, 4, True, False, True, False)
     assert gpu_passes._overrides(["SPAN_GRAD=True", "NUM_WARPS_V=8"]) == {
         "SPAN_GRAD": True, "NUM_WARPS_V": 8}
-    assert gpu_passes._overrides(["ROW_EARLY=True", "SPAN_PREFETCH=True"]) == {   # row_early
-        "ROW_EARLY": True, "SPAN_PREFETCH": True}
+    # the row_early step's settings, as the script states them
+    script = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_session.sh").read_text()
+    on = re.search(r'row_early\) on="([^"]+)"', script).group(1).split()
+    assert gpu_passes._overrides(on) == {
+        "ROW_EARLY": True, "SPAN_PREFETCH": True, "GRAD_DURATIONS_LAST": True}
     for bad in (["SPAN_GRAD"], ["span_grad=True"], ["NO_SUCH_CONSTANT=1"]):
         with pytest.raises(ValueError, match="--set"):
             gpu_passes._overrides(bad)

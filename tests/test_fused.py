@@ -524,6 +524,18 @@ def test_recomputed_tiles_are_checked_from_the_span(topo_name, column, delta, mo
     check_drift(topo_name, column, True, delta, "triton", torch.float32)
 
 
+@backends.NO_TRITON
+@pytest.mark.parametrize("delta, dtype", [(0.0, torch.float32), (0.5, torch.float32),
+                                          (float("nan"), torch.float64)])
+def test_recomputed_tiles_are_checked_durations_last(delta, dtype, monkeypatch):
+    """The same for TDT's duration column with the gradient pass's duration group after
+    its token group's loop (``gpu.GRAD_DURATIONS_LAST``): the check adds the group's sum
+    after the tokens' instead of before them (float32 rows: after the per-entry sums)."""
+    from rnnt_lattice import gpu
+    monkeypatch.setattr(gpu, "GRAD_DURATIONS_LAST", True)
+    check_drift("tdt13", "duration", True, delta, "triton", dtype)
+
+
 @pytest.mark.parametrize("backend", backends.KERNELS)
 def test_a_nan_sequence_is_no_recomputation_error(backend):
     """A sequence whose logits are NaN (its encoder frames are) has a NaN loss and NaN

@@ -578,15 +578,23 @@ def variants(sm):
                                           LANES=4 if not lanes32 else 0, **where), fp32
             # The gradient pass over rows that start anywhere as launched (gpu.SPAN_GRAD: by
             # their whole 16-byte groups, else an entry a load); the other way on sm_90
-            grad_span = dict(SPAN=span["SPAN"] if gpu.SPAN_GRAD else 0)
+            # TDT's duration group after the token group's loop as launched
+            # (gpu.GRAD_DURATIONS_LAST); the other way on sm_90, with a fused tile's check
+            grad_span = dict(SPAN=span["SPAN"] if gpu.SPAN_GRAD else 0,
+                             DUR_LAST=bool(n_dur) and gpu.GRAD_DURATIONS_LAST)
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **grad_span, FUSED=True,
                                         CLAMP=True, CHECK=0.0, **where), dtypes)
+            if n_dur and sm == 90:
+                yield ("_grad_kernel", dict(kinds("grad"), **tiles, FUSED=True, CLAMP=True,
+                                            CHECK=1e-4, **dict(where, LAYOUT=kernels.BOX),
+                                            **dict(grad_span, DUR_LAST=not grad_span["DUR_LAST"])),
+                       fp32)
             yield ("_grad_kernel", dict(kinds("grad"), **tiles, **grad_span, FUSED=False,
                                         CLAMP=False, CHECK=0.0, **where), fp32)
             if span["SPAN"] and sm == 90:
                 yield ("_grad_kernel", dict(kinds("grad"), **tiles, FUSED=True, CLAMP=True,
                                             CHECK=0.0, SPAN=0 if grad_span["SPAN"] else span["SPAN"],
-                                            **where), fp32)
+                                            DUR_LAST=grad_span["DUR_LAST"], **where), fp32)
             if on and sm == 90:
                 # a fused tile's recomputation checked in the pass (gpu.tile_backward; the
                 # GPU machines' architecture)
@@ -1095,7 +1103,9 @@ def test_row_lanes_loop_has_no_cross_lane_reduction_on_sm90():
     (``benchmarks/row_sass.py``): aligned rows (V = 1024) and rows from the span (V = 1025,
     TDT), no stack frame. And the gradient pass over TDT's rows by their whole 16-byte
     groups (``gpu.SPAN_GRAD``): every load and store of its loop 16 bytes wide, and fewer
-    instructions a row, in the loop and once a program, than an entry a load. And the row
+    instructions a row, in the loop and once a program, than an entry a load, with TDT's
+    duration group before the loop or after it (``gpu.GRAD_DURATIONS_LAST``: fewer
+    registers after it). And the row
     pass's reads ahead of its loop (``gpu.ROW_EARLY``, either way of the span's prefetch):
     no global load after the chunk loop, where without it there are some."""
     out = subprocess.run([sys.executable, "-c", ROW_SASS_SCRIPT], env=_compile_env(),
@@ -1104,14 +1114,24 @@ def test_row_lanes_loop_has_no_cross_lane_reduction_on_sm90():
     if "no nvdisasm" in out.stdout:
         pytest.skip("this Triton build has no nvdisasm")
     lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
-    grad = {int(r[3]): r[4:] for r in lines if r[0] == "grad"}
-    assert set(grad) == {0, 1}, out.stdout
-    for op in (4, 5):                                      # "LDG 16-byte/all", "STG ..."
-        wide, every = (int(x) for x in grad[1][op].split("/"))
-        assert wide == every > 0, out.stdout
-    assert int(grad[1][2]) == 0, out.stdout                # no stack
-    for col in (-2, -1):                                   # per 32 classes; once a program
-        assert float(grad[1][col]) < float(grad[0][col]), out.stdout
+    # (SPAN_GRAD, DUR_LAST) -> tile, registers, stack, loop, LDG, STG, all, per 32, once;
+    # the loss's pass (a fused tile's, with CHECK, comes after it)
+    grad = {}
+    for r in lines:
+        if r[0] == "grad":
+            grad.setdefault((int(r[3]), int(r[4])), r[5:])
+    assert set(grad) == {(0, 0), (1, 0), (1, 1)}, out.stdout
+    for dur_last in (0, 1):
+        span = grad[1, dur_last]
+        for op in (4, 5):                                  # "LDG 16-byte/all", "STG ..."
+            wide, every = (int(x) for x in span[op].split("/"))
+            assert wide == every > 0, out.stdout
+        assert int(span[2]) == 0, out.stdout               # no stack
+        for col in (-2, -1):                               # per 32 classes; once a program
+            assert float(span[col]) < float(grad[0, 0][col]), out.stdout
+    # TDT's duration group after the loop (gpu.GRAD_DURATIONS_LAST): fewer registers (Triton
+    # 3.6: 68 against 96, 7 programs a multiprocessor against 5; 3.9: 82 against 94)
+    assert int(grad[1, 1][1]) < int(grad[1, 0][1]), out.stdout
     early = [r[1:] for r in lines if r[0] == "early"]
     assert {r[0] for r in early} == {"regular", "tdt"} and len(early) == 6, out.stdout
     for topo, V, tile, prefetch, ahead, reg, stack, loop, before, after in early:

@@ -270,13 +270,15 @@ def test_gradient_pass_rows(topo_name, mode, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("topo_name, mode, dtype", [
-    ("tdt012", "odd_interior", "float32"), ("multiblank", "aligned", "float32"),
-    ("regular", "odd_interior", "float32"), ("regular", "odd_interior", "bfloat16"),
-    ("multiblank", "odd_interior", "bfloat16")])
-def test_row_pass_reads_ahead_change_nothing(topo_name, mode, dtype, monkeypatch):
-    """The row pass's entries read before the token group's loop (``gpu.ROW_EARLY``) and
-    the span's chunks loaded ahead (``gpu.SPAN_PREFETCH``), both on and both off: costs and
-    gradients bit for bit the same (the same sums in the same order), and the float64
+    ("tdt012", "odd_interior", "float32"), ("tdt012", "odd_interior", "bfloat16"),
+    ("multiblank", "aligned", "float32"), ("regular", "odd_interior", "float32"),
+    ("regular", "odd_interior", "bfloat16"), ("multiblank", "odd_interior", "bfloat16")])
+def test_v_pass_switches_change_nothing(topo_name, mode, dtype, monkeypatch):
+    """The V passes' switches that are off until a GPU times them, all on and all off: the
+    row pass's entries read before the token group's loop (``gpu.ROW_EARLY``), the span's
+    chunks loaded ahead (``gpu.SPAN_PREFETCH``) and the gradient pass's duration group
+    after the token group's loop (``gpu.GRAD_DURATIONS_LAST``; TDT also in place): costs
+    and gradients bit for bit the same (the same sums in the same order), and the float64
     reference's. Rows of every start residue (TDT's with durations, odd V) and aligned
     ones, chunks of 4 classes against groups of 4 (float32) and 8 (bfloat16: the span's
     head reaches past its first chunk), multi-blank's fixed classes, and a node whose
@@ -290,11 +292,12 @@ def test_row_pass_reads_ahead_change_nothing(topo_name, mode, dtype, monkeypatch
     x = logits.to(dt)
     up = upstream_weights(logits.shape[0])
     got = {}
-    for early, ahead in ((False, False), (True, True)):
-        monkeypatch.setattr(gpu, "ROW_EARLY", early)
-        monkeypatch.setattr(gpu, "SPAN_PREFETCH", ahead)
-        got[early, ahead] = triton_costs_grad(x, targets, tl.int(), ul.int(), topo, blank,
-                                              opts, up.float())
+    for on in (False, True):
+        for name in ("ROW_EARLY", "SPAN_PREFETCH", "GRAD_DURATIONS_LAST"):
+            monkeypatch.setattr(gpu, name, on)
+        for inplace in (False, True) if topo.n_durations else (False,):
+            got[on, inplace] = triton_costs_grad(x, targets, tl.int(), ul.int(), topo, blank,
+                                                 opts, up.float(), inplace=inplace)
     base = got[False, False]
     for key, (costs, grad) in got.items():
         assert torch.equal(costs, base[0]) and torch.equal(grad, base[1]), key

@@ -170,6 +170,14 @@ SPAN_PREFETCH = False
 # after the loop, a program waits for two dependent loads (the target, then its entry)
 # with nothing in flight. Off until a GPU times it (``gpu_session.sh row_early``).
 ROW_EARLY = False
+# The gradient pass writes TDT's duration group after the token group's loop rather than
+# before it (``kernels._grad_kernel``'s DUR_LAST; the same results, bit for bit): before
+# it, the group's copies of the rows' values (its [ROWS, BLOCK_DUR] layout, the span's
+# edges' too) stay live through the loop, 96 registers a thread on 8 rows of 128 against
+# 68 after it (sm_90, Triton 3.6, the GPU machines'), so 5 programs a multiprocessor against
+# 7 (the regular loss's: 64 registers, 8); Triton 3.9: 94 against 82, 5 programs either
+# way. Off until a GPU times it (``gpu_session.sh row_early``).
+GRAD_DURATIONS_LAST = False
 # The row pass folds each chunk into a running max and sum per thread's 16 bytes of entries
 # and reduces across the row once (``kernels._lse_step``'s LANES), instead of two cross-lane
 # reductions and a float64 exp a chunk. On an H200 (h200-0fd8b8d-switches-*.log): the row
@@ -642,7 +650,8 @@ def _tile_constants() -> tuple:
             tuple(V_PASS_TILES.get("span", ())), tuple(V_PASS_TILES.get("grad_span", ())),
             tuple(NARROW_TILES["row"]), tuple(NARROW_TILES["grad"]), NUM_WARPS_V,
             BLOCK_U, BLOCK_U_SMALL, BLOCK_NODES, LATTICE_LANES, SPAN_ROWS, SPAN_GRAD,
-            ROW_PREFETCH, ROW_LANES, LATTICE_ONCHIP, SPAN_PREFETCH, ROW_EARLY)
+            ROW_PREFETCH, ROW_LANES, LATTICE_ONCHIP, SPAN_PREFETCH, ROW_EARLY,
+            GRAD_DURATIONS_LAST)
 
 
 def _row_pass(logits, targets, logit_lengths, target_lengths, st: _State, opts: LossOptions, *,
@@ -728,6 +737,8 @@ def _grad_plan(topo: Topology, log_softmax: bool, clamp: float, blank: int, lay:
               COSTS32=_costs_dtype(dtype) == torch.float32, num_warps=num_warps)
     if check:                                      # (absent otherwise: the launch's key as before)
         kw["CHECK"] = check
+    if n_dur and GRAD_DURATIONS_LAST:              # (likewise)
+        kw["DUR_LAST"] = True
     return ((n_rows + per - 1) // per,), head, tail, kw
 
 

@@ -1331,6 +1331,36 @@ def _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED: tl.
     return tl.where(write[:, None], g * w_up[:, None], 0.0)
 
 
+@triton.jit
+def _duration_step(logits_ptr, grad_ptr, ws_ptr, row, node, reads, keep, has_row, nan_row,
+                   write, w_up, total, V_tok, n_nodes, o_dur, K: tl.constexpr,
+                   DURATION: tl.constexpr, N_DURATIONS: tl.constexpr, N_CLS: tl.constexpr,
+                   DUR_COL: tl.constexpr, ACC: tl.constexpr, BLOCK_DUR: tl.constexpr,
+                   FUSED: tl.constexpr, CHECK: tl.constexpr):
+    """TDT's duration group of the rows ``row`` in ``_grad_kernel``: ``grad(i) = q(i) S_dur -
+    sum_{kinds of duration i} gamma_k`` (:func:`_duration_terms`, :func:`_duration_grad`),
+    read and written at classes ``V_tok ..``, which the token group's steps neither read
+    nor write (so that in place it may run before or after them); returns ``total`` with
+    the group's deviation term (``CHECK``)."""
+    didx = tl.arange(0, BLOCK_DUR)
+    g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
+        ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
+        BLOCK_DUR, FUSED)
+    if FUSED:
+        x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
+                        mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
+                        other=NEG_INF).to(ACC)
+    else:
+        x_dur = tl.zeros([row.shape[0], BLOCK_DUR], ACC)
+    if CHECK > 0:
+        total += tl.sum(tl.exp((x_dur - d_hi[:, None]) - d_lo[:, None]), axis=1) - tl.where(
+            live_d, 1.0, 0.0)
+    g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
+    tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g_d.to(grad_ptr.dtype.element_ty),
+             mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
+    return total
+
+
 @triton.jit(do_not_specialize=_SHAPES + _WS + ("upstream_stride", "box_t0", "box_u0", "box_T",
                                                "box_U1"))
 def _grad_kernel(
@@ -1350,7 +1380,7 @@ def _grad_kernel(
     FUSED: tl.constexpr, CLAMP: tl.constexpr, BOUNDARY: tl.constexpr, LAYOUT: tl.constexpr,
     ACC: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_DUR: tl.constexpr,
     V_ALIGN: tl.constexpr, COSTS32: tl.constexpr, SPAN: tl.constexpr = 0,
-    CHECK: tl.constexpr = 0.0,
+    CHECK: tl.constexpr = 0.0, DUR_LAST: tl.constexpr = False,
 ):
     """Gradient rows ``upstream[b] * clip(d loss_b / d logits(t,u,:))`` of ``ROWS`` rows,
     each that of the node ``_row_node`` maps it to (a row no node reads gets 0), for any
@@ -1366,8 +1396,10 @@ def _grad_kernel(
     since d(x_c - lse_g)/dx_v = [v = c] - p_g(v). A row that no arc reads (``S_g = 0``)
     gets 0 (not ``0 * p``: p may be NaN there). In two steps:
 
-    1. the fixed classes' columns and the duration group (read, then written: in place,
-       step 2 reads those columns' entries as gradients and stores none of them);
+    1. the fixed classes' columns and TDT's duration group (read, then written: in place,
+       step 2 reads the fixed classes' entries as gradients and stores none of them; with
+       ``DUR_LAST``, ``gpu.GRAD_DURATIONS_LAST``, the duration group comes after step 2's
+       loop instead, whose reads and writes never reach it);
     2. the token group in chunks of ``BLOCK_V``: ``p S`` minus the blank's and the label's
        reads, every entry but the fixed classes' columns (``SPAN`` > 0, rows that start
        anywhere: the row's whole 16-byte groups with vector loads and stores, its first
@@ -1409,7 +1441,10 @@ def _grad_kernel(
     # 1. The fixed classes' columns: p S minus every read of that class (the kinds that
     # read it, and the blank or the label where they are that class); then TDT's duration
     # group. First: nothing of them stays live through step 2's loop (multi-blank's pass
-    # took 80 registers a thread on sm_90 with them after it, 72 now; Triton 3.6).
+    # took 80 registers a thread on sm_90 with them after it, 72 now; Triton 3.6). TDT's
+    # duration group is the other way round: before the loop, its [ROWS, BLOCK_DUR]
+    # layout's copies of the rows' values stay live through the loop for the span's edges
+    # after it (96 registers a thread on 8 rows of 128; 68 with DUR_LAST; Triton 3.6).
     total = tl.zeros([ROWS], ACC)                  # CHECK: the softmax groups' sums of p
     for k in tl.static_range(K):
         if READS[k] == 2:
@@ -1429,25 +1464,11 @@ def _grad_kernel(
             # (a vector compare: the interpreter refuses a vector & scalar mask)
             tl.store(grad_ptr + row + cls, gk.to(grad_ptr.dtype.element_ty),
                      mask=has_row & (r * 0 + V_tok > cls))
-    if N_DURATIONS > 0:
-        # The duration group: grad(i) = q(i) S_dur - sum_{kinds of duration i} gamma_k.
-        didx = tl.arange(0, BLOCK_DUR)
-        g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
-            ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
-            BLOCK_DUR, FUSED)
-        if FUSED:
-            x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
-                            mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
-                            other=NEG_INF).to(ACC)
-        else:
-            x_dur = tl.zeros([ROWS, BLOCK_DUR], ACC)
-        if CHECK > 0:
-            total += tl.sum(tl.exp((x_dur - d_hi[:, None]) - d_lo[:, None]), axis=1) - tl.where(
-                live_d, 1.0, 0.0)
-        g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
-        tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :],
-                 g_d.to(grad_ptr.dtype.element_ty),
-                 mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
+    if N_DURATIONS > 0 and not DUR_LAST:
+        # TDT's duration group (``_duration_step``), here or after the token group's loop
+        total = _duration_step(logits_ptr, grad_ptr, ws_ptr, row, node, reads, keep, has_row,
+                               nan_row, write, w_up, total, V_tok, n_nodes, o_dur, K, DURATION,
+                               N_DURATIONS, N_CLS, DUR_COL, ACC, BLOCK_DUR, FUSED, CHECK)
 
     # 2. The token group, every entry but the fixed classes' columns (step 1 wrote them: in
     # place, their entries read here are gradients already, and never stored). In chunks
@@ -1510,6 +1531,10 @@ def _grad_kernel(
                 tl.store(dst, g.to(grad_ptr.dtype.element_ty), mask=out)
         else:
             tl.store(dst, g.to(grad_ptr.dtype.element_ty), mask=out)
+    if N_DURATIONS > 0 and DUR_LAST:
+        total = _duration_step(logits_ptr, grad_ptr, ws_ptr, row, node, reads, keep, has_row,
+                               nan_row, write, w_up, total, V_tok, n_nodes, o_dur, K, DURATION,
+                               N_DURATIONS, N_CLS, DUR_COL, ACC, BLOCK_DUR, FUSED, CHECK)
     if SPAN > 0:
         # The edges, an entry a load: the head (classes 0 .. a-1, lanes j < SPAN) and the
         # tail (a + n_w .., lanes j >= SPAN), each fewer than SPAN classes.
