@@ -12,6 +12,11 @@ import os
 # (test_triton.py and test_fuzz.py both run the Triton backend on CPU tensors). Tests that
 # need the compiled kernels (test_triton.py::test_cuda_native) start a subprocess without it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ["TRITON_INTERPRET"] == "1":
+    # Without the interpreter's redundant re-patching of triton.language at each call of a
+    # @triton.jit helper (the same builtins run; a quarter of its time): support/interpreter.py
+    from support import interpreter as _interpreter
+    _interpreter.install()
 
 # Under pytest-xdist (the README's command, ``-n auto``: one worker per core), each worker's
 # torch and Numba (its OpenMP layer: the same libgomp) take the cores divided among the

@@ -36,6 +36,8 @@ def main():
                     "the Triton interpreter (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     if args.smoke:
+        from support import interpreter         # (tests/support: as the suite runs it)
+        interpreter.install()
         rc = selfcheck.run("cpu", tier="smoke", backend="triton")
     else:
         if not torch.cuda.is_available():

@@ -1162,6 +1162,54 @@ def test_cuda_native():                                               # pragma: 
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr[-4000:]
 
 
+def test_interpreter_patches_the_language_once_a_launch(monkeypatch):
+    """The suite's interpreter (``support/interpreter.py``, installed by conftest.py)
+    patches ``triton.language`` once a launch, not again at each call of a ``@triton.jit``
+    helper inside it (Triton's own interpreter does, to the same builtins: about a quarter
+    of its time in these tests); and the results are the interpreter's own: a loss and its
+    gradient equal to the same call with the helpers' patching restored."""
+    from triton.runtime import interpreter as itp
+
+    from support import interpreter
+    assert interpreter.install()
+    calls = []
+    real = itp._patch_lang
+    monkeypatch.setattr(itp, "_patch_lang", lambda fn: calls.append(fn.__name__) or real(fn))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 6, generator=g)
+    y, tl_, ul = torch.tensor([[1, 2], [3, 0]]), torch.tensor([5, 4]), torch.tensor([2, 1])
+
+    def step():
+        xx = x.clone().requires_grad_()
+        loss = rnnt_lattice.rnnt_loss(xx, y, tl_, ul, blank=0, backend="triton")
+        loss.backward()
+        return loss.detach(), xx.grad
+
+    fast = step()
+    launches = sum(name.endswith("_kernel") for name in calls)
+    # each launch, and at most once in it Triton's own helpers' module (tl.max and co.)
+    assert launches and len(calls) <= 2 * launches, calls
+    monkeypatch.setattr(itp.InterpretedFunction, "__call__", interpreter_device_call(itp))
+    calls.clear()
+    slow = step()
+    assert sum(name.endswith("_kernel") for name in calls) == launches
+    assert len(calls) > 10 * launches, calls                                   # every helper call
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
+def interpreter_device_call(itp):
+    """Triton's own device-function call: patch, then run (what install() skips the first
+    half of)."""
+    def call(self, *args, **kwargs):
+        itp._patch_lang(self.fn)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise itp.InterpreterError(repr(e)) from e
+    return call
+
+
 def test_cuda_checks_script_under_the_interpreter():
     """The CUDA check script itself, on tiny lattices through the interpreter: a GPU run
     must not be the first time it executes."""
