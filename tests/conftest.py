@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ["TRITON_INTERPRET"] == "1":
     # Without the interpreter's redundant re-patching of triton.language at each call of a
-    # @triton.jit helper (the same builtins run; a quarter of its time): support/interpreter.py
+    # @triton.jit helper (the same builtins run; about 30% of its time): support/interpreter.py
     from support import interpreter as _interpreter
     _interpreter.install()
 

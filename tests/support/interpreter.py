@@ -6,13 +6,14 @@ the kernel's module globals, restored at the end), and then again at *every call
 ``@triton.jit`` helper* inside the kernel (``InterpretedFunction.__call__``), where the
 same modules are already patched: ``inspect.getmembers`` over ``tl``, ``tl.tensor`` and
 ``tl.math`` each time, about 0.2 ms a call (Triton 3.5-3.9). Our kernels call helpers in
-their loops, so that this took about half of the interpreter's time in the tests
-(``test_triton_topologies.py``: 190 s of CPU time with it, 144 without). :func:`install`
+their loops, so that this took about 30% of the interpreter's time in the tests
+(``test_triton_topologies.py``: 190 s with it, 134 without). :func:`install`
 skips that patching where it would patch nothing that is not patched already in this
 launch: the modules the launch patched, and those a helper's patching added (Triton never
 restores those), so the same builtins run either way. The tests
 install it (``conftest.py``; ``cuda_checks.py --smoke``, a subprocess); the package never
-does. A Triton whose interpreter lacks these names is left as it is.
+does. A Triton whose interpreter lacks these names is left as it is. Triton's own
+device-function call stays at ``InterpretedFunction._rnnt_lattice_original``.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def install() -> bool:
         grid_cls, fn_cls, error = itp.GridExecutor, itp.InterpretedFunction, itp.InterpreterError
     except (ImportError, AttributeError):
         return False
-    if getattr(fn_cls, "_rnnt_lattice_fast", False):
+    if hasattr(fn_cls, "_rnnt_lattice_original"):
         return True
     if not (hasattr(fn_cls, "rewrite") and hasattr(itp, "_patch_lang")):
         return False
@@ -75,5 +76,5 @@ def install() -> bool:
             raise error(repr(e)) from e
 
     grid_cls.__call__, fn_cls.__call__ = launch, device_call
-    fn_cls._rnnt_lattice_fast = True
+    fn_cls._rnnt_lattice_original = fn_call
     return True
