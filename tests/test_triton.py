@@ -702,12 +702,14 @@ for sm in map(int, sys.argv[2:]):
             # above (what the architecture changes in these kernels is how a dtype's
             # arithmetic and loads lower: bfloat16 emulated on Turing, loads pipelined with
             # cp.async from Ampere on; the flags change the code's paths, which Hopper
-            # compiles in full); the joiner's passes every variant (their matrix products
-            # lower to Ampere's mma, Hopper's wgmma)
-            if sm < 90 and not name.startswith("_joint"):
-                if (sm, name, x, idt) in seen:
+            # compiles in full); the joiner's passes once per operand dtype and precision
+            # of their products (which lower to Ampere's mma, Hopper's wgmma; the
+            # topology's flags and the ids' dtype change the code around them)
+            if sm < 90:
+                key = (sm, name, x, const0.get("PRECISION") if name.startswith("_joint") else idt)
+                if key in seen:
                     continue
-                seen.add((sm, name, x, idt))
+                seen.add(key)
             i += 1
             if i % shards != shard:
                 continue
@@ -732,8 +734,9 @@ print("compiled", n)
 def test_kernels_compile_for_cuda():
     """The interpreter accepts code that the compiler rejects (e.g. a non-constexpr global
     inside a kernel): compile every kernel variant to a cubin for Hopper, and each kernel in
-    each dtype for Turing and Ampere (the joiner's passes every variant for Ampere; Triton
-    bundles ptxas; no GPU needed), in a subprocess without the interpreter; and no
+    each dtype for Turing and Ampere (the joiner's passes in each operand dtype and product
+    precision for Ampere; Triton bundles ptxas; no GPU needed), in a subprocess without the
+    interpreter; and no
     kernel holds the loop that Triton 3.6, the H100's, fails to compile
     (``kernel_resources.thread_locality_hazards``)."""
     env = _compile_env()
