@@ -269,6 +269,43 @@ def test_parallel_flag_is_honoured_whatever_the_cache_holds(warm_kernels, tmp_pa
     assert serial["loss"] == pytest.approx(parallel["loss"], rel=1e-5)
 
 
+NOTICE = "rnnt_lattice: compiling the CPU kernels this call needs"
+
+
+def _notices(proc) -> list:
+    """The lines of a subprocess's stderr that announce a compile."""
+    return [line for line in proc.stderr.splitlines() if line.startswith(NOTICE)]
+
+
+def test_first_compile_is_said_once_and_cache_loads_say_nothing(tmp_path):
+    """A process whose kernels are not in the on-disk cache logs one line when Numba starts
+    compiling the first of them (a WARNING of the ``rnnt_lattice`` logger: without it a
+    first call is tens of seconds of silence), whatever it compiles after it (here the
+    window DP's parallel variant, then its serial one); a process that loads them from the
+    cache logs nothing. The window DP alone compiles in about a second."""
+    src = _copy_package(tmp_path, with_cache=False)
+    script = """
+    import json
+    from rnnt_lattice.cpu import _config, kernels
+    assert kernels.__file__.startswith(%r), kernels.__file__
+    occ = torch.rand(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    lengths = dict(logit_lengths=torch.tensor([5, 4]), target_lengths=torch.tensor([3, 2]))
+    got = [rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist()]
+    _config.PARALLEL = False              # the serial variant: a second compile, no second line
+    got.append(rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist())
+    print(json.dumps({"same": got[0] == got[1]}))
+    """ % str(src)
+    first = _run(script, _env(src, True), 120)
+    assert _last_json(first)["same"]
+    # (logging not configured: Python prints the record to stderr)
+    assert _notices(first) == [NOTICE + " with Numba (first use: seconds to tens of seconds; "
+                               "cached on disk, so later processes load them in under a "
+                               "second; `rnnt-lattice warmup` compiles them all ahead of "
+                               "time)"], first.stderr
+    again = _run(script, _env(src, True), 120)
+    assert _last_json(again)["same"] and NOTICE not in again.stderr, again.stderr
+
+
 # --------------------------------------------------------------------------- item 4: read-only
 def _unwritable_prefix():
     """The command prefix under which permission bits apply: none for a normal user; for
@@ -319,7 +356,8 @@ def test_read_only_install_without_writable_home(tmp_path):
     env = _env(src, drop_cache_dir=True, HOME=str(home), RNNT_LATTICE_NUMBA_PARALLEL="0")
     env.pop("XDG_CACHE_HOME", None)
     try:
-        out = _last_json(_run(script, env, timeout=150, prefix=prefix))
+        proc = _run(script, env, timeout=150, prefix=prefix)
+        out = _last_json(proc)
     finally:
         for p in paths:
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
@@ -329,3 +367,7 @@ def test_read_only_install_without_writable_home(tmp_path):
     cache_warnings = [w for w in out["warnings"] if "cache" in w]
     assert len(cache_warnings) == 1, out["warnings"]
     assert cache_warnings[0].startswith("RuntimeWarning") and "NUMBA_CACHE_DIR" in cache_warnings[0]
+    # the first compile's one line (a log record, not a warning): every process compiles
+    assert _notices(proc) == [NOTICE + " with Numba (first use: seconds to tens of seconds; no "
+                              "on-disk cache here, so every process compiles them again; "
+                              "`rnnt-lattice warmup` compiles them all ahead of time)"], proc.stderr

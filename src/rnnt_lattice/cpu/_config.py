@@ -27,6 +27,7 @@ Reliability (docs/api.md, "Reliability"):
   are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
 """
 import hashlib
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,7 @@ import types
 import warnings
 
 from numba import njit
+from numba.core import event
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -196,6 +198,41 @@ class ParallelKernel:
 # that made a new specialisation (compiled, or loaded from the disk cache), or None (the
 # default: no check on the hot path). ``rnnt-lattice warmup`` sets it to report progress.
 ON_COMPILE = None
+
+
+# --------------------------------------------------------------------------- first compile
+_log = logging.getLogger(__name__.split(".")[0])
+_PACKAGE = __name__.split(".")[0] + "."
+
+
+class _CompileNotice(event.Listener):
+    """One line when Numba starts compiling a kernel of this package for the first time in
+    the process: a WARNING of the ``rnnt_lattice`` logger, which Python prints to stderr
+    where logging is not configured. A first compile takes seconds to tens of seconds, and
+    without a word a first call looks hung. Numba triggers ``numba:compile`` only after its
+    disk cache missed, so a process that loads the kernels from the cache says nothing;
+    nor does one while ``ON_COMPILE`` reports (``rnnt-lattice warmup``: a line a kernel)."""
+
+    said = False
+
+    def on_start(self, ev):
+        if _CompileNotice.said or ON_COMPILE is not None:
+            return
+        fn = getattr(ev.data.get("dispatcher"), "py_func", None)
+        if not (getattr(fn, "__module__", None) or "").startswith(_PACKAGE):
+            return
+        _CompileNotice.said = True
+        kept = ("cached on disk, so later processes load them in under a second" if CACHE
+                else "no on-disk cache here, so every process compiles them again")
+        _log.warning("rnnt_lattice: compiling the CPU kernels this call needs with Numba "
+                     "(first use: seconds to tens of seconds; %s; `rnnt-lattice warmup` "
+                     "compiles them all ahead of time)", kept)
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", _CompileNotice())
 
 
 def pjit(fn=None, *, strict=False):
