@@ -214,7 +214,9 @@ for step in "$@"; do
                 "import sys; from rnnt_lattice import gpu, cli; gpu.ROW_LANES = gpu.SPAN_GRAD = gpu.LATTICE_ONCHIP = True; sys.exit(cli.main(['check', '--device', 'cuda', '--quick']))"
               ab switches "${SWITCHES_LIMIT:-70}" 2 "$on" ;;
     row_early) on="ROW_EARLY=True SPAN_PREFETCH=True GRAD_DURATIONS_LAST=True"
-              ab row_early "${ROW_EARLY_LIMIT:-70}" "${ROW_EARLY_RUNS:-1}" "$on"
+              # 90 s a run: on the H200 the first gpu_passes.py run after check (switches-off1)
+              # ran out of a 70 s limit, compiling its kernels
+              ab row_early "${ROW_EARLY_LIMIT:-90}" "${ROW_EARLY_RUNS:-1}" "$on"
               run row_early-sweep "${ROW_EARLY_SWEEP_LIMIT:-100}" python3 benchmarks/gpu_passes.py \
                 --set $on --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
                 --sweep-configs 16x128x4 8x128x4 4x256x4 4x128x4 \
