@@ -736,8 +736,7 @@ def test_kernels_compile_for_cuda():
     inside a kernel): compile every kernel variant to a cubin for Hopper, and each kernel in
     each dtype for Turing and Ampere (the joiner's passes in each operand dtype and product
     precision for Ampere; Triton bundles ptxas; no GPU needed), in a subprocess without the
-    interpreter; and no
-    kernel holds the loop that Triton 3.6, the H100's, fails to compile
+    interpreter; and no kernel holds the loop that Triton 3.6, the H100's, fails to compile
     (``kernel_resources.thread_locality_hazards``)."""
     env = _compile_env()
     # Two processes (the CI machine's two cores), each every other variant.

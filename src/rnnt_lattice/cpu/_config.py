@@ -218,7 +218,10 @@ class _CompileNotice(event.Listener):
     def on_start(self, ev):
         if _CompileNotice.said or ON_COMPILE is not None:
             return
-        fn = getattr(ev.data.get("dispatcher"), "py_func", None)
+        # (every compile in the process comes here, the user's own Numba code's and
+        # numba-cuda's too: nothing here may raise)
+        data = ev.data if isinstance(ev.data, dict) else {}
+        fn = getattr(data.get("dispatcher"), "py_func", None)
         if not (getattr(fn, "__module__", None) or "").startswith(_PACKAGE):
             return
         _CompileNotice.said = True
