@@ -807,15 +807,20 @@ def _lattice_kernel(
 
     NaN (math.md 8.1): a NaN weight on any arc makes log P NaN even when the arc lies on
     no complete path (alpha need not carry it to the end): the alpha program keeps a flag
-    of the NaN arcs it combines. It writes ``log P`` (-inf without a path or frame) and the
-    cost ``-log P`` in the costs' dtype, plus ``nan_rows[b]`` with ``NAN_ROWS`` (the device
-    input check's float32 row: NaN for a bad sequence, else 0; ``log P`` stays as it is,
-    the gradient reads it). ``MAX_SEMIRING``: max instead of log-sum-exp (the
-    Viterbi score, ``log P`` the best path's), and the alpha program also writes
-    ``best_kind (B, T+1, U+1)`` int8, the kind of the best arc into each node (the first
-    kind on an exact tie; -1 where no finite path arrives; the start node and nodes off the
-    region are not written), so that a backtrack only follows pointers. Launch with grid
-    ``(B, 1)`` for alpha alone.
+    of the NaN weights it combines; with ``ONCHIP``, of the nodes of the region whose
+    alpha is NaN, which is the same: every arc ends at a node of the region, whose alpha a
+    NaN weight makes NaN (its term, then the log-sum-exp; the weights are finite, -inf or
+    NaN, a +inf entry reading as NaN), and one test a node takes fewer of a diagonal's
+    float64 instructions than one a kind (the workspace pass keeps the test a kind: with
+    one a node, Triton 3.9 gave TDT's kernel a stack frame). It writes ``log P``
+    (-inf without a path or frame) and the cost ``-log P`` in the costs' dtype, plus
+    ``nan_rows[b]`` with ``NAN_ROWS`` (the device input check's float32 row: NaN for a bad
+    sequence, else 0; ``log P`` stays as it is, the gradient reads it). ``MAX_SEMIRING``:
+    max instead of log-sum-exp (the Viterbi score, ``log P`` the best path's), and the
+    alpha program also writes ``best_kind (B, T+1, U+1)`` int8, the kind of the best arc
+    into each node (the first kind on an exact tie; -1 where no finite path arrives; the
+    start node and nodes off the region are not written), so that a backtrack only follows
+    pointers. Launch with grid ``(B, 1)`` for alpha alone.
 
     ``ONCHIP`` (the grid's U + 1 within ``BLOCK_U``: lane = label position, one block a
     diagonal): the last ``DEPTH`` diagonals (the most a kind steps, ``dt + du``) stay in
@@ -878,11 +883,11 @@ def _lattice_kernel(
                         a = hist[DT[k] - 1]
                     else:
                         a = hist_s[DT[k]]
-                    nan_arcs = nan_arcs | (ws[k] != ws[k]).to(tl.int32)
                     xs = xs + (a + ws[k],)
                 acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
                 t = d - u
                 on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
+                nan_arcs = nan_arcs | ((acc != acc) & on).to(tl.int32)
                 tl.store(alpha_b + t * s_t + u * s_u, acc, mask=on)
                 if MAX_SEMIRING:
                     best = tl.where(acc > NEG_INF, best, -1)
