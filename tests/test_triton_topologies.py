@@ -363,9 +363,10 @@ def test_nan_rules_off_every_path(monkeypatch, onchip):
     """math.md 8.1 where alpha alone would not carry the NaN to the end. ``modified`` with
     (T_b, U_b) = (4, 2): node (3, 0) cannot reach the end (two labels, one frame left), so
     the blank arc (2, 0) -> (3, 0) lies on no complete path; its NaN (log-prob mode) still
-    makes log P NaN (the alpha program's NaN flag, raised by a NaN alpha at a node of the
-    region). Node (3, 0) itself has no arc at all: a NaN row there (fused) changes nothing,
-    and its gradient row is 0, not 0 * NaN. Both lattice passes (``gpu.LATTICE_ONCHIP``)."""
+    makes log P NaN (the alpha program's NaN flag: raised by a NaN weight in the workspace
+    pass, by a NaN alpha at a node of the region with the state in registers). Node (3, 0)
+    itself has no arc at all: a NaN row there (fused) changes nothing, and its gradient row
+    is 0, not 0 * NaN. Both lattice passes (``gpu.LATTICE_ONCHIP``)."""
     monkeypatch.setattr(gpu, "LATTICE_ONCHIP", onchip)
     topo, blank = topology.modified(), 0
     g = torch.Generator().manual_seed(2)
