@@ -887,6 +887,7 @@ def _lattice_kernel(
                 acc, best = _lse_kinds(xs, K, MAX_SEMIRING)
                 t = d - u
                 on = (u >= tl.maximum(d - t1, u0)) & (u <= tl.minimum(d - t0, u1))
+                # the NaN flag a node: a NaN weight into a node makes its alpha NaN (docstring)
                 nan_arcs = nan_arcs | ((acc != acc) & on).to(tl.int32)
                 tl.store(alpha_b + t * s_t + u * s_u, acc, mask=on)
                 if MAX_SEMIRING:
