@@ -100,6 +100,15 @@
 #                V_PASS_TILES["row"], 4 rows of 128, for aligned rows, 16 rows of 128 for the
 #                span's; with both on, 8 rows of 128 keep 48 registers for aligned rows where
 #                4 keep 40, so 10 programs of 4 KiB chunks a multiprocessor where 12 had 2 KiB)
+#   act_grad     joint_tiles.py --act-grad at j1, H = 512, bf16: the joiner's act-grad pass
+#                alone on its first chunk with each choice of ACT_GRAD_CANDIDATES (the next
+#                frame's loads ahead of the sums, blocks, warps, a cap on registers), against
+#                the default's time, bandwidth and bits
+#   timeline     benchmarks/timeline.py: where the device sits idle in a step, and whether it
+#                waited for the host or between queued kernels, by the launch that came late:
+#                the regular loss at s3 (host-bound) and s5, and the joiner's step at j1, H =
+#                512, bf16, the kernel path and the full pipeline (timeline-*.log, .json, and
+#                the Chrome traces, timeline-*.trace.json)
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -221,6 +230,14 @@ for step in "$@"; do
                 --set $on --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
                 --sweep-configs 16x128x4 8x128x4 4x256x4 4x128x4 \
                 --json "$out/row_early-sweep.json" ;;
+    act_grad) run act_grad "${ACT_GRAD_LIMIT:-90}" python3 benchmarks/joint_tiles.py --act-grad \
+              --shape j1 --hidden 512 --reps 20 --json "$out/act_grad.json" ;;
+    timeline) for spec in "s3:--loss s3" "s5:--loss s5" "j1-joint:--joint j1 --way joint" \
+                          "j1-full:--joint j1 --way full"; do
+                name=${spec%%:*}
+                run "timeline-$name" "${TIMELINE_LIMIT:-90}" python3 benchmarks/timeline.py ${spec#*:} \
+                  --json "$out/timeline-$name.json" --trace "$out/timeline-$name.trace.json"
+              done ;;
     launch_ab) i=0
               for m in 1 0 1 0; do
                 i=$((i + 1))

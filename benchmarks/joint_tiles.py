@@ -3,6 +3,7 @@ the step's time goes (torch.profiler), to choose ``gpu/joint.py``'s ``TILES``.
 
     python benchmarks/joint_tiles.py [--shape j1] [--hidden 512] [--precision bf16] [--reps 5]
     python benchmarks/joint_tiles.py --compile [SM] [--precision bf16]     # no GPU needed
+    python benchmarks/joint_tiles.py --act-grad [--shape j1] [--reps 20] [--compile [SM]]
 
 One training step of ``fused_pipeline.py``'s model with the ``joint`` way (an
 ``rnnt_lattice.Joiner`` sharing the model's output layer: the kernel path, at ``--precision
@@ -20,6 +21,11 @@ Without a CUDA device it exits at once with a message (status 2). ``--compile``:
 timing, each choice's passes compiled for sm_90 (or the SM given) as they would launch, with
 their registers, spills, shared memory and how many programs fit a multiprocessor
 (``kernel_resources.programs_per_sm``): the choices' occupancy, checked without a GPU.
+``--act-grad``: the act-grad pass alone instead (``joint.act_grad`` on the shape's first
+chunk, bf16 ``dh`` and ``h``), each choice of :data:`ACT_GRAD_CANDIDATES` against
+``joint.ACT_GRAD``: time, bandwidth (of the bytes :func:`act_grad_bytes` counts) and
+agreement; with ``--compile``, each choice's registers, spills, programs a multiprocessor
+and the waves its grid takes.
 """
 from __future__ import annotations
 
@@ -182,7 +188,7 @@ def best_passes(passes: dict) -> dict:
     return out
 
 
-def _agreement(ref: tuple, got: tuple) -> str:
+def _agreement(ref: tuple, got: tuple, names=("loss", "enc", "pred", "W")) -> str:
     """``"same bits"`` when every tensor of ``got`` equals ``ref``'s, else the largest
     difference relative to each tensor's largest entry: a block choice changes the order of
     the products' sums (BLOCK_H) or nothing at all (FLATTEN, the warps)."""
@@ -190,12 +196,132 @@ def _agreement(ref: tuple, got: tuple) -> str:
         return "same bits"
     return "max rel diff " + ", ".join(
         f"{name} {float((b - a).abs().max() / a.abs().max().clamp(min=1e-30)):.1e}"
-        for name, a, b in zip(("loss", "enc", "pred", "W"), ref, got))
+        for name, a, b in zip(names, ref, got))
 
 
 # --compile: the operands' dtype (kernel_resources' name) and the products' precision.
 OPERANDS = {"bf16": ("bf16", 2, "ieee"), "fp16": ("fp16", 2, "ieee"), "fp32": ("fp32", 4, "ieee"),
             "tf32": ("fp32", 4, "tf32")}
+
+
+def _act(u: int, h: int, warps: int, prefetch: bool = False, maxnreg: int | None = None) -> dict:
+    """The act-grad pass's blocks, as ``joint.ACT_GRAD`` holds them."""
+    out = dict(BLOCK_U=u, BLOCK_H=h, PREFETCH=prefetch, num_warps=warps)
+    if maxnreg is not None:
+        out["maxnreg"] = maxnreg
+    return out
+
+
+# The act-grad pass's choices (``--act-grad``): label positions x columns of H a program,
+# warps, the next frame loaded before this frame's sums (p), a cap on registers (r). At j1 a
+# chunk of 40 frames is B = 32 sequences x 101 label positions x 512 of H, and each program
+# runs over its 40 frames, so the grid (B x blocks of label positions x blocks of H) should
+# fit one wave of the GPU's multiprocessors (132 on an H100 or H200): the default's 1024
+# programs of 64 registers take 8 a multiprocessor (1056); with PREFETCH, 72 registers
+# leave room for 7 (two waves) unless capped at 64 (24 bytes of spills). Fewer label
+# positions a program write more partial sums of dE (blocks x B x frames x H float32, then
+# added by PyTorch); wider columns of H read longer runs of each row (1 KiB a row in bf16
+# at H = 512). Compiled for sm_90 with Triton 3.6: ``--act-grad --compile``.
+ACT_GRAD_CANDIDATES = {
+    "32x64 w4 p r64": _act(32, 64, 4, True, 64),
+    "32x64 w4 p": _act(32, 64, 4, True),
+    "16x128 w4 p": _act(16, 128, 4, True),
+    "32x128 w8 p r64": _act(32, 128, 8, True, 64),
+    "64x64 w8 p r64": _act(64, 64, 8, True, 64),
+    "32x64 w2": _act(32, 64, 2),
+    "64x64 w4": _act(64, 64, 4),
+    "32x128 w4": _act(32, 128, 4),
+    "16x128 w4": _act(16, 128, 4),
+}
+
+
+def act_grad_chunk(shape) -> tuple:
+    """``(B, frames, labels)`` of the kernel path's first chunk at ``shape`` with bf16
+    operands and the GPU's default tile (``fused_rnnt_loss``'s chunk rows: the tile's bytes
+    over a row of logits)."""
+    from rnnt_lattice import _layout, fused
+    _, nbytes = fused.check_tile(fused.default_tile(torch.device("cuda")))
+    B, T, U1 = shape.B, shape.T, shape.U + 1
+    t0, t1, u0, u1 = _layout.tile_plan(B, T, U1, max(1, nbytes // (shape.V * 2)), False)[0]
+    return B, t1 - t0, u1 - u0
+
+
+def act_grad_bytes(B: int, frames: int, labels: int, H: int, size: int, block_u: int) -> int:
+    """Bytes a chunk's act-grad stage moves: ``dh`` and ``h`` read (``size`` bytes an
+    entry), dE's partial sums written and read back, their sum written, ``d_enc``'s rows read
+    and written, ``d_pred``'s read and written (float32)."""
+    n = B * frames * labels
+    blocks = -(-labels // block_u)
+    return (2 * n * H * size + 2 * blocks * B * frames * H * 4 + 3 * B * frames * H * 4
+            + 2 * B * labels * H * 4)
+
+
+def act_grad_compile_table(H: int, sm: int = 90, shape=None) -> list:
+    """Each act-grad choice compiled for ``sm`` as launched at width ``H`` (bf16 operands):
+    ``[(choice, registers, stack, programs a multiprocessor, programs of the grid at
+    ``shape``'s first chunk, waves on 132 multiprocessors, MB moved)]``."""
+    import kernel_resources as kr
+    from rnnt_lattice.gpu import joint
+    B, frames, labels = act_grad_chunk(shape) if shape is not None else (1, 1, 1)
+    out = []
+    for name, tiles in [("default", joint.ACT_GRAD)] + list(ACT_GRAD_CANDIDATES.items()):
+        options = dict(num_stages=3, **joint.launch_options(tiles))
+        c = kr.compile_launch(joint._joint_act_grad_kernel,
+                              dict(joint.block_constants(tiles), ACT=0), options, sm, "bf16",
+                              dict(H=H))
+        regs, stack = kr.resources(c.asm["cubin"])
+        per_sm = kr.programs_per_sm(regs, options.get("num_warps", 4), c.metadata.shared, sm)
+        grid = B * -(-labels // tiles["BLOCK_U"]) * -(-H // tiles["BLOCK_H"])
+        mb = act_grad_bytes(B, frames, labels, H, 2, tiles["BLOCK_U"]) / 1e6
+        out.append((name, regs, stack, per_sm, grid, f"{grid / (132 * per_sm):.2f}", f"{mb:.0f}"))
+    return out
+
+
+def time_act_grad(shape, H: int, reps: int, bandwidth: float) -> dict:
+    """Each act-grad choice (the default first) timed alone on the first chunk of
+    ``shape`` (random bf16 ``dh`` and ``h``; ``joint.act_grad``: the kernel and the sum of
+    dE's partial sums): ``{choice: {"ms", "GBps", "of_copy", "agreement"}}``, CUDA events,
+    the median of ``reps`` after a warm-up (which compiles); the agreement is of ``dE`` and
+    ``dP`` with the default's (the blocks of label positions order dE's sums)."""
+    from rnnt_lattice.gpu import joint
+    B, frames, labels = act_grad_chunk(shape)
+    U1 = shape.U + 1
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = B * frames * labels
+    dh = torch.randn(n, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    h = torch.rand(n, H, device="cuda", generator=g).mul_(2).sub_(1).to(torch.bfloat16)
+    box = (0, frames, 0, labels)
+    out, ref = {}, None
+    for name, tiles in [("default", joint.ACT_GRAD)] + list(ACT_GRAD_CANDIDATES.items()):
+        d_enc = torch.zeros(B, shape.T, H, device="cuda")
+        d_pred = torch.zeros(B, U1, H, device="cuda")
+
+        def once():
+            d_enc.zero_()
+            d_pred.zero_()
+            joint.act_grad(dh, h, d_enc, d_pred, box, 0, tiles)
+        try:
+            once()
+            got = (d_enc.clone(), d_pred.clone())
+            times = []
+            for _ in range(reps):
+                d_enc.zero_()
+                d_pred.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                joint.act_grad(dh, h, d_enc, d_pred, box, 0, tiles)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+        except Exception as err:                   # noqa: BLE001  (out of resources, ...)
+            out[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+            continue
+        ms = statistics.median(times)
+        gbps = act_grad_bytes(B, frames, labels, H, 2, tiles["BLOCK_U"]) / ms / 1e6
+        ref = got if ref is None else ref
+        out[name] = {"ms": ms, "GBps": gbps, "of_copy": gbps * 1e9 / bandwidth,
+                     "agreement": _agreement(ref, got, ("enc", "pred"))}
+    return {"chunk": {"B": B, "frames": frames, "labels": labels, "H": H}, "choices": out}
 
 
 def l2_reads(nodes: int, V: int, H: int, size: int, block_n: int, block_v: int) -> tuple:
@@ -250,11 +376,27 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", default="rnnt", choices=list(fused_pipeline.LOSSES))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--act-grad", action="store_true",
+                    help="the act-grad pass alone instead: each choice of ACT_GRAD_CANDIDATES "
+                         "on the shape's first chunk (bf16), timed, or with --compile its "
+                         "registers, spills, programs a multiprocessor and the grid's waves")
     ap.add_argument("--compile", type=int, nargs="?", const=90, default=None, metavar="SM",
                     help="no timing: compile each choice's passes for sm_SM (default 90) "
                          "and print their registers, spills, shared memory and programs a "
                          "multiprocessor (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.compile is not None and args.act_grad:
+        import triton
+        shape = shapes.SHAPES[args.shape]
+        print(f"# triton {triton.__version__}, sm_{args.compile}; the act-grad pass, bf16, "
+              f"H = {args.hidden}; the grid of {args.shape}'s first chunk "
+              f"(B, frames, labels = {act_grad_chunk(shape)})")
+        print("| choice | registers | stack (bytes) | programs a multiprocessor | programs "
+              "| waves on 132 | MB moved |")
+        print("|---|---|---|---|---|---|---|")
+        for row in act_grad_compile_table(args.hidden, args.compile, shape):
+            print("| " + " | ".join(map(str, row)) + " |", flush=True)
+        return 0
     if args.compile is not None:
         import triton
         shape = shapes.SHAPES[args.shape]
@@ -273,6 +415,22 @@ def main(argv=None) -> int:
         print("joint_tiles.py needs a CUDA device (the kernel path is Triton's on CUDA)",
               file=sys.stderr)
         return 2
+    if args.act_grad:
+        from timing import copy_bandwidth
+        bw = copy_bandwidth() * 1e9               # bytes a second
+        res = time_act_grad(shapes.SHAPES[args.shape], args.hidden, args.reps, bw)
+        print(f"# {torch.cuda.get_device_name()}; the act-grad pass alone on {args.shape}'s "
+              f"first chunk {res['chunk']}, bf16; copy bandwidth {bw / 1e9:.0f} GB/s; "
+              f"median of {args.reps}", flush=True)
+        for name, r in res["choices"].items():
+            print(f"  {name:20s} " + (r["error"] if "error" in r else
+                  f"{r['ms']:7.3f} ms  {r['GBps']:6.0f} GB/s ({r['of_copy']:.0%})  {r['agreement']}"),
+                  flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**res, "copy_GBps": bw / 1e9, "meta": common.machine_info()}, f,
+                          indent=2, default=str)
+        return 0
     from rnnt_lattice.gpu import joint
     joint.IEEE_FLOAT32 = True          # fp32 (IEEE products) on the kernel path too: it is timed
     default = {k: dict(v) for k, v in joint.TILES.items()}

@@ -307,8 +307,8 @@ def joint_variants(V_list, H_list, flatten=(None,)):
                                dict(V_tok=V - topo.n_durations, H=H))
     for H in H_list:
         yield ("_joint_act_grad_kernel", f"H={H}", "_joint_act_grad_kernel",
-               dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U, BLOCK_H=joint.ACT_GRAD_BLOCK_H),
-               dict(num_warps=4, num_stages=3), "bf16", dict(H=H))
+               dict(joint.block_constants(joint.ACT_GRAD), ACT=0),
+               dict(num_stages=3, **joint.launch_options(joint.ACT_GRAD)), "bf16", dict(H=H))
 
 
 # Triton 3.6's ``OptimizeThreadLocality`` pass (CUDA) rewrites a loop that accumulates a

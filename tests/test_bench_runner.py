@@ -385,6 +385,18 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
         assert [wide for *_, wide in chosen].count({}) == n_f32
         assert [wide for *_, wide in chosen].count(joint_tiles.F32_OVER) == (
             len(joint_tiles.CANDIDATES) if n_f32 else 0)
+    # the act-grad pass's choices (--act-grad): complete, launched as joint.ACT_GRAD is
+    assert joint_tiles.main(["--act-grad", "--reps", "1"]) == 2
+    for tiles in joint_tiles.ACT_GRAD_CANDIDATES.values():
+        assert set(tiles) - {"maxnreg"} == set(joint.ACT_GRAD)
+        assert set(joint.launch_options(tiles)) <= {"num_warps", "maxnreg"}
+    # j1's first chunk: 40 frames of 32 sequences x 101 label positions (256 MiB of bf16
+    # logits at V = 1024); its bytes: dh and h read, the partial sums of dE and the rest
+    B, frames, labels = joint_tiles.act_grad_chunk(shapes.SHAPES["j1"])
+    assert (B, frames, labels) == (32, 256 * 2 ** 20 // (1024 * 2) // (32 * 101), 101)
+    assert joint_tiles.act_grad_bytes(1, 1, 1, 1, 2, 1) == 2 * 2 + 2 * 4 + 3 * 4 + 2 * 4
+    assert (joint_tiles.act_grad_bytes(B, frames, labels, 512, 2, 16)
+            > joint_tiles.act_grad_bytes(B, frames, labels, 512, 2, 32))
 
 
 def test_joint_tiles_times_each_pass_apart():
@@ -587,3 +599,54 @@ def test_lattice_traffic_counts_adjacent_diagonals(tmp_path):
             assert r[kind]["most"] <= 10, (variant, kind, r)
         # T + U diagonals of the two directions, each a store of its nodes at least
         assert r["store"]["instructions"] >= 2 * (r["T"] + r["U"]) - 2, (variant, r)
+
+
+def test_timeline_puts_each_idle_gap_down_to_its_cause(capsys):
+    """benchmarks/timeline.py on a hand-made Kineto trace: the device's busy time is the
+    union of its operations (overlapping and back-to-back ones merged), each gap goes to the
+    host when the next operation's launch returned after the device ran out of work (named
+    by the innermost range around that launch), to the device when it was queued in time,
+    and to neither when its launch is missing; the busiest stream is the one reported.
+    Without a CUDA device the script exits with status 2."""
+    import timeline
+
+    def X(cat, name, ts, dur, pid=1, tid=10, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid,
+                "tid": tid, "args": args}
+
+    def dev(name, ts, dur, corr=None, stream=7):
+        return X("kernel", name, ts, dur, pid=0, tid=stream, stream=stream,
+                 **({} if corr is None else {"correlation": corr}))
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+        X("user_annotation", "step 0", 0, 100),
+        X("cpu_op", "aten::add", 5, 10), X("cuda_runtime", "cudaLaunchKernel", 6, 2, correlation=1),
+        X("cpu_op", "LossFunction", 20, 40), X("cpu_op", "aten::empty", 21, 1),
+        X("cuda_driver", "cuLaunchKernelEx", 25, 2, correlation=2),     # queued before A ends
+        X("cuda_driver", "cuLaunchKernelEx", 50, 2, correlation=3),     # after B ended: late
+        X("cpu_op", "aten::zero_", 57, 2.5), X("cuda_runtime", "cudaMemsetAsync", 58, 1, correlation=4),
+        dev("A", 10, 20, 1), dev("B", 32, 8, 2), dev("C", 55, 5, 3),
+        X("gpu_memset", "Memset", 59.2, 0.6, pid=0, tid=7, stream=7, correlation=4),
+        dev("D", 70, 5),                                                # no launch in the trace
+        dev("other", 40, 1, stream=8),
+    ]
+    res = timeline.analyse(events)
+    assert res["stream"] == "0/7" and set(res["streams"]) == {"0/7", "0/8"}
+    s = res["streams"]["0/7"]
+    assert s["ops"] == 5 and s["span_us"] == 65 and s["busy_us"] == 20 + 8 + 5 + 5
+    assert (s["idle_host_us"], s["idle_device_us"], s["idle_unknown_us"]) == (15, 2, 10)
+    assert res["host_gaps"] == [{"op": "LossFunction", "next": "C", "us": 15, "count": 1}]
+    assert res["device_gaps"] == [{"prev": "A", "next": "B", "us": 2, "count": 1}]
+    assert res["steps"] == [100]
+    text = timeline.report(res, 1, event_ms=0.5)
+    assert "waiting for the host 0.015" in text and "LossFunction  ->  C" in text
+    assert timeline.analyse([])["stream"] is None
+    assert timeline.main(["--loss", "s1"]) == 2
+    assert "CUDA device" in capsys.readouterr().err
+    # the GPU session's timeline step: each run's arguments as the script writes them
+    script = (BENCH_DIR / "gpu_session.sh").read_text()
+    specs = re.findall(r'"[\w-]+:(--(?:loss|joint)[^"]*)"', script)
+    assert len(specs) == 4
+    for spec in specs:
+        args = timeline.parser().parse_args(spec.split() + ["--json", "x.json"])
+        assert (args.loss or args.joint) in shapes.SHAPES

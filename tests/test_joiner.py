@@ -34,8 +34,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setitem(joint.TILES, "row", tile)
     monkeypatch.setitem(joint.TILES, "grad", tile)
     monkeypatch.setattr(joint, "WIDE", {})
-    monkeypatch.setattr(joint, "ACT_GRAD_BLOCK_U", 2)
-    monkeypatch.setattr(joint, "ACT_GRAD_BLOCK_H", 8)
+    monkeypatch.setattr(joint, "ACT_GRAD", dict(joint.ACT_GRAD, BLOCK_U=2, BLOCK_H=8))
     ctx = quiet()
     yield joint
     ctx.__exit__(None, None, None)
@@ -118,6 +117,32 @@ def test_flattened_loop_picks_the_fixed_classes(blank, small_blocks, monkeypatch
         joiner(enc[:, :, None], pred[:, None]), targets, tl, ul, backend="torch", **kw),
         joiner, enc, pred, weights)
     assert_same(full, flat, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("tile", [5, 40], ids=["one_frame_runs", "three_frames"])
+def test_act_grad_prefetch_changes_no_bit(tile, small_blocks, monkeypatch):
+    """``joint.ACT_GRAD``'s PREFETCH (the act-grad pass's next frame loaded before this
+    frame's sums; off until a GPU times it) gives the same gradients bit for bit, on chunks
+    of one frame (nothing to load ahead) and of three, over 2 label positions a program
+    (U+1 = 4: two blocks) and 8 of H (H = 20: a partial block); and the float64
+    reference's."""
+    joint = small_blocks
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    weights = upstream_weights(3)
+
+    def kernel(prefetch):
+        monkeypatch.setattr(joint, "ACT_GRAD", dict(joint.ACT_GRAD, PREFETCH=prefetch))
+        return run(lambda: rnnt_lattice.fused_rnnt_loss(
+            joiner, enc, pred, targets, tl, ul, blank=blank, reduction="none", tile=tile,
+            backend="triton"), joiner, enc, pred, weights)
+
+    plain, ahead = kernel(False), kernel(True)
+    assert torch.equal(ahead[0], plain[0])
+    assert all(torch.equal(a, b) for a, b in zip(ahead[1], plain[1]))
+    full = run(lambda: rnnt_lattice.rnnt_loss(
+        joiner(enc[:, :, None], pred[:, None]), targets, tl, ul, blank=blank, reduction="none",
+        backend="torch"), joiner, enc, pred, weights)
+    assert_same(full, ahead, TOL[torch.float64])
 
 
 @pytest.mark.parametrize("opt", list(OPTIONS))

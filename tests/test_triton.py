@@ -670,8 +670,12 @@ def variants(sm):
                     yield (f"_joint_{which}_kernel",
                            {**kinds, **flags, **tiles, "FLATTEN": not tiles["FLATTEN"]},
                            [(x, idt)], launched)
-    yield ("_joint_act_grad_kernel", dict(ACT=0, BLOCK_U=joint.ACT_GRAD_BLOCK_U,
-                                          BLOCK_H=joint.ACT_GRAD_BLOCK_H), [("fp32", "i64")])
+    # the act-grad pass as launched; on sm_90 also with its PREFETCH the other way (off by
+    # default until timed)
+    act = joint.block_constants(joint.ACT_GRAD)
+    for prefetch in ((act["PREFETCH"], not act["PREFETCH"]) if sm == 90 else (act["PREFETCH"],)):
+        yield ("_joint_act_grad_kernel", dict(act, ACT=0, PREFETCH=prefetch), [("fp32", "i64")],
+               joint.launch_options(joint.ACT_GRAD))
 
 
 # The warps and pipeline stages of the launches (gpu/__init__.py) at the blocks above; the

@@ -61,7 +61,7 @@ from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _e
                       _node_coords, _row_node, _row_plane_at, _row_state, _token_grad)
 from ._launch import launch
 
-__all__ = ["ACTIVATIONS", "JointState", "forward", "backward", "takes"]
+__all__ = ["ACTIVATIONS", "JointState", "act_grad", "forward", "backward", "takes"]
 
 # The activations the kernels know (``ACT``).
 ACTIVATIONS = {"tanh": 0, "relu": 1}
@@ -106,9 +106,15 @@ WIDE = {4: dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, num_warps=16, num_stages=3
 # stages, and the cap on registers a thread (``maxnreg``, ptxas' ``.maxnreg``; None: no
 # cap), which decides how many programs share a multiprocessor (its 65536 registers).
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
-# The act-grad pass: label positions and H per program (it runs over the chunk's frames).
-ACT_GRAD_BLOCK_U = 32
-ACT_GRAD_BLOCK_H = 64
+# The act-grad pass: label positions and H per program (it runs over the chunk's frames),
+# the next frame's loads issued before this frame's sums (``PREFETCH``), warps. Untimed: on
+# an H200 at j1 in bf16 the pass took 1.38 ms of the 19.7 ms step, about 47% of the copy
+# bandwidth for the 2.7 GB it moves. Compiled for sm_90 (Triton 3.6), its frame loop holds
+# the sum over label positions across warps (5 barriers and 20 shuffles a frame), and
+# without ``PREFETCH`` no load is in flight while it runs (docs/benchmarks.md, "The
+# joiner's act-grad pass: loads ahead of its sums"); ``joint_tiles.py --act-grad`` times
+# the choices of ``joint_tiles.ACT_GRAD_CANDIDATES`` on a GPU.
+ACT_GRAD = dict(BLOCK_U=32, BLOCK_H=64, PREFETCH=False, num_warps=4)
 
 _JOINT_SHAPES = ("n_rows", "n_nodes", "T", "U1", "blank", "dz_stride", "upstream_stride", "box_t0",
                  "box_u0", "box_T", "box_U1", "o_lse", "o_dur", "o_nb", "o_lp", "o_ll",
@@ -399,24 +405,41 @@ def _joint_act_grad_kernel(
     # shapes: the chunk's frames and label positions, its first label position; the grid's
     frames, labels, u0, U1, H,
     # flags
-    ACT: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_H: tl.constexpr,
+    ACT: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """``da = dh * act'(a)`` of ``BLOCK_U`` label positions of one sequence of a chunk, every
     frame of it, ``BLOCK_H`` of H (``act'`` from ``h``, ``_act_grad``), summed two ways:
     over the frames into ``dP[b, u0 + u]`` (added to what earlier chunks left there: the
     program owns those entries) and over its label positions into its partial sums of
-    ``dE`` (the caller adds the blocks of label positions, in order)."""
+    ``dE`` (the caller adds the blocks of label positions, in order). ``PREFETCH``: frame
+    ``t + 1``'s ``dh`` and ``h`` are loaded before frame ``t``'s sums, so that a program has
+    loads in flight while its warps exchange them (the same values, the same sums)."""
     b = tl.program_id(0).to(tl.int64)
     ub = tl.program_id(1)
     u = ub * BLOCK_U + tl.arange(0, BLOCK_U)
     k = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     m = (u < labels)[:, None] & (k < H)[None, :]
     p_acc = tl.zeros([BLOCK_U, BLOCK_H], dp_ptr.dtype.element_ty)
+    if PREFETCH:
+        # frame 0's entries (the frame's condition as a vector: a scalar one is a Python
+        # bool in the interpreter)
+        at = (((b * frames) * labels + u) * H)[:, None] + k[None, :]
+        first = m & (tl.zeros_like(u) < frames)[:, None]
+        dh_next = tl.load(dh_ptr + at, mask=first, other=0.0)
+        h_next = tl.load(h_ptr + at, mask=first, other=0.0)
     for t in range(0, frames):
         rows = (b * frames + t) * labels + u                  # the chunk's rows (b, t, u)
-        at = rows[:, None] * H + k[None, :]
-        dh = tl.load(dh_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
-        h = tl.load(h_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
+        if PREFETCH:
+            dh = dh_next.to(p_acc.dtype)
+            h = h_next.to(p_acc.dtype)
+            at = ((rows + labels) * H)[:, None] + k[None, :]  # frame t + 1's
+            more = m & ((tl.zeros_like(u) + (t + 1)) < frames)[:, None]
+            dh_next = tl.load(dh_ptr + at, mask=more, other=0.0)
+            h_next = tl.load(h_ptr + at, mask=more, other=0.0)
+        else:
+            at = rows[:, None] * H + k[None, :]
+            dh = tl.load(dh_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
+            h = tl.load(h_ptr + at, mask=m, other=0.0).to(p_acc.dtype)
         da = dh * _act_grad(h, ACT)
         p_acc += da
         tl.store(de_ptr + ((ub * tl.num_programs(0) + b) * frames + t) * H + k,
@@ -604,11 +627,24 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
         else:                                   # half operands: their product, added in float32
             d_w += torch.mm(rows_dz.t(), rows_h)
         d_b += col_sums[:progs].sum(0)
-        ublocks = triton.cdiv(labels, ACT_GRAD_BLOCK_U)
-        de_part = torch.empty((ublocks, B, frames, H), dtype=acc, device=dev)
-        with _device(e):
-            launch(_joint_act_grad_kernel, (B, ublocks, triton.cdiv(H, ACT_GRAD_BLOCK_H)),
-                rows_dh, rows_h, d_pred, de_part, frames, labels, u0, U1, H, ACT=state.act,
-                BLOCK_U=ACT_GRAD_BLOCK_U, BLOCK_H=ACT_GRAD_BLOCK_H)
-        d_enc[:, t0:t1] += de_part.sum(0)
+        act_grad(rows_dh, rows_h, d_enc, d_pred, (t0, t1, u0, u1), state.act)
     return d_enc, d_pred, d_w, None if bias is None else d_b
+
+
+def act_grad(dh, h, d_enc, d_pred, box, act: int, tiles=None):
+    """A chunk's ``da = dh * act'(a)`` summed into ``d_enc (B, T, H)`` (over its label
+    positions) and ``d_pred (B, U+1, H)`` (over its frames), both float32 (float64):
+    ``_joint_act_grad_kernel`` with the blocks of ``tiles`` (:data:`ACT_GRAD` by default),
+    then its blocks of label positions' partial sums of ``dE`` added in order. ``dh``,
+    ``h`` ``(n, H)``: the chunk's rows (b, t, u) of ``box = (t0, t1, u0, u1)``."""
+    tiles = ACT_GRAD if tiles is None else tiles
+    t0, t1, u0, u1 = box
+    B, U1, H = d_pred.shape
+    frames, labels = t1 - t0, u1 - u0
+    ublocks = triton.cdiv(labels, tiles["BLOCK_U"])
+    de_part = torch.empty((ublocks, B, frames, H), dtype=d_enc.dtype, device=d_enc.device)
+    with _device(d_enc):
+        launch(_joint_act_grad_kernel, (B, ublocks, triton.cdiv(H, tiles["BLOCK_H"])),
+               dh, h, d_pred, de_part, frames, labels, u0, U1, H, ACT=act,
+               **block_constants(tiles), **launch_options(tiles))
+    d_enc[:, t0:t1] += de_part.sum(0)
