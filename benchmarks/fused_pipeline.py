@@ -15,6 +15,9 @@ leaves. The step is forward + loss + backward into ``enc``, ``pred`` and every p
     joint   fused_rnnt_loss(Joiner.sharing(joiner.out, "tanh"), e, p, ...): the same weights
             as rnnt_lattice.Joiner, the kernel path (CUDA: the logits never in memory; fp32
             with IEEE products takes the tile path, gpu.joint.takes)
+    joint_cublas  the same with gpu.joint.CUBLAS_PRODUCTS on for the step (off by default
+            until timed): each chunk's logits by cuBLAS, in memory a chunk at a time, and
+            the backend's V passes on them
 
 (``reduction="sum"``, backend "auto": Numba on CPU, Triton on CUDA). ``--loss tdt`` runs
 ``tdt_loss`` / ``fused_tdt_loss`` instead (the last 5 of V classes the durations 0..4, the
@@ -52,7 +55,12 @@ import timing                     # noqa: E402
 import rnnt_lattice                             # noqa: E402
 from rnnt_lattice._cli_util import set_threads  # noqa: E402
 
-WAYS = ("full", "pruned", "fused", "joint")
+WAYS = ("full", "pruned", "fused", "joint", "joint_cublas")
+# The ways that compute full's loss and gradients (their agreement with full is checked).
+CHECKED = ("fused", "joint", "joint_cublas")
+# An agreement's entries, by name, after their way's prefix (:func:`agreement`).
+AGREEMENT = ("loss_rel_diff", "grad_enc_rel_diff", "grad_pred_rel_diff",
+             "grad_out_weight_rel_diff", "agree")
 DEFAULT_WAYS = {"cpu": ("full", "pruned", "fused"), "cuda": ("full", "pruned", "fused", "joint")}
 HIDDEN = (512, 1024)                  # joiner widths H
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -153,13 +161,13 @@ def step(way: str, x: Inputs, tile=None, prec: str = "fp32"):
     kw = dict(blank=x.blank, reduction="sum")
     if x.loss == "tdt":
         kw["durations"] = list(TDT_DURATIONS)
-    with tf32(prec):
+    with tf32(prec), _cublas_products(way == "joint_cublas"):
         with precision(prec, x.enc.device.type):
             e, p = m.enc_proj(x.enc), m.pred_proj(x.pred)
             if way == "full":
                 loss_fn = rnnt_lattice.tdt_loss if x.loss == "tdt" else rnnt_lattice.rnnt_loss
                 loss = loss_fn(m.joiner(e[:, :, None], p[:, None]), *args, **kw)
-            elif way in ("fused", "joint"):
+            elif way in CHECKED:
                 loss_fn = rnnt_lattice.fused_tdt_loss if x.loss == "tdt" else rnnt_lattice.fused_rnnt_loss
                 loss = loss_fn(m.joiner if way == "fused" else x.kernel_joiner, e, p, *args, **kw,
                                tile=tile)
@@ -175,6 +183,27 @@ def step(way: str, x: Inputs, tile=None, prec: str = "fp32"):
                                                               reduction="sum")
         loss.backward()
     return loss.detach()
+
+
+@contextlib.contextmanager
+def _cublas_products(on: bool):
+    """``gpu.joint.CUBLAS_PRODUCTS`` on for the block when ``on`` (forward and backward),
+    put back after it."""
+    if not on:
+        yield
+        return
+    from rnnt_lattice.gpu import joint
+    saved, joint.CUBLAS_PRODUCTS = joint.CUBLAS_PRODUCTS, True
+    try:
+        yield
+    finally:
+        joint.CUBLAS_PRODUCTS = saved
+
+
+def way_agreement(agree: dict, way: str) -> dict:
+    """``way``'s entries of :func:`agreement`'s dict, without their prefix."""
+    pre = "" if way == "fused" else f"{way}_"
+    return {k: agree[pre + k] for k in AGREEMENT if pre + k in agree}
 
 
 def result(way: str, x: Inputs, tile=None, prec: str = "fp32") -> tuple:
@@ -286,7 +315,9 @@ def run(shape_list, device, args, meta) -> list:
                     "fused": "fused_rnnt_loss, tile " + tile,
                     "joint": "fused_rnnt_loss with rnnt_lattice.Joiner (the kernel path on "
                              "CUDA but for fp32 with IEEE products: the tile path), chunks of "
-                             + tile}
+                             + tile,
+                    "joint_cublas": "joint with gpu.joint.CUBLAS_PRODUCTS (each chunk's logits "
+                                    "by cuBLAS, the V passes on them), chunks of " + tile}
     meta["joiner"] = "out(tanh(enc_proj(enc) + pred_proj(pred))), Linear(H, H) x 2, Linear(H, V)"
     rows = []
     for shape, H, loss, prec in runs_of(shape_list, args):
@@ -297,7 +328,7 @@ def run(shape_list, device, args, meta) -> list:
         if (loss, prec) != ("rnnt", "fp32"):
             base.update(loss=loss, precision=prec)
         print(f"\n## {shape.name} ({shape.describe()}), H={H}, {loss}, {prec}", flush=True)
-        checked = [w for w in ways if w in ("fused", "joint")]
+        checked = [w for w in ways if w in CHECKED]
         agree = agreement(x, checked, args.tile, prec) if checked and "full" in ways else {}
         for w in checked:
             print(f"  {w} vs full: {_agree(agree, '' if w == 'fused' else w + '_')}", flush=True)
@@ -309,9 +340,7 @@ def run(shape_list, device, args, meta) -> list:
                 row.update(cuda_memory(x, w, args.tile, prec) if device.name == "cuda"
                            else cpu_memory(w, shape.name, H, args.seed, args.tile, loss, prec))
             if w in checked:
-                pre = "" if w == "fused" else f"{w}_"
-                row.update({k[len(pre):]: v for k, v in agree.items()
-                            if k.startswith(pre) and (pre or not k.startswith("joint_"))})
+                row.update(way_agreement(agree, w))
             rows.append(row)
             print(f"  {w:7s} {timing.fmt_s(row['fwd_bwd_s']):>9s}  {_mem(row)}", flush=True)
         del x
@@ -357,10 +386,12 @@ def markdown(rows, device_name: str, ctx: dict) -> str:
               if "joint" in ways else "")
            + (" Precision: fp32 (IEEE), tf32 (TF32 products), bf16/fp16 (forward under "
               "autocast, backward outside); loss rnnt or tdt (durations 0..4)." if extra else "")
-           + f" Agreement: {' and '.join(w for w in ways if w in ('fused', 'joint'))} against "
+           + (" joint_cublas: the same with each chunk's logits by cuBLAS "
+              "(gpu.joint.CUBLAS_PRODUCTS)." if "joint_cublas" in ways else "")
+           + f" Agreement: {' and '.join(w for w in ways if w in CHECKED)} against "
            "full, relative differences of the loss and of the gradients of enc, pred and "
            "out.weight.\n"]
-    checked = [w for w in ways if w in ("fused", "joint")]
+    checked = [w for w in ways if w in CHECKED]
     body = []
     keys = list(dict.fromkeys((r["shape"], r["H"], r.get("loss"), r.get("precision")) for r in rows))
     for shape, H, loss, prec in keys:

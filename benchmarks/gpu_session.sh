@@ -100,6 +100,10 @@
 #                V_PASS_TILES["row"], 4 rows of 128, for aligned rows, 16 rows of 128 for the
 #                span's; with both on, 8 rows of 128 keep 48 registers for aligned rows where
 #                4 keep 40, so 10 programs of 4 KiB chunks a multiprocessor where 12 had 2 KiB)
+#   joint_cublas the joiner's step at j1, H = 512, in bf16 and with TF32 products: the full
+#                pipeline, the kernel path, and the kernel path with gpu.joint.CUBLAS_PRODUCTS
+#                (each chunk's logits by cuBLAS and the V passes on them; off until timed),
+#                interleaved, with their memory and agreement with the full pipeline
 #   act_grad     joint_tiles.py --act-grad at j1, H = 512, bf16: the joiner's act-grad pass
 #                alone on its first chunk with each choice of ACT_GRAD_CANDIDATES (the next
 #                frame's loads ahead of the sums, blocks, warps, a cap on registers), against
@@ -230,6 +234,11 @@ for step in "$@"; do
                 --set $on --shapes s5 s5odd --variants regular tdt --peers --sweep s5 s5odd \
                 --sweep-configs 16x128x4 8x128x4 4x256x4 4x128x4 \
                 --json "$out/row_early-sweep.json" ;;
+    joint_cublas) for prec in bf16 tf32; do
+                run "joint_cublas-$prec" "${JOINT_CUBLAS_LIMIT:-100}" python3 benchmarks/run.py --device cuda \
+                  --mode fused --shapes j1 --hidden 512 --ways full joint joint_cublas \
+                  --precision "$prec" --reps 3 --warmup 1 --out-dir "$out" --stem "cuda-joint-cublas-j1-$prec"
+              done ;;
     act_grad) run act_grad "${ACT_GRAD_LIMIT:-90}" python3 benchmarks/joint_tiles.py --act-grad \
               --shape j1 --hidden 512 --reps 20 --json "$out/act_grad.json" ;;
     timeline) for spec in "s3:--loss s3" "s5:--loss s5" "j1-joint:--joint j1 --way joint" \

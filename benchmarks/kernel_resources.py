@@ -306,6 +306,11 @@ def joint_variants(V_list, H_list, flatten=(None,)):
                                joint.launch_options(tile), x,
                                dict(V_tok=V - topo.n_durations, H=H))
     for H in H_list:
+        for x in ("bf16", "fp32", "fp64"):         # the products by cuBLAS: any dtype
+            yield (f"_joint_hidden_kernel {x}", f"H={H}", "_joint_hidden_kernel",
+                   dict(joint.block_constants(joint.HIDDEN), ACT=0, BOUNDARY=False,
+                        ACC=tl.float64 if x == "fp64" else tl.float32),
+                   dict(num_stages=3, **joint.launch_options(joint.HIDDEN)), x, dict(H=H))
         yield ("_joint_act_grad_kernel", f"H={H}", "_joint_act_grad_kernel",
                dict(joint.block_constants(joint.ACT_GRAD), ACT=0),
                dict(num_stages=3, **joint.launch_options(joint.ACT_GRAD)), "bf16", dict(H=H))

@@ -241,6 +241,120 @@ def test_amp_recipe_bfloat16(kind):
         assert float((a - b).abs().max()) <= 3e-2 * max(1.0, float(b.abs().max())), (a, b)
 
 
+# --------------------------------------------------------------------------- cuBLAS products
+@pytest.fixture
+def cublas(small_blocks, monkeypatch):
+    """``joint.CUBLAS_PRODUCTS`` on (off until a GPU times it): each chunk's logits by
+    ``torch.addmm`` and the backend's V passes; the hidden pass over 8 rows and 8 of H at a
+    time (H = 20: three blocks, the last partial)."""
+    joint = small_blocks
+    monkeypatch.setattr(joint, "CUBLAS_PRODUCTS", True)
+    monkeypatch.setattr(joint, "HIDDEN", dict(BLOCK_N=8, BLOCK_H=8, num_warps=1))
+    return joint
+
+
+@pytest.mark.parametrize("topo_name", list(PUBLIC))
+def test_cublas_products_every_topology(cublas, topo_name):
+    """With the products by cuBLAS: the float64 loss of the materialised logits and the
+    kernel path's, every topology, chunks of one frame (13 rows: one frame of 3 x 4)."""
+    inputs = make(CASE, topo_name, activation="relu" if topo_name == "tdt13" else "tanh")
+    full, fused = full_and_fused(topo_name, *inputs[:7], tile=13, backend="triton",
+                                 full_backend="torch")
+    assert_same(full, fused, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_cublas_products_every_kind_of_chunk(cublas, tile):
+    inputs = make(CASE, "tdt012")
+    full, fused = full_and_fused("tdt012", *inputs[:7], tile=tile, backend="triton",
+                                 full_backend="torch")
+    assert_same(full, fused, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("opt", list(OPTIONS))
+def test_cublas_products_options(cublas, opt):
+    topo_name, inputs, kw = with_option(opt, lambda topo_name, boundary, log_probs: make(
+        CASE, topo_name, boundary=boundary))
+    full, fused = full_and_fused(topo_name, *inputs, tile=5, backend="triton",
+                                 full_backend="torch", **kw)
+    assert_same(full, fused, TOL[torch.float64])
+
+
+def test_cublas_products_take_every_dtype(cublas, monkeypatch):
+    """With the products by cuBLAS, compiled joiners take the kernel path in every dtype,
+    float32 with IEEE products and float64 too (the products are cuBLAS's either way);
+    without, those two take the tile path."""
+    saved = torch.backends.cuda.matmul.allow_tf32         # a property: no monkeypatch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        assert all(cublas.takes(d) for d in (torch.float16, torch.bfloat16, torch.float32,
+                                             torch.float64))
+        monkeypatch.setattr(cublas, "CUBLAS_PRODUCTS", False)
+        assert not cublas.takes(torch.float32) and not cublas.takes(torch.float64)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("products", ["kernels", "cublas"])
+def test_nan_padding_reaches_no_gradient(small_blocks, monkeypatch, products):
+    """NaN in ``enc`` past each sequence's frames and in ``pred`` past its labels (the
+    padding of a batch), with a joiner without projections (a projection's own weight
+    gradient multiplies its NaN inputs by their zero gradient, as in any model): the
+    losses and every gradient are those of clean padding, with either way of making the
+    logits (the padding's ``h`` is 0, so no NaN reaches ``dW`` through a zero ``dz``)."""
+    monkeypatch.setattr(small_blocks, "CUBLAS_PRODUCTS", products == "cublas")
+    _, _, _, targets, tl, ul, blank, _ = make(CASE)
+    g = torch.Generator().manual_seed(3)
+    joiner = rnnt_lattice.Joiner(None, None, H, 6, "tanh", dtype=torch.float64)
+    enc = torch.randn(3, 5, H, generator=g, dtype=torch.float64).requires_grad_()
+    pred = torch.randn(3, 4, H, generator=g, dtype=torch.float64).requires_grad_()
+    weights = upstream_weights(3)
+    clean = run(lambda: rnnt_lattice.fused_rnnt_loss(
+        joiner, enc, pred, targets, tl, ul, blank=blank, tile=13, backend="torch",
+        reduction="none"), joiner, enc, pred, weights)
+    with torch.no_grad():
+        for b in range(3):
+            enc[b, int(tl[b]):] = float("nan")
+            pred[b, int(ul[b]) + 1:] = float("nan")
+    assert torch.isnan(enc).any() and torch.isnan(pred).any()
+    poisoned = run(lambda: rnnt_lattice.fused_rnnt_loss(
+        joiner, enc, pred, targets, tl, ul, blank=blank, tile=13, backend="triton",
+        reduction="none"), joiner, enc, pred, weights)
+    assert_same(clean, poisoned, TOL[torch.float64])
+
+
+def test_cublas_products_float32_two_runs_and_amp(cublas):
+    """float32: two runs bit-identical, the full loss's to float32's rounding; bfloat16
+    under autocast (backward outside): the full loss's to bfloat16's (the logits are
+    rounded to the operands' dtype, as the full pipeline's are)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)
+    w = upstream_weights(enc.shape[0], torch.float32)
+
+    def step(fused, autocast=False):
+        def call():
+            if fused:
+                return rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul,
+                                                    blank=blank, tile=13, backend="triton",
+                                                    reduction="none")
+            return rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl,
+                                          ul, blank=blank, reduction="none")
+        if not autocast:
+            return run(call, joiner, enc, pred, w)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = call()
+        for x in (enc, pred, *joiner.parameters()):
+            x.grad = None
+        (out * w).sum().backward()
+        return out.detach().float(), [x.grad.clone() for x in (enc, pred, *joiner.parameters())]
+
+    first, second = step(True), step(True)
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+    assert_same(step(False), first, TOL[torch.float32])
+    half, full = step(True, autocast=True), step(False, autocast=True)
+    assert_same(full, half, 3e-2)
+
+
 # --------------------------------------------------------------------------- which path
 class Launches:
     """Counts the kernel path's row-pass launches and the programs' rows."""

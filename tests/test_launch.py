@@ -120,6 +120,12 @@ def _calls():
                                                   big_blank_durations=[2], **kw),
                 rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, y, tl, ul, blank=0, **kw)):
             costs.sum().backward()
+        # the joiner's chunks with the products by cuBLAS (joint.CUBLAS_PRODUCTS)
+        cublas, joint.CUBLAS_PRODUCTS = joint.CUBLAS_PRODUCTS, True
+        try:
+            rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, y, tl, ul, blank=0, **kw).sum().backward()
+        finally:
+            joint.CUBLAS_PRODUCTS = cublas
         rnnt_lattice.best_alignment(x.detach(), y, tl, ul, blank=0, **kw)
         # k2's pruned recipe: the smoothed loss, k2's ranges, the pruning, the pruned loss.
         simple, (px_grad, py_grad) = k2.rnnt_loss_smoothed(
@@ -192,7 +198,8 @@ def test_launch_classes_are_never_coarser_than_tritons_keys(calls):
     assert {"_row_kernel", "_lattice_kernel", "_reads_kernel", "_grad_kernel",
             "_input_check_kernel", "_simple_rows_kernel", "_simple_rows_grad_kernel",
             "_arc_terms_kernel", "_arc_terms_grad_kernel", "_k2_starts_kernel",
-            "_rows_sum_kernel", "_joint_row_kernel", "_joint_grad_kernel"} <= kernels, kernels
+            "_rows_sum_kernel", "_joint_row_kernel", "_joint_grad_kernel",
+            "_joint_act_grad_kernel", "_joint_hidden_kernel"} <= kernels, kernels
     assert n > 1000
 
 

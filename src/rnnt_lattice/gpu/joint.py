@@ -33,6 +33,13 @@ backward  ``_joint_grad_kernel``: ``h`` again (into the chunk's ``h`` rows), ``z
           bits. The ``dz`` rows of a chunk are what a chunk holds besides ``h`` and ``dh``:
           the logits themselves are never in memory, forward or backward.
 
+With :data:`CUBLAS_PRODUCTS` (off until a GPU times it) a chunk's logits are made by
+cuBLAS instead and written once: ``_joint_hidden_kernel`` writes the chunk's ``h``,
+``torch.addmm`` its logits ``z`` (the operands' dtype), and the backend's own passes over V
+read them (``gpu.tile_forward``; in the backward ``gpu.tile_backward`` writes ``dz`` over
+the recomputed ``z``); the joiner's gradients follow as above. One chunk of logits is in
+memory at a time, forward and backward.
+
 Why the backward writes ``dz`` (docs/math.md section 12, docs/benchmarks.md): ``dh`` sums
 over V and ``dW`` over the nodes, each with H = 512-640 free columns; holding either sum in
 registers (``BLOCK x H`` float32) does not fit beside the ``z`` block without recomputing
@@ -54,7 +61,8 @@ import triton.language as tl
 from .. import _layout
 from .._types import LossOptions
 from . import (INTERPRETED, _State, _Tiles, _acc, _costs_dtype, _device, _f64_cached, _kernel_kinds,
-               _nonempty, _or, _prepare, _pow2, check_device, tile_lattice)
+               _nonempty, _or, _prepare, _pow2, check_device, tile_backward, tile_forward,
+               tile_lattice)
 from . import _layout as _ws_layout
 from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _ends, _f64,
                       _grad_out, _grad_rows, _grad_terms, _lse_chunk, _lse_finish,
@@ -115,6 +123,20 @@ LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 # joiner's act-grad pass: loads ahead of its sums"); ``joint_tiles.py --act-grad`` times
 # the choices of ``joint_tiles.ACT_GRAD_CANDIDATES`` on a GPU.
 ACT_GRAD = dict(BLOCK_U=32, BLOCK_H=64, PREFETCH=False, num_warps=4)
+
+# The chunk's logits by cuBLAS (off until a GPU times it): per chunk, ``h`` by
+# ``_joint_hidden_kernel``, ``z = h W^T + b`` by ``torch.addmm`` into one chunk of logits in
+# the operands' dtype, and the backend's own V passes on it (``gpu.tile_forward``,
+# ``gpu.tile_backward``, the gradient written over ``z``), in place of the two passes that
+# make each block of logits in registers. The products then run at cuBLAS's rate: on an
+# H200 at j1 in bf16 the kernel path's two cuBLAS products took 3.5 ms a step together,
+# its row and gradient passes, one product each plus their epilogues, 5.28 and 6.73 ms; the
+# V passes read a chunk's bf16 logits (2.6 GB a step) once forward and read and write them
+# once backward. The logits of one chunk are in memory (the ``tile``'s budget, as the dz of
+# the backward already is); the loss is that of the logits rounded to the operands' dtype,
+# as the full pipeline's. Every dtype takes it (``takes``): float32 with IEEE products and
+# float64 too, whose products are cuBLAS's either way.
+CUBLAS_PRODUCTS = False
 
 _JOINT_SHAPES = ("n_rows", "n_nodes", "T", "U1", "blank", "dz_stride", "upstream_stride", "box_t0",
                  "box_u0", "box_T", "box_U1", "o_lse", "o_dur", "o_nb", "o_lp", "o_ll",
@@ -448,6 +470,30 @@ def _joint_act_grad_kernel(
     tl.store(at, tl.load(at, mask=m, other=0.0) + p_acc, mask=m)
 
 
+@triton.jit(do_not_specialize=_JOINT_SHAPES)
+def _joint_hidden_kernel(
+    # data ptrs: e (B, T, H), p (B, U+1, H); the chunk's h (n, H), written
+    enc_ptr, pred_ptr, h_ptr, logit_lengths_ptr, target_lengths_ptr, boundary_ptr,
+    # shapes: the chunk's rows (its box of the grid), the grid
+    n_rows, T, U1, H, box_t0, box_u0, box_T, box_U1,
+    # flags
+    ACT: tl.constexpr, BOUNDARY: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """``h = act(e(t) + p(u))`` of ``BLOCK_N`` rows of a chunk (:data:`CUBLAS_PRODUCTS`),
+    the same values as the row and gradient passes make (``_joint_hidden``), and 0 on the
+    rows outside their sequence's lattice, so that padding (NaN in ``e`` or ``p`` past the
+    lengths included) reaches neither the logits' products nor ``dW``."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
+                                                              box_u0, box_T, box_U1, H)
+    t0, u0, t1, u1 = _ends(boundary_ptr, logit_lengths_ptr, target_lengths_ptr, b, inside,
+                           T, U1, BOUNDARY)
+    valid = inside & (t >= t0) & (t < t1) & (u >= u0) & (u <= u1)
+    _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, valid, H, H, ACT, ACC,
+                  BLOCK_N, BLOCK_H)
+
+
 # --------------------------------------------------------------------------- host
 # float32 operands whose products would be IEEE float32 (TF32 off, PyTorch's default) take
 # the tile path, whose products are cuBLAS's: on an H100 at j1 (32, 400, 100, 1024), H = 512,
@@ -465,8 +511,9 @@ def takes(dtype: torch.dtype) -> bool:
     """Whether compiled kernels (a GPU) take operands of ``dtype``: bfloat16 and float16;
     float32 where its products are TF32 (:func:`_precision`), or with :data:`IEEE_FLOAT32`;
     not float64 (Triton 3.6 does not compile the float64 gradient kernel for sm_80 or sm_90,
-    in its ``TritonGPURemoveLayoutConversions`` pass). The others take the tile path."""
-    if dtype in (torch.float16, torch.bfloat16):
+    in its ``TritonGPURemoveLayoutConversions`` pass). The others take the tile path. With
+    :data:`CUBLAS_PRODUCTS` every dtype: the products are cuBLAS's."""
+    if dtype in (torch.float16, torch.bfloat16) or CUBLAS_PRODUCTS:
         return True
     return dtype == torch.float32 and (IEEE_FLOAT32 or _precision(dtype) == "tf32")
 
@@ -550,7 +597,14 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
     tiles = _Tiles(st, targets, logit_lengths, target_lengths, boundary, e.dtype)
     plan = _layout.tile_plan(B, T, U1, rows, False)
     state = JointState(tiles, plan, e.dtype, ACTIVATIONS[act])
-    if plan:
+    if plan and CUBLAS_PRODUCTS:
+        h = torch.empty((_chunk_rows(plan, B), H), dtype=e.dtype, device=e.device)
+        z = torch.empty((_chunk_rows(plan, B), w.shape[0]), dtype=e.dtype, device=e.device)
+        for box in plan:
+            _, rows = _cublas_logits(e, p, w, bias, tiles, box, state.act, h, z)
+            tile_forward(rows, _layout.tile_node_rows(B, T, U1, *box, e.device), None, None,
+                         None, opts, None, tiles)
+    elif plan:
         tile = _tiles("row", e.dtype)
         lay = st.lay
         h = torch.empty((_chunk_rows(plan, B), H), dtype=e.dtype, device=e.device)
@@ -595,13 +649,25 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
     d_b = torch.zeros((V,), dtype=acc, device=dev)
     if not plan:
         return d_enc, d_pred, d_w, d_b
-    tile = _tiles("grad", state.dtype)
     n_max = _chunk_rows(plan, B)
+    h = torch.empty((n_max, H), dtype=state.dtype, device=dev)
+    dh = torch.empty((n_max, H), dtype=state.dtype, device=dev)
+    if CUBLAS_PRODUCTS:
+        z = torch.empty((n_max, V), dtype=state.dtype, device=dev)
+        for box in plan:
+            rows_h, rows_z = _cublas_logits(e, p, w, bias, tiles, box, state.act, h, z)
+            # dz = upstream[b] d cost_b / d z, over z (the backend's gradient pass)
+            tile_backward(rows_z, _layout.tile_node_rows(B, T, U1, *box, dev), tiles, upstream,
+                          opts, rows_z)
+            rows_dh = dh[:len(rows_z)]
+            _joiner_grads(rows_z, rows_h, rows_dh, w, d_w, state.dtype)
+            d_b += rows_z.sum(0, dtype=acc)
+            act_grad(rows_dh, rows_h, d_enc, d_pred, box, state.act)
+        return d_enc, d_pred, d_w, None if bias is None else d_b
+    tile = _tiles("grad", state.dtype)
     progs_max = triton.cdiv(n_max, tile["BLOCK_N"])
     # dz's rows start at multiples of 16 entries (vector stores; the products read the view)
     dz = torch.empty((n_max, -(-V // 16) * 16), dtype=state.dtype, device=dev)
-    h = torch.empty((n_max, H), dtype=state.dtype, device=dev)
-    dh = torch.empty((n_max, H), dtype=state.dtype, device=dev)
     col_sums = torch.empty((progs_max, V), dtype=acc, device=dev)
     kinds = _kernel_kinds(topo, "grad")
     for t0, t1, u0, u1 in plan:
@@ -621,14 +687,48 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
                 PRECISION=_precision(state.dtype), DOT_F32=_dot_f32(state.dtype),
                 BLOCK_DUR=_block_dur(n_dur), **tile)
         rows_dz, rows_h, rows_dh = dz[:n, :V], h[:n], dh[:n]
-        torch.mm(rows_dz, w, out=rows_dh)
-        if state.dtype == acc:
-            d_w.addmm_(rows_dz.t(), rows_h)
-        else:                                   # half operands: their product, added in float32
-            d_w += torch.mm(rows_dz.t(), rows_h)
+        _joiner_grads(rows_dz, rows_h, rows_dh, w, d_w, state.dtype)
         d_b += col_sums[:progs].sum(0)
         act_grad(rows_dh, rows_h, d_enc, d_pred, (t0, t1, u0, u1), state.act)
     return d_enc, d_pred, d_w, None if bias is None else d_b
+
+
+def _joiner_grads(dz, h, dh, w, d_w, dtype: torch.dtype) -> None:
+    """A chunk's ``dh = dz W`` (into ``dh``, the operands' dtype) and ``dW += dz^T h``
+    (``d_w`` float32, float64 for float64 operands): two products (cuBLAS)."""
+    torch.mm(dz, w, out=dh)
+    if dtype == d_w.dtype:
+        d_w.addmm_(dz.t(), h)
+    else:                                       # half operands: their product, added in float32
+        d_w += torch.mm(dz.t(), h)
+
+
+# The hidden pass's blocks (CUBLAS_PRODUCTS): rows and columns of H a program, warps.
+HIDDEN = dict(BLOCK_N=16, BLOCK_H=128, num_warps=4)
+
+
+def _cublas_logits(e, p, w, bias, tiles: _Tiles, box, act: int, h, z) -> tuple:
+    """``(h, z)``: a chunk's rows of ``h = act(e + p)`` (``_joint_hidden_kernel``, 0 outside
+    the lattice) and of its logits ``z = h W^T + b`` (``torch.addmm``, the operands' dtype),
+    as views of the buffers ``h (n_max, H)`` and ``z (n_max, V)``; ``box = (t0, t1, u0,
+    u1)``, the chunk's rows in order (b, t, u) (:data:`CUBLAS_PRODUCTS`)."""
+    t0, t1, u0, u1 = box
+    B, T, H = e.shape
+    U1 = p.shape[1]
+    n = B * (t1 - t0) * (u1 - u0)
+    rows_h, rows_z = h[:n], z[:n]
+    blocks = block_constants(HIDDEN)
+    with _device(e):
+        launch(_joint_hidden_kernel, (triton.cdiv(n, blocks["BLOCK_N"]),),
+               e, p, rows_h, tiles.logit_lengths, tiles.target_lengths,
+               _or(tiles.boundary, tiles.logit_lengths), n, T, U1, H, t0, u0, t1 - t0, u1 - u0,
+               ACT=act, BOUNDARY=tiles.boundary is not None, ACC=_acc(e.dtype), **blocks,
+               **launch_options(HIDDEN))
+    if bias is None:
+        torch.mm(rows_h, w.t(), out=rows_z)
+    else:
+        torch.addmm(bias, rows_h, w.t(), out=rows_z)
+    return rows_h, rows_z
 
 
 def act_grad(dh, h, d_enc, d_pred, box, act: int, tiles=None):
