@@ -670,12 +670,12 @@ def variants(sm):
                     yield (f"_joint_{which}_kernel",
                            {**kinds, **flags, **tiles, "FLATTEN": not tiles["FLATTEN"]},
                            [(x, idt)], launched)
-    # the hidden pass of the products by cuBLAS (joint.CUBLAS_PRODUCTS, off until timed):
-    # every operand dtype, as launched
-    for act in (0, 1):
+    # the hidden pass of the products by cuBLAS (joint.CUBLAS_PRODUCTS, off until timed),
+    # as launched: tanh in bfloat16, ReLU with the boundary in float32 and float64
+    for act, dtypes in ((0, [("bf16", "i64")]), (1, [("fp32", "i32"), ("fp64", "i64")])):
         yield ("_joint_hidden_kernel", dict(joint.block_constants(joint.HIDDEN), ACT=act,
                                             BOUNDARY=bool(act)),
-               every, joint.launch_options(joint.HIDDEN))
+               dtypes, joint.launch_options(joint.HIDDEN))
     # the act-grad pass as launched; on sm_90 also with its PREFETCH the other way (off by
     # default until timed)
     act = joint.block_constants(joint.ACT_GRAD)

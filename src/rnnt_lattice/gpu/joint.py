@@ -137,6 +137,9 @@ ACT_GRAD = dict(BLOCK_U=32, BLOCK_H=64, PREFETCH=False, num_warps=4)
 # as the full pipeline's. Every dtype takes it (``takes``): float32 with IEEE products and
 # float64 too, whose products are cuBLAS's either way.
 CUBLAS_PRODUCTS = False
+# Its hidden pass's blocks: rows and columns of H a program, warps (Triton 3.6, sm_90, H =
+# 512: 44 registers in bf16, 72 in fp32, 146 in fp64, no stack).
+HIDDEN = dict(BLOCK_N=16, BLOCK_H=128, num_warps=4)
 
 _JOINT_SHAPES = ("n_rows", "n_nodes", "T", "U1", "blank", "dz_stride", "upstream_stride", "box_t0",
                  "box_u0", "box_T", "box_U1", "o_lse", "o_dur", "o_nb", "o_lp", "o_ll",
@@ -701,10 +704,6 @@ def _joiner_grads(dz, h, dh, w, d_w, dtype: torch.dtype) -> None:
         d_w.addmm_(dz.t(), h)
     else:                                       # half operands: their product, added in float32
         d_w += torch.mm(dz.t(), h)
-
-
-# The hidden pass's blocks (CUBLAS_PRODUCTS): rows and columns of H a program, warps.
-HIDDEN = dict(BLOCK_N=16, BLOCK_H=128, num_warps=4)
 
 
 def _cublas_logits(e, p, w, bias, tiles: _Tiles, box, act: int, h, z) -> tuple:
