@@ -490,9 +490,12 @@ def test_the_module_holding_the_joiner():
         "joiner." + n for n, _ in joiner.named_parameters()}
 
 
-def test_tdt_omega_is_the_token_logits_regular_loss():
+@pytest.mark.parametrize("cublas", [False, True], ids=["kernels", "cublas"])
+def test_tdt_omega_is_the_token_logits_regular_loss(small_blocks, monkeypatch, cublas):
     """NeMo's omega: with probability omega the call is the regular loss of the token
-    logits; the kernel path computes it on the token rows of the output layer."""
+    logits; the kernel path computes it on the token rows of the output layer (with the
+    chunks' logits by cuBLAS too)."""
+    monkeypatch.setattr(small_blocks, "CUBLAS_PRODUCTS", cublas)
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, "tdt012")
     D = 3
     w = upstream_weights(enc.shape[0])
@@ -505,12 +508,15 @@ def test_tdt_omega_is_the_token_logits_regular_loss():
     assert_same(full, kernel, TOL[torch.float64])
 
 
-@pytest.mark.parametrize("kind", ["regular", "tdt012"])
-def test_never_synchronises(device_checks, kind):
+@pytest.mark.parametrize("kind", ["regular", "tdt012", "regular_cublas"])
+def test_never_synchronises(device_checks, small_blocks, monkeypatch, kind):
     """The kernel path's forward and backward, under autocast too, through the public
     function with the value checks on the device (as on CUDA): no aten op reads a value on
     the host or builds a tensor from Python values (what ``set_sync_debug_mode("error")``
-    checks on a GPU: ``rnnt-lattice check --device cuda``)."""
+    checks on a GPU: ``rnnt-lattice check --device cuda``); also with the chunks' logits
+    by cuBLAS (``joint.CUBLAS_PRODUCTS``)."""
+    kind, cublas = kind.removesuffix("_cublas"), kind.endswith("_cublas")
+    monkeypatch.setattr(small_blocks, "CUBLAS_PRODUCTS", cublas)
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, kind, dtype=torch.float32)
     fused_name, _, extra = PUBLIC[kind]
     for amp in (False, True):
