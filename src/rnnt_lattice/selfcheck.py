@@ -15,7 +15,8 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
     fused      fused_rnnt_loss / fused_tdt_loss / fused_multiblank_rnnt_loss (gradients of
                enc, pred and the joiner's parameters) against rnnt_loss on the logits; the
                joiner's kernel path (``rnnt_lattice.Joiner``, Triton backend): the same in
-               float32 and float64, two runs bit-identical, the AMP recipe
+               float32 and float64, two runs bit-identical, the AMP recipe; and with each
+               chunk's logits by cuBLAS (``gpu.joint.CUBLAS_PRODUCTS``)
     tools      occupancy / best_alignment (regular and TDT), the window DP
                (prune_ranges method="exact", prune_coverage)
     cuda       no host synchronisation in the hot calls (sync debug mode "error"), a CUDA
@@ -513,6 +514,27 @@ def check_joint(ctx, shape, dtype, kind):
     with _float32_kernels():
         return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
                                  "joiner kernels", reruns=True)
+
+
+@contextlib.contextmanager
+def _cublas_products():
+    """The joiner's chunks with their logits by cuBLAS (``gpu.joint.CUBLAS_PRODUCTS``, off
+    by default until a GPU times it) for the block."""
+    from .gpu import joint
+    saved, joint.CUBLAS_PRODUCTS = joint.CUBLAS_PRODUCTS, True
+    try:
+        yield
+    finally:
+        joint.CUBLAS_PRODUCTS = saved
+
+
+def check_joint_cublas(ctx, shape, dtype, kind):
+    """:func:`check_joint` with each chunk's logits made by cuBLAS and read by the backend's
+    passes over V (``gpu.joint.CUBLAS_PRODUCTS``; every dtype takes it, float64 too)."""
+    B, T, U, V = shape
+    with _cublas_products():
+        return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
+                                 "joiner chunks by cuBLAS", reruns=True)
 
 
 def _amp_grads(loss_fn, params, enc, pred, w, backward_inside, device):
@@ -1168,6 +1190,11 @@ def _checks(ctx: Context, big: bool) -> list:
                        _bind(check_joint, ctx, t, dtype, kind) if joint else None))
     cs.append(("joiner kernels AMP recipe (forward under autocast, backward outside)",
                _bind(check_joint_amp, ctx) if joint else None))
+    # (Off by default until a GPU times it; under the interpreter the regular loss only.)
+    for kind in ("rnnt",) if interpreted else ("rnnt", "tdt"):
+        for dtype in f64:
+            cs.append((f"joiner chunks by cuBLAS {kind} {_dtype_name(dtype)} {t}",
+                       _bind(check_joint_cublas, ctx, t, dtype, kind) if joint else None))
     cs.append(("bad input (NaN, device-side assert, host ValueError)",
                _bind(check_bad_input, ctx)))
     cs.append(("fused, a joiner that recomputes other logits (an error)",
