@@ -491,48 +491,38 @@ def _kernel_joiner(H, V, dtype, device, seed=3) -> rnnt_lattice.Joiner:
 
 
 @contextlib.contextmanager
-def _float32_kernels():
-    """The joiner's kernel path for float32 operands whatever TF32 says
-    (``gpu.joint.IEEE_FLOAT32``): on a GPU with TF32 off, PyTorch's default, a float32
-    ``Joiner`` takes the tile path (cuBLAS's IEEE products), and a check of the kernels
-    would check the tiles."""
+def _joint_switch(name: str):
+    """``gpu.joint.<name>`` on for the block, put back after it: ``IEEE_FLOAT32``, the
+    joiner's kernel path for float32 operands whatever TF32 says (on a GPU with TF32 off,
+    PyTorch's default, a float32 ``Joiner`` takes the tile path, cuBLAS's IEEE products,
+    and a check of the kernels would check the tiles); ``CUBLAS_PRODUCTS``, each chunk's
+    logits by cuBLAS (off by default until a GPU times it)."""
     from .gpu import joint
-    saved, joint.IEEE_FLOAT32 = joint.IEEE_FLOAT32, True
+    saved = getattr(joint, name)
+    setattr(joint, name, True)
     try:
         yield
     finally:
-        joint.IEEE_FLOAT32 = saved
+        setattr(joint, name, saved)
 
 
 def check_joint(ctx, shape, dtype, kind):
     """The joiner's kernel path (``rnnt_lattice.Joiner`` on the Triton backend: the
-    logits in registers, never in memory; float32 with IEEE products, :func:`_float32_kernels`)
+    logits in registers, never in memory; float32 with IEEE products, :func:`_joint_switch`)
     against the loss of the materialised logits on the float64 reference, and a second
     backward bit-identical to the first (the kernel path sums in a fixed order;
     :func:`_check_fused_pair`)."""
     B, T, U, V = shape
-    with _float32_kernels():
+    with _joint_switch("IEEE_FLOAT32"):
         return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
                                  "joiner kernels", reruns=True)
-
-
-@contextlib.contextmanager
-def _cublas_products():
-    """The joiner's chunks with their logits by cuBLAS (``gpu.joint.CUBLAS_PRODUCTS``, off
-    by default until a GPU times it) for the block."""
-    from .gpu import joint
-    saved, joint.CUBLAS_PRODUCTS = joint.CUBLAS_PRODUCTS, True
-    try:
-        yield
-    finally:
-        joint.CUBLAS_PRODUCTS = saved
 
 
 def check_joint_cublas(ctx, shape, dtype, kind):
     """:func:`check_joint` with each chunk's logits made by cuBLAS and read by the backend's
     passes over V (``gpu.joint.CUBLAS_PRODUCTS``; every dtype takes it, float64 too)."""
     B, T, U, V = shape
-    with _cublas_products():
+    with _joint_switch("CUBLAS_PRODUCTS"):
         return _check_fused_pair(ctx, shape, dtype, kind, B * (U + 1) * 3, _kernel_joiner, 24,
                                  "joiner chunks by cuBLAS", reruns=True)
 
@@ -887,7 +877,7 @@ def check_no_sync(ctx):
     kernel_joiner = _kernel_joiner(16, 40, torch.float32, "cuda")
     for amp in (False, True):
         def joint(amp=amp):
-            with _float32_kernels(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            with _joint_switch("IEEE_FLOAT32"), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
                 loss = rnnt_lattice.fused_rnnt_loss(kernel_joiner, enc, pred, y, tl, ul, blank=0,
                                                     tile=64, backend=ctx.backend)
             loss.backward()
