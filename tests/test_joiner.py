@@ -119,13 +119,13 @@ def test_flattened_loop_picks_the_fixed_classes(blank, small_blocks, monkeypatch
     assert_same(full, flat, TOL[torch.float64])
 
 
-@pytest.mark.parametrize("tile", [5, 40], ids=["one_frame_runs", "three_frames"])
+@pytest.mark.parametrize("tile", [13, 40], ids=["one_frame", "three_frames"])
 def test_act_grad_prefetch_changes_no_bit(tile, small_blocks, monkeypatch):
     """``joint.ACT_GRAD``'s PREFETCH (the act-grad pass's next frame loaded before this
     frame's sums; off until a GPU times it) gives the same gradients bit for bit, on chunks
-    of one frame (nothing to load ahead) and of three, over 2 label positions a program
-    (U+1 = 4: two blocks) and 8 of H (H = 20: a partial block); and the float64
-    reference's."""
+    of one frame (nothing to load ahead) and of three (the last one of two), over 2 label
+    positions a program (U+1 = 4: two blocks) and 8 of H (H = 20: a partial block); and
+    the float64 reference's."""
     joint = small_blocks
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     weights = upstream_weights(3)
@@ -253,10 +253,13 @@ def cublas(small_blocks, monkeypatch):
     return joint
 
 
-@pytest.mark.parametrize("topo_name", list(PUBLIC))
+# The topologies whose rows differ in what the chunks hold: the regular loss's, TDT's with
+# its duration columns after the tokens (tdt13 with ReLU), multi-blank's fixed classes;
+# k2's modified lattice. (The others share these rows and the V passes with them.)
+@pytest.mark.parametrize("topo_name", ["regular", "modified", "multiblank", "tdt13"])
 def test_cublas_products_every_topology(cublas, topo_name):
     """With the products by cuBLAS: the float64 loss of the materialised logits and the
-    kernel path's, every topology, chunks of one frame (13 rows: one frame of 3 x 4)."""
+    kernel path's, chunks of one frame (13 rows: one frame of 3 x 4)."""
     inputs = make(CASE, topo_name, activation="relu" if topo_name == "tdt13" else "tanh")
     full, fused = full_and_fused(topo_name, *inputs[:7], tile=13, backend="triton",
                                  full_backend="torch")
