@@ -37,12 +37,13 @@ import sys
 import tempfile
 from collections import defaultdict
 
-# The trace's categories (Kineto's Chrome trace): the device's operations, and the host's
-# calls that put them on a stream (the runtime API: PyTorch, cuBLAS; the driver API:
-# Triton's launcher), which carry the same "correlation" id as the operation.
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-RANGE_CATS = ("cpu_op", "user_annotation", "python_function")
+# The trace's categories (Kineto's Chrome trace, lower-cased: older Kineto wrote "Kernel",
+# "Runtime", "Memcpy"): the device's operations, and the host's calls that put them on a
+# stream (the runtime API: PyTorch, cuBLAS; the driver API: Triton's launcher), which carry
+# the same "correlation" id as the operation.
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
+RANGE_CATS = ("cpu_op", "user_annotation", "python_function", "operator")
 STEP_PREFIX = "step "
 # Two operations closer than this (us) are back to back: the trace's timestamps are
 # rounded to a few nanoseconds and the device's own switch between kernels is no idle time.
@@ -79,7 +80,7 @@ def analyse(events, top: int = 12) -> dict:
     for e in events:
         if e.get("ph") != "X":
             continue
-        cat, args = e.get("cat"), e.get("args") or {}
+        cat, args = str(e.get("cat", "")).lower(), e.get("args") or {}
         if cat in DEVICE_CATS:
             streams[(e.get("pid"), args.get("stream", e.get("tid")))].append(e)
         elif cat in LAUNCH_CATS and args.get("correlation") is not None:
@@ -161,8 +162,8 @@ def report(res: dict, steps: int, event_ms=None) -> str:
                   for g in res["host_gaps"]]
     if res["device_gaps"]:
         lines.append("  gaps between queued operations, by the pair around them (us a step, gaps a step):")
-        lines += [f"    {g['us'] / steps:9.1f} {g['count'] / steps:6.1f}  {g['prev'][:60]}  ->  {g['next'][:60]}"
-                  for g in res["device_gaps"]]
+        lines += [f"    {g['us'] / steps:9.1f} {g['count'] / steps:6.1f}  {g['prev'][:60]}  ->  "
+                  f"{g['next'][:60]}" for g in res["device_gaps"]]
     return "\n".join(lines)
 
 

@@ -624,9 +624,9 @@ def test_timeline_puts_each_idle_gap_down_to_its_cause(capsys):
         X("cpu_op", "LossFunction", 20, 40), X("cpu_op", "aten::empty", 21, 1),
         X("cuda_driver", "cuLaunchKernelEx", 25, 2, correlation=2),     # queued before A ends
         X("cuda_driver", "cuLaunchKernelEx", 50, 2, correlation=3),     # after B ended: late
-        X("cpu_op", "aten::zero_", 57, 2.5), X("cuda_runtime", "cudaMemsetAsync", 58, 1, correlation=4),
+        X("cpu_op", "aten::zero_", 57, 2.5), X("Runtime", "cudaMemsetAsync", 58, 1, correlation=4),
         dev("A", 10, 20, 1), dev("B", 32, 8, 2), dev("C", 55, 5, 3),
-        X("gpu_memset", "Memset", 59.2, 0.6, pid=0, tid=7, stream=7, correlation=4),
+        X("Memset", "Memset", 59.2, 0.6, pid=0, tid=7, stream=7, correlation=4),  # older Kineto
         dev("D", 70, 5),                                                # no launch in the trace
         dev("other", 40, 1, stream=8),
     ]
