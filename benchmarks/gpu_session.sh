@@ -111,8 +111,9 @@
 #   timeline     benchmarks/timeline.py: where the device sits idle in a step, and whether it
 #                waited for the host or between queued kernels, by the launch that came late:
 #                the regular loss at s3 (host-bound) and s5, and the joiner's step at j1, H =
-#                512, bf16, the kernel path and the full pipeline (timeline-*.log, .json, and
-#                the Chrome traces, timeline-*.trace.json)
+#                512, bf16, the kernel path, the full pipeline and the kernel path with its
+#                chunks' logits by cuBLAS (timeline-*.log, .json, and the Chrome traces,
+#                timeline-*.trace.json)
 #   launch_ab    the launch path against Triton's own (RNNT_LATTICE_FAST_LAUNCH=1, 0, 1, 0):
 #                gpu_passes.py at s3 and s5 (regular), then pruned_profile.py at pg1, each
 #                run alternating, one log a run (launch_ab-<run>-fast<0|1>.log)
@@ -242,7 +243,7 @@ for step in "$@"; do
     act_grad) run act_grad "${ACT_GRAD_LIMIT:-90}" python3 benchmarks/joint_tiles.py --act-grad \
               --shape j1 --hidden 512 --reps 20 --json "$out/act_grad.json" ;;
     timeline) for spec in "s3:--loss s3" "s5:--loss s5" "j1-joint:--joint j1 --way joint" \
-                          "j1-full:--joint j1 --way full"; do
+                          "j1-full:--joint j1 --way full" "j1-cublas:--joint j1 --way joint_cublas"; do
                 name=${spec%%:*}
                 run "timeline-$name" "${TIMELINE_LIMIT:-90}" python3 benchmarks/timeline.py ${spec#*:} \
                   --json "$out/timeline-$name.json" --trace "$out/timeline-$name.trace.json"

@@ -15,8 +15,9 @@ of the operation after it (its CUDA runtime or driver call, found by correlation
 
 ``--loss`` times forward+backward of the registry's loss (``shapes.variant_loss`` through
 the public function, ``costs.sum().backward()``, as ``gpu_passes.py``'s step); ``--joint`` one
-training step of ``fused_pipeline.step`` (``--way`` full, fused or joint: the full pipeline,
-the tile path, the joiner's kernel path). Prints, per step: the device's span (its first
+training step of ``fused_pipeline.step`` (``--way`` full, fused, joint or joint_cublas: the
+full pipeline, the tile path, the joiner's kernel path, with its chunks' logits by cuBLAS).
+Prints, per step: the device's span (its first
 operation's start to its last one's end), the time it was busy, its idle time by cause, the
 operations it ran; the host's time per step (each step is a ``record_function`` range); the
 step by CUDA events without the profiler; then the host gaps summed by the launch that came
@@ -223,7 +224,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--variant", default="regular")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--precision", default="bf16")
-    ap.add_argument("--way", default="joint", choices=["full", "fused", "joint"])
+    ap.add_argument("--way", default="joint", choices=["full", "fused", "joint", "joint_cublas"])
     ap.add_argument("--loss-kind", default="rnnt", choices=["rnnt", "tdt"])
     ap.add_argument("--steps", type=int, default=None, help="20 for --loss, 3 for --joint")
     ap.add_argument("--top", type=int, default=12)

@@ -646,7 +646,7 @@ def test_timeline_puts_each_idle_gap_down_to_its_cause(capsys):
     # the GPU session's timeline step: each run's arguments as the script writes them
     script = (BENCH_DIR / "gpu_session.sh").read_text()
     specs = re.findall(r'"[\w-]+:(--(?:loss|joint)[^"]*)"', script)
-    assert len(specs) == 4
+    assert len(specs) == 5
     for spec in specs:
         args = timeline.parser().parse_args(spec.split() + ["--json", "x.json"])
         assert (args.loss or args.joint) in shapes.SHAPES
