@@ -235,6 +235,12 @@ ACT_GRAD_CANDIDATES = {
 }
 
 
+def act_grad_choices() -> list:
+    """``[(name, blocks)]``: ``joint.ACT_GRAD`` as "default", then :data:`ACT_GRAD_CANDIDATES`."""
+    from rnnt_lattice.gpu import joint
+    return [("default", joint.ACT_GRAD)] + list(ACT_GRAD_CANDIDATES.items())
+
+
 def act_grad_chunk(shape) -> tuple:
     """``(B, frames, labels)`` of the kernel path's first chunk at ``shape`` with bf16
     operands and the GPU's default tile (``fused_rnnt_loss``'s chunk rows: the tile's bytes
@@ -264,7 +270,7 @@ def act_grad_compile_table(H: int, sm: int = 90, shape=None) -> list:
     from rnnt_lattice.gpu import joint
     B, frames, labels = act_grad_chunk(shape) if shape is not None else (1, 1, 1)
     out = []
-    for name, tiles in [("default", joint.ACT_GRAD)] + list(ACT_GRAD_CANDIDATES.items()):
+    for name, tiles in act_grad_choices():
         options = dict(num_stages=3, **joint.launch_options(tiles))
         c = kr.compile_launch(joint._joint_act_grad_kernel,
                               dict(joint.block_constants(tiles), ACT=0), options, sm, "bf16",
@@ -292,7 +298,7 @@ def time_act_grad(shape, H: int, reps: int, bandwidth: float) -> dict:
     h = torch.rand(n, H, device="cuda", generator=g).mul_(2).sub_(1).to(torch.bfloat16)
     box = (0, frames, 0, labels)
     out, ref = {}, None
-    for name, tiles in [("default", joint.ACT_GRAD)] + list(ACT_GRAD_CANDIDATES.items()):
+    for name, tiles in act_grad_choices():
         d_enc = torch.zeros(B, shape.T, H, device="cuda")
         d_pred = torch.zeros(B, U1, H, device="cuda")
 

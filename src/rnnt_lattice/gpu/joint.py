@@ -601,8 +601,9 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
     plan = _layout.tile_plan(B, T, U1, rows, False)
     state = JointState(tiles, plan, e.dtype, ACTIVATIONS[act])
     if plan and CUBLAS_PRODUCTS:
-        h = torch.empty((_chunk_rows(plan, B), H), dtype=e.dtype, device=e.device)
-        z = torch.empty((_chunk_rows(plan, B), w.shape[0]), dtype=e.dtype, device=e.device)
+        n_max = _chunk_rows(plan, B)
+        h = torch.empty((n_max, H), dtype=e.dtype, device=e.device)
+        z = torch.empty((n_max, w.shape[0]), dtype=e.dtype, device=e.device)
         for box in plan:
             _, rows = _cublas_logits(e, p, w, bias, tiles, box, state.act, h, z)
             tile_forward(rows, _layout.tile_node_rows(B, T, U1, *box, e.device), None, None,
@@ -730,20 +731,20 @@ def _cublas_logits(e, p, w, bias, tiles: _Tiles, box, act: int, h, z) -> tuple:
     return rows_h, rows_z
 
 
-def act_grad(dh, h, d_enc, d_pred, box, act: int, tiles=None):
+def act_grad(dh, h, d_enc, d_pred, box, act: int, blocks=None):
     """A chunk's ``da = dh * act'(a)`` summed into ``d_enc (B, T, H)`` (over its label
     positions) and ``d_pred (B, U+1, H)`` (over its frames), both float32 (float64):
-    ``_joint_act_grad_kernel`` with the blocks of ``tiles`` (:data:`ACT_GRAD` by default),
-    then its blocks of label positions' partial sums of ``dE`` added in order. ``dh``,
-    ``h`` ``(n, H)``: the chunk's rows (b, t, u) of ``box = (t0, t1, u0, u1)``."""
-    tiles = ACT_GRAD if tiles is None else tiles
+    ``_joint_act_grad_kernel`` with ``blocks`` (:data:`ACT_GRAD` by default), then its
+    blocks of label positions' partial sums of ``dE`` added in order. ``dh``, ``h``
+    ``(n, H)``: the chunk's rows (b, t, u) of ``box = (t0, t1, u0, u1)``."""
+    blocks = ACT_GRAD if blocks is None else blocks
     t0, t1, u0, u1 = box
     B, U1, H = d_pred.shape
     frames, labels = t1 - t0, u1 - u0
-    ublocks = triton.cdiv(labels, tiles["BLOCK_U"])
+    ublocks = triton.cdiv(labels, blocks["BLOCK_U"])
     de_part = torch.empty((ublocks, B, frames, H), dtype=d_enc.dtype, device=d_enc.device)
     with _device(d_enc):
-        launch(_joint_act_grad_kernel, (B, ublocks, triton.cdiv(H, tiles["BLOCK_H"])),
+        launch(_joint_act_grad_kernel, (B, ublocks, triton.cdiv(H, blocks["BLOCK_H"])),
                dh, h, d_pred, de_part, frames, labels, u0, U1, H, ACT=act,
-               **block_constants(tiles), **launch_options(tiles))
+               **block_constants(blocks), **launch_options(blocks))
     d_enc[:, t0:t1] += de_part.sum(0)
