@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rnnt_lattice import _layout, cpu, reference, topology
-from rnnt_lattice._ops import scale_upstream
+from rnnt_lattice._rules import scale_upstream
 from rnnt_lattice._types import LossOptions
 from support.cases import Case, rel_err, upstream_weights
 from support.oracle import topology_batch_grad

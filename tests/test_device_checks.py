@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import rnnt_lattice
-from rnnt_lattice import _validate
+from rnnt_lattice import _rules, _validate
 from rnnt_lattice.compat import k2 as fast_rnnt
 from rnnt_lattice.compat import torchaudio as ta
 
@@ -82,16 +82,16 @@ def test_triton_globals_equal_themselves():
 # --------------------------------------------------------------------------- device asserts
 def test_device_messages_fit_cuda():
     """Each device-side message is under CUDA's 255 characters and names its argument."""
-    for rule, msg in _validate.DEVICE_MESSAGES.items():
+    for rule, msg in _rules.DEVICE_MESSAGES.items():
         assert len(msg.encode()) < 255, (rule, len(msg))
         assert msg.startswith("rnnt_lattice: ")
     for rule in _validate.DEVICE_RULES:
-        assert rule.split("_")[-1] in _validate.DEVICE_MESSAGES[rule]
+        assert rule.split("_")[-1] in _rules.DEVICE_MESSAGES[rule]
 
 
 def test_device_asserts_go_through_one_helper():
     """No call of ``torch._assert_async`` in the package but the one in
-    ``_validate.device_assert`` (whose messages the test above measures), and every
+    ``_rules.device_assert`` (whose messages the test above measures), and every
     ``device_assert`` call names a rule of ``DEVICE_MESSAGES``."""
     calls, rules = [], []
     for path in SRC.rglob("*.py"):
@@ -103,14 +103,14 @@ def test_device_asserts_go_through_one_helper():
                     and node.func.id == "device_assert" and len(node.args) == 2
                     and isinstance(node.args[1], ast.Constant)):
                 rules.append(node.args[1].value)
-    assert calls == ["_validate.py"], calls
-    assert rules and set(rules) <= set(_validate.DEVICE_MESSAGES), rules
+    assert calls == ["_rules.py"], calls
+    assert rules and set(rules) <= set(_rules.DEVICE_MESSAGES), rules
 
 
 def test_device_assert_raises_its_message_on_cpu():
-    _validate.device_assert(torch.tensor(1.0), "targets")
+    _rules.device_assert(torch.tensor(1.0), "targets")
     with pytest.raises(RuntimeError, match=r"targets\[b, u\]"):
-        _validate.device_assert(torch.tensor(0.0), "targets")
+        _rules.device_assert(torch.tensor(0.0), "targets")
 
 
 # --------------------------------------------------------------------------- AMP recipe
@@ -293,7 +293,7 @@ def test_bad_input_is_nan_on_its_sequence(device_checks, monkeypatch, what):
         nan = torch.isnan(costs)
         assert nan.tolist() == [False, True, False], (name, costs)
         torch.testing.assert_close(costs[~nan], good[name][~nan].to(costs.dtype))
-    message = _validate.DEVICE_MESSAGES[rule]
+    message = _rules.DEVICE_MESSAGES[rule]
     assert message in asserts.failed and len(asserts.failed) >= len(bad) - 2, asserts.failed
 
 
@@ -371,7 +371,7 @@ def test_every_entry_point_asserts_on_the_device(device_checks, what):
             continue              # k2 takes a boundary, not lengths
         with pytest.raises(RuntimeError) as err:
             call()
-        assert str(err.value) == _validate.DEVICE_MESSAGES[rule], (name, str(err.value))
+        assert str(err.value) == _rules.DEVICE_MESSAGES[rule], (name, str(err.value))
         checked += 1
     assert checked >= 9
 
@@ -399,7 +399,7 @@ def test_boundary_on_the_device(device_checks, monkeypatch):
     costs = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, boundary=boundary, reduction="none",
                                    backend="triton", allow_blank_targets=True)
     assert torch.isnan(costs).tolist() == [False, False, True]
-    assert asserts.failed == [_validate.DEVICE_MESSAGES["boundary"]]
+    assert asserts.failed == [_rules.DEVICE_MESSAGES["boundary"]]
 
 
 def test_input_check_modes(monkeypatch):

@@ -132,3 +132,59 @@ def test_ci_runs_the_readmes_test_command():
     readme = _pytest_commands(section)
     assert len(readme) == 1, f"the README's Test section should give one test command: {readme}"
     assert _pytest_commands((ROOT / ".ci" / "run").read_text()) == readme
+
+
+def _package_imports() -> dict:
+    """``{module: {modules it imports}}`` of the package's own modules (dotted names), every
+    import at any depth of a file counted (a function's lazy import too): a relative or
+    absolute ``from ... import name`` goes to ``name``'s module where ``name`` is one, else to
+    the module it is taken from."""
+    src = ROOT / "src"
+    files = {".".join(p.relative_to(src).with_suffix("").parts[:-1] if p.name == "__init__.py"
+                      else p.relative_to(src).with_suffix("").parts): p
+             for p in (src / "rnnt_lattice").rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - node.level + 1]
+                    base = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    edges.add(target if target in files else base)
+            elif isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+        graph[name] = {e for e in edges if e in files and e != name}
+    return graph
+
+
+def test_package_imports_form_no_cycle():
+    """docs/architecture.md: the package's imports go one way. No module reaches itself
+    through the modules it imports, counting the imports made inside functions (the device
+    check's of ``gpu``, a backend's of ``torch_backend``): the checks may call a backend
+    because no backend imports the checks, and the rules every backend applies to its
+    results (``_rules``) sit below them all."""
+    graph = _package_imports()
+    assert "rnnt_lattice.gpu" in graph["rnnt_lattice._validate"]     # the device check's kernel
+    state, path = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        path.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)

@@ -12,9 +12,9 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice import reference, topology
-from rnnt_lattice._ops import scale_upstream
+from rnnt_lattice._rules import scale_upstream
 from rnnt_lattice._types import Ends
-from rnnt_lattice._validate import check_topology
+from rnnt_lattice.topology import check_topology
 from support.cases import Case, rel_err, upstream_weights
 from support.oracle import (alignments, topology_batch_grad, topology_best_path, topology_occupations,
                     topology_paths)

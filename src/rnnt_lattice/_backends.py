@@ -53,7 +53,7 @@ class Backend(Protocol):
     # The loss (``_ops``): costs (B,), tensors for ctx.save_for_backward, any other state;
     # then upstream[b] * d cost_b / d logits, shaped like the logits. ``nan_rows`` (B,), the
     # device check's (``_validate.device_value_check``: NaN for a bad sequence, else 0), is
-    # added to the costs (``_ops.with_bad_rows``); None: nothing to add.
+    # added to the costs (``_rules.with_bad_rows``); None: nothing to add.
     def loss_forward(self, logits: torch.Tensor, targets: torch.Tensor,
                      logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
                      opts: LossOptions, need_grad: bool, boundary: torch.Tensor | None = None,

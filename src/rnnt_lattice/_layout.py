@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_window_args
 
 
 def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
@@ -89,8 +88,8 @@ def pack(logits: torch.Tensor, logit_lengths: torch.Tensor,
 def pruned_node_rows(logits, targets, ranges) -> torch.Tensor:
     """The node -> row map ``(B, T, U+1)`` int64 of window logits ``(B, T, R, V)`` viewed
     as rows ``(B T R, V)``: node ``(t, ranges[b, t, k])`` reads row ``(b T + t) R + k``;
-    ``-1`` outside the windows. No host synchronisation (the value checks run on CPU only)."""
-    ranges = check_window_args(logits, targets, ranges)
+    ``-1`` outside the windows; ``ranges`` int64, checked by the caller
+    (``_validate.check_window_args``). No host synchronisation."""
     B, T, R, V = logits.shape
     U = targets.shape[1]
     rows = torch.arange(B * T * R, device=logits.device).view(B, T, R)

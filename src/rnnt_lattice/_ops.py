@@ -40,19 +40,12 @@ import torch
 
 from . import _backends, _validate
 from ._layout import row_sequences
+from ._rules import scale_upstream
 from ._types import LossOptions
 from .topology import from_spec, to_spec
 
-__all__ = ["run", "rnnt_costs", "rnnt_costs_traced", "scale_upstream", "output_costs", "reduce_costs",
-           "refuse_double_backward", "with_bad_rows"]
-
-
-def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
-    """``upstream * grad`` per sequence, where an upstream gradient of exactly 0 gives
-    exactly 0 (a select, not a product: ``0 * NaN`` is NaN; math.md section 8.1)."""
-    prod = grad * upstream
-    return torch.where(upstream == 0, torch.zeros((), dtype=grad.dtype, device=grad.device),
-                       prod, **({} if out is None else {"out": out}))
+__all__ = ["run", "rnnt_costs", "rnnt_costs_traced", "output_costs", "reduce_costs",
+           "refuse_double_backward"]
 
 
 # --------------------------------------------------------------------------- eager
@@ -117,7 +110,7 @@ def without_infinite(upstream: torch.Tensor, infinite) -> torch.Tensor:
 def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,
                boundary=None, node_rows=None, nan_rows=None) -> torch.Tensor:
     """(B,) per-sequence costs through ``impl`` with the gradient attached (eager), NaN
-    where ``nan_rows`` (the device check's, :func:`with_bad_rows`) says so."""
+    where ``nan_rows`` (the device check's, ``_rules.with_bad_rows``) says so."""
     return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
                            impl, opts, nan_rows)
 
@@ -227,13 +220,6 @@ def output_costs(costs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     the Function above applies the same rule through ``without_infinite``)."""
     out = costs.to(dtype)
     return torch.where(torch.isinf(out), out.detach(), out)
-
-
-def with_bad_rows(costs: torch.Tensor, nan_rows) -> torch.Tensor:
-    """``costs (B,)`` with NaN for the sequences the device check found bad (``nan_rows``
-    (B,), NaN there and 0 elsewhere, ``_validate.device_value_check``; None: checked on
-    the host): the loss of a bad input is NaN, never a plausible value."""
-    return costs if nan_rows is None else costs + nan_rows
 
 
 def reduce_costs(costs: torch.Tensor, reduction: str, zero_infinity: bool) -> torch.Tensor:

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from ._memo import memo
+from ._rules import device_assert
 from ._types import LossOptions
-from .topology import K2_TYPES, by_name
+from .topology import K2_TYPES, by_name, check_topology
 
 _REDUCTIONS = ("none", "sum", "mean")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -153,50 +154,9 @@ def may_read_values(x: torch.Tensor) -> bool:
     return check_site(x) == "host"
 
 
-# Every device-side assert's message, by rule. CUDA refuses a message of 255 characters or
-# more (``torch._assert_async`` raises "Message length must be smaller than 255" on a CUDA
-# tensor, where the CPU takes any length): tests/test_device_checks.py keeps each under it.
-DEVICE_MESSAGES = {
-    "lengths": "rnnt_lattice: need 0 <= logit_lengths[b] <= T and 0 <= target_lengths[b] <= U, "
-               "T and U the padded sizes; that sequence's loss is NaN. "
-               "RNNT_LATTICE_INPUT_CHECKS=host gives the ValueError naming b",
-    "targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must be a label in [0, V), "
-               "not a blank (allow_blank_targets=True admits the blank); that sequence's loss "
-               "is NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
-    "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
-                "target_lengths[b] and 0 <= begin_frame <= end_frame <= logit_lengths[b]; that "
-                "sequence's loss is NaN",
-    "recompute": "rnnt_lattice: the joiner gave other logits when the fused loss recomputed a "
-                 "tile in the backward pass; it must be deterministic given its inputs and the "
-                 "RNG state (dropout is replayed), as torch.utils.checkpoint requires",
-}
-
 # The rules of the device check, in the order of the flags its kernel writes: one assert
 # each (a launch on CUDA), so the rules are few and each message names its arguments.
 DEVICE_RULES = ("lengths", "targets", "boundary")
-
-
-def device_assert(ok: torch.Tensor, rule: str) -> None:
-    """The one device-side assert: ``ok`` (one element, nonzero = holds) must hold, else
-    the device raises ``DEVICE_MESSAGES[rule]`` -- asynchronously on CUDA (the error
-    surfaces at the next synchronisation; no host synchronisation here), at once on the
-    CPU (a RuntimeError)."""
-    torch._assert_async(ok, DEVICE_MESSAGES[rule])
-
-
-# The fused losses' check that a recomputed tile is the forward's (``fused``): the largest
-# deviation allowed, relative, by the joiner's output dtype. A deterministic joiner gives
-# the same rows (the same kernels on the same shapes); a GPU joiner with atomics differs
-# by its rounding. Beyond that the recomputed logits are not the forward's, and the
-# gradient would be that of other logits.
-RECOMPUTE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
-
-
-def recompute_rtol(dtype: torch.dtype) -> float:
-    """:data:`RECOMPUTE_RTOL` of ``dtype`` (half dtypes: 1e-2): of the row sums
-    (``fused._check_same``), or of a row's deviation from the forward's normalisers
-    (``gpu.tile_backward``: ``(sum_v p(v) - 1) / (1 + |lse|)`` per softmax group read)."""
-    return RECOMPUTE_RTOL.get(dtype, 1e-2)
 
 
 @functools.lru_cache(maxsize=1)
@@ -383,37 +343,6 @@ def check_logits_rank(logits, *, rows: bool = False) -> int:
         raise ValueError(
             f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
     return logits.shape[-1]
-
-
-def check_topology(topology, V: int, blank: int) -> int:
-    """A topology against logits with ``V`` entries in the last axis and a blank id
-    (negative counts from the end of the token group): the token classes, the blank the
-    topology was built for, TDT's blank the last token, the classes its kinds read.
-    Returns the blank id in ``[0, V_tok)``."""
-    V_tok = V - topology.n_durations              # the tokens before TDT's durations
-    name = topology.name
-    if V_tok < 1:
-        raise ValueError(f"topology {name!r}: the last axis of the logits ({V}) must hold "
-                         f"at least one token besides the {topology.n_durations} durations")
-    if not -V_tok <= blank < V_tok:
-        raise ValueError(f"blank={blank} is out of range for {V_tok} token classes")
-    blank = blank % V_tok
-    if topology.blank is not None and blank != topology.blank:
-        # Its big blanks are the classes below the blank it was built for: with another
-        # blank it would be another lattice.
-        raise ValueError(f"topology {name!r} was built for blank={topology.blank} (its "
-                         f"classes are placed around it), got blank={blank}")
-    if topology.n_durations and blank != V_tok - 1:
-        # NeMo's layout (docs/variants.md B.2): tokens then durations, the blank the last
-        # token.
-        raise ValueError(f"topology {name!r}: the blank must be the last token "
-                         f"({V_tok - 1}), got {blank}")
-    for k in topology.kinds:
-        if k.reads == "class" and not (k.class_id < V_tok and k.class_id != blank):
-            raise ValueError(f"topology {name!r}: kind {k.name!r} reads class {k.class_id}, "
-                             f"which must be a token id other than the blank {blank} "
-                             f"(V_tok = {V_tok})")
-    return blank
 
 
 def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, *,

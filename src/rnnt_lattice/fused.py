@@ -47,13 +47,12 @@ import torch
 
 from . import _backends
 from ._layout import tile_node_rows, tile_plan
-from ._ops import (eager_under_compile, reduce_costs, refuse_double_backward, with_bad_rows,
-                   without_infinite)
+from ._ops import eager_under_compile, reduce_costs, refuse_double_backward, without_infinite
 from .joiner import Joiner
+from ._rules import device_assert, recompute_rtol, with_bad_rows
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
                         check_int, check_joiner_output, check_multiblank_blank_id,
-                        check_reduction, check_tile, device_assert, loss_options,
-                        recompute_rtol)
+                        check_reduction, check_tile, loss_options)
 from .topology import Topology, by_name, multiblank, regular, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -220,10 +219,10 @@ def _fingerprint(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _check_same(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype, V: int) -> None:
-    """A device-side assert (``_validate.device_assert``: no host synchronisation on CUDA, a
+    """A device-side assert (``_rules.device_assert``: no host synchronisation on CUDA, a
     RuntimeError at once on the CPU) that the recomputed tile's row sums equal the
     forward's (:func:`_fingerprint`) up to the rounding of the joiner's output ``dtype``
-    (``_validate.recompute_rtol``)."""
+    (``_rules.recompute_rtol``)."""
     rtol = recompute_rtol(dtype)
     device_assert(torch.isclose(after, before, rtol=rtol, atol=rtol * V, equal_nan=True).all(),
                   "recompute")

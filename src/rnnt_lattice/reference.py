@@ -30,8 +30,7 @@ import torch
 
 from ._layout import row_nodes, rows_view
 from ._types import Ends, Lattice
-from ._validate import check_topology
-from .topology import Topology
+from .topology import Topology, check_topology
 
 NEG_INF = float("-inf")
 

@@ -640,7 +640,8 @@ def check_bad_input(ctx):
     process fails with the message that names the argument and the rule (run in a
     subprocess: a device-side assert ends the process's CUDA context); and
     ``set_input_checks("host")`` gives the CPU's ValueError, in this process."""
-    from ._validate import DEVICE_MESSAGES, set_input_checks
+    from ._rules import DEVICE_MESSAGES
+    from ._validate import set_input_checks
     env = dict(os.environ)
     device_path = ctx.cuda or ctx.backend == "triton"
     if not ctx.cuda:               # CPU tensors under the Triton interpreter: force the device path
@@ -697,7 +698,7 @@ def check_recompute(ctx):
     (each 1% larger): the process fails with the ``"recompute"`` message, from the device
     on CUDA (the Triton gradient pass's check in fused mode; the rows' sums in log-prob
     mode), in a subprocess (a device-side assert ends the CUDA context)."""
-    from ._validate import DEVICE_MESSAGES
+    from ._rules import DEVICE_MESSAGES
     want = DEVICE_MESSAGES["recompute"][:60]
     for fused in ("1", "0"):
         died = subprocess.run([sys.executable, "-c", _RECOMPUTE_SCRIPT, ctx.device, ctx.backend,

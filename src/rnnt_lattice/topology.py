@@ -257,3 +257,34 @@ def from_spec(name: str, blank: int, durations: tuple) -> Topology:
     if name == "multiblank":
         return multiblank(blank, durations)
     return by_name(name, option="topology")
+
+
+def check_topology(topology, V: int, blank: int) -> int:
+    """A topology against logits with ``V`` entries in the last axis and a blank id
+    (negative counts from the end of the token group): the token classes, the blank the
+    topology was built for, TDT's blank the last token, the classes its kinds read.
+    Returns the blank id in ``[0, V_tok)``."""
+    V_tok = V - topology.n_durations              # the tokens before TDT's durations
+    name = topology.name
+    if V_tok < 1:
+        raise ValueError(f"topology {name!r}: the last axis of the logits ({V}) must hold "
+                         f"at least one token besides the {topology.n_durations} durations")
+    if not -V_tok <= blank < V_tok:
+        raise ValueError(f"blank={blank} is out of range for {V_tok} token classes")
+    blank = blank % V_tok
+    if topology.blank is not None and blank != topology.blank:
+        # Its big blanks are the classes below the blank it was built for: with another
+        # blank it would be another lattice.
+        raise ValueError(f"topology {name!r} was built for blank={topology.blank} (its "
+                         f"classes are placed around it), got blank={blank}")
+    if topology.n_durations and blank != V_tok - 1:
+        # NeMo's layout (docs/variants.md B.2): tokens then durations, the blank the last
+        # token.
+        raise ValueError(f"topology {name!r}: the blank must be the last token "
+                         f"({V_tok - 1}), got {blank}")
+    for k in topology.kinds:
+        if k.reads == "class" and not (k.class_id < V_tok and k.class_id != blank):
+            raise ValueError(f"topology {name!r}: kind {k.name!r} reads class {k.class_id}, "
+                             f"which must be a token id other than the blank {blank} "
+                             f"(V_tok = {V_tok})")
+    return blank

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._layout import row_sequences
-from ._ops import scale_upstream, with_bad_rows
+from ._rules import scale_upstream, with_bad_rows
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
 from .reference import (arc_weights, costs_and_grad_unchecked, grad, kind_log_probs, lattice,
                         lattice_dtype, read_entry, sweep_alpha, terms_weights)

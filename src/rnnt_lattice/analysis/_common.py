@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import _backends
-from .._ops import with_bad_rows
+from .._rules import with_bad_rows
 from .._types import Lattice, LossOptions
 from .._validate import check_float
 from ..topology import Topology, by_name

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from .. import torch_backend
-from .._ops import with_bad_rows
+from .._rules import with_bad_rows
 from .._types import Lattice, LossOptions
 from ..reference import Ends, terms_weights
 from ..topology import Topology

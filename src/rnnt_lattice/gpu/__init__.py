@@ -91,7 +91,7 @@ check_triton_version(triton.__version__)
 from .. import torch_backend  # noqa: E402
 from .._layout import row_nodes  # noqa: E402
 from .._types import ArcParts, Lattice, LossOptions, Smoothing  # noqa: E402
-from .._validate import device_assert, recompute_rtol  # noqa: E402
+from .._rules import device_assert, recompute_rtol  # noqa: E402
 from ..topology import Topology  # noqa: E402
 from . import kernels  # noqa: E402
 from ._launch import launch  # noqa: E402
@@ -874,7 +874,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     upstream[b] * d cost_b / d rows``; ``out`` may be ``rows``. ``upstream`` is read
     through its stride. In fused mode (:data:`CHECKS_RECOMPUTED_TILES`) the pass also
     checks the rows against the forward's normalisers: a row beyond its dtype's rounding
-    (``_validate.recompute_rtol``) sets the call's flag ``state.check``, and the device
+    (``_rules.recompute_rtol``) sets the call's flag ``state.check``, and the device
     assert ``"recompute"`` on it follows each tile (two launches a tile)."""
     box = _box(tile)
     check = opts.log_softmax and box.n > 0

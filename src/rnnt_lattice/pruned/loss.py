@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._layout import pruned_node_rows
+from .._validate import check_window_args
 from ..functional import logits_loss
 from ..topology import by_name
 
@@ -66,7 +67,7 @@ def rnnt_loss_pruned(
     Windows that hold no complete path give ``+inf`` (0 with ``zero_infinity``), as a too
     small ``R`` does in k2.
     """
-    node_rows = pruned_node_rows(logits, targets, ranges)
+    node_rows = pruned_node_rows(logits, targets, check_window_args(logits, targets, ranges))
     B, T, R, V = logits.shape
     return logits_loss(logits.reshape(B * T * R, V), targets, logit_lengths, target_lengths, blank,
                  by_name(rnnt_type), clamp=clamp, reduction=reduction, fused=True,

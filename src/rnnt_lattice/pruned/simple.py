@@ -29,7 +29,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _backends
-from .._ops import eager_under_compile, output_costs, reduce_costs, with_bad_rows
+from .._ops import eager_under_compile, output_costs, reduce_costs
+from .._rules import with_bad_rows
 from .._types import ArcParts, Ends, Smoothing
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
                          check_site, check_weight_args, device_value_check)

@@ -1,0 +1,64 @@
+"""What every backend and loss applies to its results, below all of them (each backend,
+the lattice references, the checks and the losses import it; it imports nothing of the
+package): the one device-side assert and its messages, the fused losses' recomputation
+tolerance, the upstream gradient's exact zero, and the NaN of a sequence the device check
+found bad."""
+from __future__ import annotations
+
+import torch
+
+# Every device-side assert's message, by rule. CUDA refuses a message of 255 characters or
+# more (``torch._assert_async`` raises "Message length must be smaller than 255" on a CUDA
+# tensor, where the CPU takes any length): tests/test_device_checks.py keeps each under it.
+DEVICE_MESSAGES = {
+    "lengths": "rnnt_lattice: need 0 <= logit_lengths[b] <= T and 0 <= target_lengths[b] <= U, "
+               "T and U the padded sizes; that sequence's loss is NaN. "
+               "RNNT_LATTICE_INPUT_CHECKS=host gives the ValueError naming b",
+    "targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must be a label in [0, V), "
+               "not a blank (allow_blank_targets=True admits the blank); that sequence's loss "
+               "is NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
+    "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
+                "target_lengths[b] and 0 <= begin_frame <= end_frame <= logit_lengths[b]; that "
+                "sequence's loss is NaN",
+    "recompute": "rnnt_lattice: the joiner gave other logits when the fused loss recomputed a "
+                 "tile in the backward pass; it must be deterministic given its inputs and the "
+                 "RNG state (dropout is replayed), as torch.utils.checkpoint requires",
+}
+
+
+def device_assert(ok: torch.Tensor, rule: str) -> None:
+    """The one device-side assert: ``ok`` (one element, nonzero = holds) must hold, else
+    the device raises ``DEVICE_MESSAGES[rule]`` -- asynchronously on CUDA (the error
+    surfaces at the next synchronisation; no host synchronisation here), at once on the
+    CPU (a RuntimeError)."""
+    torch._assert_async(ok, DEVICE_MESSAGES[rule])
+
+
+# The fused losses' check that a recomputed tile is the forward's (``fused``): the largest
+# deviation allowed, relative, by the joiner's output dtype. A deterministic joiner gives
+# the same rows (the same kernels on the same shapes); a GPU joiner with atomics differs
+# by its rounding. Beyond that the recomputed logits are not the forward's, and the
+# gradient would be that of other logits.
+RECOMPUTE_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+
+
+def recompute_rtol(dtype: torch.dtype) -> float:
+    """:data:`RECOMPUTE_RTOL` of ``dtype`` (half dtypes: 1e-2): of the row sums
+    (``fused._check_same``), or of a row's deviation from the forward's normalisers
+    (``gpu.tile_backward``: ``(sum_v p(v) - 1) / (1 + |lse|)`` per softmax group read)."""
+    return RECOMPUTE_RTOL.get(dtype, 1e-2)
+
+
+def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torch.Tensor:
+    """``upstream * grad`` per sequence, where an upstream gradient of exactly 0 gives
+    exactly 0 (a select, not a product: ``0 * NaN`` is NaN; math.md section 8.1)."""
+    prod = grad * upstream
+    return torch.where(upstream == 0, torch.zeros((), dtype=grad.dtype, device=grad.device),
+                       prod, **({} if out is None else {"out": out}))
+
+
+def with_bad_rows(costs: torch.Tensor, nan_rows) -> torch.Tensor:
+    """``costs (B,)`` with NaN for the sequences the device check found bad (``nan_rows``
+    (B,), NaN there and 0 elsewhere, ``_validate.device_value_check``; None: checked on
+    the host): the loss of a bad input is NaN, never a plausible value."""
+    return costs if nan_rows is None else costs + nan_rows
