@@ -43,9 +43,8 @@
 #                gradient passes right after the joiner's product wrote it, at the cost of
 #                more launches a step (about 160 tiles at 16 MiB)
 #   joint_tiles  benchmarks/joint_tiles.py at j1, H = 512, bf16: the kernel path's block
-#                choices (joint.TILES' FLATTEN among them, and two or three programs a
-#                multiprocessor by a cap on registers, maxnreg, and larger blocks that read
-#                less from L2), each against the default's bits with its row and gradient
+#                choices (two or three programs a multiprocessor by a cap on registers,
+#                maxnreg, and larger blocks that read less from L2), each against the default's bits with its row and gradient
 #                passes timed apart (the fastest of each named), and its step by kernel
 #   joint_tiles_tf32  the same sweep with float32 inputs and TF32 products, and float32's own
 #                choices with more pipeline stages (joint_tiles.F32_CANDIDATES)

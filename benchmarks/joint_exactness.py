@@ -88,7 +88,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     if (args.blocks or ("small" if args.device == "cpu" else "default")) == "small":
-        small = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1, FLATTEN=False)
+        small = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1)
         joint.TILES.update(row=small, grad=dict(small))
         joint.WIDE.clear()
     # float32 with IEEE products on the kernel path too (a GPU gives it the tile path)

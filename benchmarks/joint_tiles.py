@@ -42,13 +42,12 @@ import fused_pipeline             # noqa: E402
 import shapes                     # noqa: E402
 
 
-def _blocks(n: int, v: int, h: int, warps: int, stages: int = 3, flatten: bool = False,
+def _blocks(n: int, v: int, h: int, warps: int, stages: int = 3,
             maxnreg: int | None = None) -> dict:
     """One pass's blocks, as ``joint.TILES`` holds them: ``n`` nodes x ``v`` classes per
-    program, ``h`` of H per product step, warps, pipeline stages, FLATTEN and, where given,
-    the cap on registers a thread."""
-    out = dict(BLOCK_N=n, BLOCK_V=v, BLOCK_H=h, num_warps=warps, num_stages=stages,
-               FLATTEN=flatten)
+    program, ``h`` of H per product step, warps, pipeline stages and, where given, the cap
+    on registers a thread."""
+    out = dict(BLOCK_N=n, BLOCK_V=v, BLOCK_H=h, num_warps=warps, num_stages=stages)
     if maxnreg is not None:
         out["maxnreg"] = maxnreg
     return out
@@ -69,11 +68,6 @@ CANDIDATES = {
     "128x128x64 w16 / 128x128x64 w16": _same(128, 128, 64, 16),
     "128x128x64 w16 s4 / 128x128x32 w16 s4": (_blocks(128, 128, 64, 16, stages=4),
                                               _blocks(128, 128, 32, 16, stages=4)),
-    # The default's blocks with the loop over blocks of classes and the loop over H as one
-    # (``joint.TILES``' FLATTEN): the next block's loads issue before the block's epilogue.
-    "128x128x64 w16 flat / 128x128x64 w16": (_blocks(128, 128, 64, 16, flatten=True),
-                                             _blocks(128, 128, 64, 16)),
-    "128x128x64 w16 flat / 128x128x64 w16 flat": _same(128, 128, 64, 16, flatten=True),
     # Of nine choices compiled for sm_90 (bf16, H = 512: 128 or 64 nodes, 64 to 256
     # classes, 32 or 64 of H, 4 to 16 warps), the only one that puts two programs on a
     # multiprocessor, so that one's epilogue (the log-sum-exp, the gradient's formula) can
@@ -191,7 +185,7 @@ def best_passes(passes: dict) -> dict:
 def _agreement(ref: tuple, got: tuple, names=("loss", "enc", "pred", "W")) -> str:
     """``"same bits"`` when every tensor of ``got`` equals ``ref``'s, else the largest
     difference relative to each tensor's largest entry: a block choice changes the order of
-    the products' sums (BLOCK_H) or nothing at all (FLATTEN, the warps)."""
+    the products' sums (BLOCK_H) or nothing at all (the warps)."""
     if all(torch.equal(a, b) for a, b in zip(ref, got)):
         return "same bits"
     return "max rel diff " + ", ".join(

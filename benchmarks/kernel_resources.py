@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import itertools
 import os
 import re
 import subprocess
@@ -278,13 +277,10 @@ def joint_constants(topo, which: str, tile: dict, precision: str) -> dict:
     return const
 
 
-def joint_variants(V_list, H_list, flatten=(None,)):
+def joint_variants(V_list, H_list):
     """The joiner's kernel path (``gpu.joint``): ``(label, shape, name, constexprs, launch
     options, operand dtype, specialised ints)`` of its row and gradient passes (regular;
-    TDT with durations 0..4; multi-blank with big blanks 2, 4, 8) and its act-grad pass.
-    ``flatten``: the passes' ``FLATTEN`` values to compile, None for the launched one
-    (``joint._tiles``); another value is labelled ``flatten=<value>`` (the launched one's
-    value again is skipped)."""
+    TDT with durations 0..4; multi-blank with big blanks 2, 4, 8) and its act-grad pass."""
     import torch
     from rnnt_lattice import topology
     from rnnt_lattice.gpu import joint
@@ -293,15 +289,10 @@ def joint_variants(V_list, H_list, flatten=(None,)):
         for x, dtype, precision in (("bf16", torch.bfloat16, "ieee"), ("fp32", torch.float32, "tf32")):
             for V in V_list:
                 for H in H_list:
-                    for which, fl in itertools.product(("row", "grad"), flatten):
+                    for which in ("row", "grad"):
                         tile = joint._tiles(which, dtype)
                         const = joint_constants(topo, which, tile, precision)
                         label = f"_joint_{which}_kernel {tname} {x}"
-                        if fl is not None:
-                            if fl == const["FLATTEN"]:
-                                continue              # the launched variant, already listed
-                            const["FLATTEN"] = fl
-                            label += f" flatten={fl}"
                         yield (label, f"{V}, H={H}", f"_joint_{which}_kernel", const,
                                joint.launch_options(tile), x,
                                dict(V_tok=V - topo.n_durations, H=H))
@@ -429,7 +420,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     rows = ([(*v[:4], dict(num_warps=v[4], num_stages=v[5]), "fp32", v[6] if len(v) > 6 else {})
              for v in variants(args.V)]
-            + list(joint_variants(args.joint_V, args.H, flatten=(None, True))))
+            + list(joint_variants(args.joint_V, args.H)))
     failed = []
     for label, shape, name, const, options, x, ints in rows:
         if args.only is not None and name not in args.only:

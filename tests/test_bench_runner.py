@@ -369,7 +369,7 @@ def test_joint_tiles_needs_a_gpu(run, capsys):
     from rnnt_lattice.gpu import joint
     assert joint_tiles.main(["--reps", "1"]) == 2
     assert "CUDA device" in capsys.readouterr().err
-    keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "FLATTEN", "num_warps", "num_stages"}
+    keys = {"BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages"}
     capped = [tiles for tiles, _ in joint_tiles.CANDIDATES.values() if "maxnreg" in tiles]
     assert capped and all(set(joint.launch_options(t)) == {"num_warps", "num_stages", "maxnreg"}
                           and set(joint.block_constants(t)) == keys - {"num_warps", "num_stages"}

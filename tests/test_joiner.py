@@ -30,7 +30,7 @@ def small_blocks(monkeypatch):
     """Blocks of 16 (``tl.dot``'s smallest) over H = 20, V = 6..9: two blocks of H, one or
     two of classes; the act-grad pass over 2 label positions and 8 of H at a time."""
     from rnnt_lattice.gpu import joint
-    tile = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1, FLATTEN=False)
+    tile = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, num_warps=1, num_stages=1)
     monkeypatch.setitem(joint.TILES, "row", tile)
     monkeypatch.setitem(joint.TILES, "grad", tile)
     monkeypatch.setattr(joint, "WIDE", {})
@@ -85,38 +85,6 @@ def test_every_kind_of_chunk(tile):
     inputs = make(CASE, "tdt012")
     full, kernel, _ = kernel_and_references("tdt012", *inputs[:7], tile=tile)
     assert_same(full, kernel, TOL[torch.float64])
-
-
-@pytest.mark.parametrize("blank", [17, 39], ids=["across_two_blocks", "last_block"])
-def test_flattened_loop_picks_the_fixed_classes(blank, small_blocks, monkeypatch):
-    """``joint.TILES``' FLATTEN (the loop over blocks of classes and the loop over H as one;
-    off until a GPU times it) picks multi-blank's fixed classes in every block, without a
-    branch (Triton 3.6 does not flatten the branches): V = 40, three blocks of 16 classes,
-    the blank and its big blanks across two blocks or in the last. The same losses and
-    gradients as the nested loops, bit for bit, and the float64 reference's."""
-    joint = small_blocks
-    case = cases.Case("v40", (5, 3, 4), (3, 1, 2), 40, 0, T=5, U=3)
-    joiner, enc, pred, _, tl, ul, _, _ = make(case)
-    fixed = {blank - 2, blank - 1, blank}                    # big blanks of 2 and 3 frames
-    others = torch.tensor([v for v in range(40) if v not in fixed])
-    targets = others[torch.randint(len(others), (3, 3), generator=torch.Generator().manual_seed(1))]
-    kw = dict(blank=blank, big_blank_durations=[2, 3], reduction="none")
-    weights = upstream_weights(3)
-
-    def kernel(flatten):
-        for which in ("row", "grad"):
-            monkeypatch.setitem(joint.TILES, which, dict(joint.TILES[which], FLATTEN=flatten))
-        return run(lambda: rnnt_lattice.fused_multiblank_rnnt_loss(
-            joiner, enc, pred, targets, tl, ul, tile=13, backend="triton", **kw),
-            joiner, enc, pred, weights)
-
-    nested, flat = kernel(False), kernel(True)
-    assert torch.equal(flat[0], nested[0])
-    assert all(torch.equal(a, b) for a, b in zip(flat[1], nested[1]))
-    full = run(lambda: rnnt_lattice.multiblank_rnnt_loss(
-        joiner(enc[:, :, None], pred[:, None]), targets, tl, ul, backend="torch", **kw),
-        joiner, enc, pred, weights)
-    assert_same(full, flat, TOL[torch.float64])
 
 
 @pytest.mark.parametrize("tile", [13, 40], ids=["one_frame", "three_frames"])

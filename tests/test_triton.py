@@ -664,12 +664,6 @@ def variants(sm):
                 else:
                     flags["WIDE"] = on
                 yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)], launched
-                # the blocks' loop and H's as one (FLATTEN: off by default until timed): sm_90,
-                # multi-blank's fixed classes picked without a branch
-                if sm == 90 and (x == "bf16" or tname == "multiblank"):
-                    yield (f"_joint_{which}_kernel",
-                           {**kinds, **flags, **tiles, "FLATTEN": not tiles["FLATTEN"]},
-                           [(x, idt)], launched)
     # the hidden pass of the products by cuBLAS (joint.CUBLAS_PRODUCTS, off until timed),
     # as launched: tanh in bfloat16, ReLU with the boundary in float32 and float64
     for act, dtypes in ((0, [("bf16", "i64")]), (1, [("fp32", "i32"), ("fp64", "i64")])):

@@ -69,7 +69,7 @@ import triton.language as tl
 # The oldest Triton the kernels are tested with: 3.5.1 (torch 2.9.1: the suite, through
 # the interpreter and the sm_75/80/90 compiles), 3.6 (torch 2.11, on an H100 and an H200)
 # and 3.9. Triton 3.1 and 3.2 (torch 2.5, 2.6) compile none of the loss's kernels (a
-# constexpr tuple indexed in a kernel, ``tl.gather``, ``tl.range(flatten=)``).
+# constexpr tuple indexed in a kernel, ``tl.gather``).
 MIN_TRITON = (3, 5)
 
 

@@ -89,16 +89,15 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # spill in bf16 at j1; TDT at j4 (V = 8198, H = 640) spills 16 bytes (row) and 96
 # (gradient), not timed yet.
 #
-# FLATTEN: the loop over the blocks of classes and its loop over H as one loop (``tl.range``'s
-# ``flatten``, Triton >= 3.3): the pipeline then loads the next block's first steps of h and
-# W while the block before finishes and folds its logits, where the nested loops drain the
-# pipeline and fill it again for each block of classes. Timed on an H200 with the blocks
-# before (h200-0fd8b8d-joint_tiles.log): 22.30 ms flattened in the row pass, 22.62 in both,
-# against 21.86; off.
+# The loop over the blocks of classes and its loop over H as one loop (``tl.range``'s
+# ``flatten``), so that the pipeline loads the next block's first steps of h and W while the
+# block before folds its logits, was timed on an H200 with the blocks before
+# (h200-0fd8b8d-joint_tiles.log): 22.30 ms flattened in the row pass, 22.62 in both, against
+# 21.86 nested. It lost, and is gone (docs/benchmarks.md, "A third H200 session").
 TILES = {"row": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
-                     maxnreg=128, FLATTEN=False),
+                     maxnreg=128),
          "grad": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
-                      maxnreg=128, FLATTEN=False)}
+                      maxnreg=128)}
 # Wider operands, by their size in bytes, over TILES (``maxnreg=None``: no cap). float32:
 # 128 x 128 over 16 warps, 32 of H per step in three pipeline stages (three of [128, 64]
 # float32 blocks of h and W need more shared memory than sm_90 has; on an H200,
@@ -246,7 +245,6 @@ def _joint_row_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, BOUNDARY: tl.constexpr,
     ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr, WIDE: tl.constexpr,
-    FLATTEN: tl.constexpr,
 ):
     """The row pass of ``BLOCK_N`` nodes of a chunk without their logits (module
     docstring): the token group's log-normaliser over the logits blocks ``z = h W^T + b``,
@@ -255,8 +253,7 @@ def _joint_row_kernel(
 
     TDT's ``lse_dur`` over its ``N_DURATIONS`` columns, and every kind's arc log-prob from
     the entries it reads, written by ``kernels._row_state`` exactly as ``_row_kernel``
-    writes them. A program whose nodes are all padding computes nothing. ``FLATTEN``: the
-    loop over the blocks of classes and the loop over H compile as one (:data:`TILES`)."""
+    writes them. A program whose nodes are all padding computes nothing."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)    # [BLOCK_N], int64
     rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
                                                               box_u0, box_T, box_U1, H)
@@ -279,7 +276,7 @@ def _joint_row_kernel(
     x_blank = tl.zeros([BLOCK_N], ACC)
     x_label = tl.zeros([BLOCK_N], ACC)
     x_cls = tl.zeros([BLOCK_N, KP], ACC)
-    for v0 in tl.range(0, tl.where(busy, V_tok, 0), BLOCK_V, flatten=FLATTEN):
+    for v0 in range(0, tl.where(busy, V_tok, 0), BLOCK_V):
         v = v0 + offs
         z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
                           PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
@@ -291,12 +288,7 @@ def _joint_row_kernel(
         x_label += tl.sum(tl.where(v[None, :] == y[:, None], z, 0.0), axis=1)
         for k in tl.static_range(K):
             if READS[k] == 2:
-                if FLATTEN:
-                    # every block adds its entry of the class (0 but in the one block that
-                    # holds it): Triton 3.6's loop flattening fails on a branch per class
-                    xk = tl.sum(tl.where(v[None, :] == CLASS_ID[k], z, 0.0), axis=1)
-                    x_cls += tl.where(kidx[None, :] == k, xk[:, None], 0.0)
-                elif (v0 <= CLASS_ID[k]) & (CLASS_ID[k] < v0 + BLOCK_V):
+                if (v0 <= CLASS_ID[k]) & (CLASS_ID[k] < v0 + BLOCK_V):
                     xk = tl.sum(tl.where(v[None, :] == CLASS_ID[k], z, 0.0), axis=1)
                     x_cls = tl.where(kidx[None, :] == k, xk[:, None], x_cls)
     if FUSED:
@@ -346,7 +338,7 @@ def _joint_grad_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr,
     BOUNDARY: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_DUR: tl.constexpr, FLATTEN: tl.constexpr,
+    BLOCK_DUR: tl.constexpr,
 ):
     """``dz = upstream[b] * clip(d cost_b / d z)`` of ``BLOCK_N`` rows of a chunk, with
     ``z = h W^T + b`` recomputed block by block in registers (as ``_joint_row_kernel``
@@ -357,8 +349,7 @@ def _joint_grad_kernel(
     the fixed classes' reads subtracted in the same pass (no entry is read twice here),
     clamp on the token group. Writes ``h`` (0 on rows without a path), ``dz`` (0 on
     padding, impossible sequences and a zero upstream gradient; NaN on a NaN sequence's
-    rows) and the program's column sums of ``dz`` into ``db_ptr[program]``. ``FLATTEN`` as
-    in ``_joint_row_kernel``."""
+    rows) and the program's column sums of ``dz`` into ``db_ptr[program]``."""
     pid = tl.program_id(0)
     r = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)                 # [BLOCK_N], int64
     rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
@@ -382,7 +373,7 @@ def _joint_grad_kernel(
     dz_row = tl.multiple_of(tl.where(on, rows, 0) * dz_stride, 16)
     # 2. the token group, block by block
     offs = tl.arange(0, BLOCK_V)
-    for v0 in tl.range(0, V_tok, BLOCK_V, flatten=FLATTEN):
+    for v0 in range(0, V_tok, BLOCK_V):
         v = v0 + offs
         z = _joint_logits(h_ptr, w_ptr, bias_ptr, rows, v, v < V_tok, n_k, H, HAS_BIAS,
                           PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
@@ -553,8 +544,7 @@ def launch_options(tile: dict) -> dict:
 
 
 def block_constants(tile: dict) -> dict:
-    """The entries of a pass's ``tile`` that are the kernel's constexprs (the blocks,
-    ``FLATTEN``)."""
+    """The entries of a pass's ``tile`` that are the kernel's constexprs (the blocks)."""
     return {k: v for k, v in tile.items() if k not in LAUNCH_OPTIONS}
 
 
