@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 def node_mask(logit_lengths, target_lengths, T: int, U1: int) -> torch.Tensor:
     """(B, T, U+1) bool: True on the nodes ``t < T_b, u <= U_b`` of each sequence, the
     nodes that read logits (packed rows are these, in row-major order)."""
