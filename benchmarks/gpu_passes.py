@@ -46,6 +46,7 @@ import time
 import torch
 
 import shapes
+from timing import copy_bandwidth
 
 # Rows that start anywhere (TDT, odd V; shapes s5 with --variants tdt, and s5odd): read from
 # their aligned span with vector loads (span True: the default since 2026-11-26, on the
@@ -104,15 +105,6 @@ def _sweep(label: str, configs, measure) -> list:
         out.append({"config": config, **got})
         print(f"  {label}", config, _rounded(got), flush=True)
     return out
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a device-to-device copy of 1 GiB (read + write counted)."""
-    from triton.testing import do_bench
-    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    y = torch.empty_like(x)
-    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
-    return 2 * x.numel() * 4 / (ms * 1e-3)
 
 
 def _state(inp, opts):
@@ -317,7 +309,7 @@ def main(argv=None) -> int:
     import peers
     for name, value in overrides.items():
         setattr(gpu, name, value)
-    bw = copy_bandwidth()
+    bw = copy_bandwidth() * 1e9                   # bytes a second, as run.py's floors
     print(f"device {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"torch {torch.__version__}", flush=True)
     results = {"device": torch.cuda.get_device_name(), "copy_GBps": bw / 1e9,

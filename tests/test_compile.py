@@ -116,6 +116,34 @@ def test_custom_op(backend):
     torch.testing.assert_close(grad, grad_eager, rtol=64 * eps, atol=64 * eps)
 
 
+@pytest.mark.parametrize("entry", ["rnnt_loss", "torchaudio", "inplace_half"])
+def test_fake_tensors_take_the_custom_op(entry):
+    """Fake tensors outside TorchDynamo (what torch 2.7-2.9 hand the torchaudio op's Python
+    kernel while compiling): the call checks their shapes, runs no kernel and reads no value
+    (the custom op's fake implementation gives the shapes), and its options take the traced
+    path's values (``inplace_grad`` off, half logits promoted: the gradient comes back in
+    the logits' dtype, the costs in float32)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from rnnt_lattice.compat import torchaudio as ta
+    with FakeTensorMode():
+        dtype = torch.float16 if entry == "inplace_half" else torch.float32
+        x = torch.randn(2, 5, 3, 7, dtype=dtype, requires_grad=True)
+        y = torch.tensor([[1, 2], [2, 1]], dtype=torch.int32)
+        tl, ul = torch.tensor([5, 4], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
+        if entry == "torchaudio":
+            loss = ta.rnnt_loss(x, y, tl, ul, blank=0, reduction="none")
+        else:
+            loss = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none",
+                                          inplace_grad=entry == "inplace_half")
+        (grad,) = torch.autograd.grad(loss.sum(), x)
+        with pytest.raises(ValueError, match="batch sizes differ"):
+            rnnt_lattice.rnnt_loss(x, y[:1], tl, ul, blank=0)
+    from torch._subclasses.fake_tensor import is_fake
+    assert is_fake(loss) and is_fake(grad)
+    assert loss.shape == (2,) and grad.shape == x.shape and grad.dtype == dtype
+    assert loss.dtype == (dtype if entry == "torchaudio" else torch.float32)
+
+
 @pytest.mark.parametrize("spread", [0.0, 1000.0], ids=["plain", "rescued"])
 def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_compile_cache):
     """A compiled training step of k2's pruned recipe (the smoothed and simple losses,

@@ -185,6 +185,23 @@ def test_packed_meta_tensors_are_refused():
                                m(torch.tensor([5])), m(torch.tensor([2])), blank=0, packed=True)
 
 
+@pytest.mark.parametrize("entry", ["tdt_loss", "occupancy"])
+def test_tdt_logits_without_tokens_are_refused(entry):
+    """A TDT lattice on logits whose last axis holds only the durations: one message
+    naming the logits' shape and the durations, from the public check (``tdt_loss``) and
+    from the call's own (``occupancy`` with ``topology=tdt(...)``, the fused losses)."""
+    a = good()
+    x = torch.randn(B, T, U + 1, 2)
+    args = (a["targets"], a["logit_lengths"], a["target_lengths"])
+    with pytest.raises(ValueError, match=rf"logits \({B}, {T}, {U + 1}, 2\) must hold V_tok >= 1 "
+                       r"token classes before the 2 durations in the last axis"):
+        if entry == "tdt_loss":
+            rnnt_lattice.tdt_loss(x, *args, blank=-1, durations=[0, 1])
+        else:
+            rnnt_lattice.occupancy(x, *args, blank=-1,
+                                   topology=rnnt_lattice.topology.tdt([0, 1]))
+
+
 def _transformed_cases():
     """The entry points under a torch.func transform: (the call on one example's tensor,
     that tensor batched over a leading N = 2, its name)."""
@@ -277,10 +294,12 @@ def test_empty_batch(backend, reduction):
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("fn", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss"])
 def test_a_call_is_checked_once(fn, packed, monkeypatch):
-    """Validate once: a loss call on the default backend enters ``_validate.check_call``
-    once, which checks the tensors once (``check_lattice_args``) and reads a packed layout's
-    lengths once; the run (the autograd Function, the backend's passes, the backward)
-    checks nothing again (``check_run`` is the custom op's, under torch.compile only)."""
+    """Validate once: a loss call on the default backend picks its backend once and enters
+    ``_validate.check_call`` once, which checks the tensors once (``check_lattice_args``),
+    looks for a ``torch.func`` transform once, applies the topology's rules once and reads
+    a packed layout's lengths once; the run (the autograd Function, the backend's passes,
+    the backward) checks nothing again (``check_run`` is the custom op's, under
+    torch.compile only)."""
     from rnnt_lattice import _backends, _validate
     calls = {}
 
@@ -293,7 +312,9 @@ def test_a_call_is_checked_once(fn, packed, monkeypatch):
         monkeypatch.setattr(module, name, wrapper)
 
     counted(_backends, "check_call")
-    for name in ("check_lattice_args", "check_run", "_packed_grid", "check_site"):
+    counted(_backends, "resolve")
+    for name in ("check_lattice_args", "check_run", "_packed_grid", "check_site",
+                 "check_untransformed", "_check_topology"):
         counted(_validate, name)
     x = torch.randn(2, 5, 3, 7, requires_grad=True)
     T_b, U_b = torch.tensor([5, 4]), torch.tensor([2, 1])
@@ -309,5 +330,6 @@ def test_a_call_is_checked_once(fn, packed, monkeypatch):
         loss = rnnt_lattice.rnnt_loss(x, *args, blank=0, packed=packed)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
-    assert calls == {"check_call": 1, "check_lattice_args": 1, "check_site": 1,
+    assert calls == {"check_call": 1, "resolve": 1, "check_lattice_args": 1, "check_site": 1,
+                     "check_untransformed": 1, "_check_topology": 1,
                      **({"_packed_grid": 1} if packed else {})}

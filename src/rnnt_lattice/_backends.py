@@ -16,7 +16,7 @@ import torch
 
 from ._layout import Tile, packed_node_rows
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
-from ._validate import Checked, Names, check_call, check_untransformed, with_blank
+from ._validate import Checked, Names, check_call, with_blank
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -236,27 +236,27 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
     read), and build a packed layout's node -> row map. The backends trust what it returns:
     they check nothing again.
 
-    ``traced``: under ``torch.compile`` the backend is resolved when the custom op runs
-    (``impl`` None; half types promoted; ``inplace_grad`` has no effect). ``logits``: ``(B,
-    T, U+1, V)``; rows ``(N, V)`` with ``node_rows (B, T, U+1)`` (the pruned layout) or
-    ``packed=True`` (the map built here, ``_layout.packed_node_rows``); or a
-    :class:`_validate.LogitsSpec` (the fused losses: shapes only, ``chk.logits`` then a spec
-    of the dtype the backend reads). ``names``: how the messages name the caller's tensors
+    ``traced``: TorchDynamo traces the call (the caller's ``torch.compiler.is_compiling()``;
+    ``check_call`` adds fake tensors, ``_validate.tracing``): the backend is resolved when
+    the custom op runs (``impl`` None; half types promoted; ``inplace_grad`` has no
+    effect). ``logits``: ``(B, T, U+1, V)``; rows ``(N, V)`` with ``node_rows (B, T,
+    U+1)`` (the pruned layout) or ``packed=True`` (the map built here,
+    ``_layout.packed_node_rows``); or a :class:`_validate.LogitsSpec` (the fused losses:
+    shapes only, ``chk.logits`` then a spec of the dtype the backend reads). ``names``: how the messages name the caller's tensors
     (:class:`_validate.Names`)."""
     if traced:
         check_name(backend)
         impl = None
     else:
-        check_untransformed(("logits", logits), ("targets", targets),
-                            ("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
-                            ("boundary", boundary), ("node_rows", node_rows))
         impl = resolve(backend, getattr(logits, "device", None))
     chk = check_call(logits, targets, logit_lengths, target_lengths, blank, opts.topology,
-                     int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
+                     traced=traced, int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
                      native_low_precision=impl is not None and impl.NATIVE_LOW_PRECISION,
-                     grid=None if node_rows is None else tuple(node_rows.shape), packed=packed,
-                     boundary=boundary, allow_blank_targets=allow_blank_targets, names=names,
-                     inplace_grad=opts.inplace_grad and not traced)
+                     node_rows=node_rows, packed=packed, boundary=boundary,
+                     allow_blank_targets=allow_blank_targets, names=names,
+                     inplace_grad=opts.inplace_grad)
+    if chk.traced:
+        impl = None                              # fake tensors: the custom op, as while tracing
     opts = with_blank(opts, chk.blank)
     if packed:
         node_rows = packed_node_rows(chk.logit_lengths, chk.target_lengths, chk.grid)

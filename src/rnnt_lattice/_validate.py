@@ -200,6 +200,7 @@ class Checked:
     nan_rows: torch.Tensor | None = None   # (B,) float32, NaN for a sequence the device check
                                   # found bad (added to its cost); None: checked on the host
     grid: tuple | None = None     # (B, T, U+1) of a packed layout (T read from the lengths)
+    traced: bool = False          # traced, not run: no values, no backend (the custom op's)
 
 
 def _shape(x) -> str:
@@ -298,6 +299,10 @@ def check_lattice_args(
     if V < 1:
         raise ValueError(f"{names.logits if names else 'logits ' + _shape(logits)} must have a "
                          "vocabulary V >= 1")
+    if n_tokens is not None and n_tokens < 1:
+        raise ValueError(f"{names.logits if names else 'logits ' + _shape(logits)} must hold "
+                         f"V_tok >= 1 token classes before the {V - n_tokens} durations in the "
+                         "last axis")
 
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
                     ("target_lengths", target_lengths)):
@@ -346,19 +351,23 @@ def check_logits_rank(logits, *, rows: bool = False) -> int:
 
 
 def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, *,
-               int64_ids: bool = True, native_low_precision: bool = False,
-               grid: tuple | None = None, packed: bool = False, boundary=None,
+               traced: bool = False, int64_ids: bool = True, native_low_precision: bool = False,
+               node_rows: torch.Tensor | None = None, packed: bool = False, boundary=None,
                allow_blank_targets: bool = False, names: Names | None = None,
                inplace_grad: bool = False) -> Checked:
     """Every check of one call on logits, in one place, into the :class:`Checked` plan
     that the backend runs without checking again (``_backends.prepare_call`` calls it once
     per call of every entry point on logits).
 
-    In order: the layout (``packed``: the rows, and the lengths read once on the host for
-    the grid's ``T`` and the row count; ``grid``: ``(B, T, U+1)`` of a given node -> row
-    map, the logits its rows ``(N, V)``); the shapes, dtypes, devices and, where
-    :func:`check_site` says ``"host"``, the values of :func:`check_lattice_args`; the
-    ``topology`` against V and the blank (TDT: the token classes first); the targets
+    In order: a ``torch.func`` transform (:func:`check_untransformed`), unless the call is
+    traced (``traced``: TorchDynamo traces it, or the logits are fake tensors,
+    :func:`tracing`; then ids become int64, half types are promoted and ``inplace_grad`` is
+    off, as the custom op reads them); the layout (``packed``: the rows, and the lengths
+    read once on the host for the grid's ``T`` and the row count; ``node_rows``: a given
+    node -> row map ``(B, T, U+1)``, the logits its rows ``(N, V)``); the shapes, dtypes,
+    devices (TDT: a token before the durations) and, where :func:`check_site` says
+    ``"host"``, the values of :func:`check_lattice_args`; the ``topology`` against V and
+    the blank (``topology.check_topology``, entered once); the targets
     against its fixed classes; k2's ``boundary``; where the site is ``"device"``, the same
     value rules on the device (:func:`device_value_check`, no host synchronisation); last
     ``inplace_grad``'s rule, on the logits as given. The logits come back contiguous,
@@ -366,16 +375,20 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     them; autograd casts the gradient back); ``int64_ids=False`` keeps int32 ids. A
     :class:`LogitsSpec` stands for logits known by shape only (the fused losses), and
     ``names`` says how the messages name the caller's tensors."""
+    traced = traced or tracing(logits)
+    if traced:
+        int64_ids, native_low_precision, inplace_grad = True, False, False
+    else:
+        check_untransformed(("logits", logits), ("targets", targets),
+                            ("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
+                            ("boundary", boundary), ("node_rows", node_rows))
+    grid = None if node_rows is None else tuple(node_rows.shape)
     if packed:
         check_packed_args(logits, targets, logit_lengths, target_lengths)
     elif not isinstance(logits, LogitsSpec):
         check_logits_rank(logits, rows=grid is not None)
     V = logits.shape[-1]
-    n_tokens = None
-    if topology.n_durations:
-        n_tokens = V - topology.n_durations       # the tokens before the durations
-        if n_tokens < 1:
-            check_topology(topology, V, check_int("blank", blank))    # names the missing tokens
+    n_tokens = V - topology.n_durations if topology.n_durations else None  # TDT: the tokens
     site = check_site(logits)
     if packed:
         grid = _packed_grid(logits, targets, logit_lengths, target_lengths)
@@ -407,7 +420,7 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
         # On what the user passed: any copy (dtype, layout) would defeat it.
         check_inplace(logits, native_low_precision)
     return Checked(x, targets, logit_lengths, target_lengths, blank, boundary,
-                   nan_rows, grid if packed else None)
+                   nan_rows, grid if packed else None, traced)
 
 
 def check_run(logits, targets, logit_lengths, target_lengths, boundary, node_rows,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _backends, _ops, _validate
+from . import _backends, _ops
 from ._layout import pack
 from ._validate import (FLOAT_RANGES, check_durations, check_float, check_int,
                         check_multiblank_blank, check_pack_logits_args, check_reduction,
@@ -342,7 +342,7 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
                         sigma, delay_penalty)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
-                                  traced=traced or _validate.tracing(logits),
+                                  traced=traced,
                                   allow_blank_targets=allow_blank_targets)
     return _ops.run(prep, backend, reduction, zero_infinity)
 
