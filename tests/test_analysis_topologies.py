@@ -318,6 +318,13 @@ def test_regular_through_the_new_options_is_the_old_result(backend):
     for f in ("emit_frames", "arc_frames", "arc_positions", "arc_kinds", "n_arcs", "label_durations"):
         assert torch.equal(getattr(a, f), getattr(old_a, f)), f
     assert a.arcs == old_a.arcs and a.arcs[0][-1] == Arc(4, 2, "blank", 1)
+    # An Alignment given only its emission frames derives the regular path's arcs from them
+    # (``alignment._regular_arcs``): the arcs the backtracking found.
+    given = rnnt_lattice.Alignment(old_a.emit_frames, old_a.log_prob, old_a.logit_lengths,
+                                   old_a.target_lengths, old_a.targets)
+    for f in ("arc_frames", "arc_positions", "arc_kinds", "n_arcs", "label_durations"):
+        assert torch.equal(getattr(given, f), getattr(old_a, f)), f
+    assert given.arcs == old_a.arcs and given.frame_labels == old_a.frame_labels
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

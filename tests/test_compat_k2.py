@@ -500,6 +500,28 @@ ERRORS = [
     (lambda: k2.get_rnnt_prune_ranges(torch.zeros(2, 3, 9), torch.zeros(2, 4, 6), None, 2),
      r"px_grad \(2, 3, 9\) must be \(B, S, T\+1\)"),
     (lambda: k2.do_rnnt_pruning(_x3[0], _x3, _s), r"am must have 3 dims, got shape \(5, 3\)"),
+    # the remaining rules of the arguments, one call each
+    (lambda: k2.rnnt_loss(_x4.numpy(), _s, 0), r"logits must be a torch.Tensor \(B, T, S\+1, C\), got ndarray"),
+    (lambda: k2.rnnt_loss(_x4.long(), _s, 0), r"logits must be torch.float16, .* got torch.int64"),
+    (lambda: k2.rnnt_loss_simple(_x3[:, :4], _x3.double(), _s, 0),
+     r"lm \(torch.float32 on cpu\) must have the dtype and device of the first input \(torch.float64"),
+    (lambda: k2.rnnt_loss_simple(_x3[:1, :4], _x3, _s, 0), r"lm \(1, 4, 3\) must be \(B, S\+1, C\) with am's B = 2"),
+    (lambda: k2.rnnt_loss(_x4, _s, 3), r"termination_symbol=3 is outside \[-C, C\) = \[-3, 3\)"),
+    (lambda: k2.rnnt_loss(_x4, _s, True), "termination_symbol must be an int, got True"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, boundary=torch.zeros(2, 4)), "boundary must be int64 \\(or int32\\), got torch.float32"),
+    (lambda: k2.rnnt_loss(_x4, _s[:, :2], 0), r"symbols must have shape \(B, S\) = \(2, 3\), got \(2, 2\)"),
+    (lambda: k2.rnnt_loss(_x4, _s.float(), 0), "symbols must be int64 \\(or int32\\), got torch.float32"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, reduction="avg"), "reduction must be one of .* got 'avg'"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, delay_penalty=float("nan")), "delay_penalty must be finite, got nan"),
+    (lambda: k2.rnnt_loss(_x4, _s, 0, delay_penalty="x"), "delay_penalty must be a number, got 'x'"),
+    (lambda: k2.joint_mutual_information_recursion([_x3], [_x3, _x3]), "px and py must hold as many tensors, got 1 and 2"),
+    (lambda: k2.joint_mutual_information_recursion([_x3, _x3[:1]], [_x3, _x3]),
+     r"px\[1\] \(1, 5, 3\) must have the shape of px\[0\] \(2, 5, 3\)"),
+    (lambda: k2.rnnt_loss_pruned(_x4, _s, _s[:, None].expand(2, 5, 3)[:, :4], 0),
+     r"ranges must have shape \(B, T, R\) = \(2, 5, 4\) to match logits"),
+    (lambda: k2.rnnt_loss_pruned(_x4, _s, torch.zeros(2, 5, 4), 0), "ranges must be int64 on the logits' device, got torch.float32"),
+    (lambda: k2.rnnt_loss_pruned(_x4, _s, torch.zeros(2, 5, 4, dtype=torch.int64), 0),
+     r"ranges\[0, 0\] = \[0, 0, 0, 0\] must be increasing symbol positions in \[0, S\] = \[0, 3\]"),
 ]
 
 

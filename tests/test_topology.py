@@ -235,22 +235,64 @@ def test_gradcheck(topo_name, kw):
     assert torch.autograd.gradcheck(Loss.apply, (x,), eps=1e-6, atol=1e-7)
 
 
-def test_topology_validation():
-    with pytest.raises(ValueError):
-        topology.ArcKind("stay", 0, 0, "blank")
-    with pytest.raises(ValueError):
-        topology.ArcKind("x", 1, 0, "class")                  # no class id
-    with pytest.raises(ValueError):
-        topology.tdt([2, 1])                                 # not ascending
-    with pytest.raises(ValueError):
-        topology.multiblank(1, [2, 3])                       # big blanks need ids below blank
-    with pytest.raises(ValueError):
-        check_topology(topology.tdt([0, 1, 2]), 8, 0)                 # TDT: blank must be the last token
+def _kinds_with_class(class_id):
+    """A user's topology that reads a fixed class (no blank it was built around)."""
+    return topology.Topology("own", (topology.ArcKind("b", 1, 0, "blank", may_end=True),
+                                     topology.ArcKind("y", 0, 1, "label"),
+                                     topology.ArcKind("c", 2, 0, "class", class_id=class_id)))
+
+
+_END = dict(may_end=True)
+# A topology's rules, each broken once: (id, the call, words its ValueError holds).
+TOPOLOGY_BAD = [
+    ("stay", lambda: topology.ArcKind("stay", 0, 0, "blank"), "dt + du >= 1, got dt=0, du=0"),
+    ("du_2", lambda: topology.ArcKind("x", 1, 2, "blank"), "du in (0, 1)"),
+    ("reads", lambda: topology.ArcKind("x", 1, 0, "word"), "reads must be one of"),
+    ("class_without_id", lambda: topology.ArcKind("x", 1, 0, "class"), "class_id >= 0 exactly when"),
+    ("id_without_class", lambda: topology.ArcKind("x", 1, 0, "blank", class_id=3), "class_id >= 0 exactly when"),
+    ("label_stays", lambda: topology.ArcKind("x", 1, 0, "label"), "a label arc advances one label position"),
+    ("next_blank_stays", lambda: topology.ArcKind("x", 1, 0, "blank", plus_next_blank=True), "needs du = 1"),
+    ("no_kinds", lambda: topology.Topology("t", ()), "'t' has no arc kinds"),
+    ("same_names", lambda: topology.Topology("t", (topology.ArcKind("b", 1, 0, "blank", **_END),) * 2),
+     "names must be distinct, got ['b', 'b']"),
+    ("duration_without_group", lambda: topology.Topology(
+        "t", (topology.ArcKind("b", 1, 0, "blank", duration=0, **_END),)), "reads a duration but n_durations is 0"),
+    ("duration_outside_group", lambda: topology.Topology(
+        "t", (topology.ArcKind("b", 1, 0, "blank", duration=2, **_END),), n_durations=2),
+     "must read a duration index in [0, 2)"),
+    ("no_end", lambda: topology.Topology("t", (topology.ArcKind("b", 1, 0, "blank"),)),
+     "no arc kind may land on the end frame"),
+    ("tdt_not_ascending", lambda: topology.tdt([2, 1]), "ascending"),
+    ("tdt_empty", lambda: topology.tdt([]), "got []"),
+    ("multiblank_ids", lambda: topology.multiblank(1, [2, 3]), "2 big blanks need ids below blank=1"),
+    ("multiblank_negative", lambda: topology.multiblank(-1, [2]), "token id >= 0, got -1"),
+    ("multiblank_repeated", lambda: topology.multiblank(5, [2, 2]), "distinct and >= 2"),
+    # check_topology: a topology against the logits' last axis V and the blank
+    ("tdt_no_tokens", lambda: check_topology(topology.tdt([0, 1, 2]), 3, -1),
+     "(3) must hold at least one token besides the 3 durations"),
+    ("blank_range", lambda: check_topology(topology.regular(), 5, 5), "blank=5 is out of range for 5"),
+    ("other_blank", lambda: check_topology(topology.multiblank(6, [2]), 7, 5), "was built for blank=6"),
+    ("tdt_blank_not_last", lambda: check_topology(topology.tdt([0, 1, 2]), 8, 0),
+     "the blank must be the last token (4), got 0"),
+    ("class_outside_tokens", lambda: check_topology(_kinds_with_class(5), 5, 0), "reads class 5"),
+    ("class_is_blank", lambda: check_topology(_kinds_with_class(0), 5, 0), "other than the blank 0"),
+]
+
+
+@pytest.mark.parametrize("call, words", [b[1:] for b in TOPOLOGY_BAD], ids=[b[0] for b in TOPOLOGY_BAD])
+def test_topology_validation(call, words):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert words in str(err.value), f"{words!r} not in: {err.value}"
+
+
+def test_topology_rules_pass_what_they_should():
+    """The rules' edges on the accepted side: TDT's blank the last token (counted from the
+    end too), a user's fixed class among the tokens."""
     assert check_topology(topology.tdt([0, 1, 2]), 8, -1) == 4
-    with pytest.raises(ValueError):
-        check_topology(topology.multiblank(6, [2]), 5, 4)              # class 5 out of the token range
-    with pytest.raises(ValueError):
-        topology.Topology("no_end", (topology.ArcKind("b", 1, 0, "blank"),))
+    assert check_topology(topology.tdt([0, 1, 2]), 8, 4) == 4
+    assert check_topology(_kinds_with_class(4), 5, 0) == 0
+    assert check_topology(topology.multiblank(6, [2]), 7, -1) == 6
 
 
 @pytest.mark.parametrize("topo_name", list(TOPOLOGIES))

@@ -39,6 +39,8 @@ BAD = [
     ("target_negative", bad_targets_value(-2), ["targets[1, 1] = -2"]),
     ("target_is_blank", bad_targets_value(0), ["targets[1, 1]", "blank"]),
     ("not_a_tensor", lambda a: a.update(targets=[[1, 2, 3]] * 2), ["targets", "torch.Tensor"]),
+    # (A NumPy array has a device, the string "cpu": it reached the backend's choice.)
+    ("numpy_logits", lambda a: a.update(logits=a["logits"].numpy()), ["logits", "torch.Tensor", "ndarray"]),
     ("reduction", {"reduction": "avg"}, ["reduction", "'avg'"]),
     ("blank_too_big", {"blank": 5}, ["blank=5", "[-5, 5)"]),
     ("blank_too_small", {"blank": -6}, ["blank=-6"]),
@@ -66,6 +68,30 @@ def test_bad_input_raises_value_error(name, edit, words):
     with pytest.raises(ValueError) as err:
         rnnt_lattice.rnnt_loss(args["logits"], args["targets"], args["logit_lengths"],
                                args["target_lengths"], **kwargs)
+    for w in words:
+        assert w in str(err.value), f"{w!r} not in: {err.value}"
+
+
+# pack_logits: an edit of (logits, logit_lengths, target_lengths), words the message holds
+PACK_BAD = [
+    ("numpy_lengths", lambda x, t, u: (x, t.numpy(), u), ["pack_logits", "logit_lengths", "torch.Tensor"]),
+    ("logits_3d", lambda x, t, u: (x[0], t, u), ["pack_logits", "logits", "(4, 4, 5)"]),
+    ("lengths_2d", lambda x, t, u: (x, t, u[None]), ["(B,) = (2,)", "(1, 2)"]),
+    ("float_lengths", lambda x, t, u: (x, t.float(), u), ["logit_lengths", "int32 or int64", "float32"]),
+    ("logit_length_too_long", lambda x, t, u: (x, torch.tensor([5, 3]), u), ["logit_lengths[0] = 5", "T = 4"]),
+    ("target_length_too_long", lambda x, t, u: (x, t, torch.tensor([3, 4])), ["target_lengths[1] = 4", "U = 3"]),
+    ("negative_length", lambda x, t, u: (x, t, torch.tensor([-1, 2])), ["target_lengths", ">= 0", "-1"]),
+    ("meta", lambda x, t, u: (x.to("meta"), t.to("meta"), u.to("meta")), ["pack_logits", "meta"]),
+]
+
+
+@pytest.mark.parametrize("edit, words", [b[1:] for b in PACK_BAD], ids=[b[0] for b in PACK_BAD])
+def test_pack_logits_bad_input(edit, words):
+    """pack_logits checks its lengths as the losses do: a length past the padding packed
+    fewer rows than it claimed and a negative one none, silently; float lengths were taken."""
+    a = good()
+    with pytest.raises(ValueError) as err:
+        rnnt_lattice.pack_logits(*edit(a["logits"], a["logit_lengths"], a["target_lengths"]))
     for w in words:
         assert w in str(err.value), f"{w!r} not in: {err.value}"
 

@@ -248,7 +248,9 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
         check_name(backend)
         impl = None
     else:
-        impl = resolve(backend, getattr(logits, "device", None))
+        # (A NumPy array has a device too, the string "cpu": check_call names its type.)
+        device = getattr(logits, "device", None)
+        impl = resolve(backend, device if isinstance(device, torch.device) else None)
     chk = check_call(logits, targets, logit_lengths, target_lengths, blank, opts.topology,
                      traced=traced, int64_ids=impl is None or not impl.NATIVE_INT32_IDS,
                      native_low_precision=impl is not None and impl.NATIVE_LOW_PRECISION,

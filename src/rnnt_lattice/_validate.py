@@ -770,15 +770,30 @@ def _packed_grid(logits, targets, logit_lengths, target_lengths) -> tuple:
 
 
 def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:
-    """``pack_logits``: padded logits ``(B, T, U+1, V)`` and lengths ``(B,)``."""
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
-        raise ValueError("pack_logits: logits must be (B, T, U+1, V), got "
-                         + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
-                            else type(logits).__name__))
-    B = logits.shape[0]
+    """``pack_logits``: padded logits ``(B, T, U+1, V)`` and int32/int64 lengths ``(B,)``
+    with ``0 <= T_b <= T`` and ``0 <= U_b <= U``, read on the host (not while tracing): the
+    packed rows' count is their values, which the packing reads anyway (and which the meta
+    device does not have), and a length past the padding would pack fewer rows than it
+    says, a negative one none, without a word."""
+    for name, x in (("logits", logits), ("logit_lengths", logit_lengths),
+                    ("target_lengths", target_lengths)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"pack_logits: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if logits.dim() != 4:
+        raise ValueError(f"pack_logits: logits must be (B, T, U+1, V), got shape {_shape(logits)}")
+    B, T, U1, _ = logits.shape
     if tuple(logit_lengths.shape) != (B,) or tuple(target_lengths.shape) != (B,):
         raise ValueError(f"pack_logits: logit_lengths and target_lengths must be (B,) = ({B},), got "
-                         f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
+                         f"{_shape(logit_lengths)} and {_shape(target_lengths)}")
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if x.dtype not in _INTS:
+            raise ValueError(f"pack_logits: {name} must be int32 or int64, got {x.dtype}")
+    if "meta" in (logits.device.type, logit_lengths.device.type, target_lengths.device.type):
+        raise ValueError("pack_logits reads the lengths' values (the packed rows' count is "
+                         "theirs): tensors on the meta device have none")
+    if not tracing(logits):
+        where = ("logits", logits)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
 
 
 def check_window_args(logits, targets, ranges) -> torch.Tensor:
