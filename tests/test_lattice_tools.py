@@ -264,12 +264,34 @@ def test_prune_coverage_monotone_reaches_one_and_matches_enumeration(backend):
     assert cov.rows()[0][0] == 1 and len(cov.rows()) == R_max
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
-def test_prune_coverage_rejects_bad_window(bad):
+@pytest.mark.parametrize("bad, words", [
+    (0, "max_window must be an int >= 1, got 0"), (-1, "got -1"), (2.5, "must be an int, got 2.5"),
+    (True, "must be an int, got True"),
+    (torch.zeros(2, 5, 3, dtype=torch.long), "got a torch.int64 tensor of shape (2, 5, 3)"),
+    ("occ", "occ must be the Occupancy of rnnt_lattice.occupancy, got Tensor"),
+])
+def test_prune_coverage_rejects_bad_window(bad, words):
+    """A bad window or occupancy names itself (a tensor by its shape: its repr was the
+    message, whole)."""
     logits, targets, tl, ul, blank = _case("single_3x2")
     occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank)
-    with pytest.raises(ValueError, match="max_window"):
-        rnnt_lattice.prune_coverage(occ, max_window=bad)
+    with pytest.raises(ValueError) as err:
+        if isinstance(bad, str):
+            rnnt_lattice.prune_coverage(occ.node)
+        else:
+            rnnt_lattice.prune_coverage(occ, max_window=bad)
+    assert words in str(err.value), str(err.value)
+
+
+def test_prune_coverage_takes_integer_like_windows():
+    """As for ``blank``: NumPy integers and 0-d integer tensors are ints."""
+    import numpy as np
+    logits, targets, tl, ul, blank = _case("single_3x2")
+    occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank)
+    want = rnnt_lattice.prune_coverage(occ, max_window=3)
+    for R in (np.int64(3), torch.tensor(3)):
+        got = rnnt_lattice.prune_coverage(occ, max_window=R)
+        assert torch.equal(got.per_sequence, want.per_sequence) and torch.equal(got.s_begin, want.s_begin)
 
 
 # --------------------------------------------------------------------------- plot

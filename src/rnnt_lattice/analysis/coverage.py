@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._validate import check_int
 from ..pruned.windows import best_window_starts
 from .occupancy import Occupancy
 
@@ -71,8 +72,12 @@ def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
     Returns:
         :class:`PruneCoverage`.
     """
-    if isinstance(max_window, bool) or not isinstance(max_window, int) or max_window < 1:
-        raise ValueError(f"max_window must be an int >= 1, got {max_window!r}")
+    if not isinstance(occ, Occupancy):
+        raise ValueError(f"occ must be the Occupancy of rnnt_lattice.occupancy, got "
+                         f"{type(occ).__name__}")
+    max_window = check_int("max_window", max_window)     # (a tensor: named by its shape)
+    if max_window < 1:
+        raise ValueError(f"max_window must be an int >= 1, got {max_window}")
     node = occ.node                                                          # (B, T, U+1)
     B, T, U1 = node.shape
     dev, dt = node.device, node.dtype
