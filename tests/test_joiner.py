@@ -9,6 +9,8 @@ recipe in bfloat16, two runs bit-identical; which joiners take the kernel path; 
 module's checks and the weight mappings from icefall's joiner and NeMo's joint."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -520,6 +522,10 @@ def test_module_checks_and_forward():
         rnnt_lattice.Joiner(4, 4, 8, 0)
     with pytest.raises(ValueError, match="dropout"):
         rnnt_lattice.Joiner(4, 4, 8, 10, dropout=1.0)
+    for dims, words in (((4.0, 4), "enc_dim must be a positive int or None, got 4.0"),
+                        ((4, 0), "pred_dim must be a positive int or None, got 0")):
+        with pytest.raises(ValueError, match=re.escape(words)):   # (was torch's TypeError)
+            rnnt_lattice.Joiner(*dims, 8, 10)
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     x = joiner(enc[:, :, None], pred[:, None])
     want = joiner.out(torch.tanh(joiner.enc_proj(enc)[:, :, None] + joiner.pred_proj(pred)[:, None]))

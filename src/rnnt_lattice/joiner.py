@@ -49,9 +49,13 @@ class Joiner(torch.nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        for name, n in (("hidden", hidden), ("vocab", vocab)):
+        for name, n in (("hidden", hidden), ("vocab", vocab), ("enc_dim", enc_dim),
+                        ("pred_dim", pred_dim)):
+            if name.endswith("_dim") and n is None:      # no projection
+                continue
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{name} must be a positive int, got {n!r}")
+                raise ValueError(f"{name} must be a positive int"
+                                 f"{' or None' if name.endswith('_dim') else ''}, got {n!r}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         kw = dict(device=device, dtype=dtype)
