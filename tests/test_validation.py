@@ -192,16 +192,46 @@ def test_integer_like_blank():
         assert torch.equal(rnnt_lattice.rnnt_loss(**a, blank=blank), want)
 
 
-@pytest.mark.parametrize("fn", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss"])
+@pytest.mark.parametrize("fn", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "simple",
+                                "smoothed", "pruned"])
 def test_meta_tensors(fn):
     """On the meta device (shapes only; backend="auto" picks the PyTorch one) the losses
-    give a loss and a gradient of the right shapes, as rnnt_loss_simple does; packed
-    logits need the lengths' values: a ValueError says so."""
-    x = torch.randn(2, 5, 3, 7, device="meta", requires_grad=True)
-    loss = _edge_call(fn, "auto", x, **(dict(sigma=0.05) if fn != "rnnt_loss" else {}))
+    give a loss and gradients of the right shapes, the simple losses and the pruned one
+    too (the simple losses' rescue read its nodes on the host: "Tensor.item() cannot be
+    called on meta tensors"); packed logits need the lengths' values: a ValueError says
+    so (below)."""
+    m = lambda t: t.to("meta")  # noqa: E731
+    if fn in ("simple", "smoothed"):
+        am = torch.randn(2, 5, 7, device="meta", requires_grad=True)
+        lm = torch.randn(2, 3, 7, device="meta", requires_grad=True)
+        args = (m(torch.tensor([[1, 2], [2, 1]])), m(torch.tensor([5, 4])), m(torch.tensor([2, 1])))
+        kw = dict(lm_only_scale=0.1, am_only_scale=0.1) if fn == "smoothed" else {}
+        loss = getattr(rnnt_lattice, f"rnnt_loss_{fn}")(lm, am, *args, blank=0, reduction="none", **kw)
+        inputs = (am, lm)
+    elif fn == "pruned":
+        x = torch.randn(2, 5, 2, 7, device="meta", requires_grad=True)
+        ranges = m(torch.arange(2).expand(2, 5, 2))
+        loss = rnnt_lattice.rnnt_loss_pruned(x, m(torch.tensor([[1, 2], [2, 1]])), ranges,
+                                             m(torch.tensor([5, 4])), m(torch.tensor([2, 1])),
+                                             blank=0, reduction="none")
+        inputs = (x,)
+    else:
+        x = torch.randn(2, 5, 3, 7, device="meta", requires_grad=True)
+        loss = _edge_call(fn, "auto", x, **(dict(sigma=0.05) if fn != "rnnt_loss" else {}))
+        inputs = (x,)
     assert loss.shape == (2,) and loss.device.type == "meta"
     loss.sum().backward()
-    assert x.grad.shape == x.shape and x.grad.device.type == "meta"
+    for x in inputs:
+        assert x.grad.shape == x.shape and x.grad.device.type == "meta"
+
+
+def test_fused_meta_tensors_are_refused():
+    m = lambda t: t.to("meta")  # noqa: E731
+    with pytest.raises(ValueError, match="enc and pred are on the meta device"):
+        rnnt_lattice.fused_rnnt_loss(lambda e, p: e + p, torch.randn(2, 5, 7, device="meta"),
+                                     torch.randn(2, 3, 7, device="meta"),
+                                     m(torch.tensor([[1, 2], [2, 1]])), m(torch.tensor([5, 4])),
+                                     m(torch.tensor([2, 1])), blank=0)
 
 
 def test_packed_meta_tensors_are_refused():

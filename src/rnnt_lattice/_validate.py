@@ -1102,6 +1102,12 @@ def check_fused_args(joiner, enc, pred) -> None:
         raise ValueError(f"pred {_shape(pred)} must have U+1 >= 1 label positions")
     if enc.device != pred.device:
         raise ValueError(f"tensors on different devices: enc on {enc.device}, pred on {pred.device}")
+    if enc.device.type == "meta":
+        # (The losses on logits take meta tensors, shapes only; the fused ones replay the
+        # joiner's RNG and autocast state, which the meta device does not have.)
+        raise ValueError(f"enc and pred are on the meta device (shapes only): the fused losses "
+                         f"run the joiner on values; give the logits to rnnt_loss for a "
+                         f"shape-only call")
 
 
 def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple,

@@ -256,7 +256,7 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
     matmul's range): only those nodes, found on the host, by chunks of rows."""
     B, T, V = am.shape
     lse = torch.full((B, T, lm.shape[1]), NEG_INF, dtype=torch.float64, device=am.device)
-    if not bool(need.any()):
+    if need.device.type == "meta" or not bool(need.any()):     # (meta: shapes, no values)
         return lse
     b, t, u = need.nonzero().unbind(1)
     step = max(1, RESCUE_ELEMENTS // max(V, 1))
@@ -271,7 +271,7 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     """Adds ``g p`` of the nodes ``need`` marks into ``grad_am`` rows t and ``grad_lm`` rows
     u (float64; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``; dead nodes
     (lse ``-inf``) add nothing."""
-    if not bool(need.any()):
+    if need.device.type == "meta" or not bool(need.any()):
         return
     b, t, u = (need & (lse > NEG_INF)).nonzero().unbind(1)
     g = g[b, t, u].to(torch.float64)
