@@ -284,7 +284,8 @@ def test_tdt_targets_are_tokens_and_multiblank_targets_not_big_blanks():
     x = torch.randn(1, 4, 3, 8)
     tl, ul = torch.tensor([4]), torch.tensor([2])
     # 6 tokens + 2 durations: id 6 is a duration, not a token
-    with pytest.raises(ValueError, match=r"targets\[0, 1\] = 6 is outside \[0, V\) = \[0, 6\)"):
+    with pytest.raises(ValueError, match=r"targets\[0, 1\] = 6 is outside \[0, V_tok\) = \[0, 6\) "
+                       r"\(TDT: the token classes before the durations\)"):
         rnnt_lattice.tdt_loss(x, torch.tensor([[1, 6]]), tl, ul, blank=5, durations=[0, 1])
     with pytest.raises(ValueError, match=r"targets\[0, 0\] = 6 is the class of the arc kind 'big_blank_2'"):
         rnnt_lattice.multiblank_rnnt_loss(x, torch.tensor([[6, 1]]), tl, ul, blank=7,

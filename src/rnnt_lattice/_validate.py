@@ -331,7 +331,7 @@ def check_lattice_args(
         where = ("logits", logits)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, names.T if names else where,
                       names.U if names else where)
-        check_targets(targets, target_lengths, blank, Vt, allow_blank_targets)
+        check_targets(targets, target_lengths, blank, Vt, allow_blank_targets, what=what)
 
     return targets, logit_lengths, target_lengths, blank
 
@@ -511,9 +511,10 @@ def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -
 
 
 def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targets: bool,
-                  joint: bool = False) -> None:
+                  joint: bool = False, what: str = "V") -> None:
     """Value check: every target before its length in ``[0, V)`` and, unless
-    ``allow_blank_targets``, not the blank. ``joint``: one message for both rules (the
+    ``allow_blank_targets``, not the blank (``what``: the bound's name in the message,
+    ``"V_tok"`` for TDT's token classes). ``joint``: one message for both rules (the
     simple losses'). The lengths are already checked (``0 <= U_b <= U``)."""
     U = targets.shape[1]
     if U == 0 or targets.shape[0] == 0:
@@ -534,7 +535,8 @@ def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targe
     out &= valid
     if out.any():
         b, u = (int(i) for i in np.argwhere(out)[0])
-        raise ValueError(f"targets[{b}, {u}] = {int(y[b, u])} is outside [0, V) = [0, {V})")
+        raise ValueError(f"targets[{b}, {u}] = {int(y[b, u])} is outside [0, {what}) = [0, {V})"
+                         + ("" if what == "V" else " (TDT: the token classes before the durations)"))
     raise ValueError(
         f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
 
