@@ -1107,9 +1107,9 @@ def check_fused_args(joiner, enc, pred) -> None:
     if enc.device.type == "meta":
         # (The losses on logits take meta tensors, shapes only; the fused ones replay the
         # joiner's RNG and autocast state, which the meta device does not have.)
-        raise ValueError(f"enc and pred are on the meta device (shapes only): the fused losses "
-                         f"run the joiner on values; give the logits to rnnt_loss for a "
-                         f"shape-only call")
+        raise ValueError("enc and pred are on the meta device (shapes only): the fused losses "
+                         "run the joiner on values; give the logits to rnnt_loss for a "
+                         "shape-only call")
 
 
 def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple,
