@@ -508,6 +508,8 @@ ERRORS = [
     (lambda: k2.rnnt_loss_simple(_x3[:1, :4], _x3, _s, 0), r"lm \(1, 4, 3\) must be \(B, S\+1, C\) with am's B = 2"),
     (lambda: k2.rnnt_loss(_x4, _s, 3), r"termination_symbol=3 is outside \[-C, C\) = \[-3, 3\)"),
     (lambda: k2.rnnt_loss(_x4, _s, True), "termination_symbol must be an int, got True"),
+    (lambda: k2.rnnt_loss(_x4, _s, torch.zeros(2, dtype=torch.int64)),
+     r"termination_symbol must be an int, got a torch.int64 tensor of shape \(2,\)"),
     (lambda: k2.rnnt_loss(_x4, _s, 0, boundary=torch.zeros(2, 4)), "boundary must be int64 \\(or int32\\), got torch.float32"),
     (lambda: k2.rnnt_loss(_x4, _s[:, :2], 0), r"symbols must have shape \(B, S\) = \(2, 3\), got \(2, 2\)"),
     (lambda: k2.rnnt_loss(_x4, _s.float(), 0), "symbols must be int64 \\(or int32\\), got torch.float32"),

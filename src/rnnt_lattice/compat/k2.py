@@ -63,14 +63,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import operator
 import warnings
 from collections.abc import Sequence
 
 import torch
 
-import rnnt_lattice as _lib          # the public API only, and the value-check rule:
-from rnnt_lattice._validate import may_read_values
+import rnnt_lattice as _lib          # the public API only, the value-check rule and the
+from rnnt_lattice._validate import check_int, may_read_values   # ints' rule (blank's)
 from rnnt_lattice.topology import K2_TYPES, by_name
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
@@ -124,12 +123,7 @@ def _float(name: str, x: torch.Tensor, ref: torch.Tensor | None = None, half: bo
 
 
 def _blank(termination_symbol, C: int) -> int:
-    try:
-        if isinstance(termination_symbol, bool):
-            raise TypeError
-        termination_symbol = operator.index(termination_symbol)
-    except TypeError:
-        raise ValueError(f"termination_symbol must be an int, got {termination_symbol!r}") from None
+    termination_symbol = check_int("termination_symbol", termination_symbol)
     if not -C <= termination_symbol < C:
         raise ValueError(f"termination_symbol={termination_symbol} is outside [-C, C) = "
                          f"[{-C}, {C}) for C = {C} classes")
