@@ -96,6 +96,100 @@ def test_pack_logits_bad_input(edit, words):
         assert w in str(err.value), f"{w!r} not in: {err.value}"
 
 
+def _entries():
+    """The other entry points' argument rules, each broken once: ``{id: (call, words its
+    ValueError holds)}`` (the rnnt_loss table above holds the shared ones)."""
+    import dataclasses
+    R = rnnt_lattice
+    a = good()
+    x, y, tl, ul = a["logits"], a["targets"], a["logit_lengths"], a["target_lengths"]
+    am, lm = torch.randn(B, T, V), torch.randn(B, U + 1, V)
+    rng = torch.arange(2).expand(B, T, 2).contiguous()
+    w = torch.randn(B, T, U + 1)
+    rows = R.pack_logits(x, tl, ul)
+    join = lambda e, p: e + p  # noqa: E731
+
+    def occ(as_int=False):     # (built when the case runs, not at collection)
+        o = R.rnnt_loss_simple(lm, am, y, tl, ul, blank=0, return_occupations=True)[1]
+        return dataclasses.replace(o, gamma_blank=o.gamma_blank.long(),
+                                   gamma_label=o.gamma_label.long()) if as_int else o
+    return {
+        "boundary_type": (lambda: R.rnnt_loss(x, y, tl, ul, blank=0, boundary=[[0, 0, 3, 4]] * 2),
+                          "boundary must be a torch.Tensor or None, got list"),
+        "boundary_dtype": (lambda: R.rnnt_loss(x, y, tl, ul, blank=0, boundary=torch.zeros(B, 4)),
+                           "boundary must be int32 or int64, got torch.float32"),
+        "packed_4d": (lambda: R.rnnt_loss(x, y, tl, ul, blank=0, packed=True),
+                      "packed=True: logits must be rows (sum_b T_b (U_b+1), V), got shape (2, 4, 4, 5)"),
+        "packed_lengths_2d": (lambda: R.rnnt_loss(rows, y, tl[None], ul, blank=0, packed=True),
+                              "need logit_lengths (B,), target_lengths (B,) and targets (B, U), got (1, 2)"),
+        "packed_lengths_float": (lambda: R.rnnt_loss(rows, y, tl.float(), ul, blank=0, packed=True),
+                                 "must be int32 or int64, got torch.float32 and torch.int64"),
+        "packed_negative": (lambda: R.rnnt_loss(rows, y, torch.tensor([4, -3]), ul, blank=0, packed=True),
+                            "lengths must be >= 0 and target_lengths <= U = 3, got logit_lengths [4, -3]"),
+        "packed_rows": (lambda: R.rnnt_loss(rows[:-1], y, tl, ul, blank=0, packed=True),
+                        f"logits ({rows.shape[0] - 1}, 5) must have sum_b T_b (U_b+1) = {rows.shape[0]} rows"),
+        "pruned_ranges_type": (lambda: R.rnnt_loss_pruned(x[:, :, :2], y, rng.tolist(), tl, ul, blank=0),
+                               "ranges must be a torch.Tensor, got list"),
+        "pruned_3d": (lambda: R.rnnt_loss_pruned(x[0], y, rng, tl, ul, blank=0),
+                      "logits must be the window logits (B, T, R, V), got shape (4, 4, 5)"),
+        "pruned_targets_1d": (lambda: R.rnnt_loss_pruned(x[:, :, :2], y[0], rng, tl, ul, blank=0),
+                              "targets must have 2 dims (B, U), got shape (3,)"),
+        "multiblank_blank": (lambda: R.multiblank_rnnt_loss(x, y, tl, ul, blank=9, big_blank_durations=[2]),
+                             "blank=9 is outside [-V, V) = [-5, 5) for logits (2, 4, 4, 5)"),
+        "multiblank_room": (lambda: R.multiblank_rnnt_loss(x[..., :2], y * 0, tl, ul, blank=1,
+                                                           big_blank_durations=[2, 3]),
+                            "blank=1 leaves no room below it for the 2 big blank(s)"),
+        "simple_lm_type": (lambda: R.rnnt_loss_simple(lm.tolist(), am, y, tl, ul, blank=0),
+                           "lm must be a torch.Tensor, got list"),
+        "simple_lm_2d": (lambda: R.rnnt_loss_simple(lm[0], am, y, tl, ul, blank=0),
+                         "lm must have 3 dims (B, U+1, V), got shape (4, 5)"),
+        "simple_int": (lambda: R.rnnt_loss_simple(lm.long(), am, y, tl, ul, blank=0),
+                       "lm must be float16, bfloat16, float32 or float64, got torch.int64"),
+        "simple_dtypes": (lambda: R.rnnt_loss_simple(lm.double(), am, y, tl, ul, blank=0),
+                          "lm and am must have one dtype, got torch.float64 and torch.float32"),
+        "simple_no_positions": (lambda: R.rnnt_loss_simple(lm[:, :0], am, y[:, :0], tl, ul * 0, blank=0),
+                                "lm (2, 0, 5) must have U+1 >= 1 label positions"),
+        "simple_no_vocab": (lambda: R.rnnt_loss_simple(lm[..., :0], am[..., :0], y, tl, ul, blank=0),
+                            "am (2, 4, 0) must have a vocabulary V >= 1"),
+        "simple_lengths_2d": (lambda: R.rnnt_loss_simple(lm, am, y, tl[None], ul, blank=0),
+                              "logit_lengths must have shape (B,) = (2,), got (1, 2)"),
+        "simple_lengths_float": (lambda: R.rnnt_loss_simple(lm, am, y, tl.float(), ul, blank=0),
+                                 "logit_lengths must be int32 or int64, got torch.float32"),
+        "simple_blank": (lambda: R.rnnt_loss_simple(lm, am, y, tl, ul, blank=7),
+                         "blank=7 is outside [-V, V) = [-5, 5) for am (2, 4, 5)"),
+        "lattice_type": (lambda: R.lattice_loss(w.tolist(), w, tl, ul),
+                         "blank_weights must be a torch.Tensor, got list"),
+        "lattice_int": (lambda: R.lattice_loss(w.long(), w.long(), tl, ul),
+                        "blank_weights must be float16, bfloat16, float32 or float64, got torch.int64"),
+        "prune_lengths": (lambda: R.prune_ranges(occ(), 2, logit_lengths=tl[None]),
+                          "logit_lengths must be an int32/int64 tensor of shape (B,) = (2,)"),
+        "prune_gamma_int": (lambda: R.prune_ranges(occ(as_int=True), 2),
+                            "gamma_blank and gamma_label must be floating point, got torch.int64"),
+        "pruning_type": (lambda: R.do_rnnt_pruning(am, lm, rng.tolist()), "ranges must be a torch.Tensor, got list"),
+        "pruning_float": (lambda: R.do_rnnt_pruning(am, lm, rng.float()), "ranges must be int32 or int64, got torch.float32"),
+        "pruning_shape": (lambda: R.do_rnnt_pruning(am, lm, rng[:, :2]),
+                          "ranges (2, 2, 2) must be (B, T, R) with am's (B, T) and lm's B"),
+        "fused_joiner": (lambda: R.fused_rnnt_loss(None, am, lm, y, tl, ul, blank=0),
+                         "joiner must be callable (e.g. an nn.Module), got NoneType"),
+        "fused_enc_type": (lambda: R.fused_rnnt_loss(join, am.tolist(), lm, y, tl, ul, blank=0),
+                           "enc must be a torch.Tensor, got list"),
+        "fused_int": (lambda: R.fused_rnnt_loss(join, am.long(), lm, y, tl, ul, blank=0),
+                      "enc must be a floating tensor, got torch.int64"),
+        "fused_batch": (lambda: R.fused_rnnt_loss(join, am, lm[:1], y, tl, ul, blank=0),
+                        "batch sizes differ: enc (2, 4, 5) and pred (1, 4, 5)"),
+        "fused_no_positions": (lambda: R.fused_rnnt_loss(join, am, lm[:, :0], y, tl, ul, blank=0),
+                               "pred (2, 0, 5) must have U+1 >= 1 label positions"),
+    }
+
+
+@pytest.mark.parametrize("entry", sorted(_entries()))
+def test_other_entry_points_name_their_arguments(entry):
+    call, words = _entries()[entry]
+    with pytest.raises(ValueError) as err:
+        call()
+    assert words in str(err.value), f"{words!r} not in: {err.value}"
+
+
 def test_padding_targets_are_not_checked():
     """Target ids past target_lengths are padding: anything goes there."""
     a = good()
