@@ -230,10 +230,10 @@ def test_dtypes():
 
 def test_label_equal_to_blank_is_an_error():
     """warp-rnnt silently corrupts that node's gradient (the label's overwrites the blank's,
-    or the compact kernel drops the label's); here it is a ValueError naming the targets."""
+    or the compact kernel drops the label's); here it is a ValueError naming the labels."""
     log_probs, labels, tl, ul, blank = inputs(CASES[0])
     labels[0, 0] = blank
-    with pytest.raises(ValueError, match=r"targets\[0, 0\] equals the blank"):
+    with pytest.raises(ValueError, match=r"^labels\[0, 0\] equals the blank"):
         warp_rnnt.rnnt_loss(log_probs, labels, tl, ul, blank=blank)
 
 

@@ -29,7 +29,10 @@ from torch.overrides import TorchFunctionMode
 import rnnt_lattice
 from rnnt_lattice import _rules, _validate
 from rnnt_lattice.compat import k2 as fast_rnnt
+from rnnt_lattice.compat import nemo, warp_transducer
 from rnnt_lattice.compat import torchaudio as ta
+import rnnt_lattice.compat.warp_rnnt as warp_rnnt
+import rnnt_lattice.compat.warp_rnnt._C as warp_rnnt_C
 
 from support.backends import NO_TRITON, need_triton
 
@@ -80,13 +83,29 @@ def test_triton_globals_equal_themselves():
 
 
 # --------------------------------------------------------------------------- device asserts
-def test_device_messages_fit_cuda():
-    """Each device-side message is under CUDA's 255 characters and names its argument."""
-    for rule, msg in _rules.DEVICE_MESSAGES.items():
+# How each compat module names the targets and lengths (its peer's argument names): the
+# device-side messages name them so too.
+COMPAT_NAMES = {"compat.nemo": nemo.NAMES, "compat.warp_transducer": warp_transducer.NAMES,
+                "compat.warp_rnnt": warp_rnnt.NAMES,
+                "compat.warp_rnnt compact": warp_rnnt.COMPACT_NAMES,
+                "compat.warp_rnnt._C": warp_rnnt_C.NAMES,
+                "compat.warp_rnnt._C compact": warp_rnnt_C.COMPACT_NAMES}
+
+
+@pytest.mark.parametrize("names", ["ours"] + list(COMPAT_NAMES))
+def test_device_messages_fit_cuda(names):
+    """Each device-side message is under CUDA's 255 characters and names its argument, as
+    the library names it and as each compat module does (its peer's names)."""
+    words = () if names == "ours" else COMPAT_NAMES[names].words()
+    for rule in _rules.DEVICE_MESSAGES:
+        msg = _rules.device_message(rule, *words)
         assert len(msg.encode()) < 255, (rule, len(msg))
-        assert msg.startswith("rnnt_lattice: ")
+        assert msg.startswith("rnnt_lattice: ") and "{" not in msg, msg
     for rule in _validate.DEVICE_RULES:
-        assert rule.split("_")[-1] in _rules.DEVICE_MESSAGES[rule]
+        named = {"lengths": words[1:] or ("logit_lengths", "target_lengths"),
+                 "targets": words[:1] or ("targets",), "boundary": ("boundary",)}[rule]
+        for name in named:
+            assert f"{name}[b" in _rules.device_message(rule, *words), (rule, name)
 
 
 def test_device_asserts_go_through_one_helper():
@@ -293,7 +312,7 @@ def test_bad_input_is_nan_on_its_sequence(device_checks, monkeypatch, what):
         nan = torch.isnan(costs)
         assert nan.tolist() == [False, True, False], (name, costs)
         torch.testing.assert_close(costs[~nan], good[name][~nan].to(costs.dtype))
-    message = _rules.DEVICE_MESSAGES[rule]
+    message = _rules.device_message(rule)
     assert message in asserts.failed and len(asserts.failed) >= len(bad) - 2, asserts.failed
 
 
@@ -344,6 +363,9 @@ def _entry_points(x, y, tl, ul):
         "compat.k2": lambda: fast_rnnt.rnnt_loss_simple(
             lm, am, y.long(), 0, boundary=torch.stack([torch.zeros_like(ul), torch.zeros_like(tl),
                                                        ul, tl], 1).long()),
+        "compat.nemo": lambda: nemo.RNNTLossNumba(blank=0)(x, y.long(), tl.long(), ul.long()),
+        "compat.warp_transducer": lambda: warp_transducer.rnnt_loss(x, y, tl, ul, blank=0),
+        "compat.warp_rnnt": lambda: warp_rnnt.rnnt_loss(x.log_softmax(-1), y, tl, ul, blank=0),
     }
 
 
@@ -371,9 +393,10 @@ def test_every_entry_point_asserts_on_the_device(device_checks, what):
             continue              # k2 takes a boundary, not lengths
         with pytest.raises(RuntimeError) as err:
             call()
-        assert str(err.value) == _rules.DEVICE_MESSAGES[rule], (name, str(err.value))
+        words = COMPAT_NAMES[name].words() if name in COMPAT_NAMES else ()
+        assert str(err.value) == _rules.device_message(rule, *words), (name, str(err.value))
         checked += 1
-    assert checked >= 9
+    assert checked >= 12
 
 
 @pytest.mark.parametrize("what", list(BAD))
@@ -399,7 +422,7 @@ def test_boundary_on_the_device(device_checks, monkeypatch):
     costs = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, boundary=boundary, reduction="none",
                                    backend="triton", allow_blank_targets=True)
     assert torch.isnan(costs).tolist() == [False, False, True]
-    assert asserts.failed == [_rules.DEVICE_MESSAGES["boundary"]]
+    assert asserts.failed == [_rules.device_message("boundary")]
 
 
 def test_input_check_modes(monkeypatch):

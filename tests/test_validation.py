@@ -190,6 +190,109 @@ def test_other_entry_points_name_their_arguments(entry):
     assert words in str(err.value), f"{words!r} not in: {err.value}"
 
 
+# --------------------------------------------------------------------------- compat names
+# A compat module's messages name the tensors as its peer's signature does (a NeMo user
+# passed ``act_lens``, not ``logit_lengths``). Each entry: (call on (acts, labels, act_lens,
+# label_lens), the ids' dtype, the blank, the last axis V, its names for our logits,
+# targets, logit_lengths, target_lengths).
+def _compat_entries():
+    import rnnt_lattice.compat.warp_rnnt as warp_rnnt
+    import rnnt_lattice.compat.warp_rnnt._C as warp_rnnt_C
+    from rnnt_lattice.compat import nemo, warp_transducer
+    i32, i64 = torch.int32, torch.int64
+    nemo_names = ("acts", "labels", "act_lens", "label_lens")
+    warp_rnnt_names = ("log_probs", "labels", "frames_lengths", "labels_lengths")
+    return {
+        "nemo.rnnt_loss": (lambda *a: nemo.rnnt_loss(*a, blank=0), i32, 0, 6, nemo_names),
+        "nemo.RNNTLossNumba": (lambda *a: nemo.RNNTLossNumba(blank=0)(*a), i64, 0, 6, nemo_names),
+        "nemo.TDTLossNumba": (lambda *a: nemo.TDTLossNumba(blank=3, durations=[0, 1])(*a), i64,
+                              3, 6, nemo_names),
+        "nemo.MultiblankRNNTLossNumba": (
+            lambda *a: nemo.MultiblankRNNTLossNumba(blank=5, big_blank_durations=[2])(*a), i64,
+            5, 6, nemo_names),
+        "warp_transducer.rnnt_loss": (lambda *a: warp_transducer.rnnt_loss(*a, blank=0), i32, 0,
+                                      6, nemo_names),
+        "warp_rnnt.rnnt_loss": (lambda x, *a: warp_rnnt.rnnt_loss(x.log_softmax(-1), *a, blank=0),
+                                i32, 0, 6, warp_rnnt_names),
+        "warp_rnnt._C.rnnt_loss": (lambda x, *a: warp_rnnt_C.rnnt_loss(
+            x.log_softmax(-1), *(t.contiguous() if isinstance(t, torch.Tensor) else t for t in a)),
+            i32, 0, 6, ("xs", "ys", "xn", "yn")),
+    }
+
+
+def _edit(i, f):
+    """An edit of argument ``i`` of (acts, labels, act_lens, label_lens)."""
+    def edit(args, blank):
+        args[i] = f(args[i], blank)
+    return edit
+
+
+def _set(index, value):
+    def f(x, blank):
+        x = x.clone()
+        x[index] = blank if value == "blank" else value
+        return x
+    return f
+
+
+# case -> (edit, which of our arguments the message must name, words it must hold, where
+# "{name}" is the entry's name of that argument)
+COMPAT_BAD = {
+    "acts_3d": (_edit(0, lambda x, b: x[0]), 0, ["{name}"]),
+    "labels_1d": (_edit(1, lambda x, b: x[0]), 1, ["{name}"]),
+    "labels_list": (_edit(1, lambda x, b: x.tolist()), 1, ["{name}"]),
+    "labels_batch": (_edit(1, lambda x, b: x[:1]), 1, ["{name}", "(1, 3)"]),
+    "labels_width": (_edit(1, lambda x, b: x[:, :2]), 1, ["{name}", "(2, 2)"]),
+    "label_lens_2d": (_edit(3, lambda x, b: x[None]), 3, ["{name}", "(1, 2)"]),
+    "act_lens_too_long": (_edit(2, _set(0, 5)), 2, ["{name}[0] = 5"]),
+    "act_lens_negative": (_edit(2, _set(1, -1)), 2, ["{name}", "-1"]),
+    "label_lens_too_long": (_edit(3, _set(1, 4)), 3, ["{name}[1] = 4"]),
+    "label_too_big": (_edit(1, _set((1, 1), 9)), 1, ["{name}[1, 1] = 9"]),
+    "label_negative": (_edit(1, _set((0, 2), -2)), 1, ["{name}[0, 2] = -2"]),
+    "label_is_blank": (_edit(1, _set((1, 0), "blank")), 1, ["{name}[1, 0]", "blank"]),
+    "act_lens_on_meta": (_edit(2, lambda x, b: x.to("meta")), 2, ["{name} on meta"]),
+}
+OUR_NAMES = ("logits", "targets", "logit_lengths", "target_lengths")
+
+
+@pytest.mark.parametrize("case", sorted(COMPAT_BAD))
+@pytest.mark.parametrize("entry", sorted(_compat_entries()))
+def test_compat_messages_name_the_peers_arguments(entry, case):
+    """Through a compat module, a bad argument's ValueError names it as the peer's signature
+    does, and never by this library's own name for it (which the user never wrote)."""
+    import re
+    call, ids, blank, Vx, names = _compat_entries()[entry]
+    edit, which, words = COMPAT_BAD[case]
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(B, T, U + 1, Vx, generator=g),
+            torch.randint(1, 3, (B, U), generator=g).to(ids),
+            torch.tensor([4, 3], dtype=ids), torch.tensor([3, 2], dtype=ids)]
+    call(*args)                                     # the good call runs
+    edit(args, blank)
+    with pytest.raises(ValueError) as err:
+        call(*args)
+    msg = str(err.value)
+    for w in words:
+        w = w.format(name=names[which])
+        assert w in msg, f"{w!r} not in: {msg}"
+    for ours, theirs in zip(OUR_NAMES, names):
+        if ours != theirs:
+            assert not re.search(rf"\b{ours}\b", msg), f"{ours!r} (theirs: {theirs!r}) in: {msg}"
+
+
+def test_compat_compact_labels_are_named_padded():
+    """warp-rnnt's compact layout takes the labels concatenated, ``(sum_b U_b,)``; the
+    library reads them padded to ``(N, U)``, and its message says so of the index."""
+    import rnnt_lattice.compat.warp_rnnt as warp_rnnt
+    x = torch.randn(B, T, U + 1, V).log_softmax(-1)
+    tl, ul = torch.tensor([4, 3], dtype=torch.int32), torch.tensor([3, 2], dtype=torch.int32)
+    rows = rnnt_lattice.pack_logits(x, tl, ul)
+    labels = torch.tensor([1, 2, 3, 4, 0], dtype=torch.int32)       # (sum_b U_b,): 3 + 2
+    with pytest.raises(ValueError, match=r"^labels \(padded to \(N, max_b labels_lengths\[b\]\)\)"
+                                         r"\[1, 1\] equals the blank"):
+        warp_rnnt.rnnt_loss(rows, labels, tl, ul, blank=0, compact=True)
+
+
 def test_padding_targets_are_not_checked():
     """Target ids past target_lengths are padding: anything goes there."""
     a = good()

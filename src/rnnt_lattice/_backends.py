@@ -16,7 +16,7 @@ import torch
 
 from ._layout import Tile, packed_node_rows
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
-from ._validate import Checked, Names, check_call, with_blank
+from ._validate import OURS, Checked, Names, check_call, with_blank
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -229,7 +229,7 @@ class Prepared:
 def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                  opts: LossOptions, *, boundary=None, node_rows=None, packed: bool = False,
                  traced: bool = False, allow_blank_targets: bool = False,
-                 names: Optional[Names] = None) -> Prepared:
+                 names: Names = OURS) -> Prepared:
     """The one preparation of every entry point on logits (the losses, the fused losses, the
     pruned loss, the lattice tools): pick the backend, check the call once
     (``_validate.check_call``, which also brings the logits to what the backend's kernels

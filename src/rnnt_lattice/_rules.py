@@ -5,33 +5,46 @@ tolerance, the upstream gradient's exact zero, and the NaN of a sequence the dev
 found bad."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
-# Every device-side assert's message, by rule. CUDA refuses a message of 255 characters or
-# more (``torch._assert_async`` raises "Message length must be smaller than 255" on a CUDA
-# tensor, where the CPU takes any length): tests/test_device_checks.py keeps each under it.
+# Every device-side assert's message, by rule, its arguments named by the caller (a compat
+# module names them as its peer does: NeMo's ``act_lens``). CUDA refuses a message of 255
+# characters or more (``torch._assert_async`` raises "Message length must be smaller than
+# 255" on a CUDA tensor, where the CPU takes any length): tests/test_device_checks.py keeps
+# each under it, with every compat module's names.
 DEVICE_MESSAGES = {
-    "lengths": "rnnt_lattice: need 0 <= logit_lengths[b] <= T and 0 <= target_lengths[b] <= U, "
-               "T and U the padded sizes; that sequence's loss is NaN. "
+    "lengths": "rnnt_lattice: need 0 <= {logit_lengths}[b] <= T and 0 <= {target_lengths}[b] "
+               "<= U, T and U the padded sizes; that sequence's loss is NaN. "
                "RNNT_LATTICE_INPUT_CHECKS=host gives the ValueError naming b",
-    "targets": "rnnt_lattice: targets[b, u] for u < target_lengths[b] must be a label in [0, V), "
-               "not a blank (allow_blank_targets=True admits the blank); that sequence's loss "
-               "is NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
+    "targets": "rnnt_lattice: {targets}[b, u] for u < {target_lengths}[b] must be a label in "
+               "[0, V), not a blank (allow_blank_targets=True admits the blank); that "
+               "sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host names b, u",
     "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
-                "target_lengths[b] and 0 <= begin_frame <= end_frame <= logit_lengths[b]; that "
-                "sequence's loss is NaN",
+                "{target_lengths}[b] and 0 <= begin_frame <= end_frame <= {logit_lengths}[b]; "
+                "that sequence's loss is NaN",
     "recompute": "rnnt_lattice: the joiner gave other logits when the fused loss recomputed a "
                  "tile in the backward pass; it must be deterministic given its inputs and the "
                  "RNG state (dropout is replayed), as torch.utils.checkpoint requires",
 }
 
 
-def device_assert(ok: torch.Tensor, rule: str) -> None:
+@functools.lru_cache(maxsize=64)
+def device_message(rule: str, targets: str = "targets", logit_lengths: str = "logit_lengths",
+                   target_lengths: str = "target_lengths") -> str:
+    """:data:`DEVICE_MESSAGES` of ``rule``, the arguments named as the caller names them."""
+    return DEVICE_MESSAGES[rule].format(targets=targets, logit_lengths=logit_lengths,
+                                        target_lengths=target_lengths)
+
+
+def device_assert(ok: torch.Tensor, rule: str, names: tuple = ()) -> None:
     """The one device-side assert: ``ok`` (one element, nonzero = holds) must hold, else
-    the device raises ``DEVICE_MESSAGES[rule]`` -- asynchronously on CUDA (the error
+    the device raises :func:`device_message` of ``rule`` (``names``: the caller's names of
+    the targets and the two lengths, if not ours) -- asynchronously on CUDA (the error
     surfaces at the next synchronisation; no host synchronisation here), at once on the
     CPU (a RuntimeError)."""
-    torch._assert_async(ok, DEVICE_MESSAGES[rule])
+    torch._assert_async(ok, device_message(rule, *names))
 
 
 # The fused losses' check that a recomputed tile is the forward's (``fused``): the largest

@@ -167,7 +167,8 @@ def _input_check():
 
 
 def device_value_check(targets, logit_lengths, target_lengths, *, T: int, U: int, V: int,
-                       blank: int | None, classes: tuple = (), boundary=None) -> torch.Tensor:
+                       blank: int | None, classes: tuple = (), boundary=None,
+                       names: Names | None = None) -> torch.Tensor:
     """The value checks on the device, without a host synchronisation: one kernel
     (``gpu.input_check``) decides, for every sequence ``b``, the rules of
     :data:`DEVICE_RULES` -- ``0 <= logit_lengths[b] <= T`` and ``0 <= target_lengths[b] <=
@@ -176,13 +177,15 @@ def device_value_check(targets, logit_lengths, target_lengths, *, T: int, U: int
     within the lengths -- then one :func:`device_assert` per rule that can fail. Returns
     ``(B,)`` float32: NaN for a sequence that breaks a rule, 0 otherwise, for the caller
     to add to its costs (the loss of a bad sequence is NaN, never a plausible value).
-    ``targets`` None: lengths (and boundary) only."""
+    ``targets`` None: lengths (and boundary) only; ``names``: how the asserts name the
+    arguments (:class:`Names`; None: as ours)."""
     ok, nan_rows = _input_check()(targets, logit_lengths, target_lengths, boundary, T=T, U=U,
                                   V=V, blank=blank, classes=classes)
     applies = (True, targets is not None and U > 0, boundary is not None)
+    words = (names or OURS).words()
     for i, rule in enumerate(DEVICE_RULES):
         if applies[i]:                 # a rule that cannot fail costs no assert launch
-            device_assert(ok[i], rule)
+            device_assert(ok[i], rule, words)
     return nan_rows
 
 
@@ -227,15 +230,39 @@ class LogitsSpec:
 
 @dataclass(frozen=True)
 class Names:
-    """How an entry point's messages name its tensors: ``logits``, the words for the logits
-    (``"logits (2, 5, 4, 6)"``), and the ``(name, tensor)`` whose shape sets the batch
-    size ``B``, the padded frames ``T`` and label positions ``U+1``. By default (None)
-    they are all the logits; the fused losses name ``enc`` and ``pred``."""
+    """How an entry point's messages name the call's tensors: by the caller's own argument
+    names (NeMo's and warp-transducer's ``acts``, ``labels``, ``act_lens``, ``label_lens``,
+    so that a message names what the user passed) and, for logits known by their shape only
+    (the fused losses), the words for them and the ``(name, tensor)`` whose shape sets the
+    batch size ``B``, the padded frames ``T`` and label positions ``U+1`` (by default the
+    logits themselves). :data:`OURS` names them as :func:`rnnt_lattice.rnnt_loss` does."""
 
-    logits: str
-    B: tuple
-    T: tuple
-    U: tuple
+    logits: str = "logits"
+    targets: str = "targets"
+    logit_lengths: str = "logit_lengths"
+    target_lengths: str = "target_lengths"
+    spec: str | None = None      # the fused losses: "the joiner's logits (B, T, U+1, V) = ..."
+    B: tuple | None = None
+    T: tuple | None = None
+    U: tuple | None = None
+
+    def shaped(self, logits) -> str:
+        """The logits in a message: ``"acts (2, 5, 4, 6)"``."""
+        return self.spec or f"{self.logits} {_shape(logits)}"
+
+    def source(self, which: str, logits) -> tuple:
+        """``(name, tensor)`` whose shape sets ``which`` (``"B"``, ``"T"`` or ``"U"``)."""
+        return getattr(self, which) or (self.logits, logits)
+
+    def lengths(self) -> tuple:
+        return self.logit_lengths, self.target_lengths
+
+    def words(self) -> tuple:
+        """The targets' and the lengths' names, as ``_rules.device_message`` takes them."""
+        return self.targets, self.logit_lengths, self.target_lengths
+
+
+OURS = Names()
 
 
 def check_lattice_args(
@@ -249,7 +276,7 @@ def check_lattice_args(
     n_tokens: int | None = None,
     grid: tuple[int, int, int] | None = None,
     allow_blank_targets: bool = False,
-    names: Names | None = None,
+    names: Names = OURS,
     site: str | None = "unknown",
 ) -> tuple:
     """Validate the lattice inputs and return them normalised: ``(targets, logit_lengths,
@@ -265,58 +292,54 @@ def check_lattice_args(
     a :class:`LogitsSpec` (shapes only), ``names`` says how messages name the tensors. The
     rank of ``logits`` is the caller's check (``check_logits_rank``, before it reads the
     logits' device)."""
-    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
-                    ("target_lengths", target_lengths)):
+    named = ((names.targets, targets), (names.logit_lengths, logit_lengths),
+             (names.target_lengths, target_lengths))
+    for name, x in named:
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if targets.dim() != 2:
-        raise ValueError(
-            f"targets must have 2 dims (B, U), got {targets.dim()} dims with shape {_shape(targets)}")
-    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        raise ValueError(f"{names.targets} must have 2 dims (B, U), got {targets.dim()} dims "
+                         f"with shape {_shape(targets)}")
+    for name, x in named[1:]:
         if x.dim() != 1:
             raise ValueError(f"{name} must have 1 dim (B,), got shape {_shape(x)}")
 
     if logits.dtype not in _FLOATS:
-        raise ValueError(
-            f"logits must be float16, bfloat16, float32 or float64, got {logits.dtype}")
-    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
-                    ("target_lengths", target_lengths)):
+        raise ValueError(f"{names.logits} must be float16, bfloat16, float32 or float64, got "
+                         f"{logits.dtype}")
+    for name, x in named:
         if x.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be int32 or int64, got {x.dtype}")
 
     B, T, U1, V = logits.shape if grid is None else (*grid, logits.shape[1])
-    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
-                    ("target_lengths", target_lengths)):
+    for name, x in named:
         if x.shape[0] != B:
-            src, t = names.B if names else ("logits", logits)
+            src, t = names.source("B", logits)
             raise ValueError(
                 f"batch sizes differ: {src} {_shape(t)} has B={B} but {name} has shape {_shape(x)}")
     if targets.shape[1] != U1 - 1:
-        src, t = names.U if names else ("logits", logits)
+        src, t = names.source("U", logits)
         raise ValueError(
-            f"targets {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to match {src} "
-            f"{_shape(t)}" + ("" if grid is None else f" with the lattice grid (B, T, U+1) = {grid}"))
+            f"{names.targets} {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to "
+            f"match {src} {_shape(t)}"
+            + ("" if grid is None else f" with the lattice grid (B, T, U+1) = {grid}"))
     if V < 1:
-        raise ValueError(f"{names.logits if names else 'logits ' + _shape(logits)} must have a "
-                         "vocabulary V >= 1")
+        raise ValueError(f"{names.shaped(logits)} must have a vocabulary V >= 1")
     if n_tokens is not None and n_tokens < 1:
-        raise ValueError(f"{names.logits if names else 'logits ' + _shape(logits)} must hold "
-                         f"V_tok >= 1 token classes before the {V - n_tokens} durations in the "
-                         "last axis")
+        raise ValueError(f"{names.shaped(logits)} must hold V_tok >= 1 token classes before "
+                         f"the {V - n_tokens} durations in the last axis")
 
-    for name, x in (("targets", targets), ("logit_lengths", logit_lengths),
-                    ("target_lengths", target_lengths)):
+    for name, x in named:
         if x.device != logits.device:
-            src = names.B[0] if names else "logits"
-            raise ValueError(
-                f"tensors on different devices: {src} on {logits.device}, {name} on {x.device}")
+            raise ValueError(f"tensors on different devices: {names.source('B', logits)[0]} on "
+                             f"{logits.device}, {name} on {x.device}")
 
     blank = check_int("blank", blank)
     Vt = V if n_tokens is None else n_tokens
     what = "V" if n_tokens is None else "V_tok"
     if not -Vt <= blank < Vt:
         raise ValueError(f"blank={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for "
-                         f"{names.logits if names else 'logits ' + _shape(logits)}")
+                         f"{names.shaped(logits)}")
     blank = blank % Vt
 
     if int64_ids:
@@ -328,32 +351,33 @@ def check_lattice_args(
     if site == "unknown":
         site = check_site(logits)
     if B and site == "host":
-        where = ("logits", logits)
-        check_lengths(logit_lengths, target_lengths, T, U1 - 1, names.T if names else where,
-                      names.U if names else where)
-        check_targets(targets, target_lengths, blank, Vt, allow_blank_targets, what=what)
+        check_lengths(logit_lengths, target_lengths, T, U1 - 1, names.source("T", logits),
+                      names.source("U", logits), names.lengths())
+        check_targets(targets, target_lengths, blank, Vt, allow_blank_targets, what=what,
+                      name=names.targets)
 
     return targets, logit_lengths, target_lengths, blank
 
 
-def check_logits_rank(logits, *, rows: bool = False) -> int:
+def check_logits_rank(logits, *, rows: bool = False, name: str = "logits") -> int:
     """``V``, the size of the last axis of ``logits``: a tensor of 4 dims ``(B, T, U+1, V)``,
-    or with ``rows`` of 2 dims ``(N, V)`` (the rows of a packed or pruned layout)."""
+    or with ``rows`` of 2 dims ``(N, V)`` (the rows of a packed or pruned layout). ``name``:
+    the caller's name for it."""
     if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
     if rows and logits.dim() != 2:
-        raise ValueError(f"logits must have 2 dims (N, V) (rows of a packed or pruned layout), "
+        raise ValueError(f"{name} must have 2 dims (N, V) (rows of a packed or pruned layout), "
                          f"got {logits.dim()} dims with shape {_shape(logits)}")
     if not rows and logits.dim() != 4:
-        raise ValueError(
-            f"logits must have 4 dims (B, T, U+1, V), got {logits.dim()} dims with shape {_shape(logits)}")
+        raise ValueError(f"{name} must have 4 dims (B, T, U+1, V), got {logits.dim()} dims "
+                         f"with shape {_shape(logits)}")
     return logits.shape[-1]
 
 
 def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, *,
                traced: bool = False, int64_ids: bool = True, native_low_precision: bool = False,
                node_rows: torch.Tensor | None = None, packed: bool = False, boundary=None,
-               allow_blank_targets: bool = False, names: Names | None = None,
+               allow_blank_targets: bool = False, names: Names = OURS,
                inplace_grad: bool = False) -> Checked:
     """Every check of one call on logits, in one place, into the :class:`Checked` plan
     that the backend runs without checking again (``_backends.prepare_call`` calls it once
@@ -379,19 +403,20 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     if traced:
         int64_ids, native_low_precision, inplace_grad = True, False, False
     else:
-        check_untransformed(("logits", logits), ("targets", targets),
-                            ("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
-                            ("boundary", boundary), ("node_rows", node_rows))
+        check_untransformed((names.logits, logits), (names.targets, targets),
+                            (names.logit_lengths, logit_lengths),
+                            (names.target_lengths, target_lengths), ("boundary", boundary),
+                            ("node_rows", node_rows))
     grid = None if node_rows is None else tuple(node_rows.shape)
     if packed:
-        check_packed_args(logits, targets, logit_lengths, target_lengths)
+        check_packed_args(logits, targets, logit_lengths, target_lengths, names)
     elif not isinstance(logits, LogitsSpec):
-        check_logits_rank(logits, rows=grid is not None)
+        check_logits_rank(logits, rows=grid is not None, name=names.logits)
     V = logits.shape[-1]
     n_tokens = V - topology.n_durations if topology.n_durations else None  # TDT: the tokens
     site = check_site(logits)
     if packed:
-        grid = _packed_grid(logits, targets, logit_lengths, target_lengths)
+        grid = _packed_grid(logits, targets, logit_lengths, target_lengths, names)
     targets, logit_lengths, target_lengths, blank = check_lattice_args(
         logits, targets, logit_lengths, target_lengths, blank, int64_ids=int64_ids,
         n_tokens=n_tokens, grid=grid, allow_blank_targets=allow_blank_targets, names=names,
@@ -406,8 +431,8 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
         x = x.to(dtype).contiguous()
     B, T, U1 = grid if grid is not None else x.shape[:3]
     blank = _check_topology(topology, V, blank)
-    check_class_targets(targets, target_lengths, topology, site)
-    boundary = check_boundary(boundary, B, x.device, logit_lengths, target_lengths)
+    check_class_targets(targets, target_lengths, topology, site, name=names.targets)
+    boundary = check_boundary(boundary, B, x.device, logit_lengths, target_lengths, names)
     nan_rows = None
     if B and site == "device":
         # The host checks above were skipped (no values read): the same rules on the device.
@@ -415,10 +440,10 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
             targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
             V=V if n_tokens is None else n_tokens,
             blank=None if allow_blank_targets else blank, classes=_fixed_classes(topology),
-            boundary=boundary)
+            boundary=boundary, names=names)
     if inplace_grad:
         # On what the user passed: any copy (dtype, layout) would defeat it.
-        check_inplace(logits, native_low_precision)
+        check_inplace(logits, native_low_precision, names.logits)
     return Checked(x, targets, logit_lengths, target_lengths, blank, boundary,
                    nan_rows, grid if packed else None, traced)
 
@@ -458,7 +483,7 @@ def _fixed_classes(topology) -> tuple:
 
 
 def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, topology,
-                        site: str | None = "unknown") -> None:
+                        site: str | None = "unknown", *, name: str = "targets") -> None:
     """Value check (where :func:`may_read_values`; ``site``: the caller's
     :func:`check_site`): no label may be a class that an arc kind of ``topology`` reads as a
     fixed class (multi-blank's big blanks): a label cannot be a blank. ``targets`` and
@@ -474,7 +499,7 @@ def check_class_targets(targets: torch.Tensor, target_lengths: torch.Tensor, top
     if bad.any():
         b, u = (int(i) for i in np.argwhere(bad)[0])
         c = int(y[b, u])
-        raise ValueError(f"targets[{b}, {u}] = {c} is the class of the arc kind {fixed[c]!r} of "
+        raise ValueError(f"{name}[{b}, {u}] = {c} is the class of the arc kind {fixed[c]!r} of "
                          f"topology {topology.name!r}: a label cannot be a blank")
 
 
@@ -486,13 +511,14 @@ def _host_values(x: torch.Tensor):
     return (x.detach() if x.requires_grad else x).cpu().numpy()
 
 
-def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -> None:
+def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src,
+                  names: tuple = ("logit_lengths", "target_lengths")) -> None:
     """Value check: ``0 <= T_b <= T`` and ``0 <= U_b <= U``, the padded sizes of the tensors
     ``t_src`` and ``u_src``, each ``(name, tensor)`` (named in the message: formatted only
-    on an error, so that a passing check costs no string work). Call it where
-    :func:`may_read_values`."""
-    for name, x, hi, dim, (src, tensor) in (("logit_lengths", logit_lengths, T, "T", t_src),
-                                            ("target_lengths", target_lengths, U, "U", u_src)):
+    on an error, so that a passing check costs no string work); ``names``: the caller's
+    names of the two lengths. Call it where :func:`may_read_values`."""
+    for name, x, hi, dim, (src, tensor) in ((names[0], logit_lengths, T, "T", t_src),
+                                            (names[1], target_lengths, U, "U", u_src)):
         if x.numel() == 0:
             continue
         if x.numel() <= 128:          # a batch's few lengths: Python ints beat two reductions
@@ -511,11 +537,12 @@ def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src) -
 
 
 def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targets: bool,
-                  joint: bool = False, what: str = "V") -> None:
+                  joint: bool = False, what: str = "V", name: str = "targets") -> None:
     """Value check: every target before its length in ``[0, V)`` and, unless
     ``allow_blank_targets``, not the blank (``what``: the bound's name in the message,
-    ``"V_tok"`` for TDT's token classes). ``joint``: one message for both rules (the
-    simple losses'). The lengths are already checked (``0 <= U_b <= U``)."""
+    ``"V_tok"`` for TDT's token classes; ``name``: the caller's name of the targets).
+    ``joint``: one message for both rules (the simple losses'). The lengths are already
+    checked (``0 <= U_b <= U``)."""
     U = targets.shape[1]
     if U == 0 or targets.shape[0] == 0:
         return
@@ -529,16 +556,16 @@ def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targe
         return
     b, u = (int(i) for i in np.argwhere(bad)[0])
     if joint:
-        raise ValueError(f"targets[{b}, {u}] = {int(y[b, u])} must be in [0, V) = "
+        raise ValueError(f"{name}[{b}, {u}] = {int(y[b, u])} must be in [0, V) = "
                          f"[0, {V})" + ("" if allow_blank_targets else
                                         f" and differ from the blank {blank}"))
     out &= valid
     if out.any():
         b, u = (int(i) for i in np.argwhere(out)[0])
-        raise ValueError(f"targets[{b}, {u}] = {int(y[b, u])} is outside [0, {what}) = [0, {V})"
+        raise ValueError(f"{name}[{b}, {u}] = {int(y[b, u])} is outside [0, {what}) = [0, {V})"
                          + ("" if what == "V" else " (TDT: the token classes before the durations)"))
     raise ValueError(
-        f"targets[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
+        f"{name}[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
 
 
 def check_reduction(reduction: str) -> None:
@@ -691,7 +718,7 @@ def check_durations(name: str, durations, *, minimum: int, ascending: bool,
 
 
 def check_boundary(boundary, B: int, device: torch.device, logit_lengths: torch.Tensor,
-                   target_lengths: torch.Tensor) -> torch.Tensor | None:
+                   target_lengths: torch.Tensor, names: Names = OURS) -> torch.Tensor | None:
     """k2's ``boundary`` ``(B, 4)`` ``[begin_symbol, begin_frame, end_symbol, end_frame]``:
     int64, on the logits' device. Value checks (CPU only, like every value check): for each
     sequence ``0 <= begin_symbol <= end_symbol <= U_b`` and
@@ -706,49 +733,51 @@ def check_boundary(boundary, B: int, device: torch.device, logit_lengths: torch.
     if boundary.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"boundary must be int32 or int64, got {boundary.dtype}")
     if boundary.device != device:
-        raise ValueError(f"tensors on different devices: logits on {device}, boundary on "
-                         f"{boundary.device}")
+        raise ValueError(f"tensors on different devices: {names.source('B', None)[0]} on "
+                         f"{device}, boundary on {boundary.device}")
     boundary = boundary.to(torch.int64).contiguous()
     if may_read_values(boundary) and B:
         s0, f0, s1, f1 = boundary.unbind(1)
+        T_name, U_name = names.lengths()
         for ok, what in (((s0 >= 0) & (s0 <= s1) & (s1 <= target_lengths),
-                          "0 <= begin_symbol <= end_symbol <= target_lengths[b]"),
+                          f"0 <= begin_symbol <= end_symbol <= {U_name}[b]"),
                          ((f0 >= 0) & (f0 <= f1) & (f1 <= logit_lengths),
-                          "0 <= begin_frame <= end_frame <= logit_lengths[b]")):
+                          f"0 <= begin_frame <= end_frame <= {T_name}[b]")):
             if not bool(ok.all()):
                 b = int((~ok).nonzero()[0, 0])
                 raise ValueError(f"boundary[{b}] = {boundary[b].tolist()} must satisfy {what} "
-                                 f"(logit_lengths[{b}] = {int(logit_lengths[b])}, "
-                                 f"target_lengths[{b}] = {int(target_lengths[b])})")
+                                 f"({T_name}[{b}] = {int(logit_lengths[b])}, "
+                                 f"{U_name}[{b}] = {int(target_lengths[b])})")
     return boundary
 
 
 # --------------------------------------------------------------------------- layouts
-def check_packed_args(logits, targets, logit_lengths, target_lengths) -> None:
+def check_packed_args(logits, targets, logit_lengths, target_lengths,
+                      names: Names = OURS) -> None:
     """``packed=True``: rows ``(N, V)``, lengths ``(B,)`` int and targets ``(B, U)``, on a
     device with values (the layout is built from the lengths; :func:`check_call`)."""
-    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
-                    ("targets", targets)):
+    T_name, U_name = names.lengths()
+    for name, x in ((T_name, logit_lengths), (U_name, target_lengths), (names.targets, targets)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError("packed=True: logits must be rows (sum_b T_b (U_b+1), V), got "
+        raise ValueError(f"packed=True: {names.logits} must be rows (sum_b T_b (U_b+1), V), got "
                          + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
                             else type(logits).__name__))
     if (logit_lengths.dim() != 1 or target_lengths.shape != logit_lengths.shape
             or targets.dim() != 2 or targets.shape[0] != logit_lengths.shape[0]):
-        raise ValueError(f"packed=True: need logit_lengths (B,), target_lengths (B,) and targets "
+        raise ValueError(f"packed=True: need {T_name} (B,), {U_name} (B,) and {names.targets} "
                          f"(B, U), got {tuple(logit_lengths.shape)}, {tuple(target_lengths.shape)} "
                          f"and {tuple(targets.shape)}")
     if logit_lengths.dtype not in _INTS or target_lengths.dtype not in _INTS:
-        raise ValueError(f"logit_lengths and target_lengths must be int32 or int64, got "
+        raise ValueError(f"{T_name} and {U_name} must be int32 or int64, got "
                          f"{logit_lengths.dtype} and {target_lengths.dtype}")
     if logits.device.type == "meta":
         raise ValueError("packed=True reads the lengths' values (the row layout depends on "
                          "them): tensors on the meta device have none")
 
 
-def _packed_grid(logits, targets, logit_lengths, target_lengths) -> tuple:
+def _packed_grid(logits, targets, logit_lengths, target_lengths, names: Names = OURS) -> tuple:
     """``packed=True``: the grid ``(B, T, U+1)`` of the packed rows, ``T = max_b T_b``, from
     the one host read of the lengths (a synchronisation on CUDA), which also checks them:
     ``>= 0``, ``U_b <= U``, and ``sum_b T_b (U_b+1)`` rows, as many as ``logits`` has."""
@@ -760,14 +789,15 @@ def _packed_grid(logits, targets, logit_lengths, target_lengths) -> tuple:
         U_b = target_lengths.to(torch.int64)
         T, N, lo, hi = torch.stack([T_b.max(), (T_b * (U_b + 1)).sum(),
                                     torch.minimum(T_b.min(), U_b.min()), U_b.max()]).tolist()
+    T_name, U_name = names.lengths()
     if lo < 0 or hi > U:
-        raise ValueError(f"packed=True: lengths must be >= 0 and target_lengths <= U = {U}, got "
-                         f"logit_lengths {logit_lengths.tolist()} and target_lengths "
+        raise ValueError(f"packed=True: lengths must be >= 0 and {U_name} <= U = {U}, got "
+                         f"{T_name} {logit_lengths.tolist()} and {U_name} "
                          f"{target_lengths.tolist()}")
     if N != logits.shape[0]:
-        raise ValueError(f"packed=True: logits {tuple(logits.shape)} must have sum_b T_b (U_b+1) "
-                         f"= {N} rows for logit_lengths {logit_lengths.tolist()} and "
-                         f"target_lengths {target_lengths.tolist()}")
+        raise ValueError(f"packed=True: {names.logits} {tuple(logits.shape)} must have sum_b T_b "
+                         f"(U_b+1) = {N} rows for {T_name} {logit_lengths.tolist()} and "
+                         f"{U_name} {target_lengths.tolist()}")
     return B, T, U + 1
 
 
@@ -834,7 +864,7 @@ def check_window_args(logits, targets, ranges) -> torch.Tensor:
     return ranges
 
 
-def check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:
+def check_inplace(logits: torch.Tensor, native_low_precision: bool, name: str = "logits") -> None:
     """``inplace_grad=True`` writes the gradient over ``logits``: refuse inputs that would
     be copied first (the gradient would land in the copy)."""
     dtypes = (torch.float32, torch.float64)
@@ -842,47 +872,49 @@ def check_inplace(logits: torch.Tensor, native_low_precision: bool) -> None:
         dtypes += (torch.float16, torch.bfloat16)
     if logits.dtype not in dtypes:
         raise ValueError(
-            f"inplace_grad=True needs logits of dtype {' or '.join(str(d) for d in dtypes)} with "
-            f"this backend (any other dtype is copied first), got {logits.dtype} logits of shape "
+            f"inplace_grad=True needs {name} of dtype {' or '.join(str(d) for d in dtypes)} with "
+            f"this backend (any other dtype is copied first), got {logits.dtype} {name} of shape "
             f"{tuple(logits.shape)}")
     if not logits.is_contiguous():
         raise ValueError(
-            f"inplace_grad=True needs contiguous logits (a non-contiguous tensor is copied first), "
-            f"got logits of shape {tuple(logits.shape)} with strides {logits.stride()}")
+            f"inplace_grad=True needs contiguous {name} (a non-contiguous tensor is copied "
+            f"first), got {name} of shape {tuple(logits.shape)} with strides {logits.stride()}")
 
 
 # --------------------------------------------------------------------------- topologies
-def check_tdt_logits(logits, durations) -> None:
+def check_tdt_logits(logits, durations, name: str = "logits") -> None:
     """``tdt_loss``: room for at least one token before the durations in the last axis."""
     if isinstance(logits, torch.Tensor) and logits.dim() in (2, 4) and logits.shape[-1] <= len(durations):
-        raise ValueError(f"logits {tuple(logits.shape)} must hold V_tok >= 1 token classes before "
+        raise ValueError(f"{name} {_shape(logits)} must hold V_tok >= 1 token classes before "
                          f"the {len(durations)} durations in the last axis")
 
 
-def check_multiblank_blank(logits, blank: int, durations, packed: bool) -> int:
+def check_multiblank_blank(logits, blank: int, durations, packed: bool,
+                           name: str = "logits") -> int:
     """``multiblank_rnnt_loss``: the blank is a class with its big blanks, the
     ``len(durations)`` classes just below it, and at least one label besides them (NeMo's
     layout puts the blank last, ESPnet's after the big blanks it inserts at the front of its
     token list). Checked before the topology is built, which places the big blanks below
     the blank, so that each mistake gets its own message. Returns the blank id in
     ``[0, V)``."""
-    check_logits_rank(logits, rows=packed)
-    return check_multiblank_blank_id(tuple(logits.shape), blank, durations)
+    check_logits_rank(logits, rows=packed, name=name)
+    return check_multiblank_blank_id(tuple(logits.shape), blank, durations, name)
 
 
-def check_multiblank_blank_id(shape: tuple, blank: int, durations) -> int:
-    """:func:`check_multiblank_blank` for logits of ``shape`` (``V = shape[-1]``)."""
+def check_multiblank_blank_id(shape: tuple, blank: int, durations, name: str = "logits") -> int:
+    """:func:`check_multiblank_blank` for logits of ``shape`` (``V = shape[-1]``), named
+    ``name`` in the messages."""
     V = shape[-1]
     if not -V <= blank < V:
-        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for logits {shape}")
+        raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for {name} {shape}")
     blank_id = blank % V
     D = len(durations)
     if blank_id < D:
         raise ValueError(f"blank={blank} leaves no room below it for the {D} big blank(s), "
-                         f"classes blank - 1 - i, of logits {shape} (NeMo's layout: the blank "
+                         f"classes blank - 1 - i, of {name} {shape} (NeMo's layout: the blank "
                          f"is the last class, V - 1 = {V - 1})")
     if V < D + 2:
-        raise ValueError(f"logits {shape} have no room for {D} big blank(s), the blank and "
+        raise ValueError(f"{name} {shape} have no room for {D} big blank(s), the blank and "
                          f"a label")
     return blank_id
 

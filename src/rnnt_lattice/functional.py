@@ -5,7 +5,7 @@ import torch
 
 from . import _backends, _ops
 from ._layout import pack
-from ._validate import (FLOAT_RANGES, check_durations, check_float, check_int,
+from ._validate import (FLOAT_RANGES, OURS, Names, check_durations, check_float, check_int,
                         check_multiblank_blank, check_pack_logits_args, check_reduction,
                         check_tdt_logits, loss_options)
 from .topology import Topology, by_name, multiblank, regular, tdt
@@ -227,20 +227,33 @@ def tdt_loss(
     The returned loss is the plain negative log-likelihood of the sigma-weighted lattice,
     also with FastEmit (NeMo reports it multiplied by ``1 + fastemit_lambda``).
     """
+    return tdt_loss_named(OURS, logits, targets, logit_lengths, target_lengths, blank=blank,
+                          durations=durations, sigma=sigma, omega=omega, reduction=reduction,
+                          fastemit_lambda=fastemit_lambda, clamp=clamp,
+                          zero_infinity=zero_infinity, backend=backend,
+                          inplace_grad=inplace_grad, packed=packed)
+
+
+def tdt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths, *, blank,
+                   durations, sigma, omega, reduction, fastemit_lambda, clamp, zero_infinity,
+                   backend, inplace_grad, packed):
+    """:func:`tdt_loss`, its messages naming the tensors by ``names`` (a compat module's
+    argument names, ``_validate.Names``)."""
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     omega = check_float("omega", omega)
-    check_tdt_logits(logits, durations)
+    check_tdt_logits(logits, durations, names.logits)
     if omega > 0.0 and float(torch.rand(())) < omega:
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         V_tok = logits.shape[-1] - len(durations)
-        return logits_loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank, regular(),
-                     clamp=clamp, reduction=reduction, fused=True,
-                     fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
-                     backend=backend, inplace_grad=False, packed=packed)
+        return logits_loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank,
+                           regular(), clamp=clamp, reduction=reduction, fused=True,
+                           fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
+                           backend=backend, inplace_grad=False, packed=packed, names=names)
     return logits_loss(logits, targets, logit_lengths, target_lengths, blank, tdt(durations),
-                 clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
-                 zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
-                 sigma=sigma, packed=packed)
+                       clamp=clamp, reduction=reduction, fused=True,
+                       fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
+                       backend=backend, inplace_grad=inplace_grad, sigma=sigma, packed=packed,
+                       names=names)
 
 
 def multiblank_rnnt_loss(
@@ -288,14 +301,27 @@ def multiblank_rnnt_loss(
         sigma, and the rest: as :func:`tdt_loss` / :func:`rnnt_loss`. The targets must not
             use the big blanks' classes.
     """
+    return multiblank_rnnt_loss_named(
+        OURS, logits, targets, logit_lengths, target_lengths, blank=blank,
+        big_blank_durations=big_blank_durations, sigma=sigma, reduction=reduction,
+        fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity,
+        backend=backend, inplace_grad=inplace_grad, packed=packed)
+
+
+def multiblank_rnnt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths, *,
+                               blank, big_blank_durations, sigma, reduction, fastemit_lambda,
+                               clamp, zero_infinity, backend, inplace_grad, packed):
+    """:func:`multiblank_rnnt_loss`, its messages naming the tensors by ``names`` (a compat
+    module's argument names, ``_validate.Names``)."""
     durations = check_durations("big_blank_durations", big_blank_durations, minimum=2,
                                 ascending=False)
     blank = check_int("blank", blank)
-    blank_id = check_multiblank_blank(logits, blank, durations, packed)
-    return logits_loss(logits, targets, logit_lengths, target_lengths, blank, multiblank(blank_id, durations),
-                 clamp=clamp, reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
-                 zero_infinity=zero_infinity, backend=backend, inplace_grad=inplace_grad,
-                 sigma=sigma, packed=packed)
+    blank_id = check_multiblank_blank(logits, blank, durations, packed, names.logits)
+    return logits_loss(logits, targets, logit_lengths, target_lengths, blank,
+                       multiblank(blank_id, durations), clamp=clamp, reduction=reduction,
+                       fused=True, fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
+                       backend=backend, inplace_grad=inplace_grad, sigma=sigma, packed=packed,
+                       names=names)
 
 
 def check_options(**options) -> None:
@@ -322,13 +348,14 @@ def check_options(**options) -> None:
 def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology: Topology, *, clamp,
           reduction, fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
           delay_penalty=0.0, boundary=None, packed=False, node_rows=None,
-          allow_blank_targets=False):
+          allow_blank_targets=False, names: Names = OURS):
     """The loss of every entry point on logits: the float options into one
     :class:`LossOptions`, the call prepared once (``_backends.prepare_call``: the backend,
     every check, a packed layout's map), then run (``_ops.run``: the one autograd Function,
     or the custom op while compiling; zero_infinity; the reduction). ``packed``: the logits
     are packed rows; ``node_rows``: a layout's map given directly (the pruned loss), the
-    logits being its rows ``(N, V)``."""
+    logits being its rows ``(N, V)``. ``names``: how the messages name the tensors (a compat
+    module's argument names, ``_validate.Names``)."""
     traced = torch.compiler.is_compiling()
     if packed and traced:
         return _packed_loss(logits, targets, logit_lengths, target_lengths, blank, topology,
@@ -336,14 +363,15 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
                             fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
                             backend=backend, inplace_grad=inplace_grad, sigma=sigma,
                             delay_penalty=delay_penalty, boundary=boundary, packed=packed,
-                            node_rows=node_rows, allow_blank_targets=allow_blank_targets)
+                            node_rows=node_rows, allow_blank_targets=allow_blank_targets,
+                            names=names)
     check_reduction(reduction)
     opts = loss_options(bool(fused), bool(inplace_grad), topology, clamp, fastemit_lambda,
                         sigma, delay_penalty)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
                                   traced=traced,
-                                  allow_blank_targets=allow_blank_targets)
+                                  allow_blank_targets=allow_blank_targets, names=names)
     return _ops.run(prep, backend, reduction, zero_infinity)
 
 

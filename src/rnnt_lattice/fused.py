@@ -602,8 +602,8 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
     U1 = pred.shape[1]
     shape = (B, T, U1, V)
     opts = replace(opts, topology=topology(shape))
-    names = Names(f"the joiner's logits (B, T, U+1, V) = {shape}", ("enc", enc), ("enc", enc),
-                  ("pred", pred))
+    names = Names(spec=f"the joiner's logits (B, T, U+1, V) = {shape}", B=("enc", enc),
+                  T=("enc", enc), U=("pred", pred))
     prep = _backends.prepare_call(LogitsSpec(shape, dtype, enc.device), targets,
                                   logit_lengths, target_lengths, blank, backend, opts,
                                   boundary=boundary, allow_blank_targets=allow_blank_targets,

@@ -640,7 +640,7 @@ def check_bad_input(ctx):
     process fails with the message that names the argument and the rule (run in a
     subprocess: a device-side assert ends the process's CUDA context); and
     ``set_input_checks("host")`` gives the CPU's ValueError, in this process."""
-    from ._rules import DEVICE_MESSAGES
+    from ._rules import device_message
     from ._validate import set_input_checks
     env = dict(os.environ)
     device_path = ctx.cuda or ctx.backend == "triton"
@@ -661,10 +661,10 @@ def check_bad_input(ctx):
     died = subprocess.run(cmd + ["assert", ctx.device, ctx.backend], env=env,
                           capture_output=True, text=True, timeout=600)
     said = died.stdout + died.stderr
-    if died.returncode == 0 or DEVICE_MESSAGES[rule][:60] not in said:
+    if died.returncode == 0 or device_message(rule)[:60] not in said:
         raise CheckFailed(f"{what}: no device-side assert naming it: {said[-600:]}")
     return (f"{len(BAD_INPUTS)} bad inputs: NaN on their sequence; device-side assert "
-            f"'{DEVICE_MESSAGES[rule][:40]}...'; " + _host_bad_inputs(ctx))
+            f"'{device_message(rule)[:40]}...'; " + _host_bad_inputs(ctx))
 
 
 _RECOMPUTE_SCRIPT = """
@@ -698,8 +698,8 @@ def check_recompute(ctx):
     (each 1% larger): the process fails with the ``"recompute"`` message, from the device
     on CUDA (the Triton gradient pass's check in fused mode; the rows' sums in log-prob
     mode), in a subprocess (a device-side assert ends the CUDA context)."""
-    from ._rules import DEVICE_MESSAGES
-    want = DEVICE_MESSAGES["recompute"][:60]
+    from ._rules import device_message
+    want = device_message("recompute")[:60]
     for fused in ("1", "0"):
         died = subprocess.run([sys.executable, "-c", _RECOMPUTE_SCRIPT, ctx.device, ctx.backend,
                                fused], capture_output=True, text=True, timeout=600)

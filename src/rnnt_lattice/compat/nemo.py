@@ -67,6 +67,8 @@ import importlib
 import torch
 
 from .. import functional
+from .._validate import Names
+from ..topology import regular
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "RNNTLossNumba", "TDTLossNumba",
@@ -86,6 +88,9 @@ REDUCTIONS = ("sum", "mean", "none", None)
 # whose models pass int32 labels), so that an ESPnet model switches by its import alone.
 NEMO_IDS = (torch.int64,)
 ESPNET_IDS = (torch.int64, torch.int32)
+
+# The messages name the tensors as NeMo's signatures do.
+NAMES = Names("acts", "labels", "act_lens", "label_lens")
 
 
 def _check_call(labels, act_lens, label_lens, reduction, ids: tuple) -> None:
@@ -142,27 +147,32 @@ def _report(costs: torch.Tensor, fastemit_lambda: float, dtype: torch.dtype,
 
 def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda, clamp):
     _check_call(labels, act_lens, label_lens, reduction, ESPNET_IDS)
-    costs = functional.rnnt_loss(acts, labels, act_lens, label_lens, blank, clamp=clamp,
-                                 reduction="none", fastemit_lambda=fastemit_lambda)
+    costs = functional.logits_loss(acts, labels, act_lens, label_lens, blank, regular(),
+                                   clamp=clamp, reduction="none", fused=True,
+                                   fastemit_lambda=fastemit_lambda, zero_infinity=False,
+                                   backend="auto", inplace_grad=False, names=NAMES)
     return _report(costs, fastemit_lambda, torch.float32, reduction)
 
 
 def _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction, fastemit_lambda,
          clamp, sigma, omega):
     _check_call(labels, act_lens, label_lens, reduction, NEMO_IDS)
-    costs = functional.tdt_loss(acts, labels, act_lens, label_lens, blank=blank,
-                                durations=durations, sigma=sigma, omega=omega, reduction="none",
-                                fastemit_lambda=fastemit_lambda, clamp=clamp)
+    costs = functional.tdt_loss_named(NAMES, acts, labels, act_lens, label_lens, blank=blank,
+                                      durations=durations, sigma=sigma, omega=omega,
+                                      reduction="none", fastemit_lambda=fastemit_lambda,
+                                      clamp=clamp, zero_infinity=False, backend="auto",
+                                      inplace_grad=False, packed=False)
     return _report(costs, fastemit_lambda, acts.dtype, reduction)
 
 
 def _multiblank(acts, labels, act_lens, label_lens, blank, big_blank_durations, reduction,
                 fastemit_lambda, clamp, sigma):
     _check_call(labels, act_lens, label_lens, reduction, ESPNET_IDS)
-    costs = functional.multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=blank,
-                                            big_blank_durations=big_blank_durations, sigma=sigma,
-                                            reduction="none", fastemit_lambda=fastemit_lambda,
-                                            clamp=clamp)
+    costs = functional.multiblank_rnnt_loss_named(
+        NAMES, acts, labels, act_lens, label_lens, blank=blank,
+        big_blank_durations=big_blank_durations, sigma=sigma, reduction="none",
+        fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=False, backend="auto",
+        inplace_grad=False, packed=False)
     return _report(costs, fastemit_lambda, acts.dtype, reduction)
 
 

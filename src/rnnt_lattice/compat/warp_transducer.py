@@ -42,12 +42,17 @@ from __future__ import annotations
 
 import torch
 
-import rnnt_lattice
+from .. import functional
+from .._validate import Names
+from ..topology import regular
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
 
 _REDUCTIONS = ("none", "mean", "sum")
+
+# The messages name the tensors as warp-transducer's signature does.
+NAMES = Names("acts", "labels", "act_lens", "label_lens")
 
 
 def _check_reduction(reduction) -> None:
@@ -94,8 +99,10 @@ def rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
         if isinstance(x, torch.Tensor) and x.dtype != torch.int32:
             raise ValueError(f"{name} must be int32 (as warp-transducer), got {x.dtype} of shape "
                              f"{tuple(x.shape)}")
-    costs = rnnt_lattice.rnnt_loss(acts, labels, act_lens, label_lens, blank, reduction="none",
-                                   fastemit_lambda=fastemit_lambda)
+    costs = functional.logits_loss(acts, labels, act_lens, label_lens, blank, regular(),
+                                   clamp=-1.0, reduction="none", fused=True,
+                                   fastemit_lambda=fastemit_lambda, zero_infinity=False,
+                                   backend="auto", inplace_grad=False, names=NAMES)
     if reduction == "none":
         return costs
     total = costs.sum()

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import rnnt_loss as lattice_rnnt_loss
-from ..._validate import may_read_values
+from ... import functional
+from ..._validate import Names, may_read_values
+from ...topology import regular
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
 
@@ -32,6 +33,22 @@ _FLOAT = ("a Float tensor", (torch.float32,))
 _INT = ("a Int tensor", (torch.int32,))
 ANY_FLOAT = ("a floating-point tensor", (torch.float16, torch.bfloat16, torch.float32,
                                          torch.float64))
+
+
+NAMES = Names("xs", "ys", "xn", "yn")
+# The compact layout's labels come concatenated, (SU,); the loss reads them padded, (N, U).
+COMPACT_NAMES = Names("xs", "ys (padded to (N, max_b yn[b]))", "xn", "yn")
+
+
+def log_probs_loss(names: Names, log_probs, targets, frames_lengths, labels_lengths, blank,
+                   fastemit_lambda: float = 0.0, packed: bool = False) -> torch.Tensor:
+    """Per-sequence costs ``(N,)`` of log-probs (``rnnt_loss(..., fused_log_softmax=False,
+    reduction="none")``), the messages naming the tensors by ``names``, warp-rnnt's."""
+    return functional.logits_loss(log_probs, targets, frames_lengths, labels_lengths, blank,
+                                  regular(), clamp=-1.0, reduction="none", fused=False,
+                                  fastemit_lambda=fastemit_lambda, zero_infinity=False,
+                                  backend="auto", inplace_grad=False, packed=packed,
+                                  names=names)
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -97,9 +114,8 @@ def _costs_and_grads(xs, targets, xn, yn, blank, fastemit_lambda, packed):
     """Per-sequence costs ``(N,)`` and their gradient w.r.t. ``xs`` (upstream 1), eagerly."""
     x = xs.detach().requires_grad_()
     with torch.enable_grad():
-        costs = lattice_rnnt_loss(x, targets, xn, yn, blank, reduction="none",
-                                  fused_log_softmax=False, fastemit_lambda=fastemit_lambda,
-                                  packed=packed)
+        costs = log_probs_loss(COMPACT_NAMES if packed else NAMES, x, targets, xn, yn, blank,
+                               fastemit_lambda, packed)
         (grads,) = torch.autograd.grad(costs.sum(), x)
     return costs.detach(), grads
 
@@ -169,8 +185,7 @@ def rnnt_loss_compact(xs: torch.Tensor, ys: torch.Tensor, xn: torch.Tensor, yn: 
     ones = torch.ones_like(targets)
     if not required_grad:
         with torch.no_grad():
-            costs = lattice_rnnt_loss(gathered, ones, xn, yn, 0, reduction="none",
-                                      fused_log_softmax=False, packed=True)
+            costs = log_probs_loss(COMPACT_NAMES, gathered, ones, xn, yn, 0, packed=True)
         return costs, xs.new_empty((0, 2)), loc
     costs, grads = _costs_and_grads(gathered, ones, xn, yn, 0, fastemit_lambda, packed=True)
     return costs, grads, loc

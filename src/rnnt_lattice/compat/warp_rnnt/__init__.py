@@ -38,13 +38,18 @@ from __future__ import annotations
 
 import torch
 
-from ... import rnnt_loss as lattice_rnnt_loss
+from ..._validate import Names
 from . import _C
-from ._C import ANY_FLOAT, ArgumentError, check_blank, check_tensors, gathered_targets, padded_labels
+from ._C import (ANY_FLOAT, ArgumentError, check_blank, check_tensors, gathered_targets,
+                 log_probs_loss, padded_labels)
 
 __all__ = ["rnnt_loss", "RNNTLoss", "RNNTLossCompact"]
 
 _NAMES = ("log_probs", "labels", "frames_lengths", "labels_lengths")
+NAMES = Names(*_NAMES)
+# compact=True: the labels come concatenated, (sum_b U_b,); the loss reads them padded.
+COMPACT_NAMES = Names("log_probs", "labels (padded to (N, max_b labels_lengths[b]))",
+                      "frames_lengths", "labels_lengths")
 
 
 class RNNTLoss(torch.autograd.Function):
@@ -151,17 +156,15 @@ def rnnt_loss(log_probs: torch.Tensor, labels: torch.Tensor, frames_lengths: tor
                       contiguous=False)
         check_blank(blank, log_probs.shape[1], gathered_ok=False)
         targets = padded_labels(labels, labels_lengths, names=_NAMES[1::2])
-        costs = lattice_rnnt_loss(log_probs.float(), targets, frames_lengths, labels_lengths,
-                                  blank, reduction="none", fused_log_softmax=False,
-                                  fastemit_lambda=fastemit_lambda, packed=True)
+        costs = log_probs_loss(COMPACT_NAMES, log_probs.float(), targets, frames_lengths,
+                               labels_lengths, blank, fastemit_lambda, packed=True)
     else:
         check_tensors(_NAMES, tensors, (("a Float tensor", (torch.float32,)), int32, int32, int32),
                       (4, 2, 1, 1), contiguous=False)
         check_blank(blank, log_probs.shape[-1], gathered_ok=not gather)
         targets = gathered_targets(log_probs, labels, "log_probs") if blank == -1 else labels
-        costs = lattice_rnnt_loss(log_probs, targets, frames_lengths, labels_lengths,
-                                  max(blank, 0), reduction="none", fused_log_softmax=False,
-                                  fastemit_lambda=fastemit_lambda)
+        costs = log_probs_loss(NAMES, log_probs, targets, frames_lengths, labels_lengths,
+                               max(blank, 0), fastemit_lambda)
     if average_frames:
         costs = costs / frames_lengths.to(log_probs)
     if reduction == "sum" or (reduction == "mean" and costs.shape[0] == 0):
