@@ -109,13 +109,13 @@ def test_adjacent_slices_are_read_in_place(monkeypatch):
     """The model's two slices of its joint output reach the kernel as that tensor; other
     pairs are concatenated, with the same loss and gradients."""
     seen = []
-    real = rnnt_lattice.tdt_loss
+    real = ct.functional.tdt_loss_named
 
-    def spy(logits, *args, **kwargs):
+    def spy(names, logits, *args, **kwargs):
         seen.append(logits)
-        return real(logits, *args, **kwargs)
+        return real(names, logits, *args, **kwargs)
 
-    monkeypatch.setattr(rnnt_lattice, "tdt_loss", spy)
+    monkeypatch.setattr(ct.functional, "tdt_loss_named", spy)
     x = torch.randn(2, 4, 3, 5 + 3, requires_grad=True)
     joint = x * 1.0                                       # a non-leaf joint output, as a model's
     targets, T_b, U_b = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
@@ -160,6 +160,82 @@ def test_argument_errors():
     bad[0, 0] = 5                                      # the blank, within the label length
     with pytest.raises(ValueError, match="blank"):
         ct.rnnt_loss(x, bad, T_b, U_b, 5)
+
+
+def _tdt_case(edit):
+    """A call of ``tdt_loss`` on good arguments (6 tokens, the blank last, 3 durations)
+    edited by ``edit(args)`` (a dict of the arguments by name)."""
+    def call():
+        x, labels, T_b, U_b = _inputs(6, 3)
+        x = x.detach().nan_to_num()
+        args = dict(token_logits=x[..., :6], duration_logits=x[..., 6:], targets=labels,
+                    logit_lengths=T_b, target_lengths=U_b, blank_token_id=5,
+                    durations=[0, 1, 2])
+        edit(args)
+        return ct.tdt_loss(**args)
+    return call
+
+
+def _rnnt_case(edit):
+    def call():
+        x, labels, T_b, U_b = _inputs(6)
+        args = dict(logits=x.detach().nan_to_num(), targets=labels, logit_lengths=T_b,
+                    target_lengths=U_b, blank_token_id=5)
+        edit(args)
+        return ct.rnnt_loss(**args)
+    return call
+
+
+# case -> (call, the words of its ValueError). The duration logits' width was unchecked: one
+# column too many read the first as a token (blank_token_id=-1 then took a duration's
+# logit for the blank's: a finite, wrong loss).
+ARGUMENT_ERRORS = {
+    "tdt_durations_wide": (_tdt_case(lambda a: a.update(
+        duration_logits=torch.cat([a["duration_logits"], a["duration_logits"][..., :1]], -1),
+        blank_token_id=-1)), "duration_logits (3, 5, 4, 4) must have D = len(durations) = 3"),
+    "tdt_durations_narrow": (_tdt_case(lambda a: a.update(duration_logits=a["duration_logits"][..., :2])),
+                             "duration_logits (3, 5, 4, 2) must have D = len(durations) = 3"),
+    "tdt_batch": (_tdt_case(lambda a: a.update(duration_logits=a["duration_logits"][:1])),
+                  "token_logits (3, 5, 4, 6) and duration_logits (1, 5, 4, 3) must share (B, T, U+1)"),
+    "tdt_3d": (_tdt_case(lambda a: a.update(token_logits=a["token_logits"][0])),
+               "token_logits must have 4 dims (B, T, U+1, V), got shape (5, 4, 6)"),
+    "tdt_list": (_tdt_case(lambda a: a.update(duration_logits=a["duration_logits"].tolist())),
+                 "duration_logits must be a torch.Tensor, got list"),
+    "tdt_lengths_list": (_tdt_case(lambda a: a.update(logit_lengths=[5, 3, 4])),
+                         "logit_lengths must be a torch.Tensor, got list"),
+    "tdt_blank_not_last": (_tdt_case(lambda a: a.update(blank_token_id=0)),
+                           "blank_token_id=0 must be the last token of token_logits (3, 5, 4, 6), V - 1 = 5"),
+    "tdt_blank_float": (_tdt_case(lambda a: a.update(blank_token_id=5.0)),
+                        "blank_token_id must be an int, got 5.0"),
+    "tdt_durations": (_tdt_case(lambda a: a.update(durations=[1, 0, 2])),
+                      "durations must be strictly ascending, got [1, 0, 2]"),
+    "tdt_length": (_tdt_case(lambda a: a.update(logit_lengths=torch.tensor([6, 3, 4]))),
+                   "logit_lengths[0] = 6 exceeds the padded size T = 5 of the joined token_logits "
+                   "and duration_logits (3, 5, 4, 9)"),
+    "tdt_label": (_tdt_case(lambda a: a["targets"].__setitem__((0, 0), 6)),
+                  "targets[0, 0] = 6 is outside [0, V_tok) = [0, 6)"),
+    "rnnt_targets_list": (_rnnt_case(lambda a: a.update(targets=a["targets"].tolist())),
+                          "targets must be a torch.Tensor, got list"),
+    "rnnt_3d": (_rnnt_case(lambda a: a.update(logits=a["logits"][0])),
+                "logits must have 4 dims (B, T, U+1, V), got shape (5, 4, 6)"),
+    "rnnt_blank": (_rnnt_case(lambda a: a.update(blank_token_id=6)),
+                   "blank_token_id=6 is outside [-V, V) = [-6, 6) for logits (3, 5, 4, 6)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARGUMENT_ERRORS))
+def test_argument_errors_name_transformers_arguments(case):
+    call, words = ARGUMENT_ERRORS[case]
+    with pytest.raises(ValueError) as err:
+        call()
+    assert words in str(err.value), f"{words!r} not in: {err.value}"
+
+
+def test_the_argument_error_cases_are_good_unedited():
+    """The calls of the table above run on the arguments they edit (so each error is the
+    edit's)."""
+    _tdt_case(lambda a: None)()
+    _rnnt_case(lambda a: None)()
 
 
 # --------------------------------------------------------------------------- install()

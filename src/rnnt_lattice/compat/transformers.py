@@ -63,12 +63,58 @@ import types
 import torch
 
 import rnnt_lattice
+from .. import functional
+from .._validate import Names, check_durations, check_int
 from ._install import scoped
 
 __all__ = ["tdt_loss", "rnnt_loss", "ParakeetForTDTLoss", "ParakeetForRNNTLoss", "install",
            "uninstall", "installed", "fuse", "unfuse", "is_fused"]
 
 REDUCTIONS = ("mean_volume", "mean_batch", "mean", "sum", "none")
+
+# The TDT loss reads the token and duration logits as one tensor, (B, T, U+1, V + D): its
+# messages name it so.
+TDT_NAMES = Names(logits="the joined token_logits and duration_logits")
+
+
+def _check_tensors(*named) -> None:
+    """Each ``(name, x)`` a tensor (transformers moves the labels and lengths to the logits'
+    device: their own device is free)."""
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_blank(blank_token_id, V: int, last: bool, what: str) -> int:
+    """``blank_token_id`` a class of ``what``'s ``V``; with ``last`` the last one (TDT)."""
+    blank = check_int("blank_token_id", blank_token_id)
+    if last and blank not in (V - 1, -1):
+        raise ValueError(f"blank_token_id={blank} must be the last token of {what}, V - 1 = "
+                         f"{V - 1} (the TDT layout; Parakeet's blank_token_id = vocab_size - 1)")
+    if not -V <= blank < V:
+        raise ValueError(f"blank_token_id={blank} is outside [-V, V) = [{-V}, {V}) for {what}")
+    return blank
+
+
+def _check_tdt_logits(token_logits, duration_logits, durations: tuple) -> None:
+    """Token logits ``(B, T, U+1, V)`` and duration logits ``(B, T, U+1, D)``, ``D`` the
+    number of durations, on one device: joined, any other ``D`` would shift the boundary
+    between tokens and durations (a silently different loss, or a misleading message)."""
+    for name, x, last in (("token_logits", token_logits, "V"),
+                          ("duration_logits", duration_logits, "D")):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims (B, T, U+1, {last}), got shape "
+                             f"{tuple(x.shape)}")
+    if token_logits.shape[:-1] != duration_logits.shape[:-1]:
+        raise ValueError(f"token_logits {tuple(token_logits.shape)} and duration_logits "
+                         f"{tuple(duration_logits.shape)} must share (B, T, U+1)")
+    if duration_logits.shape[-1] != len(durations):
+        raise ValueError(f"duration_logits {tuple(duration_logits.shape)} must have D = "
+                         f"len(durations) = {len(durations)} columns, one per duration of "
+                         f"{list(durations)}")
+    if token_logits.device != duration_logits.device:
+        raise ValueError(f"tensors on different devices: token_logits on "
+                         f"{token_logits.device}, duration_logits on {duration_logits.device}")
 
 
 def _check_reduction(reduction) -> None:
@@ -157,12 +203,21 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
         The float32 loss: a scalar, or ``(B,)`` for ``"none"``.
     """
     _check_reduction(reduction)
+    _check_tensors(("token_logits", token_logits), ("duration_logits", duration_logits),
+                   ("targets", targets), ("logit_lengths", logit_lengths),
+                   ("target_lengths", target_lengths))
+    durations = check_durations("durations", durations, minimum=0, ascending=True)
+    _check_tdt_logits(token_logits, duration_logits, durations)
+    blank = _check_blank(blank_token_id, token_logits.shape[-1], True,
+                         f"token_logits {tuple(token_logits.shape)}")
     device = token_logits.device
     logits = _float(_joined(token_logits, duration_logits))
     target_lengths = target_lengths.to(device)
-    losses = rnnt_lattice.tdt_loss(logits, targets.to(device), logit_lengths.to(device),
-                                   target_lengths, blank=blank_token_id,
-                                   durations=list(durations), sigma=sigma, reduction="none")
+    losses = functional.tdt_loss_named(
+        TDT_NAMES, logits, targets.to(device), logit_lengths.to(device), target_lengths,
+        blank=blank, durations=durations, sigma=sigma, omega=0.0, reduction="none",
+        fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, backend="auto",
+        inplace_grad=False, packed=False)
     return _reduce(losses, target_lengths, reduction)
 
 
@@ -191,10 +246,16 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
         The float32 loss: a scalar, or ``(B,)`` for ``"none"``.
     """
     _check_reduction(reduction)
+    _check_tensors(("logits", logits), ("targets", targets), ("logit_lengths", logit_lengths),
+                   ("target_lengths", target_lengths))
+    if logits.dim() != 4:
+        raise ValueError(f"logits must have 4 dims (B, T, U+1, V), got shape {tuple(logits.shape)}")
+    blank = _check_blank(blank_token_id, logits.shape[-1], False,
+                         f"logits {tuple(logits.shape)}")
     device = logits.device
     target_lengths = target_lengths.to(device)
     losses = rnnt_lattice.rnnt_loss(_float(logits), targets.to(device), logit_lengths.to(device),
-                                    target_lengths, blank=blank_token_id, reduction="none")
+                                    target_lengths, blank=blank, reduction="none")
     return _reduce(losses, target_lengths, reduction)
 
 
