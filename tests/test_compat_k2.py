@@ -524,6 +524,25 @@ ERRORS = [
     (lambda: k2.rnnt_loss_pruned(_x4, _s, torch.zeros(2, 5, 4), 0), "ranges must be int64 on the logits' device, got torch.float32"),
     (lambda: k2.rnnt_loss_pruned(_x4, _s, torch.zeros(2, 5, 4, dtype=torch.int64), 0),
      r"ranges\[0, 0\] = \[0, 0, 0, 0\] must be increasing symbol positions in \[0, S\] = \[0, 3\]"),
+    # an S of the logits other than the symbols': named as such, not as a boundary beyond S
+    (lambda: k2.rnnt_loss(_x4[:, :, :2], _s, 0, boundary=torch.tensor([[0, 0, 3, 5]] * 2)),
+     r"symbols must have shape \(B, S\) = \(2, 1\), got \(2, 3\)"),
+    (lambda: k2.rnnt_loss_simple(_x3[:, :2], _x3, _s, 0, boundary=torch.tensor([[0, 0, 3, 5]] * 2)),
+     r"symbols must have shape \(B, S\) = \(2, 1\), got \(2, 3\)"),
+    # two rnnt_type values in the two slots that take (boundary, rnnt_type) in either order:
+    # the second was dropped
+    (lambda: k2.get_rnnt_logprobs_joint(_x4, _s, 0, "modified", "constrained"),
+     "two rnnt_type values, 'modified' and 'constrained'"),
+    (lambda: k2.get_rnnt_logprobs(_x3[:, :4], _x3, _s, 0, True, "constrained"),
+     "two rnnt_type values, 'constrained' and True"),
+    (lambda: k2.get_rnnt_prune_ranges(_x3[:, :3, :4], _x3[:, :4], None, 0), "s_range must be >= 1"),
+    (lambda: k2.get_rnnt_prune_ranges(_x3[:, :3, :4], _x3[:, :4], None, 2.0), "s_range must be an int"),
+    (lambda: k2.get_rnnt_prune_ranges(_x3[:, :3, :4].long(), _x3[:, :4].long(), None, 2),
+     "px_grad must be floating point"),
+    # a mix of dtypes among the terms (torch.stack promoted it, and blamed py)
+    (lambda: k2.joint_mutual_information_recursion([_x3[:, :3, :4], _x3[:, :3, :4].double()],
+                                                   [_x3[:, :4]] * 2),
+     r"px\[1\] \(torch.float64 on cpu\) must have the dtype and device of the first input"),
 ]
 
 

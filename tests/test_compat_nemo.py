@@ -155,6 +155,54 @@ def test_functions_match_the_modules_and_reject_a_negative_clamp():
             fn(*args, module.blank, *extra, "mean", 0.1, -1.0)
 
 
+def _tdt_call(**kw):
+    """NeMo's functional TDT loss on the tdt variant's inputs (4 tokens, blank 3, durations
+    [0, 1, 2]), edited by ``kw``."""
+    args = _variant("tdt")[1]
+    kw = {"blank": 3, "durations": [0, 1, 2], **kw}
+    return lambda: nemo.tdt_loss(*args, reduction="none", **kw)
+
+
+# case -> (call, the words of its ValueError)
+OPTION_ERRORS = {
+    # blank=-1 is always "the last token": with a durations list one too short, the first
+    # duration column was read as the blank token, a finite, wrong loss
+    "tdt_negative_blank": (_tdt_call(blank=-1, durations=[0, 1]),
+                           "blank must be the last token's id, num_classes >= 0"),
+    "tdt_negative_blank_module": (lambda: nemo.TDTLossNumba(blank=-1, durations=[0, 1]),
+                                  "blank must be the last token's id, num_classes >= 0"),
+    "tdt_durations_short": (_tdt_call(durations=[0, 1]),
+                            "the blank must be the last token (4), got 3: the logits' last axis "
+                            "holds V_tok = 5 tokens, then 2 durations (7 in all); check the "
+                            "blank and the durations"),
+    "tdt_durations_none": (_tdt_call(durations=None), "durations must be a sequence of ints, got None"),
+    "tdt_durations_int": (lambda: nemo.TDTLossNumba(blank=3, durations=3),
+                          "durations must be a sequence of ints, got 3"),
+    "tdt_durations_default": (_tdt_call(durations=[]), "durations must not be empty"),
+    "multiblank_durations_none": (lambda: nemo.multiblank_rnnt_loss(
+        *_variant("multiblank")[1], 6, None), "big_blank_durations must be a sequence of ints, got None"),
+    "multiblank_durations_module": (lambda: nemo.MultiblankRNNTLossNumba(6, [1]),
+                                    "big_blank_durations must all be >= 2, got [1]"),
+    "clamp_str": (lambda: nemo.RNNTLossNumba(clamp="x"), "clamp must be a number, got 'x'"),
+    "clamp_none": (lambda: nemo.RNNTLossNumba(clamp=None), "clamp must be a number, got None"),
+    "clamp_str_function": (lambda: nemo.rnnt_loss(*_variant("rnnt")[1], clamp="x"),
+                           "clamp must be a number, got 'x'"),
+    "fastemit_none": (lambda: nemo.rnnt_loss(*_variant("rnnt")[1], fastemit_lambda=None),
+                      "fastemit_lambda must be a number, got None"),
+    "fastemit_tensor": (lambda: nemo.RNNTLossNumba(fastemit_lambda=torch.tensor([1.0, 2.0])),
+                        "fastemit_lambda must be a number, got a tensor of shape (2,)"),
+    "blank_float": (lambda: nemo.RNNTLossNumba(blank=0.5), "blank must be an int, got 0.5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTION_ERRORS))
+def test_option_errors_name_the_option(case):
+    call, words = OPTION_ERRORS[case]
+    with pytest.raises(ValueError) as err:
+        call()
+    assert words in str(err.value), f"{words!r} not in: {err.value}"
+
+
 @pytest.mark.parametrize("name", ["rnnt", "tdt", "multiblank"])
 def test_id_dtypes(name):
     """NeMo's certify_inputs: int64 labels and lengths. The RNN-T and multi-blank losses

@@ -107,3 +107,21 @@ def test_errors_and_zero_frames():
     zero[1] = 0.1                                  # 0.3 frames: rounds to 0
     loss, grad = loss_and_grad(sb.transducer_loss, logits, targets, zero, rel_U, blank, "none")
     assert loss[1] == math.inf and torch.all(grad[1] == 0) and torch.isfinite(grad).all()
+
+
+def test_messages_name_speechbrains_arguments():
+    """The function's messages name ``input_lens``, ``target_lens`` and ``blank_index``; the
+    module's ``labels``, ``T`` and ``U``: never the library's own names."""
+    case = Case("names", (3, 2), (2, 1), 4, 0)
+    logits, targets, tl, ul, blank = make_inputs(case, seed=4, poison=False)
+    rel_T, rel_U = relative(tl, 3), relative(ul, 2)
+    with pytest.raises(ValueError, match=r"but input_lens has shape \(1,\)"):
+        sb.transducer_loss(logits, targets, rel_T[:1], rel_U, blank)
+    with pytest.raises(ValueError, match=r"blank_index=9 is outside \[-V, V\) = \[-4, 4\)"):
+        sb.transducer_loss(logits, targets, rel_T, rel_U, 9)
+    with pytest.raises(ValueError, match=r"^T\[0\] = 4 exceeds the padded size T = 3"):
+        sb.TransducerLoss(blank=blank)(logits, targets, tl + 1, ul)
+    bad = targets.clone()
+    bad[0, 0] = 7
+    with pytest.raises(ValueError, match=r"^labels\[0, 0\] = 7 is outside"):
+        sb.TransducerLoss(blank=blank)(logits, bad, tl, ul)

@@ -150,6 +150,36 @@ def test_torchaudio_dtypes_only():
         ta.rnnt_loss(logits, targets, tl, ul, blank, reduction="batchmean")
 
 
+@pytest.mark.parametrize("kw, words", [
+    (dict(blank=True), "blank must be an int, got True"),
+    (dict(blank=1.0), "blank must be an int, got 1.0"),
+    (dict(clamp="x"), "clamp must be a number, got 'x'"),
+    (dict(clamp=torch.tensor([1.0, 2.0])), r"clamp must be a number, got a tensor of shape \(2,\)"),
+    # the op's schema casts None to False: raw logits read as log-probs, a finite, wrong loss
+    (dict(fused_log_softmax=None), "fused_log_softmax must be a bool, got None"),
+    (dict(logits="list"), "logits must be a torch.Tensor, got list"),
+    (dict(targets="numpy"), "targets must be a torch.Tensor, got ndarray"),
+], ids=["blank_bool", "blank_float", "clamp_str", "clamp_tensor", "fused_none", "logits_list",
+        "targets_numpy"])
+def test_what_the_schema_would_cast_is_checked(kw, words):
+    """The op's schema would cast a bool blank and a None flag in silence, and refuse
+    non-tensors with a RuntimeError naming no argument: each is a ValueError naming it, in
+    the function and (the options) in the module's constructor."""
+    case = Case("options", (3,), (2,), 4, 0)
+    logits, targets, tl, ul, blank = int32_inputs(case)
+    args = dict(logits=logits, targets=targets, logit_lengths=tl, target_lengths=ul, blank=blank)
+    for name, how in (("logits", kw.get("logits")), ("targets", kw.get("targets"))):
+        if how is not None:
+            args[name] = args[name].tolist() if how == "list" else args[name].numpy()
+    args.update({k: v for k, v in kw.items() if k not in ("logits", "targets")})
+    with pytest.raises(ValueError, match=words):
+        ta.rnnt_loss(**args)
+    options = {k: v for k, v in kw.items() if k in ("blank", "clamp", "fused_log_softmax")}
+    if options:
+        with pytest.raises(ValueError, match=words):
+            ta.RNNTLoss(**options)
+
+
 def test_fixed_defects():
     """Where torchaudio is silently wrong or fails: an out-of-range target id is a
     ValueError (torchaudio reads out of bounds), an empty batch's mean is 0 (torchaudio

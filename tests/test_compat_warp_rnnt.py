@@ -158,6 +158,26 @@ def test_binding_compact_forward_and_backward():
     assert torch.equal(costs_ng, costs) and grads_ng.numel() == 0
 
 
+def test_binding_compact_backward_checks_its_arguments():
+    """``V``, ``loc`` and ``cumSum`` were trusted: a ``loc`` outside ``[0, V)`` indexed out
+    of bounds, a bool ``V`` was 1, and a ``cumSum`` that was not the cumulative row counts
+    gave rows to the wrong sequence in silence. Each is an ArgumentError naming it."""
+    case = CASES[0]
+    log_probs, labels, tl, ul, blank = inputs(case)
+    rows, labs = compact(log_probs, labels, tl, ul)
+    _, grads, loc = core.rnnt_loss_compact(rows, labs, tl, ul, blank)
+    cum = torch.cumsum(tl * (ul + 1), 0, dtype=torch.int32)
+    w = torch.ones(case.B)
+    for args, words in (((loc + case.V, case.V), r"loc must hold class ids in \[0, V\)"),
+                        ((loc, True), "V must be an int >= 1"),
+                        ((loc, "5"), "V must be an int >= 1")):
+        with pytest.raises(core.ArgumentError, match=words):
+            core.rnnt_loss_compact_backward(w, grads, cum, args[0], args[1], blank)
+    for bad in (cum - 1, cum.flip(0)):
+        with pytest.raises(core.ArgumentError, match="cumSum must be the cumulative row counts"):
+            core.rnnt_loss_compact_backward(w, grads, bad, loc, case.V, blank)
+
+
 @pytest.mark.parametrize("layout", ["padded", "compact"])
 def test_autograd_functions(layout):
     """``RNNTLoss.apply`` / ``RNNTLossCompact.apply`` with warp-rnnt's positional arguments."""

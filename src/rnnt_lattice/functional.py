@@ -324,6 +324,18 @@ def multiblank_rnnt_loss_named(names: Names, logits, targets, logit_lengths, tar
                        names=names)
 
 
+def rnnt_costs_named(names: Names, logits, targets, logit_lengths, target_lengths, blank, *,
+                     clamp: float = -1.0, fused: bool = True, fastemit_lambda: float = 0.0,
+                     packed: bool = False) -> torch.Tensor:
+    """The per-sequence costs ``(B,)`` of :func:`rnnt_loss` (``reduction="none"``, the
+    regular lattice, the default backend), its messages naming the tensors by ``names``: a
+    compat module's call, with its peer's argument names (``_validate.Names``)."""
+    return logits_loss(logits, targets, logit_lengths, target_lengths, blank, regular(),
+                       clamp=clamp, reduction="none", fused=fused,
+                       fastemit_lambda=fastemit_lambda, zero_infinity=False, backend="auto",
+                       inplace_grad=False, packed=packed, names=names)
+
+
 def check_options(**options) -> None:
     """The checks of the losses' options that need no tensor (the modules run them at
     construction; each call runs them again): ``blank`` an int, ``reduction``, ``backend``,

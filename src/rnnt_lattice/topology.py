@@ -280,8 +280,10 @@ def check_topology(topology, V: int, blank: int) -> int:
     if topology.n_durations and blank != V_tok - 1:
         # NeMo's layout (docs/variants.md B.2): tokens then durations, the blank the last
         # token.
-        raise ValueError(f"topology {name!r}: the blank must be the last token "
-                         f"({V_tok - 1}), got {blank}")
+        raise ValueError(f"topology {name!r}: the blank must be the last token ({V_tok - 1}), "
+                         f"got {blank}: the logits' last axis holds V_tok = {V_tok} tokens, "
+                         f"then {topology.n_durations} durations ({V} in all); check the blank "
+                         f"and the durations")
     for k in topology.kinds:
         if k.reads == "class" and not (k.class_id < V_tok and k.class_id != blank):
             raise ValueError(f"topology {name!r}: kind {k.name!r} reads class {k.class_id}, "

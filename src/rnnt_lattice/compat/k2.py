@@ -163,16 +163,25 @@ def _ends(boundary, B: int, S: int, T: int, device):
     return boundary[:, 3], boundary[:, 2]
 
 
-def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
-    """``symbols`` ``(B, S)`` checked (ids in ``[0, C)`` before each ``end_symbol``, on the
-    host, ``rnnt_lattice.set_input_checks``), as int64 with the entries past ``end_symbol``
-    (never read) replaced by 0."""
+def _symbols_and_boundary(symbols, boundary, B: int, S: int, T: int, C: int, device):
+    """``(y, boundary)``: ``symbols`` ``(B, S)`` and k2's ``boundary`` checked, the shapes
+    of both before the values of either (a ``symbols`` of another S is named as such, not
+    as a boundary beyond S), as :func:`_symbols` and :func:`_boundary` return them."""
     if tuple(_tensor("symbols", symbols, "(B, S)")) != (B, S):
         raise ValueError(f"symbols must have shape (B, S) = ({B}, {S}), got {tuple(symbols.shape)}")
     if symbols.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"symbols must be int64 (or int32), got {symbols.dtype}")
     if symbols.device != device:
         raise ValueError(f"symbols is on {symbols.device}, the inputs on {device}")
+    boundary = _boundary(boundary, B, S, T, device)
+    return _symbols(symbols, B, S, C, boundary, device), boundary
+
+
+def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
+    """``symbols`` ``(B, S)``, its shape, dtype and device checked
+    (:func:`_symbols_and_boundary`), checked: ids in ``[0, C)`` before each ``end_symbol``
+    (on the host, ``rnnt_lattice.set_input_checks``); returned as int64 with the entries
+    past ``end_symbol`` (never read) replaced by 0."""
     valid = _read_symbols(boundary, B, S, device)
     if symbols.numel() and may_read_values(symbols):
         bad = valid & ((symbols < 0) | (symbols >= C))
@@ -236,6 +245,10 @@ def _from_k2(px_grad: torch.Tensor, py_grad: torch.Tensor):
     whether the lattice is regular (k2 infers it from ``px_grad.shape[-1] == T + 1``)."""
     _tensor("px_grad", px_grad, "(B, S, T+1)")
     B, S1, T = _tensor("py_grad", py_grad, "(B, S+1, T)")
+    for name, x in (("px_grad", px_grad), ("py_grad", py_grad)):
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be floating point (the occupations return_grad "
+                             f"gives), got {x.dtype}")
     if px_grad.shape[:2] != (B, S1 - 1) or px_grad.shape[2] not in (T, T + 1):
         raise ValueError(f"px_grad {tuple(px_grad.shape)} must be (B, S, T+1) (regular) or "
                          f"(B, S, T) to match py_grad {tuple(py_grad.shape)} = (B, S+1, T)")
@@ -323,6 +336,8 @@ def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[
     for name, xs in (("px", px), ("py", py)):
         for n, x in enumerate(xs):
             _tensor(f"{name}[{n}]", x, "(B, S, T+1)" if name == "px" else "(B, S+1, T)")
+            # one dtype and device for every term (torch.stack would promote a mix)
+            _float(f"{name}[{n}]", x, None if name == "px" and n == 0 else px[0], half=False)
             if x.shape != xs[0].shape:
                 raise ValueError(f"{name}[{n}] {tuple(x.shape)} must have the shape of "
                                  f"{name}[0] {tuple(xs[0].shape)}")
@@ -400,6 +415,13 @@ def _positions(boundary, rnnt_type):
     either order (``boundary, rnnt_type`` or ``boundary, modified`` in one library or
     version, ``rnnt_type, boundary`` in another): a string or a bool is the ``rnnt_type``,
     a tensor the ``boundary``; a slot left at the other order's default is dropped."""
+    if (isinstance(boundary, (str, bool)) and isinstance(rnnt_type, (str, bool))
+            and not (isinstance(rnnt_type, str) and rnnt_type == "regular")):
+        # Both slots hold an rnnt_type, neither at its default: one would be dropped.
+        raise ValueError(f"two rnnt_type values, {boundary!r} and {rnnt_type!r}: these two "
+                         f"positions take a boundary (a tensor or None) and an rnnt_type, in "
+                         f"either order (fast_rnnt: boundary, rnnt_type; k2: rnnt_type, "
+                         f"boundary)")
     if isinstance(boundary, (str, bool)) or isinstance(rnnt_type, torch.Tensor):
         boundary, rnnt_type = rnnt_type, boundary
     if isinstance(boundary, (str, bool)):           # the default rnnt_type of the other order
@@ -427,8 +449,7 @@ def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary):
     _float("lm", lm, am)
     S = lm.shape[1] - 1
     by_name(rnnt_type, K2_TYPES)
-    boundary = _boundary(boundary, B, S, T, am.device)
-    y = _symbols(symbols, B, S, C, boundary, am.device)
+    y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, am.device)
     return B, S, T, C, _blank(termination_symbol, C), y, boundary
 
 
@@ -525,8 +546,7 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     _float("logits", logits)
     S = S1 - 1
     by_name(rnnt_type, K2_TYPES)
-    boundary = _boundary(boundary, B, S, T, logits.device)
-    y = _symbols(symbols, B, S, C, boundary, logits.device)
+    y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
     blank = _blank(termination_symbol, C)
     norm = torch.logsumexp(logits, 3)                                          # (B, T, S+1)
     px = torch.gather(logits[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))[..., 0]
@@ -546,8 +566,7 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
                          f"{ranges.device}")
     S = _tensor("symbols", symbols, "(B, S)")[1]
     by_name(rnnt_type, K2_TYPES)
-    boundary = _boundary(boundary, B, S, T, logits.device)
-    y = _symbols(symbols, B, S, C, boundary, logits.device)
+    y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
     ranges = ranges.to(torch.int64)
     if ranges.numel() and may_read_values(ranges):
         bad = (ranges < 0) | (ranges > S)
@@ -617,8 +636,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
                            delay_penalty, reduction, True)
     _float("logits", logits)
     by_name(rnnt_type, K2_TYPES)
-    boundary = _boundary(boundary, B, S1 - 1, T, logits.device)
-    _symbols(symbols, B, S1 - 1, C, boundary, logits.device)
+    _, boundary = _symbols_and_boundary(symbols, boundary, B, S1 - 1, T, C, logits.device)
     T_b, S_b = _ends(boundary, B, S1 - 1, T, logits.device)
     return _lib.rnnt_loss(logits, symbols, T_b, S_b, _blank(termination_symbol, C),
                           reduction=reduction, rnnt_type=rnnt_type,
@@ -729,6 +747,9 @@ def get_rnnt_prune_ranges_deprecated(px_grad: torch.Tensor, py_grad: torch.Tenso
 
 
 def _prune(gamma_blank, gamma_label, regular, boundary, s_range):
+    s_range = check_int("s_range", s_range)
+    if s_range < 1:
+        raise ValueError(f"s_range must be >= 1 (the symbols per frame's window), got {s_range}")
     B, T, S1 = gamma_blank.shape
     boundary = _boundary(boundary, B, S1 - 1, T, gamma_blank.device)
     T_b, S_b = _ends(boundary, B, S1 - 1, T, gamma_blank.device)

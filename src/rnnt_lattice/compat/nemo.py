@@ -67,8 +67,7 @@ import importlib
 import torch
 
 from .. import functional
-from .._validate import Names
-from ..topology import regular
+from .._validate import Names, check_durations, check_float, check_int
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "RNNTLossNumba", "TDTLossNumba",
@@ -113,7 +112,7 @@ def _check_reduction(reduction) -> None:
 
 def _check_clamp(clamp) -> float:
     """The functions' rule: NeMo's autograd Functions reject a negative clamp."""
-    clamp = float(clamp)
+    clamp = check_float("clamp", clamp)
     if clamp < 0:
         raise ValueError(f"clamp must be 0.0 (off) or a positive float, got {clamp}")
     return clamp
@@ -121,7 +120,20 @@ def _check_clamp(clamp) -> float:
 
 def _module_clamp(clamp) -> float:
     """The modules' rule: NeMo stores ``float(clamp) if clamp > 0 else 0.0``."""
-    return float(clamp) if clamp > 0 else 0.0
+    clamp = check_float("clamp", clamp)
+    return clamp if clamp > 0 else 0.0
+
+
+def _tdt_blank(blank) -> int:
+    """TDT's blank: NeMo's ``num_classes``, the last token, a class id ``>= 0`` (NeMo's
+    kernels index by it). A negative one is refused: ``-1`` would always be the last token,
+    so a ``durations`` list of the wrong length, which moves the boundary between the
+    tokens and the durations in ``acts``, would go unnoticed (a finite, wrong loss)."""
+    blank = check_int("blank", blank)
+    if blank < 0:
+        raise ValueError(f"blank must be the last token's id, num_classes >= 0 (NeMo's "
+                         f"TDT layout), got {blank}")
+    return blank
 
 
 def _report(costs: torch.Tensor, fastemit_lambda: float, dtype: torch.dtype,
@@ -147,16 +159,15 @@ def _report(costs: torch.Tensor, fastemit_lambda: float, dtype: torch.dtype,
 
 def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda, clamp):
     _check_call(labels, act_lens, label_lens, reduction, ESPNET_IDS)
-    costs = functional.logits_loss(acts, labels, act_lens, label_lens, blank, regular(),
-                                   clamp=clamp, reduction="none", fused=True,
-                                   fastemit_lambda=fastemit_lambda, zero_infinity=False,
-                                   backend="auto", inplace_grad=False, names=NAMES)
+    costs = functional.rnnt_costs_named(NAMES, acts, labels, act_lens, label_lens, blank,
+                                        clamp=clamp, fastemit_lambda=fastemit_lambda)
     return _report(costs, fastemit_lambda, torch.float32, reduction)
 
 
 def _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction, fastemit_lambda,
          clamp, sigma, omega):
     _check_call(labels, act_lens, label_lens, reduction, NEMO_IDS)
+    blank = _tdt_blank(blank)
     costs = functional.tdt_loss_named(NAMES, acts, labels, act_lens, label_lens, blank=blank,
                                       durations=durations, sigma=sigma, omega=omega,
                                       reduction="none", fastemit_lambda=fastemit_lambda,
@@ -182,8 +193,8 @@ def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction='mean',
     ``(B, U)``, ``act_lens``/``label_lens`` ``(B,)``, int64 or int32. Returns the
     ``(1 + fastemit_lambda)``-scaled costs: ``(B,)``, or ``(1,)`` for ``'sum'``/``'mean'``
     (``'mean'`` = sum / B), float32. ``clamp`` must be ``>= 0`` (``0``: off)."""
-    return _rnnt(acts, labels, act_lens, label_lens, blank, reduction, float(fastemit_lambda),
-                 _check_clamp(clamp))
+    return _rnnt(acts, labels, act_lens, label_lens, blank, reduction,
+                 check_float("fastemit_lambda", fastemit_lambda), _check_clamp(clamp))
 
 
 def tdt_loss(acts, labels, act_lens, label_lens, blank, durations=[], reduction='mean',
@@ -194,8 +205,9 @@ def tdt_loss(acts, labels, act_lens, label_lens, blank, durations=[], reduction=
     part with its own log-softmax; ``blank`` is the last token (``V_tok - 1``). ``sigma`` and
     ``omega`` as :class:`TDTLossNumba`. Returns costs as :func:`rnnt_loss`, in the dtype of
     ``acts``."""
-    return _tdt(acts, labels, act_lens, label_lens, blank, list(durations), reduction,
-                float(fastemit_lambda), _check_clamp(clamp), sigma, omega)
+    return _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction,
+                check_float("fastemit_lambda", fastemit_lambda), _check_clamp(clamp), sigma,
+                omega)
 
 
 def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_durations=[],
@@ -207,8 +219,9 @@ def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_du
     ``big_blank_durations[i]`` is class ``blank - 1 - i`` (any order); ``labels``, ``act_lens``, ``label_lens`` as
     :func:`rnnt_loss` (int64 or int32). Returns costs as :func:`rnnt_loss`, in the dtype of
     ``acts``."""
-    return _multiblank(acts, labels, act_lens, label_lens, blank, list(big_blank_durations),
-                       reduction, float(fastemit_lambda), _check_clamp(clamp), sigma)
+    return _multiblank(acts, labels, act_lens, label_lens, blank, big_blank_durations,
+                       reduction, check_float("fastemit_lambda", fastemit_lambda),
+                       _check_clamp(clamp), sigma)
 
 
 class RNNTLossNumba(torch.nn.Module):
@@ -236,6 +249,8 @@ class RNNTLossNumba(torch.nn.Module):
                  clamp: float = -1):
         super().__init__()
         _check_reduction(reduction)
+        check_int("blank", blank)
+        check_float("fastemit_lambda", fastemit_lambda)
         self.blank = blank
         self.fastemit_lambda = fastemit_lambda
         self.clamp = _module_clamp(clamp)
@@ -243,7 +258,7 @@ class RNNTLossNumba(torch.nn.Module):
 
     def forward(self, acts, labels, act_lens, label_lens):
         return _rnnt(acts, labels, act_lens, label_lens, self.blank, self.reduction,
-                     float(self.fastemit_lambda), self.clamp)
+                     check_float("fastemit_lambda", self.fastemit_lambda), self.clamp)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, reduction={self.reduction!r}, "
@@ -278,6 +293,10 @@ class TDTLossNumba(torch.nn.Module):
                  clamp: float = -1, sigma: float = 0.0, omega: float = 0.0):
         super().__init__()
         _check_reduction(reduction)
+        _tdt_blank(blank)
+        if durations is not None:           # (None: refused at the first forward, as NeMo)
+            check_durations("durations", durations, minimum=0, ascending=True)
+        check_float("fastemit_lambda", fastemit_lambda)
         self.blank = blank
         self.durations = durations if durations is not None else []
         self.fastemit_lambda = fastemit_lambda
@@ -287,9 +306,9 @@ class TDTLossNumba(torch.nn.Module):
         self.omega = omega
 
     def forward(self, acts, labels, act_lens, label_lens):
-        return _tdt(acts, labels, act_lens, label_lens, self.blank, list(self.durations),
-                    self.reduction, float(self.fastemit_lambda), self.clamp, self.sigma,
-                    self.omega)
+        return _tdt(acts, labels, act_lens, label_lens, self.blank, self.durations,
+                    self.reduction, check_float("fastemit_lambda", self.fastemit_lambda),
+                    self.clamp, self.sigma, self.omega)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, durations={list(self.durations)}, "
@@ -324,6 +343,11 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
                  fastemit_lambda: float = 0.0, clamp: float = -1, sigma: float = 0.0):
         super().__init__()
         _check_reduction(reduction)
+        check_int("blank", blank)
+        if big_blank_durations is not None:
+            check_durations("big_blank_durations", big_blank_durations, minimum=2,
+                            ascending=False)
+        check_float("fastemit_lambda", fastemit_lambda)
         self.blank = blank
         self.big_blank_durations = big_blank_durations
         self.fastemit_lambda = fastemit_lambda
@@ -336,8 +360,9 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
             raise ValueError("big_blank_durations must be given, e.g. [2, 4, 8] "
                              "(loss_kwargs.big_blank_durations in a NeMo config)")
         return _multiblank(acts, labels, act_lens, label_lens, self.blank,
-                           list(self.big_blank_durations), self.reduction,
-                           float(self.fastemit_lambda), self.clamp, self.sigma)
+                           self.big_blank_durations, self.reduction,
+                           check_float("fastemit_lambda", self.fastemit_lambda), self.clamp,
+                           self.sigma)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, big_blank_durations={self.big_blank_durations}, "

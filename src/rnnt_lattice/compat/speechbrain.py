@@ -39,12 +39,17 @@ from __future__ import annotations
 
 import torch
 
-import rnnt_lattice
-from rnnt_lattice._validate import may_read_values
+from .. import functional
+from .._validate import Names, check_int, may_read_values
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
+
+# The messages name the tensors as SpeechBrain's signatures do (the function's relative
+# lengths become the frame and label counts the loss reads).
+FUNCTION_NAMES = Names("logits", "targets", "input_lens", "target_lens")
+MODULE_NAMES = Names("logits", "labels", "T", "U")
 
 
 def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, input_lens: torch.Tensor,
@@ -80,7 +85,8 @@ def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, input_lens: tor
                          f"{_describe(logits)} and {_describe(targets)}")
     T_b = _absolute("input_lens", input_lens, logits.shape[1])
     U_b = _absolute("target_lens", target_lens, targets.shape[1])
-    return _per_frame(logits, targets, T_b, U_b, blank_index, reduction)
+    return _per_frame(logits, targets, T_b, U_b, _blank("blank_index", blank_index, logits),
+                      reduction, FUNCTION_NAMES)
 
 
 class TransducerLoss(torch.nn.Module):
@@ -107,7 +113,7 @@ class TransducerLoss(torch.nn.Module):
         self.reduction = reduction
 
     def forward(self, logits, labels, T, U):
-        return _per_frame(logits, labels, T, U, self.blank, self.reduction)
+        return _per_frame(logits, labels, T, U, self.blank, self.reduction, MODULE_NAMES)
 
     def extra_repr(self) -> str:
         return f"blank={self.blank}, reduction={self.reduction!r}"
@@ -133,11 +139,21 @@ def _absolute(name: str, rel: torch.Tensor, size: int) -> torch.Tensor:
     return counts.int()
 
 
-def _per_frame(logits, targets, T_b, U_b, blank, reduction) -> torch.Tensor:
+def _blank(name: str, blank, logits: torch.Tensor) -> int:
+    """``blank_index``: an int in ``[-V, V)`` (the core's rule, named as SpeechBrain names it)."""
+    blank = check_int(name, blank)
+    V = logits.shape[-1]
+    if not -V <= blank < V:
+        raise ValueError(f"{name}={blank} is outside [-V, V) = [{-V}, {V}) for logits "
+                         f"{tuple(logits.shape)}")
+    return blank
+
+
+def _per_frame(logits, targets, T_b, U_b, blank, reduction, names: Names) -> torch.Tensor:
     """``-log P / T_b`` per sequence, reduced; its gradient is autograd's, so exact."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    costs = rnnt_lattice.rnnt_loss(logits, targets, T_b, U_b, blank, reduction="none")
+    costs = functional.rnnt_costs_named(names, logits, targets, T_b, U_b, blank)
     # T_b = 0 has no alignment: +inf / 1 keeps +inf and a zero gradient (0 would give NaN).
     costs = costs / T_b.to(device=costs.device, dtype=costs.dtype).clamp(min=1)
     if reduction == "none":

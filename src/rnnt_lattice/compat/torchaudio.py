@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 import rnnt_lattice
+from .._validate import check_float, check_int
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
@@ -71,6 +72,22 @@ def _costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_l
 
 
 _LIB.impl("torchaudio_rnnt_loss", _costs, "CompositeImplicitAutograd")
+
+
+@torch.jit.unused
+def _check_options(tensors, blank, clamp, fused_log_softmax) -> None:
+    """What the op's schema would otherwise take or cast in silence, checked in Python (not
+    in TorchScript, whose types are checked at compile time): the tensors (the schema's
+    error is a ``RuntimeError`` naming no argument), ``blank`` an int (the dispatcher casts
+    ``True`` to 1), ``clamp`` a number, and ``fused_log_softmax`` a bool (the dispatcher
+    casts ``None`` to False: raw logits read as log-probs, a finite, wrong loss)."""
+    for name, x in tensors:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_int("blank", blank)
+    check_float("clamp", clamp)
+    if not isinstance(fused_log_softmax, bool):
+        raise ValueError(f"fused_log_softmax must be a bool, got {fused_log_softmax!r}")
 
 
 def rnnt_loss(
@@ -112,6 +129,10 @@ def rnnt_loss(
     """
     if reduction not in ["none", "mean", "sum"]:
         raise ValueError('reduction should be one of "none", "mean", or "sum"')
+    if not torch.jit.is_scripting():
+        _check_options((("logits", logits), ("targets", targets),
+                        ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)),
+                       blank, clamp, fused_log_softmax)
     costs = torch.ops.rnnt_lattice.torchaudio_rnnt_loss(
         logits, targets, logit_lengths, target_lengths, blank, float(clamp), fused_log_softmax)
     if reduction == "sum" or (reduction == "mean" and costs.numel() == 0):
@@ -142,6 +163,9 @@ class RNNTLoss(torch.nn.Module):
     def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
                  fused_log_softmax: bool = True):
         super().__init__()
+        if reduction not in ["none", "mean", "sum"]:
+            raise ValueError('reduction should be one of "none", "mean", or "sum"')
+        _check_options((), blank, clamp, fused_log_softmax)
         self.blank = blank
         self.clamp = clamp
         self.reduction = reduction

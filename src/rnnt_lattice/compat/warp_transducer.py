@@ -44,7 +44,6 @@ import torch
 
 from .. import functional
 from .._validate import Names
-from ..topology import regular
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
@@ -99,10 +98,8 @@ def rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
         if isinstance(x, torch.Tensor) and x.dtype != torch.int32:
             raise ValueError(f"{name} must be int32 (as warp-transducer), got {x.dtype} of shape "
                              f"{tuple(x.shape)}")
-    costs = functional.logits_loss(acts, labels, act_lens, label_lens, blank, regular(),
-                                   clamp=-1.0, reduction="none", fused=True,
-                                   fastemit_lambda=fastemit_lambda, zero_infinity=False,
-                                   backend="auto", inplace_grad=False, names=NAMES)
+    costs = functional.rnnt_costs_named(NAMES, acts, labels, act_lens, label_lens, blank,
+                                        fastemit_lambda=fastemit_lambda)
     if reduction == "none":
         return costs
     total = costs.sum()

@@ -25,7 +25,6 @@ import torch
 
 from ... import functional
 from ..._validate import Names, may_read_values
-from ...topology import regular
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
 
@@ -44,11 +43,9 @@ def log_probs_loss(names: Names, log_probs, targets, frames_lengths, labels_leng
                    fastemit_lambda: float = 0.0, packed: bool = False) -> torch.Tensor:
     """Per-sequence costs ``(N,)`` of log-probs (``rnnt_loss(..., fused_log_softmax=False,
     reduction="none")``), the messages naming the tensors by ``names``, warp-rnnt's."""
-    return functional.logits_loss(log_probs, targets, frames_lengths, labels_lengths, blank,
-                                  regular(), clamp=-1.0, reduction="none", fused=False,
-                                  fastemit_lambda=fastemit_lambda, zero_infinity=False,
-                                  backend="auto", inplace_grad=False, packed=packed,
-                                  names=names)
+    return functional.rnnt_costs_named(names, log_probs, targets, frames_lengths,
+                                       labels_lengths, blank, fused=False,
+                                       fastemit_lambda=fastemit_lambda, packed=packed)
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -209,9 +206,24 @@ def rnnt_loss_compact_backward(grad_costs: torch.Tensor, grad_xs: torch.Tensor,
     if cumSum.shape != grad_costs.shape:
         raise ArgumentError(f"cumSum {tuple(cumSum.shape)} must be (N,) like grad_costs "
                             f"{tuple(grad_costs.shape)}")
+    if isinstance(V, bool) or not isinstance(V, int) or V < 1:
+        raise ArgumentError(f"V must be an int >= 1 (the log-probs' classes), got {V!r}")
     check_blank(blank, V, gathered_ok=False)
+    cum = cumSum.to(torch.int64)
+    if may_read_values(loc) and (STU or cum.numel()):
+        # (Read on the host, as the compact forward reads the lengths: a row past the last
+        # sequence, or a label class outside [0, V), would index out of bounds.)
+        lo, hi = (int(loc.min()), int(loc.max())) if STU else (0, 0)
+        ends = cum.tolist()
+        if not 0 <= lo <= hi < V:
+            raise ArgumentError(f"loc must hold class ids in [0, V) = [0, {V}), got values in "
+                                f"[{lo}, {hi}]")
+        if any(b < a for a, b in zip([0] + ends, ends)) or (ends[-1] if ends else 0) != STU:
+            raise ArgumentError(f"cumSum must be the cumulative row counts of the sequences, "
+                                f"non-decreasing and ending at STU = {STU} (the rows of "
+                                f"grad_xs), got {ends}")
     rows = torch.arange(STU, device=grad_xs.device)
-    seq = torch.searchsorted(cumSum.to(torch.int64), rows, right=True)   # sequence of each row
+    seq = torch.searchsorted(cum, rows, right=True)                       # sequence of each row
     g = grad_xs * torch.cat([grad_costs, grad_costs.new_zeros(1)])[seq][:, None]
     out = grad_xs.new_zeros((STU, V))
     out[:, blank] = g[:, 0]
