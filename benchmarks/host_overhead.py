@@ -3,7 +3,7 @@
 forward+backward, on CPU tensors, with every kernel launch replaced by a no-op.
 
     python benchmarks/host_overhead.py [--shape s3] [--variant regular] [--calls 2000]
-                                       [--profile N] [--binder]
+                                       [--entry public] [--profile N] [--binder]
     python benchmarks/host_overhead.py --vs OTHER_CHECKOUT [--pairs 10]   # A/B
 
 On a GPU the launches are asynchronous: the host enqueues a step while the device runs the
@@ -23,7 +23,11 @@ the median round), and with ``--profile N`` the N functions with the most own ti
 (cProfile). ``--vs CHECKOUT`` compares this checkout's package with another's (its
 ``src/``, e.g. ``git worktree add /tmp/base <commit>``): fresh processes in turn, the
 ratio taken pair by pair (``common.paired_ab``), the one way to see a change of a few
-percent on a machine whose speed drifts more than that between processes. ``--binder``: part of what the stubs leave out, Triton's own Python per launch
+percent on a machine whose speed drifts more than that between processes. ``--entry``:
+the function called, the public one (default) or a compat module's, as a framework calls
+it (``nemo``: ``RNNTLossNumba``, ``TDTLossNumba`` or ``MultiblankRNNTLossNumba`` by the
+variant; ``torchaudio`` and ``warp_transducer``: ``rnnt_loss``, regular only); their
+``backend="auto"`` is made to resolve to Triton, as it does for CUDA tensors. ``--binder``: part of what the stubs leave out, Triton's own Python per launch
 before the driver's call -- the argument binder (specialisation of every argument) and the
 cache key of ``JITFunction.run`` -- timed on each kernel's last launch's arguments, the
 binder built for sm_90 without a GPU (Triton's internals: this follows Triton 3.x and
@@ -59,15 +63,56 @@ import shapes  # noqa: E402
 from launch_stubs import no_launches  # noqa: E402
 
 
-def step_fn(shape_name: str, variant: str):
-    """One forward+backward of ``variant`` at the shape, through the public function on
+ENTRIES = {"public": tuple(shapes.VARIANTS), "nemo": ("regular", "tdt", "multiblank"),
+           "torchaudio": ("regular",), "warp_transducer": ("regular",)}
+
+
+def entry_loss(entry: str, variant: str, blank: int):
+    """``loss(logits, targets, logit_lengths, target_lengths)`` of ``entry`` (``ENTRIES``):
+    per-sequence costs (or the peer's reduced loss) on the Triton backend."""
+    if entry == "public":
+        return lambda *a: shapes.variant_loss(variant, *a, blank, backend="triton")
+    _auto_is_triton()
+    if entry == "nemo":
+        from rnnt_lattice.compat import nemo
+        module = {"regular": lambda: nemo.RNNTLossNumba(blank, reduction="none"),
+                  "tdt": lambda: nemo.TDTLossNumba(blank, list(shapes.TDT_DURATIONS),
+                                                   reduction="none"),
+                  "multiblank": lambda: nemo.MultiblankRNNTLossNumba(
+                      blank, list(shapes.BIG_BLANK_DURATIONS), reduction="none")}[variant]()
+        return module                   # (its ids int64, as NeMo's models pass them)
+    if entry == "torchaudio":
+        from rnnt_lattice.compat import torchaudio
+        return lambda *a: torchaudio.rnnt_loss(*a, blank=blank, reduction="none")
+    from rnnt_lattice.compat import warp_transducer
+    return lambda *a: warp_transducer.rnnt_loss(*a, blank=blank, reduction="none")
+
+
+def _auto_is_triton() -> None:
+    """``backend="auto"`` resolved to Triton for CPU tensors, as for CUDA ones: the compat
+    modules take no ``backend``, and on a GPU theirs is Triton."""
+    from rnnt_lattice import _backends
+    real = _backends.resolve
+
+    def resolve(backend, device):
+        return real("triton" if backend == "auto" else backend, device)
+    _backends.resolve = resolve
+
+
+def step_fn(shape_name: str, variant: str, entry: str = "public"):
+    """One forward+backward of ``variant`` at the shape, through ``entry``'s function on
     the Triton backend, with an upstream gradient of ones (``.sum().backward()``)."""
+    if variant not in ENTRIES[entry]:
+        raise SystemExit(f"--entry {entry} takes --variant {' or '.join(ENTRIES[entry])}")
     inp = shapes.make_inputs(shapes.SHAPES[shape_name], variant=variant)
     leaf = inp.logits.requires_grad_()
+    loss = entry_loss(entry, variant, inp.blank)
+    ids = (inp.targets, inp.logit_lengths, inp.target_lengths)
+    if entry == "nemo":
+        ids = tuple(x.long() for x in ids)
 
     def step():
-        costs = shapes.variant_loss(variant, leaf, inp.targets, inp.logit_lengths,
-                                    inp.target_lengths, inp.blank, backend="triton")
+        costs = loss(leaf, *ids)
         costs.sum().backward()
         leaf.grad = None
     return step
@@ -126,6 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="s3")
     ap.add_argument("--variant", default="regular", choices=sorted(shapes.VARIANTS))
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--entry", default="public", choices=sorted(ENTRIES),
+                    help="the public function, or a compat module's (as a framework calls it)")
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--binder", action="store_true",
                     help="also time Triton's binder and cache key per launch (sm_90, no GPU)")
@@ -136,18 +183,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.vs:
         from common import host_work_us, paired_ab, print_ab
-        child = ["--shape", args.shape, "--variant", args.variant, "--calls", args.calls]
+        child = ["--shape", args.shape, "--variant", args.variant, "--calls", args.calls,
+                 "--entry", args.entry]
         out = paired_ab(Path(__file__), child, Path(args.vs), args.pairs, host_work_us)
         print_ab(out, "us", args.vs)
         return 0
     import rnnt_lattice
     with no_launches() as stubs:
         rnnt_lattice.set_input_checks("device")
-        step = step_fn(args.shape, args.variant)
+        step = step_fn(args.shape, args.variant, args.entry)
         us = measure(step, args.calls)
         launched = {name: s.launches for name, s in stubs.items() if s.launches}
         per_call = {name: n / (args.calls + 20) for name, n in launched.items()}
-        print(f"{args.shape} {args.variant}: {us:.1f} us of host work per forward+backward "
+        entry = "" if args.entry == "public" else f" through compat.{args.entry}"
+        print(f"{args.shape} {args.variant}{entry}: {us:.1f} us of host work per forward+backward "
               f"(kernel launches stubbed: {', '.join(f'{k} x{v:g}' for k, v in per_call.items())})")
         if args.binder:
             for stub in stubs.values():

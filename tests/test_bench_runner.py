@@ -559,6 +559,26 @@ def test_host_overhead_runs_with_stubbed_launches():
             or "internals differ" in out.stdout), out.stdout
 
 
+@NO_TRITON
+@pytest.mark.parametrize("entry, variant", [("nemo", "tdt"), ("torchaudio", "regular")])
+def test_host_overhead_through_a_compat_module(entry, variant):
+    """``--entry``: the same step through a compat module, its ``backend="auto"`` on the
+    Triton path (every pass launched, stubbed, once a call), as a framework calls it."""
+    import subprocess
+    out = subprocess.run([sys.executable, str(BENCH_DIR / "host_overhead.py"), "--shape", "s1",
+                          "--calls", "50", "--entry", entry, "--variant", variant],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"s1 {variant} through compat.{entry}:" in out.stdout, out.stdout
+    for kernel in ("_row_kernel x1", "_lattice_kernel x1", "_grad_kernel x1"):
+        assert kernel in out.stdout, out.stdout
+    if entry == "torchaudio":                        # its one variant
+        bad = subprocess.run([sys.executable, str(BENCH_DIR / "host_overhead.py"), "--entry",
+                              entry, "--variant", "tdt"], capture_output=True, text=True,
+                             timeout=300)
+        assert bad.returncode != 0 and "--entry torchaudio takes --variant regular" in bad.stderr
+
+
 def test_paired_ab_takes_the_ratio_pair_by_pair(tmp_path):
     """``common.paired_ab`` (``host_overhead.py --vs``, ``pruned_profile.py --host --vs``):
     the script runs in fresh processes, A (this checkout's ``src/`` first on PYTHONPATH)

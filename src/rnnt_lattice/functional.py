@@ -8,7 +8,7 @@ from ._layout import pack
 from ._validate import (FLOAT_RANGES, OURS, Names, check_durations, check_float, check_int,
                         check_multiblank_blank, check_pack_logits_args, check_reduction,
                         check_tdt_logits, loss_options)
-from .topology import Topology, by_name, multiblank, regular, tdt
+from .topology import Topology, by_name, multiblank, tdt
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "pack_logits", "empty_cache"]
 
@@ -246,7 +246,7 @@ def tdt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths,
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         V_tok = logits.shape[-1] - len(durations)
         return logits_loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank,
-                           regular(), clamp=clamp, reduction=reduction, fused=True,
+                           by_name("regular"), clamp=clamp, reduction=reduction, fused=True,
                            fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity,
                            backend=backend, inplace_grad=False, packed=packed, names=names)
     return logits_loss(logits, targets, logit_lengths, target_lengths, blank, tdt(durations),
@@ -330,7 +330,7 @@ def rnnt_costs_named(names: Names, logits, targets, logit_lengths, target_length
     """The per-sequence costs ``(B,)`` of :func:`rnnt_loss` (``reduction="none"``, the
     regular lattice, the default backend), its messages naming the tensors by ``names``: a
     compat module's call, with its peer's argument names (``_validate.Names``)."""
-    return logits_loss(logits, targets, logit_lengths, target_lengths, blank, regular(),
+    return logits_loss(logits, targets, logit_lengths, target_lengths, blank, by_name("regular"),
                        clamp=clamp, reduction="none", fused=fused,
                        fastemit_lambda=fastemit_lambda, zero_infinity=False, backend="auto",
                        inplace_grad=False, packed=packed, names=names)

@@ -53,7 +53,7 @@ from ._rules import device_assert, recompute_rtol, with_bad_rows
 from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
                         check_int, check_joiner_output, check_multiblank_blank_id,
                         check_reduction, check_tile, loss_options)
-from .topology import Topology, by_name, multiblank, regular, tdt
+from .topology import Topology, by_name, multiblank, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
 
@@ -588,7 +588,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
     rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
     check_reduction(reduction)
     _backends.check_name(backend)
-    opts = loss_options(bool(fused), False, regular(), clamp, fastemit_lambda, sigma,
+    opts = loss_options(bool(fused), False, by_name("regular"), clamp, fastemit_lambda, sigma,
                         delay_penalty)
     _check_per_node(joiner)
     if isinstance(joiner, Joiner):
@@ -821,7 +821,7 @@ def fused_tdt_loss(
     if omega > 0.0 and float(torch.rand(())) < omega:
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         return _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
-                           *_fixed(regular()), params, tile=tile, clamp=clamp,
+                           *_fixed(by_name("regular")), params, tile=tile, clamp=clamp,
                            reduction=reduction, fused=True, fastemit_lambda=fastemit_lambda,
                            zero_infinity=zero_infinity, backend=backend,
                            drop=len(durations))
