@@ -175,6 +175,14 @@ OPTION_ERRORS = {
                             "the blank must be the last token (4), got 3: the logits' last axis "
                             "holds V_tok = 5 tokens, then 2 durations (7 in all); check the "
                             "blank and the durations"),
+    "tdt_durations_long": (_tdt_call(durations=[0, 1, 2, 3]),
+                           "blank=3 is outside [-V_tok, V_tok) = [-3, 3) for acts (3, 5, 3, 7): its "
+                           "last axis holds V_tok = 3 tokens, then 4 durations; check the blank "
+                           "and the durations"),
+    "tdt_sigma_module": (lambda: nemo.TDTLossNumba(blank=3, durations=[0, 1], sigma="x"),
+                         "sigma must be a number, got 'x'"),
+    "tdt_omega_module": (lambda: nemo.TDTLossNumba(blank=3, durations=[0, 1], omega=2.0),
+                         "omega must be <= 1"),
     "tdt_durations_none": (_tdt_call(durations=None), "durations must be a sequence of ints, got None"),
     "tdt_durations_int": (lambda: nemo.TDTLossNumba(blank=3, durations=3),
                           "durations must be a sequence of ints, got 3"),

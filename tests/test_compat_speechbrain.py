@@ -110,12 +110,13 @@ def test_errors_and_zero_frames():
 
 
 def test_messages_name_speechbrains_arguments():
-    """The function's messages name ``input_lens``, ``target_lens`` and ``blank_index``; the
-    module's ``labels``, ``T`` and ``U``: never the library's own names."""
+    """The function's messages name ``input_lens`` (as the frame counts made of it),
+    ``target_lens`` and ``blank_index``; the module's ``labels``, ``T`` and ``U``: never the
+    library's own names."""
     case = Case("names", (3, 2), (2, 1), 4, 0)
     logits, targets, tl, ul, blank = make_inputs(case, seed=4, poison=False)
     rel_T, rel_U = relative(tl, 3), relative(ul, 2)
-    with pytest.raises(ValueError, match=r"but input_lens has shape \(1,\)"):
+    with pytest.raises(ValueError, match=r"but round\(input_lens \* T\) has shape \(1,\)"):
         sb.transducer_loss(logits, targets, rel_T[:1], rel_U, blank)
     with pytest.raises(ValueError, match=r"blank_index=9 is outside \[-V, V\) = \[-4, 4\)"):
         sb.transducer_loss(logits, targets, rel_T, rel_U, 9)

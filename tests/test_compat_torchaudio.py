@@ -180,6 +180,16 @@ def test_what_the_schema_would_cast_is_checked(kw, words):
             ta.RNNTLoss(**options)
 
 
+def test_numpy_scalars_are_taken_as_the_schema_takes_them():
+    """The op's schema takes NumPy's bool and integers: so do the checks before it."""
+    import numpy as np
+    case = Case("numpy", (3,), (2,), 4, 0)
+    logits, targets, tl, ul, blank = int32_inputs(case)
+    want = ta.rnnt_loss(logits, targets, tl, ul, blank)
+    got = ta.rnnt_loss(logits, targets, tl, ul, np.int64(blank), fused_log_softmax=np.True_)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_fixed_defects():
     """Where torchaudio is silently wrong or fails: an out-of-range target id is a
     ValueError (torchaudio reads out of bounds), an empty batch's mean is 0 (torchaudio

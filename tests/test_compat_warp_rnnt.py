@@ -9,6 +9,7 @@ from __future__ import annotations
 import doctest
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,13 +170,36 @@ def test_binding_compact_backward_checks_its_arguments():
     cum = torch.cumsum(tl * (ul + 1), 0, dtype=torch.int32)
     w = torch.ones(case.B)
     for args, words in (((loc + case.V, case.V), r"loc must hold class ids in \[0, V\)"),
-                        ((loc, True), "V must be an int >= 1"),
-                        ((loc, "5"), "V must be an int >= 1")):
+                        ((loc - 1, case.V), r"loc must hold class ids in \[0, V\)"),
+                        ((loc, True), "V must be an int, got True"),
+                        ((loc, "5"), "V must be an int, got '5'"),
+                        ((loc, 0), "V must be >= 1")):
         with pytest.raises(core.ArgumentError, match=words):
             core.rnnt_loss_compact_backward(w, grads, cum, args[0], args[1], blank)
     for bad in (cum - 1, cum.flip(0)):
         with pytest.raises(core.ArgumentError, match="cumSum must be the cumulative row counts"):
             core.rnnt_loss_compact_backward(w, grads, bad, loc, case.V, blank)
+    # V as a NumPy or 0-d tensor integer, as before
+    for V in (np.int64(case.V), torch.tensor(case.V)):
+        torch.testing.assert_close(core.rnnt_loss_compact_backward(w, grads, cum, loc, V, blank),
+                                   core.rnnt_loss_compact_backward(w, grads, cum, loc, case.V, blank))
+
+
+def test_binding_compact_backward_asserts_on_the_device(device_checks, monkeypatch):
+    """On the device path (the CUDA default, no host read) the same two rules are
+    device-side asserts naming them."""
+    from rnnt_lattice import _rules
+    case = CASES[0]
+    log_probs, labels, tl, ul, blank = inputs(case)
+    rows, labs = compact(log_probs, labels, tl, ul)
+    _, grads, loc = core.rnnt_loss_compact(rows, labs, tl, ul, blank)
+    cum = torch.cumsum(tl * (ul + 1), 0, dtype=torch.int32)
+    failed = []
+    monkeypatch.setattr(torch, "_assert_async", lambda ok, msg="": failed.append(msg) if not bool(ok) else None)
+    core.rnnt_loss_compact_backward(torch.ones(case.B), grads, cum, loc, case.V, blank)
+    assert failed == []
+    core.rnnt_loss_compact_backward(torch.ones(case.B), grads, cum.flip(0), loc - 1, case.V, blank)
+    assert failed == [_rules.device_message("compact_loc"), _rules.device_message("compact_rows")]
 
 
 @pytest.mark.parametrize("layout", ["padded", "compact"])

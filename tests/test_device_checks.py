@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 import rnnt_lattice
 from rnnt_lattice import _rules, _validate
 from rnnt_lattice.compat import k2 as fast_rnnt
-from rnnt_lattice.compat import nemo, warp_transducer
+from rnnt_lattice.compat import nemo, speechbrain, transformers, warp_transducer
 from rnnt_lattice.compat import torchaudio as ta
 import rnnt_lattice.compat.warp_rnnt as warp_rnnt
 import rnnt_lattice.compat.warp_rnnt._C as warp_rnnt_C
@@ -89,7 +89,10 @@ COMPAT_NAMES = {"compat.nemo": nemo.NAMES, "compat.warp_transducer": warp_transd
                 "compat.warp_rnnt": warp_rnnt.NAMES,
                 "compat.warp_rnnt compact": warp_rnnt.COMPACT_NAMES,
                 "compat.warp_rnnt._C": warp_rnnt_C.NAMES,
-                "compat.warp_rnnt._C compact": warp_rnnt_C.COMPACT_NAMES}
+                "compat.warp_rnnt._C compact": warp_rnnt_C.COMPACT_NAMES,
+                "compat.speechbrain": speechbrain.FUNCTION_NAMES,
+                "compat.speechbrain module": speechbrain.MODULE_NAMES,
+                "compat.transformers tdt": transformers.TDT_NAMES}
 
 
 @pytest.mark.parametrize("names", ["ours"] + list(COMPAT_NAMES))

@@ -24,6 +24,12 @@ DEVICE_MESSAGES = {
     "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
                 "{target_lengths}[b] and 0 <= begin_frame <= end_frame <= {logit_lengths}[b]; "
                 "that sequence's loss is NaN",
+    # warp-rnnt's compact backward (compat.warp_rnnt._C.rnnt_loss_compact_backward)
+    "compact_loc": "rnnt_lattice: rnnt_loss_compact_backward: loc must hold class ids in "
+                   "[0, V) (RNNT_LATTICE_INPUT_CHECKS=host gives the ArgumentError)",
+    "compact_rows": "rnnt_lattice: rnnt_loss_compact_backward: cumSum must be the cumulative "
+                    "row counts, non-decreasing and ending at the rows of grad_xs "
+                    "(RNNT_LATTICE_INPUT_CHECKS=host gives the ArgumentError)",
     "recompute": "rnnt_lattice: the joiner gave other logits when the fused loss recomputed a "
                  "tile in the backward pass; it must be deterministic given its inputs and the "
                  "RNG state (dropout is replayed), as torch.utils.checkpoint requires",

@@ -339,7 +339,9 @@ def check_lattice_args(
     what = "V" if n_tokens is None else "V_tok"
     if not -Vt <= blank < Vt:
         raise ValueError(f"blank={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for "
-                         f"{names.shaped(logits)}")
+                         f"{names.shaped(logits)}" + ("" if n_tokens is None else
+                         f": its last axis holds V_tok = {Vt} tokens, then {V - Vt} "
+                         f"durations; check the blank and the durations"))
     blank = blank % Vt
 
     if int64_ids:

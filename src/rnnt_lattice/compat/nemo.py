@@ -296,7 +296,9 @@ class TDTLossNumba(torch.nn.Module):
         _tdt_blank(blank)
         if durations is not None:           # (None: refused at the first forward, as NeMo)
             check_durations("durations", durations, minimum=0, ascending=True)
-        check_float("fastemit_lambda", fastemit_lambda)
+        for name, value in (("fastemit_lambda", fastemit_lambda), ("sigma", sigma),
+                            ("omega", omega)):
+            check_float(name, value)
         self.blank = blank
         self.durations = durations if durations is not None else []
         self.fastemit_lambda = fastemit_lambda
@@ -347,7 +349,8 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
         if big_blank_durations is not None:
             check_durations("big_blank_durations", big_blank_durations, minimum=2,
                             ascending=False)
-        check_float("fastemit_lambda", fastemit_lambda)
+        for name, value in (("fastemit_lambda", fastemit_lambda), ("sigma", sigma)):
+            check_float(name, value)
         self.blank = blank
         self.big_blank_durations = big_blank_durations
         self.fastemit_lambda = fastemit_lambda

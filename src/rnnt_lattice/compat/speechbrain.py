@@ -46,9 +46,10 @@ __all__ = ["transducer_loss", "TransducerLoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
-# The messages name the tensors as SpeechBrain's signatures do (the function's relative
-# lengths become the frame and label counts the loss reads).
-FUNCTION_NAMES = Names("logits", "targets", "input_lens", "target_lens")
+# The messages name the tensors as SpeechBrain's signatures do. The function's relative
+# lengths become the frame and label counts the loss checks (on the device, where the host
+# did not read the relative ones): named as what they are.
+FUNCTION_NAMES = Names("logits", "targets", "round(input_lens * T)", "round(target_lens * U)")
 MODULE_NAMES = Names("logits", "labels", "T", "U")
 
 

@@ -35,6 +35,7 @@ Differences from torchaudio, all deliberate:
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -86,7 +87,7 @@ def _check_options(tensors, blank, clamp, fused_log_softmax) -> None:
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     check_int("blank", blank)
     check_float("clamp", clamp)
-    if not isinstance(fused_log_softmax, bool):
+    if not isinstance(fused_log_softmax, (bool, np.bool_)):      # (the schema takes NumPy's)
         raise ValueError(f"fused_log_softmax must be a bool, got {fused_log_softmax!r}")
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from ... import functional
-from ..._validate import Names, may_read_values
+from ..._rules import device_assert
+from ..._validate import Names, check_int, check_site, may_read_values
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
 
@@ -36,7 +37,7 @@ ANY_FLOAT = ("a floating-point tensor", (torch.float16, torch.bfloat16, torch.fl
 
 NAMES = Names("xs", "ys", "xn", "yn")
 # The compact layout's labels come concatenated, (SU,); the loss reads them padded, (N, U).
-COMPACT_NAMES = Names("xs", "ys (padded to (N, max_b yn[b]))", "xn", "yn")
+COMPACT_NAMES = Names("xs", "ys (padded to (N, U))", "xn", "yn")
 
 
 def log_probs_loss(names: Names, log_probs, targets, frames_lengths, labels_lengths, blank,
@@ -206,22 +207,33 @@ def rnnt_loss_compact_backward(grad_costs: torch.Tensor, grad_xs: torch.Tensor,
     if cumSum.shape != grad_costs.shape:
         raise ArgumentError(f"cumSum {tuple(cumSum.shape)} must be (N,) like grad_costs "
                             f"{tuple(grad_costs.shape)}")
-    if isinstance(V, bool) or not isinstance(V, int) or V < 1:
-        raise ArgumentError(f"V must be an int >= 1 (the log-probs' classes), got {V!r}")
+    try:
+        V = check_int("V", V)
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
+    if V < 1:
+        raise ArgumentError(f"V must be >= 1 (the log-probs' classes), got {V}")
     check_blank(blank, V, gathered_ok=False)
     cum = cumSum.to(torch.int64)
-    if may_read_values(loc) and (STU or cum.numel()):
-        # (Read on the host, as the compact forward reads the lengths: a row past the last
-        # sequence, or a label class outside [0, V), would index out of bounds.)
-        lo, hi = (int(loc.min()), int(loc.max())) if STU else (0, 0)
-        ends = cum.tolist()
-        if not 0 <= lo <= hi < V:
+    # A label class outside [0, V) would index out of bounds; a cumSum that is not the
+    # cumulative row counts (non-decreasing, ending at STU, the rows of grad_xs) would give
+    # rows to the wrong sequence. On the host a message naming them; on the device (the CUDA
+    # default, no synchronisation) a device-side assert naming them.
+    loc_ok = ((loc >= 0) & (loc < V)).all()
+    ends = torch.cat([cum.new_zeros(1), cum])
+    cum_ok = (ends[1:] >= ends[:-1]).all() & (ends[-1] == STU)
+    if may_read_values(loc):
+        if not bool(loc_ok):
+            lo, hi = int(loc.min()), int(loc.max())
             raise ArgumentError(f"loc must hold class ids in [0, V) = [0, {V}), got values in "
                                 f"[{lo}, {hi}]")
-        if any(b < a for a, b in zip([0] + ends, ends)) or (ends[-1] if ends else 0) != STU:
+        if not bool(cum_ok):
             raise ArgumentError(f"cumSum must be the cumulative row counts of the sequences, "
                                 f"non-decreasing and ending at STU = {STU} (the rows of "
-                                f"grad_xs), got {ends}")
+                                f"grad_xs), got {cum.tolist()}")
+    elif check_site(loc) == "device":
+        device_assert(loc_ok, "compact_loc")
+        device_assert(cum_ok, "compact_rows")
     rows = torch.arange(STU, device=grad_xs.device)
     seq = torch.searchsorted(cum, rows, right=True)                       # sequence of each row
     g = grad_xs * torch.cat([grad_costs, grad_costs.new_zeros(1)])[seq][:, None]

@@ -48,7 +48,7 @@ __all__ = ["rnnt_loss", "RNNTLoss", "RNNTLossCompact"]
 _NAMES = ("log_probs", "labels", "frames_lengths", "labels_lengths")
 NAMES = Names(*_NAMES)
 # compact=True: the labels come concatenated, (sum_b U_b,); the loss reads them padded.
-COMPACT_NAMES = Names("log_probs", "labels (padded to (N, max_b labels_lengths[b]))",
+COMPACT_NAMES = Names("log_probs", "labels (padded to (N, U))",
                       "frames_lengths", "labels_lengths")
 
 
