@@ -241,6 +241,7 @@ class Names:
     targets: str = "targets"
     logit_lengths: str = "logit_lengths"
     target_lengths: str = "target_lengths"
+    blank: str = "blank"
     spec: str | None = None      # the fused losses: "the joiner's logits (B, T, U+1, V) = ..."
     B: tuple | None = None
     T: tuple | None = None
@@ -334,11 +335,11 @@ def check_lattice_args(
             raise ValueError(f"tensors on different devices: {names.source('B', logits)[0]} on "
                              f"{logits.device}, {name} on {x.device}")
 
-    blank = check_int("blank", blank)
+    blank = check_int(names.blank, blank)
     Vt = V if n_tokens is None else n_tokens
     what = "V" if n_tokens is None else "V_tok"
     if not -Vt <= blank < Vt:
-        raise ValueError(f"blank={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for "
+        raise ValueError(f"{names.blank}={blank} is outside [-{what}, {what}) = [{-Vt}, {Vt}) for "
                          f"{names.shaped(logits)}" + ("" if n_tokens is None else
                          f": its last axis holds V_tok = {Vt} tokens, then {V - Vt} "
                          f"durations; check the blank and the durations"))

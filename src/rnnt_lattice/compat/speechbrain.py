@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from .. import functional
-from .._validate import Names, check_int, may_read_values
+from .._validate import Names, may_read_values
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -49,7 +49,8 @@ _REDUCTIONS = ("mean", "sum", "none")
 # The messages name the tensors as SpeechBrain's signatures do. The function's relative
 # lengths become the frame and label counts the loss checks (on the device, where the host
 # did not read the relative ones): named as what they are.
-FUNCTION_NAMES = Names("logits", "targets", "round(input_lens * T)", "round(target_lens * U)")
+FUNCTION_NAMES = Names("logits", "targets", "round(input_lens * T)", "round(target_lens * U)",
+                       blank="blank_index")
 MODULE_NAMES = Names("logits", "labels", "T", "U")
 
 
@@ -86,8 +87,7 @@ def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, input_lens: tor
                          f"{_describe(logits)} and {_describe(targets)}")
     T_b = _absolute("input_lens", input_lens, logits.shape[1])
     U_b = _absolute("target_lens", target_lens, targets.shape[1])
-    return _per_frame(logits, targets, T_b, U_b, _blank("blank_index", blank_index, logits),
-                      reduction, FUNCTION_NAMES)
+    return _per_frame(logits, targets, T_b, U_b, blank_index, reduction, FUNCTION_NAMES)
 
 
 class TransducerLoss(torch.nn.Module):
@@ -138,16 +138,6 @@ def _absolute(name: str, rel: torch.Tensor, size: int) -> torch.Tensor:
             raise ValueError(f"{name} must be relative lengths in [0, 1] (length / padded size "
                              f"{size}), got {name}[{b}] = {float(rel.reshape(-1)[b])}")
     return counts.int()
-
-
-def _blank(name: str, blank, logits: torch.Tensor) -> int:
-    """``blank_index``: an int in ``[-V, V)`` (the core's rule, named as SpeechBrain names it)."""
-    blank = check_int(name, blank)
-    V = logits.shape[-1]
-    if not -V <= blank < V:
-        raise ValueError(f"{name}={blank} is outside [-V, V) = [{-V}, {V}) for logits "
-                         f"{tuple(logits.shape)}")
-    return blank
 
 
 def _per_frame(logits, targets, T_b, U_b, blank, reduction, names: Names) -> torch.Tensor:

@@ -75,6 +75,12 @@ def _costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_l
 _LIB.impl("torchaudio_rnnt_loss", _costs, "CompositeImplicitAutograd")
 
 
+def _check_reduction(reduction: str) -> None:
+    """torchaudio's three reductions (TorchScript compiles this one too)."""
+    if reduction not in ["none", "mean", "sum"]:
+        raise ValueError('reduction should be one of "none", "mean", or "sum"')
+
+
 @torch.jit.unused
 def _check_options(tensors, blank, clamp, fused_log_softmax) -> None:
     """What the op's schema would otherwise take or cast in silence, checked in Python (not
@@ -128,8 +134,7 @@ def rnnt_loss(
     Returns:
         The loss in the logits' dtype: ``(B,)`` for ``"none"``, otherwise a scalar.
     """
-    if reduction not in ["none", "mean", "sum"]:
-        raise ValueError('reduction should be one of "none", "mean", or "sum"')
+    _check_reduction(reduction)
     if not torch.jit.is_scripting():
         _check_options((("logits", logits), ("targets", targets),
                         ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)),
@@ -164,8 +169,7 @@ class RNNTLoss(torch.nn.Module):
     def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
                  fused_log_softmax: bool = True):
         super().__init__()
-        if reduction not in ["none", "mean", "sum"]:
-            raise ValueError('reduction should be one of "none", "mean", or "sum"')
+        _check_reduction(reduction)
         _check_options((), blank, clamp, fused_log_softmax)
         self.blank = blank
         self.clamp = clamp

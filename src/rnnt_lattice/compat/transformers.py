@@ -72,9 +72,10 @@ __all__ = ["tdt_loss", "rnnt_loss", "ParakeetForTDTLoss", "ParakeetForRNNTLoss",
 
 REDUCTIONS = ("mean_volume", "mean_batch", "mean", "sum", "none")
 
-# The TDT loss reads the token and duration logits as one tensor, (B, T, U+1, V + D): its
-# messages name it so.
-TDT_NAMES = Names(logits="the joined token_logits and duration_logits")
+# The messages name the blank as transformers does; the TDT loss reads the token and
+# duration logits as one tensor, (B, T, U+1, V + D), and names it so.
+RNNT_NAMES = Names(blank="blank_token_id")
+TDT_NAMES = Names(logits="the joined token_logits and duration_logits", blank="blank_token_id")
 
 
 def _check_tensors(*named) -> None:
@@ -85,14 +86,14 @@ def _check_tensors(*named) -> None:
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
-def _check_blank(blank_token_id, V: int, last: bool, what: str) -> int:
-    """``blank_token_id`` a class of ``what``'s ``V``; with ``last`` the last one (TDT)."""
+def _check_tdt_blank(blank_token_id, token_logits) -> int:
+    """TDT's ``blank_token_id``: the last token of ``token_logits`` (``V - 1`` or ``-1``)."""
     blank = check_int("blank_token_id", blank_token_id)
-    if last and blank not in (V - 1, -1):
-        raise ValueError(f"blank_token_id={blank} must be the last token of {what}, V - 1 = "
-                         f"{V - 1} (the TDT layout; Parakeet's blank_token_id = vocab_size - 1)")
-    if not -V <= blank < V:
-        raise ValueError(f"blank_token_id={blank} is outside [-V, V) = [{-V}, {V}) for {what}")
+    V = token_logits.shape[-1]
+    if blank not in (V - 1, -1):
+        raise ValueError(f"blank_token_id={blank} must be the last token of token_logits "
+                         f"{tuple(token_logits.shape)}, V - 1 = {V - 1} (the TDT layout; "
+                         f"Parakeet's blank_token_id = vocab_size - 1)")
     return blank
 
 
@@ -208,8 +209,7 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
                    ("target_lengths", target_lengths))
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     _check_tdt_logits(token_logits, duration_logits, durations)
-    blank = _check_blank(blank_token_id, token_logits.shape[-1], True,
-                         f"token_logits {tuple(token_logits.shape)}")
+    blank = _check_tdt_blank(blank_token_id, token_logits)
     device = token_logits.device
     logits = _float(_joined(token_logits, duration_logits))
     target_lengths = target_lengths.to(device)
@@ -250,12 +250,11 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
                    ("target_lengths", target_lengths))
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dims (B, T, U+1, V), got shape {tuple(logits.shape)}")
-    blank = _check_blank(blank_token_id, logits.shape[-1], False,
-                         f"logits {tuple(logits.shape)}")
     device = logits.device
     target_lengths = target_lengths.to(device)
-    losses = rnnt_lattice.rnnt_loss(_float(logits), targets.to(device), logit_lengths.to(device),
-                                    target_lengths, blank=blank, reduction="none")
+    losses = functional.rnnt_costs_named(RNNT_NAMES, _float(logits), targets.to(device),
+                                         logit_lengths.to(device), target_lengths,
+                                         blank_token_id)
     return _reduce(losses, target_lengths, reduction)
 
 

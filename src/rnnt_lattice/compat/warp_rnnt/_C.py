@@ -219,10 +219,12 @@ def rnnt_loss_compact_backward(grad_costs: torch.Tensor, grad_xs: torch.Tensor,
     # cumulative row counts (non-decreasing, ending at STU, the rows of grad_xs) would give
     # rows to the wrong sequence. On the host a message naming them; on the device (the CUDA
     # default, no synchronisation) a device-side assert naming them.
-    loc_ok = ((loc >= 0) & (loc < V)).all()
-    ends = torch.cat([cum.new_zeros(1), cum])
-    cum_ok = (ends[1:] >= ends[:-1]).all() & (ends[-1] == STU)
-    if may_read_values(loc):
+    site = check_site(loc)
+    if site is not None:
+        loc_ok = ((loc >= 0) & (loc < V)).all()
+        ends = torch.cat([cum.new_zeros(1), cum])
+        cum_ok = (ends[1:] >= ends[:-1]).all() & (ends[-1] == STU)
+    if site == "host":
         if not bool(loc_ok):
             lo, hi = int(loc.min()), int(loc.max())
             raise ArgumentError(f"loc must hold class ids in [0, V) = [0, {V}), got values in "
@@ -231,7 +233,7 @@ def rnnt_loss_compact_backward(grad_costs: torch.Tensor, grad_xs: torch.Tensor,
             raise ArgumentError(f"cumSum must be the cumulative row counts of the sequences, "
                                 f"non-decreasing and ending at STU = {STU} (the rows of "
                                 f"grad_xs), got {cum.tolist()}")
-    elif check_site(loc) == "device":
+    elif site == "device":
         device_assert(loc_ok, "compact_loc")
         device_assert(cum_ok, "compact_rows")
     rows = torch.arange(STU, device=grad_xs.device)
