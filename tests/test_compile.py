@@ -14,7 +14,7 @@ import torch
 
 import rnnt_lattice
 from rnnt_lattice._types import LossOptions
-from rnnt_lattice import _ops
+from rnnt_lattice import _ops, _validate
 
 
 class Joiner(torch.nn.Module):
@@ -102,7 +102,9 @@ def test_custom_op(backend):
     logits = torch.randn(3, 4, 3, 5, dtype=torch.float64, requires_grad=True)
     args = (targets.long(), logit_lengths.long(), target_lengths.long(), 0, 0.4, True, 0.25,
             backend)
-    torch.library.opcheck(_ops._costs_and_grad, (logits, *args, True, "regular", [], 0.0, 0.0, None, None),
+    torch.library.opcheck(_ops._costs_and_grad,
+                          (logits, *args, True, "regular", [], 0.0, 0.0, None, None, False,
+                           _validate.OURS.joined()),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
     weights = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
@@ -252,6 +254,79 @@ def _packed_call():
                                           packed=True)
 
 
+def _labels(V):
+    """Targets (2, 3) whose ids are labels of every loss below (1..V-3: not a blank, big
+    blank or duration column), the lengths for logits (2, 5, 4, ...)."""
+    return (torch.tensor([[1, 2, 1], [2, 1, 2]]), torch.tensor([5, 4]), torch.tensor([3, 2]))
+
+
+def _rnnt(x, y, tl, ul):
+    return rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none")
+
+
+def _multiblank(x, y, tl, ul):
+    return rnnt_lattice.multiblank_rnnt_loss(x, y, tl, ul, blank=x.shape[-1] - 1,
+                                             big_blank_durations=[2], reduction="none")
+
+
+def _tdt(x, y, tl, ul):
+    return rnnt_lattice.tdt_loss(x, y, tl, ul, blank=-1, durations=[0, 1], reduction="none")
+
+
+def _nemo(x, y, tl, ul):
+    from rnnt_lattice.compat.nemo import RNNTLossNumba
+    return RNNTLossNumba(blank=0, reduction="none")(x, y, tl, ul)
+
+
+def _k2(x, y, tl, ul):
+    from rnnt_lattice.compat.k2 import rnnt_loss
+    boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), ul, tl], 1)
+    return rnnt_loss(x, y, termination_symbol=0, boundary=boundary, reduction="none")
+
+
+# (entry, V, the bad value written at targets[1, 1], what the message says (eager, compiled)
+# or None (a good call)): the value rules a traced call cannot apply, applied when the op
+# runs.
+COMPILED_VALUES = [
+    (_rnnt, 6, 106, "targets[1, 1] = 106 is outside [0, V) = [0, 6)"),
+    (_rnnt, 6, -3, "targets[1, 1] = -3 is outside [0, V) = [0, 6)"),
+    (_rnnt, 6, 0, "targets[1, 1] equals the blank id 0"),
+    (_multiblank, 6, 4, "targets[1, 1] = 4 is the class of the arc kind 'big_blank_2'"),
+    (_tdt, 7, 5, "targets[1, 1] = 5 is outside [0, V_tok) = [0, 5)"),
+    (_nemo, 6, 9, "labels[1, 1] = 9 is outside [0, V) = [0, 6)"),
+    (_nemo, 6, 0, "labels[1, 1] equals the blank id 0"),
+    # (k2's module calls the public loss: its own check names the symbols, the op's the
+    # targets, as rnnt_loss does.)
+    (_k2, 6, 9, ("symbols[1, 1] = 9 must be in [0, C) = [0, 6)",
+                 "targets[1, 1] = 9 is outside [0, V) = [0, 6)")),
+    (_k2, 6, 0, None),                    # k2: a label may equal the termination symbol
+]
+
+
+@pytest.mark.parametrize("entry, V, bad, says", COMPILED_VALUES,
+                         ids=[f"{e.__name__[1:]}-{b}" for e, _, b, _ in COMPILED_VALUES])
+def test_a_compiled_call_refuses_what_an_eager_call_refuses(entry, V, bad, says):
+    """Tracing has no values, so the custom op prepares the call again when it runs
+    (``_backends.prepare_call`` on the real tensors): a target outside the classes, equal to
+    the blank or to a big blank is the eager call's ValueError, in the caller's names, where
+    the op once checked the lengths only (a finite loss from ids read out of bounds)."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 4, V, generator=g, dtype=torch.float64, requires_grad=True)
+    y, tl, ul = _labels(V)
+    compiled = torch.compile(entry, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, y, tl, ul), entry(x, y, tl, ul))
+    y[1, 1] = bad
+    if says is None:
+        assert torch.isfinite(compiled(x, y, tl, ul)).all()
+    else:
+        for fn, message in zip((entry, compiled), says if isinstance(says, tuple) else (says,) * 2):
+            with pytest.raises(ValueError) as info:
+                fn(x, y, tl, ul)
+            assert message in str(info.value)
+    torch._dynamo.reset()
+
+
 @pytest.mark.skipif(not _ops.DYNAMO_TAKES_REASONS, reason="TorchDynamo's messages take a "
                     "reason from torch 2.8 on")
 @pytest.mark.parametrize("call, says", [
@@ -379,7 +454,8 @@ g = torch.Generator().manual_seed(0)
 B, T, U, V = 2, 5, 3, 7
 x = torch.randn(B, T, U + 1, V, generator=g, requires_grad=True)
 xd = torch.randn(B, T, U + 1, V + 3, generator=g, requires_grad=True)
-y = torch.randint(1, V - 1, (B, U), generator=g, dtype=torch.int32)
+# (Labels 1..3: not a blank of any loss below, multi-blank's big blanks being 4 and 5.)
+y = torch.randint(1, V - 3, (B, U), generator=g, dtype=torch.int32)
 tl, ul = torch.tensor([T, T - 1], dtype=torch.int32), torch.tensor([U, U - 1], dtype=torch.int32)
 am, lm = torch.randn(B, T, V, generator=g), torch.randn(B, U + 1, V, generator=g)
 

@@ -555,8 +555,8 @@ def test_a_call_is_checked_once(fn, packed, monkeypatch):
     ``_validate.check_call`` once, which checks the tensors once (``check_lattice_args``),
     looks for a ``torch.func`` transform once, applies the topology's rules once and reads
     a packed layout's lengths once; the run (the autograd Function, the backend's passes,
-    the backward) checks nothing again (``check_run`` is the custom op's, under
-    torch.compile only)."""
+    the backward) checks nothing again (under torch.compile the custom op prepares the
+    call once more when it runs, tests/test_compile.py)."""
     from rnnt_lattice import _backends, _validate
     calls = {}
 
@@ -570,7 +570,7 @@ def test_a_call_is_checked_once(fn, packed, monkeypatch):
 
     counted(_backends, "check_call")
     counted(_backends, "resolve")
-    for name in ("check_lattice_args", "check_run", "_packed_grid", "check_site",
+    for name in ("check_lattice_args", "_packed_grid", "check_site",
                  "check_untransformed", "_check_topology"):
         counted(_validate, name)
     x = torch.randn(2, 5, 3, 7, requires_grad=True)

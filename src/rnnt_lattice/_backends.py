@@ -213,6 +213,10 @@ class Prepared:
     opts: LossOptions                  # blank in [0, V_tok), checked against the topology
     node_rows: Optional[torch.Tensor] = None  # (B, T, U+1) int64 node -> row map of a rows
                                        # layout (packed, pruned), None for padded logits
+    # What the custom op needs to prepare the call again when it runs (impl None): the
+    # rules that read values had none while tracing.
+    allow_blank_targets: bool = False
+    names: Names = OURS
 
     @property
     def boundary(self) -> Optional[torch.Tensor]:
@@ -262,4 +266,4 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
     opts = with_blank(opts, chk.blank)
     if packed:
         node_rows = packed_node_rows(chk.logit_lengths, chk.target_lengths, chk.grid)
-    return Prepared(impl, chk, opts, node_rows)
+    return Prepared(impl, chk, opts, node_rows, allow_blank_targets, names)

@@ -124,7 +124,8 @@ def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor
     if prep.impl is None:
         # (No NaN rows while tracing: the op checks the values, and adds its own, when it runs.)
         costs = rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
-                                  opts, backend, prep.boundary, prep.node_rows)
+                                  opts, backend, prep.boundary, prep.node_rows,
+                                  allow_blank_targets=prep.allow_blank_targets, names=prep.names)
     else:
         costs = rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
                            chk.target_lengths, opts, prep.boundary, prep.node_rows,
@@ -151,16 +152,28 @@ def _costs_and_grad(
     delay_penalty: float,
     boundary: Optional[torch.Tensor],
     node_rows: Optional[torch.Tensor],
+    allow_blank_targets: bool,
+    names: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # A custom op's schema takes primitives: the options are rebuilt here (the topology
-    # from its name and durations, topology.from_spec).
+    # from its name and durations, topology.from_spec; the messages' names from their
+    # joined string, Names.split).
     opts = LossOptions(blank, fused, clamp, fastemit_lambda,
                        topology=from_spec(topology, blank, tuple(durations)), sigma=sigma,
                        delay_penalty=delay_penalty)
-    # The value checks that could not run while tracing (_validate.check_call), now.
-    nan_rows = _validate.check_run(logits, targets, logit_lengths, target_lengths, boundary,
-                                   node_rows, opts.topology)
-    impl = _backends.resolve(backend, logits.device)
+    # The values exist now: the call is prepared again, on them, as an eager call is
+    # (_backends.prepare_call: the backend resolved, check_call's every rule, host or device),
+    # so that a compiled call refuses what an eager one refuses. Tracing could check only
+    # the shapes, dtypes and options; what it returned is what this reads, so the tensors
+    # come back as they are.
+    prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank,
+                                  backend, opts, boundary=boundary, node_rows=node_rows,
+                                  allow_blank_targets=allow_blank_targets,
+                                  names=_validate.Names.split(names))
+    impl, chk, opts = prep.impl, prep.chk, prep.opts
+    logits, targets, logit_lengths, target_lengths = (
+        chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths)
+    boundary, nan_rows = chk.boundary, chk.nan_rows
     with torch.no_grad():
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
                                                 opts, need_grad, boundary, node_rows, nan_rows)
@@ -173,7 +186,8 @@ def _costs_and_grad(
 
 @_costs_and_grad.register_fake
 def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, fastemit_lambda,
-      backend, need_grad, topology, durations, sigma, delay_penalty, boundary, node_rows):
+      backend, need_grad, topology, durations, sigma, delay_penalty, boundary, node_rows,
+      allow_blank_targets, names):
     B = logits.shape[0] if node_rows is None else node_rows.shape[0]    # rows (N, V): B from the map
     costs = logits.new_empty((B,))
     grad = torch.empty_like(logits) if need_grad else logits.new_empty((0,))
@@ -182,7 +196,7 @@ def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused, faste
 
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1], torch.isinf(output[0]))
-    node_rows = inputs[-1]
+    node_rows = inputs[15]
     # The sequence of each row of a node_rows layout (B for a row no node reads).
     ctx.row_seq = None if node_rows is None else row_sequences(node_rows, inputs[0].shape[0])
 
@@ -195,21 +209,25 @@ def _backward(ctx, grad_costs, _grad_of_grad):
         up = torch.cat([up, up.new_zeros(1)])[ctx.row_seq][:, None]
     else:
         up = up[:, None, None, None]
-    return (scale_upstream(grad, up),) + (None,) * 15
+    return (scale_upstream(grad, up),) + (None,) * 17
 
 
 _costs_and_grad.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: LossOptions,
-                      backend: str, boundary=None, node_rows=None) -> torch.Tensor:
-    """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``."""
+                      backend: str, boundary=None, node_rows=None, *,
+                      allow_blank_targets: bool = False,
+                      names: _validate.Names = _validate.OURS) -> torch.Tensor:
+    """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``;
+    ``allow_blank_targets`` and ``names`` as :func:`_backends.prepare_call` takes them (the
+    op prepares the call again when it runs, on the values)."""
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     name, durations = to_spec(opts.topology)
     costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
                                opts.clamp, opts.log_softmax, opts.fastemit_lambda, backend, need_grad,
                                name, list(durations), opts.sigma, opts.delay_penalty, boundary,
-                               node_rows)
+                               node_rows, allow_blank_targets, names.joined())
     return costs
 
 

@@ -262,8 +262,24 @@ class Names:
         """The targets' and the lengths' names, as ``_rules.device_message`` takes them."""
         return self.targets, self.logit_lengths, self.target_lengths
 
+    def joined(self) -> str:
+        """The five argument names in one string, as the custom op's schema takes them (it
+        has no list of strings; the op runs on logits, never on a :attr:`spec`)."""
+        return "\n".join((self.logits, self.targets, self.logit_lengths, self.target_lengths,
+                          self.blank))
+
+    @staticmethod
+    def split(joined: str) -> "Names":
+        """The :class:`Names` of :meth:`joined`'s string."""
+        return _split_names(joined)
+
 
 OURS = Names()
+
+
+@memo(maxsize=64)
+def _split_names(joined: str) -> Names:
+    return Names(*joined.split("\n"))
 
 
 def check_lattice_args(
@@ -449,28 +465,6 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
         check_inplace(logits, native_low_precision, names.logits)
     return Checked(x, targets, logit_lengths, target_lengths, blank, boundary,
                    nan_rows, grid if packed else None, traced)
-
-
-def check_run(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
-              topology) -> torch.Tensor | None:
-    """The value checks of :func:`check_call` that cannot run while ``torch.compile``
-    traces (there are no values), run by the custom op when it runs: the lengths and the
-    boundary within the padded lattice, which the kernels index by, on the host; on the
-    device also the target ids within the token classes. Returns the device check's
-    ``nan_rows`` (None: checked on the host)."""
-    if logit_lengths.numel() == 0:
-        return None
-    B, T, U1 = (logits.shape[:3] if node_rows is None else node_rows.shape)
-    site = check_site(logits)
-    if site == "device":
-        return device_value_check(targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
-                                  V=logits.shape[-1] - topology.n_durations, blank=None,
-                                  boundary=boundary)
-    if site == "host":
-        where = ("logits", logits)
-        check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
-        check_boundary(boundary, B, logits.device, logit_lengths, target_lengths)
-    return None
 
 
 # Per-call work that depends only on hashable options, done once per value.

@@ -125,8 +125,9 @@ def rnnt_loss(
             which must equal ``logits.shape[0]``). See :func:`pack_logits`.
         allow_blank_targets: a target equal to ``blank`` is an ordinary label: its arc reads
             the blank's log-prob, and its gradient adds to the blank arc's (k2 and fast_rnnt
-            compute such labels). By default it is a ``ValueError`` (checked for CPU inputs),
-            since a label that is the blank is almost always padding read as a label.
+            compute such labels). By default it is a ``ValueError`` (on CUDA a device-side
+            assert), since a label that is the blank is almost always padding read as a
+            label.
 
     Every topology, per-arc term, boundary and layout runs on the same Numba (CPU) and
     Triton (GPU) kernels: one recursion driven by the topology's arc kinds.
@@ -146,14 +147,16 @@ def rnnt_loss(
     Raises:
         ValueError: on bad shapes, dtypes, devices, lengths, targets, blank, reduction,
             backend, or a float option outside its range (``_validate.FLOAT_RANGES``: inside
-            it every backend gives the same numbers and the same inf/NaN pattern). Checks of tensor *values* (lengths, target ids) run for CPU inputs only,
-            to keep the CUDA path free of host synchronisation.
+            it every backend gives the same numbers and the same inf/NaN pattern). Checks of
+            tensor *values* (lengths, target ids) read CPU inputs on the host; on CUDA they
+            are device-side asserts, which keep the path free of host synchronisation
+            (docs/api.md, "Errors").
 
     Notes:
         Under ``torch.compile`` the loss is the custom op ``rnnt_lattice::rnnt_costs_and_grad``
         (``fullgraph=True`` works, on CPU too), float16/bfloat16 logits are upcast to
-        float32 first, and the value checks are skipped while tracing (see Raises); the
-        custom op checks the lengths and the boundary when it runs on CPU tensors.
+        float32 first, and the value checks, which have no values while tracing, run when
+        the compiled op runs: every check of an eager call, with its messages.
 
         The Numba backend returns, as the gradient, a buffer its forward pass filled with
         ``exp(logits - max)``: one exp per logit element in total. The gradient is
