@@ -1709,3 +1709,14 @@ def test_selfcheck_pruning_rows_on_the_gpu_backend(monkeypatch):
     ctx = selfcheck.Context("cpu", "triton", selfcheck.plan_for("cpu", "smoke"), "smoke")
     line = selfcheck.check_pruning_rows(ctx, ctx.plan.tool_shape)
     assert "bit-identical" in line and "bfloat16 rel err" in line, line
+
+
+def test_selfcheck_compile_on_the_gpu_backend():
+    """``rnnt-lattice check``'s ``torch.compile`` check as it runs on CUDA: the custom op
+    resolves the Triton backend when it runs and prepares the call again on the values (the
+    regular and TDT losses against the float64 reference, a bad label's ValueError), here
+    under the interpreter."""
+    from rnnt_lattice import selfcheck
+    ctx = selfcheck.Context("cpu", "triton", selfcheck.plan_for("cpu", "smoke"), "smoke")
+    line = selfcheck.check_compile(ctx, ctx.plan.tool_shape)
+    assert "tdt grad err" in line and "the eager call's ValueError" in line, line

@@ -734,6 +734,48 @@ def _host_bad_inputs(ctx) -> str:
     return "ValueError with set_input_checks('host')"
 
 
+# --------------------------------------------------------------------------- torch.compile
+def check_compile(ctx, shape):
+    """``torch.compile(fullgraph=True)`` (AOTAutograd, the backend ``"aot_eager"``: the
+    custom op ``rnnt_lattice::rnnt_costs_and_grad``, its fake implementation and registered
+    backward; Inductor's code generation adds nothing of ours) of the regular and the TDT
+    loss against the float64 torch backend, and a bad label in the compiled call: the op
+    prepares the call again on the values when it runs, so ``set_input_checks("host")``
+    gives the eager call's ValueError (the device path's assert is :func:`check_bad_input`'s)."""
+    from ._validate import set_input_checks
+    B, T, U, V = shape
+    errs = {}
+    for kind in ("regular", "tdt"):
+        if kind == "tdt":
+            x, y, tl, ul, w = _topology_inputs(kind, shape, torch.float32, ctx.device)
+            fn = _topology_fn(kind, y, tl, ul, x.shape[-1])
+        else:
+            x, y, tl, ul, w = inputs(B, T, U, V, torch.float32, ctx.device)
+            fn = _rnnt(x, y, tl, ul, clamp=0.5, fastemit_lambda=0.1)
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        costs, grad = _loss_and_grad(compiled, x, w, backend=ctx.backend)
+        ref_costs, ref_grad = _loss_and_grad(fn, x.double(), w.double(), backend="torch")
+        errs[f"{kind} loss err"] = _err(costs, ref_costs)
+        errs[f"{kind} grad err"] = _err(grad, ref_grad, 1e-30)
+    lt, gt = tolerance(torch.float32)
+    detail = _within("compiled", errs, {k: lt if "loss" in k else gt for k in errs})
+    x, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, ctx.device)
+    y[1, 0] = V                                             # a label outside [0, V)
+    before = set_input_checks("host")
+    try:
+        torch.compile(_rnnt(x, y, tl, ul), backend="aot_eager", fullgraph=True)(
+            x, reduction="none", backend=ctx.backend)
+    except ValueError as e:
+        if "targets[1, 0]" not in str(e):
+            raise CheckFailed(f"compiled, a bad label's ValueError names something else: {e}")
+    else:
+        raise CheckFailed("compiled, a label >= V gave no ValueError (set_input_checks('host'))")
+    finally:
+        set_input_checks(before)
+        torch._dynamo.reset()
+    return detail + "; a bad label: the eager call's ValueError"
+
+
 # --------------------------------------------------------------------------- lattice tools
 def check_tools(ctx, shape, dtype, kind):
     """occupancy (gamma of every arc kind, log-likelihood) and best_alignment (best path
@@ -1188,6 +1230,8 @@ def _checks(ctx: Context, big: bool) -> list:
                        _bind(check_joint_cublas, ctx, t, dtype, kind) if joint else None))
     cs.append(("bad input (NaN, device-side assert, host ValueError)",
                _bind(check_bad_input, ctx)))
+    cs.append((f"torch.compile(fullgraph=True) regular and TDT, a bad label {t}",
+               _bind(check_compile, ctx, t)))
     cs.append(("fused, a joiner that recomputes other logits (an error)",
                _bind(check_recompute, ctx)))
     for kind in ("regular", "tdt"):
