@@ -244,6 +244,10 @@ def _pruned_calls():
         "prune_ranges": lambda: rnnt_lattice.prune_ranges(occ, 2, method="k2").ranges,
         "lattice_loss": lambda: rnnt_lattice.lattice_loss(
             am[..., :U + 1].double(), lm[:, None, :, 0].double().expand(B, T, U + 1), tl, ul),
+        "occupancy": lambda: rnnt_lattice.occupancy(lm[:, None].expand(B, T, U + 1, V), y, tl,
+                                                    ul, blank=0).log_likelihood,
+        "best_alignment": lambda: rnnt_lattice.best_alignment(
+            lm[:, None].expand(B, T, U + 1, V), y, tl, ul, blank=0).log_prob,
     }
 
 
@@ -335,20 +339,26 @@ def test_a_compiled_call_refuses_what_an_eager_call_refuses(entry, V, bad, says)
     ("simple", "simple losses (rnnt_loss_simple, rnnt_loss_smoothed) run their kernels eagerly"),
     ("prune_ranges", "prune_ranges reads its window's size on the host"),
     ("lattice_loss", "lattice_loss runs its kernels eagerly"),
+    ("occupancy", "occupancy runs its kernels eagerly"),
+    ("best_alignment", "best_alignment runs its kernels eagerly"),
 ])
 def test_fullgraph_says_why_a_call_breaks_the_graph(call, says, no_compile_cache):
     """The calls that run eagerly under ``torch.compile`` (a graph break) make
     ``fullgraph=True``, which allows none, fail with a message that says why and what to
     do, whether or not an earlier compilation made their eager wrapper already: TorchDynamo
     said "Attempted to call function marked as skipped" (``torch.compiler.disable``'s own
-    code) or, for packed logits, "Could not guard on data-dependent expression"."""
+    code) or, for packed logits, "Could not guard on data-dependent expression". Without
+    ``fullgraph`` they give the eager call's value (``occupancy`` and ``best_alignment``,
+    traced, once failed for every input: their preparation left the backend to a custom
+    op)."""
     fn = {"packed": _packed_call, "fused": _fused_call}.get(call, lambda: _pruned_calls()[call])()
     for _ in range(2):          # the second: the eager wrapper made by the first
         torch._dynamo.reset()
         with pytest.raises(Exception) as info:
             torch.compile(fn, backend="eager", fullgraph=True)()
         assert says in str(info.value) and "compile without fullgraph=True" in str(info.value)
-    torch.compile(fn, backend="eager")()           # without fullgraph: a graph break
+    # Without fullgraph: a graph break, the eager call's value.
+    torch.testing.assert_close(torch.compile(fn, backend="eager")(), fn())
     torch._dynamo.reset()
 
 

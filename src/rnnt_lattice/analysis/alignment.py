@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from .._ops import eager_under_compile
 from .._types import Ends
 from ..topology import Topology, regular
 from ._common import kind_field, request, viterbi
@@ -271,3 +272,9 @@ def _frame_labels(emit, targets, logit_lengths, target_lengths, ok) -> list:
                     frames[t].append(int(targets[b, u]))
         out.append(frames)
     return out
+
+
+# Under torch.compile the tool runs eagerly (a graph break), as occupancy does.
+best_alignment = eager_under_compile(
+    best_alignment, "rnnt_lattice's best_alignment runs its kernels eagerly, a graph break; "
+    "compile without fullgraph=True")

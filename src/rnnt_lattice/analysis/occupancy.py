@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._ops import eager_under_compile
 from ..topology import Topology, regular
 from ._common import lattice, request
 
@@ -145,3 +146,10 @@ def _sum_kinds(gamma: torch.Tensor, kinds: list) -> torch.Tensor:
     for k in kinds[1:]:
         out += gamma[:, k]
     return out
+
+
+# Under torch.compile the tool runs eagerly (a graph break): traced, its preparation leaves
+# the backend to a custom op (the loss's), and it has none: every compiled call failed.
+occupancy = eager_under_compile(
+    occupancy, "rnnt_lattice's occupancy runs its kernels eagerly, a graph break; compile "
+    "without fullgraph=True")
