@@ -428,6 +428,92 @@ def test_boundary_on_the_device(device_checks, monkeypatch):
     assert asserts.failed == [_rules.device_message("boundary")]
 
 
+# Bad windows of sequence 1 (B, T, U = 3, 6, 3; R = 2), each breaking k2's rule: strictly
+# increasing label positions in [0, U].
+BAD_WINDOWS = {
+    "duplicate": lambda r: r[1, 2].copy_(torch.tensor([1, 1])),
+    "decreasing": lambda r: r[1, 2].copy_(torch.tensor([2, 1])),
+    "past U": lambda r: r[1, 4].copy_(torch.tensor([3, 4])),
+    "negative": lambda r: r[1, 0].copy_(torch.tensor([-1, 0])),
+}
+
+
+def _windows():
+    """Windows ``(B, T, 2)`` of every path of the batch's lengths (k2's shape), and logits
+    ``(B, T, 2, V)`` on them."""
+    starts = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 1, 1], [0, 1, 2, 2, 2, 2]])
+    ranges = starts[..., None] + torch.arange(2)
+    g = torch.Generator().manual_seed(5)
+    return ranges, torch.randn(B, T, 2, V, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("what", list(BAD_WINDOWS))
+@NO_TRITON
+def test_bad_windows_on_the_device(device_checks, monkeypatch, what):
+    """``rnnt_loss_pruned``'s ranges on the device path (the CUDA default), where no value
+    is read on the host: a window that breaks the rule makes its sequence's loss NaN, the
+    others' as with good windows, with the ``ranges`` assert; nothing is read or written
+    outside the tensors (a position past U was a scatter out of bounds, a duplicate left a
+    row of the gradient unwritten, a decreasing pair gave a finite loss)."""
+    _, y, tl, ul = _batch()
+    ranges, x = _windows()
+    good = rnnt_lattice.rnnt_loss_pruned(x, y, ranges, tl, ul, blank=0, reduction="none")
+    BAD_WINDOWS[what](ranges)
+    asserts = _Asserts(monkeypatch)
+    leaf = x.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss_pruned(leaf, y, ranges, tl, ul, blank=0, reduction="none")
+    assert torch.isnan(costs).tolist() == [False, True, False], costs
+    torch.testing.assert_close(costs[[0, 2]], good[[0, 2]], rtol=1e-12, atol=0)
+    assert asserts.failed == [_rules.device_message("ranges")]
+    assert torch.isfinite(good).all()
+    (costs[[0, 2]] * torch.tensor([1.0, -0.5], dtype=costs.dtype)).sum().backward()
+    assert torch.isfinite(leaf.grad[[0, 2]]).all()
+
+
+@NO_TRITON
+def test_bad_pruning_ranges_on_the_device(device_checks, monkeypatch):
+    """``do_rnnt_pruning`` on the device path: a position outside ``[0, U]`` fails the
+    ``pruning_ranges`` assert and is read at the nearest row of its own sequence (it read
+    another sequence's row of ``lm``, or out of bounds)."""
+    g = torch.Generator().manual_seed(6)
+    am, lm = torch.randn(B, T, 2, generator=g), torch.randn(B, U + 1, 4, generator=g)
+    ranges, _ = _windows()
+    ranges[0, 5, 1], ranges[1, 0, 0] = U + 1, -1
+    asserts = _Asserts(monkeypatch)
+    _, lm_p = rnnt_lattice.do_rnnt_pruning(am, lm, ranges)
+    assert asserts.failed == [_rules.device_message("pruning_ranges")]
+    assert torch.equal(lm_p[0, 5, 1], lm[0, U]) and torch.equal(lm_p[1, 0, 0], lm[1, 0])
+
+
+def test_traced_windows_and_packing_assert():
+    """Under ``torch.compile`` (fullgraph) no value is read on the host: the windows' rule,
+    ``do_rnnt_pruning``'s and ``pack_logits``' lengths run as asserts in the graph, which
+    raise when it runs (each once gave a value: a finite loss, another sequence's rows,
+    fewer packed rows than the lengths say)."""
+    _, y, tl, ul = _batch()
+    ranges, x = _windows()
+    g = torch.Generator().manual_seed(6)
+    am, lm = torch.randn(B, T, 2, generator=g), torch.randn(B, U + 1, 4, generator=g)
+    calls = {
+        "ranges": (lambda r: rnnt_lattice.rnnt_loss_pruned(x, y, r, tl, ul, blank=0), ranges,
+                   lambda r: r[1, 2].copy_(torch.tensor([2, 1]))),
+        "pruning_ranges": (lambda r: rnnt_lattice.do_rnnt_pruning(am, lm, r)[1], ranges,
+                           lambda r: r[1, 0, 0].fill_(-1)),
+        "pack_lengths": (lambda t: rnnt_lattice.pack_logits(x.new_zeros(B, T, U + 1, V), t, ul),
+                         tl, lambda t: t[1].fill_(T + 1)),
+    }
+    for rule, (fn, arg, edit) in calls.items():
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(arg), fn(arg))
+        bad = arg.clone()
+        edit(bad)
+        with pytest.raises(RuntimeError) as err:
+            compiled(bad)
+        assert _rules.device_message(rule) in str(err.value), (rule, str(err.value))
+    torch._dynamo.reset()
+
+
 def test_input_check_modes(monkeypatch):
     """``set_input_checks`` returns the mode before; a bad mode is a ValueError; the
     environment variable sets the first mode."""

@@ -24,6 +24,17 @@ DEVICE_MESSAGES = {
     "boundary": "rnnt_lattice: boundary[b] must satisfy 0 <= begin_symbol <= end_symbol <= "
                 "{target_lengths}[b] and 0 <= begin_frame <= end_frame <= {logit_lengths}[b]; "
                 "that sequence's loss is NaN",
+    # The windows of the pruned loss and of do_rnnt_pruning, and pack_logits' lengths under
+    # torch.compile (no host read: on CUDA, or while tracing)
+    "ranges": "rnnt_lattice: ranges[b, t] must be strictly increasing label positions in "
+              "[0, U]; that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host (an eager "
+              "call on the host) gives the ValueError naming b, t",
+    "pruning_ranges": "rnnt_lattice: do_rnnt_pruning: ranges must lie in [0, U], lm holding U+1 "
+                      "rows per sequence. RNNT_LATTICE_INPUT_CHECKS=host (an eager call on the "
+                      "host) gives the ValueError",
+    "pack_lengths": "rnnt_lattice: pack_logits: need 0 <= logit_lengths[b] <= T and 0 <= "
+                    "target_lengths[b] <= U, T and U the padded sizes (an eager call gives the "
+                    "ValueError naming b)",
     # warp-rnnt's compact backward (compat.warp_rnnt._C.rnnt_loss_compact_backward)
     "compact_loc": "rnnt_lattice: rnnt_loss_compact_backward: loc must hold class ids in "
                    "[0, V) (RNNT_LATTICE_INPUT_CHECKS=host gives the ArgumentError)",

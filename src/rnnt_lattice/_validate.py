@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ._memo import memo
-from ._rules import device_assert
+from ._rules import device_assert, with_bad_rows
 from ._types import LossOptions
 from .topology import K2_TYPES, by_name, check_topology
 
@@ -397,7 +397,7 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
                traced: bool = False, int64_ids: bool = True, native_low_precision: bool = False,
                node_rows: torch.Tensor | None = None, packed: bool = False, boundary=None,
                allow_blank_targets: bool = False, names: Names = OURS,
-               inplace_grad: bool = False) -> Checked:
+               inplace_grad: bool = False, nan_rows: torch.Tensor | None = None) -> Checked:
     """Every check of one call on logits, in one place, into the :class:`Checked` plan
     that the backend runs without checking again (``_backends.prepare_call`` calls it once
     per call of every entry point on logits).
@@ -417,7 +417,8 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     float16/bfloat16 promoted to float32 unless ``native_low_precision`` (the backend reads
     them; autograd casts the gradient back); ``int64_ids=False`` keeps int32 ids. A
     :class:`LogitsSpec` stands for logits known by shape only (the fused losses), and
-    ``names`` says how the messages name the caller's tensors."""
+    ``names`` says how the messages name the caller's tensors; ``nan_rows`` ``(B,)``: the
+    NaN rows of the caller's own device check (the pruned windows), joined to this one's."""
     traced = traced or tracing(logits)
     if traced:
         int64_ids, native_low_precision, inplace_grad = True, False, False
@@ -452,14 +453,14 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     blank = _check_topology(topology, V, blank)
     check_class_targets(targets, target_lengths, topology, site, name=names.targets)
     boundary = check_boundary(boundary, B, x.device, logit_lengths, target_lengths, names)
-    nan_rows = None
     if B and site == "device":
         # The host checks above were skipped (no values read): the same rules on the device.
-        nan_rows = device_value_check(
+        bad = device_value_check(
             targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
             V=V if n_tokens is None else n_tokens,
             blank=None if allow_blank_targets else blank, classes=_fixed_classes(topology),
             boundary=boundary, names=names)
+        nan_rows = bad if nan_rows is None else with_bad_rows(nan_rows, bad)
     if inplace_grad:
         # On what the user passed: any copy (dtype, layout) would defeat it.
         check_inplace(logits, native_low_precision, names.logits)
@@ -823,12 +824,21 @@ def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:
     if not tracing(logits):
         where = ("logits", logits)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)
+    elif B:
+        # Traced (torch.compile, fullgraph too): the same rule as an assert in the graph, which
+        # raises when the graph runs (the packing would keep fewer rows than the lengths say).
+        device_assert(((logit_lengths >= 0) & (logit_lengths <= T) & (target_lengths >= 0)
+                       & (target_lengths <= U1 - 1)).all(), "pack_lengths")
 
 
-def check_window_args(logits, targets, ranges) -> torch.Tensor:
+def check_window_args(logits, targets, ranges) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``rnnt_loss_pruned``'s window logits ``(B, T, R, V)`` and ``ranges (B, T, R)``:
-    strictly increasing label positions in ``[0, U]`` (values where
-    :func:`may_read_values`). Returns ``ranges`` as int64."""
+    strictly increasing label positions in ``[0, U]``, on the host where
+    :func:`check_site` says so (a ValueError naming ``b, t``), else on the device or in the
+    traced graph (the device-side assert ``"ranges"``, no synchronisation). Returns
+    ``(ranges, nan_rows)``: ``ranges`` int64, within ``[0, U]`` whatever the values (the
+    node -> row map is scattered by them: nothing is written outside it), and ``(B,)``
+    float32 NaN for a sequence whose windows break the rule (None: checked on the host)."""
     for name, x in (("logits", logits), ("targets", targets), ("ranges", ranges)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -850,15 +860,24 @@ def check_window_args(logits, targets, ranges) -> torch.Tensor:
                          f"{ranges.device}")
     U = targets.shape[1]
     ranges = ranges.to(torch.int64)
-    if may_read_values(ranges) and ranges.numel():
-        bad = (ranges < 0) | (ranges > U)
-        if R > 1:
-            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+    if not ranges.numel():
+        return ranges, None
+    # Each row's position less the previous row's (the first row: its position + 1): all
+    # >= 1 iff the positions are strictly increasing from 0 on; the last is then the largest.
+    steps = torch.cat([ranges[..., :1] + 1, ranges[..., 1:] - ranges[..., :-1]], -1)
+    site = check_site(ranges)
+    if site == "host":
+        bad = (steps < 1) | (ranges > U)
         if bool(bad.any()):
             b, t, k = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be strictly "
                              f"increasing label positions in [0, U] = [0, {U}]")
-    return ranges
+        return ranges, None
+    bad = (steps.amin((1, 2)) < 1) | (ranges[..., -1].amax(1) > U)        # (B,)
+    if ranges.device.type != "meta":
+        device_assert(~bad.any(), "ranges")
+    nan_rows = torch.where(bad, float("nan"), 0.0).to(torch.float32)
+    return ranges.clamp(0, U), nan_rows
 
 
 def check_inplace(logits: torch.Tensor, native_low_precision: bool, name: str = "logits") -> None:
@@ -1079,12 +1098,20 @@ def check_pruning_args(am, lm, ranges) -> torch.Tensor:
             raise ValueError(f"tensors on different devices: ranges on {ranges.device}, "
                              f"{name} on {x.device}")
     U1 = lm.shape[1]
-    if may_read_values(ranges) and ranges.numel():
+    if not ranges.numel():
+        return ranges
+    site = check_site(ranges)
+    if site == "host":
         lo, hi = int(ranges.min()), int(ranges.max())
         if lo < 0 or hi >= U1:
             raise ValueError(f"ranges must lie in [0, U] = [0, {U1 - 1}] for lm {_shape(lm)}, "
                              f"got values in [{lo}, {hi}]")
-    return ranges
+        return ranges
+    # On the device or in the traced graph: the same rule as a device-side assert, and the
+    # positions kept in [0, U] (a position outside would read another sequence's rows of lm).
+    if ranges.device.type != "meta":
+        device_assert(((ranges >= 0) & (ranges < U1)).all(), "pruning_ranges")
+    return ranges.clamp(0, U1 - 1)
 
 
 # --------------------------------------------------------------------------- fused joiner

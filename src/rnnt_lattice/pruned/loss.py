@@ -67,10 +67,14 @@ def rnnt_loss_pruned(
     Windows that hold no complete path give ``+inf`` (0 with ``zero_infinity``), as a too
     small ``R`` does in k2.
     """
-    node_rows = pruned_node_rows(logits, targets, check_window_args(logits, targets, ranges))
+    # (On the device the windows are checked there: NaN rows for the sequences whose windows
+    # break the rule, added to the loss's own, and a device-side assert.)
+    ranges, window_nan_rows = check_window_args(logits, targets, ranges)
+    node_rows = pruned_node_rows(logits, targets, ranges)
     B, T, R, V = logits.shape
     return logits_loss(logits.reshape(B * T * R, V), targets, logit_lengths, target_lengths, blank,
                  by_name(rnnt_type), clamp=clamp, reduction=reduction, fused=True,
                  fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
                  inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
-                 node_rows=node_rows, allow_blank_targets=allow_blank_targets)
+                 node_rows=node_rows, allow_blank_targets=allow_blank_targets,
+                 nan_rows=window_nan_rows)
