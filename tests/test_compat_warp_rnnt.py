@@ -279,6 +279,39 @@ def test_label_equal_to_blank_is_an_error():
     labels[0, 0] = blank
     with pytest.raises(ValueError, match=r"^labels\[0, 0\] equals the blank"):
         warp_rnnt.rnnt_loss(log_probs, labels, tl, ul, blank=blank)
+    # The binding's compact loss too (it reads each row's [blank, label] pair only: a label
+    # equal to the blank gave a finite loss of another lattice).
+    rows, labs = compact(log_probs, labels, tl, ul)
+    with pytest.raises(core.ArgumentError, match=r"^ys\[0\] equals the blank id"):
+        core.rnnt_loss_compact(rows, labs, tl, ul, blank)
+    labs[0] = log_probs.shape[-1]
+    with pytest.raises(core.ArgumentError, match=r"^ys must hold label ids in \[0, V\)"):
+        core.rnnt_loss_compact(rows, labs, tl, ul, blank)
+
+
+def test_binding_runs_eagerly_under_compile():
+    """The binding's functions under ``torch.compile``: eager calls inside the graph (a
+    graph break, as the extension's), so their checks read the values and their gradient is
+    the eager one (traced, a bad label indexed out of bounds, a bad ``loc`` went unchecked,
+    and a first call that compiled the Numba kernels failed inside TorchDynamo)."""
+    log_probs, labels, tl, ul, blank = inputs(CASES[0])
+    rows, labs = compact(log_probs, labels, tl, ul)
+    fn = torch.compile(lambda r, y: core.rnnt_loss_compact(r, y, tl, ul, blank), backend="eager")
+    for got, want in zip(fn(rows, labs), core.rnnt_loss_compact(rows, labs, tl, ul, blank)):
+        assert torch.equal(got, want)
+    bad = labs.clone()
+    bad[0] = -1
+    with pytest.raises(core.ArgumentError, match="ys must hold label ids"):
+        fn(rows, bad)
+    _, grads, loc = core.rnnt_loss_compact(rows, labs, tl, ul, blank)
+    cumlen = torch.cumsum(tl * (ul + 1), 0, dtype=torch.int32)
+    back = torch.compile(lambda l: core.rnnt_loss_compact_backward(
+        torch.ones(tl.shape[0]), grads, cumlen, l, log_probs.shape[-1], blank), backend="eager")
+    bad_loc = loc.clone()
+    bad_loc[0] = -1
+    with pytest.raises(core.ArgumentError, match="loc must hold class ids"):
+        back(bad_loc)
+    torch._dynamo.reset()
 
 
 def test_errors_name_the_argument():

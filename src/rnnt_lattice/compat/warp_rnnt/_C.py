@@ -24,8 +24,9 @@ from __future__ import annotations
 import torch
 
 from ... import functional
+from ..._ops import eager_under_compile
 from ..._rules import device_assert
-from ..._validate import Names, check_int, check_site, may_read_values
+from ..._validate import Names, check_int, check_site
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
 
@@ -174,9 +175,19 @@ def rnnt_loss_compact(xs: torch.Tensor, ys: torch.Tensor, xn: torch.Tensor, yn: 
     V = xs.shape[1]
     check_blank(blank, V, gathered_ok=False)
     targets = padded_labels(ys, yn)
-    if ys.numel() and may_read_values(ys) and not 0 <= int(ys.min()) <= int(ys.max()) < V:
-        raise ArgumentError(f"ys must hold label ids in [0, V) = [0, {V}), got values in "
-                            f"[{int(ys.min())}, {int(ys.max())}]")
+    # The labels are read on the host, on a GPU too: this layout reads its lengths there
+    # anyway (the rows' count, padded_labels and row_labels), and the loss below sees only
+    # each row's [blank, label] pair, so a label outside [0, V) would index out of bounds
+    # and one equal to the blank would give a finite loss of another lattice.
+    if ys.numel() and ys.device.type != "meta":
+        lo, hi = int(ys.min()), int(ys.max())
+        if not 0 <= lo <= hi < V:
+            raise ArgumentError(f"ys must hold label ids in [0, V) = [0, {V}), got values in "
+                                f"[{lo}, {hi}]")
+        at = (ys == blank).nonzero()
+        if at.numel():
+            raise ArgumentError(f"ys[{int(at[0, 0])}] equals the blank id {blank}: a label "
+                                f"cannot be the blank")
     loc = row_labels(xs, ys, xn, yn, blank)
     # The [blank, label] log-probs of every row: the 2-class loss with blank 0, labels 1.
     gathered = torch.stack([xs[:, blank], xs.gather(1, loc[:, None])[:, 0]], 1)   # (STU, 2)
@@ -242,3 +253,17 @@ def rnnt_loss_compact_backward(grad_costs: torch.Tensor, grad_xs: torch.Tensor,
     out = grad_xs.new_zeros((STU, V))
     out[:, blank] = g[:, 0]
     return out.index_put_((rows, loc), g[:, 1], accumulate=True)
+
+
+# The binding's three functions run eagerly under torch.compile (a graph break), as the
+# extension's calls are opaque to TorchDynamo: they compute the gradient themselves
+# (torch.autograd.grad, the backends' kernels) and read the lengths on the host.
+rnnt_loss = eager_under_compile(
+    rnnt_loss, "warp_rnnt._C.rnnt_loss runs eagerly (the extension's call), a graph break; "
+    "compile without fullgraph=True")
+rnnt_loss_compact = eager_under_compile(
+    rnnt_loss_compact, "warp_rnnt._C.rnnt_loss_compact runs eagerly (the extension's call), a "
+    "graph break; compile without fullgraph=True")
+rnnt_loss_compact_backward = eager_under_compile(
+    rnnt_loss_compact_backward, "warp_rnnt._C.rnnt_loss_compact_backward runs eagerly (the "
+    "extension's call), a graph break; compile without fullgraph=True")
