@@ -1,13 +1,13 @@
 """What every backend and loss applies to its results, below all of them (each backend,
 the lattice references, the checks and the losses import it; it imports nothing of the
-package): the one device-side assert and its messages, the fused losses' recomputation
+package but ``_memo``): the one device-side assert and its messages, the fused losses' recomputation
 tolerance, the upstream gradient's exact zero, and the NaN of a sequence the device check
 found bad."""
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from ._memo import memo
 
 # Every device-side assert's message, by rule, its arguments named by the caller (a compat
 # module names them as its peer does: NeMo's ``act_lens``). CUDA refuses a message of 255
@@ -27,8 +27,12 @@ DEVICE_MESSAGES = {
     # The windows of the pruned loss and of do_rnnt_pruning, and pack_logits' lengths under
     # torch.compile (no host read: on CUDA, or while tracing)
     "ranges": "rnnt_lattice: ranges[b, t] must be strictly increasing label positions in "
-              "[0, U]; that sequence's loss is NaN. RNNT_LATTICE_INPUT_CHECKS=host (an eager "
-              "call on the host) gives the ValueError naming b, t",
+              "[0, U] (k2: [0, S]); a pruned loss of that sequence is NaN. "
+              "RNNT_LATTICE_INPUT_CHECKS=host (an eager call on the host) gives the "
+              "ValueError naming b, t",
+    "symbols": "rnnt_lattice: k2's symbols[b, s] for s < boundary[b, 2] must be in [0, C). "
+               "RNNT_LATTICE_INPUT_CHECKS=host (an eager call on the host) gives the "
+               "ValueError naming b, s",
     "pruning_ranges": "rnnt_lattice: do_rnnt_pruning: ranges must lie in [0, U], lm holding U+1 "
                       "rows per sequence. RNNT_LATTICE_INPUT_CHECKS=host (an eager call on the "
                       "host) gives the ValueError",
@@ -47,7 +51,9 @@ DEVICE_MESSAGES = {
 }
 
 
-@functools.lru_cache(maxsize=64)
+# (memo, not functools.lru_cache: the asserts of the windows and of k2's symbols are traced
+# by torch.compile, where an lru_cache draws TorchDynamo's warning.)
+@memo(maxsize=64)
 def device_message(rule: str, targets: str = "targets", logit_lengths: str = "logit_lengths",
                    target_lengths: str = "target_lengths") -> str:
     """:data:`DEVICE_MESSAGES` of ``rule``, the arguments named as the caller names them."""

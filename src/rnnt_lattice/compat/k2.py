@@ -69,6 +69,7 @@ from collections.abc import Sequence
 import torch
 
 import rnnt_lattice as _lib          # the public API only, the value-check rule and the
+from rnnt_lattice._rules import device_assert       # the device-side assert (and its rules)
 from rnnt_lattice._validate import check_int, may_read_values   # ints' rule (blank's)
 from rnnt_lattice.topology import K2_TYPES, by_name
 
@@ -183,13 +184,19 @@ def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
     (on the host, ``rnnt_lattice.set_input_checks``); returned as int64 with the entries
     past ``end_symbol`` (never read) replaced by 0."""
     valid = _read_symbols(boundary, B, S, device)
-    if symbols.numel() and may_read_values(symbols):
-        bad = valid & ((symbols < 0) | (symbols >= C))
+    if not symbols.numel() or symbols.device.type == "meta":
+        return torch.where(valid, symbols.to(torch.int64), 0)
+    bad = valid & ((symbols < 0) | (symbols >= C))
+    if may_read_values(symbols):
         if bool(bad.any()):
             b, s = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"symbols[{b}, {s}] = {int(symbols[b, s])} must be in [0, C) = "
                              f"[0, {C}) (entries past boundary[:, 2] are not read)")
-    return torch.where(valid, symbols.to(torch.int64), 0)
+        return torch.where(valid, symbols.to(torch.int64), 0)
+    # On the device or in a traced graph: the assert, and ids kept in [0, C) before the
+    # pure-PyTorch paths gather by them (an id outside indexed out of bounds).
+    device_assert(~bad.any(), "symbols")
+    return torch.where(valid, symbols.to(torch.int64).clamp(0, C - 1), 0)
 
 
 def _read_symbols(boundary, B: int, S: int, device) -> torch.Tensor:
@@ -568,13 +575,19 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
     by_name(rnnt_type, K2_TYPES)
     y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
     ranges = ranges.to(torch.int64)
-    if ranges.numel() and may_read_values(ranges):
+    if ranges.numel() and ranges.device.type != "meta":
         bad = (ranges < 0) | (ranges > S)
         bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
-        if bool(bad.any()):
-            b, t, _ = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be increasing "
-                             f"symbol positions in [0, S] = [0, {S}]")
+        if may_read_values(ranges):
+            if bool(bad.any()):
+                b, t, _ = (int(i) for i in bad.nonzero()[0])
+                raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be "
+                                 f"increasing symbol positions in [0, S] = [0, {S}]")
+        else:
+            # On the device or traced: the assert, and the positions kept in [0, S] before
+            # the (px, py) paths gather and scatter by them.
+            device_assert(~bad.any(), "ranges")
+            ranges = ranges.clamp(0, S)
     return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges
 
 
