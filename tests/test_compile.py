@@ -251,6 +251,27 @@ def _pruned_calls():
     }
 
 
+def _layout_calls():
+    """Calls whose arguments are read on the host by their own layout or option."""
+    from rnnt_lattice.compat import optimized_transducer
+    import rnnt_lattice.compat.warp_rnnt as warp_rnnt
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(5 * 3 + 3 * 2, 6, generator=g)
+    y, T_b, U_b = (torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                   torch.tensor([5, 3], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32))
+    xd = torch.randn(2, 5, 3, 6 + 2, generator=g)
+    return {
+        # (omega = 1: the regular loss every call, so that both runs compute the same loss.)
+        "tdt_omega": lambda: rnnt_lattice.tdt_loss(xd, y, T_b, U_b, blank=5, durations=[0, 1],
+                                                   omega=1.0),
+        "optimized_transducer": lambda: optimized_transducer.transducer_loss(
+            rows.clone(), y, T_b, U_b, blank=0, from_log_softmax=False),
+        "warp_rnnt_compact": lambda: warp_rnnt.rnnt_loss(
+            rows.log_softmax(-1), torch.tensor([1, 2, 3], dtype=torch.int32), T_b, U_b,
+            blank=0, compact=True),
+    }
+
+
 def _packed_call():
     x = torch.randn(5 * 3 + 3 * 2, 6)
     T_b, U_b = torch.tensor([5, 3]), torch.tensor([2, 1])
@@ -342,6 +363,9 @@ def test_a_compiled_call_refuses_what_an_eager_call_refuses(entry, V, bad, says)
     ("lattice_loss", "lattice_loss runs its kernels eagerly"),
     ("occupancy", "occupancy runs its kernels eagerly"),
     ("best_alignment", "best_alignment runs its kernels eagerly"),
+    ("tdt_omega", "tdt_loss with omega > 0 draws, per call, which loss"),
+    ("optimized_transducer", "optimized_transducer's transducer_loss reads the lengths"),
+    ("warp_rnnt_compact", "warp_rnnt's rnnt_loss with compact=True reads the lengths"),
 ])
 def test_fullgraph_says_why_a_call_breaks_the_graph(call, says, no_compile_cache):
     """The calls that run eagerly under ``torch.compile`` (a graph break) make
@@ -352,7 +376,8 @@ def test_fullgraph_says_why_a_call_breaks_the_graph(call, says, no_compile_cache
     ``fullgraph`` they give the eager call's value (``occupancy`` and ``best_alignment``,
     traced, once failed for every input: their preparation left the backend to a custom
     op)."""
-    fn = {"packed": _packed_call, "fused": _fused_call}.get(call, lambda: _pruned_calls()[call])()
+    fn = {"packed": _packed_call, "fused": _fused_call}.get(
+        call, lambda: {**_pruned_calls(), **_layout_calls()}[call])()
     for _ in range(2):          # the second: the eager wrapper made by the first
         torch._dynamo.reset()
         with pytest.raises(Exception) as info:

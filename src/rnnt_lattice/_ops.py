@@ -45,7 +45,7 @@ from ._types import LossOptions
 from .topology import from_spec, to_spec
 
 __all__ = ["run", "rnnt_costs", "rnnt_costs_traced", "output_costs", "reduce_costs",
-           "refuse_double_backward"]
+           "refuse_double_backward", "eager_under_compile", "graph_break"]
 
 
 # --------------------------------------------------------------------------- eager
@@ -272,14 +272,14 @@ def eager_under_compile(fn, reason: str):
         if disabled is None:
             # (No try/except here: TorchDynamo cannot break a graph inside a try block, and
             # would run this frame untraced, which calls fn traced, which calls this.)
-            _graph_break(reason)
+            graph_break(reason)
             disabled = (torch.compiler.disable(fn, reason=reason) if DYNAMO_TAKES_REASONS
                         else torch.compiler.disable(fn))
         return disabled(*args, **kwargs)
     return call
 
 
-def _graph_break(reason: str) -> None:
+def graph_break(reason: str) -> None:
     """A graph break that says why (``fullgraph=True`` raises it with ``reason``); called
     while TorchDynamo traces, so torch._dynamo is already imported."""
     import torch._dynamo

@@ -245,6 +245,12 @@ def tdt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths,
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     omega = check_float("omega", omega)
     check_tdt_logits(logits, durations, names.logits)
+    if omega > 0.0 and torch.compiler.is_compiling():
+        # The draw picks the loss, per call, on the host: a graph break before it, that says
+        # why (fullgraph=True failed on a data-dependent guard).
+        _ops.graph_break("rnnt_lattice's tdt_loss with omega > 0 draws, per call, which loss "
+                         "to compute (NeMo's omega): a graph break; compile without "
+                         "fullgraph=True, or set omega=0")
     if omega > 0.0 and float(torch.rand(())) < omega:
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         V_tok = logits.shape[-1] - len(durations)

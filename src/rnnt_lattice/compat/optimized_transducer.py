@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import rnnt_loss as lattice_rnnt_loss
+from .._ops import eager_under_compile
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -128,6 +129,15 @@ def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
         # optimized_transducer's memory saving: the gradient goes into the logits buffer.
         inplace_grad=not from_log_softmax,
         rnnt_type="one_sym_per_frame" if one_sym_per_frame else "regular", packed=True)
+
+
+# Its layout's checks read the lengths on the host (max(target_lengths), as
+# optimized_transducer does), and the packed loss runs eagerly anyway: under torch.compile
+# the whole call does (a graph break that says why), where fullgraph=True failed on a
+# data-dependent guard.
+transducer_loss = eager_under_compile(
+    transducer_loss, "optimized_transducer's transducer_loss reads the lengths on the host "
+    "(its packed layout): it runs eagerly, a graph break; compile without fullgraph=True")
 
 
 class TransducerLoss(torch.nn.Module):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from ..._ops import eager_under_compile
 from ..._validate import Names
 from . import _C
 from ._C import (ANY_FLOAT, ArgumentError, check_blank, check_tensors, gathered_targets,
@@ -155,9 +156,8 @@ def rnnt_loss(log_probs: torch.Tensor, labels: torch.Tensor, frames_lengths: tor
         check_tensors(_NAMES, tensors, (ANY_FLOAT, int32, int32, int32), (2, 1, 1, 1),
                       contiguous=False)
         check_blank(blank, log_probs.shape[1], gathered_ok=False)
-        targets = padded_labels(labels, labels_lengths, names=_NAMES[1::2])
-        costs = log_probs_loss(COMPACT_NAMES, log_probs.float(), targets, frames_lengths,
-                               labels_lengths, blank, fastemit_lambda, packed=True)
+        costs = _compact_costs(log_probs, labels, frames_lengths, labels_lengths, blank,
+                               fastemit_lambda)
     else:
         check_tensors(_NAMES, tensors, (("a Float tensor", (torch.float32,)), int32, int32, int32),
                       (4, 2, 1, 1), contiguous=False)
@@ -172,3 +172,19 @@ def rnnt_loss(log_probs: torch.Tensor, labels: torch.Tensor, frames_lengths: tor
     if reduction == "mean":
         return costs.mean()
     return costs
+
+
+def _compact_costs(log_probs, labels, frames_lengths, labels_lengths, blank, fastemit_lambda):
+    """``compact=True``'s costs ``(N,)``: the labels padded (their count read on the host),
+    the packed loss on the rows."""
+    targets = padded_labels(labels, labels_lengths, names=_NAMES[1::2])
+    return log_probs_loss(COMPACT_NAMES, log_probs.float(), targets, frames_lengths,
+                          labels_lengths, blank, fastemit_lambda, packed=True)
+
+
+# The compact layout reads its lengths on the host (the padded labels' width, the rows'
+# count): under torch.compile it runs eagerly (a graph break that says why), where
+# fullgraph=True failed on a data-dependent guard.
+_compact_costs = eager_under_compile(
+    _compact_costs, "warp_rnnt's rnnt_loss with compact=True reads the lengths on the host: "
+    "it runs eagerly, a graph break; compile without fullgraph=True")
