@@ -397,9 +397,7 @@ def test_every_entry_point_asserts_on_the_device(device_checks, what):
         with pytest.raises(RuntimeError) as err:
             call()
         words = COMPAT_NAMES[name].words() if name in COMPAT_NAMES else ()
-        # (k2's module asserts on its own symbols first, in k2's words.)
-        want = _rules.device_message("symbols" if name == "compat.k2" else rule, *words)
-        assert str(err.value) == want, (name, str(err.value))
+        assert str(err.value) == _rules.device_message(rule, *words), (name, str(err.value))
         checked += 1
     assert checked >= 12
 
@@ -498,16 +496,47 @@ def test_k2_symbols_and_windows_on_the_device(device_checks, monkeypatch):
     g = torch.Generator().manual_seed(7)
     lm, am = torch.randn(B, U + 1, V, generator=g), torch.randn(B, T, V, generator=g)
     symbols = y.long()
+    good = fast_rnnt.rnnt_loss_smoothed(lm, am, symbols, 0, return_grad=False,
+                                        reduction="none")
     symbols[1, 0] = V
     asserts = _Asserts(monkeypatch)
     px, py = fast_rnnt.get_rnnt_logprobs(lm, am, symbols, 0)
     assert asserts.failed == [_rules.device_message("symbols")]
-    good = fast_rnnt.get_rnnt_logprobs_pruned(x, y.long(), ranges, 0)
+    assert torch.isnan(py[1]).all() and not torch.isnan(py[[0, 2]]).any()
+    # The loss k2 computes from them (here the smoothed one's px, py): NaN for that sequence.
+    asserts.failed.clear()
+    costs = fast_rnnt.rnnt_loss_smoothed(lm, am, symbols, 0, return_grad=True,
+                                         reduction="none")[0]
+    assert torch.isnan(costs).tolist() == [False, True, False], costs
+    torch.testing.assert_close(costs[[0, 2]], good[[0, 2]])
+    good = fast_rnnt.rnnt_loss_pruned(x, y.long(), ranges, 0, reduction="none",
+                                      return_grad=True)[0]
     ranges[1, 2] = torch.tensor([2, 4])
     asserts.failed.clear()
-    px, py = fast_rnnt.get_rnnt_logprobs_pruned(x, y.long(), ranges, 0)
+    costs = fast_rnnt.rnnt_loss_pruned(x, y.long(), ranges, 0, reduction="none",
+                                       return_grad=True)[0]
     assert asserts.failed == [_rules.device_message("ranges")]
-    assert px.shape == good[0].shape and py.shape == good[1].shape
+    assert torch.isnan(costs).tolist() == [False, True, False], costs
+    torch.testing.assert_close(costs[[0, 2]], good[[0, 2]])
+
+
+def test_traced_windows_keep_their_nan_rows(monkeypatch):
+    """Compiled, the pruned loss of a sequence with a bad window is NaN too (the windows'
+    NaN rows are made in the graph, beside its assert, and added to the op's costs; they
+    were dropped, and until the assert surfaced on CUDA that loss was finite)."""
+    _, y, tl, ul = _batch()
+    ranges, x = _windows()
+    good = rnnt_lattice.rnnt_loss_pruned(x, y, ranges, tl, ul, blank=0, reduction="none")
+    ranges[1, 2] = torch.tensor([2, 1])
+    rules = []                     # the asserts traced, none raised (as on CUDA until it surfaces)
+    monkeypatch.setattr(_validate, "device_assert", lambda ok, rule, names=(): rules.append(rule))
+    torch._dynamo.reset()
+    costs = torch.compile(lambda r: rnnt_lattice.rnnt_loss_pruned(
+        x, y, r, tl, ul, blank=0, reduction="none"), backend="eager", fullgraph=True)(ranges)
+    torch._dynamo.reset()
+    assert rules == ["ranges"]
+    assert torch.isnan(costs).tolist() == [False, True, False], costs
+    torch.testing.assert_close(costs[[0, 2]], good[[0, 2]], rtol=1e-12, atol=0)
 
 
 def test_traced_windows_and_packing_assert():

@@ -226,7 +226,8 @@ class Prepared:
     @property
     def nan_rows(self) -> Optional[torch.Tensor]:
         """(B,) float32, NaN for a sequence the device check found bad (add it to the
-        costs); None: checked on the host (or not at all while tracing)."""
+        costs); None: checked on the host. While tracing, only the caller's own (the pruned
+        windows'): the op adds the rest when it runs."""
         return self.chk.nan_rows
 
 

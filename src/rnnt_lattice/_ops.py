@@ -40,7 +40,7 @@ import torch
 
 from . import _backends, _validate
 from ._layout import row_sequences
-from ._rules import scale_upstream
+from ._rules import scale_upstream, with_bad_rows
 from ._types import LossOptions
 from .topology import from_spec, to_spec
 
@@ -122,10 +122,12 @@ def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor
     ``zero_infinity`` and the reduction. Nothing is checked again."""
     chk, opts = prep.chk, prep.opts
     if prep.impl is None:
-        # (No NaN rows while tracing: the op checks the values, and adds its own, when it runs.)
+        # The op checks the values, and adds its own NaN rows, when it runs; the caller's own
+        # (the pruned windows', an assert and NaN rows in the traced graph) are added here.
         costs = rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
                                   opts, backend, prep.boundary, prep.node_rows,
                                   allow_blank_targets=prep.allow_blank_targets, names=prep.names)
+        costs = with_bad_rows(costs, prep.nan_rows)
     else:
         costs = rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
                            chk.target_lengths, opts, prep.boundary, prep.node_rows,

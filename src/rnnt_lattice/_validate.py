@@ -8,7 +8,9 @@ so there the lengths, targets and boundary are checked on the device instead
 (:func:`device_value_check`): one kernel writes whether each rule holds and which
 sequences break one, a bad sequence's loss becomes NaN, and a device-side assert per
 rule (:func:`device_assert`) names the argument and the rule, as PyTorch's own kernels do
-for an index out of range. :func:`set_input_checks` chooses where the checks run.
+for an index out of range. The windows (:func:`check_window_args`,
+:func:`check_pruning_args`) take the same course with torch operations, and so does
+``pack_logits`` while traced. :func:`set_input_checks` chooses where the checks run.
 """
 from __future__ import annotations
 
@@ -801,10 +803,11 @@ def _packed_grid(logits, targets, logit_lengths, target_lengths, names: Names = 
 
 def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:
     """``pack_logits``: padded logits ``(B, T, U+1, V)`` and int32/int64 lengths ``(B,)``
-    with ``0 <= T_b <= T`` and ``0 <= U_b <= U``, read on the host (not while tracing): the
-    packed rows' count is their values, which the packing reads anyway (and which the meta
-    device does not have), and a length past the padding would pack fewer rows than it
-    says, a negative one none, without a word."""
+    with ``0 <= T_b <= T`` and ``0 <= U_b <= U``, read on the host, on CUDA too: the packed
+    rows' count is their values, which the packing reads anyway (and which the meta device
+    does not have), and a length past the padding would pack fewer rows than it says, a
+    negative one none, without a word. While traced, the same rule is an assert in the
+    graph (``"pack_lengths"``), which raises when the graph runs."""
     for name, x in (("logits", logits), ("logit_lengths", logit_lengths),
                     ("target_lengths", target_lengths)):
         if not isinstance(x, torch.Tensor):
@@ -1078,7 +1081,9 @@ def check_occupation_lengths(gamma_blank, logit_lengths, target_lengths) -> None
 
 def check_pruning_args(am, lm, ranges) -> torch.Tensor:
     """``do_rnnt_pruning``: ``am (B, T, Da)``, ``lm (B, U+1, Dl)`` and ``ranges (B, T, R)``
-    in ``[0, U]`` (values where :func:`may_read_values`). Returns ``ranges`` as int64."""
+    in ``[0, U]``: on the host where :func:`check_site` says so (a ValueError), else a
+    device-side assert. Returns ``ranges`` as int64, within ``[0, U]`` whatever the values
+    (a position outside would read another sequence's rows of ``lm``)."""
     named = (("am", am), ("lm", lm), ("ranges", ranges))
     for name, x in named:
         if not isinstance(x, torch.Tensor):

@@ -760,13 +760,13 @@ def check_compile(ctx, shape):
     lt, gt = tolerance(torch.float32)
     detail = _within("compiled", errs, {k: lt if "loss" in k else gt for k in errs})
     x, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, ctx.device)
-    y[1, 0] = V                                             # a label outside [0, V)
+    y[0, 0] = V                      # a label outside [0, V) (sequence 0 has all U labels)
     before = set_input_checks("host")
     try:
         torch.compile(_rnnt(x, y, tl, ul), backend="aot_eager", fullgraph=True)(
             x, reduction="none", backend=ctx.backend)
     except ValueError as e:
-        if "targets[1, 0]" not in str(e):
+        if "targets[0, 0]" not in str(e):
             raise CheckFailed(f"compiled, a bad label's ValueError names something else: {e}")
     else:
         raise CheckFailed("compiled, a label >= V gave no ValueError (set_input_checks('host'))")

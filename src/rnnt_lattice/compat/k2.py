@@ -164,10 +164,12 @@ def _ends(boundary, B: int, S: int, T: int, device):
     return boundary[:, 3], boundary[:, 2]
 
 
-def _symbols_and_boundary(symbols, boundary, B: int, S: int, T: int, C: int, device):
-    """``(y, boundary)``: ``symbols`` ``(B, S)`` and k2's ``boundary`` checked, the shapes
-    of both before the values of either (a ``symbols`` of another S is named as such, not
-    as a boundary beyond S), as :func:`_symbols` and :func:`_boundary` return them."""
+def _symbols_and_boundary(symbols, boundary, B: int, S: int, T: int, C: int, device,
+                          own: bool = True):
+    """``(y, boundary, nan_rows)``: ``symbols`` ``(B, S)`` and k2's ``boundary`` checked,
+    the shapes of both before the values of either (a ``symbols`` of another S is named as
+    such, not as a boundary beyond S), as :func:`_symbols` and :func:`_boundary` return
+    them (``own``: as :func:`_symbols` takes it)."""
     if tuple(_tensor("symbols", symbols, "(B, S)")) != (B, S):
         raise ValueError(f"symbols must have shape (B, S) = ({B}, {S}), got {tuple(symbols.shape)}")
     if symbols.dtype not in (torch.int32, torch.int64):
@@ -175,28 +177,43 @@ def _symbols_and_boundary(symbols, boundary, B: int, S: int, T: int, C: int, dev
     if symbols.device != device:
         raise ValueError(f"symbols is on {symbols.device}, the inputs on {device}")
     boundary = _boundary(boundary, B, S, T, device)
-    return _symbols(symbols, B, S, C, boundary, device), boundary
+    y, nan_rows = _symbols(symbols, B, S, C, boundary, device, own)
+    return y, boundary, nan_rows
 
 
-def _symbols(symbols, B: int, S: int, C: int, boundary, device) -> torch.Tensor:
-    """``symbols`` ``(B, S)``, its shape, dtype and device checked
+def _symbols(symbols, B: int, S: int, C: int, boundary, device, own: bool = True):
+    """``(y, nan_rows)``: ``symbols`` ``(B, S)``, its shape, dtype and device checked
     (:func:`_symbols_and_boundary`), checked: ids in ``[0, C)`` before each ``end_symbol``
-    (on the host, ``rnnt_lattice.set_input_checks``); returned as int64 with the entries
-    past ``end_symbol`` (never read) replaced by 0."""
+    (on the host, ``rnnt_lattice.set_input_checks``, a ValueError); ``y`` int64 with the
+    entries past ``end_symbol`` (never read) replaced by 0. Where no value is read on the
+    host, a device-side assert, the ids kept in ``[0, C)`` before the ``(px, py)`` paths
+    gather by them, and ``nan_rows`` ``(B,)`` NaN for a bad sequence (else None); ``own``
+    False: not there, for the calls whose library loss checks the ids itself."""
     valid = _read_symbols(boundary, B, S, device)
     if not symbols.numel() or symbols.device.type == "meta":
-        return torch.where(valid, symbols.to(torch.int64), 0)
-    bad = valid & ((symbols < 0) | (symbols >= C))
+        return torch.where(valid, symbols.to(torch.int64), 0), None
     if may_read_values(symbols):
+        bad = valid & ((symbols < 0) | (symbols >= C))
         if bool(bad.any()):
             b, s = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"symbols[{b}, {s}] = {int(symbols[b, s])} must be in [0, C) = "
                              f"[0, {C}) (entries past boundary[:, 2] are not read)")
-        return torch.where(valid, symbols.to(torch.int64), 0)
-    # On the device or in a traced graph: the assert, and ids kept in [0, C) before the
-    # pure-PyTorch paths gather by them (an id outside indexed out of bounds).
-    device_assert(~bad.any(), "symbols")
-    return torch.where(valid, symbols.to(torch.int64).clamp(0, C - 1), 0)
+    elif own:
+        bad = (valid & ((symbols < 0) | (symbols >= C))).any(1)                  # (B,)
+        device_assert(~bad.any(), "symbols")
+        return (torch.where(valid, symbols.to(torch.int64).clamp(0, C - 1), 0),
+                _nan_rows(bad))
+    return torch.where(valid, symbols.to(torch.int64), 0), None
+
+
+def _nan_rows(bad: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` float32: NaN where ``bad`` (a sequence the device check found bad), else 0."""
+    return torch.where(bad, float("nan"), 0.0).to(torch.float32)
+
+
+def _joined(a, b):
+    """Two ``nan_rows`` (or None) as one."""
+    return b if a is None else a if b is None else a + b
 
 
 def _read_symbols(boundary, B: int, S: int, device) -> torch.Tensor:
@@ -383,10 +400,14 @@ def _px_py_loss(px, py, boundary, delay_penalty, reduction, return_grad):
 # The lattice inputs (px, py)
 # ---------------------------------------------------------------------------------------
 
-def _finish(px, py, boundary, rnnt_type, symbols_read):
+def _finish(px, py, boundary, rnnt_type, symbols_read, nan_rows=None):
     """k2's last steps on ``px (B, S, T)``, ``py (B, S+1, T)``: ``-inf`` for the symbols
     not read; regular: the empty frame ``T`` and no label on ``end_frame`` (k2's
-    ``fix_for_boundary``); constrained: the forced blank folded into the label arc."""
+    ``fix_for_boundary``); constrained: the forced blank folded into the label arc.
+    ``nan_rows`` ``(B,)``: NaN in every entry of a sequence the device check found bad, so
+    that any loss of it is NaN, never a plausible value."""
+    if nan_rows is not None:
+        px, py = (x + nan_rows.to(x.dtype)[:, None, None] for x in (px, py))
     px = torch.where(symbols_read[:, :, None], px, NEG_INF)
     if rnnt_type == "regular":
         px = torch.nn.functional.pad(px, (0, 1), value=NEG_INF)            # (B, S, T+1)
@@ -445,9 +466,10 @@ def _v10(rnnt_type, modified, delay_penalty, reduction):
     return _rnnt_type(rnnt_type, modified), delay_penalty, reduction
 
 
-def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary):
-    """Checks of the simple joiner's inputs: ``(B, S, T, C, blank, y, boundary)``, ``y`` the
-    symbols with the unread ones replaced by 0."""
+def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary, own: bool = True):
+    """Checks of the simple joiner's inputs: ``(B, S, T, C, blank, y, boundary, nan_rows)``,
+    ``y`` the symbols with the unread ones replaced by 0 (``own``, ``nan_rows``: as
+    :func:`_symbols`)."""
     B, T, C = _tensor("am", am, "(B, T, C)")
     _float("am", am)
     if _tensor("lm", lm, "(B, S+1, C)")[0] != B or lm.shape[2] != C or lm.shape[1] < 1:
@@ -456,8 +478,8 @@ def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary):
     _float("lm", lm, am)
     S = lm.shape[1] - 1
     by_name(rnnt_type, K2_TYPES)
-    y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, am.device)
-    return B, S, T, C, _blank(termination_symbol, C), y, boundary
+    y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, am.device, own)
+    return B, S, T, C, _blank(termination_symbol, C), y, boundary, nan_rows
 
 
 def _simple_parts(lm, am, y, blank):
@@ -490,11 +512,11 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     modified`` are both accepted positionally, told apart by type."""
     boundary, rnnt_type = _positions(boundary, rnnt_type)
     rnnt_type = _rnnt_type(rnnt_type, modified)
-    B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
-                                                  rnnt_type, boundary)
+    B, S, T, C, blank, y, boundary, nan_rows = _simple_args(lm, am, symbols, termination_symbol,
+                                                            rnnt_type, boundary)
     norm, _, (px_am, px_lm, py_am, py_lm) = _simple_parts(lm, am, y, blank)
     return _finish(px_am + px_lm - norm[:, :S], py_am + py_lm - norm, boundary, rnnt_type,
-                   _read_symbols(boundary, B, S, am.device))
+                   _read_symbols(boundary, B, S, am.device), nan_rows)
 
 
 def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
@@ -511,8 +533,8 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
 
     (``py`` likewise with the blank)."""
     rnnt_type = _rnnt_type(rnnt_type, modified)
-    B, S, T, C, blank, y, boundary = _simple_args(lm, am, symbols, termination_symbol,
-                                                  rnnt_type, boundary)
+    B, S, T, C, blank, y, boundary, nan_rows = _simple_args(lm, am, symbols, termination_symbol,
+                                                            rnnt_type, boundary)
     lm_only_scale, am_only_scale = (_number(name, x) for name, x in (
         ("lm_only_scale", lm_only_scale), ("am_only_scale", am_only_scale)))
     norm, (am_max, lm_max, am_probs, lm_probs), (px_am, px_lm, py_am, py_lm) = \
@@ -533,7 +555,8 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
     s_am = am_only_scale if am_only_scale != 0 else 1e-20
     px = combined * px + s_lm * px_lmonly + s_am * px_amonly
     py = combined * py + s_lm * py_lmonly + s_am * py_amonly
-    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, am.device))
+    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, am.device),
+                   nan_rows)
 
 
 def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
@@ -553,16 +576,20 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     _float("logits", logits)
     S = S1 - 1
     by_name(rnnt_type, K2_TYPES)
-    y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
+    y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
     blank = _blank(termination_symbol, C)
     norm = torch.logsumexp(logits, 3)                                          # (B, T, S+1)
     px = torch.gather(logits[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))[..., 0]
     px = (px - norm[:, :, :S]).transpose(1, 2)                                 # (B, S, T)
     py = (logits[..., blank] - norm).transpose(1, 2)                           # (B, S+1, T)
-    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device))
+    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
+                   nan_rows)
 
 
-def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundary):
+def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundary,
+                 own: bool = True):
+    """The pruned calls' checks: ``(B, S, T, C, blank, y, boundary, ranges, nan_rows)``
+    (``own``, ``nan_rows``: as :func:`_symbols`, for the symbols and the windows)."""
     B, T, R, C = _tensor("logits", logits, "(B, T, R, C)")
     _float("logits", logits)
     if tuple(_tensor("ranges", ranges, "(B, T, R)")) != (B, T, R):
@@ -573,29 +600,33 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
                          f"{ranges.device}")
     S = _tensor("symbols", symbols, "(B, S)")[1]
     by_name(rnnt_type, K2_TYPES)
-    y, boundary = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
+    y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device,
+                                                  own)
     ranges = ranges.to(torch.int64)
     if ranges.numel() and ranges.device.type != "meta":
-        bad = (ranges < 0) | (ranges > S)
-        bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
         if may_read_values(ranges):
+            bad = (ranges < 0) | (ranges > S)
+            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
             if bool(bad.any()):
                 b, t, _ = (int(i) for i in bad.nonzero()[0])
                 raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be "
                                  f"increasing symbol positions in [0, S] = [0, {S}]")
-        else:
-            # On the device or traced: the assert, and the positions kept in [0, S] before
-            # the (px, py) paths gather and scatter by them.
+        elif own:
+            # On the device or traced: the assert, the positions kept in [0, S] before the
+            # (px, py) paths gather and scatter by them, NaN for the bad sequences.
+            bad = (ranges < 0) | (ranges > S)
+            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+            bad = bad.flatten(1).any(1)                                         # (B,)
             device_assert(~bad.any(), "ranges")
-            ranges = ranges.clamp(0, S)
-    return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges
+            ranges, nan_rows = ranges.clamp(0, S), _joined(nan_rows, _nan_rows(bad))
+    return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges, nan_rows
 
 
 def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat: bool):
     """``(px, py)`` of window logits ``(B, T, R, C)``: the window rows' arc log-probs
     scattered to their symbol positions, ``-inf`` outside the windows."""
-    B, S, T, C, blank, y, boundary, ranges = _pruned_args(logits, symbols, ranges,
-                                                          termination_symbol, rnnt_type, boundary)
+    B, S, T, C, blank, y, boundary, ranges, nan_rows = _pruned_args(
+        logits, symbols, ranges, termination_symbol, rnnt_type, boundary)
     if hat and blank != 0:
         raise ValueError(f"use_hat_loss=True needs termination_symbol = 0 (HAT's blank is the "
                          f"first class), got {termination_symbol}")
@@ -614,7 +645,8 @@ def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_ty
     grid = logits.new_full((B, T, S + 1), NEG_INF)
     px = grid.scatter(2, ranges, label_w)[:, :, :S].transpose(1, 2)            # (B, S, T)
     py = grid.scatter(2, ranges, blank_w).transpose(1, 2)                      # (B, S+1, T)
-    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device))
+    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
+                   nan_rows)
 
 
 def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
@@ -649,7 +681,9 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
                            delay_penalty, reduction, True)
     _float("logits", logits)
     by_name(rnnt_type, K2_TYPES)
-    _, boundary = _symbols_and_boundary(symbols, boundary, B, S1 - 1, T, C, logits.device)
+    # (own=False: on the device the library's loss checks the symbols, as its targets.)
+    _, boundary, _ = _symbols_and_boundary(symbols, boundary, B, S1 - 1, T, C, logits.device,
+                                           own=False)
     T_b, S_b = _ends(boundary, B, S1 - 1, T, logits.device)
     return _lib.rnnt_loss(logits, symbols, T_b, S_b, _blank(termination_symbol, C),
                           reduction=reduction, rnnt_type=rnnt_type,
@@ -685,8 +719,9 @@ def _simple_like(fn, lm, am, symbols, termination_symbol, boundary, rnnt_type, d
                  reduction, return_grad, **kw):
     """One of the library's simple losses called the k2 way: the lengths from ``boundary``,
     the occupations in k2's layout and dtype."""
-    B, S, T, C, blank, _, boundary = _simple_args(lm, am, symbols, termination_symbol,
-                                                  rnnt_type, boundary)
+    # (own=False: on the device the library's simple loss checks the symbols, as its targets.)
+    B, S, T, C, blank, _, boundary, _ = _simple_args(lm, am, symbols, termination_symbol,
+                                                     rnnt_type, boundary, own=False)
     T_b, S_b = _ends(boundary, B, S, T, am.device)
     out = fn(lm, am, symbols, T_b, S_b, blank=blank, rnnt_type=rnnt_type,
              delay_penalty=_delay_penalty(delay_penalty), boundary=boundary, reduction=reduction,
@@ -724,8 +759,10 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
                                hat=bool(use_hat_loss))
         return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
                            delay_penalty, reduction, bool(return_grad))
-    B, S, T, C, blank, _, boundary, _ = _pruned_args(logits, symbols, ranges, termination_symbol,
-                                                     rnnt_type, boundary)
+    # (own=False: on the device the library's loss checks the symbols and the windows.)
+    B, S, T, C, blank, _, boundary, _, _ = _pruned_args(logits, symbols, ranges,
+                                                        termination_symbol, rnnt_type, boundary,
+                                                        own=False)
     T_b, S_b = _ends(boundary, B, S, T, logits.device)
     return _lib.rnnt_loss_pruned(logits, symbols, ranges, T_b, S_b, blank=blank,
                                  reduction=reduction, rnnt_type=rnnt_type,

@@ -31,8 +31,8 @@ Differences from SpeechBrain, all deliberate:
 - CPU and CUDA tensors both work (SpeechBrain: CUDA only);
 - bad arguments raise ``ValueError`` naming them (SpeechBrain: ``Exception`` for an unknown
   reduction, including the ``"batchmean"`` its docstring lists), relative lengths that round
-  to more frames or labels than the padded size, or to fewer than 0, included (on CPU, like
-  every value check);
+  to more frames or labels than the padded size, or to fewer than 0, included (on CUDA a
+  device-side assert, like every value check);
 - a sequence with ``T_b = 0`` (or no alignment) gives ``+inf`` with a zero gradient.
 """
 from __future__ import annotations
@@ -126,7 +126,8 @@ def _describe(x) -> str:
 
 def _absolute(name: str, rel: torch.Tensor, size: int) -> torch.Tensor:
     """SpeechBrain's ``(rel * size).round().int()``; on CPU, a count outside ``[0, size]``
-    (a relative length off ``[0, 1]`` by more than the rounding) is a ``ValueError``."""
+    (a relative length off ``[0, 1]`` by more than the rounding) is a ``ValueError`` (on
+    CUDA the loss's device-side assert, naming the counts ``round(input_lens * T)``)."""
     if not isinstance(rel, torch.Tensor) or not rel.is_floating_point():
         raise ValueError(f"{name} must be a float tensor of relative lengths in [0, 1], got "
                          + (str(rel.dtype) if isinstance(rel, torch.Tensor) else type(rel).__name__))

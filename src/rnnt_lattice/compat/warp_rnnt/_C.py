@@ -180,14 +180,18 @@ def rnnt_loss_compact(xs: torch.Tensor, ys: torch.Tensor, xn: torch.Tensor, yn: 
     # each row's [blank, label] pair, so a label outside [0, V) would index out of bounds
     # and one equal to the blank would give a finite loss of another lattice.
     if ys.numel() and ys.device.type != "meta":
-        lo, hi = int(ys.min()), int(ys.max())
+        ids = ys.to(torch.int64)
+        # One read: the smallest and the largest id, and the first position of the blank
+        # (ys.numel() if none).
+        at_blank = torch.where(ids == blank, torch.arange(ids.numel(), device=ids.device),
+                               ids.numel())
+        lo, hi, at = torch.stack([ids.min(), ids.max(), at_blank.min()]).tolist()
         if not 0 <= lo <= hi < V:
             raise ArgumentError(f"ys must hold label ids in [0, V) = [0, {V}), got values in "
                                 f"[{lo}, {hi}]")
-        at = (ys == blank).nonzero()
-        if at.numel():
-            raise ArgumentError(f"ys[{int(at[0, 0])}] equals the blank id {blank}: a label "
-                                f"cannot be the blank")
+        if at < ids.numel():
+            raise ArgumentError(f"ys[{at}] equals the blank id {blank}: a label cannot be the "
+                                f"blank")
     loc = row_labels(xs, ys, xn, yn, blank)
     # The [blank, label] log-probs of every row: the 2-class loss with blank 0, labels 1.
     gathered = torch.stack([xs[:, blank], xs.gather(1, loc[:, None])[:, 0]], 1)   # (STU, 2)

@@ -27,7 +27,8 @@ Differences from warp-rnnt 0.7.0, all deliberate:
 - ``gather=True`` gives the same values and gradient as ``gather=False`` and reads only
   each node's blank and label log-prob, without building warp-rnnt's ``(N, T, U+1, 2)``
   index and gathered copy; padding labels need not be valid ids;
-- a label equal to ``blank`` is a ``ValueError`` (on CPU, as everywhere in this library):
+- a label equal to ``blank`` is a ``ValueError`` (on CUDA a device-side assert, as
+  everywhere in this library; ``_C.rnnt_loss_compact`` reads its labels on the host):
   warp-rnnt's non-gathered kernel overwrites that node's blank gradient with the label's,
   and the compact one drops the label's;
 - bad arguments raise ``ValueError`` naming them (warp-rnnt asserts; the checks it makes in
