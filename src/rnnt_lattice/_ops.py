@@ -40,7 +40,7 @@ import torch
 
 from . import _backends, _validate
 from ._layout import row_sequences
-from ._rules import scale_upstream, with_bad_rows
+from ._rules import scale_upstream
 from ._types import LossOptions
 from .topology import from_spec, to_spec
 
@@ -127,7 +127,8 @@ def run(prep, backend: str, reduction: str, zero_infinity: bool) -> torch.Tensor
         costs = rnnt_costs_traced(chk.logits, chk.targets, chk.logit_lengths, chk.target_lengths,
                                   opts, backend, prep.boundary, prep.node_rows,
                                   allow_blank_targets=prep.allow_blank_targets, names=prep.names)
-        costs = with_bad_rows(costs, prep.nan_rows)
+        if prep.nan_rows is not None:
+            costs = costs + prep.nan_rows                     # (_rules.with_bad_rows' rule)
     else:
         costs = rnnt_costs(prep.impl, chk.logits, chk.targets, chk.logit_lengths,
                            chk.target_lengths, opts, prep.boundary, prep.node_rows,

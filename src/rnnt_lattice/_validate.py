@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ._memo import memo
-from ._rules import device_assert, with_bad_rows
+from ._rules import device_assert
 from ._types import LossOptions
 from .topology import K2_TYPES, by_name, check_topology
 
@@ -462,7 +462,7 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
             V=V if n_tokens is None else n_tokens,
             blank=None if allow_blank_targets else blank, classes=_fixed_classes(topology),
             boundary=boundary, names=names)
-        nan_rows = bad if nan_rows is None else with_bad_rows(nan_rows, bad)
+        nan_rows = bad if nan_rows is None else nan_rows + bad      # NaN where either is
     if inplace_grad:
         # On what the user passed: any copy (dtype, layout) would defeat it.
         check_inplace(logits, native_low_precision, names.logits)
