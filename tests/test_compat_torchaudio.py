@@ -130,6 +130,14 @@ def test_torch_compile_caller():
     loss, grad = loss_and_grad(compiled, logits, targets, tl, ul)
     assert rel_err(loss, want_loss) <= TOL[torch.float32]
     assert rel_err(grad, want_grad) <= TOL[torch.float32]
+    # A dtype torchaudio refuses is the eager call's ValueError (the op's kernel checked it
+    # on fake tensors, which TorchDynamo reported as a TorchRuntimeError).
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="logits must be float32 or float16"):
+        torch.compile(_caller, backend="aot_eager")(logits.double(), targets, tl, ul)
+    with pytest.raises(ValueError, match="targets must be int32"):
+        torch.compile(_caller, backend="aot_eager")(logits, targets.long(), tl, ul)
+    torch._dynamo.reset()
 
 
 def test_torchaudio_dtypes_only():

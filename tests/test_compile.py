@@ -390,7 +390,8 @@ def test_fullgraph_says_why_a_call_breaks_the_graph(call, says, no_compile_cache
 def test_dynamic_shapes_compile_once(no_compile_cache):
     """``torch.compile(dynamic=True, fullgraph=True)``, the usual setting for batches of
     varying lengths: one compilation serves batches of other sizes, with the eager losses
-    and gradients (the regular loss with its float options, TDT with sigma). Dynamo traces
+    and gradients (the regular loss with its float options, TDT with sigma, multi-blank with
+    its blank given either way). Dynamo traces
     the float options as symbolic floats there, and the options' check formatted its range
     message (``:g``) on the traced path, which made the whole call Unsupported."""
     torch._dynamo.reset()
@@ -403,16 +404,22 @@ def test_dynamic_shapes_compile_once(no_compile_cache):
     V = 7
 
     def losses(x, xd, y, tl, ul):
+        # (Multi-blank's topology holds class ids: a blank given from the end, or not, once
+        # made them symbols of V, which failed to trace.)
         return (rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, fastemit_lambda=0.01, clamp=0.5)
                 + rnnt_lattice.tdt_loss(xd, y, tl, ul, blank=V - 1, durations=[0, 1, 2],
-                                        sigma=0.05))
+                                        sigma=0.05)
+                + rnnt_lattice.multiblank_rnnt_loss(x, y, tl, ul, blank=-1,
+                                                    big_blank_durations=[2])
+                + rnnt_lattice.multiblank_rnnt_loss(x, y, tl, ul, blank=V - 1,
+                                                    big_blank_durations=[2]))
 
     compiled = torch.compile(losses, backend=backend, dynamic=True, fullgraph=True)
     g = torch.Generator().manual_seed(0)
     for B, T, U in ((2, 5, 3), (3, 8, 4), (4, 6, 2)):
         x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
         xd = torch.randn(B, T, U + 1, V + 3, generator=g, dtype=torch.float64)
-        y = torch.randint(1, V - 1, (B, U), generator=g, dtype=torch.int32)
+        y = torch.randint(1, V - 2, (B, U), generator=g, dtype=torch.int32)  # no big blank
         tl = torch.arange(T, T - B, -1, dtype=torch.int32).clamp(min=1)
         ul = torch.arange(U, U - B, -1, dtype=torch.int32).clamp(min=0)
         results = []

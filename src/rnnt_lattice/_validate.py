@@ -926,7 +926,11 @@ def check_multiblank_blank_id(shape: tuple, blank: int, durations, name: str = "
     V = shape[-1]
     if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) = [{-V}, {V}) for {name} {shape}")
-    blank_id = blank % V
+    # The topology's class ids must be plain ints. A non-negative blank is its own id; a
+    # negative one counts from V, which torch.compile(dynamic=True) traces as a symbol (and
+    # int() keeps it one): indexing a range of V makes it a constant, V specialised (another
+    # V recompiles, as the docs say; the batch size stays dynamic).
+    blank_id = blank if blank >= 0 else range(V)[blank]
     D = len(durations)
     if blank_id < D:
         raise ValueError(f"blank={blank} leaves no room below it for the {D} big blank(s), "

@@ -54,10 +54,11 @@ _LIB.define("torchaudio_rnnt_loss(Tensor logits, Tensor targets, Tensor logit_le
 _LOGIT_DTYPES = (torch.float32, torch.float16)
 
 
-def _costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax):
-    """The op's kernel: per-sequence costs ``(B,)`` in the logits' dtype, differentiable
-    w.r.t. ``logits`` through :func:`rnnt_lattice.rnnt_loss` (registered
-    CompositeImplicitAutograd: autograd records what the public function does)."""
+def _check_dtypes(logits, targets, logit_lengths, target_lengths) -> None:
+    """torchaudio's dtypes: float32/float16 logits, int32 ids and lengths. The op's kernel
+    checks them (TorchScript callers), and so does :func:`rnnt_loss` before the op: under
+    torch.compile the kernel runs on fake tensors, where a ValueError came out as
+    TorchDynamo's TorchRuntimeError."""
     if logits.dtype not in _LOGIT_DTYPES:
         raise ValueError(f"logits must be float32 or float16 (as torchaudio), got {logits.dtype} "
                          f"logits of shape {tuple(logits.shape)}; rnnt_lattice.rnnt_loss also "
@@ -67,6 +68,13 @@ def _costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_l
         if x.dtype != torch.int32:
             raise ValueError(f"{name} must be int32 (as torchaudio), got {x.dtype} of shape "
                              f"{tuple(x.shape)}; rnnt_lattice.rnnt_loss also takes int64")
+
+
+def _costs(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax):
+    """The op's kernel: per-sequence costs ``(B,)`` in the logits' dtype, differentiable
+    w.r.t. ``logits`` through :func:`rnnt_lattice.rnnt_loss` (registered
+    CompositeImplicitAutograd: autograd records what the public function does)."""
+    _check_dtypes(logits, targets, logit_lengths, target_lengths)
     costs = rnnt_lattice.rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
                                    "none", fused_log_softmax)
     return costs.to(logits.dtype)        # float16 logits: a float16 loss, as torchaudio
@@ -139,6 +147,7 @@ def rnnt_loss(
         _check_options((("logits", logits), ("targets", targets),
                         ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)),
                        blank, clamp, fused_log_softmax)
+        _check_dtypes(logits, targets, logit_lengths, target_lengths)
     costs = torch.ops.rnnt_lattice.torchaudio_rnnt_loss(
         logits, targets, logit_lengths, target_lengths, blank, float(clamp), fused_log_softmax)
     if reduction == "sum" or (reduction == "mean" and costs.numel() == 0):
