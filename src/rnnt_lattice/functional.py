@@ -150,7 +150,7 @@ def rnnt_loss(
             it every backend gives the same numbers and the same inf/NaN pattern). Checks of
             tensor *values* (lengths, target ids) read CPU inputs on the host; on CUDA they
             are device-side asserts, which keep the path free of host synchronisation
-            (docs/api.md, "Errors").
+            (docs/api.md, "Bad labels and lengths").
 
     Notes:
         Under ``torch.compile`` the loss is the custom op ``rnnt_lattice::rnnt_costs_and_grad``
