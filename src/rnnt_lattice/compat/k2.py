@@ -192,14 +192,16 @@ def _symbols(symbols, B: int, S: int, C: int, boundary, device, own: bool = True
     valid = _read_symbols(boundary, B, S, device)
     if not symbols.numel() or symbols.device.type == "meta":
         return torch.where(valid, symbols.to(torch.int64), 0), None
-    if may_read_values(symbols):
+    host = may_read_values(symbols)
+    if host or own:
         bad = valid & ((symbols < 0) | (symbols >= C))
+    if host:
         if bool(bad.any()):
             b, s = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"symbols[{b}, {s}] = {int(symbols[b, s])} must be in [0, C) = "
                              f"[0, {C}) (entries past boundary[:, 2] are not read)")
     elif own:
-        bad = (valid & ((symbols < 0) | (symbols >= C))).any(1)                  # (B,)
+        bad = bad.any(1)                                                        # (B,)
         device_assert(~bad.any(), "symbols")
         return (torch.where(valid, symbols.to(torch.int64).clamp(0, C - 1), 0),
                 _nan_rows(bad))
@@ -603,19 +605,18 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
     y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device,
                                                   own)
     ranges = ranges.to(torch.int64)
-    if ranges.numel() and ranges.device.type != "meta":
-        if may_read_values(ranges):
-            bad = (ranges < 0) | (ranges > S)
-            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+    host = may_read_values(ranges)
+    if ranges.numel() and ranges.device.type != "meta" and (host or own):
+        bad = (ranges < 0) | (ranges > S)
+        bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
+        if host:
             if bool(bad.any()):
                 b, t, _ = (int(i) for i in bad.nonzero()[0])
                 raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be "
                                  f"increasing symbol positions in [0, S] = [0, {S}]")
-        elif own:
+        else:
             # On the device or traced: the assert, the positions kept in [0, S] before the
             # (px, py) paths gather and scatter by them, NaN for the bad sequences.
-            bad = (ranges < 0) | (ranges > S)
-            bad[..., 1:] |= ranges[..., 1:] <= ranges[..., :-1]
             bad = bad.flatten(1).any(1)                                         # (B,)
             device_assert(~bad.any(), "ranges")
             ranges, nan_rows = ranges.clamp(0, S), _joined(nan_rows, _nan_rows(bad))
