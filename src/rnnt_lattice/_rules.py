@@ -93,6 +93,12 @@ def scale_upstream(grad: torch.Tensor, upstream: torch.Tensor, out=None) -> torc
                        prod, **({} if out is None else {"out": out}))
 
 
+def nan_rows_of(bad: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` float32 NaN rows from a check's ``bad (B,)`` bool: NaN where a sequence broke
+    a rule, 0 elsewhere (what :func:`with_bad_rows` adds to the costs)."""
+    return torch.where(bad, float("nan"), 0.0).to(torch.float32)
+
+
 def with_bad_rows(costs: torch.Tensor, nan_rows) -> torch.Tensor:
     """``costs (B,)`` with NaN for the sequences the device check found bad (``nan_rows``
     (B,), NaN there and 0 elsewhere, ``_validate.device_value_check``; None: checked on

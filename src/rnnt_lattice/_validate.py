@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ._memo import memo
-from ._rules import device_assert
+from ._rules import device_assert, nan_rows_of
 from ._types import LossOptions
 from .topology import K2_TYPES, by_name, check_topology
 
@@ -879,8 +879,7 @@ def check_window_args(logits, targets, ranges) -> tuple[torch.Tensor, torch.Tens
     bad = (steps.amin((1, 2)) < 1) | (ranges[..., -1].amax(1) > U)        # (B,)
     if ranges.device.type != "meta":
         device_assert(~bad.any(), "ranges")
-    nan_rows = torch.where(bad, float("nan"), 0.0).to(torch.float32)
-    return ranges.clamp(0, U), nan_rows
+    return ranges.clamp(0, U), nan_rows_of(bad)
 
 
 def check_inplace(logits: torch.Tensor, native_low_precision: bool, name: str = "logits") -> None:

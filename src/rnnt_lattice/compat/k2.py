@@ -69,7 +69,7 @@ from collections.abc import Sequence
 import torch
 
 import rnnt_lattice as _lib          # the public API only, the value-check rule and the
-from rnnt_lattice._rules import device_assert       # the device-side assert (and its rules)
+from rnnt_lattice._rules import device_assert, nan_rows_of   # the device check's assert, NaN
 from rnnt_lattice._validate import check_int, may_read_values   # ints' rule (blank's)
 from rnnt_lattice.topology import K2_TYPES, by_name
 
@@ -204,13 +204,8 @@ def _symbols(symbols, B: int, S: int, C: int, boundary, device, own: bool = True
         bad = bad.any(1)                                                        # (B,)
         device_assert(~bad.any(), "symbols")
         return (torch.where(valid, symbols.to(torch.int64).clamp(0, C - 1), 0),
-                _nan_rows(bad))
+                nan_rows_of(bad))
     return torch.where(valid, symbols.to(torch.int64), 0), None
-
-
-def _nan_rows(bad: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` float32: NaN where ``bad`` (a sequence the device check found bad), else 0."""
-    return torch.where(bad, float("nan"), 0.0).to(torch.float32)
 
 
 def _joined(a, b):
@@ -619,7 +614,7 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
             # (px, py) paths gather and scatter by them, NaN for the bad sequences.
             bad = bad.flatten(1).any(1)                                         # (B,)
             device_assert(~bad.any(), "ranges")
-            ranges, nan_rows = ranges.clamp(0, S), _joined(nan_rows, _nan_rows(bad))
+            ranges, nan_rows = ranges.clamp(0, S), _joined(nan_rows, nan_rows_of(bad))
     return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges, nan_rows
 
 
