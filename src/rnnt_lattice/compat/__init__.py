@@ -7,6 +7,7 @@ changing one import (docs/migrating.md):
   ``torchaudio.transforms.RNNTLoss``;
 - ``rnnt_lattice.compat.nemo``: NeMo's numba RNN-T, TDT and multi-blank losses, and
   ``install()`` for NeMo's own ``RNNTLoss``;
+- ``rnnt_lattice.compat.warprnnt_numba``: warprnnt-numba (NeMo's RNN-T loss, packaged alone);
 - ``rnnt_lattice.compat.warp_rnnt``: warp-rnnt;
 - ``rnnt_lattice.compat.warp_transducer``: warp-transducer's ``warprnnt_pytorch``;
 - ``rnnt_lattice.compat.optimized_transducer``: optimized_transducer;

@@ -157,11 +157,15 @@ def _report(costs: torch.Tensor, fastemit_lambda: float, dtype: torch.dtype,
 
 # --------------------------------------------------------------------------- the losses
 
-def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda, clamp):
+def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda, clamp,
+          cost_dtype=torch.float32):
+    """The RNN-T loss of both NeMo's module and warprnnt-numba's copy of it
+    (``compat.warprnnt_numba``), which differ in the costs' dtype: NeMo's float32 buffer,
+    or (``cost_dtype=None``) warprnnt-numba's buffer in the dtype of ``acts``."""
     _check_call(labels, act_lens, label_lens, reduction, ESPNET_IDS)
     costs = functional.rnnt_costs_named(NAMES, acts, labels, act_lens, label_lens, blank,
                                         clamp=clamp, fastemit_lambda=fastemit_lambda)
-    return _report(costs, fastemit_lambda, torch.float32, reduction)
+    return _report(costs, fastemit_lambda, cost_dtype or acts.dtype, reduction)
 
 
 def _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction, fastemit_lambda,
@@ -256,9 +260,13 @@ class RNNTLossNumba(torch.nn.Module):
         self.clamp = _module_clamp(clamp)
         self.reduction = reduction
 
+    # The costs' dtype: NeMo's float32 (None: the dtype of acts, compat.warprnnt_numba's).
+    _cost_dtype = torch.float32
+
     def forward(self, acts, labels, act_lens, label_lens):
         return _rnnt(acts, labels, act_lens, label_lens, self.blank, self.reduction,
-                     check_float("fastemit_lambda", self.fastemit_lambda), self.clamp)
+                     check_float("fastemit_lambda", self.fastemit_lambda), self.clamp,
+                     self._cost_dtype)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, reduction={self.reduction!r}, "
