@@ -241,15 +241,29 @@ def test_import_stays_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_empty_batch_and_no_frames():
-    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+@pytest.mark.parametrize("closure", [False, True], ids=["module", "closure"])
+def test_empty_batch_and_no_frames(closure):
+    """No tile runs (B = 0, or T = 0), and the joiner's parameters get zero gradients, as
+    in the full pipeline, whose joiner runs on the empty grid (and as on the kernel path):
+    not None, which would leave DDP waiting for them. A closure's tensors too."""
+    module, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    joiner = (lambda e, p: module(e, p)) if closure else module
+    params = list(module.parameters())
     loss = rnnt_lattice.fused_rnnt_loss(joiner, enc[:0], pred[:0], targets[:0], tl[:0], ul[:0],
                                         blank=blank, reduction="sum")
     loss.backward()
     assert loss.item() == 0 and (enc.grad == 0).all()
+    assert all(w.grad is not None and w.grad.shape == w.shape and not w.grad.any()
+               for w in params)
+    for w in params:
+        w.grad = None
     costs = rnnt_lattice.fused_rnnt_loss(joiner, enc[:, :0], pred, targets, tl * 0, ul * 0,
                                          blank=blank, reduction="none")
     assert torch.isinf(costs).all()
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc[:, :0], pred, targets, tl * 0, ul * 0,
+                                        blank=blank, zero_infinity=True)
+    loss.backward()
+    assert loss.item() == 0 and all(w.grad is not None and not w.grad.any() for w in params)
 
 
 @pytest.mark.parametrize("tile, n_tiles", [(None, 3), ("4MiB", 5), (1024, 3)])

@@ -509,6 +509,7 @@ def test_empty_batch_and_no_frames():
                                         blank=blank, reduction="sum", backend="triton")
     loss.backward()
     assert loss.item() == 0 and (enc.grad == 0).all()
+    assert all(w.grad is not None and not w.grad.any() for w in joiner.parameters())
     costs = rnnt_lattice.fused_rnnt_loss(joiner, enc[:, :0], pred, targets, tl * 0, ul * 0,
                                          blank=blank, reduction="none", backend="triton")
     assert torch.isinf(costs).all()

@@ -315,13 +315,21 @@ class _FusedLoss(torch.autograd.Function):
         grad_enc = torch.zeros_like(enc) if wants[0] else None
         grad_pred = torch.zeros_like(pred) if wants[1] else None
         grad_params = [None] * len(params)
+        enc_d, pred_d = enc.detach(), pred.detach()
+        trained = {id(params[i]): i for i, w in enumerate(wants[2:]) if w}
         if ctx.state is None:
+            # No tile (B = 0 or T = 0): the full pipeline runs its joiner on the empty grid,
+            # and every parameter that reaches gets a zero gradient (the kernel path's too;
+            # DDP waits for each). So here: the joiner once on that grid, a zero gradient
+            # through it.
+            with torch.enable_grad(), _autocast(ctx.amp):
+                x = call.joiner(enc_d[:, :, None], pred_d[:, None])
+            if x.requires_grad:
+                _tile_grads(x, torch.zeros_like(x), None, None, trained, grad_params, params)
             return (None, grad_enc, grad_pred, *grad_params)
         upstream = without_infinite(grad_costs, ctx.infinite)
-        enc_d, pred_d = enc.detach(), pred.detach()
         B, T, _ = enc.shape
         U1 = pred.shape[1]
-        trained = {id(params[i]): i for i, w in enumerate(wants[2:]) if w}
         spare = None                              # a gradient buffer, when x cannot take it
         _open_backward(call.joiner, enc_d, pred_d, trained, ctx.amp, call.V)
         with ctx.rng.replay():
