@@ -208,6 +208,14 @@ class Checked:
     traced: bool = False          # traced, not run: no values, no backend (the custom op's)
 
 
+def check_tensors(*named, prefix: str = "", error: type = ValueError) -> None:
+    """Each ``(name, x)`` of ``named`` a tensor; else ``error`` (a ValueError, or a peer's
+    exception type that is one) naming the first that is not, ``prefix`` before the name."""
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            raise error(f"{prefix}{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
 def _shape(x) -> str:
     """``"(2, 5, 4, 6)"``: written one size at a time, which TorchDynamo can trace where the
     sizes are symbolic (``torch.compile(dynamic=True)``; ``str`` of a tuple it cannot), so
@@ -313,9 +321,7 @@ def check_lattice_args(
     logits' device)."""
     named = ((names.targets, targets), (names.logit_lengths, logit_lengths),
              (names.target_lengths, target_lengths))
-    for name, x in named:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(*named)
     if targets.dim() != 2:
         raise ValueError(f"{names.targets} must have 2 dims (B, U), got {targets.dim()} dims "
                          f"with shape {_shape(targets)}")
@@ -757,9 +763,7 @@ def check_packed_args(logits, targets, logit_lengths, target_lengths,
     """``packed=True``: rows ``(N, V)``, lengths ``(B,)`` int and targets ``(B, U)``, on a
     device with values (the layout is built from the lengths; :func:`check_call`)."""
     T_name, U_name = names.lengths()
-    for name, x in ((T_name, logit_lengths), (U_name, target_lengths), (names.targets, targets)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors((T_name, logit_lengths), (U_name, target_lengths), (names.targets, targets))
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"packed=True: {names.logits} must be rows (sum_b T_b (U_b+1), V), got "
                          + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
@@ -808,10 +812,8 @@ def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:
     does not have), and a length past the padding would pack fewer rows than it says, a
     negative one none, without a word. While traced, the same rule is an assert in the
     graph (``"pack_lengths"``), which raises when the graph runs."""
-    for name, x in (("logits", logits), ("logit_lengths", logit_lengths),
-                    ("target_lengths", target_lengths)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"pack_logits: {name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(("logits", logits), ("logit_lengths", logit_lengths),
+                  ("target_lengths", target_lengths), prefix="pack_logits: ")
     if logits.dim() != 4:
         raise ValueError(f"pack_logits: logits must be (B, T, U+1, V), got shape {_shape(logits)}")
     B, T, U1, _ = logits.shape
@@ -842,9 +844,7 @@ def check_window_args(logits, targets, ranges) -> tuple[torch.Tensor, torch.Tens
     ``(ranges, nan_rows)``: ``ranges`` int64, within ``[0, U]`` whatever the values (the
     node -> row map is scattered by them: nothing is written outside it), and ``(B,)``
     float32 NaN for a sequence whose windows break the rule (None: checked on the host)."""
-    for name, x in (("logits", logits), ("targets", targets), ("ranges", ranges)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(("logits", logits), ("targets", targets), ("ranges", ranges))
     if logits.dim() != 4:
         raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
     B, T, R, V = logits.shape
@@ -950,9 +950,7 @@ def check_simple_args(lm, am, targets, logit_lengths, target_lengths, blank, rnn
     ``allow_blank_targets``: a target may be the blank."""
     named = (("lm", lm), ("am", am), ("targets", targets), ("logit_lengths", logit_lengths),
              ("target_lengths", target_lengths))
-    for name, x in named:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(*named)
     check_untransformed(*named)
     if lm.dim() != 3:
         raise ValueError(f"lm must have 3 dims (B, U+1, V), got shape {_shape(lm)}")
@@ -1004,9 +1002,7 @@ def check_weight_args(blank_weights, label_weights, logit_lengths, target_length
     ``rnnt_type``."""
     named = (("blank_weights", blank_weights), ("label_weights", label_weights),
              ("logit_lengths", logit_lengths), ("target_lengths", target_lengths))
-    for name, x in named:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(*named)
     check_untransformed(*named)
     for name, x in named[:2]:
         if x.dim() != 3 or x.shape[2] < 1:
@@ -1053,10 +1049,8 @@ def check_occupations(occupations, logit_lengths, target_lengths, R, method: str
     except (TypeError, ValueError):
         raise ValueError("occupations must be an ArcOccupations or a pair (gamma_blank, "
                          f"gamma_label), got {type(occupations).__name__}") from None
-    for name, x in (("gamma_blank", gamma_blank), ("gamma_label", gamma_label),
-                    ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(("gamma_blank", gamma_blank), ("gamma_label", gamma_label),
+                  ("logit_lengths", logit_lengths), ("target_lengths", target_lengths))
     if gamma_blank.dim() != 3 or gamma_blank.shape != gamma_label.shape:
         raise ValueError(f"gamma_blank and gamma_label must both be (B, T, U+1), got "
                          f"{_shape(gamma_blank)} and {_shape(gamma_label)}")
@@ -1088,9 +1082,8 @@ def check_pruning_args(am, lm, ranges) -> torch.Tensor:
     device-side assert. Returns ``ranges`` as int64, within ``[0, U]`` whatever the values
     (a position outside would read another sequence's rows of ``lm``)."""
     named = (("am", am), ("lm", lm), ("ranges", ranges))
+    check_tensors(*named)
     for name, x in named:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3:
             raise ValueError(f"{name} must have 3 dims, got shape {_shape(x)}")
     check_untransformed(*named)

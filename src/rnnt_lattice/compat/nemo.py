@@ -67,7 +67,7 @@ import importlib
 import torch
 
 from .. import functional
-from .._validate import Names, check_durations, check_float, check_int
+from .._validate import Names, check_durations, check_float, check_int, check_tensors
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "RNNTLossNumba", "TDTLossNumba",
@@ -96,9 +96,9 @@ def _check_call(labels, act_lens, label_lens, reduction, ids: tuple) -> None:
     """NeMo's ``certify_inputs`` dtype rule (labels and both lengths of a dtype in ``ids``),
     and the reduction, read at each call."""
     _check_reduction(reduction)
-    for name, x in (("labels", labels), ("act_lens", act_lens), ("label_lens", label_lens)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    named = (("labels", labels), ("act_lens", act_lens), ("label_lens", label_lens))
+    check_tensors(*named)
+    for name, x in named:
         if x.dtype not in ids:
             want = " or ".join(str(d) for d in ids)
             raise _IdDtypeError(f"{name} must be {want}, got {x.dtype} with shape "

@@ -40,6 +40,7 @@ import torch
 
 from .. import rnnt_loss as lattice_rnnt_loss
 from .._ops import eager_under_compile
+from .._validate import check_tensors
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -61,9 +62,8 @@ def _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softm
     tensors = (("logits", logits, 2, torch.float32), ("targets", targets, 2, torch.int32),
                ("logit_lengths", logit_lengths, 1, torch.int32),
                ("target_lengths", target_lengths, 1, torch.int32))
+    check_tensors(*((name, x) for name, x, _, _ in tensors))
     for name, x, dim, dtype in tensors:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != dtype:
             raise ValueError(f"{name} must be {dtype} (as in optimized_transducer), got "
                              f"{x.dtype} of shape {tuple(x.shape)}")

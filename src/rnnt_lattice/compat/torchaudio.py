@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 import rnnt_lattice
-from .._validate import check_float, check_int
+from .._validate import check_float, check_int, check_tensors
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
@@ -96,9 +96,7 @@ def _check_options(tensors, blank, clamp, fused_log_softmax) -> None:
     error is a ``RuntimeError`` naming no argument), ``blank`` an int (the dispatcher casts
     ``True`` to 1), ``clamp`` a number, and ``fused_log_softmax`` a bool (the dispatcher
     casts ``None`` to False: raw logits read as log-probs, a finite, wrong loss)."""
-    for name, x in tensors:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(*tensors)
     check_int("blank", blank)
     check_float("clamp", clamp)
     if not isinstance(fused_log_softmax, (bool, np.bool_)):      # (the schema takes NumPy's)

@@ -64,7 +64,7 @@ import torch
 
 import rnnt_lattice
 from .. import functional
-from .._validate import Names, check_durations, check_int
+from .._validate import Names, check_durations, check_int, check_tensors
 from ._install import scoped
 
 __all__ = ["tdt_loss", "rnnt_loss", "ParakeetForTDTLoss", "ParakeetForRNNTLoss", "install",
@@ -76,14 +76,6 @@ REDUCTIONS = ("mean_volume", "mean_batch", "mean", "sum", "none")
 # duration logits as one tensor, (B, T, U+1, V + D), and names it so.
 RNNT_NAMES = Names(blank="blank_token_id")
 TDT_NAMES = Names(logits="the joined token_logits and duration_logits", blank="blank_token_id")
-
-
-def _check_tensors(*named) -> None:
-    """Each ``(name, x)`` a tensor (transformers moves the labels and lengths to the logits'
-    device: their own device is free)."""
-    for name, x in named:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
 def _check_tdt_blank(blank_token_id, token_logits) -> int:
@@ -204,9 +196,9 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
         The float32 loss: a scalar, or ``(B,)`` for ``"none"``.
     """
     _check_reduction(reduction)
-    _check_tensors(("token_logits", token_logits), ("duration_logits", duration_logits),
-                   ("targets", targets), ("logit_lengths", logit_lengths),
-                   ("target_lengths", target_lengths))
+    check_tensors(("token_logits", token_logits), ("duration_logits", duration_logits),
+                  ("targets", targets), ("logit_lengths", logit_lengths),
+                  ("target_lengths", target_lengths))
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     _check_tdt_logits(token_logits, duration_logits, durations)
     blank = _check_tdt_blank(blank_token_id, token_logits)
@@ -246,8 +238,8 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
         The float32 loss: a scalar, or ``(B,)`` for ``"none"``.
     """
     _check_reduction(reduction)
-    _check_tensors(("logits", logits), ("targets", targets), ("logit_lengths", logit_lengths),
-                   ("target_lengths", target_lengths))
+    check_tensors(("logits", logits), ("targets", targets), ("logit_lengths", logit_lengths),
+                  ("target_lengths", target_lengths))
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dims (B, T, U+1, V), got shape {tuple(logits.shape)}")
     device = logits.device

@@ -27,6 +27,7 @@ from ... import functional
 from ..._ops import eager_under_compile
 from ..._rules import device_assert
 from ..._validate import Names, check_int, check_site
+from ..._validate import check_tensors as check_types
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
 
@@ -57,9 +58,7 @@ class ArgumentError(ValueError, RuntimeError):
 def check_tensors(names, tensors, kinds, dims, *, contiguous: bool) -> None:
     """warp-rnnt's checks in its order: contiguity, dtypes, then dimensions. ``kinds``:
     ``(what, dtypes)`` per tensor; ``dims``: the number of dims of each."""
-    for name, x in zip(names, tensors):
-        if not isinstance(x, torch.Tensor):
-            raise ArgumentError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_types(*zip(names, tensors), error=ArgumentError)
     if contiguous:
         for name, x in zip(names, tensors):
             if not x.is_contiguous():
