@@ -113,6 +113,11 @@ def test_numba_utils_answer_for_this_module(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(pytest.skip.Exception, match="no CUDA device"):
         u.skip_numba_cuda_test_if_unsupported("0.53.0")
+    assert u.is_numba_compat_strict() is True                # warprnnt-numba's default
+    with u.with_numba_compat_strictness(False):
+        assert u.is_numba_compat_strict() is False
+        assert u.numba_cpu_is_supported("0.53.0") and not u.numba_cuda_is_supported("0.53.0")
+    assert u.is_numba_compat_strict() is True
 
 
 def test_docstring_example():

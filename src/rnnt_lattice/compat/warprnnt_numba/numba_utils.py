@@ -5,20 +5,27 @@ warprnnt-numba's README asks its users to test, before a CUDA run, that their Nu
 compile for their CUDA (``numba_cuda_is_supported(__NUMBA_MINIMUM_VERSION__)``). This
 module's losses run on rnnt_lattice's kernels (Numba on CPU, Triton on CUDA, PyTorch where
 neither imports), so no Numba CUDA is involved: the questions keep their names and
-arguments and get the answers that hold for them. ``min_version`` is accepted and not used.
+arguments and get the answers that hold for them. ``min_version`` is accepted and not used,
+and the strictness of warprnnt-numba's version check is kept (as its environment variable
+``STRICT_NUMBA_COMPAT_CHECK`` sets it) but changes no answer: no version is checked.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
 __all__ = ["numba_cpu_is_supported", "numba_cuda_is_supported",
-           "skip_numba_cuda_test_if_unsupported", "__NUMBA_MINIMUM_VERSION__"]
+           "skip_numba_cuda_test_if_unsupported", "is_numba_compat_strict",
+           "set_numba_compat_strictness", "with_numba_compat_strictness",
+           "__NUMBA_MINIMUM_VERSION__"]
 
 # warprnnt-numba's names and values (NEMO_NUMBA_MINVER, as there, overrides the default).
 __NUMBA_DEFAULT_MINIMUM_VERSION__ = "0.53.0"
 __NUMBA_MINIMUM_VERSION__ = os.environ.get("NEMO_NUMBA_MINVER", __NUMBA_DEFAULT_MINIMUM_VERSION__)
+STRICT_NUMBA_COMPAT_CHECK = os.environ.get("STRICT_NUMBA_COMPAT_CHECK", "1").lower() in (
+    "yes", "true", "t", "1")
 
 
 def numba_cpu_is_supported(min_version: str) -> bool:
@@ -38,3 +45,26 @@ def skip_numba_cuda_test_if_unsupported(min_version: str) -> None:
         import pytest
 
         pytest.skip("no CUDA device: the CUDA test is skipped")
+
+
+def is_numba_compat_strict() -> bool:
+    """The strictness :func:`set_numba_compat_strictness` set (no answer depends on it)."""
+    return STRICT_NUMBA_COMPAT_CHECK
+
+
+def set_numba_compat_strictness(strict: bool) -> None:
+    """Set the strictness of the version check, as in warprnnt-numba; no answer here depends
+    on it (no Numba CUDA version is checked)."""
+    global STRICT_NUMBA_COMPAT_CHECK
+    STRICT_NUMBA_COMPAT_CHECK = strict
+
+
+@contextlib.contextmanager
+def with_numba_compat_strictness(strict: bool):
+    """:func:`set_numba_compat_strictness` for a ``with`` block, restored after it."""
+    before = is_numba_compat_strict()
+    set_numba_compat_strictness(strict)
+    try:
+        yield
+    finally:
+        set_numba_compat_strictness(before)
