@@ -316,6 +316,10 @@ def test_padding_targets_are_not_checked():
     ("TDTLoss", dict(blank=3, durations=[0, 1], omega=2.0), ["omega", "[0, 1]"]),
     ("MultiblankRNNTLoss", dict(blank=3, big_blank_durations=[1]), ["big_blank_durations", ">= 2"]),
     ("MultiblankRNNTLoss", dict(blank=3, big_blank_durations=[2], sigma=-0.1), ["sigma", ">= 0"]),
+    # float() would take these: a config's unparsed string, a bool
+    ("RNNTLoss", dict(blank=0, clamp="0.1"), ["clamp must be a number, got '0.1'"]),
+    ("RNNTLoss", dict(blank=0, fastemit_lambda=True), ["fastemit_lambda must be a number, got True"]),
+    ("TDTLoss", dict(blank=3, durations=[0, 1], sigma="1e-3"), ["sigma must be a number, got '1e-3'"]),
 ])
 def test_modules_validate_at_construction(module, kw, words):
     """A module's options are checked when it is built, not at its first call."""

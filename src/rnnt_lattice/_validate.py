@@ -665,6 +665,9 @@ def _checked_float(name: str, value, minimum, finite: bool) -> float:
 def _check_float(name: str, value, minimum, finite: bool) -> float:
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         raise ValueError(f"{name} must be a number, got a tensor of shape {_shape(value)}")
+    if isinstance(value, (str, bytes, bool)):
+        # float() would take "0.1" (a config's unparsed string) and True as numbers.
+        raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         value = float(value)
     except (TypeError, ValueError, RuntimeError):
