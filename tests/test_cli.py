@@ -126,6 +126,7 @@ def _write(path, content):
 @pytest.mark.parametrize("make, message", [
     ("missing", "no such file"),
     ("text", "not a file written by torch.save"),
+    ("object", "holds an object (torch.nn.modules.linear.Linear) that is not a tensor"),
     ("list", "expected a dict"),
     ("no_targets", "missing key(s) 'targets'"),
     ("bad_shape", "must be (B, T, U+1, V) and (B, U)"),
@@ -139,6 +140,9 @@ def test_plot_bad_input_is_a_clear_error(tmp_path, make, message):
         f.write_text("hello, not a tensor\n")
     elif make == "list":
         torch.save([torch.zeros(2)], f)
+    elif make == "object":
+        torch.save({"logits": torch.zeros(1, 2, 2, 3), "targets": torch.tensor([[1]]),
+                    "joiner": torch.nn.Linear(2, 2)}, f)
     elif make == "no_targets":
         torch.save({"logits": torch.zeros(1, 2, 2, 3)}, f)
     elif make == "bad_shape":
@@ -161,7 +165,28 @@ def test_help_and_entry_points():
     assert r.returncode == 0 and all(c in r.stdout for c in ("demo", "plot", "warmup"))
     r = _run_cli("plot", "--help")
     assert r.returncode == 0 and "logit_lengths" in r.stdout
-    assert _run_cli().returncode == 2                          # no command: help, non-zero
+    r = _run_cli()                                             # no command: help, non-zero
+    assert r.returncode == 2 and r.stderr.rstrip().endswith("error: give a command (demo, "
+                                                            "plot, warmup or check)")
+
+
+def test_plot_warns_of_what_it_cannot_show(tmp_path, capsys):
+    """A sequence without a path, NaN logits and --log-probs on raw scores each draw, with a
+    warning line saying so; a sequence without frames is an error (nothing to draw)."""
+    x = torch.randn(2, 9, 4, 5, generator=torch.Generator().manual_seed(0))
+    x[1, 2, 1, 3] = float("nan")
+    f = _save_example(tmp_path / "w.pt", logits=x, logit_lengths=torch.tensor([9, 6]),
+                      target_lengths=torch.tensor([3, 2]))
+    assert cli.main(["plot", str(f), "--index", "1"]) == 0
+    assert "warning: sequence 1 has log P = NaN" in capsys.readouterr().err
+    assert cli.main(["plot", str(f), "--log-probs"]) == 0
+    assert "--log-probs: the rows of sequence 0 are not log-probabilities" in capsys.readouterr().err
+    f = _save_example(tmp_path / "lp.pt", logits=x.log_softmax(-1))
+    assert cli.main(["plot", str(f), "--log-probs"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    f = _save_example(tmp_path / "t0.pt", logit_lengths=torch.tensor([9, 0]))
+    assert cli.main(["plot", str(f), "--index", "1"]) == 2
+    assert "sequence 1 has no frames (T_b = 0): nothing to draw" in capsys.readouterr().err
 
 
 def test_the_fronts_stay_out_of_the_package_import():
@@ -309,17 +334,30 @@ def test_demo_fused_smoke_writes_the_comparison(tmp_path, capsys):
     assert metrics["fused"]["joiner_output_mb_per_step"] < metrics["full"]["joiner_output_mb_per_step"]
 
 
-@pytest.mark.parametrize("args, message", [(["--fused", "--tile", "0"], "tile"),
-                                           (["--fused", "--pruned"], "--fused")])
-def test_demo_fused_bad_options(tmp_path, capsys, args, message):
-    assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
-    assert message in capsys.readouterr().err
+@pytest.mark.parametrize("args, message", [
+    (["--fused", "--tile", "0"], "--tile must be a positive int"),
+    (["--fused", "--tile", "12XB"], "--tile must be a positive int"),
+    (["--fused", "--pruned"], "--pruned and --fused"),
+    (["--pruned", "--window", "0"], "--window must be >= 1, got 0"),
+    (["--window", "3"], "--window is the pruned loss's: give it with --pruned"),
+    (["--tile", "500"], "--tile is the fused loss's: give it with --fused"),
+    (["--device", "meta"], "--device meta holds no data"),
+    (["--steps", "0"], "--steps must be >= 1"),
+], ids=["tile0", "tile_unit", "both", "window0", "window_alone", "tile_alone", "meta", "steps"])
+def test_demo_bad_options_are_refused_before_anything_is_written(tmp_path, capsys, args, message):
+    """One line naming the option, exit 2, and the output folder not created: every option
+    is checked before the folder is made."""
+    out = tmp_path / "new"
+    assert cli.main(["demo", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
-@pytest.mark.parametrize("args, message", [(["--pruned", "--window", "0"], "--window")])
-def test_demo_pruned_bad_window(tmp_path, capsys, args, message):
-    assert cli.main(["demo", "--out", str(tmp_path), *args]) == 2
-    assert message in capsys.readouterr().err
+def test_demo_names_the_cuda_device_asked_for(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["demo", "--out", str(tmp_path / "new"), "--device", "cuda:1"]) == 2
+    assert "--device 'cuda:1' was asked for but torch sees no CUDA device" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- warmup

@@ -325,6 +325,33 @@ def test_plot_occupancy_saves_png_and_svg(tmp_path):
         save(fig, tmp_path / "o.jpg")
 
 
+@pytest.mark.parametrize("args, message", [
+    (("ali", 0), "occ must be an rnnt_lattice.Occupancy"),
+    (("occ", 0, "occ"), "alignment must be an rnnt_lattice.Alignment"),
+    (("occ", 1.0, "ali"), "index must be an int, got 1.0"),
+    (("occ", 0, "shorter"), r"alignment is not of occ's batch: sequence 0 has \(T_b, U_b\)"),
+    (("occ", 0, "first"), "alignment is not of occ's batch: B = 1 there"),
+    (("occ", 2, "ali"), r"sequence 2 has no frames \(T_b = 0\)"),
+], ids=["occ_type", "alignment_type", "index_float", "other_lengths", "other_batch", "T0"])
+def test_plot_occupancy_refuses_what_it_cannot_draw(args, message):
+    """Another object, an alignment of another batch, a float index, or a sequence without
+    frames: a ValueError saying which (not an AttributeError, a silent wrong picture, or
+    matplotlib's warnings about an empty axis)."""
+    pytest.importorskip("matplotlib")
+    from rnnt_lattice.plot import plot_occupancy
+    logits, targets, tl, ul, blank = _case("ragged_batch", poison=False)
+    tl = tl.clone()
+    tl[2] = 0
+    made = {"occ": rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank),
+            "ali": rnnt_lattice.best_alignment(logits, targets, tl, ul, blank=blank),
+            "shorter": rnnt_lattice.best_alignment(logits, targets, (tl - 1).clamp(min=0), ul,
+                                                   blank=blank),
+            "first": rnnt_lattice.best_alignment(logits[:1], targets[:1], tl[:1], ul[:1],
+                                                 blank=blank)}
+    with pytest.raises(ValueError, match=message):
+        plot_occupancy(*(made.get(a, a) if isinstance(a, str) else a for a in args))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_logits_are_computed_in_float32(dtype):
     logits, targets, tl, ul, blank = _case("ragged_batch", poison=False)

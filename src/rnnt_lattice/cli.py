@@ -1,6 +1,7 @@
 """The ``rnnt-lattice`` command (also ``python -m rnnt_lattice``).
 
     rnnt-lattice demo  [--steps N] [--out DIR] [--device D] [--threads N] [--seed S]
+                       [--pruned [--window R] | --fused [--tile ROWS_OR_BYTES]]
     rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
     rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE]
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from ._cli_util import check_output_file
@@ -36,7 +38,8 @@ def _build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(
         prog="rnnt-lattice",
-        description="RNN-T lattice tools: a training demo, lattice pictures, kernel warm-up.")
+        description="RNN-T lattice tools: a training demo, lattice pictures, kernel warm-up, "
+                    "a check of the kernels on this machine.")
     p.add_argument("--version", action="version", version=f"rnnt-lattice {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -102,8 +105,19 @@ def _load_plot_input(path: str) -> dict:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:   # torch raises several types for a non-torch file
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"{path}: not a file written by torch.save ({first})") from None
+        text = str(err)
+        if "Weights only load failed" in text:
+            # A torch.save file holding an object that is not plain data: torch names it in
+            # its "Unsupported global: GLOBAL <name>" line.
+            found = re.search(r"GLOBAL ([\w.]+)", text)
+            what = f" ({found.group(1)})" if found else ""
+            raise UserError(f"{path}: holds an object{what} that is not a tensor, number, "
+                            f"string, list or dict, which this command does not load "
+                            f"(torch.load(weights_only=True)); save only the keys that "
+                            f"'rnnt-lattice plot --help' lists") from None
+        raise UserError(f"{path}: not a file written by torch.save ({type(err).__name__}"
+                        + (f": {text.strip().splitlines()[0]})" if text.strip() else ")")
+                        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a dict with keys 'logits' and 'targets', "
                         f"got a {type(data).__name__}")
@@ -200,12 +214,29 @@ def _cmd_plot(args) -> int:
                                 title=f"{os.path.basename(args.file)}[{args.index}]: log P = {ll:.3f}")
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
+    b = args.index
+    if ll != ll:
+        _warn(f"sequence {b} has log P = NaN (a NaN or inf among its logits): the picture "
+              f"shows NaN occupancies")
+    elif ll == float("-inf"):
+        _warn(f"sequence {b} has no path through its lattice (log P = -inf): every "
+              f"occupancy is 0")
+    if args.log_probs:
+        rows = logits[b, : int(tl[b]), : int(ul[b]) + 1].double().logsumexp(-1)
+        worst = float(rows.abs().max()) if rows.numel() else 0.0
+        if worst > 1e-3:
+            _warn(f"--log-probs: the rows of sequence {b} are not log-probabilities (their "
+                  f"log-sum-exp reaches {worst:.3g}, not 0); drop --log-probs for raw scores")
     try:
         save(fig, out)
     except OSError as err:
         raise UserError(f"--out {out!r}: cannot write ({err.strerror or err})") from None
     print(f"wrote {out}  (log P = {ll:.4f}, best path log-prob = {float(ali.log_prob[args.index]):.4f})")
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"rnnt-lattice: warning: {message}", file=sys.stderr)
 
 
 # The calls ``rnnt-lattice warmup`` makes, each on a tiny problem, and the CPU kernels
@@ -307,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_warmup(args)
         if args.command == "check":
             return _cmd_check(args)
-        parser.print_help()
+        parser.print_help(sys.stderr)
+        print("rnnt-lattice: error: give a command (demo, plot, warmup or check)",
+              file=sys.stderr)
         return 2
     except (UserError, ValueError) as err:
         print(f"rnnt-lattice: error: {err}", file=sys.stderr)

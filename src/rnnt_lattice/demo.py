@@ -575,17 +575,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train twice, with the full loss and with icefall's pruned recipe "
                         "(simple loss + pruned loss on windows of --window label positions), "
                         "and compare time, memory and held-out TER")
-    p.add_argument("--window", type=int, default=d.window,
-                   help=f"R, label positions per frame of the pruned loss (default {d.window})")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"--pruned: R, label positions per frame of the pruned loss (default "
+                        f"{d.window})")
     p.add_argument("--fused", action="store_true",
                    help="train twice, with the full loss and with the joiner and the loss "
                         "fused by tiles (fused_rnnt_loss), and compare time, memory and "
                         "held-out TER")
-    p.add_argument("--tile", default=d.tile,
-                   help=f"--fused: rows per tile or a byte budget (default {d.tile})")
+    p.add_argument("--tile", default=None,
+                   help=f"--fused: rows per tile or a byte budget such as 64MiB (default "
+                        f"{d.tile})")
 
 
 def main_from_args(args) -> int:
+    """The ``demo`` command: every argument checked (``ValueError``: one line for the user)
+    before the output folder is created and any work done."""
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     threads = args.threads if args.threads is not None else min(2, os.cpu_count() or 1)
@@ -596,7 +600,7 @@ def main_from_args(args) -> int:
     except RuntimeError as err:
         raise ValueError(f"--device {args.device!r} is not a torch device: {err}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+        raise ValueError(f"--device {args.device!r} was asked for but torch sees no CUDA device")
     if dev.type == "meta":
         raise ValueError("--device meta holds no data, so nothing can be trained on it; "
                          "use cpu or an accelerator")
@@ -604,17 +608,28 @@ def main_from_args(args) -> int:
         torch.zeros(2, device=dev).nonzero()
     except Exception as err:   # a device type torch knows but cannot use here
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if len(first) > 200:                     # torch's dispatcher lists every backend
+            first = first[:200].rstrip() + " ..."
         raise ValueError(f"--device {args.device!r} cannot be used here: {first}") from None
-    check_output_dir(args.out, "--out")
-    if args.window < 1:
-        raise ValueError(f"--window must be >= 1, got {args.window}")
     if args.pruned and args.fused:
         raise ValueError("--pruned and --fused each train a comparison: give one")
-    tile = int(args.tile) if args.tile.isdigit() else args.tile
-    check_tile(tile)
+    if args.window is not None and not args.pruned:
+        raise ValueError("--window is the pruned loss's: give it with --pruned")
+    if args.tile is not None and not args.fused:
+        raise ValueError("--tile is the fused loss's: give it with --fused")
+    window = Config.window if args.window is None else args.window
+    if window < 1:
+        raise ValueError(f"--window must be >= 1, got {window}")
+    tile = Config.tile if args.tile is None else args.tile
+    tile = int(tile) if isinstance(tile, str) and tile.isdigit() else tile
+    try:
+        check_tile(tile)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+    check_output_dir(args.out, "--out")
     cfg = Config(steps=args.steps, seed=args.seed, threads=threads, device=args.device,
                  eval_every=max(1, min(Config.eval_every, math.ceil(args.steps / 4))),
-                 window=args.window, warm_steps=min(Config.warm_steps, max(1, args.steps // 4)),
+                 window=window, warm_steps=min(Config.warm_steps, max(1, args.steps // 4)),
                  tile=tile)
     log = lambda s: print(s, flush=True)                               # noqa: E731
     if args.pruned or args.fused:

@@ -70,9 +70,28 @@ def plot_occupancy(occ, index: int = 0, alignment=None, labels: Sequence[str] | 
         ``(fig, ax)``: the matplotlib Figure and Axes.
     """
     _, Figure = _mpl()
+    from ._validate import check_int
+    from .analysis import Alignment, Occupancy
+    if not isinstance(occ, Occupancy):
+        raise ValueError(f"occ must be an rnnt_lattice.Occupancy (rnnt_lattice.occupancy's "
+                         f"result), got {type(occ).__name__}")
+    if alignment is not None and not isinstance(alignment, Alignment):
+        raise ValueError(f"alignment must be an rnnt_lattice.Alignment (rnnt_lattice."
+                         f"best_alignment's result) or None, got {type(alignment).__name__}")
+    index = check_int("index", index)
     if not 0 <= index < occ.node.shape[0]:
         raise ValueError(f"index={index} is outside the batch of size {occ.node.shape[0]}")
     T_b, U_b = int(occ.logit_lengths[index]), int(occ.target_lengths[index])
+    if alignment is not None:
+        B_a, B_o = alignment.log_prob.shape[0], occ.log_likelihood.shape[0]
+        dims = (int(alignment.logit_lengths[index]), int(alignment.target_lengths[index])
+                ) if B_a == B_o else None
+        if dims != (T_b, U_b):
+            raise ValueError("alignment is not of occ's batch: " + (
+                f"B = {B_a} there, {B_o} in occ" if dims is None else
+                f"sequence {index} has (T_b, U_b) = {dims} there, {(T_b, U_b)} in occ"))
+    if T_b == 0:
+        raise ValueError(f"sequence {index} has no frames (T_b = 0): nothing to draw")
     if labels is not None and len(labels) != U_b:
         raise ValueError(f"labels has {len(labels)} entries but sequence {index} has U_b = {U_b} labels")
     node = occ.node[index, :T_b, :U_b + 1].detach().to("cpu", torch.float64).numpy()
