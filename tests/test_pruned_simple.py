@@ -243,13 +243,35 @@ def test_validation_names_the_argument():
         rnnt_lattice.prune_ranges(occ, 0)
     with pytest.raises(ValueError, match="method"):
         rnnt_lattice.prune_ranges(occ, 2, method="argmax")
-    with pytest.raises(ValueError, match="logit_lengths"):
-        rnnt_lattice.prune_ranges(tuple(occ), 2)
+    with pytest.raises(ValueError, match=r"given as a pair \(gamma_blank, gamma_label\) need "
+                                         "logit_lengths= and target_lengths="):
+        rnnt_lattice.prune_ranges(tuple(occ)[:2], 2)
     with pytest.raises(ValueError, match="ranges"):
         rnnt_lattice.do_rnnt_pruning(am, lm, torch.full((3, 5, 2), 4))
 
 
 # --------------------------------------------------------------------------- windows
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
+def test_prune_ranges_takes_an_occupancy(rnnt_type):
+    """``rnnt_lattice.occupancy``'s result gives the windows of its blank and label
+    occupations, its lengths and its type, as the pair with them given by hand; the
+    occupancy of another topology is refused by name."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 7, 4, 5, generator=g, dtype=torch.float64)
+    y, T_b, U_b = torch.tensor([[1, 2, 3], [3, 1, 0]]), torch.tensor([7, 5]), torch.tensor([3, 2])
+    occ = rnnt_lattice.occupancy(x, y, T_b, U_b, blank=0, rnnt_type=rnnt_type)
+    for method in ("exact", "k2"):
+        got = rnnt_lattice.prune_ranges(occ, 2, method=method)
+        want = rnnt_lattice.prune_ranges((occ.gamma_blank, occ.gamma_label), 2, method=method,
+                                         logit_lengths=T_b, target_lengths=U_b,
+                                         rnnt_type=rnnt_type)
+        assert torch.equal(got.ranges, want.ranges) and torch.equal(got.covered, want.covered)
+    tdt = rnnt_lattice.occupancy(torch.randn(2, 7, 4, 8, generator=g), y, T_b, U_b, blank=-1,
+                                 topology=rnnt_lattice.topology.tdt([0, 1, 2]))
+    with pytest.raises(ValueError, match="of k2's types .* got one of topology 'tdt'"):
+        rnnt_lattice.prune_ranges(tdt, 2)
+
+
 def _k2_loop(gamma_blank, gamma_label, t_end, u_end, R, regular):
     """docs/variants.md A.6, get_rnnt_prune_ranges steps 3-6, one frame at a time (R
     already set)."""

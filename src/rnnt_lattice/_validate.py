@@ -345,8 +345,8 @@ def check_lattice_args(
     if targets.shape[1] != U1 - 1:
         src, t = names.source("U", logits)
         raise ValueError(
-            f"{names.targets} {_shape(targets)} must have U = U+1 - 1 = {U1 - 1} columns to "
-            f"match {src} {_shape(t)}"
+            f"{names.targets} {_shape(targets)} must have U = {U1 - 1} columns, one fewer than "
+            f"the U+1 = {U1} label positions of {src} {_shape(t)}"
             + ("" if grid is None else f" with the lattice grid (B, T, U+1) = {grid}"))
     if V < 1:
         raise ValueError(f"{names.shaped(logits)} must have a vocabulary V >= 1")
@@ -1050,8 +1050,11 @@ def check_occupations(occupations, logit_lengths, target_lengths, R, method: str
     try:
         gamma_blank, gamma_label = occupations
     except (TypeError, ValueError):
-        raise ValueError("occupations must be an ArcOccupations or a pair (gamma_blank, "
-                         f"gamma_label), got {type(occupations).__name__}") from None
+        raise ValueError("occupations must be an ArcOccupations, an Occupancy or a pair "
+                         f"(gamma_blank, gamma_label), got {type(occupations).__name__}") from None
+    if logit_lengths is None or target_lengths is None:
+        raise ValueError("occupations given as a pair (gamma_blank, gamma_label) need "
+                         "logit_lengths= and target_lengths=")
     check_tensors(("gamma_blank", gamma_blank), ("gamma_label", gamma_label),
                   ("logit_lengths", logit_lengths), ("target_lengths", target_lengths))
     if gamma_blank.dim() != 3 or gamma_blank.shape != gamma_label.shape:

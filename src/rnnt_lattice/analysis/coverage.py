@@ -28,7 +28,9 @@ class PruneCoverage:
         per_sequence: ``(B, R_max)`` share of sequence ``b``'s node-occupancy mass inside
             its best windows of size R (1 for a sequence without mass).
         total: ``(R_max,)`` the same share over the whole batch (mass-weighted:
-            covered mass of all sequences / their total mass).
+            covered mass of all sequences / their total mass; 1 when no sequence has mass,
+            e.g. none has a path: nothing is left uncovered, which says nothing of a
+            window's quality, so check ``occ.log_likelihood`` first).
         s_begin: ``(B, T)`` int64, the optimal window starts for ``R = max_window``.
     """
 

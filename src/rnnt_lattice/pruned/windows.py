@@ -108,13 +108,16 @@ def prune_ranges(
         True
 
     Args:
-        occupations: an :class:`ArcOccupations` (from ``return_occupations=True``), or a
-            pair ``(gamma_blank, gamma_label)`` of ``(B, T, U+1)`` tensors, for which
+        occupations: an :class:`ArcOccupations` (from ``return_occupations=True``), an
+            :class:`rnnt_lattice.Occupancy` of a regular, modified or constrained lattice
+            (from :func:`rnnt_lattice.occupancy`; its ``boundary``, if any, is given here),
+            or a pair ``(gamma_blank, gamma_label)`` of ``(B, T, U+1)`` tensors, for which
             ``logit_lengths`` and ``target_lengths`` are required.
         R: int >= 1.
         method: ``"exact"`` or ``"k2"``.
         logit_lengths, target_lengths, boundary, rnnt_type: of the lattice; taken from an
-            :class:`ArcOccupations` when not given (``rnnt_type`` defaults to ``"regular"``).
+            :class:`ArcOccupations` (an ``Occupancy``: the lengths and the type) when not
+            given (``rnnt_type`` defaults to ``"regular"``).
 
     Returns:
         :class:`PruneRanges` (``ranges (B, T, R')`` int64 with R' the window actually used,
@@ -125,6 +128,17 @@ def prune_ranges(
         target_lengths = occupations.target_lengths if target_lengths is None else target_lengths
         boundary = occupations.boundary if boundary is None else boundary
         rnnt_type = occupations.rnnt_type if rnnt_type is None else rnnt_type
+    elif hasattr(occupations, "gamma_label") and hasattr(occupations, "topology"):
+        # rnnt_lattice.occupancy's Occupancy (known by its fields: rnnt_lattice.analysis
+        # imports this module): its blank and label occupations, of a lattice of k2's types.
+        name = occupations.topology.name
+        if name not in K2_TYPES:
+            raise ValueError(f"occupations: prune_ranges takes the occupancy of a lattice of "
+                             f"k2's types {K2_TYPES}, got one of topology {name!r}")
+        logit_lengths = occupations.logit_lengths if logit_lengths is None else logit_lengths
+        target_lengths = occupations.target_lengths if target_lengths is None else target_lengths
+        rnnt_type = name if rnnt_type is None else rnnt_type
+        occupations = (occupations.gamma_blank, occupations.gamma_label)
     rnnt_type = "regular" if rnnt_type is None else rnnt_type
     gamma_blank, gamma_label, logit_lengths, target_lengths, R = check_occupations(
         occupations, logit_lengths, target_lengths, R, method, METHODS)
