@@ -170,6 +170,12 @@ def test_help_and_entry_points():
                                                             "plot, warmup or check)")
 
 
+def test_an_unknown_option_shows_its_commands_usage():
+    r = _run_cli("plot", "x.pt", "--bogus")
+    assert r.returncode == 2 and r.stderr.startswith("usage: rnnt-lattice plot")
+    assert r.stderr.rstrip().endswith("rnnt-lattice plot: error: unrecognized arguments: --bogus")
+
+
 def test_plot_warns_of_what_it_cannot_show(tmp_path, capsys):
     """A sequence without a path, NaN logits and --log-probs on raw scores each draw, with a
     warning line saying so; a sequence without frames is an error (nothing to draw)."""
@@ -390,11 +396,13 @@ def test_warmup_reports_each_kernel(capsys):
     out = _run_cli("warmup", "--only", "prune_ranges", "--serial")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0] == "prune_ranges (float32) ..."
-    assert lines[1].startswith("  window_dp (parallel, float64): ")
-    assert lines[2] == "prune_ranges (float32, serial) ..."
-    assert lines[3].startswith("  window_dp (serial, float64): ")
+    assert lines[0] == "prune_ranges (any dtype) ..."
+    assert lines[1].startswith("  window_dp (parallel): ")
+    assert lines[2] == "prune_ranges (any dtype, serial) ..."
+    assert lines[3].startswith("  window_dp (serial): ")
     assert lines[-1].startswith("warmup done in ") and len(lines) == 5
+    place = lines[-1].split("kernel cache: ")[1].rstrip(")")
+    assert place == "off" or os.path.isdir(place), lines[-1]
     with pytest.raises(SystemExit):
         cli.main(["warmup", "--help"])
     assert "--dtype" in capsys.readouterr().out

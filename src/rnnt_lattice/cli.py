@@ -65,8 +65,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                       "training step does not wait for it",
                        description="Compile (or load from Numba's disk cache) every CPU kernel "
                                    "of the public functions, with a line per kernel as it is "
-                                   "done. With an empty cache this takes about 30-45 s on 2 "
-                                   "cores; later processes load the kernels in under a second.")
+                                   "done. With an empty cache this takes about 50 s on 2 "
+                                   "cores; later processes load the kernels in a second or two.")
     w.add_argument("--dtype", nargs="+", choices=("float32", "float64"), default=["float32"],
                    help="logits dtypes to compile for (default float32; float16 and bfloat16 "
                         "run the float32 kernels)")
@@ -93,6 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="float32 and one tiny shape only (seconds once the kernels are compiled)")
     c.add_argument("--json", default=None, metavar="FILE",
                    help="also write the results as JSON to FILE")
+    p.set_defaults(commands={"demo": d, "plot": pl, "warmup": w, "check": c})
     return p
 
 
@@ -251,6 +252,8 @@ WARMUP_CALLS = [
     ("rnnt_loss_smoothed", ("simple_rows_forward", "arc_terms_forward", "lattice",
                             "arc_terms_backward", "simple_rows_backward")),
 ]
+# The calls whose kernels read float64 whatever the logits' dtype: warmed up once.
+DTYPE_FREE_CALLS = ("prune_ranges",)
 
 
 def _warmup_call(name: str, dtype):
@@ -291,8 +294,9 @@ def _cmd_warmup(args) -> int:
         raise UserError(f"the CPU backend needs numba ({err})") from None
 
     def report(kernel, variant, dtype, seconds, from_cache):
+        # (dtype: of the kernel's first argument, not the logits': the call's line says it)
         how = "loaded from the disk cache" if from_cache else "compiled"
-        print(f"  {kernel} ({variant}, {dtype}): {how} in {seconds:.1f} s", flush=True)
+        print(f"  {kernel} ({variant}): {how} in {seconds:.1f} s", flush=True)
 
     variants = [True, False] if args.serial else [_config.PARALLEL]
     start = time.perf_counter()
@@ -301,15 +305,32 @@ def _cmd_warmup(args) -> int:
     try:
         for parallel in variants:
             _config.PARALLEL = parallel
-            for dtype in args.dtype:
+            for i, dtype in enumerate(args.dtype):
                 for call, _ in calls:
-                    print(f"{call} ({dtype}{'' if parallel else ', serial'}) ...", flush=True)
+                    serial = "" if parallel else ", serial"
+                    if call in DTYPE_FREE_CALLS:        # the same kernels for every dtype
+                        if i:
+                            continue
+                        print(f"{call} (any dtype{serial}) ...", flush=True)
+                    else:
+                        print(f"{call} ({dtype}{serial}) ...", flush=True)
                     _warmup_call(call, getattr(torch, dtype))
     finally:
         _config.ON_COMPILE, _config.PARALLEL = saved
-    cache = "off" if not _config.CACHE else "on disk (NUMBA_CACHE_DIR, else next to the package)"
-    print(f"warmup done in {time.perf_counter() - start:.1f} s (kernel cache: {cache})")
+    print(f"warmup done in {time.perf_counter() - start:.1f} s (kernel cache: "
+          f"{_cache_place(_config)})")
     return 0
+
+
+def _cache_place(_config) -> str:
+    """Where Numba keeps the compiled kernels: the folder its locator chose for them."""
+    if not _config.CACHE:
+        return "off"
+    from .cpu import kernels
+    try:                    # Numba's cache object of one kernel (not a public attribute)
+        return kernels.row_pass.parallel._cache._cache_path
+    except AttributeError:
+        return "on disk (NUMBA_CACHE_DIR, else next to the package, else ~/.cache/numba)"
 
 
 def _cmd_check(args) -> int:
@@ -328,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:       # refused by the command's own parser: its usage, not the top level's
+            parser.get_default("commands").get(args.command, parser).error(
+                f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "demo":
             from .demo import main_from_args
             return main_from_args(args)
