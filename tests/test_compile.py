@@ -546,6 +546,23 @@ def test_compiled_steps_warn_nothing():
     assert "Graph break" not in out.stderr and "lru_cache" not in out.stderr, out.stderr[-4000:]
 
 
+def test_memo_computes_symbolic_sizes_directly():
+    """A trace that TorchDynamo does not run itself (is_compiling() False) may hand a
+    memoised function a symbolic size, which no cache can hash: compat.torchaudio's op under
+    torch.compile(dynamic=True) on torch 2.9 failed with "unhashable type: non-nested SymInt"
+    in the topology's check. It is computed directly; an unhashable plain value still
+    raises, and plain values are cached."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from rnnt_lattice._memo import memo
+    s = ShapeEnv().create_unbacked_symint()
+    f = memo(4)(lambda v, k: v + k)
+    assert isinstance(f(s, 1), torch.SymInt) and f.cache_info().currsize == 0
+    assert f(2, 1) == 3 and f(2, 1) == 3 and f.cache_info().hits == 1
+    with pytest.raises(TypeError, match="unhashable type: 'list'"):
+        f([1], 1)
+
+
 EAGER_SCRIPT = """
 import sys
 import torch
