@@ -683,7 +683,7 @@ def test_messages_name_the_callers_tensors():
         call(joiner, enc, pred, targets, tl + 9, ul, blank=blank, tile=5)
     with pytest.raises(ValueError, match=re.escape(f"U = {pred.shape[1] - 1} of pred {tuple(pred.shape)}")):
         call(joiner, enc, pred, targets, tl, ul + 9, blank=blank, tile=5)
-    with pytest.raises(ValueError, match=re.escape(f"match pred {tuple(pred.shape)}")):
+    with pytest.raises(ValueError, match=re.escape(f"label positions of pred {tuple(pred.shape)}")):
         call(joiner, enc, pred, targets[:, :1], tl, ul, blank=blank, tile=5)
 
 

@@ -54,6 +54,12 @@ BAD = [
     ("bool_targets", lambda a: a.update(targets=a["targets"].bool()), ["targets", "torch.bool"]),
     ("bool_lengths", lambda a: a.update(logit_lengths=a["logit_lengths"].bool()), ["logit_lengths", "torch.bool"]),
     ("backend", {"backend": "cuda"}, ["backend", "'cuda'"]),
+    # bool() read the string "False" as True, None and 0 as False: a silent other loss
+    ("fused_str", {"fused_log_softmax": "False"}, ["fused_log_softmax must be a bool, got 'False'"]),
+    ("fused_none", {"fused_log_softmax": None}, ["fused_log_softmax must be a bool, got None"]),
+    ("zero_infinity_int", {"zero_infinity": 1}, ["zero_infinity must be a bool, got 1"]),
+    ("inplace_grad_str", {"inplace_grad": "yes"}, ["inplace_grad must be a bool, got 'yes'"]),
+    ("clamp_str_number", {"clamp": "0.5"}, ["clamp must be a number, got '0.5'"]),
 ]
 
 

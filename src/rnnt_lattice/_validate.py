@@ -579,6 +579,16 @@ def check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
+def check_flag(name: str, value) -> bool:
+    """``value`` as a bool: a Python or NumPy bool. Anything else is a ValueError naming it:
+    ``bool()`` would read the string ``"False"`` as True, and None or 0 as False."""
+    if type(value) is bool:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
 def check_int(name: str, value) -> int:
     """``value`` as a Python int: anything ``operator.index`` accepts (Python and NumPy
     integers, a 0-d integer tensor), but not a bool."""

@@ -5,9 +5,9 @@ import torch
 
 from . import _backends, _ops
 from ._layout import pack
-from ._validate import (FLOAT_RANGES, OURS, Names, check_durations, check_float, check_int,
-                        check_multiblank_blank, check_pack_logits_args, check_reduction,
-                        check_tdt_logits, loss_options)
+from ._validate import (FLOAT_RANGES, OURS, Names, check_durations, check_flag, check_float,
+                        check_int, check_multiblank_blank, check_pack_logits_args,
+                        check_reduction, check_tdt_logits, loss_options)
 from .topology import Topology, by_name, multiblank, tdt
 
 __all__ = ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "pack_logits", "empty_cache"]
@@ -379,6 +379,9 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
     module's argument names, ``_validate.Names``); ``nan_rows``: ``(B,)`` NaN rows of the
     caller's own check on the device (the pruned loss's windows), added to the call's."""
     traced = torch.compiler.is_compiling()
+    fused = check_flag("fused_log_softmax", fused)
+    inplace_grad = check_flag("inplace_grad", inplace_grad)
+    zero_infinity, packed = check_flag("zero_infinity", zero_infinity), check_flag("packed", packed)
     if packed and traced:
         return _packed_loss(logits, targets, logit_lengths, target_lengths, blank, topology,
                             clamp=clamp, reduction=reduction, fused=fused,
@@ -388,8 +391,8 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
                             node_rows=node_rows, allow_blank_targets=allow_blank_targets,
                             names=names, nan_rows=nan_rows)
     check_reduction(reduction)
-    opts = loss_options(bool(fused), bool(inplace_grad), topology, clamp, fastemit_lambda,
-                        sigma, delay_penalty)
+    opts = loss_options(fused, inplace_grad, topology, clamp, fastemit_lambda, sigma,
+                        delay_penalty)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
                                   traced=traced, allow_blank_targets=allow_blank_targets,

@@ -50,9 +50,9 @@ from ._layout import tile_node_rows, tile_plan
 from ._ops import eager_under_compile, reduce_costs, refuse_double_backward, without_infinite
 from .joiner import Joiner
 from ._rules import device_assert, recompute_rtol, with_bad_rows
-from ._validate import (LogitsSpec, Names, check_durations, check_float, check_fused_args,
-                        check_int, check_joiner_output, check_multiblank_blank_id,
-                        check_reduction, check_tile, loss_options)
+from ._validate import (LogitsSpec, Names, check_durations, check_flag, check_float,
+                        check_fused_args, check_int, check_joiner_output,
+                        check_multiblank_blank_id, check_reduction, check_tile, loss_options)
 from .topology import Topology, by_name, multiblank, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -596,8 +596,9 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
     rows, nbytes = check_tile(default_tile(enc.device) if tile is None else tile)
     check_reduction(reduction)
     _backends.check_name(backend)
-    opts = loss_options(bool(fused), False, by_name("regular"), clamp, fastemit_lambda, sigma,
-                        delay_penalty)
+    opts = loss_options(check_flag("fused_log_softmax", fused), False, by_name("regular"),
+                        clamp, fastemit_lambda, sigma, delay_penalty)
+    zero_infinity = check_flag("zero_infinity", zero_infinity)
     _check_per_node(joiner)
     if isinstance(joiner, Joiner):
         _check_joiner_widths(joiner, enc, pred)

@@ -12,7 +12,7 @@ import torch
 from .. import _backends
 from .._rules import with_bad_rows
 from .._types import Lattice, LossOptions
-from .._validate import check_float
+from .._validate import check_flag, check_float
 from ..topology import Topology, by_name
 
 
@@ -51,7 +51,8 @@ def request(logits, targets, logit_lengths, target_lengths, blank, fused, backen
     topo = resolve_topology(rnnt_type, topology)
     sigma = check_float("sigma", sigma, finite=True)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
-    opts = LossOptions(0, bool(fused), topology=topo, sigma=sigma, delay_penalty=delay_penalty)
+    opts = LossOptions(0, check_flag("fused_log_softmax", fused), topology=topo, sigma=sigma,
+                       delay_penalty=delay_penalty)
     x = logits.detach() if isinstance(logits, torch.Tensor) else logits
     prep = _backends.prepare_call(x, targets, logit_lengths, target_lengths, blank, backend, opts,
                                   boundary=boundary)
