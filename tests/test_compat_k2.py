@@ -241,6 +241,58 @@ def test_losses_match_k2_recursion(case, fn, dtype):
             torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
+@pytest.mark.parametrize("fn", ["simple", "smoothed"])
+def test_simple_losses_of_empty_symbol_sequences(fn, rnnt_type, monkeypatch):
+    """S = 0 (a batch of empty transcripts, icefall's first step): the loss is the blanks'
+    of every frame, and return_grad's px_grad is (B, 0, T+1) (regular) or (B, 0, T), py_grad
+    1 on every frame. On torch 2.9 the regular type failed in torch's pad of px_grad's 0
+    columns ("negative output size"; torch 2.13 pads them): here pad keeps torch 2.9's rule
+    (fast_rnnt asserts S >= 1 there)."""
+    real_pad = torch.nn.functional.pad
+
+    def pad_of_torch_2_9(x, pad, *args, **kw):
+        # its constant pad (unless every amount is 0) checks each padded dimension's new
+        # size: > 0
+        for d, (lo, hi) in enumerate(zip(pad[::2], pad[1::2])):
+            if any(pad) and x.shape[-1 - d] + lo + hi <= 0:
+                raise RuntimeError("torch 2.9: the padded size of a dimension must be > 0")
+        return real_pad(x, pad, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "pad", pad_of_torch_2_9)
+    g = torch.Generator().manual_seed(5)
+    T_ = 4
+    lm = torch.randn(B, 1, C, generator=g, dtype=torch.float64)
+    am = torch.randn(B, T_, C, generator=g, dtype=torch.float64)
+    blank = 1
+    kw = dict(rnnt_type=rnnt_type, reduction="none", return_grad=True)
+    if fn == "simple":
+        loss, (px, py) = k2.rnnt_loss_simple(lm, am, torch.zeros(B, 0, dtype=torch.int64), blank, **kw)
+    else:
+        loss, (px, py) = k2.rnnt_loss_smoothed(lm, am, torch.zeros(B, 0, dtype=torch.int64), blank,
+                                               0.2, 0.1, **kw)
+    lp = ref_log_probs(fn, (lm, am), None)                      # (B, T, 1, C)
+    torch.testing.assert_close(loss, -lp[:, :, 0, blank].sum(1), rtol=1e-12, atol=1e-12)
+    assert px.shape == (B, 0, T_ + 1 if rnnt_type == "regular" else T_)
+    torch.testing.assert_close(py, torch.ones(B, 1, T_, dtype=torch.float64))
+
+
+def test_empty_batch_mean_is_zero_on_every_path():
+    """B = 0, reduction="mean": 0 through each k2 function, with and without return_grad
+    (the return_grad paths reduced by k2's own mean, which gave NaN, as fast_rnnt does)."""
+    am, lm = torch.randn(0, 4, C), torch.randn(0, S + 1, C)
+    y = torch.zeros(0, S, dtype=torch.int64)
+    logits, ranges = torch.randn(0, 4, S + 1, C), torch.zeros(0, 4, 2, dtype=torch.int64)
+    for return_grad in (False, True):
+        outs = [k2.rnnt_loss(logits, y, 0, return_grad=return_grad),
+                k2.rnnt_loss_simple(lm, am, y, 0, return_grad=return_grad),
+                k2.rnnt_loss_pruned(torch.randn(0, 4, 2, C), y, ranges, 0,
+                                    return_grad=return_grad)]
+        for out in outs:
+            loss = out[0] if isinstance(out, tuple) else out
+            assert loss.shape == () and loss.item() == 0, (return_grad, loss)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_px_py_functions(case):
     """``get_rnnt_logprobs*``: k2's layout and values where k2's recursion reads them (the

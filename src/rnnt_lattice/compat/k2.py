@@ -224,10 +224,14 @@ def _reduce(costs: torch.Tensor, reduction) -> torch.Tensor:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     if reduction == "none":
         return costs
-    return costs.sum() if reduction == "sum" else costs.mean()
+    if reduction == "sum" or costs.shape[0] == 0:   # an empty batch's mean: 0, as the losses'
+        return costs.sum()
+    return costs.mean()
 
 
 def _number(name: str, x) -> float:
+    if isinstance(x, (str, bytes, bool)):        # float() would take "0.5" and True
+        raise ValueError(f"{name} must be a number, got {x!r}")
     try:
         value = float(x)
     except (TypeError, ValueError, RuntimeError):
@@ -256,7 +260,8 @@ def _to_k2(gamma_blank, gamma_label, T: int, regular: bool, dtype):
     S = gamma_label.shape[2] - 1
     T1 = T + 1 if regular else T
     px = gamma_label[:, :T1, :S]
-    px = torch.nn.functional.pad(px, (0, 0, 0, T1 - px.shape[1]))
+    if px.shape[1] < T1:           # zero frames appended (torch's pad refuses S = 0 columns)
+        px = torch.cat([px, px.new_zeros((px.shape[0], T1 - px.shape[1], S))], dim=1)
     py = gamma_blank[:, :T]
     return px.transpose(1, 2).to(dtype).contiguous(), py.transpose(1, 2).to(dtype).contiguous()
 
