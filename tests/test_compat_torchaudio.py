@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 import torch
 
@@ -109,6 +110,7 @@ def test_torchscript_caller_and_module(dtype):
     case = Case("script", (4, 3, 2), (2, 3, 1), 5, 0)
     logits, targets, tl, ul, _ = int32_inputs(case, dtype, seed=4)
     module = ta.RNNTLoss(blank=0, clamp=0.4, reduction="sum")
+    torch.jit.script(ta.RNNTLoss(blank=np.int64(0), clamp=1))    # an int clamp: a float here
     for eager, scripted in ((_caller, _round_trip(torch.jit.script(_caller))),
                             (module, _round_trip(torch.jit.script(module)))):
         want_loss, want_grad = loss_and_grad(eager, logits, targets, tl, ul)

@@ -178,8 +178,10 @@ class RNNTLoss(torch.nn.Module):
         super().__init__()
         _check_reduction(reduction)
         _check_options((), blank, clamp, fused_log_softmax)
-        self.blank = blank
-        self.clamp = clamp
+        # Stored as the annotated types, so that torch.jit.script takes the module built
+        # with clamp=1 or a NumPy blank (torchaudio stores them as given, and fails there).
+        self.blank = int(blank)
+        self.clamp = float(clamp)
         self.reduction = reduction
         self.fused_log_softmax = fused_log_softmax
 
