@@ -321,8 +321,8 @@ class _FusedLoss(torch.autograd.Function):
             # No tile (B = 0 or T = 0): the full pipeline runs its joiner on the empty grid,
             # and every parameter that reaches gets a zero gradient (the kernel path's too;
             # DDP waits for each). So here: the joiner once on that grid, a zero gradient
-            # through it.
-            with torch.enable_grad(), _autocast(ctx.amp):
+            # through it (the RNG state left as it was).
+            with _fork_rng(enc.device), torch.enable_grad(), _autocast(ctx.amp):
                 x = call.joiner(enc_d[:, :, None], pred_d[:, None])
             if x.requires_grad:
                 _tile_grads(x, torch.zeros_like(x), None, None, trained, grad_params, params)
