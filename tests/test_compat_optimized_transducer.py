@@ -9,6 +9,7 @@ from __future__ import annotations
 import doctest
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,6 +177,12 @@ def test_dtypes_and_errors_name_the_argument():
     bad_targets[0, 0] = blank
     with pytest.raises(ValueError, match=r"targets\[0, 0\] equals the blank"):
         optimized_transducer.transducer_loss(**(args | dict(targets=bad_targets)))
+    with pytest.raises(ValueError, match="blank must be an int, got 1.0"):
+        optimized_transducer.transducer_loss(**(args | dict(blank=1.0)))
+    # a NumPy int or a one-element int tensor, as optimized_transducer's binding takes them
+    want = optimized_transducer.transducer_loss(**args)
+    for like in (np.int64(blank), torch.tensor(blank)):
+        assert torch.equal(optimized_transducer.transducer_loss(**(args | dict(blank=like))), want)
 
 
 def test_docstring_examples():

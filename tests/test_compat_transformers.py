@@ -95,6 +95,22 @@ def test_rnnt_loss_matches_the_oracle(reduction):
         torch.testing.assert_close(alias, got, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_an_empty_batch_reduces_to_zero(reduction):
+    """B = 0: every reduction but "none" gives 0 (the means were 0/0 = NaN; transformers
+    fails on an empty batch), with a zero gradient."""
+    x = torch.randn(0, 4, 3, 7, requires_grad=True)
+    y, lengths = torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    for got in (ct.rnnt_loss(x[..., :6], y, lengths, lengths, 5, reduction=reduction),
+                ct.tdt_loss(x[..., :4], x[..., 4:], y, lengths, lengths, 3, [0, 1, 2],
+                            reduction=reduction)):
+        assert got.shape == ((0,) if reduction == "none" else ())
+        if reduction != "none":
+            assert got.item() == 0
+        (g,) = torch.autograd.grad(got.sum(), x)
+        assert g.shape == x.shape
+
+
 def test_defaults_are_transformers():
     x, labels, T_b, U_b = _inputs(6, 3, seed=3)
     tdt = ct.tdt_loss(x[..., :6], x[..., 6:], labels, T_b, U_b, 5, [0, 1, 2])
@@ -437,6 +453,9 @@ def test_fuse_gives_the_materialised_loss_and_gradients_without_logits(tdt, kwar
     torch.testing.assert_close(got.pooler_output, want.pooler_output)
     as_tuple = model(**batch, **kwargs, return_dict=False)
     assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], got.loss)
+    # the positions of the model's own tuple (loss, logits, last_hidden_state, ...), logits None
+    assert as_tuple[1] is None and len(as_tuple) == len(want.to_tuple())
+    assert torch.equal(as_tuple[2], want.last_hidden_state)
     # without labels (inference, generate): the model's own forward, logits included
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
     assert model(**no_labels).logits.shape[:3] == (3, 9, 5)

@@ -40,7 +40,7 @@ import torch
 
 from .. import rnnt_loss as lattice_rnnt_loss
 from .._ops import eager_under_compile
-from .._validate import check_tensors
+from .._validate import check_int, check_tensors
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -48,7 +48,7 @@ _REDUCTIONS = ("mean", "sum")
 
 
 def _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softmax,
-           one_sym_per_frame, reduction) -> None:
+           one_sym_per_frame, reduction) -> int:
     """optimized_transducer's argument contract, as ValueErrors naming the argument. The
     rest (lengths against the rows, target ids, devices) is :func:`rnnt_lattice.rnnt_loss`'s."""
     if reduction not in _REDUCTIONS:
@@ -77,7 +77,9 @@ def _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softm
         raise ValueError(f"logit_lengths {tuple(logit_lengths.shape)} and target_lengths "
                          f"{tuple(target_lengths.shape)} must have the same shape (B,)")
     V = logits.shape[1]
-    if isinstance(blank, bool) or not isinstance(blank, int) or not 0 <= blank < V:
+    # an int, a NumPy int or a one-element int tensor, as optimized_transducer's binding takes
+    blank = check_int("blank", blank)
+    if not 0 <= blank < V:
         raise ValueError(f"blank must be an int in [0, V) = [0, {V}) for logits "
                          f"{tuple(logits.shape)}, got {blank!r}")
     if target_lengths.numel():
@@ -85,6 +87,7 @@ def _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softm
         if targets.shape[1] != U_max:
             raise ValueError(f"targets {tuple(targets.shape)} must have max(target_lengths) = "
                              f"{U_max} columns (optimized_transducer's rule)")
+    return blank
 
 
 def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -121,8 +124,8 @@ def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     Returns:
         A 0-dim float32 tensor.
     """
-    _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softmax,
-           one_sym_per_frame, reduction)
+    blank = _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softmax,
+                   one_sym_per_frame, reduction)
     return lattice_rnnt_loss(
         logits, targets, logit_lengths, target_lengths, blank, reduction=reduction,
         fused_log_softmax=not from_log_softmax,

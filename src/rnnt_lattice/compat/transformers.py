@@ -120,6 +120,8 @@ def _reduce(losses: torch.Tensor, target_lengths: torch.Tensor, reduction: str) 
     """Per-sequence losses ``(B,)`` -> transformers' (NeMo's) reduction, float32."""
     losses = losses.float()
     lengths = target_lengths.to(losses.device).float()
+    if losses.shape[0] == 0 and reduction != "none":
+        return losses.sum()            # an empty batch: 0, as this library's means (not 0/0)
     if reduction == "mean_volume":
         return losses.sum() / lengths.sum()
     if reduction == "mean_batch":
@@ -485,7 +487,11 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
                      pooler_output=encoder_outputs.pooler_output,
                      hidden_states=encoder_outputs.hidden_states,
                      attentions=encoder_outputs.attentions, decoder_cache=None)
-    return out if return_dict else out.to_tuple()
+    if return_dict:
+        return out
+    # The model's tuple is (loss, logits, ...): to_tuple() drops None, so None is put back
+    # in the logits' place, where code that unpacks by position expects it.
+    return (loss, None) + out.to_tuple()[1:]
 
 
 def fuse(model, *, tile=None):
