@@ -326,6 +326,8 @@ def test_padding_targets_are_not_checked():
     ("RNNTLoss", dict(blank=0, clamp="0.1"), ["clamp must be a number, got '0.1'"]),
     ("RNNTLoss", dict(blank=0, fastemit_lambda=True), ["fastemit_lambda must be a number, got True"]),
     ("TDTLoss", dict(blank=3, durations=[0, 1], sigma="1e-3"), ["sigma must be a number, got '1e-3'"]),
+    ("RNNTLoss", dict(blank=0, fused_log_softmax="False"), ["fused_log_softmax must be a bool, got 'False'"]),
+    ("TDTLoss", dict(blank=3, durations=[0, 1], zero_infinity=0), ["zero_infinity must be a bool, got 0"]),
 ])
 def test_modules_validate_at_construction(module, kw, words):
     """A module's options are checked when it is built, not at its first call."""

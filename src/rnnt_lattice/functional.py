@@ -348,7 +348,7 @@ def rnnt_costs_named(names: Names, logits, targets, logit_lengths, target_length
 def check_options(**options) -> None:
     """The checks of the losses' options that need no tensor (the modules run them at
     construction; each call runs them again): ``blank`` an int, ``reduction``, ``backend``,
-    ``rnnt_type``, the durations, and every float option within its range
+    ``rnnt_type``, the durations, the flags bools, and every float option within its range
     (``_validate.FLOAT_RANGES``). Other names are left to the call."""
     checks = {
         "blank": lambda v: check_int("blank", v),
@@ -358,6 +358,8 @@ def check_options(**options) -> None:
         "durations": lambda v: check_durations("durations", v, minimum=0, ascending=True),
         "big_blank_durations": lambda v: check_durations("big_blank_durations", v, minimum=2,
                                                          ascending=False),
+        **{flag: (lambda v, flag=flag: check_flag(flag, v))
+           for flag in ("fused_log_softmax", "zero_infinity", "inplace_grad", "packed")},
     }
     for name, value in options.items():
         if name in checks:

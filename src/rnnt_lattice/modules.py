@@ -36,7 +36,9 @@ class RNNTLoss(torch.nn.Module):
                  rnnt_type: str = "regular", delay_penalty: float = 0.0, packed: bool = False):
         super().__init__()
         check_options(blank=blank, clamp=clamp, reduction=reduction, fastemit_lambda=fastemit_lambda,
-                      backend=backend, rnnt_type=rnnt_type, delay_penalty=delay_penalty)
+                      backend=backend, rnnt_type=rnnt_type, delay_penalty=delay_penalty,
+                      fused_log_softmax=fused_log_softmax, zero_infinity=zero_infinity,
+                      inplace_grad=inplace_grad, packed=packed)
         self.packed = packed
         self.rnnt_type = rnnt_type
         self.delay_penalty = delay_penalty
