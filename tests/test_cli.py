@@ -192,6 +192,12 @@ def test_plot_warns_of_what_it_cannot_show(tmp_path, capsys):
     f = _save_example(tmp_path / "lp.pt", logits=x.log_softmax(-1))
     assert cli.main(["plot", str(f), "--log-probs"]) == 0
     assert "warning" not in capsys.readouterr().err
+    # constrained: one label per frame at most, so T_b = 2 < U_b = 3 has no path
+    f = _save_example(tmp_path / "short.pt", logit_lengths=torch.tensor([2, 6]))
+    assert cli.main(["plot", str(f), "--rnnt-type", "constrained"]) == 0
+    assert "warning: sequence 0 has no path through its lattice" in capsys.readouterr().err
+    assert cli.main(["plot", str(f)]) == 0                      # regular: a path exists
+    assert "warning" not in capsys.readouterr().err
     f = _save_example(tmp_path / "t0.pt", logit_lengths=torch.tensor([9, 0]))
     assert cli.main(["plot", str(f), "--index", "1"]) == 2
     assert "sequence 1 has no frames (T_b = 0): nothing to draw" in capsys.readouterr().err

@@ -4,6 +4,7 @@
                        [--pruned [--window R] | --fused [--tile ROWS_OR_BYTES]]
     rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
+                      [--rnnt-type regular|modified|constrained|one_sym_per_frame]
     rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE]
 
 Errors in the user's input print one line ``rnnt-lattice: error: ...`` and exit with
@@ -60,6 +61,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--blank", type=int, default=None, help="blank id (overrides the file's)")
     pl.add_argument("--log-probs", action="store_true",
                     help="logits are already log-probabilities (fused_log_softmax=False)")
+    from .topology import RNNT_TYPES
+    pl.add_argument("--rnnt-type", choices=RNNT_TYPES, default="regular",
+                    help="the lattice, as rnnt_loss's rnnt_type (default regular)")
 
     w = sub.add_parser("warmup", help="compile every CPU kernel once (Numba), so that the first "
                                       "training step does not wait for it",
@@ -205,8 +209,10 @@ def _cmd_plot(args) -> int:
     from .plot import plot_occupancy, save
     fused = not args.log_probs
     try:
-        occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank, fused)
-        ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, blank, fused)
+        occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank, fused,
+                                     rnnt_type=args.rnnt_type)
+        ali = rnnt_lattice.best_alignment(logits, targets, tl, ul, blank, fused,
+                                          rnnt_type=args.rnnt_type)
         names = None
         if labels is not None:
             names = [str(labels[int(k)]) for k in targets[args.index, : int(ul[args.index])]]
