@@ -69,6 +69,7 @@ from collections.abc import Sequence
 import torch
 
 import rnnt_lattice as _lib          # the public API only, the value-check rule and the
+from rnnt_lattice._ops import reduce_costs          # the losses' reduction
 from rnnt_lattice._rules import device_assert, nan_rows_of   # the device check's assert, NaN
 from rnnt_lattice._validate import check_int, may_read_values   # ints' rule (blank's)
 from rnnt_lattice.topology import K2_TYPES, by_name
@@ -222,11 +223,7 @@ def _read_symbols(boundary, B: int, S: int, device) -> torch.Tensor:
 def _reduce(costs: torch.Tensor, reduction) -> torch.Tensor:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if reduction == "none":
-        return costs
-    if reduction == "sum" or costs.shape[0] == 0:   # an empty batch's mean: 0, as the losses'
-        return costs.sum()
-    return costs.mean()
+    return reduce_costs(costs, reduction, False)      # the losses' rule (empty mean: 0)
 
 
 def _number(name: str, x) -> float:
