@@ -402,6 +402,27 @@ def test_every_entry_point_asserts_on_the_device(device_checks, what):
     assert checked >= 12
 
 
+@NO_TRITON
+def test_host_rules_raise_before_the_device_check(device_checks, monkeypatch):
+    """A call that a host rule refuses queues no device check: the device's value rules
+    come last in ``check_call``, so a bad label beside a refused ``inplace_grad`` (logits
+    that would be copied) gives the ValueError alone. Queued first, the label's assert
+    would fire all the same, on CUDA at the next synchronisation, for good."""
+    x, y, tl, ul, _ = _bad("label >= V")
+    launched = []
+    check = _validate._input_check()
+    monkeypatch.setattr(_validate, "_input_check",
+                        lambda: lambda *a, **k: launched.append(1) or check(*a, **k))
+    asserts = _Asserts(monkeypatch)
+    strided = x.transpose(1, 2).contiguous().transpose(1, 2)        # (B, T, U+1, V), strided
+    with pytest.raises(ValueError, match="inplace_grad=True needs contiguous logits"):
+        rnnt_lattice.rnnt_loss(strided.requires_grad_(), y, tl, ul, blank=0, inplace_grad=True)
+    assert launched == [] and asserts.failed == []
+    # The same call without the host's refusal: the check runs, its rule fails (recorded).
+    rnnt_lattice.rnnt_loss(x.clone().requires_grad_(), y, tl, ul, blank=0, inplace_grad=True)
+    assert launched == [1] and asserts.failed == [_rules.device_message("targets")]
+
+
 @pytest.mark.parametrize("what", list(BAD))
 def test_host_checks_name_the_argument(what):
     """The host path (the CPU default, and ``set_input_checks("host")`` on CUDA) raises a

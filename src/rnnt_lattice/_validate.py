@@ -419,9 +419,9 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     devices (TDT: a token before the durations) and, where :func:`check_site` says
     ``"host"``, the values of :func:`check_lattice_args`; the ``topology`` against V and
     the blank (``topology.check_topology``, entered once); the targets
-    against its fixed classes; k2's ``boundary``; where the site is ``"device"``, the same
-    value rules on the device (:func:`device_value_check`, no host synchronisation); last
-    ``inplace_grad``'s rule, on the logits as given. The logits come back contiguous,
+    against its fixed classes; k2's ``boundary``; ``inplace_grad``'s rule, on the logits as
+    given; last, where the site is ``"device"``, the same value rules on the device
+    (:func:`device_value_check`, no host synchronisation), once no host rule can raise. The logits come back contiguous,
     float16/bfloat16 promoted to float32 unless ``native_low_precision`` (the backend reads
     them; autograd casts the gradient back); ``int64_ids=False`` keeps int32 ids. A
     :class:`LogitsSpec` stands for logits known by shape only (the fused losses), and
@@ -461,17 +461,19 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     blank = _check_topology(topology, V, blank)
     check_class_targets(targets, target_lengths, topology, site, name=names.targets)
     boundary = check_boundary(boundary, B, x.device, logit_lengths, target_lengths, names)
+    if inplace_grad:
+        # On what the user passed: any copy (dtype, layout) would defeat it.
+        check_inplace(logits, native_low_precision, names.logits)
     if B and site == "device":
-        # The host checks above were skipped (no values read): the same rules on the device.
+        # The host checks above were skipped (no values read): the same rules on the device,
+        # last, once no rule of the host can raise (an assert queued for a call that then
+        # raises on the host would still fire, on a CUDA device for good).
         bad = device_value_check(
             targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
             V=V if n_tokens is None else n_tokens,
             blank=None if allow_blank_targets else blank, classes=_fixed_classes(topology),
             boundary=boundary, names=names)
         nan_rows = bad if nan_rows is None else nan_rows + bad      # NaN where either is
-    if inplace_grad:
-        # On what the user passed: any copy (dtype, layout) would defeat it.
-        check_inplace(logits, native_low_precision, names.logits)
     return Checked(x, targets, logit_lengths, target_lengths, blank, boundary,
                    nan_rows, grid if packed else None, traced)
 
