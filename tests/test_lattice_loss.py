@@ -114,3 +114,36 @@ def test_cost_overflowing_float32_has_zero_gradient():
     assert loss[0] == float("inf") and torch.isfinite(loss[1])
     assert torch.equal(b.grad[0], torch.zeros_like(b.grad[0])) and b.grad[1].abs().sum() > 0
     assert torch.isfinite(rnnt_lattice.lattice_loss(w_b.double(), w_e.double(), tl, ul)).all()
+
+
+@pytest.mark.parametrize("which", ["lattice_loss", "rnnt_loss_simple", "rnnt_loss_smoothed",
+                                   "compat.k2"])
+def test_double_backward_is_refused(which):
+    """The occupations behind the gradient are saved without a graph: ``create_graph=True``
+    (a gradient penalty, a Hessian-vector product) is a RuntimeError, as for ``rnnt_loss``,
+    where it gave a constant gradient, so a zero second derivative, silently. A plain
+    ``autograd.grad`` still works. (For every entry point on this recursion: k2's
+    ``mutual_information_recursion`` too.)"""
+    import rnnt_lattice.compat.k2 as k2
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 2, 4, 2, 5
+    tl, ul = torch.tensor([4, 3]), torch.tensor([2, 1])
+    w_b, w_e = (torch.randn(B, T, U + 1, generator=g, dtype=torch.float64).requires_grad_()
+                for _ in range(2))
+    lm = torch.randn(B, U + 1, V, generator=g, dtype=torch.float64, requires_grad=True)
+    am = torch.randn(B, T, V, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([[1, 2], [3, 0]])
+    calls = {
+        "lattice_loss": (lambda: rnnt_lattice.lattice_loss(w_b, w_e, tl, ul).sum(), (w_b, w_e)),
+        "rnnt_loss_simple": (lambda: rnnt_lattice.rnnt_loss_simple(lm, am, targets, tl, ul,
+                                                                   blank=0).sum(), (lm, am)),
+        "rnnt_loss_smoothed": (lambda: rnnt_lattice.rnnt_loss_smoothed(
+            lm, am, targets, tl, ul, blank=0, lm_only_scale=0.25).sum(), (lm, am)),
+        "compat.k2": (lambda: -k2.mutual_information_recursion(
+            w_e.transpose(1, 2)[:, :U], w_b.transpose(1, 2)).sum(), (w_b, w_e)),
+    }
+    loss, inputs = calls[which]
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(loss(), inputs, create_graph=True)
+    grads = torch.autograd.grad(loss(), inputs)
+    assert all(gr.grad_fn is None and torch.isfinite(gr).all() for gr in grads)

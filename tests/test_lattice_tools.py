@@ -264,6 +264,23 @@ def test_prune_coverage_monotone_reaches_one_and_matches_enumeration(backend):
     assert cov.rows()[0][0] == 1 and len(cov.rows()) == R_max
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prune_coverage_of_a_nan_sequence_is_nan(backend):
+    """NaN logits inside one sequence's lattice make its occupations NaN: its share and the
+    batch's are NaN (as ``PruneRanges.covered``), never a full coverage; the other
+    sequences' shares are as without it."""
+    logits, targets, tl, ul, blank = _case("ragged_batch", seed=5)
+    clean = rnnt_lattice.prune_coverage(
+        rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank, backend=backend), 3)
+    poisoned = logits.clone()
+    poisoned[1, 0, 0, blank] = float("nan")
+    cov = rnnt_lattice.prune_coverage(
+        rnnt_lattice.occupancy(poisoned, targets, tl, ul, blank=blank, backend=backend), 3)
+    assert torch.isnan(cov.per_sequence[1]).all() and torch.isnan(cov.total).all()
+    keep = [0, 2]
+    assert torch.equal(cov.per_sequence[keep], clean.per_sequence[keep])
+
+
 @pytest.mark.parametrize("bad, words", [
     (0, "max_window must be an int >= 1, got 0"), (-1, "got -1"), (2.5, "must be an int, got 2.5"),
     (True, "must be an int, got True"),

@@ -46,8 +46,9 @@ class Alignment:
             ids emitted at frame ``t`` in order (empty list: only the blank). Empty lists
             for a sequence with no path. Python lists, built on first access (for CUDA
             tensors that access copies to the host; the tensor fields never do).
-        logit_lengths, target_lengths: ``(B,)`` int64.
-        targets: ``(B, U)`` int64, the label ids the lattice was built with.
+        logit_lengths, target_lengths: ``(B,)`` (int64, or int32 as given).
+        targets: ``(B, U)``, the label ids the lattice was built with (int64, or int32 as
+            given).
         arc_frames, arc_positions: ``(B, L)`` int64 with ``L = T + U``: the source node
             ``(t, u)`` of each arc of the path, in path order (from the start node to the
             arc that lands on the end node); ``-1`` past ``n_arcs``.

@@ -26,11 +26,13 @@ class PruneCoverage:
     Attributes:
         window: ``(R_max,)`` int64, the window sizes ``1..max_window``.
         per_sequence: ``(B, R_max)`` share of sequence ``b``'s node-occupancy mass inside
-            its best windows of size R (1 for a sequence without mass).
+            its best windows of size R (1 for a sequence without mass; NaN for a sequence
+            whose occupations are NaN, e.g. NaN logits inside its lattice).
         total: ``(R_max,)`` the same share over the whole batch (mass-weighted:
             covered mass of all sequences / their total mass; 1 when no sequence has mass,
             e.g. none has a path: nothing is left uncovered, which says nothing of a
-            window's quality, so check ``occ.log_likelihood`` first).
+            window's quality, so check ``occ.log_likelihood`` first; NaN when a sequence's
+            share is NaN).
         s_begin: ``(B, T)`` int64, the optimal window starts for ``R = max_window``.
     """
 
@@ -54,7 +56,10 @@ def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
     window inside the lattice (``0 <= s(t) <= max(0, U_b + 1 - R)``). This is an exact
     dynamic program over frames (not a per-frame argmax made monotone afterwards), so the
     share is non-decreasing in R and equals 1 once ``R >= U_b + 1``. Frames past ``T_b``
-    carry no mass and do not constrain the windows.
+    carry no mass and do not constrain the windows. The windows of
+    :func:`rnnt_lattice.prune_ranges` obey more (k2's pinned first and last windows, steps
+    of one label for ``modified``/``constrained``): these shares are an upper bound of their
+    ``covered``, equal to it where those rules cost no mass.
 
     Example::
 
@@ -111,5 +116,11 @@ def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
     per_seq = torch.where(whole, 1.0, per_seq)
     if B > 0:
         total = torch.where(whole.all(0), 1.0, total)
+    # NaN occupations (NaN logits in a lattice) fail both `> 0` tests above, which would read
+    # them as "no mass": a NaN share instead, for the sequence and the batch, as
+    # PruneRanges.covered gives them.
+    nan_b = torch.isnan(mass_b)                                               # (B,)
+    per_seq = per_seq.masked_fill(nan_b[:, None], float("nan"))
+    total = torch.where(nan_b.any(), float("nan"), total)
     window = torch.arange(1, max_window + 1, dtype=torch.int64)
     return PruneCoverage(window, per_seq, total, s_begin)

@@ -32,7 +32,8 @@ class Occupancy:
             once); 0 in the last column.
         log_likelihood: ``(B,)`` ``log P(y|x)`` of the (weighted: ``sigma``,
             ``delay_penalty``) lattice, as the loss reports it; ``-inf`` when no path exists.
-        logit_lengths, target_lengths: ``(B,)`` int64, the lengths the lattice was built with.
+        logit_lengths, target_lengths: ``(B,)``, the lengths the lattice was built with (int64,
+            or int32 as given).
         gamma: ``(B, K, T, U+1)`` occupation of kind k's arc leaving ``(t, u)``, kinds in
             the order of ``topology.kinds``.
         topology: the :class:`rnnt_lattice.topology.Topology` of the lattice.

@@ -29,7 +29,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _backends
-from .._ops import eager_under_compile, output_costs, reduce_costs
+from .._ops import eager_under_compile, output_costs, reduce_costs, refuse_double_backward
 from .._rules import with_bad_rows
 from .._types import ArcParts, Ends, Smoothing
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
@@ -377,6 +377,10 @@ class _LatticeNLL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_costs, _grad_gamma):
+        # gamma was saved without a graph: a gradient asked with create_graph=True would
+        # come back constant, and a gradient penalty would be silently 0.
+        refuse_double_backward("the lattice losses (lattice_loss, rnnt_loss_simple, "
+                               "rnnt_loss_smoothed)")
         if grad_costs is None:
             return None, None, None, None, None, None
         (gamma,) = ctx.saved_tensors

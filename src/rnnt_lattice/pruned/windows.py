@@ -33,9 +33,10 @@ class PruneRanges:
     Attributes:
         ranges: ``(B, T, R)`` int64, ``ranges[b, t, k] = s_begin(t) + k``: the label positions
             the full joiner evaluates at frame t (k2's ``ranges``; every entry ``<= U``).
-        covered: ``(B,)`` float64, share of each sequence's occupancy mass (occ(t,u), the
-            total occupation leaving a node) inside its windows; 1 for a sequence without
-            mass. Computed on first use (a training step that only reads ``ranges``, as
+        covered: ``(B,)`` share of each sequence's occupancy mass (occ(t,u), the
+            total occupation leaving a node) inside its windows, in the occupations' dtype
+            (float64 from the library's); 1 for a sequence without mass, NaN for NaN
+            occupations. Computed on first use (a training step that only reads ``ranges``, as
             k2's recipes do, does not pay its dozen operations).
     """
 
