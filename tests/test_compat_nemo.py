@@ -417,6 +417,24 @@ def test_install_routes_nemo_losses_to_ours_and_uninstall_restores(fake_nemo):
     assert fake_nemo.TDTLossNumba is originals[1]
 
 
+def test_install_again_after_nemo_reloads_its_module(fake_nemo):
+    """``importlib.reload`` of NeMo's module writes NeMo's classes and resolver back into
+    the same module object: a second ``install()`` installs again (it returned early, and
+    NeMo's numba losses were built), and ``uninstall()`` restores what the reload wrote."""
+    original_tdt, original_tdt_config = fake_nemo.TDTLossNumba, fake_nemo.RNNT_LOSS_RESOLVER["tdt"]
+    nemo.install()
+    reloaded_tdt = type("TDTLossNumba", (original_tdt,), {})                   # the reload's
+    fake_nemo.TDTLossNumba = reloaded_tdt
+    fake_nemo.RNNT_LOSS_RESOLVER["tdt"] = original_tdt_config
+    nemo.install()
+    assert fake_nemo.TDTLossNumba is nemo.TDTLossNumba
+    loss = fake_nemo.RNNTLoss(3, loss_name="tdt", loss_kwargs={"durations": [0, 1, 2]})
+    assert type(loss._loss) is nemo.TDTLossNumba
+    nemo.uninstall()
+    assert fake_nemo.TDTLossNumba is reloaded_tdt
+    assert fake_nemo.RNNT_LOSS_RESOLVER["tdt"] is original_tdt_config
+
+
 class _NemoFailingWith(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """A stand-in NeMo whose import raises ``error`` (a version mismatch typically raises
     AttributeError from inside NeMo's own imports)."""

@@ -347,14 +347,15 @@ def test_docstring_examples():
 
 @dataclasses.dataclass
 class ParakeetRNNTOutput:
-    """Stand-in for transformers' output class (fuse() takes it from the model's module)."""
+    """Stand-in for transformers' output class (fuse() takes it from the model's module),
+    its fields in transformers 5.24's order."""
 
-    loss: object = None
-    logits: object = None
     last_hidden_state: object = None
     pooler_output: object = None
     hidden_states: object = None
     attentions: object = None
+    loss: object = None
+    logits: object = None
     decoder_cache: object = None
 
     def to_tuple(self):
@@ -452,10 +453,12 @@ def test_fuse_gives_the_materialised_loss_and_gradients_without_logits(tdt, kwar
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.pooler_output, want.pooler_output)
     as_tuple = model(**batch, **kwargs, return_dict=False)
-    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], got.loss)
-    # the positions of the model's own tuple (loss, logits, last_hidden_state, ...), logits None
-    assert as_tuple[1] is None and len(as_tuple) == len(want.to_tuple())
-    assert torch.equal(as_tuple[2], want.last_hidden_state)
+    # the positions of the model's own tuple, (last_hidden_state, pooler_output, loss,
+    # logits) here (None fields dropped), the logits None
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(want.to_tuple()) == 4
+    assert torch.equal(as_tuple[0], want.last_hidden_state)
+    assert torch.equal(as_tuple[1], want.pooler_output)
+    assert torch.equal(as_tuple[2], got.loss) and as_tuple[3] is None
     # without labels (inference, generate): the model's own forward, logits included
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
     assert model(**no_labels).logits.shape[:3] == (3, 9, 5)

@@ -362,14 +362,18 @@ def test_the_kernel_path_builds_no_logits(monkeypatch, small_blocks):
     want = rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
                                   blank=blank, backend="torch")
 
-    def refuse(*_):
-        raise AssertionError("the kernel path called the joiner's output layer")
+    linear = torch.nn.functional.linear
+    V = joiner.out.out_features
 
-    hook = joiner.out.register_forward_pre_hook(refuse)
+    def refuse(x, w, b=None):             # (a hook on the output layer takes the tile path)
+        assert w.shape[0] != V, "the kernel path called the joiner's output layer"
+        return linear(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", refuse)
     loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
                                         tile=13, backend="triton")
     loss.backward()
-    hook.remove()
+    monkeypatch.undo()
     B, T, U1 = enc.shape[0], enc.shape[1], pred.shape[1]
     assert launches.calls == T and launches.rows <= 2 * B * T * U1
     torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-10)
@@ -392,6 +396,92 @@ def test_other_joiners_and_backends_take_the_tile_path(monkeypatch, small_blocks
         rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=13,
                                      backend="triton")
         assert launches.calls > 0
+
+
+class _HalfLogits(rnnt_lattice.Joiner):
+    """A subclass with its own forward (a temperature on the logits)."""
+
+    def forward(self, enc, pred, **kw):
+        return super().forward(enc, pred, **kw) / 2
+
+
+class _Sigmoid(rnnt_lattice.Joiner):
+    """A subclass with its own activation."""
+
+    def act(self, a):
+        return torch.sigmoid(a)
+
+
+class _Adapted(torch.nn.Linear):
+    """An adapter around the output layer, as LoRA's: its forward adds a low-rank term that
+    ``weight`` and ``bias`` do not hold."""
+
+    def forward(self, x):
+        return super().forward(x) + 0.5 * x[..., :1]
+
+
+def _variant(joiner, how):
+    """``joiner`` changed as users change modules; each computes other logits than the
+    plain Joiner, which only its own call gives."""
+    if how == "forward_hook":
+        joiner.register_forward_hook(lambda m, i, o: o / 2)
+    elif how == "hook_on_out":
+        joiner.out.register_forward_hook(lambda m, i, o: o * 1.5)
+    elif how in ("subclass_forward", "subclass_act"):
+        joiner.__class__ = _HalfLogits if how == "subclass_forward" else _Sigmoid
+    elif how == "adapter_on_out":
+        adapted = _Adapted(joiner.out.in_features, joiner.out.out_features, dtype=torch.float64)
+        adapted.load_state_dict(joiner.out.state_dict())
+        joiner.out = adapted
+    elif how == "instance_forward":
+        plain = joiner.out.forward
+        joiner.out.forward = lambda x: plain(x) - x[..., :1]
+    elif how == "dropout_replaced":
+        joiner.dropout = torch.nn.Softsign()
+    elif how == "projection_module":                 # a projection of another kind: kernels
+        joiner.enc_proj = torch.nn.Sequential(joiner.enc_proj, torch.nn.LayerNorm(H, dtype=torch.float64))
+    return joiner
+
+
+@pytest.mark.parametrize("how", ["forward_hook", "hook_on_out", "subclass_forward",
+                                 "subclass_act", "adapter_on_out", "instance_forward",
+                                 "dropout_replaced", "projection_module"])
+def test_a_joiner_changed_by_its_user_gives_its_own_loss(monkeypatch, small_blocks, how):
+    """The kernel path reads ``out``'s weights in place of calling the joiner: a joiner
+    whose call computes something else (a hook on its output or on ``out``, a subclass's
+    forward or activation, an adapter such as LoRA's around ``out``, another dropout
+    module) takes the tile path and gives its own logits' loss; so the CPU and CUDA
+    defaults agree. A projection of another kind is called on both paths: the kernels."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    joiner = _variant(joiner, how)
+    launches = Launches(monkeypatch, small_blocks)
+    logits = joiner(enc[:, :, None], pred[:, None])
+    want = rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank=blank, reduction="none",
+                                  backend="torch")
+    got = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                       tile=13, backend="triton", reduction="none")
+    assert (launches.calls > 0) == (how == "projection_module")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    w = upstream_weights(got.shape[0])
+    g_want = torch.autograd.grad((want * w).sum(), [enc, *joiner.parameters()])
+    g_got = torch.autograd.grad((got * w).sum(), [enc, *joiner.parameters()])
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_fsdp_hooks_keep_the_kernel_path():
+    """The joiner's own forward hooks send it to the tile path, except torch.distributed's
+    (FSDP2's after its forward, which reshards and sees the costs as any output)."""
+    from rnnt_lattice import fused
+    joiner = make(CASE)[0]
+    assert fused._as_written(joiner)
+    post = lambda m, i, o: o                                # noqa: E731
+    post.__module__ = "torch.distributed.fsdp._fully_shard._fsdp_state"
+    handle = joiner.register_forward_hook(post)
+    assert fused._as_written(joiner)
+    handle.remove()
+    joiner.register_forward_hook(lambda m, i, o: o)
+    assert not fused._as_written(joiner)
 
 
 # (operands, TF32 allowed, joint.IEEE_FLOAT32) -> the kernel path?

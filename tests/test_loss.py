@@ -347,3 +347,59 @@ def test_allow_blank_targets_simple_and_pruned():
     pruned.sum().backward()
     assert rel_err(pruned, full) <= TOL[torch.float64]
     assert rel_err(x.grad, want_logits) <= TOL[torch.float64]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inplace_grad_without_a_graph_leaves_the_logits(mode, backend):
+    """``inplace_grad=True`` under ``no_grad`` / ``inference_mode`` (a validation step with
+    the training module) on logits that require grad: no gradient is needed, the logits
+    stay as they are (Numba stored its exps over them: the Function's
+    ``needs_input_grad`` does not see the grad mode), the losses are the same."""
+    logits, targets, tl, ul, blank = make_inputs(TINY[1], torch.float32)
+    want = rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank, reduction="none",
+                                  backend=backend)
+    x = logits.clone().requires_grad_()
+    with getattr(torch, mode)():
+        for loss in (lambda: rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none",
+                                                    backend=backend, inplace_grad=True),
+                     lambda: rnnt_lattice.RNNTLoss(blank, reduction="none", backend=backend,
+                                                   inplace_grad=True)(x, targets, tl, ul)):
+            assert torch.equal(loss(), want)
+    torch.testing.assert_close(x.detach(), logits, rtol=0, atol=0, equal_nan=True)  # (NaN padding)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inplace_grad_refuses_a_node_that_saved_the_logits_after_the_forward(backend):
+    """The backward's write bumps the logits' version too (Numba stored its exps there in
+    the forward, a first bump): a node that saved them after the forward and runs its
+    backward after the loss's is refused, not handed the gradient's values."""
+    logits, targets, tl, ul, blank = make_inputs(TINY[1], torch.float32)
+    x = logits.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none",
+                                   backend=backend, inplace_grad=True)
+    square = x * x                                         # saves x, as it is now
+    costs.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        square.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batched_backward(backend):
+    """``autograd.grad(..., is_grads_batched=True)`` runs the backward under vmap: the
+    kernels' backends refuse it with a NotImplementedError that says so (it was
+    "Batching rule not implemented for aten::detach"); the torch
+    backend's operations batch, and give each vector's gradient."""
+    logits, targets, tl, ul, blank = make_inputs(TINY[1], torch.float64)
+    x = logits.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none", backend=backend)
+    vectors = torch.eye(costs.shape[0], dtype=costs.dtype)
+    if backend == "torch":
+        (batched,) = torch.autograd.grad(costs, x, vectors, is_grads_batched=True,
+                                         retain_graph=True)
+        for b, v in enumerate(vectors):
+            (one,) = torch.autograd.grad(costs, x, v, retain_graph=True)
+            torch.testing.assert_close(batched[b], one, equal_nan=True)
+    else:
+        with pytest.raises(NotImplementedError, match="is_grads_batched"):
+            torch.autograd.grad(costs, x, vectors, is_grads_batched=True)

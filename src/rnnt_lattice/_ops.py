@@ -76,9 +76,14 @@ class _RNNTLoss(torch.autograd.Function):
         # Grad mode is off past this line (a backward that would build a graph raises): no
         # once_differentiable wrapper is needed to keep the kernels' gradient out of one.
         refuse_double_backward("rnnt_loss")
+        if ctx.impl.NAME != "torch":              # (the torch backend's operations batch)
+            _validate.check_unbatched_upstream(grad_costs)
         saved = ctx.saved_tensors                 # version checks happen here
         opts: LossOptions = ctx.opts
-        if opts.inplace_grad and ctx.impl.INPLACE_WRITES_IN == "backward":
+        if opts.inplace_grad:
+            # The gradient is written over the logits now (a backend that stored its exps
+            # there in the forward scales them now): bumped again, so that a node that
+            # saved the logits after the forward is refused too, not given the gradient.
             torch.autograd.graph.increment_version(ctx.logits)
         grad = ctx.impl.loss_backward(saved, ctx.state, without_infinite(grad_costs, ctx.infinite),
                                       opts)
@@ -110,7 +115,18 @@ def without_infinite(upstream: torch.Tensor, infinite) -> torch.Tensor:
 def rnnt_costs(impl, logits, targets, logit_lengths, target_lengths, opts: LossOptions,
                boundary=None, node_rows=None, nan_rows=None) -> torch.Tensor:
     """(B,) per-sequence costs through ``impl`` with the gradient attached (eager), NaN
-    where ``nan_rows`` (the device check's, ``_rules.with_bad_rows``) says so."""
+    where ``nan_rows`` (the device check's, ``_rules.with_bad_rows``) says so. Where no
+    graph is built (``torch.no_grad``, ``torch.inference_mode``, logits without grad), the
+    backend's forward alone, with no gradient work: inside the Function
+    ``ctx.needs_input_grad`` does not see the grad mode (it is True under ``no_grad`` for
+    logits that require grad), and ``inplace_grad`` would overwrite the logits of a
+    validation step with nothing to gain."""
+    if not (logits.requires_grad and torch.is_grad_enabled()):
+        with torch.no_grad():
+            costs, _, _ = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
+                                            opts.without_inplace(), False, boundary, node_rows,
+                                            nan_rows)
+        return costs
     return _RNNTLoss.apply(logits, targets, logit_lengths, target_lengths, boundary, node_rows,
                            impl, opts, nan_rows)
 

@@ -135,6 +135,21 @@ def check_untransformed(*named) -> None:
         "gradients with loss.backward() or torch.autograd.grad")
 
 
+def check_unbatched_upstream(grad: torch.Tensor) -> None:
+    """``NotImplementedError`` for a batched upstream gradient in a kernel's backward:
+    ``autograd.grad(..., is_grads_batched=True)`` and ``jacobian(..., vectorize=True)`` run
+    the backward on a batched tensor (vmap's older form, which no transform flag shows),
+    whose memory the kernels cannot read (it failed with "Batching rule not implemented
+    for aten::detach")."""
+    batched = getattr(_functorch, "is_legacy_batchedtensor", None)
+    if batched is not None and batched(grad):
+        raise NotImplementedError(
+            "rnnt_lattice's kernels cannot run a batched backward (autograd.grad's "
+            "is_grads_batched=True, jacobian's vectorize=True): the upstream gradient is a "
+            "batched tensor, whose memory they cannot read. Take one gradient per vector "
+            "(a loop), or backend='torch', whose operations batch")
+
+
 def check_site(x: torch.Tensor) -> str | None:
     """Where the value checks of a call on ``x``'s device run: ``"host"``, ``"device"``, or
     None (not at all: while ``torch.compile`` traces, where there are no values, or on the

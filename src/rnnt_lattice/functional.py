@@ -97,10 +97,13 @@ def rnnt_loss(
             backward pass otherwise), and ``logits.grad`` (or the gradient flowing into the
             joiner) shares their memory. ``logits`` must be contiguous and float32 or float64
             (also float16/bfloat16 with the Triton backend, which computes them natively),
-            else ``ValueError``: any copy would defeat the purpose. Autograd refuses, rather
-            than silently misusing, any other use of the overwritten logits (their version
-            counter is bumped), including a second backward. No effect when no gradient is
-            needed, nor under ``torch.compile`` (the compiled graph owns its buffers).
+            else ``ValueError``: any copy would defeat the purpose. Their version counter is
+            bumped at each write (the forward's with Numba, and the backward's), so autograd
+            refuses a graph node that saved them before a write and a second backward; it
+            cannot see a read: nothing may read the logits after the call (with Numba they
+            hold other values from the forward on). No effect when no gradient is needed
+            (``torch.no_grad``, ``torch.inference_mode``: the logits are left as they are),
+            nor under ``torch.compile`` (the compiled graph owns its buffers).
         rnnt_type: the lattice (docs/math.md section 9; the peers' exact semantics in
             docs/variants.md A.2 and C.2): ``"regular"`` (above); k2's ``"modified"``
             (exactly one symbol per frame, a label arc ``(t,u) -> (t+1,u+1)``, no final

@@ -89,6 +89,9 @@ class _Call:
     V: int
     dtype: torch.dtype                  # of the rows the backend reads
     inputs: frozenset                   # storages of enc, pred and the parameters
+    grad_mode: bool = True              # torch.is_grad_enabled() at the call: the Function's
+                                        # ctx.needs_input_grad does not see it (True under
+                                        # no_grad for inputs that require grad)
 
 
 class _Rng:
@@ -266,7 +269,7 @@ class _FusedLoss(torch.autograd.Function):
         dev = enc.device
         prep = call.prep
         chk, opts = prep.chk, prep.opts
-        need_grad = any(ctx.needs_input_grad[1:])
+        need_grad = call.grad_mode and any(ctx.needs_input_grad[1:])
         sums = need_grad and not _backend_checks(prep)   # the check's row sums are ours
         ctx.rng = _Rng(dev)
         ctx.amp = _autocast_of(dev)
@@ -489,12 +492,13 @@ class _KernelCall:
     that hooks on it act as on any forward (FSDP2 gathers its parameters; DDP sees them
     used). A plain object: FSDP2 and DDP rebuild the dataclasses among forward arguments."""
 
-    __slots__ = ("prep", "rows", "drop")
+    __slots__ = ("prep", "rows", "drop", "grad_mode")
 
     def __init__(self, prep: _backends.Prepared, rows: int, drop: int):
         self.prep = prep              # the checked call
         self.rows = rows              # nodes per chunk
         self.drop = drop              # trailing classes of the joiner not in the loss (TDT's omega)
+        self.grad_mode = torch.is_grad_enabled()   # (as _Call's)
 
     def __call__(self, joiner: Joiner, enc, pred):
         e, p = joiner.enc_proj(enc), joiner.pred_proj(pred)        # (B, T, H), (B, U+1, H)
@@ -519,7 +523,7 @@ class _JointLoss(torch.autograd.Function):
         chk = prep.chk
         dtype = _operand_dtype(e, p, w)
         ops = [None if x is None else x.detach().to(dtype).contiguous() for x in (e, p, w, b)]
-        need_grad = any(ctx.needs_input_grad[2:])
+        need_grad = call.grad_mode and any(ctx.needs_input_grad[2:])
         with torch.no_grad(), _no_autocast(e.device):
             costs, state = joint.forward(*ops, act, chk.targets, chk.logit_lengths,
                                          chk.target_lengths, prep.opts, prep.boundary,
@@ -558,12 +562,44 @@ def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
     operands the compiled kernels take on a GPU (``gpu.joint.takes``: half, and float32
     with TF32 products; float32 with IEEE products and float64 take the tile path, whose
     products are cuBLAS's); the interpreter runs every dtype, which is how the tests hold
-    the kernels to float64's precision."""
-    if not (isinstance(joiner, Joiner) and joiner.kernel_ready and prep.impl.NAME == "triton"
-            and not _sharded_apart(joiner.out)):
+    the kernels to float64's precision. And only a joiner that computes what the kernels
+    read (:func:`_as_written`): a hook on its output, a subclass's own forward, an adapter
+    around ``out`` take the tile path, which calls the joiner."""
+    if not (isinstance(joiner, Joiner) and prep.impl.NAME == "triton" and _as_written(joiner)
+            and joiner.kernel_ready and not _sharded_apart(joiner.out)):
         return False
     from .gpu import joint
     return prep.impl.INTERPRETED or joint.takes(prep.chk.logits.dtype)
+
+
+def _as_written(joiner: Joiner) -> bool:
+    """Whether calling ``joiner`` computes what the kernel path reads in its place:
+    ``Joiner``'s own ``forward`` and ``act`` (not a subclass's), ``out`` a Linear that runs
+    as one (``weight`` and ``bias`` are all the kernels read: an adapter such as LoRA's, a
+    subclass's or an instance's own ``forward`` would be skipped), ``dropout`` a Dropout,
+    and no forward hook that would see or change their outputs: none on ``out`` and
+    ``dropout``, none on the joiner but FSDP2's (the kernel path calls the joiner, whose
+    output is then the costs, not the logits), no global one. The projections are called
+    as modules on both paths: anything goes there."""
+    cls, out, drop = type(joiner), joiner.out, joiner.dropout
+    nn = torch.nn
+    if not (cls.forward is Joiner.forward and cls.act is Joiner.act
+            and isinstance(out, nn.Linear) and type(out).forward is nn.Linear.forward
+            and type(drop).forward is nn.Dropout.forward
+            and not any("forward" in vars(m) for m in (joiner, out, drop))):
+        return False
+    hooks = nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return False
+    if any(m._forward_hooks or m._forward_pre_hooks for m in (out, drop)):
+        return False
+    return all(_distributed(h) for h in joiner._forward_hooks.values())
+
+
+def _distributed(hook) -> bool:
+    """Whether a module hook is torch.distributed's own (FSDP2's after its forward)."""
+    module = getattr(getattr(hook, "func", hook), "__module__", None)   # (a partial's func)
+    return isinstance(module, str) and module.startswith("torch.distributed.")
 
 
 def _sharded_apart(module: torch.nn.Module) -> bool:
@@ -600,7 +636,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                         clamp, fastemit_lambda, sigma, delay_penalty)
     zero_infinity = check_flag("zero_infinity", zero_infinity)
     _check_per_node(joiner)
-    if isinstance(joiner, Joiner):
+    if isinstance(joiner, Joiner) and _as_written(joiner):     # V and dtype without a call
         _check_joiner_widths(joiner, enc, pred)
         V, dtype = joiner.out.out_features - drop, _logits_dtype(joiner, enc, pred)
     else:
@@ -626,7 +662,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
             joiner = _dropping(joiner, drop)
         inputs = frozenset(_storages((enc, pred, *params)))
         call = _Call(joiner, prep, tile_plan(B, T, U1, rows, frames_only), V,
-                     prep.chk.logits.dtype, inputs)
+                     prep.chk.logits.dtype, inputs, torch.is_grad_enabled())
         costs = _FusedLoss.apply(call, enc, pred, *params)
     return reduce_costs(with_bad_rows(costs, prep.nan_rows), reduction, zero_infinity)
 
@@ -644,9 +680,16 @@ def _dropping(joiner, drop: int):
 
 
 def _check_joiner_widths(joiner: Joiner, enc, pred) -> None:
-    """ValueError unless ``enc`` and ``pred`` are as wide as the :class:`Joiner` takes."""
+    """ValueError unless ``enc`` and ``pred`` are as wide as the :class:`Joiner` takes: a
+    Linear projection's ``in_features``, the hidden width without one (Identity); another
+    module in a projection's place says its own width when it runs."""
     for name, x, proj in (("enc", enc, joiner.enc_proj), ("pred", pred, joiner.pred_proj)):
-        want = proj.in_features if isinstance(proj, torch.nn.Linear) else joiner.out.in_features
+        if isinstance(proj, torch.nn.Linear):
+            want = proj.in_features
+        elif isinstance(proj, torch.nn.Identity):
+            want = joiner.out.in_features
+        else:
+            continue
         if x.shape[-1] != want:
             raise ValueError(f"{name} {tuple(x.shape)} must have {want} features, the width the "
                              f"joiner's {'projection' if want != joiner.out.in_features else 'hidden layer'} "

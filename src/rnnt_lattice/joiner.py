@@ -8,6 +8,8 @@ dropout active, on another backend, keeps the tile path (section 11).
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 __all__ = ["Joiner"]
@@ -56,8 +58,9 @@ class Joiner(torch.nn.Module):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be a positive int"
                                  f"{' or None' if name.endswith('_dim') else ''}, got {n!r}")
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)
+                or not 0.0 <= float(dropout) < 1.0):
+            raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
         kw = dict(device=device, dtype=dtype)
         self.enc_proj = (torch.nn.Identity() if enc_dim is None
                          else torch.nn.Linear(enc_dim, hidden, **kw))

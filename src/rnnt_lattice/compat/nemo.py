@@ -410,7 +410,8 @@ def install() -> None:
     ``resolve_rnnt_loss`` instantiates by :class:`RNNTLossNumba`, :class:`TDTLossNumba` and
     :class:`MultiblankRNNTLossNumba`, and marks those losses available in
     ``RNNT_LOSS_RESOLVER`` (NeMo's numba version check no longer applies; ``force_float32``
-    is NeMo's). An ``RNNTLoss`` built before the call keeps its loss. Idempotent; undone
+    is NeMo's). An ``RNNTLoss`` built before the call keeps its loss. Idempotent (after a
+    reload of NeMo's module, which puts NeMo's classes back, it installs again); undone
     by :func:`uninstall`.
 
     Raises:
@@ -427,7 +428,12 @@ def install() -> None:
                           f"({_NEMO_LOSSES}), which does not import: {type(err).__name__}: {err}. The classes of "
                           f"rnnt_lattice.compat.nemo work without NeMo.") from err
     if _saved:
-        return
+        if _saved["module"] is losses and all(getattr(losses, n, None) is c
+                                              for n, c in _OURS.items()):
+            return
+        # NeMo's module was reloaded (importlib.reload writes its own classes and resolver
+        # back) or imported anew: what it holds now is NeMo's, saved below for uninstall().
+        _saved.clear()
     resolver = getattr(losses, "RNNT_LOSS_RESOLVER", None)
     if not isinstance(resolver, dict) or any(n not in resolver for n in _ROUTES):
         raise RuntimeError(f"{_NEMO_LOSSES} has no RNNT_LOSS_RESOLVER with the losses "

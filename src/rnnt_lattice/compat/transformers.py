@@ -56,6 +56,7 @@ forward runs unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import types
@@ -489,9 +490,13 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
                      attentions=encoder_outputs.attentions, decoder_cache=None)
     if return_dict:
         return out
-    # The model's tuple is (loss, logits, ...): to_tuple() drops None, so None is put back
-    # in the logits' place, where code that unpacks by position expects it.
-    return (loss, None) + out.to_tuple()[1:]
+    # The model's own tuple is to_tuple(): the output's fields in their order, None dropped
+    # (transformers 5: last_hidden_state, pooler_output, hidden_states, attentions, loss,
+    # logits, decoder_cache). Its logits are a tensor where these are None: None stays in
+    # their place, so that code unpacking by position finds every field where the model
+    # puts it.
+    return tuple(getattr(out, f.name) for f in dataclasses.fields(out)
+                 if f.name == "logits" or getattr(out, f.name) is not None)
 
 
 def fuse(model, *, tile=None):
