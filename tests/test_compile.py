@@ -596,3 +596,40 @@ def test_eager_calls_never_import_dynamo():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+@pytest.mark.parametrize("which", ["RNNTLoss", "TDTLoss", "compat.nemo"])
+def test_jit_trace(which):
+    """``torch.jit.trace`` of a module that calls the loss: the trace records the custom op
+    (its shapes are traced tensors: the host checks compared them with NumPy's values and
+    raised a TypeError), computing the gradient whatever the grad mode (the flag is a
+    constant of the graph); the traced module gives eager's losses and gradients on other
+    values and other shapes, and survives ``jit.save`` / ``jit.load``."""
+    import io
+    import rnnt_lattice.compat.nemo as nemo
+    modules = {"RNNTLoss": lambda: rnnt_lattice.RNNTLoss(blank=0, reduction="sum"),
+               "TDTLoss": lambda: rnnt_lattice.TDTLoss(blank=4, durations=[0, 1, 2],
+                                                      reduction="sum"),
+               "compat.nemo": lambda: nemo.RNNTLossNumba(blank=0, reduction="sum")}
+    V = 8 if which == "TDTLoss" else 6
+
+    def inputs(B, T, U, seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(B, T, U + 1, V, generator=g, requires_grad=True)
+        y = torch.randint(1, 4, (B, U), generator=g)
+        return x, y, torch.full((B,), T), torch.full((B,), U)
+
+    traced = torch.jit.trace(modules[which](), inputs(2, 5, 3, 0))
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    for module in (traced, loaded):
+        for shape in ((2, 5, 3), (3, 7, 2)):
+            x, y, tl, ul = inputs(*shape, 1)
+            want = modules[which]()(x, y, tl, ul)
+            (g_want,) = torch.autograd.grad(want, x)
+            got = module(x, y, tl, ul)
+            (g_got,) = torch.autograd.grad(got, x)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(g_got, g_want)

@@ -241,7 +241,10 @@ def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: Loss
     """(B,) per-sequence costs through the custom op, differentiable w.r.t. ``logits``;
     ``allow_blank_targets`` and ``names`` as :func:`_backends.prepare_call` takes them (the
     op prepares the call again when it runs, on the values)."""
-    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    # torch.jit.trace bakes the flag into its graph as a constant: the graph computes the
+    # gradient whatever the grad mode of its later calls (and its check run, without grad,
+    # records the same graph).
+    need_grad = torch.jit.is_tracing() or (torch.is_grad_enabled() and logits.requires_grad)
     name, durations = to_spec(opts.topology)
     costs, _ = _costs_and_grad(logits, targets, logit_lengths, target_lengths, opts.blank,
                                opts.clamp, opts.log_softmax, opts.fastemit_lambda, backend, need_grad,

@@ -98,8 +98,9 @@ def tracing(x) -> bool:
     (2.9.1 too, by the README's table) TorchDynamo runs the Python kernel of a
     ``CompositeImplicitAutograd`` op (the torchaudio compat module's) on fake tensors with
     ``is_compiling()`` False: such a call has no values to read and no kernels to run (it
-    takes the custom op, as while tracing)."""
-    if torch.compiler.is_compiling():
+    takes the custom op, as while tracing). ``torch.jit.trace`` traces too: its shapes are
+    traced tensors, and the custom op is what its graph can record."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return True
     if type(x) is torch.Tensor or not isinstance(x, torch.Tensor):
         return False                                    # the eager path: one type check
