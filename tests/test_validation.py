@@ -60,6 +60,9 @@ BAD = [
     ("zero_infinity_int", {"zero_infinity": 1}, ["zero_infinity must be a bool, got 1"]),
     ("inplace_grad_str", {"inplace_grad": "yes"}, ["inplace_grad must be a bool, got 'yes'"]),
     ("clamp_str_number", {"clamp": "0.5"}, ["clamp must be a number, got '0.5'"]),
+    # (a RuntimeError from contiguous() before)
+    ("sparse_logits", lambda a: a.update(logits=a["logits"].to_sparse()),
+     ["logits must be a dense (strided) tensor, got layout torch.sparse_coo"]),
 ]
 
 
@@ -403,6 +406,18 @@ def test_integer_like_blank():
     want = rnnt_lattice.rnnt_loss(**a, blank=0)
     for blank in (np.int64(0), np.int32(0), torch.tensor(0)):
         assert torch.equal(rnnt_lattice.rnnt_loss(**a, blank=blank), want)
+
+
+def test_a_float_option_given_as_a_tensor_that_requires_grad():
+    """A 1-element tensor is a number for a float option, read without PyTorch's warning
+    of a tensor that requires grad made a scalar (an option gets no gradient)."""
+    import warnings
+    a = good()
+    want = rnnt_lattice.rnnt_loss(**a, blank=0, clamp=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = rnnt_lattice.rnnt_loss(**a, blank=0, clamp=torch.tensor(0.5, requires_grad=True))
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("fn", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss", "simple",

@@ -408,6 +408,9 @@ def check_logits_rank(logits, *, rows: bool = False, name: str = "logits") -> in
     the caller's name for it."""
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {logits.layout} "
+                         f"with shape {_shape(logits)}")
     if rows and logits.dim() != 2:
         raise ValueError(f"{name} must have 2 dims (N, V) (rows of a packed or pruned layout), "
                          f"got {logits.dim()} dims with shape {_shape(logits)}")
@@ -691,8 +694,10 @@ def _checked_float(name: str, value, minimum, finite: bool) -> float:
 
 
 def _check_float(name: str, value, minimum, finite: bool) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() != 1:
-        raise ValueError(f"{name} must be a number, got a tensor of shape {_shape(value)}")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a number, got a tensor of shape {_shape(value)}")
+        value = value.detach()           # (an option is a number: no gradient flows to it)
     if isinstance(value, (str, bytes, bool)):
         # float() would take "0.1" (a config's unparsed string) and True as numbers.
         raise ValueError(f"{name} must be a number, got {value!r}")
@@ -799,6 +804,9 @@ def check_packed_args(logits, targets, logit_lengths, target_lengths,
         raise ValueError(f"packed=True: {names.logits} must be rows (sum_b T_b (U_b+1), V), got "
                          + (f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
                             else type(logits).__name__))
+    if logits.layout != torch.strided:
+        raise ValueError(f"packed=True: {names.logits} must be a dense (strided) tensor, got "
+                         f"layout {logits.layout} with shape {_shape(logits)}")
     if (logit_lengths.dim() != 1 or target_lengths.shape != logit_lengths.shape
             or targets.dim() != 2 or targets.shape[0] != logit_lengths.shape[0]):
         raise ValueError(f"packed=True: need {T_name} (B,), {U_name} (B,) and {names.targets} "
