@@ -324,7 +324,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     except ImportError:
         pictures = False
         log("note: matplotlib is not installed, so no pictures will be drawn "
-            "(pip install rnnt-lattice[plot]); training, metrics and tables still run")
+            "(pip install matplotlib); training, metrics and tables still run")
     occ0, ali0 = _lattice_views(model, Xh[show], Th[show], Yh[show], Uh[show])
     evals = [evaluate(0)]
     log(TER_MEANING)

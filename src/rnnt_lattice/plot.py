@@ -1,6 +1,6 @@
 """Pictures of the lattice: node occupancy as a heat map with the best path drawn over it.
 
-Matplotlib is the optional extra ``plot`` (``pip install rnnt-lattice[plot]``) and is
+Matplotlib is the optional extra ``plot`` (``pip install matplotlib``) and is
 imported inside the functions. Figures are built with ``matplotlib.figure.Figure`` (no
 pyplot, no global state, no window): nothing here ever calls ``show()``; save with
 :func:`save` (or ``fig.savefig``) or display the returned figure in a notebook.
@@ -24,7 +24,8 @@ def _mpl():
         from matplotlib.figure import Figure
     except ImportError as err:   # pragma: no cover - exercised only without matplotlib
         raise ImportError(
-            "rnnt_lattice.plot needs matplotlib: pip install rnnt-lattice[plot]") from err
+            "rnnt_lattice.plot needs matplotlib (the package's extra 'plot'): "
+            "pip install matplotlib") from err
     return matplotlib, Figure
 
 

@@ -1144,7 +1144,8 @@ def environment(device: str, backend: str | None = None) -> dict:
     the one checked (default: the device's, Numba on CPU, Triton on CUDA)."""
     env = {"rnnt_lattice": rnnt_lattice.__version__, "python": platform.python_version(),
            "platform": platform.platform(), "torch": torch.__version__,
-           "numba": _version("numba"), "triton": _version("triton"),
+           "numpy": _version("numpy"), "numba": _version("numba"),
+           "triton": _version("triton"),
            "torchaudio": _version("torchaudio"),
            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "torch_cuda": torch.version.cuda, "device": device}
