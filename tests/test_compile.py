@@ -520,10 +520,15 @@ def pruned(lm, am):               # k2's recipe: the window's size is read on th
     return s + rnnt_lattice.rnnt_loss_pruned(am_p + lm_p, y, win.ranges, tl, ul, blank=0)
 
 
+def omega(xd):                    # NeMo's omega: the draw runs eagerly, a graph break
+    return rnnt_lattice.tdt_loss(xd, y, tl, ul, blank=V - 1, durations=[0, 1, 2], omega=0.5)
+
+
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     torch.compile(losses, fullgraph=True)(x, xd).backward()
     torch.compile(pruned)(lm.requires_grad_(), am.requires_grad_()).backward()
+    torch.compile(omega)(xd).backward()
 for w in caught:
     if not issubclass(w.category, DeprecationWarning):     # (torch's own imports)
         print("WARNING", w.category.__name__, w.message)
@@ -537,7 +542,8 @@ def test_compiled_steps_warn_nothing():
     prints no warning and logs no graph break: the per-call caches of the call path are
     bypassed while TorchDynamo traces (``_memo.memo``; ``functools.lru_cache`` alone drew
     six warnings, one per call site), and ``prune_ranges`` runs eagerly under compilation
-    (its host read was logged as a graph break with its trace)."""
+    (its host read was logged as a graph break with its trace), and so does TDT's draw of
+    NeMo's omega (TorchDynamo warned of a graph break at ``Tensor.item()``)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", QUIET_SCRIPT], env=env, capture_output=True,
                          text=True, timeout=600)

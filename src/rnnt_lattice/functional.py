@@ -240,6 +240,20 @@ def tdt_loss(
                           inplace_grad=inplace_grad, packed=packed)
 
 
+def _draw_eagerly(omega: float) -> bool:
+    """NeMo's omega: whether this call computes the token logits' RNN-T loss (torch's CPU
+    generator, per call)."""
+    return float(torch.rand(())) < omega
+
+
+# The draw picks the loss, per call, on the host: run eagerly inside a compiled function, a
+# graph break that says why (fullgraph=True failed on a data-dependent guard; without it
+# TorchDynamo printed its own warning of a graph break at Tensor.item()).
+_draw = _ops.eager_under_compile(
+    _draw_eagerly, "rnnt_lattice's tdt_loss with omega > 0 draws, per call, which loss to "
+    "compute (NeMo's omega): a graph break; compile without fullgraph=True, or set omega=0")
+
+
 def tdt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths, *, blank,
                    durations, sigma, omega, reduction, fastemit_lambda, clamp, zero_infinity,
                    backend, inplace_grad, packed):
@@ -248,13 +262,7 @@ def tdt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths,
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     omega = check_float("omega", omega)
     check_tdt_logits(logits, durations, names.logits)
-    if omega > 0.0 and torch.compiler.is_compiling():
-        # The draw picks the loss, per call, on the host: a graph break before it, that says
-        # why (fullgraph=True failed on a data-dependent guard).
-        _ops.graph_break("rnnt_lattice's tdt_loss with omega > 0 draws, per call, which loss "
-                         "to compute (NeMo's omega): a graph break; compile without "
-                         "fullgraph=True, or set omega=0")
-    if omega > 0.0 and float(torch.rand(())) < omega:
+    if omega > 0.0 and _draw(omega):
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         V_tok = logits.shape[-1] - len(durations)
         return logits_loss(logits[..., :V_tok], targets, logit_lengths, target_lengths, blank,
