@@ -331,7 +331,8 @@ def _cmd_warmup(args) -> int:
 def _cache_place(_config) -> str:
     """Where Numba keeps the compiled kernels: the folder its locator chose for them."""
     if not _config.CACHE:
-        return "off"
+        return ("off: nothing was kept, the next process compiles again; "
+                "RNNT_LATTICE_NUMBA_CACHE=0, or no writable folder for it")
     from .cpu import kernels
     try:                    # Numba's cache object of one kernel (not a public attribute)
         return kernels.row_pass.parallel._cache._cache_path
