@@ -604,6 +604,7 @@ def test_eager_calls_never_import_dynamo():
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")   # (the shape checks')
 @pytest.mark.parametrize("which", ["RNNTLoss", "TDTLoss", "compat.nemo"])
 def test_jit_trace(which):
     """``torch.jit.trace`` of a module that calls the loss: the trace records the custom op
