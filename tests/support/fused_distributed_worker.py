@@ -165,6 +165,10 @@ def wrap(model: Model) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
     if case.layout in ("joiner", "outside"):
         fully_shard(model.joiner)
+        if isinstance(model.joiner, rnnt_lattice.Joiner):
+            # FSDP2's own hooks on the joiner keep it on the kernel path (fused._as_written)
+            from rnnt_lattice import fused
+            assert fused._as_written(model.joiner), "FSDP2 took a Joiner off the kernel path"
     elif case.layout == "out":
         fully_shard(model.joiner.out)
     fully_shard(model)
