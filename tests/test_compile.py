@@ -640,3 +640,31 @@ def test_jit_trace(which):
             (g_got,) = torch.autograd.grad(got, x)
             torch.testing.assert_close(got, want)
             torch.testing.assert_close(g_got, g_want)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_jit_trace_keeps_what_it_cannot_follow_from_being_silent():
+    """What a trace cannot follow is not left to a silent value: a negative blank is
+    resolved against the traced V, so a later call with another V gives NaN (an assert is
+    not recorded by the tracer), where a blank >= 0 serves any V; TDT's omega draw is
+    refused (the trace would keep one draw); the calls that run eagerly under
+    torch.compile (the lattice tools) say that they cannot be traced."""
+    def inputs(V, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(2, 5, 4, V, generator=g), torch.randint(1, 4, (2, 3), generator=g),
+                torch.tensor([5, 4]), torch.tensor([3, 2]))
+
+    for blank, V_later in ((-1, 8), (0, 8)):
+        module = rnnt_lattice.RNNTLoss(blank=blank, reduction="none")
+        traced = torch.jit.trace(module, inputs(5))
+        got, want = traced(*inputs(V_later, 1)), module(*inputs(V_later, 1))
+        if blank < 0:
+            assert torch.isnan(got).all() and torch.isfinite(want).all()
+        else:
+            torch.testing.assert_close(got, want)
+        torch.testing.assert_close(traced(*inputs(5, 1)), module(*inputs(5, 1)))
+    with pytest.raises(ValueError, match="omega"):
+        torch.jit.trace(rnnt_lattice.TDTLoss(blank=3, durations=[0, 1], omega=0.5), inputs(6))
+    x, y, tl, ul = inputs(5)
+    with pytest.raises(RuntimeError, match="torch.jit.trace cannot record rnnt_lattice's occupancy"):
+        torch.jit.trace(lambda x: rnnt_lattice.occupancy(x, y, tl, ul, blank=0).log_likelihood, (x,))

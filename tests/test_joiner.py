@@ -436,6 +436,15 @@ def _variant(joiner, how):
     elif how == "instance_forward":
         plain = joiner.out.forward
         joiner.out.forward = lambda x: plain(x) - x[..., :1]
+    elif how == "instance_act":
+        joiner.act = torch.sigmoid
+    elif how == "call_on_out":
+        class Called(torch.nn.Linear):
+            def __call__(self, x):
+                return super().__call__(x) * 1.5
+        called = Called(joiner.out.in_features, joiner.out.out_features, dtype=torch.float64)
+        called.load_state_dict(joiner.out.state_dict())
+        joiner.out = called
     elif how == "dropout_replaced":
         joiner.dropout = torch.nn.Softsign()
     elif how == "projection_module":                 # a projection of another kind: kernels
@@ -445,7 +454,8 @@ def _variant(joiner, how):
 
 @pytest.mark.parametrize("how", ["forward_hook", "hook_on_out", "subclass_forward",
                                  "subclass_act", "adapter_on_out", "instance_forward",
-                                 "dropout_replaced", "projection_module"])
+                                 "instance_act", "call_on_out", "dropout_replaced",
+                                 "projection_module"])
 def test_a_joiner_changed_by_its_user_gives_its_own_loss(monkeypatch, small_blocks, how):
     """The kernel path reads ``out``'s weights in place of calling the joiner: a joiner
     whose call computes something else (a hook on its output or on ``out``, a subclass's
@@ -481,6 +491,10 @@ def test_fsdp_hooks_keep_the_kernel_path():
     assert fused._as_written(joiner)
     handle.remove()
     joiner.register_forward_hook(lambda m, i, o: o)
+    assert not fused._as_written(joiner)
+    # a backward hook on the output layer would never fire on the kernel path
+    joiner = make(CASE)[0]
+    joiner.out.register_full_backward_hook(lambda m, gi, go: None)
     assert not fused._as_written(joiner)
 
 

@@ -147,3 +147,15 @@ def test_double_backward_is_refused(which):
         torch.autograd.grad(loss(), inputs, create_graph=True)
     grads = torch.autograd.grad(loss(), inputs)
     assert all(gr.grad_fn is None and torch.isfinite(gr).all() for gr in grads)
+
+
+def test_a_batched_backward_says_so():
+    """``autograd.grad(..., is_grads_batched=True)`` runs the backward on a batched
+    upstream: a NotImplementedError that says so (it was "Batching rule not implemented
+    for aten::detach")."""
+    g = torch.Generator().manual_seed(0)
+    w_b, w_e = (torch.randn(2, 4, 3, generator=g, dtype=torch.float64).requires_grad_()
+                for _ in range(2))
+    costs = rnnt_lattice.lattice_loss(w_b, w_e, torch.tensor([4, 3]), torch.tensor([2, 1]))
+    with pytest.raises(NotImplementedError, match="is_grads_batched"):
+        torch.autograd.grad(costs, w_b, torch.eye(2, dtype=torch.float64), is_grads_batched=True)

@@ -408,6 +408,16 @@ def test_integer_like_blank():
         assert torch.equal(rnnt_lattice.rnnt_loss(**a, blank=blank), want)
 
 
+def test_sparse_window_logits():
+    """rnnt_loss_pruned's window logits are checked for their layout too (a reshape
+    error before)."""
+    x = torch.randn(2, 5, 2, 6)
+    ranges = torch.arange(2).expand(2, 5, 2).contiguous()
+    with pytest.raises(ValueError, match="logits must be a dense"):
+        rnnt_lattice.rnnt_loss_pruned(x.to_sparse(), torch.tensor([[1], [2]]), ranges,
+                                      torch.tensor([5, 4]), torch.tensor([1, 1]), blank=0)
+
+
 def test_a_float_option_given_as_a_tensor_that_requires_grad():
     """A 1-element tensor is a number for a float option, read without PyTorch's warning
     of a tensor that requires grad made a scalar (an option gets no gradient)."""

@@ -253,6 +253,15 @@ def rnnt_costs_traced(logits, targets, logit_lengths, target_lengths, opts: Loss
     return costs
 
 
+def traced_width_only(loss: torch.Tensor, logits) -> torch.Tensor:
+    """The loss of a ``torch.jit.trace`` graph traced with a negative blank, NaN when a
+    later call's logits have another V than the traced call's: the graph keeps the blank
+    resolved against the traced V, and another V would silently give another loss. (An
+    assert is not recorded by the tracer, which keeps only what the outputs depend on.)"""
+    V = logits.shape[-1]                       # a traced size: the graph reads each call's
+    return torch.where(V == int(V), loss, float("nan"))
+
+
 # --------------------------------------------------------------------------- costs out
 def output_costs(costs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Float64 costs in the output ``dtype``, where a cost that overflows there (finite in
@@ -290,6 +299,10 @@ def eager_under_compile(fn, reason: str):
     def call(*args, **kwargs):
         nonlocal disabled
         if not torch.compiler.is_compiling():
+            if torch.jit.is_tracing():
+                raise RuntimeError(
+                    f"torch.jit.trace cannot record rnnt_lattice's {fn.__name__}, which runs "
+                    f"eagerly ({reason}): call it outside the traced function")
             return fn(*args, **kwargs)
         if disabled is None:
             # (No try/except here: TorchDynamo cannot break a graph inside a try block, and

@@ -148,7 +148,7 @@ def check_unbatched_upstream(grad: torch.Tensor) -> None:
             "rnnt_lattice's kernels cannot run a batched backward (autograd.grad's "
             "is_grads_batched=True, jacobian's vectorize=True): the upstream gradient is a "
             "batched tensor, whose memory they cannot read. Take one gradient per vector "
-            "(a loop), or backend='torch', whose operations batch")
+            "(a loop); the losses on logits batch it with backend='torch'")
 
 
 def check_site(x: torch.Tensor) -> str | None:
@@ -884,6 +884,9 @@ def check_window_args(logits, targets, ranges) -> tuple[torch.Tensor, torch.Tens
     node -> row map is scattered by them: nothing is written outside it), and ``(B,)``
     float32 NaN for a sequence whose windows break the rule (None: checked on the host)."""
     check_tensors(("logits", logits), ("targets", targets), ("ranges", ranges))
+    if logits.layout != torch.strided:
+        raise ValueError(f"logits must be a dense (strided) tensor, got layout {logits.layout} "
+                         f"with shape {_shape(logits)}")
     if logits.dim() != 4:
         raise ValueError(f"logits must be the window logits (B, T, R, V), got shape {tuple(logits.shape)}")
     B, T, R, V = logits.shape

@@ -262,6 +262,10 @@ def tdt_loss_named(names: Names, logits, targets, logit_lengths, target_lengths,
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     omega = check_float("omega", omega)
     check_tdt_logits(logits, durations, names.logits)
+    if omega > 0.0 and torch.jit.is_tracing():
+        raise ValueError("tdt_loss with omega > 0 draws, per call, which loss to compute "
+                         "(NeMo's omega): torch.jit.trace would keep the one draw it saw; "
+                         "trace with omega=0")
     if omega > 0.0 and _draw(omega):
         # NeMo's omega: the standard RNN-T loss of the token logits for this call.
         V_tok = logits.shape[-1] - len(durations)
@@ -410,7 +414,10 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
                                   traced=traced, allow_blank_targets=allow_blank_targets,
                                   names=names, nan_rows=nan_rows)
-    return _ops.run(prep, backend, reduction, zero_infinity)
+    loss = _ops.run(prep, backend, reduction, zero_infinity)
+    if torch.jit.is_tracing() and prep.opts.blank != blank:       # a negative blank, resolved
+        loss = _ops.traced_width_only(loss, logits)
+    return loss
 
 
 # A packed layout's row map is built from the lengths read on the host (the rows' count is

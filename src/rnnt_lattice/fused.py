@@ -52,7 +52,8 @@ from .joiner import Joiner
 from ._rules import device_assert, recompute_rtol, with_bad_rows
 from ._validate import (LogitsSpec, Names, check_durations, check_flag, check_float,
                         check_fused_args, check_int, check_joiner_output,
-                        check_multiblank_blank_id, check_reduction, check_tile, loss_options)
+                        check_multiblank_blank_id, check_reduction, check_tile,
+                        check_unbatched_upstream, loss_options)
 from .topology import Topology, by_name, multiblank, tdt
 
 __all__ = ["fused_rnnt_loss", "fused_tdt_loss", "fused_multiblank_rnnt_loss", "DEFAULT_TILE"]
@@ -306,6 +307,7 @@ class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_costs):
         refuse_double_backward("the fused loss")
+        check_unbatched_upstream(grad_costs)
         return _FusedLoss._backward(ctx, grad_costs)
 
     @staticmethod
@@ -538,6 +540,7 @@ class _JointLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_costs):
         refuse_double_backward("the fused loss")
+        check_unbatched_upstream(grad_costs)
         return _JointLoss._backward(ctx, grad_costs)
 
     @staticmethod
@@ -574,26 +577,34 @@ def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
 
 def _as_written(joiner: Joiner) -> bool:
     """Whether calling ``joiner`` computes what the kernel path reads in its place:
-    ``Joiner``'s own ``forward`` and ``act`` (not a subclass's), ``out`` a Linear that runs
-    as one (``weight`` and ``bias`` are all the kernels read: an adapter such as LoRA's, a
-    subclass's or an instance's own ``forward`` would be skipped), ``dropout`` a Dropout,
-    and no forward hook that would see or change their outputs: none on ``out`` and
-    ``dropout``, none on the joiner but FSDP2's (the kernel path calls the joiner, whose
-    output is then the costs, not the logits), no global one. The projections are called
+    ``Joiner``'s own ``forward``, ``act`` and ``__call__`` (not a subclass's nor an
+    instance's; the activation one the kernels know), ``out`` a Linear that runs as one
+    (``weight`` and ``bias`` are all the kernels read: an adapter such as LoRA's, a
+    subclass's or an instance's own ``forward`` or ``__call__`` would be skipped),
+    ``dropout`` a Dropout, and no hook that would see or change their outputs or
+    gradients: none on ``out`` and ``dropout``, no backward hook on the joiner and no
+    forward hook but FSDP2's (the kernel path calls the joiner, whose output is then the
+    costs, not the logits), no global one. The projections are called
     as modules on both paths: anything goes there."""
     cls, out, drop = type(joiner), joiner.out, joiner.dropout
     nn = torch.nn
     if not (cls.forward is Joiner.forward and cls.act is Joiner.act
+            and joiner.activation in ("tanh", "relu")
             and isinstance(out, nn.Linear) and type(out).forward is nn.Linear.forward
             and type(drop).forward is nn.Dropout.forward
-            and not any("forward" in vars(m) for m in (joiner, out, drop))):
+            and all(type(m).__call__ is nn.Module.__call__ for m in (joiner, out, drop))
+            and not any(name in vars(m) for m in (joiner, out, drop)
+                        for name in ("forward", "act", "__call__"))):
         return False
     hooks = nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+    if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+            or hooks._global_backward_hooks or hooks._global_backward_pre_hooks):
         return False
-    if any(m._forward_hooks or m._forward_pre_hooks for m in (out, drop)):
+    if any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+           or m._backward_pre_hooks for m in (out, drop)):
         return False
-    return all(_distributed(h) for h in joiner._forward_hooks.values())
+    return (not (joiner._backward_hooks or joiner._backward_pre_hooks)
+            and all(_distributed(h) for h in joiner._forward_hooks.values()))
 
 
 def _distributed(hook) -> bool:

@@ -33,7 +33,8 @@ from .._ops import eager_under_compile, output_costs, reduce_costs, refuse_doubl
 from .._rules import with_bad_rows
 from .._types import ArcParts, Ends, Smoothing
 from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
-                         check_site, check_weight_args, device_value_check)
+                         check_site, check_unbatched_upstream, check_weight_args,
+                         device_value_check)
 from ..reference import lattice_dtype
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
@@ -383,6 +384,7 @@ class _LatticeNLL(torch.autograd.Function):
                                "rnnt_loss_smoothed)")
         if grad_costs is None:
             return None, None, None, None, None, None
+        check_unbatched_upstream(grad_costs)
         (gamma,) = ctx.saved_tensors
         up = grad_costs.to(gamma.dtype)[:, None, None, None]
         g = torch.where(up == 0, 0.0, gamma * -up)                          # G_k (B, K, T, U+1)
