@@ -666,5 +666,5 @@ def test_jit_trace_keeps_what_it_cannot_follow_from_being_silent():
     with pytest.raises(ValueError, match="omega"):
         torch.jit.trace(rnnt_lattice.TDTLoss(blank=3, durations=[0, 1], omega=0.5), inputs(6))
     x, y, tl, ul = inputs(5)
-    with pytest.raises(RuntimeError, match="torch.jit.trace cannot record rnnt_lattice's occupancy"):
+    with pytest.raises(RuntimeError, match="torch.jit.trace cannot record this call.*occupancy"):
         torch.jit.trace(lambda x: rnnt_lattice.occupancy(x, y, tl, ul, blank=0).log_likelihood, (x,))

@@ -301,8 +301,8 @@ def eager_under_compile(fn, reason: str):
         if not torch.compiler.is_compiling():
             if torch.jit.is_tracing():
                 raise RuntimeError(
-                    f"torch.jit.trace cannot record rnnt_lattice's {fn.__name__}, which runs "
-                    f"eagerly ({reason}): call it outside the traced function")
+                    f"torch.jit.trace cannot record this call, which runs eagerly ({reason}): "
+                    f"call it outside the traced function")
             return fn(*args, **kwargs)
         if disabled is None:
             # (No try/except here: TorchDynamo cannot break a graph inside a try block, and
