@@ -440,7 +440,8 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     the blank (``topology.check_topology``, entered once); the targets
     against its fixed classes; k2's ``boundary``; ``inplace_grad``'s rule, on the logits as
     given; last, where the site is ``"device"``, the same value rules on the device
-    (:func:`device_value_check`, no host synchronisation), once no host rule can raise. The logits come back contiguous,
+    (:func:`device_value_check`, no host synchronisation), once no host rule can raise.
+    The logits come back contiguous,
     float16/bfloat16 promoted to float32 unless ``native_low_precision`` (the backend reads
     them; autograd casts the gradient back); ``int64_ids=False`` keeps int32 ids. A
     :class:`LogitsSpec` stands for logits known by shape only (the fused losses), and
