@@ -239,6 +239,26 @@ def check_loss(ctx, shape, dtype, rnnt_type, option):
                          ctx.backend, dtype)
 
 
+def check_without_graph(ctx, shape):
+    """A validation step with the training options: ``inplace_grad=True`` under
+    ``torch.no_grad`` and ``torch.inference_mode`` on logits that require grad computes no
+    gradient and leaves the logits as they are (the Numba backend once stored its exps over
+    them), with the losses of the step with a graph."""
+    B, T, U, V = shape
+    x, y, tl, ul, _ = inputs(B, T, U, V, torch.float32, ctx.device)
+    want = rnnt_lattice.rnnt_loss(x, y, tl, ul, blank=0, reduction="none", backend=ctx.backend)
+    for mode in (torch.no_grad, torch.inference_mode):
+        leaf = x.clone().requires_grad_()
+        with mode():
+            got = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, reduction="none",
+                                         backend=ctx.backend, inplace_grad=True)
+        if not torch.equal(leaf.detach(), x):
+            raise CheckFailed(f"{mode.__name__}: inplace_grad wrote over the logits")
+        if not torch.equal(got, want):
+            raise CheckFailed(f"{mode.__name__}: losses {got.tolist()} against {want.tolist()}")
+    return "logits untouched, the same losses, under no_grad and inference_mode"
+
+
 def _topology_fn(kind, y, tl, ul, V_all):
     opts = TOPOLOGY_LOSSES[kind]
     if kind == "tdt":
@@ -1182,6 +1202,9 @@ def _checks(ctx: Context, big: bool) -> list:
             for dtype in p.dtypes[:1]:
                 cs.append((f"rnnt_loss {rnnt_type} {_dtype_name(dtype)} {shape}",
                            _bind(check_loss, ctx, shape, dtype, rnnt_type, "plain")))
+    t = p.loss_shapes[0]
+    cs.append((f"inplace_grad without a graph (no_grad, inference_mode) {t}",
+               _bind(check_without_graph, ctx, t)))
     for shape in p.topo_shapes:
         for kind in TOPOLOGY_LOSSES:
             for dtype in low:
