@@ -45,7 +45,7 @@ from ._types import LossOptions
 from .topology import from_spec, to_spec
 
 __all__ = ["run", "rnnt_costs", "rnnt_costs_traced", "output_costs", "reduce_costs",
-           "refuse_double_backward", "eager_under_compile", "graph_break"]
+           "refuse_double_backward", "eager_under_compile", "graph_break", "traced_width_only"]
 
 
 # --------------------------------------------------------------------------- eager
@@ -55,20 +55,18 @@ class _RNNTLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, logit_lengths, target_lengths, boundary, node_rows, impl,
                 opts: LossOptions, nan_rows=None):
-        need_grad = ctx.needs_input_grad[0]
-        if not need_grad:
-            opts = opts.without_inplace()         # nothing to write: leave the logits alone
+        # rnnt_costs applies this Function only where a graph is built: the gradient is
+        # needed (without a graph it calls the backend's forward alone).
         # The device check's NaN rows join the costs in the backend (the Triton lattice pass
         # adds them as it writes the costs): no operation of their own, no autograd node.
         costs, saved, state = impl.loss_forward(logits, targets, logit_lengths, target_lengths,
-                                                opts, need_grad, boundary, node_rows, nan_rows)
+                                                opts, True, boundary, node_rows, nan_rows)
         if opts.inplace_grad and impl.INPLACE_WRITES_IN == "forward":
             torch.autograd.graph.increment_version(logits)
-        if need_grad:
-            ctx.save_for_backward(*saved)
-            ctx.impl, ctx.state, ctx.opts = impl, state, opts
-            ctx.logits = logits if opts.inplace_grad else None
-            ctx.infinite = None if impl.ZEROES_INFINITE_COSTS else torch.isinf(costs)
+        ctx.save_for_backward(*saved)
+        ctx.impl, ctx.state, ctx.opts = impl, state, opts
+        ctx.logits = logits if opts.inplace_grad else None
+        ctx.infinite = None if impl.ZEROES_INFINITE_COSTS else torch.isinf(costs)
         return costs
 
     @staticmethod

@@ -557,7 +557,7 @@ class _JointLoss(torch.autograd.Function):
             for g, want, dtype in zip(grads, ctx.needs_input_grad[2:], ctx.dtypes))
 
 
-def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
+def _kernel_path(joiner, prep: _backends.Prepared, as_written: bool) -> bool:
     """Whether the call takes the kernel path: a :class:`Joiner` without dropout at work,
     on the Triton backend, whose output layer is not sharded apart from it (the kernels
     read its weights inside the joiner's forward, where FSDP2 has gathered the joiner's
@@ -566,10 +566,11 @@ def _kernel_path(joiner, prep: _backends.Prepared) -> bool:
     with TF32 products; float32 with IEEE products and float64 take the tile path, whose
     products are cuBLAS's); the interpreter runs every dtype, which is how the tests hold
     the kernels to float64's precision. And only a joiner that computes what the kernels
-    read (:func:`_as_written`): a hook on its output, a subclass's own forward, an adapter
-    around ``out`` take the tile path, which calls the joiner."""
-    if not (isinstance(joiner, Joiner) and prep.impl.NAME == "triton" and _as_written(joiner)
-            and joiner.kernel_ready and not _sharded_apart(joiner.out)):
+    read (``as_written``: :func:`_as_written`'s answer, or False for any other joiner): a
+    hook on its output, a subclass's own forward, an adapter around ``out`` take the tile
+    path, which calls the joiner."""
+    if not (as_written and prep.impl.NAME == "triton" and joiner.kernel_ready
+            and not _sharded_apart(joiner.out)):
         return False
     from .gpu import joint
     return prep.impl.INTERPRETED or joint.takes(prep.chk.logits.dtype)
@@ -647,7 +648,8 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                         clamp, fastemit_lambda, sigma, delay_penalty)
     zero_infinity = check_flag("zero_infinity", zero_infinity)
     _check_per_node(joiner)
-    if isinstance(joiner, Joiner) and _as_written(joiner):     # V and dtype without a call
+    as_written = isinstance(joiner, Joiner) and _as_written(joiner)
+    if as_written:                                  # V and dtype without a call
         _check_joiner_widths(joiner, enc, pred)
         V, dtype = joiner.out.out_features - drop, _logits_dtype(joiner, enc, pred)
     else:
@@ -666,7 +668,7 @@ def _fused_loss_eager(joiner, enc, pred, targets, logit_lengths, target_lengths,
                                   names=names)
     if rows is None:
         rows = max(1, DEFAULT_MIN_ROWS if tile is None else 1, nbytes // (V * dtype.itemsize))
-    if _kernel_path(joiner, prep):
+    if _kernel_path(joiner, prep, as_written):
         costs = joiner(enc, pred, _loss=_KernelCall(prep, rows, drop))
     else:
         if drop:
