@@ -423,6 +423,73 @@ def test_host_rules_raise_before_the_device_check(device_checks, monkeypatch):
     assert launched == [1] and asserts.failed == [_rules.device_message("targets")]
 
 
+def _refused_calls(monkeypatch):
+    """Calls that break a rule checked on the device (a label, a length, a window, a k2
+    symbol) and a rule of the host that an entry point checks late (after its own device
+    rules were once queued): each must raise the host's ValueError alone."""
+    x, y, tl, ul, _ = _bad("logit_lengths > T")
+    _, yv, _, _, _ = _bad("label >= V")
+    ranges, xw = _windows()
+    BAD_WINDOWS["decreasing"](ranges)
+    _, yw, tlw, ulw = _batch()
+    g = torch.Generator().manual_seed(8)
+    lm, am = torch.randn(B, U + 1, V, generator=g), torch.randn(B, T, V, generator=g)
+    occ = (torch.rand(B, T, U + 1, generator=g), torch.rand(B, T, U + 1, generator=g))
+    symbols = yv.long()                                  # a symbol = C in sequence 1
+    good_windows = _windows()[0]
+    # A backend that the checks refuse only once the lengths are read (not importable).
+    load = rnnt_lattice._backends.load
+    monkeypatch.setattr(rnnt_lattice._backends, "load", lambda name: (
+        (_ for _ in ()).throw(ImportError("no triton here")) if name == "triton" else load(name)))
+    return {
+        "rnnt_loss_pruned, blank": lambda: rnnt_lattice.rnnt_loss_pruned(
+            xw, yw, ranges, tlw, ulw, blank=V),
+        "rnnt_loss_pruned, clamp": lambda: rnnt_lattice.rnnt_loss_pruned(
+            xw, yw, ranges, tlw, ulw, blank=0, clamp="x"),
+        "rnnt_loss_pruned, inplace_grad": lambda: rnnt_lattice.rnnt_loss_pruned(
+            xw.transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(), yw, ranges, tlw,
+            ulw, blank=0, inplace_grad=True),
+        "rnnt_loss_simple, backend": lambda: rnnt_lattice.rnnt_loss_simple(
+            lm, am, y, tl, ul, blank=0, backend="triton"),
+        "lattice_loss, backend": lambda: rnnt_lattice.lattice_loss(
+            occ[0], occ[1], tl, ul, backend="triton"),
+        "k2 get_rnnt_logprobs, termination_symbol": lambda: fast_rnnt.get_rnnt_logprobs(
+            lm, am, symbols, V),
+        "k2 get_rnnt_logprobs_smoothed, lm_only_scale": lambda:
+            fast_rnnt.get_rnnt_logprobs_smoothed(lm, am, symbols, 0, lm_only_scale="x"),
+        "k2 get_rnnt_logprobs_joint, termination_symbol": lambda:
+            fast_rnnt.get_rnnt_logprobs_joint(x, symbols, V),
+        "k2 rnnt_loss_pruned, use_hat_loss": lambda: fast_rnnt.rnnt_loss_pruned(
+            xw, yw.long(), ranges, 1, use_hat_loss=True),
+        "k2 rnnt_loss_pruned symbols, use_hat_loss": lambda: fast_rnnt.rnnt_loss_pruned(
+            xw, symbols, good_windows, 1, use_hat_loss=True),
+    }
+
+
+REFUSED = ("rnnt_loss_pruned, blank", "rnnt_loss_pruned, clamp",
+           "rnnt_loss_pruned, inplace_grad", "rnnt_loss_simple, backend",
+           "lattice_loss, backend", "k2 get_rnnt_logprobs, termination_symbol",
+           "k2 get_rnnt_logprobs_smoothed, lm_only_scale",
+           "k2 get_rnnt_logprobs_joint, termination_symbol",
+           "k2 rnnt_loss_pruned, use_hat_loss", "k2 rnnt_loss_pruned symbols, use_hat_loss")
+
+
+@pytest.mark.parametrize("name", REFUSED)
+@NO_TRITON
+def test_a_call_refused_on_the_host_queues_no_assert(device_checks, monkeypatch, name):
+    """Every entry point with device rules of its own (the pruned windows, k2's symbols and
+    windows) or a host rule after the device check (a backend that cannot load) queues its
+    asserts only once its last host rule has passed: the call with a bad value for the
+    device and a refused argument raises the ValueError and fails no assert. (They were
+    queued first: the ValueError, then on CUDA at the next synchronisation the assert,
+    which ends the process's CUDA context.)"""
+    call = _refused_calls(monkeypatch)[name]
+    asserts = _Asserts(monkeypatch)
+    with pytest.raises(ValueError):
+        call()
+    assert asserts.failed == [], asserts.failed
+
+
 @pytest.mark.parametrize("what", list(BAD))
 def test_host_checks_name_the_argument(what):
     """The host path (the CPU default, and ``set_input_checks("host")`` on CUDA) raises a
@@ -550,7 +617,7 @@ def test_traced_windows_keep_their_nan_rows(monkeypatch):
     good = rnnt_lattice.rnnt_loss_pruned(x, y, ranges, tl, ul, blank=0, reduction="none")
     ranges[1, 2] = torch.tensor([2, 1])
     rules = []                     # the asserts traced, none raised (as on CUDA until it surfaces)
-    monkeypatch.setattr(_validate, "device_assert", lambda ok, rule, names=(): rules.append(rule))
+    monkeypatch.setattr(_rules, "device_assert", lambda ok, rule, names=(): rules.append(rule))
     torch._dynamo.reset()
     costs = torch.compile(lambda r: rnnt_lattice.rnnt_loss_pruned(
         x, y, r, tl, ul, blank=0, reduction="none"), backend="eager", fullgraph=True)(ranges)

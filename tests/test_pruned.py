@@ -45,7 +45,7 @@ def gather_windows(x, ranges):
     return torch.gather(x, 2, ranges[..., None].expand(B, T, R, x.shape[-1]))
 
 
-def call(logits, targets, ranges, tl, ul, blank, rnnt_type, backend, **kw):
+def call(logits, targets, ranges, tl, ul, blank, rnnt_type, backend="auto", **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)      # the reference fallback notice
         return rnnt_lattice.rnnt_loss_pruned(logits, targets, ranges, tl, ul, blank=blank,
@@ -100,6 +100,31 @@ def test_full_windows_equal_the_full_loss(rnnt_type, backend):
     (got * w).sum().backward()
     assert rel_err(got, want.detach()) <= 1e-12
     torch.testing.assert_close(win.grad, full.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", [None] + BACKENDS)
+def test_inplace_grad_on_the_window_logits(backend):
+    """``inplace_grad=True``: the same losses and gradient, written over the window logits
+    themselves; strided window logits are refused, as ``rnnt_loss`` refuses them (the
+    reshape to rows copied them, and the gradient was written over the copy)."""
+    case = Case("big", (9, 6, 7), (4, 2, 5), 11, 0, T=9, U=5)
+    logits, targets, tl, ul, _, blank, _ = make_topo_inputs(case, "regular")
+    ranges = windows(3, 9, 5, 3, seed=4)
+    x = gather_windows(logits, ranges).float()
+    kw = {} if backend is None else {"backend": backend}
+    w = upstream_weights(3).float()
+    grads = []
+    for inplace in (False, True):
+        leaf = x.clone().requires_grad_()
+        costs = call(leaf, targets, ranges, tl, ul, blank, "regular", **kw, inplace_grad=inplace)
+        (costs * w).sum().backward()
+        grads.append((costs.detach(), leaf.grad, leaf))
+    assert torch.equal(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-6, atol=1e-7)
+    assert grads[1][1].data_ptr() == grads[1][2].data_ptr()
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()
+    with pytest.raises(ValueError, match="inplace_grad=True needs contiguous logits"):
+        call(strided, targets, ranges, tl, ul, blank, "regular", **kw, inplace_grad=True)
 
 
 def test_windows_without_a_path_give_inf_and_zero_gradient():

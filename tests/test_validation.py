@@ -59,6 +59,8 @@ BAD = [
     ("fused_none", {"fused_log_softmax": None}, ["fused_log_softmax must be a bool, got None"]),
     ("zero_infinity_int", {"zero_infinity": 1}, ["zero_infinity must be a bool, got 1"]),
     ("inplace_grad_str", {"inplace_grad": "yes"}, ["inplace_grad must be a bool, got 'yes'"]),
+    ("allow_blank_targets_str", {"allow_blank_targets": "no"},
+     ["allow_blank_targets must be a bool, got 'no'"]),
     ("clamp_str_number", {"clamp": "0.5"}, ["clamp must be a number, got '0.5'"]),
     # (a RuntimeError from contiguous() before)
     ("sparse_logits", lambda a: a.update(logits=a["logits"].to_sparse()),
@@ -188,6 +190,26 @@ def _entries():
                         "batch sizes differ: enc (2, 4, 5) and pred (1, 4, 5)"),
         "fused_no_positions": (lambda: R.fused_rnnt_loss(join, am, lm[:, :0], y, tl, ul, blank=0),
                                "pred (2, 0, 5) must have U+1 >= 1 label positions"),
+        # Flags that were read by truth value (the string "no" as True).
+        "pruned_allow_blank": (lambda: R.rnnt_loss_pruned(x[:, :, :2], y, rng, tl, ul, blank=0,
+                                                          allow_blank_targets="no"),
+                               "allow_blank_targets must be a bool, got 'no'"),
+        "fused_allow_blank": (lambda: R.fused_rnnt_loss(join, am, lm, y, tl, ul, blank=0,
+                                                        allow_blank_targets="no"),
+                              "allow_blank_targets must be a bool, got 'no'"),
+        "simple_allow_blank": (lambda: R.rnnt_loss_simple(lm, am, y, tl, ul, blank=0,
+                                                          allow_blank_targets="no"),
+                               "allow_blank_targets must be a bool, got 'no'"),
+        "simple_zero_infinity": (lambda: R.rnnt_loss_smoothed(lm, am, y, tl, ul, blank=0,
+                                                              zero_infinity=1),
+                                 "zero_infinity must be a bool, got 1"),
+        "simple_return_occupations": (lambda: R.rnnt_loss_simple(lm, am, y, tl, ul, blank=0,
+                                                                 return_occupations="no"),
+                                      "return_occupations must be a bool, got 'no'"),
+        "lattice_return_occupations": (lambda: R.lattice_loss(w, w, tl, ul,
+                                                              return_occupations=None),
+                                       "return_occupations must be a bool, got None"),
+        "joiner_bias": (lambda: R.Joiner(3, 3, 4, V, bias="no"), "bias must be a bool, got 'no'"),
     }
 
 

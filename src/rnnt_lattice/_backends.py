@@ -234,7 +234,7 @@ class Prepared:
 def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                  opts: LossOptions, *, boundary=None, node_rows=None, packed: bool = False,
                  traced: bool = False, allow_blank_targets: bool = False,
-                 names: Names = OURS, nan_rows=None) -> Prepared:
+                 names: Names = OURS, device_rules: tuple = ()) -> Prepared:
     """The one preparation of every entry point on logits (the losses, the fused losses, the
     pruned loss, the lattice tools): pick the backend, check the call once
     (``_validate.check_call``, which also brings the logits to what the backend's kernels
@@ -261,7 +261,7 @@ def prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                      native_low_precision=impl is not None and impl.NATIVE_LOW_PRECISION,
                      node_rows=node_rows, packed=packed, boundary=boundary,
                      allow_blank_targets=allow_blank_targets, names=names,
-                     inplace_grad=opts.inplace_grad, nan_rows=nan_rows)
+                     inplace_grad=opts.inplace_grad, device_rules=device_rules)
     if chk.traced:
         impl = None                              # fake tensors: the custom op, as while tracing
     opts = with_blank(opts, chk.blank)

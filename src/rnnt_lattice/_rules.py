@@ -2,7 +2,7 @@
 the lattice references, the checks and the losses import it; it imports nothing of the
 package but ``_memo``): the one device-side assert and its messages, the fused losses' recomputation
 tolerance, the upstream gradient's exact zero, and the NaN of a sequence the device check
-found bad."""
+found bad (and the asserts of a caller's own device rules, queued after its host rules)."""
 from __future__ import annotations
 
 import torch
@@ -97,6 +97,25 @@ def nan_rows_of(bad: torch.Tensor) -> torch.Tensor:
     """``(B,)`` float32 NaN rows from a check's ``bad (B,)`` bool: NaN where a sequence broke
     a rule, 0 elsewhere (what :func:`with_bad_rows` adds to the costs)."""
     return torch.where(bad, float("nan"), 0.0).to(torch.float32)
+
+
+def assert_rules(*checks) -> torch.Tensor | None:
+    """The device-side asserts of the rules a call checked on the device (or in a traced
+    graph), queued once every host rule of the call has passed: a queued assert fires even
+    when the call then raises on the host (on CUDA at the next synchronisation, and the
+    context is lost), so a call refused on the host must have queued none. ``checks``:
+    ``(rule, bad)`` pairs, ``bad (B,)`` bool, True for a sequence that breaks ``rule``
+    (None: checked on the host already; on the meta device: no values, no assert). Returns
+    their NaN rows joined (:func:`nan_rows_of`), None if no pair has a ``bad``."""
+    nan_rows = None
+    for rule, bad in checks:
+        if bad is None:
+            continue
+        if bad.device.type != "meta":
+            device_assert(~bad.any(), rule)
+        rows = nan_rows_of(bad)
+        nan_rows = rows if nan_rows is None else nan_rows + rows
+    return nan_rows
 
 
 def with_bad_rows(costs: torch.Tensor, nan_rows) -> torch.Tensor:

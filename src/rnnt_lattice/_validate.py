@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ._memo import memo
-from ._rules import device_assert, nan_rows_of
+from ._rules import assert_rules, device_assert
 from ._types import LossOptions
 from .topology import K2_TYPES, by_name, check_topology
 
@@ -424,7 +424,7 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
                traced: bool = False, int64_ids: bool = True, native_low_precision: bool = False,
                node_rows: torch.Tensor | None = None, packed: bool = False, boundary=None,
                allow_blank_targets: bool = False, names: Names = OURS,
-               inplace_grad: bool = False, nan_rows: torch.Tensor | None = None) -> Checked:
+               inplace_grad: bool = False, device_rules: tuple = ()) -> Checked:
     """Every check of one call on logits, in one place, into the :class:`Checked` plan
     that the backend runs without checking again (``_backends.prepare_call`` calls it once
     per call of every entry point on logits).
@@ -439,14 +439,18 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     ``"host"``, the values of :func:`check_lattice_args`; the ``topology`` against V and
     the blank (``topology.check_topology``, entered once); the targets
     against its fixed classes; k2's ``boundary``; ``inplace_grad``'s rule, on the logits as
-    given; last, where the site is ``"device"``, the same value rules on the device
-    (:func:`device_value_check`, no host synchronisation), once no host rule can raise.
+    given; last, once no host rule can raise, the caller's own rules checked on the device
+    (``device_rules``, ``_rules.assert_rules``) and, where the site is ``"device"``, the
+    same value rules on the device (:func:`device_value_check`, no host synchronisation).
     The logits come back contiguous,
     float16/bfloat16 promoted to float32 unless ``native_low_precision`` (the backend reads
     them; autograd casts the gradient back); ``int64_ids=False`` keeps int32 ids. A
     :class:`LogitsSpec` stands for logits known by shape only (the fused losses), and
-    ``names`` says how the messages name the caller's tensors; ``nan_rows`` ``(B,)``: the
-    NaN rows of the caller's own device check (the pruned windows), joined to this one's."""
+    ``names`` says how the messages name the caller's tensors; ``device_rules``: the
+    ``(rule, bad (B,))`` pairs of the caller's own check on the device (the pruned loss's
+    windows, :func:`check_window_args`), asserted here and their NaN rows joined to this
+    one's."""
+    allow_blank_targets = check_flag("allow_blank_targets", allow_blank_targets)
     traced = traced or tracing(logits)
     if traced:
         int64_ids, native_low_precision, inplace_grad = True, False, False
@@ -484,10 +488,11 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     if inplace_grad:
         # On what the user passed: any copy (dtype, layout) would defeat it.
         check_inplace(logits, native_low_precision, names.logits)
+    # Last, once no rule of the host can raise: an assert queued for a call that then raises
+    # on the host would still fire, on a CUDA device for good.
+    nan_rows = assert_rules(*device_rules)
     if B and site == "device":
-        # The host checks above were skipped (no values read): the same rules on the device,
-        # last, once no rule of the host can raise (an assert queued for a call that then
-        # raises on the host would still fire, on a CUDA device for good).
+        # The host checks above were skipped (no values read): the same rules on the device.
         bad = device_value_check(
             targets, logit_lengths, target_lengths, T=T, U=U1 - 1,
             V=V if n_tokens is None else n_tokens,
@@ -880,10 +885,11 @@ def check_window_args(logits, targets, ranges) -> tuple[torch.Tensor, torch.Tens
     """``rnnt_loss_pruned``'s window logits ``(B, T, R, V)`` and ``ranges (B, T, R)``:
     strictly increasing label positions in ``[0, U]``, on the host where
     :func:`check_site` says so (a ValueError naming ``b, t``), else on the device or in the
-    traced graph (the device-side assert ``"ranges"``, no synchronisation). Returns
-    ``(ranges, nan_rows)``: ``ranges`` int64, within ``[0, U]`` whatever the values (the
-    node -> row map is scattered by them: nothing is written outside it), and ``(B,)``
-    float32 NaN for a sequence whose windows break the rule (None: checked on the host)."""
+    traced graph, no synchronisation). Returns ``(ranges, bad)``: ``ranges`` int64, within
+    ``[0, U]`` whatever the values (the node -> row map is scattered by them: nothing is
+    written outside it), and ``bad (B,)`` bool, True for a sequence whose windows break the
+    rule (None: checked on the host), for the caller to pass to :func:`check_call` as the
+    rule ``"ranges"``, which asserts it after the call's host rules."""
     check_tensors(("logits", logits), ("targets", targets), ("ranges", ranges))
     if logits.layout != torch.strided:
         raise ValueError(f"logits must be a dense (strided) tensor, got layout {logits.layout} "
@@ -920,9 +926,7 @@ def check_window_args(logits, targets, ranges) -> tuple[torch.Tensor, torch.Tens
                              f"increasing label positions in [0, U] = [0, {U}]")
         return ranges, None
     bad = (steps.amin((1, 2)) < 1) | (ranges[..., -1].amax(1) > U)        # (B,)
-    if ranges.device.type != "meta":
-        device_assert(~bad.any(), "ranges")
-    return ranges.clamp(0, U), nan_rows_of(bad)
+    return ranges.clamp(0, U), bad
 
 
 def check_inplace(logits: torch.Tensor, native_low_precision: bool, name: str = "logits") -> None:

@@ -386,15 +386,16 @@ def check_options(**options) -> None:
 def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology: Topology, *, clamp,
           reduction, fused, fastemit_lambda, zero_infinity, backend, inplace_grad, sigma=0.0,
           delay_penalty=0.0, boundary=None, packed=False, node_rows=None,
-          allow_blank_targets=False, names: Names = OURS, nan_rows=None):
+          allow_blank_targets=False, names: Names = OURS, device_rules=()):
     """The loss of every entry point on logits: the float options into one
     :class:`LossOptions`, the call prepared once (``_backends.prepare_call``: the backend,
     every check, a packed layout's map), then run (``_ops.run``: the one autograd Function,
     or the custom op while compiling; zero_infinity; the reduction). ``packed``: the logits
     are packed rows; ``node_rows``: a layout's map given directly (the pruned loss), the
     logits being its rows ``(N, V)``. ``names``: how the messages name the tensors (a compat
-    module's argument names, ``_validate.Names``); ``nan_rows``: ``(B,)`` NaN rows of the
-    caller's own check on the device (the pruned loss's windows), added to the call's."""
+    module's argument names, ``_validate.Names``); ``device_rules``: the ``(rule, bad (B,))``
+    pairs of the caller's own check on the device (the pruned loss's windows), asserted by
+    ``_validate.check_call`` after every host rule and their NaN rows added to the call's."""
     traced = torch.compiler.is_compiling()
     fused = check_flag("fused_log_softmax", fused)
     inplace_grad = check_flag("inplace_grad", inplace_grad)
@@ -406,14 +407,14 @@ def logits_loss(logits, targets, logit_lengths, target_lengths, blank, topology:
                             backend=backend, inplace_grad=inplace_grad, sigma=sigma,
                             delay_penalty=delay_penalty, boundary=boundary, packed=packed,
                             node_rows=node_rows, allow_blank_targets=allow_blank_targets,
-                            names=names, nan_rows=nan_rows)
+                            names=names, device_rules=device_rules)
     check_reduction(reduction)
     opts = loss_options(fused, inplace_grad, topology, clamp, fastemit_lambda, sigma,
                         delay_penalty)
     prep = _backends.prepare_call(logits, targets, logit_lengths, target_lengths, blank, backend,
                                   opts, boundary=boundary, node_rows=node_rows, packed=packed,
                                   traced=traced, allow_blank_targets=allow_blank_targets,
-                                  names=names, nan_rows=nan_rows)
+                                  names=names, device_rules=device_rules)
     loss = _ops.run(prep, backend, reduction, zero_infinity)
     if torch.jit.is_tracing() and prep.opts.blank != blank:       # a negative blank, resolved
         loss = _ops.traced_width_only(loss, logits)

@@ -61,6 +61,8 @@ class Joiner(torch.nn.Module):
         if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)
                 or not 0.0 <= float(dropout) < 1.0):
             raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
+        if type(bias) is not bool:          # nn.Linear takes any truthy value
+            raise ValueError(f"bias must be a bool, got {bias!r}")
         kw = dict(device=device, dtype=dtype)
         self.enc_proj = (torch.nn.Identity() if enc_dim is None
                          else torch.nn.Linear(enc_dim, hidden, **kw))

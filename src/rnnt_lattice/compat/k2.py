@@ -70,7 +70,7 @@ import torch
 
 import rnnt_lattice as _lib          # the public API only, the value-check rule and the
 from rnnt_lattice._ops import reduce_costs          # the losses' reduction
-from rnnt_lattice._rules import device_assert, nan_rows_of   # the device check's assert, NaN
+from rnnt_lattice._rules import assert_rules   # the device check's asserts, NaN rows
 from rnnt_lattice._validate import check_int, may_read_values   # ints' rule (blank's)
 from rnnt_lattice.topology import K2_TYPES, by_name
 
@@ -167,7 +167,7 @@ def _ends(boundary, B: int, S: int, T: int, device):
 
 def _symbols_and_boundary(symbols, boundary, B: int, S: int, T: int, C: int, device,
                           own: bool = True):
-    """``(y, boundary, nan_rows)``: ``symbols`` ``(B, S)`` and k2's ``boundary`` checked,
+    """``(y, boundary, checks)``: ``symbols`` ``(B, S)`` and k2's ``boundary`` checked,
     the shapes of both before the values of either (a ``symbols`` of another S is named as
     such, not as a boundary beyond S), as :func:`_symbols` and :func:`_boundary` return
     them (``own``: as :func:`_symbols` takes it)."""
@@ -178,21 +178,23 @@ def _symbols_and_boundary(symbols, boundary, B: int, S: int, T: int, C: int, dev
     if symbols.device != device:
         raise ValueError(f"symbols is on {symbols.device}, the inputs on {device}")
     boundary = _boundary(boundary, B, S, T, device)
-    y, nan_rows = _symbols(symbols, B, S, C, boundary, device, own)
-    return y, boundary, nan_rows
+    y, checks = _symbols(symbols, B, S, C, boundary, device, own)
+    return y, boundary, checks
 
 
 def _symbols(symbols, B: int, S: int, C: int, boundary, device, own: bool = True):
-    """``(y, nan_rows)``: ``symbols`` ``(B, S)``, its shape, dtype and device checked
+    """``(y, checks)``: ``symbols`` ``(B, S)``, its shape, dtype and device checked
     (:func:`_symbols_and_boundary`), checked: ids in ``[0, C)`` before each ``end_symbol``
     (on the host, ``rnnt_lattice.set_input_checks``, a ValueError); ``y`` int64 with the
     entries past ``end_symbol`` (never read) replaced by 0. Where no value is read on the
-    host, a device-side assert, the ids kept in ``[0, C)`` before the ``(px, py)`` paths
-    gather by them, and ``nan_rows`` ``(B,)`` NaN for a bad sequence (else None); ``own``
-    False: not there, for the calls whose library loss checks the ids itself."""
+    host, the ids kept in ``[0, C)`` before the ``(px, py)`` paths gather by them, and
+    ``checks`` the rule ``(("symbols", bad),)``, ``bad (B,)`` True for a bad sequence, for
+    the caller to assert once its host rules have passed (``_rules.assert_rules``: the
+    device-side assert, NaN rows); else ``()``. ``own`` False: not there, for the calls
+    whose library loss checks the ids itself."""
     valid = _read_symbols(boundary, B, S, device)
     if not symbols.numel() or symbols.device.type == "meta":
-        return torch.where(valid, symbols.to(torch.int64), 0), None
+        return torch.where(valid, symbols.to(torch.int64), 0), ()
     host = may_read_values(symbols)
     if host or own:
         bad = valid & ((symbols < 0) | (symbols >= C))
@@ -202,16 +204,9 @@ def _symbols(symbols, B: int, S: int, C: int, boundary, device, own: bool = True
             raise ValueError(f"symbols[{b}, {s}] = {int(symbols[b, s])} must be in [0, C) = "
                              f"[0, {C}) (entries past boundary[:, 2] are not read)")
     elif own:
-        bad = bad.any(1)                                                        # (B,)
-        device_assert(~bad.any(), "symbols")
         return (torch.where(valid, symbols.to(torch.int64).clamp(0, C - 1), 0),
-                nan_rows_of(bad))
-    return torch.where(valid, symbols.to(torch.int64), 0), None
-
-
-def _joined(a, b):
-    """Two ``nan_rows`` (or None) as one."""
-    return b if a is None else a if b is None else a + b
+                (("symbols", bad.any(1)),))
+    return torch.where(valid, symbols.to(torch.int64), 0), ()
 
 
 def _read_symbols(boundary, B: int, S: int, device) -> torch.Tensor:
@@ -466,9 +461,9 @@ def _v10(rnnt_type, modified, delay_penalty, reduction):
 
 
 def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary, own: bool = True):
-    """Checks of the simple joiner's inputs: ``(B, S, T, C, blank, y, boundary, nan_rows)``,
-    ``y`` the symbols with the unread ones replaced by 0 (``own``, ``nan_rows``: as
-    :func:`_symbols`)."""
+    """Checks of the simple joiner's inputs: ``(B, S, T, C, blank, y, boundary, checks)``,
+    ``y`` the symbols with the unread ones replaced by 0 (``own``, ``checks``: as
+    :func:`_symbols`, for the caller to assert after its own host rules)."""
     B, T, C = _tensor("am", am, "(B, T, C)")
     _float("am", am)
     if _tensor("lm", lm, "(B, S+1, C)")[0] != B or lm.shape[2] != C or lm.shape[1] < 1:
@@ -477,8 +472,8 @@ def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary, own: 
     _float("lm", lm, am)
     S = lm.shape[1] - 1
     by_name(rnnt_type, K2_TYPES)
-    y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, am.device, own)
-    return B, S, T, C, _blank(termination_symbol, C), y, boundary, nan_rows
+    y, boundary, checks = _symbols_and_boundary(symbols, boundary, B, S, T, C, am.device, own)
+    return B, S, T, C, _blank(termination_symbol, C), y, boundary, checks
 
 
 def _simple_parts(lm, am, y, blank):
@@ -511,8 +506,9 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     modified`` are both accepted positionally, told apart by type."""
     boundary, rnnt_type = _positions(boundary, rnnt_type)
     rnnt_type = _rnnt_type(rnnt_type, modified)
-    B, S, T, C, blank, y, boundary, nan_rows = _simple_args(lm, am, symbols, termination_symbol,
-                                                            rnnt_type, boundary)
+    B, S, T, C, blank, y, boundary, checks = _simple_args(lm, am, symbols, termination_symbol,
+                                                          rnnt_type, boundary)
+    nan_rows = assert_rules(*checks)
     norm, _, (px_am, px_lm, py_am, py_lm) = _simple_parts(lm, am, y, blank)
     return _finish(px_am + px_lm - norm[:, :S], py_am + py_lm - norm, boundary, rnnt_type,
                    _read_symbols(boundary, B, S, am.device), nan_rows)
@@ -532,10 +528,11 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
 
     (``py`` likewise with the blank)."""
     rnnt_type = _rnnt_type(rnnt_type, modified)
-    B, S, T, C, blank, y, boundary, nan_rows = _simple_args(lm, am, symbols, termination_symbol,
-                                                            rnnt_type, boundary)
+    B, S, T, C, blank, y, boundary, checks = _simple_args(lm, am, symbols, termination_symbol,
+                                                          rnnt_type, boundary)
     lm_only_scale, am_only_scale = (_number(name, x) for name, x in (
         ("lm_only_scale", lm_only_scale), ("am_only_scale", am_only_scale)))
+    nan_rows = assert_rules(*checks)
     norm, (am_max, lm_max, am_probs, lm_probs), (px_am, px_lm, py_am, py_lm) = \
         _simple_parts(lm, am, y, blank)
     tiny = torch.finfo(lm_probs.dtype).tiny
@@ -575,8 +572,9 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     _float("logits", logits)
     S = S1 - 1
     by_name(rnnt_type, K2_TYPES)
-    y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
+    y, boundary, checks = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
     blank = _blank(termination_symbol, C)
+    nan_rows = assert_rules(*checks)
     norm = torch.logsumexp(logits, 3)                                          # (B, T, S+1)
     px = torch.gather(logits[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))[..., 0]
     px = (px - norm[:, :, :S]).transpose(1, 2)                                 # (B, S, T)
@@ -587,8 +585,8 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
 
 def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundary,
                  own: bool = True):
-    """The pruned calls' checks: ``(B, S, T, C, blank, y, boundary, ranges, nan_rows)``
-    (``own``, ``nan_rows``: as :func:`_symbols`, for the symbols and the windows)."""
+    """The pruned calls' checks: ``(B, S, T, C, blank, y, boundary, ranges, checks)``
+    (``own``, ``checks``: as :func:`_symbols`, for the symbols and the windows)."""
     B, T, R, C = _tensor("logits", logits, "(B, T, R, C)")
     _float("logits", logits)
     if tuple(_tensor("ranges", ranges, "(B, T, R)")) != (B, T, R):
@@ -599,8 +597,8 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
                          f"{ranges.device}")
     S = _tensor("symbols", symbols, "(B, S)")[1]
     by_name(rnnt_type, K2_TYPES)
-    y, boundary, nan_rows = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device,
-                                                  own)
+    y, boundary, checks = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device,
+                                                own)
     ranges = ranges.to(torch.int64)
     host = may_read_values(ranges)
     if ranges.numel() and ranges.device.type != "meta" and (host or own):
@@ -612,22 +610,21 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
                 raise ValueError(f"ranges[{b}, {t}] = {ranges[b, t].tolist()} must be "
                                  f"increasing symbol positions in [0, S] = [0, {S}]")
         else:
-            # On the device or traced: the assert, the positions kept in [0, S] before the
-            # (px, py) paths gather and scatter by them, NaN for the bad sequences.
-            bad = bad.flatten(1).any(1)                                         # (B,)
-            device_assert(~bad.any(), "ranges")
-            ranges, nan_rows = ranges.clamp(0, S), _joined(nan_rows, nan_rows_of(bad))
-    return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges, nan_rows
+            # On the device or traced: the positions kept in [0, S] before the (px, py)
+            # paths gather and scatter by them; the rule for the caller to assert.
+            ranges, checks = ranges.clamp(0, S), checks + (("ranges", bad.flatten(1).any(1)),)
+    return B, S, T, C, _blank(termination_symbol, C), y, boundary, ranges, checks
 
 
 def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat: bool):
     """``(px, py)`` of window logits ``(B, T, R, C)``: the window rows' arc log-probs
     scattered to their symbol positions, ``-inf`` outside the windows."""
-    B, S, T, C, blank, y, boundary, ranges, nan_rows = _pruned_args(
+    B, S, T, C, blank, y, boundary, ranges, checks = _pruned_args(
         logits, symbols, ranges, termination_symbol, rnnt_type, boundary)
     if hat and blank != 0:
         raise ValueError(f"use_hat_loss=True needs termination_symbol = 0 (HAT's blank is the "
                          f"first class), got {termination_symbol}")
+    nan_rows = assert_rules(*checks)
     R = ranges.shape[2]
     y_row = torch.nn.functional.pad(y, (0, 1), value=blank)          # position S reads no label
     y_row = torch.gather(y_row, 1, ranges.reshape(B, T * R)).view(B, T, R, 1)

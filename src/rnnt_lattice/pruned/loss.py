@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._layout import pruned_node_rows
-from .._validate import check_window_args
+from .._validate import check_flag, check_inplace, check_window_args
 from ..functional import logits_loss
 from ..topology import by_name
 
@@ -68,13 +68,18 @@ def rnnt_loss_pruned(
     small ``R`` does in k2.
     """
     # (On the device the windows are checked there: NaN rows for the sequences whose windows
-    # break the rule, added to the loss's own, and a device-side assert.)
-    ranges, window_nan_rows = check_window_args(logits, targets, ranges)
+    # break the rule, added to the loss's own, and a device-side assert, queued by check_call
+    # once every host rule of the call has passed.)
+    ranges, bad_windows = check_window_args(logits, targets, ranges)
     node_rows = pruned_node_rows(logits, targets, ranges)
     B, T, R, V = logits.shape
+    if check_flag("inplace_grad", inplace_grad):
+        # On the window logits as given: the reshape to rows would copy strided ones, and the
+        # gradient would be written over the copy.
+        check_inplace(logits, True)
     return logits_loss(logits.reshape(B * T * R, V), targets, logit_lengths, target_lengths, blank,
                  by_name(rnnt_type), clamp=clamp, reduction=reduction, fused=True,
                  fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity, backend=backend,
                  inplace_grad=inplace_grad, delay_penalty=delay_penalty, boundary=boundary,
                  node_rows=node_rows, allow_blank_targets=allow_blank_targets,
-                 nan_rows=window_nan_rows)
+                 device_rules=(("ranges", bad_windows),))

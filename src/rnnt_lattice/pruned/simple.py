@@ -32,9 +32,9 @@ from .. import _backends
 from .._ops import eager_under_compile, output_costs, reduce_costs, refuse_double_backward
 from .._rules import with_bad_rows
 from .._types import ArcParts, Ends, Smoothing
-from .._validate import (check_boundary, check_float, check_reduction, check_simple_args,
-                         check_site, check_unbatched_upstream, check_weight_args,
-                         device_value_check)
+from .._validate import (check_boundary, check_flag, check_float, check_reduction,
+                         check_simple_args, check_site, check_unbatched_upstream,
+                         check_weight_args, device_value_check)
 from ..reference import lattice_dtype
 
 __all__ = ["rnnt_loss_simple", "rnnt_loss_smoothed", "lattice_loss", "ArcOccupations"]
@@ -480,12 +480,14 @@ def lattice_loss(
     """
     _backends.check_name(backend)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
+    return_occupations = check_flag("return_occupations", return_occupations)
     logit_lengths, target_lengths, topo = check_weight_args(
         blank_weights, label_weights, logit_lengths, target_lengths, rnnt_type)
     dev = blank_weights.device
     # Within the lengths, themselves within (T, U): every start and end node is on the grid.
     boundary = check_boundary(boundary, blank_weights.shape[0], dev, logit_lengths, target_lengths)
     B, T, U1 = blank_weights.shape
+    impl = _backends.resolve(backend, dev)          # a host rule: before the device's asserts
     nan_rows = None
     if B and check_site(blank_weights) == "device":
         nan_rows = device_value_check(None, logit_lengths, target_lengths, T=T, U=U1 - 1, V=0,
@@ -495,8 +497,7 @@ def lattice_loss(
         else torch.float32
     ldt = lattice_dtype(dev)
     costs, gamma = _LatticeNLL.apply(blank_weights.to(ldt), label_weights.to(ldt),
-                                     topo, ends, delay_penalty,
-                                     _backends.resolve(backend, dev).lattice_of_terms)
+                                     topo, ends, delay_penalty, impl.lattice_of_terms)
     costs = with_bad_rows(output_costs(costs, out_dtype), nan_rows)
     if not return_occupations:
         return costs
@@ -661,10 +662,14 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     check_reduction(reduction)
     _backends.check_name(backend)
     delay_penalty = check_float("delay_penalty", delay_penalty, minimum=0.0, finite=True)
+    zero_infinity = check_flag("zero_infinity", zero_infinity)
+    return_occupations = check_flag("return_occupations", return_occupations)
+    allow_blank_targets = check_flag("allow_blank_targets", allow_blank_targets)
     targets, logit_lengths, target_lengths, blank, topo = check_simple_args(
         lm, am, targets, logit_lengths, target_lengths, blank, rnnt_type, allow_blank_targets)
     # Within the lengths, themselves within (T, U): every start and end node is on the grid.
     boundary = check_boundary(boundary, am.shape[0], am.device, logit_lengths, target_lengths)
+    impl = _backends.resolve(backend, am.device)    # a host rule: before the device's asserts
     nan_rows = None
     if am.shape[0] and check_site(am) == "device":
         nan_rows = device_value_check(targets, logit_lengths, target_lengths, T=am.shape[1],
@@ -682,7 +687,6 @@ def _simple_loss(lm, am, targets, logit_lengths, target_lengths, blank, rnnt_typ
     frames = (t >= ends.t0[:, None]) & (t < ends.t1[:, None])                # (B, T) rows read
     positions = (u >= ends.u0[:, None]) & (u <= ends.u1[:, None])            # (B, U+1)
 
-    impl = _backends.resolve(backend, am.device)
     b, e = _simple_terms(impl, lm, am, targets, blank, frames, positions, smooth)
     costs, gamma = _LatticeNLL.apply(b, e, topo, ends, delay_penalty, impl.lattice_of_terms)
     loss = reduce_costs(with_bad_rows(output_costs(costs, out_dtype), nan_rows), reduction,
