@@ -176,7 +176,7 @@ OPTION_ERRORS = {
                             "holds V_tok = 5 tokens, then 2 durations (7 in all); check the "
                             "blank and the durations"),
     "tdt_durations_long": (_tdt_call(durations=[0, 1, 2, 3]),
-                           "blank=3 is outside [-V_tok, V_tok) = [-3, 3) for acts (3, 5, 3, 7): its "
+                           "blank=3 is outside [0, V_tok) = [0, 3) for acts (3, 5, 3, 7): its "
                            "last axis holds V_tok = 3 tokens, then 4 durations; check the blank "
                            "and the durations"),
     "tdt_sigma_module": (lambda: nemo.TDTLossNumba(blank=3, durations=[0, 1], sigma="x"),

@@ -124,15 +124,24 @@ def _module_clamp(clamp) -> float:
     return clamp if clamp > 0 else 0.0
 
 
-def _tdt_blank(blank) -> int:
+def _tdt_blank(blank, acts=None, durations=None) -> int:
     """TDT's blank: NeMo's ``num_classes``, the last token, a class id ``>= 0`` (NeMo's
     kernels index by it). A negative one is refused: ``-1`` would always be the last token,
     so a ``durations`` list of the wrong length, which moves the boundary between the
-    tokens and the durations in ``acts``, would go unnoticed (a finite, wrong loss)."""
+    tokens and the durations in ``acts``, would go unnoticed (a finite, wrong loss). With
+    ``acts`` and ``durations`` (a call): below ``V_tok``, the tokens before the durations
+    (the library's message would offer negative blanks, which this module refuses)."""
     blank = check_int("blank", blank)
     if blank < 0:
         raise ValueError(f"blank must be the last token's id, num_classes >= 0 (NeMo's "
                          f"TDT layout), got {blank}")
+    if isinstance(acts, torch.Tensor) and acts.dim() and isinstance(durations, (list, tuple)):
+        v_tok = acts.shape[-1] - len(durations)
+        if blank >= v_tok:
+            raise ValueError(f"blank={blank} is outside [0, V_tok) = [0, {v_tok}) for acts "
+                             f"{tuple(acts.shape)}: its last axis holds V_tok = {v_tok} "
+                             f"tokens, then {len(durations)} durations; check the blank and "
+                             f"the durations")
     return blank
 
 
@@ -171,7 +180,7 @@ def _rnnt(acts, labels, act_lens, label_lens, blank, reduction, fastemit_lambda,
 def _tdt(acts, labels, act_lens, label_lens, blank, durations, reduction, fastemit_lambda,
          clamp, sigma, omega):
     _check_call(labels, act_lens, label_lens, reduction, NEMO_IDS)
-    blank = _tdt_blank(blank)
+    blank = _tdt_blank(blank, acts, durations)
     costs = functional.tdt_loss_named(NAMES, acts, labels, act_lens, label_lens, blank=blank,
                                       durations=durations, sigma=sigma, omega=omega,
                                       reduction="none", fastemit_lambda=fastemit_lambda,

@@ -40,7 +40,7 @@ import torch
 
 from .. import rnnt_loss as lattice_rnnt_loss
 from .._ops import eager_under_compile
-from .._validate import check_int, check_tensors
+from .._validate import check_flag, check_int, check_tensors
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -55,10 +55,8 @@ def _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softm
         raise ValueError(f"reduction must be 'mean' or 'sum' (optimized_transducer has no "
                          f"'none'; rnnt_lattice.rnnt_loss(..., packed=True, reduction='none') "
                          f"gives per-sequence losses), got {reduction!r}")
-    for name, flag in (("from_log_softmax", from_log_softmax),
-                       ("one_sym_per_frame", one_sym_per_frame)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    check_flag("from_log_softmax", from_log_softmax)
+    check_flag("one_sym_per_frame", one_sym_per_frame)
     tensors = (("logits", logits, 2, torch.float32), ("targets", targets, 2, torch.int32),
                ("logit_lengths", logit_lengths, 1, torch.int32),
                ("target_lengths", target_lengths, 1, torch.int32))

@@ -35,12 +35,11 @@ Differences from torchaudio, all deliberate:
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
 import rnnt_lattice
-from .._validate import check_float, check_int, check_tensors
+from .._validate import check_flag, check_float, check_int, check_tensors
 from ._install import scoped
 
 __all__ = ["rnnt_loss", "RNNTLoss", "install", "uninstall", "installed"]
@@ -99,8 +98,7 @@ def _check_options(tensors, blank, clamp, fused_log_softmax) -> None:
     check_tensors(*tensors)
     check_int("blank", blank)
     check_float("clamp", clamp)
-    if not isinstance(fused_log_softmax, (bool, np.bool_)):      # (the schema takes NumPy's)
-        raise ValueError(f"fused_log_softmax must be a bool, got {fused_log_softmax!r}")
+    check_flag("fused_log_softmax", fused_log_softmax)      # (NumPy's bool too, as the schema)
 
 
 def rnnt_loss(
