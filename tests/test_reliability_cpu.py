@@ -15,13 +15,14 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("numba")
+numba = pytest.importorskip("numba")
 
 import rnnt_lattice  # noqa: E402
 from rnnt_lattice import cpu  # noqa: E402
@@ -56,8 +57,9 @@ def _env(pythonpath: Path, drop_cache_dir: bool = False, **extra) -> dict:
     return env
 
 
-def _run(script: str, env: dict, timeout: float, prefix=()) -> subprocess.CompletedProcess:
-    code = PROBLEM + textwrap.dedent(script)
+def _run(script: str, env: dict, timeout: float, prefix=(), first: str = ""
+         ) -> subprocess.CompletedProcess:
+    code = first + PROBLEM + textwrap.dedent(script)
     try:
         return subprocess.run([*prefix, sys.executable, "-c", code], env=env, timeout=timeout,
                               capture_output=True, text=True)
@@ -235,6 +237,74 @@ def test_loss_in_forked_dataloader_worker(warm_kernels):
     """
     out = _last_json(_run(script, _env(SRC), timeout=120))
     assert out["ok"] == [True, True]
+
+
+def test_fork_before_the_cpu_backend_loads_and_torch_threads(warm_kernels):
+    """Two rules of processes and threads, in one fresh process:
+
+    - A child forked after ``import rnnt_lattice`` but before the CPU backend was loaded
+      (the parent ran only torch ops, whose GNU OpenMP region then hangs the child's first
+      parallel kernel for good) runs the serial kernels: the package's fork hook is
+      registered at import. (The hook was the CPU backend's: the child loaded it itself and
+      ran the parallel kernels, and a DataLoader worker hung.)
+    - The first parallel launch starts Numba's pool, which set this thread's OpenMP count,
+      torch's intra-op count: ``torch.set_num_threads(1)`` became 2. It is put back."""
+    script = """
+    import json, os, sys
+    a = torch.randn(300, 300); a @ a                # the parent's torch work (OpenMP)
+    loaded = "rnnt_lattice.cpu" in sys.modules
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        from rnnt_lattice.cpu import _config
+        os.write(w, b"1" if _config.FORKED else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child_forked = os.read(r, 1) == b"1"
+    before = torch.get_num_threads()                # (read: libgomp's count is then set)
+    loss_and_grad(0)                                # the parent's first parallel launch
+    print(json.dumps({"loaded_at_import": loaded, "child_forked": child_forked,
+                      "torch_threads": [before, torch.get_num_threads()]}))
+    """
+    # (torch's count set before the package's import, as a script's first lines set it)
+    out = _last_json(_run(script, _env(SRC, NUMBA_NUM_THREADS="2"), timeout=120,
+                          first="import torch; torch.set_num_threads(1)\n"))
+    assert out == {"loaded_at_import": False, "child_forked": True, "torch_threads": [1, 1]}
+
+
+def _add_one(x):
+    for i in numba.prange(x.shape[0]):
+        x[i] += 1.0
+
+
+def test_a_damaged_cache_file_is_compiled_again(monkeypatch, tmp_path):
+    """A kernel's cache file that cannot be read (a truncated index, a damaged data file:
+    Numba raised the unpickling error in every call of every process until the file was
+    deleted by hand) is compiled again, with one RuntimeWarning naming the folder; the
+    index is written anew, and the next process (here a new dispatcher) loads from it."""
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_config, "CACHE", True)
+    monkeypatch.setattr(_config, "PARALLEL", False)
+
+    def run():
+        kernel = _config.ParallelKernel(_add_one)
+        x = np.zeros(3)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            kernel(x)
+        said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+        return x.tolist(), said, sum(kernel.serial.stats.cache_hits.values())
+
+    assert run() == ([1.0] * 3, [], 0)                      # compiled, cached
+    assert run() == ([1.0] * 3, [], 1)                      # loaded
+    index, = tmp_path.rglob("*serial*.nbi")
+    for damage in (lambda: index.write_bytes(index.read_bytes()[:20]),
+                   lambda: [f.write_bytes(b"garbage") for f in tmp_path.rglob("*serial*.nbc")]):
+        damage()
+        x, said, hits = run()
+        assert x == [1.0] * 3 and hits == 0 and len(said) == 1, said
+        assert "could not read its on-disk cache" in said[0] and str(tmp_path) in said[0]
+        assert run() == ([1.0] * 3, [], 1)                  # written anew, loaded
 
 
 # --------------------------------------------------------------------------- item 3: parallel flag

@@ -2,6 +2,7 @@
 
 Importing this package needs torch and numpy only; Numba and Triton load on first use.
 """
+from . import _fork  # noqa: F401  (the fork hook, before any child is forked: cpu/_config.py)
 from .functional import empty_cache, multiblank_rnnt_loss, pack_logits, rnnt_loss, tdt_loss
 from .fused import fused_multiblank_rnnt_loss, fused_rnnt_loss, fused_tdt_loss
 from .joiner import Joiner

@@ -25,6 +25,15 @@ Reliability (docs/api.md, "Reliability"):
   that has used it, and the child gets one thread of its parent anyway.
 - When no cache directory is writable (read-only install, no writable HOME), the kernels
   are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
+- A cache file that cannot be read (truncated, damaged) or written (a full disk) does not
+  fail the call: the kernel's index is emptied (``Cache.flush``, rewritten at the next
+  save) or its cache turned off for the process, the call compiles it again, and one
+  ``RuntimeWarning`` a kernel names the folder and the error (``_uncached``).
+- The first parallel launch starts Numba's thread pool, which on the ``omp`` layer sets
+  the calling thread's OpenMP thread count, the one PyTorch reports and uses: torch's count
+  from before that launch is put back (``_launch``).
+- A child forked after ``import rnnt_lattice`` (the package's ``_fork`` hook, which loads
+  no Numba) counts as forked even where this module was first imported in the child.
 """
 import hashlib
 import logging
@@ -34,8 +43,11 @@ import threading
 import types
 import warnings
 
+import torch
 from numba import njit
 from numba.core import event
+
+from .. import _fork
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -101,8 +113,10 @@ SOURCES = sources_hash(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --------------------------------------------------------------------------- threads, fork
-# Set in a forked child (os.register_at_fork below): run the serial variants there.
-FORKED = False
+# Set in a forked child (os.register_at_fork below; or before this module was imported,
+# by the package's own hook, which ``import rnnt_lattice`` registers): run the serial
+# variants there.
+FORKED = _fork.FORKED
 
 # Serialises parallel launches while the threading layer is unknown (before the first
 # launch has started it) and for good when it is one that is not thread-safe.
@@ -135,11 +149,66 @@ def _launch(kernel, args):
     if _launch_serialised is False:
         return kernel(*args)
     with _launch_lock:
-        out = kernel(*args)
+        if _launch_serialised is None:
+            # The first launches: the one that starts Numba's pool sets, on the omp layer,
+            # the OpenMP thread count of this thread, which is torch's intra-op count (one
+            # libgomp): the user's torch.set_num_threads is put back.
+            threads = torch.get_num_threads()
+            try:
+                out = kernel(*args)
+            finally:
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
+        else:
+            out = kernel(*args)
         safe = _layer_thread_safe()
         if safe is not None:
             _launch_serialised = not safe
         return out
+
+
+def _cache_error(err: BaseException) -> str | None:
+    """``"load"`` or ``"save"`` when ``err`` was raised while Numba read or wrote its
+    on-disk cache (a frame of ``numba/core/caching.py`` in its traceback), else None."""
+    tb, where = err.__traceback__, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.replace(os.sep, "/").endswith("numba/core/caching.py"):
+            where = where or ("save" if "save" in code.co_name else
+                              "load" if "load" in code.co_name else None)
+        tb = tb.tb_next
+    return where
+
+
+def _uncached(dispatcher, err: BaseException) -> bool:
+    """After ``err`` from a call of ``dispatcher``: if Numba failed to read or write its
+    on-disk cache, make the next call compile in memory, and say so once; True if so (the
+    caller calls again), False for any other error. A file that cannot be read (truncated,
+    damaged; Numba raises the unpickling error of the file, every process): the kernel's
+    index is emptied (``Cache.flush``: the call compiles it and the save writes a new
+    one), or, where even that cannot be written, the cache is off for this process; one
+    that cannot be written (a full disk): the cache is off for this process (the compiled
+    kernel is in memory)."""
+    where = _cache_error(err)
+    cache = getattr(dispatcher, "_cache", None)
+    if where is None or cache is None or not getattr(cache, "_enabled", True):
+        return False
+    folder = getattr(cache, "cache_path", None)
+    done = "turned off for this process"
+    if where == "load":
+        try:
+            cache.flush()
+            done = "emptied; the kernel is compiled again and its cache written anew"
+        except Exception:                              # (a read-only folder, a full disk)
+            cache.disable()
+    else:
+        cache.disable()
+    warnings.warn(f"rnnt_lattice: Numba could not {'read' if where == 'load' else 'write'} "
+                  f"its on-disk cache of the CPU kernel {dispatcher.py_func.__qualname__} in "
+                  f"{folder} ({type(err).__name__}: {err}); that kernel's cache was {done}. "
+                  f"Deleting that folder's files is always safe (RNNT_LATTICE_NUMBA_CACHE=0 "
+                  f"turns the cache off).", RuntimeWarning, stacklevel=3)
+    return True
 
 
 def _variant(fn, suffix: str):
@@ -171,9 +240,15 @@ class ParallelKernel:
     def __call__(self, *args):
         if ON_COMPILE is not None:
             return self._watched(args)
-        if not PARALLEL or FORKED:
-            return self.serial(*args)
-        return _launch(self.parallel, args)
+        try:
+            if not PARALLEL or FORKED:
+                return self.serial(*args)
+            return _launch(self.parallel, args)
+        except Exception as err:
+            # (A call that fails before any kernel runs leaves the arguments as they were.)
+            if not _uncached(self.serial if not PARALLEL or FORKED else self.parallel, err):
+                raise
+        return self(*args)
 
     def _watched(self, args):
         """The call, reporting to ``ON_COMPILE`` when it made a new specialisation."""
@@ -182,7 +257,12 @@ class ParallelKernel:
         fn = self.serial if serial else self.parallel
         n, hits = len(fn.overloads), sum(fn.stats.cache_hits.values())
         start = time.perf_counter()
-        out = fn(*args) if serial else _launch(fn, args)
+        try:
+            out = fn(*args) if serial else _launch(fn, args)
+        except Exception as err:
+            if not _uncached(fn, err):
+                raise
+            out = fn(*args) if serial else _launch(fn, args)
         if len(fn.overloads) > n:
             dtype = getattr(args[0], "dtype", type(args[0]).__name__)
             ON_COMPILE(self.__name__, "serial" if serial else "parallel", str(dtype),
