@@ -556,7 +556,7 @@ ERRORS = [
     (lambda: k2.rnnt_loss(_x4.numpy(), _s, 0), r"logits must be a torch.Tensor \(B, T, S\+1, C\), got ndarray"),
     (lambda: k2.rnnt_loss(_x4.long(), _s, 0), r"logits must be torch.float16, .* got torch.int64"),
     (lambda: k2.rnnt_loss_simple(_x3[:, :4], _x3.double(), _s, 0),
-     r"lm \(torch.float32 on cpu\) must have the dtype and device of the first input \(torch.float64"),
+     r"lm \(torch.float32 on cpu\) must have the dtype and device of am \(torch.float64"),
     (lambda: k2.rnnt_loss_simple(_x3[:1, :4], _x3, _s, 0), r"lm \(1, 4, 3\) must be \(B, S\+1, C\) with am's B = 2"),
     (lambda: k2.rnnt_loss(_x4, _s, 3), r"termination_symbol=3 is outside \[-C, C\) = \[-3, 3\)"),
     (lambda: k2.rnnt_loss(_x4, _s, True), "termination_symbol must be an int, got True"),
@@ -568,6 +568,17 @@ ERRORS = [
     (lambda: k2.rnnt_loss(_x4, _s, 0, reduction="avg"), "reduction must be one of .* got 'avg'"),
     (lambda: k2.rnnt_loss(_x4, _s, 0, delay_penalty=float("nan")), "delay_penalty must be finite, got nan"),
     (lambda: k2.rnnt_loss(_x4, _s, 0, delay_penalty="x"), "delay_penalty must be a number, got 'x'"),
+    # flags k2 reads by truth value (the string "False" was True, None False)
+    (lambda: k2.rnnt_loss(_x4, _s, 0, return_grad="False"), "return_grad must be a bool, got 'False'"),
+    (lambda: k2.rnnt_loss_simple(_x3[:, :4], _x3, _s, 0, return_grad=None),
+     "return_grad must be a bool, got None"),
+    (lambda: k2.rnnt_loss_pruned(_x4, _s, _s[:, None].expand(2, 5, 3), 0, use_hat_loss=2),
+     "use_hat_loss must be a bool, got 2"),
+    (lambda: k2.mutual_information_recursion(_x3[:, :4], _x3, return_grad="yes"),
+     "return_grad must be a bool, got 'yes'"),
+    # the smoothed scales' range, as the losses' (it returned px, py)
+    (lambda: k2.get_rnnt_logprobs_smoothed(_x3[:, :4], _x3, _s, 0, lm_only_scale=1.5),
+     r"lm_only_scale must be <= 1 \(valid range \[0, 1\]\), got 1.5"),
     (lambda: k2.joint_mutual_information_recursion([_x3], [_x3, _x3]), "px and py must hold as many tensors, got 1 and 2"),
     (lambda: k2.joint_mutual_information_recursion([_x3, _x3[:1]], [_x3, _x3]),
      r"px\[1\] \(1, 5, 3\) must have the shape of px\[0\] \(2, 5, 3\)"),
@@ -594,7 +605,7 @@ ERRORS = [
     # a mix of dtypes among the terms (torch.stack promoted it, and blamed py)
     (lambda: k2.joint_mutual_information_recursion([_x3[:, :3, :4], _x3[:, :3, :4].double()],
                                                    [_x3[:, :4]] * 2),
-     r"px\[1\] \(torch.float64 on cpu\) must have the dtype and device of the first input"),
+     r"px\[1\] \(torch.float64 on cpu\) must have the dtype and device of px\[0\] \(torch.float32"),
 ]
 
 

@@ -178,9 +178,10 @@ def test_argument_errors():
         ct.rnnt_loss(x, bad, T_b, U_b, 5)
 
 
-def _tdt_case(edit):
+def _tdt_case(edit, model=False):
     """A call of ``tdt_loss`` on good arguments (6 tokens, the blank last, 3 durations)
-    edited by ``edit(args)`` (a dict of the arguments by name)."""
+    edited by ``edit(args)`` (a dict of the arguments by name); ``model``: of
+    ``ParakeetForTDTLoss``, under the model's names ``labels`` and ``label_lengths``."""
     def call():
         x, labels, T_b, U_b = _inputs(6, 3)
         x = x.detach().nan_to_num()
@@ -188,16 +189,22 @@ def _tdt_case(edit):
                     logit_lengths=T_b, target_lengths=U_b, blank_token_id=5,
                     durations=[0, 1, 2])
         edit(args)
+        if model:
+            args["labels"], args["label_lengths"] = args.pop("targets"), args.pop("target_lengths")
+            return ct.ParakeetForTDTLoss(**args)
         return ct.tdt_loss(**args)
     return call
 
 
-def _rnnt_case(edit):
+def _rnnt_case(edit, model=False):
     def call():
         x, labels, T_b, U_b = _inputs(6)
         args = dict(logits=x.detach().nan_to_num(), targets=labels, logit_lengths=T_b,
                     target_lengths=U_b, blank_token_id=5)
         edit(args)
+        if model:
+            args["labels"], args["label_lengths"] = args.pop("targets"), args.pop("target_lengths")
+            return ct.ParakeetForRNNTLoss(**args)
         return ct.rnnt_loss(**args)
     return call
 
@@ -236,6 +243,22 @@ ARGUMENT_ERRORS = {
                 "logits must have 4 dims (B, T, U+1, V), got shape (5, 4, 6)"),
     "rnnt_blank": (_rnnt_case(lambda a: a.update(blank_token_id=6)),
                    "blank_token_id=6 is outside [-V, V) = [-6, 6) for logits (3, 5, 4, 6)"),
+    # The model's losses name the labels and their lengths as the model does (they said
+    # targets and target_lengths).
+    "tdt_model_label": (_tdt_case(lambda a: a["targets"].__setitem__((0, 0), 6), model=True),
+                        "labels[0, 0] = 6 is outside [0, V_tok) = [0, 6)"),
+    "tdt_model_lengths": (_tdt_case(lambda a: a.update(target_lengths=a["target_lengths"].float()),
+                                    model=True), "label_lengths must be int32 or int64"),
+    "rnnt_model_list": (_rnnt_case(lambda a: a.update(targets=a["targets"].tolist()), model=True),
+                        "labels must be a torch.Tensor, got list"),
+    "rnnt_model_length": (_rnnt_case(lambda a: a.update(target_lengths=a["target_lengths"] + 9),
+                                     model=True), "label_lengths[2] = 12 exceeds the padded size U = 3"),
+    # Not a joint's output: transformers' .float() made bool logits numbers, a complex
+    # one lost its imaginary part (a finite loss).
+    "rnnt_bool": (_rnnt_case(lambda a: a.update(logits=a["logits"] > 0)),
+                  "logits must be a floating tensor (the joint's output), got torch.bool"),
+    "tdt_complex": (_tdt_case(lambda a: a.update(duration_logits=a["duration_logits"].to(torch.complex64))),
+                    "duration_logits must be a floating tensor (the joint's output), got torch.complex64"),
 }
 
 

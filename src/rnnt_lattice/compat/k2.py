@@ -71,7 +71,8 @@ import torch
 import rnnt_lattice as _lib          # the public API only, the value-check rule and the
 from rnnt_lattice._ops import reduce_costs          # the losses' reduction
 from rnnt_lattice._rules import assert_rules   # the device check's asserts, NaN rows
-from rnnt_lattice._validate import check_int, may_read_values   # ints' rule (blank's)
+from rnnt_lattice._validate import (check_flag, check_float, check_int,   # the rules of ints,
+                                    may_read_values)             # flags, floats, values
 from rnnt_lattice.topology import K2_TYPES, by_name
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
@@ -115,13 +116,15 @@ def _tensor(name: str, x, dims: str) -> torch.Size:
     return x.shape
 
 
-def _float(name: str, x: torch.Tensor, ref: torch.Tensor | None = None, half: bool = True):
+def _float(name: str, x: torch.Tensor, ref: tuple | None = None, half: bool = True):
+    """``x`` floating (``half``: float16/bfloat16 too), and of the dtype and device of
+    ``ref``, a ``(name, tensor)`` pair checked before it."""
     dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)[0 if half else 2:]
     if x.dtype not in dtypes:
         raise ValueError(f"{name} must be {', '.join(str(d) for d in dtypes)}, got {x.dtype}")
-    if ref is not None and (x.dtype != ref.dtype or x.device != ref.device):
+    if ref is not None and (x.dtype != ref[1].dtype or x.device != ref[1].device):
         raise ValueError(f"{name} ({x.dtype} on {x.device}) must have the dtype and device of "
-                         f"the first input ({ref.dtype} on {ref.device})")
+                         f"{ref[0]} ({ref[1].dtype} on {ref[1].device})")
 
 
 def _blank(termination_symbol, C: int) -> int:
@@ -304,13 +307,13 @@ def mutual_information_recursion(px: torch.Tensor, py: torch.Tensor,
     B, S, T1 = _tensor("px", px, "(B, S, T+1)")
     _float("px", px, half=False)
     _tensor("py", py, "(B, S+1, T)")
-    _float("py", py, px, half=False)
+    _float("py", py, ("px", px), half=False)
     T = py.shape[2]
     if tuple(py.shape) != (B, S + 1, T) or T1 not in (T, T + 1):
         raise ValueError(f"px {tuple(px.shape)} must be (B, S, T+1) or (B, S, T) and py "
                          f"{tuple(py.shape)} (B, S+1, T)")
     boundary = _boundary(boundary, B, S, T, px.device)
-    return _recursion(px, py, boundary, T1 == T + 1, bool(return_grad))
+    return _recursion(px, py, boundary, T1 == T + 1, check_flag("return_grad", return_grad))
 
 
 def _recursion(px, py, boundary, regular: bool, return_grad: bool):
@@ -355,7 +358,8 @@ def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[
         for n, x in enumerate(xs):
             _tensor(f"{name}[{n}]", x, "(B, S, T+1)" if name == "px" else "(B, S+1, T)")
             # one dtype and device for every term (torch.stack would promote a mix)
-            _float(f"{name}[{n}]", x, None if name == "px" and n == 0 else px[0], half=False)
+            _float(f"{name}[{n}]", x, None if name == "px" and n == 0 else ("px[0]", px[0]),
+                   half=False)
             if x.shape != xs[0].shape:
                 raise ValueError(f"{name}[{n}] {tuple(x.shape)} must have the shape of "
                                  f"{name}[0] {tuple(xs[0].shape)}")
@@ -469,7 +473,7 @@ def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary, own: 
     if _tensor("lm", lm, "(B, S+1, C)")[0] != B or lm.shape[2] != C or lm.shape[1] < 1:
         raise ValueError(f"lm {tuple(lm.shape)} must be (B, S+1, C) with am's B = {B} and "
                          f"C = {C} (am {tuple(am.shape)})")
-    _float("lm", lm, am)
+    _float("lm", lm, ("am", am))
     S = lm.shape[1] - 1
     by_name(rnnt_type, K2_TYPES)
     y, boundary, checks = _symbols_and_boundary(symbols, boundary, B, S, T, C, am.device, own)
@@ -530,8 +534,8 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
     rnnt_type = _rnnt_type(rnnt_type, modified)
     B, S, T, C, blank, y, boundary, checks = _simple_args(lm, am, symbols, termination_symbol,
                                                           rnnt_type, boundary)
-    lm_only_scale, am_only_scale = (_number(name, x) for name, x in (
-        ("lm_only_scale", lm_only_scale), ("am_only_scale", am_only_scale)))
+    lm_only_scale, am_only_scale = (check_float(name, x, finite=True) for name, x in (
+        ("lm_only_scale", lm_only_scale), ("am_only_scale", am_only_scale)))  # each in [0, 1]
     nan_rows = assert_rules(*checks)
     norm, (am_max, lm_max, am_probs, lm_probs), (px_am, px_lm, py_am, py_lm) = \
         _simple_parts(lm, am, y, blank)
@@ -670,7 +674,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     :func:`get_rnnt_logprobs_joint`."""
     rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
-    if return_grad:
+    if check_flag("return_grad", return_grad):
         px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type)
         return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
                            delay_penalty, reduction, True)
@@ -714,13 +718,14 @@ def _simple_like(fn, lm, am, symbols, termination_symbol, boundary, rnnt_type, d
                  reduction, return_grad, **kw):
     """One of the library's simple losses called the k2 way: the lengths from ``boundary``,
     the occupations in k2's layout and dtype."""
+    return_grad = check_flag("return_grad", return_grad)
     # (own=False: on the device the library's simple loss checks the symbols, as its targets.)
     B, S, T, C, blank, _, boundary, _ = _simple_args(lm, am, symbols, termination_symbol,
                                                      rnnt_type, boundary, own=False)
     T_b, S_b = _ends(boundary, B, S, T, am.device)
     out = fn(lm, am, symbols, T_b, S_b, blank=blank, rnnt_type=rnnt_type,
              delay_penalty=_delay_penalty(delay_penalty), boundary=boundary, reduction=reduction,
-             return_occupations=bool(return_grad), allow_blank_targets=True, **kw)
+             return_occupations=return_grad, allow_blank_targets=True, **kw)
     if not return_grad:
         return out
     loss, occ = out
@@ -749,11 +754,14 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
         raise ValueError("rnnt_loss_pruned takes 8 positional arguments: the ninth is "
                          "return_grad in fast_rnnt and use_hat_loss in k2; pass it by keyword")
     rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
+    # (k2 reads both by truth value: the string "False" was True, None False)
+    use_hat_loss = check_flag("use_hat_loss", use_hat_loss)
+    return_grad = check_flag("return_grad", return_grad)
     if use_hat_loss or return_grad:
         px, py = _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
-                               hat=bool(use_hat_loss))
+                               hat=use_hat_loss)
         return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
-                           delay_penalty, reduction, bool(return_grad))
+                           delay_penalty, reduction, return_grad)
     # (own=False: on the device the library's loss checks the symbols and the windows.)
     B, S, T, C, blank, _, boundary, _, _ = _pruned_args(logits, symbols, ranges,
                                                         termination_symbol, rnnt_type, boundary,

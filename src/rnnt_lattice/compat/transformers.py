@@ -57,6 +57,7 @@ forward runs unchanged.
 from __future__ import annotations
 
 import dataclasses
+import dataclasses
 import importlib
 import math
 import types
@@ -140,6 +141,21 @@ def _float(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def _check_floating(*named) -> None:
+    """Logits ``(name, tensor)`` of a floating dtype: transformers' ``.float()`` turns bool
+    and integer tensors into numbers and drops a complex one's imaginary part, but none of
+    them is a joint's output."""
+    for name, x in named:
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating tensor (the joint's output), got "
+                             f"{x.dtype} of shape {tuple(x.shape)}")
+
+
+def _named(names: Names, targets: str, target_lengths: str) -> Names:
+    """``names`` with the labels and their lengths named as the caller's arguments."""
+    return dataclasses.replace(names, targets=targets, target_lengths=target_lengths)
+
+
 def _joined(token_logits: torch.Tensor, duration_logits: torch.Tensor) -> torch.Tensor:
     """``(B, T, U+1, V + D)``: the one tensor whose last axis holds the tokens then the
     durations. When the two are adjacent views of one storage (the Parakeet model's slices
@@ -198,10 +214,18 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
     Returns:
         The float32 loss: a scalar, or ``(B,)`` for ``"none"``.
     """
+    return _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths,
+                blank_token_id, durations, sigma, reduction, TDT_NAMES)
+
+
+def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
+         durations, sigma, reduction, names: Names) -> torch.Tensor:
+    """:func:`tdt_loss`, its messages naming the labels and lengths as ``names`` does."""
     _check_reduction(reduction)
     check_tensors(("token_logits", token_logits), ("duration_logits", duration_logits),
-                  ("targets", targets), ("logit_lengths", logit_lengths),
-                  ("target_lengths", target_lengths))
+                  (names.targets, targets), ("logit_lengths", logit_lengths),
+                  (names.target_lengths, target_lengths))
+    _check_floating(("token_logits", token_logits), ("duration_logits", duration_logits))
     durations = check_durations("durations", durations, minimum=0, ascending=True)
     _check_tdt_logits(token_logits, duration_logits, durations)
     blank = _check_tdt_blank(blank_token_id, token_logits)
@@ -209,7 +233,7 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
     logits = _float(_joined(token_logits, duration_logits))
     target_lengths = target_lengths.to(device)
     losses = functional.tdt_loss_named(
-        TDT_NAMES, logits, targets.to(device), logit_lengths.to(device), target_lengths,
+        names, logits, targets.to(device), logit_lengths.to(device), target_lengths,
         blank=blank, durations=durations, sigma=sigma, omega=0.0, reduction="none",
         fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, backend="auto",
         inplace_grad=False, packed=False)
@@ -240,28 +264,37 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
     Returns:
         The float32 loss: a scalar, or ``(B,)`` for ``"none"``.
     """
+    return _rnnt(logits, targets, logit_lengths, target_lengths, blank_token_id, reduction,
+                 RNNT_NAMES)
+
+
+def _rnnt(logits, targets, logit_lengths, target_lengths, blank_token_id, reduction,
+          names: Names) -> torch.Tensor:
+    """:func:`rnnt_loss`, its messages naming the labels and lengths as ``names`` does."""
     _check_reduction(reduction)
-    check_tensors(("logits", logits), ("targets", targets), ("logit_lengths", logit_lengths),
-                  ("target_lengths", target_lengths))
+    check_tensors(("logits", logits), (names.targets, targets), ("logit_lengths", logit_lengths),
+                  (names.target_lengths, target_lengths))
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dims (B, T, U+1, V), got shape {tuple(logits.shape)}")
+    _check_floating(("logits", logits))
     device = logits.device
     target_lengths = target_lengths.to(device)
-    losses = functional.rnnt_costs_named(RNNT_NAMES, _float(logits), targets.to(device),
+    losses = functional.rnnt_costs_named(names, _float(logits), targets.to(device),
                                          logit_lengths.to(device), target_lengths,
                                          blank_token_id)
     return _reduce(losses, target_lengths, reduction)
 
 
 def _alias(name, value, alias, kwargs):
-    """A transformers ``tdt_loss``/``rnnt_loss`` keyword name given to a ``ParakeetFor*Loss``."""
+    """A transformers ``tdt_loss``/``rnnt_loss`` keyword name given to a ``ParakeetFor*Loss``:
+    ``(value, the name it was given by)``."""
     if alias in kwargs:
         if value is not None:
             raise ValueError(f"give {name} or {alias}, not both")
-        return kwargs.pop(alias)
+        return kwargs.pop(alias), alias
     if value is None:
         raise ValueError(f"{name} (or {alias}) is required")
-    return value
+    return value, name
 
 
 def ParakeetForTDTLoss(token_logits, duration_logits, labels=None, logit_lengths=None,
@@ -273,12 +306,12 @@ def ParakeetForTDTLoss(token_logits, duration_logits, labels=None, logit_lengths
     arguments (the model's forward kwargs) are ignored, as in transformers.
     ``token_logits`` ``(B, T, U+1, V)``, ``duration_logits`` ``(B, T, U+1, D)``, ``labels``
     ``(B, U)``, ``logit_lengths``/``label_lengths`` ``(B,)``."""
-    labels = _alias("labels", labels, "targets", kwargs)
-    label_lengths = _alias("label_lengths", label_lengths, "target_lengths", kwargs)
+    labels, y = _alias("labels", labels, "targets", kwargs)
+    label_lengths, n = _alias("label_lengths", label_lengths, "target_lengths", kwargs)
     if blank_token_id is None or durations is None or logit_lengths is None:
         raise ValueError("logit_lengths, blank_token_id and durations are required")
-    return tdt_loss(token_logits, duration_logits, labels, logit_lengths, label_lengths,
-                    blank_token_id, durations, sigma=sigma, reduction=reduction)
+    return _tdt(token_logits, duration_logits, labels, logit_lengths, label_lengths,
+                blank_token_id, durations, sigma, reduction, _named(TDT_NAMES, y, n))
 
 
 def ParakeetForRNNTLoss(logits, labels=None, logit_lengths=None, label_lengths=None,
@@ -288,12 +321,12 @@ def ParakeetForRNNTLoss(logits, labels=None, logit_lengths=None, label_lengths=N
     (``targets=``/``target_lengths=`` accepted too; other keyword arguments ignored).
     ``logits`` ``(B, T, U+1, V)``, ``labels`` ``(B, U)``, ``logit_lengths``/``label_lengths``
     ``(B,)``."""
-    labels = _alias("labels", labels, "targets", kwargs)
-    label_lengths = _alias("label_lengths", label_lengths, "target_lengths", kwargs)
+    labels, y = _alias("labels", labels, "targets", kwargs)
+    label_lengths, n = _alias("label_lengths", label_lengths, "target_lengths", kwargs)
     if blank_token_id is None or logit_lengths is None:
         raise ValueError("logit_lengths and blank_token_id are required")
-    return rnnt_loss(logits, labels, logit_lengths, label_lengths, blank_token_id,
-                     reduction=reduction)
+    return _rnnt(logits, labels, logit_lengths, label_lengths, blank_token_id, reduction,
+                 _named(RNNT_NAMES, y, n))
 
 
 # --------------------------------------------------------------------------- install()
