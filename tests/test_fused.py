@@ -7,6 +7,7 @@ row, sizes that divide nothing, label-position tiles, byte budgets), dropout (th
 replay), frozen parameters, autocast, ``torch.compile``, and the argument checks."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -326,6 +327,15 @@ def test_bad_tile(tile):
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     with pytest.raises(ValueError, match="tile"):
         rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank, tile=tile)
+
+
+def test_numpy_int_tile():
+    """A NumPy int is an int, as every int option takes it (``operator.index``): the tile
+    of that many rows (it was refused)."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    call = lambda tile: rnnt_lattice.fused_rnnt_loss(    # noqa: E731
+        joiner, enc, pred, targets, tl, ul, blank=blank, tile=tile, reduction="none")
+    torch.testing.assert_close(call(np.int64(7)), call(7), rtol=0, atol=0)
 
 
 def test_bad_joiner_and_inputs():

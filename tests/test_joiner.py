@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -631,6 +632,8 @@ def test_module_checks_and_forward():
                         ((4, 0), "pred_dim must be a positive int or None, got 0")):
         with pytest.raises(ValueError, match=re.escape(words)):   # (was torch's TypeError)
             rnnt_lattice.Joiner(*dims, 8, 10)
+    sized = rnnt_lattice.Joiner(np.int64(4), np.int32(4), np.int64(8), np.int64(10))
+    assert (sized.out.in_features, sized.out.out_features) == (8, 10)   # (NumPy's ints refused)
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     x = joiner(enc[:, :, None], pred[:, None])
     want = joiner.out(torch.tanh(joiner.enc_proj(enc)[:, :, None] + joiner.pred_proj(pred)[:, None]))

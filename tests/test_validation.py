@@ -147,9 +147,12 @@ def _entries():
                               "targets must have 2 dims (B, U), got shape (3,)"),
         "multiblank_blank": (lambda: R.multiblank_rnnt_loss(x, y, tl, ul, blank=9, big_blank_durations=[2]),
                              "blank=9 is outside [-V, V) = [-5, 5) for logits (2, 4, 4, 5)"),
+        "multiblank_too_many": (lambda: R.multiblank_rnnt_loss(x[..., :4], y * 0 + 1, tl, ul, blank=3,
+                                                               big_blank_durations=[2, 3, 4]),
+                                "have no room for the 3 big blank(s) of big_blank_durations"),
         "multiblank_room": (lambda: R.multiblank_rnnt_loss(x[..., :2], y * 0, tl, ul, blank=1,
                                                            big_blank_durations=[2, 3]),
-                            "blank=1 leaves no room below it for the 2 big blank(s)"),
+                            "blank=1 leaves no room below it for the 2 big blank(s) of big_blank_durations"),
         "simple_lm_type": (lambda: R.rnnt_loss_simple(lm.tolist(), am, y, tl, ul, blank=0),
                            "lm must be a torch.Tensor, got list"),
         "simple_lm_2d": (lambda: R.rnnt_loss_simple(lm[0], am, y, tl, ul, blank=0),
@@ -210,6 +213,9 @@ def _entries():
                                                               return_occupations=None),
                                        "return_occupations must be a bool, got None"),
         "joiner_bias": (lambda: R.Joiner(3, 3, 4, V, bias="no"), "bias must be a bool, got 'no'"),
+        "joiner_sharing": (lambda: R.Joiner.sharing(torch.nn.Conv1d(4, V, 1), "tanh"),
+                           "out must be the joint's output layer, a torch.nn.Linear (a module "
+                           "with in_features and out_features), got Conv1d"),
     }
 
 

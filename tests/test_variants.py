@@ -217,7 +217,7 @@ def test_regular_rnnt_type_is_the_kernel_loss():
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[3, 3]), "big_blank_durations must be distinct"),
     ("multiblank_rnnt_loss", dict(blank=0, big_blank_durations=[2]), "leaves no room below it"),
     ("multiblank_rnnt_loss", dict(blank=7, big_blank_durations=[2, 3, 4, 5, 6, 7, 8]),
-     r"no room for 7 big blank\(s\), the blank and a label"),
+     r"no room for the 7 big blank\(s\) of big_blank_durations, the blank and a label"),
 ])
 def test_bad_arguments(fn_name, kw, match):
     x = torch.randn(2, 4, 3, 8)

@@ -979,12 +979,12 @@ def check_multiblank_blank_id(shape: tuple, blank: int, durations, name: str = "
     blank_id = blank if blank >= 0 else range(V)[blank]
     D = len(durations)
     if blank_id < D:
-        raise ValueError(f"blank={blank} leaves no room below it for the {D} big blank(s), "
-                         f"classes blank - 1 - i, of {name} {shape} (NeMo's layout: the blank "
-                         f"is the last class, V - 1 = {V - 1})")
+        raise ValueError(f"blank={blank} leaves no room below it for the {D} big blank(s) of "
+                         f"big_blank_durations, classes blank - 1 - i, of {name} {shape} "
+                         f"(NeMo's layout: the blank is the last class, V - 1 = {V - 1})")
     if V < D + 2:
-        raise ValueError(f"{name} {shape} have no room for {D} big blank(s), the blank and "
-                         f"a label")
+        raise ValueError(f"{name} {shape} have no room for the {D} big blank(s) of "
+                         f"big_blank_durations, the blank and a label")
     return blank_id
 
 
@@ -1184,10 +1184,14 @@ def check_tile(tile) -> tuple[int | None, int | None]:
                 return None, nbytes
         raise ValueError(f"tile must be a positive int (rows per tile) or a byte budget such "
                          f"as '256MiB' (units {', '.join(_BYTE_UNITS)}), got {tile!r}")
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+    try:
+        rows = check_int("tile", tile)            # (NumPy's ints too, as every int option)
+    except ValueError:
+        rows = 0
+    if rows < 1:
         raise ValueError(f"tile must be a positive int (rows per tile) or a byte budget such "
                          f"as '256MiB', got {tile!r}")
-    return tile, None
+    return rows, None
 
 
 def check_fused_args(joiner, enc, pred) -> None:

@@ -9,6 +9,7 @@ dropout active, on another backend, keeps the tile path (section 11).
 from __future__ import annotations
 
 import numbers
+import operator
 
 import torch
 
@@ -51,13 +52,21 @@ class Joiner(torch.nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        sizes = {}
         for name, n in (("hidden", hidden), ("vocab", vocab), ("enc_dim", enc_dim),
                         ("pred_dim", pred_dim)):
             if name.endswith("_dim") and n is None:      # no projection
+                sizes[name] = None
                 continue
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            try:
+                sizes[name] = -1 if isinstance(n, bool) else operator.index(n)  # NumPy's too
+            except TypeError:
+                sizes[name] = -1
+            if sizes[name] < 1:
                 raise ValueError(f"{name} must be a positive int"
                                  f"{' or None' if name.endswith('_dim') else ''}, got {n!r}")
+        hidden, vocab, enc_dim, pred_dim = (sizes[k] for k in ("hidden", "vocab", "enc_dim",
+                                                               "pred_dim"))
         if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)
                 or not 0.0 <= float(dropout) < 1.0):
             raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
@@ -77,8 +86,13 @@ class Joiner(torch.nn.Module):
         """A joiner without projections around an existing output Linear, whose parameters
         it shares (not copies): ``out(act(enc + pred))``, a Parakeet joint's form with its
         ``head``."""
+        # (a Linear, or a module standing for one: peft's LoRA layer has its sizes too)
+        sizes = (getattr(out, "in_features", None), getattr(out, "out_features", None))
+        if not (isinstance(out, torch.nn.Module) and all(isinstance(n, int) for n in sizes)):
+            raise ValueError(f"out must be the joint's output layer, a torch.nn.Linear (a module "
+                             f"with in_features and out_features), got {type(out).__name__}")
         joiner = cls(None, None, out.in_features, out.out_features, activation,
-                     bias=out.bias is not None, device="meta")
+                     bias=getattr(out, "bias", None) is not None, device="meta")
         joiner.out = out
         return joiner
 
