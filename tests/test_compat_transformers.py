@@ -492,6 +492,9 @@ def test_fuse_gives_the_materialised_loss_and_gradients_without_logits(tdt, kwar
 def test_fuse_rejects_other_models():
     with pytest.raises(ValueError, match="ParakeetForTDT"):
         ct.fuse(torch.nn.Linear(2, 2))
+    for fn in (ct.is_fused, ct.unfuse):        # (a TypeError from vars() before)
+        with pytest.raises(ValueError, match="model must be a transformers Parakeet model"):
+            fn(None)
 
 
 class _ProjectingJoint(torch.nn.Module):

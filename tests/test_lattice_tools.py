@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import struct
 
 import pytest
@@ -340,6 +341,17 @@ def test_plot_occupancy_saves_png_and_svg(tmp_path):
         plot_occupancy(occ, 5)
     with pytest.raises(ValueError, match=".png or .svg"):
         save(fig, tmp_path / "o.jpg")
+    # (AttributeErrors and matplotlib's own messages before)
+    with pytest.raises(ValueError, match=r"fig must be a matplotlib Figure \(plot_occupancy returns"):
+        save((fig, ax), tmp_path / "o.png")
+    for dpi, message in (("100", "dpi must be a number, got '100'"), (float("nan"), "dpi must not be NaN"),
+                         (0, "dpi must be > 0, got 0")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            save(fig, tmp_path / "o.png", dpi=dpi)
+    with pytest.raises(ValueError, match="ax must be a matplotlib Axes or None, got str"):
+        plot_occupancy(occ, 0, ali, ax="abc")
+    with pytest.raises(ValueError, match="labels must be a sequence of U_b = 3 strings or None, got int"):
+        plot_occupancy(occ, 0, ali, labels=3)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -93,8 +93,15 @@ def plot_occupancy(occ, index: int = 0, alignment=None, labels: Sequence[str] | 
                 f"sequence {index} has (T_b, U_b) = {dims} there, {(T_b, U_b)} in occ"))
     if T_b == 0:
         raise ValueError(f"sequence {index} has no frames (T_b = 0): nothing to draw")
+    if labels is not None and not isinstance(labels, Sequence):
+        raise ValueError(f"labels must be a sequence of U_b = {U_b} strings or None, got "
+                         f"{type(labels).__name__}")
     if labels is not None and len(labels) != U_b:
         raise ValueError(f"labels has {len(labels)} entries but sequence {index} has U_b = {U_b} labels")
+    if ax is not None:
+        from matplotlib.axes import Axes
+        if not isinstance(ax, Axes):
+            raise ValueError(f"ax must be a matplotlib Axes or None, got {type(ax).__name__}")
     node = occ.node[index, :T_b, :U_b + 1].detach().to("cpu", torch.float64).numpy()
 
     if ax is None:
@@ -131,5 +138,13 @@ def save(fig, path: str | os.PathLike, dpi: int | None = None) -> None:
     ext = os.path.splitext(str(path))[1].lower()
     if ext not in (".png", ".svg"):
         raise ValueError(f"path must end in .png or .svg, got {str(path)!r}")
-    _mpl()
+    _, Figure = _mpl()
+    if not isinstance(fig, Figure):
+        raise ValueError(f"fig must be a matplotlib Figure (plot_occupancy returns (fig, ax): "
+                         f"save(fig, path)), got {type(fig).__name__}")
+    if dpi is not None:
+        from ._validate import check_float
+        dpi = check_float("dpi", dpi, finite=True)
+        if dpi <= 0:
+            raise ValueError(f"dpi must be > 0, got {dpi}")
     fig.savefig(path, dpi=dpi if dpi is not None else fig.dpi)

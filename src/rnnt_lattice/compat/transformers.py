@@ -587,4 +587,7 @@ def unfuse(model):
 
 def is_fused(model) -> bool:
     """Whether :func:`fuse` was applied to ``model``."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a transformers Parakeet model (an nn.Module), got "
+                         f"{type(model).__name__}")
     return _FUSED in vars(model)
