@@ -137,6 +137,9 @@ def _entries():
                                  "must be int32 or int64, got torch.float32 and torch.int64"),
         "packed_negative": (lambda: R.rnnt_loss(rows, y, torch.tensor([4, -3]), ul, blank=0, packed=True),
                             "lengths must be >= 0 and target_lengths <= U = 3, got logit_lengths [4, -3]"),
+        # (a RuntimeError of torch's when only the lengths were on the meta device)
+        "packed_meta_lengths": (lambda: R.rnnt_loss(rows, y, tl.to("meta"), ul, blank=0, packed=True),
+                                "logit_lengths is on the meta device, which holds none"),
         "packed_rows": (lambda: R.rnnt_loss(rows[:-1], y, tl, ul, blank=0, packed=True),
                         f"logits ({rows.shape[0] - 1}, 5) must have sum_b T_b (U_b+1) = {rows.shape[0]} rows"),
         "pruned_ranges_type": (lambda: R.rnnt_loss_pruned(x[:, :, :2], y, rng.tolist(), tl, ul, blank=0),

@@ -821,9 +821,10 @@ def check_packed_args(logits, targets, logit_lengths, target_lengths,
     if logit_lengths.dtype not in _INTS or target_lengths.dtype not in _INTS:
         raise ValueError(f"{T_name} and {U_name} must be int32 or int64, got "
                          f"{logit_lengths.dtype} and {target_lengths.dtype}")
-    if logits.device.type == "meta":
-        raise ValueError("packed=True reads the lengths' values (the row layout depends on "
-                         "them): tensors on the meta device have none")
+    for name, x in ((names.logits, logits), (T_name, logit_lengths), (U_name, target_lengths)):
+        if x.device.type == "meta":
+            raise ValueError(f"packed=True reads the lengths' values (the row layout depends "
+                             f"on them): {name} is on the meta device, which holds none")
 
 
 def _packed_grid(logits, targets, logit_lengths, target_lengths, names: Names = OURS) -> tuple:
