@@ -614,3 +614,47 @@ def test_errors_name_the_argument_and_its_shape(i):
     fn, message = ERRORS[i]
     with pytest.raises(ValueError, match=message):
         fn()
+
+
+def test_a_sequence_whose_start_is_its_end_costs_zero_on_every_path():
+    """A boundary with begin == end on both axes (no frames, no symbols): k2's recursion
+    gives its one empty path, loss 0, and so does every loss here, whichever way it is
+    computed. (The fused kernels' path gave +inf, the library's rule for a lattice without
+    frames, and the (px, py) path -0.0: one call, two values by return_grad.) The other
+    sequences keep their losses; the empty one's gradient is 0."""
+    g = torch.Generator().manual_seed(11)
+    B, T, S, C = 2, 4, 2, 5
+    x = torch.randn(B, T, S + 1, C, generator=g, dtype=torch.float64)
+    lm = torch.randn(B, S + 1, C, generator=g, dtype=torch.float64)
+    am = torch.randn(B, T, C, generator=g, dtype=torch.float64)
+    sym = torch.tensor([[1, 2], [3, 4]])
+    full = torch.tensor([[0, 0, 2, 4], [0, 0, 2, 4]])
+    empty = torch.tensor([[0, 0, 2, 4], [1, 2, 1, 2]])          # sequence 1: start == end
+    ranges = torch.tensor([[[0, 1], [0, 1], [1, 2], [1, 2]]] * B)
+    xp = torch.gather(x, 2, ranges[..., None].expand(B, T, 2, C))
+    calls = {
+        "rnnt_loss": lambda v, bd, **kw: k2.rnnt_loss(v, sym, 0, bd, reduction="none", **kw),
+        "rnnt_loss_pruned": lambda v, bd, **kw: k2.rnnt_loss_pruned(
+            v, sym, ranges, 0, bd, reduction="none", **kw),
+        "rnnt_loss_simple": lambda v, bd, **kw: k2.rnnt_loss_simple(
+            lm, v, sym, 0, bd, reduction="none", **kw),
+        "rnnt_loss_smoothed": lambda v, bd, **kw: k2.rnnt_loss_smoothed(
+            lm, v, sym, 0, boundary=bd, reduction="none", **kw),
+    }
+    inputs = {"rnnt_loss": x, "rnnt_loss_pruned": xp}
+    for name, call in calls.items():
+        v = inputs.get(name, am)
+        want = call(v, full)
+        ways = [{}, {"return_grad": True}] + ([{"use_hat_loss": True}] if name == "rnnt_loss_pruned" else [])
+        for kw in ways:
+            leaf = v.clone().requires_grad_()
+            out = call(leaf, empty, **kw)
+            costs = out[0] if isinstance(out, tuple) else out
+            if "use_hat_loss" in kw:
+                want0 = call(v, full, use_hat_loss=True)[0]
+            else:
+                want0 = want[0]
+            assert costs[1].item() == 0.0 and not torch.signbit(costs[1]), (name, kw, costs)
+            torch.testing.assert_close(costs[0], want0, rtol=1e-12, atol=0)
+            costs.sum().backward()
+            assert not leaf.grad[1].any(), (name, kw)

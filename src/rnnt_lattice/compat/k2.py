@@ -218,10 +218,30 @@ def _read_symbols(boundary, B: int, S: int, device) -> torch.Tensor:
     return s < (S if boundary is None else boundary[:, 2:3])
 
 
-def _reduce(costs: torch.Tensor, reduction) -> torch.Tensor:
+def _check_reduction(reduction) -> str:
+    """k2's reductions; checked before anything is computed (a host rule: before any device
+    assert of the call)."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    return reduce_costs(costs, reduction, False)      # the losses' rule (empty mean: 0)
+    return reduction
+
+
+def _reduce(costs: torch.Tensor, reduction) -> torch.Tensor:
+    return reduce_costs(costs, _check_reduction(reduction), False)  # the losses' rule (empty mean: 0)
+
+
+def _k2_empty(costs: torch.Tensor, boundary, S: int, T: int) -> torch.Tensor:
+    """``costs (B,)`` with 0 for the sequences whose start node is their end node (a
+    ``boundary`` with ``begin == end`` on both axes; without one, ``S = T = 0``): k2's
+    recursion gives them its one empty path, log-probability 0, where the library's losses
+    give a lattice without frames ``+inf``. Their gradient is 0 either way."""
+    if boundary is None:
+        if S or T:
+            return costs
+        empty = torch.ones_like(costs, dtype=torch.bool)
+    else:
+        empty = (boundary[:, 0] == boundary[:, 2]) & (boundary[:, 1] == boundary[:, 3])
+    return torch.where(empty, torch.zeros((), dtype=costs.dtype, device=costs.device), costs)
 
 
 def _number(name: str, x) -> float:
@@ -333,10 +353,10 @@ def _recursion(px, py, boundary, regular: bool, return_grad: bool):
                             rnnt_type="regular" if regular else "modified",
                             return_occupations=return_grad)
     if not return_grad:
-        return -out
+        return 0.0 - out                           # (an empty path: +0, not -0)
     costs, occ = out
     gamma_blank = torch.where(last, 0.0, occ.gamma_blank)    # py[:, :, t_end] is never read
-    return -costs, _to_k2(gamma_blank, occ.gamma_label, T, regular, px.dtype)
+    return 0.0 - costs, _to_k2(gamma_blank, occ.gamma_label, T, regular, px.dtype)
 
 
 def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[torch.Tensor],
@@ -388,10 +408,9 @@ def _px_py_loss(px, py, boundary, delay_penalty, reduction, return_grad):
         t = torch.arange(T1, device=px.device, dtype=px.dtype)
         px = px + delay_penalty * ((t_end[:, None, None] - 1) / 2 - t)    # earlier labels gain
     out = _recursion(px, py, boundary, T1 == T + 1, return_grad)
-    if not return_grad:
-        return _reduce(-out, reduction)
-    scores, grads = out
-    return _reduce(-scores, reduction), grads
+    scores, grads = out if return_grad else (out, None)
+    loss = _reduce(0.0 - scores, reduction)        # (0 - x: an empty path's 0 is +0, not -0)
+    return (loss, grads) if return_grad else loss
 
 
 # ---------------------------------------------------------------------------------------
@@ -673,6 +692,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     ``(px_grad, py_grad)``, then computed as k2 does, from
     :func:`get_rnnt_logprobs_joint`."""
     rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
+    _check_reduction(reduction)
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     if check_flag("return_grad", return_grad):
         px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type)
@@ -684,10 +704,11 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     _, boundary, _ = _symbols_and_boundary(symbols, boundary, B, S1 - 1, T, C, logits.device,
                                            own=False)
     T_b, S_b = _ends(boundary, B, S1 - 1, T, logits.device)
-    return _lib.rnnt_loss(logits, symbols, T_b, S_b, _blank(termination_symbol, C),
-                          reduction=reduction, rnnt_type=rnnt_type,
-                          delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
-                          allow_blank_targets=True)
+    costs = _lib.rnnt_loss(logits, symbols, T_b, S_b, _blank(termination_symbol, C),
+                           reduction="none", rnnt_type=rnnt_type,
+                           delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
+                           allow_blank_targets=True)
+    return _reduce(_k2_empty(costs, boundary, S1 - 1, T), reduction)
 
 
 def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
@@ -719,16 +740,18 @@ def _simple_like(fn, lm, am, symbols, termination_symbol, boundary, rnnt_type, d
     """One of the library's simple losses called the k2 way: the lengths from ``boundary``,
     the occupations in k2's layout and dtype."""
     return_grad = check_flag("return_grad", return_grad)
+    _check_reduction(reduction)
     # (own=False: on the device the library's simple loss checks the symbols, as its targets.)
     B, S, T, C, blank, _, boundary, _ = _simple_args(lm, am, symbols, termination_symbol,
                                                      rnnt_type, boundary, own=False)
     T_b, S_b = _ends(boundary, B, S, T, am.device)
     out = fn(lm, am, symbols, T_b, S_b, blank=blank, rnnt_type=rnnt_type,
-             delay_penalty=_delay_penalty(delay_penalty), boundary=boundary, reduction=reduction,
+             delay_penalty=_delay_penalty(delay_penalty), boundary=boundary, reduction="none",
              return_occupations=return_grad, allow_blank_targets=True, **kw)
+    costs, occ = out if return_grad else (out, None)
+    loss = _reduce(_k2_empty(costs, boundary, S, T), reduction)
     if not return_grad:
-        return out
-    loss, occ = out
+        return loss
     return loss, _to_k2(occ.gamma_blank, occ.gamma_label, T, rnnt_type == "regular", am.dtype)
 
 
@@ -754,6 +777,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
         raise ValueError("rnnt_loss_pruned takes 8 positional arguments: the ninth is "
                          "return_grad in fast_rnnt and use_hat_loss in k2; pass it by keyword")
     rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
+    _check_reduction(reduction)
     # (k2 reads both by truth value: the string "False" was True, None False)
     use_hat_loss = check_flag("use_hat_loss", use_hat_loss)
     return_grad = check_flag("return_grad", return_grad)
@@ -767,10 +791,11 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
                                                         termination_symbol, rnnt_type, boundary,
                                                         own=False)
     T_b, S_b = _ends(boundary, B, S, T, logits.device)
-    return _lib.rnnt_loss_pruned(logits, symbols, ranges, T_b, S_b, blank=blank,
-                                 reduction=reduction, rnnt_type=rnnt_type,
-                                 delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
-                                 allow_blank_targets=True)
+    costs = _lib.rnnt_loss_pruned(logits, symbols, ranges, T_b, S_b, blank=blank,
+                                  reduction="none", rnnt_type=rnnt_type,
+                                  delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
+                                  allow_blank_targets=True)
+    return _reduce(_k2_empty(costs, boundary, S, T), reduction)
 
 
 # ---------------------------------------------------------------------------------------
