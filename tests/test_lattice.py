@@ -70,3 +70,30 @@ def test_backends_agree_on_the_lattice():
     r = lattice_of("torch", logits.double(), targets, tl, ul, blank)
     for f in ("alpha", "beta", "log_like", "gamma"):
         torch.testing.assert_close(getattr(a, f), getattr(r, f), rtol=1e-6, atol=1e-6, msg=f)
+
+
+def test_the_reference_schedule_is_a_few_flat_tensors():
+    """The torch backend's anti-diagonal schedule (cached per shape) holds its indices in a
+    few flat tensors, each diagonal a view of them: one tensor per diagonal and field kept
+    about 290 MB per cached shape at T = 50000 and took ~0.25 ms a diagonal to build. Every
+    node is on exactly one diagonal, t ascending within it, and every kind's incoming arc
+    leaves the node ``(t - dt, u - du)``."""
+    from rnnt_lattice import reference
+    T, U1, steps = 7, 4, ((1, 0), (0, 1), (2, 1))
+    diagonals, _ = reference._schedule(T, U1, steps, torch.device("cpu"))
+    assert len(diagonals) == T + U1
+    base = {f: getattr(diagonals[0], f).untyped_storage().data_ptr()
+            for f in ("nodes", "src_nodes", "src_w", "dst_nodes", "out_w")}
+    seen = []
+    for d, diag in enumerate(diagonals):
+        for f, ptr in base.items():
+            assert getattr(diag, f).untyped_storage().data_ptr() == ptr        # a view
+        t, u = diag.nodes // U1, diag.nodes % U1
+        assert (t + u == d).all() and (t.diff() > 0).all()
+        seen += diag.nodes.tolist()
+        n = diag.nodes.numel()
+        for k, (dt, du) in enumerate(steps):
+            src = diag.src_nodes[k * n:(k + 1) * n]
+            ok = (t - dt >= 0) & (u - du >= 0) & (t - dt < T)
+            assert torch.equal(src, torch.where(ok, (t - dt) * U1 + u - du, (T + 1) * U1))
+    assert sorted(seen) == list(range((T + 1) * U1))

@@ -212,35 +212,78 @@ class _Diagonal:
     out_w: torch.Tensor        # (K n,)  beta: that arc's weight
 
 
+class _Diagonals:
+    """The anti-diagonals of a schedule, in order, each a :class:`_Diagonal` of views into
+    five flat index tensors: a few tensors per shape, where one tensor object per diagonal
+    and field (about 1 KB each) held hundreds of MB in the cache for T in the tens of
+    thousands, and took ~0.25 ms a diagonal to build."""
+
+    def __init__(self, offsets: list, K: int, flat: tuple):
+        self.offsets, self.K, self.flat = offsets, K, flat   # flat: _Diagonal's fields
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, d: int) -> _Diagonal:
+        a, b = self.offsets[d], self.offsets[d + 1]
+        K = self.K
+        nodes, *per_kind = self.flat
+        return _Diagonal(nodes[a:b], *(x[K * a:K * b] for x in per_kind))
+
+    def __iter__(self):
+        return (self[d] for d in range(len(self)))
+
+    def __reversed__(self):
+        return (self[d] for d in reversed(range(len(self))))
+
+
 @functools.lru_cache(maxsize=16)
 def _schedule(T: int, U1: int, steps: tuple, device: torch.device):
-    """Per-diagonal index tensors for kinds with ``(dt, du) = steps[k]``, and the landing
-    node of every weight ``(K T (U+1),)`` (for the occupations). Cached per shape: about
-    ``(4 K + 2) (T+1)(U+1)`` int64 each (a few MB for T, U in the hundreds), built in
-    ~0.25 ms per diagonal on a CPU."""
+    """Per-diagonal index tensors for kinds with ``(dt, du) = steps[k]`` (:class:`_Diagonals`),
+    and the landing node of every weight ``(K T (U+1),)`` (for the occupations). Cached per
+    shape: ``(4 K + 2) (T+1)(U+1)`` int64 in all (a few MB for T, U in the hundreds),
+    built by a few vectorised operations.
+
+    Diagonal ``d`` holds the nodes ``t + u = d``, ``t`` ascending; its per-kind fields are
+    kind-major (``K n`` entries: kind 0's ``n`` nodes, then kind 1's, ...)."""
     K, G, W = len(steps), (T + 1) * U1, len(steps) * T * U1
-    dts = torch.tensor([s[0] for s in steps])[:, None]
+    dts = torch.tensor([s[0] for s in steps])[:, None]                      # (K, 1)
     dus = torch.tensor([s[1] for s in steps])[:, None]
     ks = torch.arange(K)[:, None]
-    diagonals = []
-    for d in range(T + U1):
-        t = torch.arange(max(0, d - U1 + 1), min(d, T) + 1)[None, :]
-        u = d - t
-        st, su = t - dts, u - dus                                           # (K, n)
-        ok = (st >= 0) & (su >= 0) & (st < T)
-        src_nodes = torch.where(ok, st * U1 + su, G)
-        src_w = torch.where(ok, (ks * T + st) * U1 + su, W)
-        lt, lu = t + dts, u + dus
-        ok = (t < T) & (lt <= T) & (lu < U1)
-        dst_nodes = torch.where(ok, lt * U1 + lu, G)
-        out_w = torch.where(ok, (ks * T + t) * U1 + u, W)
-        diagonals.append(_Diagonal(*(a.reshape(-1).to(device) for a in
-                                     ((t * U1 + u), src_nodes, src_w, dst_nodes, out_w))))
+    t = torch.arange(T + 1).repeat_interleave(U1)                           # every node
+    u = torch.arange(U1).repeat(T + 1)
+    order = torch.argsort((t + u) * (T + 1) + t)                            # by diagonal, then t
+    t, u = t[order], u[order]
+    d = t + u
+    counts = torch.bincount(d, minlength=T + U1)                           # nodes per diagonal
+    ends = torch.cumsum(counts, 0)
+    offsets = [0] + ends.tolist()
+    first = (ends - counts)[d]                                              # (G,) its diagonal's start
+    rank = torch.arange(G) - first                                          # place in the diagonal
+    # node i's entry of kind k: after the K n entries of the diagonals before its own, and
+    # the n entries of the kinds before k on its own
+    at = (K * first + ks * counts[d] + rank).reshape(-1)                   # (K G,)
+    st, su = t - dts, u - dus                                               # (K, G)
+    ok = (st >= 0) & (su >= 0) & (st < T)
+    src_nodes = torch.where(ok, st * U1 + su, G)
+    src_w = torch.where(ok, (ks * T + st) * U1 + su, W)
+    lt, lu = t + dts, u + dus
+    ok = (t < T) & (lt <= T) & (lu < U1)
+    dst_nodes = torch.where(ok, lt * U1 + lu, G)
+    out_w = torch.where(ok, (ks * T + t) * U1 + u, W)
+
+    def placed(x):
+        out = torch.empty(K * G, dtype=torch.int64)
+        out[at] = x.reshape(-1)
+        return out.to(device)
+
+    flat = ((t * U1 + u).to(device),) + tuple(placed(x) for x in (src_nodes, src_w, dst_nodes,
+                                                                  out_w))
     t = torch.arange(T)[None, :, None]
     u = torch.arange(U1)[None, None, :]
     lt, lu = t + dts[:, :, None], u + dus[:, :, None]
     land = torch.where((lt <= T) & (lu < U1), lt * U1 + lu, G).reshape(-1).to(device)
-    return diagonals, land
+    return _Diagonals(offsets, K, flat), land
 
 
 def _steps(topo: Topology) -> tuple:
