@@ -403,3 +403,23 @@ def test_a_batched_backward(backend):
     else:
         with pytest.raises(NotImplementedError, match="is_grads_batched"):
             torch.autograd.grad(costs, x, vectors, is_grads_batched=True)
+
+
+@pytest.mark.parametrize("backend", ["auto"] + backends.ALL)
+def test_occupations_stay_in_0_1_for_huge_logits(backend):
+    """Float64 logits of magnitude 1e17 (legal, finite; the loss ~1e17): the exponent of an
+    occupation, ``alpha + w + beta - log P``, is <= 0 but for rounding, which at that
+    magnitude reaches hundreds. Every occupation stays in [0, 1] and every gradient entry
+    in [-1, 1]: the Numba kernels' exp (valid for x <= 0) gave finite garbage up to 1e55
+    and negative occupations, the others inf."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 6, 5, 5, generator=g, dtype=torch.float64) * 1e17
+    y = torch.randint(1, 5, (2, 4), generator=g)
+    tl, ul = torch.tensor([6, 5]), torch.tensor([4, 3])
+    leaf = x.clone().requires_grad_()
+    loss = rnnt_lattice.rnnt_loss(leaf, y, tl, ul, blank=0, reduction="sum", backend=backend)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(leaf.grad).all()
+    assert leaf.grad.abs().max() <= 1.0 + 1e-12
+    occ = rnnt_lattice.occupancy(x, y, tl, ul, blank=0, backend=backend)
+    assert occ.gamma.min() >= 0.0 and occ.gamma.max() <= 1.0

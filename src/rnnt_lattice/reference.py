@@ -398,8 +398,10 @@ def lattice(w: torch.Tensor, topo: Topology, ends: Ends) -> Lattice:
     beta_land = _flat(beta).index_select(0, land).t().reshape(B, K, T, U1)
     possible = (log_like != NEG_INF)[:, None, None, None]
     ll = torch.where(possible, log_like[:, None, None, None], 0.0)
+    # (the exponent is <= 0 but for rounding, which at |log P| beyond ~1e15 can be large:
+    # an occupation is at most 1; clamp keeps NaN)
     gamma = torch.where(possible & arc_mask(topo, ends, T, U1),
-                        torch.exp(alpha[:, None, :T] + w + beta_land - ll), 0.0)
+                        torch.exp((alpha[:, None, :T] + w + beta_land - ll).clamp(max=0.0)), 0.0)
 
     t = torch.arange(T + 1, device=w.device)[None, :, None]
     u = torch.arange(U1, device=w.device)[None, None, :]

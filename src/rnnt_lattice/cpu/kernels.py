@@ -521,7 +521,10 @@ def lattice(
                 n_row = beta[b, t + dt, u0 + du:u0 + du + n]
                 g_row = gamma[b, k, t, u0:u0 + n]
                 for u in range(n):
-                    g_row[u] = exp64(a_row[u] + w_row[u] + n_row[u] - ll)
+                    # <= 0 but for rounding (at |log P| beyond ~1e15 it can reach past 709,
+                    # where exp64 is not exp): an occupation is at most 1. (NaN kept.)
+                    z = a_row[u] + w_row[u] + n_row[u] - ll
+                    g_row[u] = exp64(0.0 if z > 0.0 else z)
 
 
 @njit(**JIT)

@@ -1009,13 +1009,15 @@ def _arc_occupation(a, ll, keep, lp_b, nb_b, beta_b, t, u, t1, u1, s_t, s_u, sig
         gamma_k(t,u) = exp(alpha(t,u) + w_k(t,u) + beta(t + DT, u + DU) - log P)
 
     0 where not ``keep`` (off the region, no path) or where the arc does not exist; NaN on
-    every arc of a NaN sequence (``ll`` NaN). The one formula of the gradient's
-    coefficients and the lattice tools' occupations."""
+    every arc of a NaN sequence (``ll`` NaN); at most 1 (the exponent is <= 0 but for
+    rounding, which at ``|log P|`` beyond ~1e15 can be large; NaN kept). The one formula
+    of the gradient's coefficients and the lattice tools' occupations."""
     ok = keep & _lands(t + DT, u + DU, t1, u1, MAY_END)
     w = _arc_weight(lp_b, nb_b, t * s_t + u * s_u, s_u, t, t1, ok, sigma, delay_penalty,
                     lp_b, PLUS_NEXT_BLANK, DELAY, SIGMA, DELAY_ON, False)
     nb = tl.load(beta_b + (t + DT) * s_t + (u + DU) * s_u, mask=ok, other=NEG_INF)
-    return tl.where(ok, tl.exp(a + w + nb - ll), 0.0)
+    z = a + w + nb - ll
+    return tl.where(ok, tl.exp(tl.where(z > 0.0, 0.0, z)), 0.0)
 
 
 @triton.jit
@@ -1163,7 +1165,8 @@ def _reads_kernel(
             wp = _arc_weight(lp_b, nb_b, src, s_u, t, t1, okp, sigma, delay_penalty, lp_b,
                              PLUS_NEXT_BLANK[k], DELAY[k], SIGMA, DELAY_ON, False)
             nbp = tl.load(beta_b + (t + DT[k]) * s_t + u * s_u, mask=okp, other=NEG_INF)
-            gp = tl.where(okp, tl.exp(ap + wp + nbp - ll), 0.0)
+            zp = ap + wp + nbp - ll                  # (<= 0 but for rounding: occ <= 1)
+            gp = tl.where(okp, tl.exp(tl.where(zp > 0.0, 0.0, zp)), 0.0)
             s_tok += gp
             gb += gp
     tl.store(reads, s_tok, mask=inside)
