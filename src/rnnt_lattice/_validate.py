@@ -450,7 +450,8 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
     ``(rule, bad (B,))`` pairs of the caller's own check on the device (the pruned loss's
     windows, :func:`check_window_args`), asserted here and their NaN rows joined to this
     one's."""
-    allow_blank_targets = check_flag("allow_blank_targets", allow_blank_targets)
+    if type(allow_blank_targets) is not bool:                 # (the usual call: no call)
+        allow_blank_targets = check_flag("allow_blank_targets", allow_blank_targets)
     traced = traced or tracing(logits)
     if traced:
         int64_ids, native_low_precision, inplace_grad = True, False, False
@@ -490,7 +491,7 @@ def check_call(logits, targets, logit_lengths, target_lengths, blank, topology, 
         check_inplace(logits, native_low_precision, names.logits)
     # Last, once no rule of the host can raise: an assert queued for a call that then raises
     # on the host would still fire, on a CUDA device for good.
-    nan_rows = assert_rules(*device_rules)
+    nan_rows = assert_rules(*device_rules) if device_rules else None
     if B and site == "device":
         # The host checks above were skipped (no values read): the same rules on the device.
         bad = device_value_check(
