@@ -146,6 +146,19 @@ def test_fake_tensors_take_the_custom_op(entry):
     assert loss.dtype == (dtype if entry == "torchaudio" else torch.float32)
 
 
+def test_traced_pruned_loss_ignores_inplace_grad():
+    """Traced (fake tensors, as while compiling), ``inplace_grad`` has no effect on any loss:
+    the pruned loss takes strided window logits as the others do (its eager refusal of
+    them, which the reshape to rows would copy, ran while tracing too)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.randn(2, 4, 2, 8)[..., :5].requires_grad_()           # strided windows
+        y, tl, ul = torch.tensor([[1, 2], [3, 4]]), torch.tensor([4, 4]), torch.tensor([2, 2])
+        ranges = torch.tensor([0, 1]).expand(2, 4, 2).contiguous()
+        loss = rnnt_lattice.rnnt_loss_pruned(x, y, ranges, tl, ul, blank=0, inplace_grad=True)
+    assert loss.shape == ()
+
+
 @pytest.mark.parametrize("spread", [0.0, 1000.0], ids=["plain", "rescued"])
 def test_compiled_pruned_pipeline_runs_the_simple_losses_eagerly(spread, no_compile_cache):
     """A compiled training step of k2's pruned recipe (the smoothed and simple losses,

@@ -463,6 +463,10 @@ def _refused_calls(monkeypatch):
             xw, yw.long(), ranges, 1, use_hat_loss=True),
         "k2 rnnt_loss_pruned symbols, use_hat_loss": lambda: fast_rnnt.rnnt_loss_pruned(
             xw, symbols, good_windows, 1, use_hat_loss=True),
+        "k2 rnnt_loss return_grad, delay_penalty": lambda: fast_rnnt.rnnt_loss(
+            x, symbols, 0, return_grad=True, delay_penalty=-1.0),
+        "k2 rnnt_loss_pruned return_grad, delay_penalty": lambda: fast_rnnt.rnnt_loss_pruned(
+            xw, yw.long(), ranges, 0, return_grad=True, delay_penalty="x"),
     }
 
 
@@ -471,7 +475,9 @@ REFUSED = ("rnnt_loss_pruned, blank", "rnnt_loss_pruned, clamp",
            "lattice_loss, backend", "k2 get_rnnt_logprobs, termination_symbol",
            "k2 get_rnnt_logprobs_smoothed, lm_only_scale",
            "k2 get_rnnt_logprobs_joint, termination_symbol",
-           "k2 rnnt_loss_pruned, use_hat_loss", "k2 rnnt_loss_pruned symbols, use_hat_loss")
+           "k2 rnnt_loss_pruned, use_hat_loss", "k2 rnnt_loss_pruned symbols, use_hat_loss",
+           "k2 rnnt_loss return_grad, delay_penalty",
+           "k2 rnnt_loss_pruned return_grad, delay_penalty")
 
 
 @pytest.mark.parametrize("name", REFUSED)
@@ -488,6 +494,21 @@ def test_a_call_refused_on_the_host_queues_no_assert(device_checks, monkeypatch,
     with pytest.raises(ValueError):
         call()
     assert asserts.failed == [], asserts.failed
+
+
+@NO_TRITON
+def test_k2_empty_lattice_keeps_the_nan_of_a_bad_boundary(device_checks, monkeypatch):
+    """compat.k2 gives a sequence whose boundary starts at its end k2's 0, but not one the
+    device check found bad: a boundary beyond the lengths stays NaN (it read 0, a finite
+    batch loss beside the assert)."""
+    g = torch.Generator().manual_seed(9)
+    lm, am = torch.randn(2, U + 1, V, generator=g), torch.randn(2, T, V, generator=g)
+    symbols = torch.randint(1, V, (2, U), generator=g)
+    boundary = torch.tensor([[0, 0, U, T], [U + 2, T + 3, U + 2, T + 3]])   # row 1: begin == end
+    asserts = _Asserts(monkeypatch)
+    costs = fast_rnnt.rnnt_loss_simple(lm, am, symbols, 0, boundary, reduction="none")
+    assert torch.isfinite(costs[0]) and torch.isnan(costs[1]), costs
+    assert asserts.failed == [_rules.device_message("lengths")]   # (the lengths read from it)
 
 
 @pytest.mark.parametrize("what", list(BAD))

@@ -634,6 +634,7 @@ def test_module_checks_and_forward():
             rnnt_lattice.Joiner(*dims, 8, 10)
     sized = rnnt_lattice.Joiner(np.int64(4), np.int32(4), np.int64(8), np.int64(10))
     assert (sized.out.in_features, sized.out.out_features) == (8, 10)   # (NumPy's ints refused)
+    assert rnnt_lattice.Joiner(4, 4, 8, 10, bias=np.False_).out.bias is None
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     x = joiner(enc[:, :, None], pred[:, None])
     want = joiner.out(torch.tanh(joiner.enc_proj(enc)[:, :, None] + joiner.pred_proj(pred)[:, None]))

@@ -10,6 +10,7 @@ import math
 import re
 import struct
 
+import numpy as np
 import pytest
 import torch
 
@@ -352,6 +353,8 @@ def test_plot_occupancy_saves_png_and_svg(tmp_path):
         plot_occupancy(occ, 0, ali, ax="abc")
     with pytest.raises(ValueError, match="labels must be a sequence of U_b = 3 strings or None, got int"):
         plot_occupancy(occ, 0, ali, labels=3)
+    plot_occupancy(occ, 0, ali, labels=np.array(["a", "b", "c"]))    # (an array of labels)
+    save(fig, tmp_path / "o.png", dpi="figure")                       # (matplotlib's value)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -305,6 +305,19 @@ def test_a_damaged_cache_file_is_compiled_again(monkeypatch, tmp_path):
         assert x == [1.0] * 3 and hits == 0 and len(said) == 1, said
         assert "could not read its on-disk cache" in said[0] and str(tmp_path) in said[0]
         assert run() == ([1.0] * 3, [], 1)                  # written anew, loaded
+    # A read that fails again after the index was emptied: raised as it is, after one retry
+    # (the retry recursed until a RecursionError replaced it).
+    import pickle
+    from numba.core import caching
+    reads = []
+
+    def unreadable(self):
+        reads.append(1)
+        raise pickle.UnpicklingError("unreadable")
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", unreadable)
+    with pytest.raises(pickle.UnpicklingError, match="unreadable"):
+        run()
+    assert len(reads) == 2
 
 
 # --------------------------------------------------------------------------- item 3: parallel flag

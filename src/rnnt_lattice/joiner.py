@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 import operator
 
+import numpy as np
 import torch
 
 __all__ = ["Joiner"]
@@ -71,7 +72,9 @@ class Joiner(torch.nn.Module):
                 or not 0.0 <= float(dropout) < 1.0):
             raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
         if type(bias) is not bool:          # nn.Linear takes any truthy value
-            raise ValueError(f"bias must be a bool, got {bias!r}")
+            if not isinstance(bias, np.bool_):
+                raise ValueError(f"bias must be a bool, got {bias!r}")
+            bias = bool(bias)
         kw = dict(device=device, dtype=dtype)
         self.enc_proj = (torch.nn.Identity() if enc_dim is None
                          else torch.nn.Linear(enc_dim, hidden, **kw))
@@ -88,7 +91,8 @@ class Joiner(torch.nn.Module):
         ``head``."""
         # (a Linear, or a module standing for one: peft's LoRA layer has its sizes too)
         sizes = (getattr(out, "in_features", None), getattr(out, "out_features", None))
-        if not (isinstance(out, torch.nn.Module) and all(isinstance(n, int) for n in sizes)):
+        if not (isinstance(out, torch.nn.Module)
+                and all(isinstance(n, numbers.Integral) for n in sizes)):
             raise ValueError(f"out must be the joint's output layer, a torch.nn.Linear (a module "
                              f"with in_features and out_features), got {type(out).__name__}")
         joiner = cls(None, None, out.in_features, out.out_features, activation,

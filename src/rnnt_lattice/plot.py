@@ -93,7 +93,7 @@ def plot_occupancy(occ, index: int = 0, alignment=None, labels: Sequence[str] | 
                 f"sequence {index} has (T_b, U_b) = {dims} there, {(T_b, U_b)} in occ"))
     if T_b == 0:
         raise ValueError(f"sequence {index} has no frames (T_b = 0): nothing to draw")
-    if labels is not None and not isinstance(labels, Sequence):
+    if labels is not None and not (hasattr(labels, "__len__") and hasattr(labels, "__iter__")):
         raise ValueError(f"labels must be a sequence of U_b = {U_b} strings or None, got "
                          f"{type(labels).__name__}")
     if labels is not None and len(labels) != U_b:
@@ -142,7 +142,7 @@ def save(fig, path: str | os.PathLike, dpi: int | None = None) -> None:
     if not isinstance(fig, Figure):
         raise ValueError(f"fig must be a matplotlib Figure (plot_occupancy returns (fig, ax): "
                          f"save(fig, path)), got {type(fig).__name__}")
-    if dpi is not None:
+    if dpi is not None and not (isinstance(dpi, str) and dpi == "figure"):   # (matplotlib's)
         from ._validate import check_float
         dpi = check_float("dpi", dpi, finite=True)
         if dpi <= 0:

@@ -234,14 +234,16 @@ def _k2_empty(costs: torch.Tensor, boundary, S: int, T: int) -> torch.Tensor:
     """``costs (B,)`` with 0 for the sequences whose start node is their end node (a
     ``boundary`` with ``begin == end`` on both axes; without one, ``S = T = 0``): k2's
     recursion gives them its one empty path, log-probability 0, where the library's losses
-    give a lattice without frames ``+inf``. Their gradient is 0 either way."""
+    give a lattice without frames ``+inf``. Their gradient is 0 either way. A NaN stays (the
+    device check's, for a sequence it found bad)."""
     if boundary is None:
         if S or T:
             return costs
         empty = torch.ones_like(costs, dtype=torch.bool)
     else:
         empty = (boundary[:, 0] == boundary[:, 2]) & (boundary[:, 1] == boundary[:, 3])
-    return torch.where(empty, torch.zeros((), dtype=costs.dtype, device=costs.device), costs)
+    return torch.where(empty & ~torch.isnan(costs),
+                       torch.zeros((), dtype=costs.dtype, device=costs.device), costs)
 
 
 def _number(name: str, x) -> float:
@@ -693,6 +695,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     :func:`get_rnnt_logprobs_joint`."""
     rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
     _check_reduction(reduction)
+    delay_penalty = _delay_penalty(delay_penalty)    # (host rules before any device assert)
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     if check_flag("return_grad", return_grad):
         px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type)
@@ -706,7 +709,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     T_b, S_b = _ends(boundary, B, S1 - 1, T, logits.device)
     costs = _lib.rnnt_loss(logits, symbols, T_b, S_b, _blank(termination_symbol, C),
                            reduction="none", rnnt_type=rnnt_type,
-                           delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
+                           delay_penalty=delay_penalty, boundary=boundary,
                            allow_blank_targets=True)
     return _reduce(_k2_empty(costs, boundary, S1 - 1, T), reduction)
 
@@ -741,12 +744,13 @@ def _simple_like(fn, lm, am, symbols, termination_symbol, boundary, rnnt_type, d
     the occupations in k2's layout and dtype."""
     return_grad = check_flag("return_grad", return_grad)
     _check_reduction(reduction)
+    delay_penalty = _delay_penalty(delay_penalty)
     # (own=False: on the device the library's simple loss checks the symbols, as its targets.)
     B, S, T, C, blank, _, boundary, _ = _simple_args(lm, am, symbols, termination_symbol,
                                                      rnnt_type, boundary, own=False)
     T_b, S_b = _ends(boundary, B, S, T, am.device)
     out = fn(lm, am, symbols, T_b, S_b, blank=blank, rnnt_type=rnnt_type,
-             delay_penalty=_delay_penalty(delay_penalty), boundary=boundary, reduction="none",
+             delay_penalty=delay_penalty, boundary=boundary, reduction="none",
              return_occupations=return_grad, allow_blank_targets=True, **kw)
     costs, occ = out if return_grad else (out, None)
     loss = _reduce(_k2_empty(costs, boundary, S, T), reduction)
@@ -778,6 +782,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
                          "return_grad in fast_rnnt and use_hat_loss in k2; pass it by keyword")
     rnnt_type, delay_penalty, reduction = _v10(rnnt_type, modified, delay_penalty, reduction)
     _check_reduction(reduction)
+    delay_penalty = _delay_penalty(delay_penalty)    # (host rules before any device assert)
     # (k2 reads both by truth value: the string "False" was True, None False)
     use_hat_loss = check_flag("use_hat_loss", use_hat_loss)
     return_grad = check_flag("return_grad", return_grad)
@@ -793,7 +798,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     T_b, S_b = _ends(boundary, B, S, T, logits.device)
     costs = _lib.rnnt_loss_pruned(logits, symbols, ranges, T_b, S_b, blank=blank,
                                   reduction="none", rnnt_type=rnnt_type,
-                                  delay_penalty=_delay_penalty(delay_penalty), boundary=boundary,
+                                  delay_penalty=delay_penalty, boundary=boundary,
                                   allow_blank_targets=True)
     return _reduce(_k2_empty(costs, boundary, S, T), reduction)
 

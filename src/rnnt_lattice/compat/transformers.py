@@ -57,7 +57,6 @@ forward runs unchanged.
 from __future__ import annotations
 
 import dataclasses
-import dataclasses
 import importlib
 import math
 import types

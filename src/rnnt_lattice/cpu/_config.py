@@ -240,15 +240,16 @@ class ParallelKernel:
     def __call__(self, *args):
         if ON_COMPILE is not None:
             return self._watched(args)
+        serial = not PARALLEL or FORKED
         try:
-            if not PARALLEL or FORKED:
-                return self.serial(*args)
-            return _launch(self.parallel, args)
+            return self.serial(*args) if serial else _launch(self.parallel, args)
         except Exception as err:
             # (A call that fails before any kernel runs leaves the arguments as they were.)
-            if not _uncached(self.serial if not PARALLEL or FORKED else self.parallel, err):
+            if not _uncached(self.serial if serial else self.parallel, err):
                 raise
-        return self(*args)
+        # Once: a second failure (of the cache turned off, or emptied and failing again)
+        # is raised as it is.
+        return self.serial(*args) if serial else _launch(self.parallel, args)
 
     def _watched(self, args):
         """The call, reporting to ``ON_COMPILE`` when it made a new specialisation."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._layout import pruned_node_rows
-from .._validate import check_flag, check_inplace, check_window_args
+from .._validate import check_flag, check_inplace, check_window_args, tracing
 from ..functional import logits_loss
 from ..topology import by_name
 
@@ -73,7 +73,7 @@ def rnnt_loss_pruned(
     ranges, bad_windows = check_window_args(logits, targets, ranges)
     node_rows = pruned_node_rows(logits, targets, ranges)
     B, T, R, V = logits.shape
-    if check_flag("inplace_grad", inplace_grad):
+    if check_flag("inplace_grad", inplace_grad) and not tracing(logits):   # (traced: no effect)
         # On the window logits as given: the reshape to rows would copy strided ones, and the
         # gradient would be written over the copy.
         check_inplace(logits, True)
