@@ -167,10 +167,11 @@ def test_torchaudio_dtypes_only():
     (dict(clamp=torch.tensor([1.0, 2.0])), r"clamp must be a number, got a tensor of shape \(2,\)"),
     # the op's schema casts None to False: raw logits read as log-probs, a finite, wrong loss
     (dict(fused_log_softmax=None), "fused_log_softmax must be a bool, got None"),
+    (dict(blank=2 ** 70), r"blank must be a class id of the logits \(an int64\), got 1180591620717411303424"),
     (dict(logits="list"), "logits must be a torch.Tensor, got list"),
     (dict(targets="numpy"), "targets must be a torch.Tensor, got ndarray"),
-], ids=["blank_bool", "blank_float", "clamp_str", "clamp_tensor", "fused_none", "logits_list",
-        "targets_numpy"])
+], ids=["blank_bool", "blank_float", "clamp_str", "clamp_tensor", "fused_none", "blank_huge",
+        "logits_list", "targets_numpy"])
 def test_what_the_schema_would_cast_is_checked(kw, words):
     """The op's schema would cast a bool blank and a None flag in silence, and refuse
     non-tensors with a RuntimeError naming no argument: each is a ValueError naming it, in

@@ -96,7 +96,8 @@ def _check_options(tensors, blank, clamp, fused_log_softmax) -> None:
     ``True`` to 1), ``clamp`` a number, and ``fused_log_softmax`` a bool (the dispatcher
     casts ``None`` to False: raw logits read as log-probs, a finite, wrong loss)."""
     check_tensors(*tensors)
-    check_int("blank", blank)
+    if not -2 ** 63 <= check_int("blank", blank) < 2 ** 63:   # (the schema's cast error)
+        raise ValueError(f"blank must be a class id of the logits (an int64), got {blank}")
     check_float("clamp", clamp)
     check_flag("fused_log_softmax", fused_log_softmax)      # (NumPy's bool too, as the schema)
 
