@@ -510,7 +510,12 @@ def lattice(
                             gamma[b, k, t, u] = np.nan
             continue
         # Over slices so that the loops vectorise (``exp64``); w is -inf off the arcs, where
-        # the exp gives 0.
+        # the exp gives 0. The exponent is <= 0 but for rounding: its terms are <= 0 (but a
+        # delay penalty's few) and, near 0, sum to about log P, so rounding moves it by
+        # about eps |log P|. Only a |log P| beyond ~1e12 can push it far above 0, where
+        # exp64 is not exp: there it is clamped at 0 (an occupation is at most 1); the
+        # clamp in every loop cost 7% of a lattice-bound step.
+        huge = abs(ll) > 1e12
         for k in range(K):
             dt = kinds[DT, k]
             du = kinds[DU, k]
@@ -520,11 +525,13 @@ def lattice(
                 w_row = w[b, k, t, u0:u0 + n]
                 n_row = beta[b, t + dt, u0 + du:u0 + du + n]
                 g_row = gamma[b, k, t, u0:u0 + n]
-                for u in range(n):
-                    # <= 0 but for rounding (at |log P| beyond ~1e15 it can reach past 709,
-                    # where exp64 is not exp): an occupation is at most 1. (NaN kept.)
-                    z = a_row[u] + w_row[u] + n_row[u] - ll
-                    g_row[u] = exp64(0.0 if z > 0.0 else z)
+                if huge:
+                    for u in range(n):
+                        z = a_row[u] + w_row[u] + n_row[u] - ll
+                        g_row[u] = exp64(0.0 if z > 0.0 else z)
+                else:
+                    for u in range(n):
+                        g_row[u] = exp64(a_row[u] + w_row[u] + n_row[u] - ll)
 
 
 @njit(**JIT)
