@@ -9,10 +9,10 @@ dropout active, on another backend, keeps the tile path (section 11).
 from __future__ import annotations
 
 import numbers
-import operator
 
-import numpy as np
 import torch
+
+from ._validate import check_flag, check_int
 
 __all__ = ["Joiner"]
 
@@ -53,28 +53,23 @@ class Joiner(torch.nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        sizes = {}
-        for name, n in (("hidden", hidden), ("vocab", vocab), ("enc_dim", enc_dim),
-                        ("pred_dim", pred_dim)):
-            if name.endswith("_dim") and n is None:      # no projection
-                sizes[name] = None
-                continue
+        def size(name, n, optional):
+            if optional and n is None:                   # no projection
+                return None
             try:
-                sizes[name] = -1 if isinstance(n, bool) else operator.index(n)  # NumPy's too
-            except TypeError:
-                sizes[name] = -1
-            if sizes[name] < 1:
+                m = check_int(name, n)                   # (NumPy's ints too)
+            except ValueError:
+                m = 0
+            if m < 1:
                 raise ValueError(f"{name} must be a positive int"
-                                 f"{' or None' if name.endswith('_dim') else ''}, got {n!r}")
-        hidden, vocab, enc_dim, pred_dim = (sizes[k] for k in ("hidden", "vocab", "enc_dim",
-                                                               "pred_dim"))
+                                 f"{' or None' if optional else ''}, got {n!r}")
+            return m
+        hidden, vocab = size("hidden", hidden, False), size("vocab", vocab, False)
+        enc_dim, pred_dim = size("enc_dim", enc_dim, True), size("pred_dim", pred_dim, True)
         if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)
                 or not 0.0 <= float(dropout) < 1.0):
             raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
-        if type(bias) is not bool:          # nn.Linear takes any truthy value
-            if not isinstance(bias, np.bool_):
-                raise ValueError(f"bias must be a bool, got {bias!r}")
-            bias = bool(bias)
+        bias = check_flag("bias", bias)                  # (nn.Linear takes any truthy value)
         kw = dict(device=device, dtype=dtype)
         self.enc_proj = (torch.nn.Identity() if enc_dim is None
                          else torch.nn.Linear(enc_dim, hidden, **kw))
