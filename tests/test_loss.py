@@ -13,7 +13,8 @@ import rnnt_lattice
 from rnnt_lattice._types import LossOptions
 from support import backends
 from support.cases import TINY, Case, make_inputs, rel_err, upstream_weights
-from support.oracle import batch_grad
+from support.oracle import batch_grad, topology_batch_grad
+from support.topologies import make_topo_inputs
 
 BACKENDS = backends.CPU
 
@@ -200,6 +201,33 @@ def test_inplace_grad(fused, backend):
     assert torch.equal(costs.detach(), want_loss)
     torch.testing.assert_close(x.grad, want_grad, rtol=0, atol=TOL[torch.float32])
     assert x.grad.data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize("backend", backends.ALL)
+@pytest.mark.parametrize("loss", ["rnnt", "tdt"])
+def test_a_common_offset_costs_no_digits(loss, backend):
+    """float32 logits around 1e4 lose nothing but their own rounding: the float32 loss and
+    gradient match the oracle on the same rounded values as closely as at 0. (A float32
+    log-normaliser, rounded at 1e4's ulp of 1e-3, moved every log-prob and gradient entry
+    by about that: the torch backend's did, before its float64 ``lse``.)"""
+    case = Case("offset", (5, 3), (3, 0), 7, 0)
+    topo_name = "regular" if loss == "rnnt" else "tdt012"
+    logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=11)
+    w = upstream_weights(case.B)
+    for offset in (0.0, 1e4):
+        x32 = (logits + offset).to(torch.float32)       # the rounded values: the oracle's input
+        want_loss, want_grad = topology_batch_grad(x32.double(), targets, tl, ul, topo, blank,
+                                                   True)
+        x = x32.clone().requires_grad_()
+        if loss == "rnnt":
+            costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none",
+                                           backend=backend)
+        else:
+            costs = rnnt_lattice.tdt_loss(x, targets, tl, ul, blank=blank, durations=[0, 1, 2],
+                                          reduction="none", backend=backend)
+        (costs * w.to(costs.dtype)).sum().backward()
+        assert rel_err(costs, want_loss) <= TOL[torch.float32], offset
+        assert rel_err(x.grad, want_grad * w[:, None, None, None]) <= TOL[torch.float32], offset
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

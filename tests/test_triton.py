@@ -328,6 +328,7 @@ def reference_lowp(batch: Batch, dtype, fused=True):
     targets, tl, ul = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
     topo, ends = rnnt_lattice.topology.regular(), reference.Ends.of(tl, ul)
     lse, _, lp = reference.kind_log_probs(x, targets, topo, batch.blank, fused, ends)
+    lse, lp = lse.to(dtype), lp.to(dtype)                  # (kind_log_probs gives float64)
     lat = reference.lattice(reference.arc_weights(lp, topo, ends), topo, ends)
     grad = reference.grad(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
     return -lat.log_like, grad * batch.weights.to(dtype)[:, None, None, None]

@@ -69,25 +69,46 @@ def arc_mask(topo: Topology, ends: Ends, T: int, U1: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 
 def _row_lse(x: torch.Tensor, log_softmax: bool) -> torch.Tensor:
-    """Log-normaliser of each row of one softmax group (math.md 8.1): NaN if the row max is
-    NaN or +inf; 0 in log-prob mode."""
+    """Log-normaliser of each row of one softmax group (math.md 8.1), in the lattice dtype:
+    NaN if the row max is NaN or +inf; 0 in log-prob mode.
+
+    Computed as ``m + log sum_v exp(x_v - m)`` with ``m`` the row's max (one of its
+    entries): the sum is that of the shifted row, so it does not depend on a common offset
+    of the row, and the float64 sum ``m + log(..)`` keeps the offset's digits that a
+    float32 ``lse`` would round away (a row around 1e3 in float32: 6e-5 of every
+    log-prob and of the gradient)."""
+    ldt = lattice_dtype(x.device)
     if not log_softmax:
-        return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
-    lse = torch.logsumexp(x, dim=-1)
+        return torch.zeros(x.shape[:-1], dtype=ldt, device=x.device)
     row_max = x.amax(dim=-1)                                               # NaN if any NaN
+    shift = torch.where(torch.isfinite(row_max), row_max, 0.0)            # all -inf: lse -inf
+    mass = torch.exp(x - shift[..., None]).sum(-1, dtype=torch.promote_types(x.dtype, torch.float32))
+    lse = shift.to(ldt) + torch.log(mass.to(ldt))
     return torch.where(torch.isnan(row_max) | (row_max == float("inf")), float("nan"), lse)
 
 
 def read_entry(entry: torch.Tensor, lse: torch.Tensor, log_softmax: bool) -> torch.Tensor:
-    """Log-prob ``entry - lse`` of one class per row; a dead row (all -inf, ``lse = -inf``)
-    has ``-inf`` arcs, and in log-prob mode a ``+inf`` entry reads as NaN."""
+    """Log-prob ``entry - lse`` of one class per row, in ``lse``'s dtype; a dead row (all
+    -inf, ``lse = -inf``) has ``-inf`` arcs, and in log-prob mode a ``+inf`` entry reads as
+    NaN."""
+    entry = entry.to(lse.dtype)
     if not log_softmax:
         entry = torch.where(entry == float("inf"), float("nan"), entry)
     return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
 
 
+def _split(lse: torch.Tensor, dtype: torch.dtype):
+    """A lattice-dtype ``lse`` as a ``dtype`` pair ``hi + lo``, so that ``(x - hi) - lo``
+    computed in ``dtype`` keeps the accuracy of ``x - lse`` (``x - hi`` rounds relative to
+    the difference, not to ``lse``). ``hi`` is clamped to the dtype's range (a float16 row
+    at its max has ``lse`` beyond it); a -inf ``lse`` gives a NaN ``lo`` (callers mask it)."""
+    big = torch.finfo(dtype).max
+    hi = lse.clamp(-big, big).to(dtype)
+    return hi, (lse - hi.to(lse.dtype)).to(dtype)
+
+
 def kind_log_probs(logits, targets, topo: Topology, blank: int, log_softmax: bool, ends: Ends,
-                   dtype: torch.dtype | None = None, node_rows: torch.Tensor | None = None):
+                   node_rows: torch.Tensor | None = None):
     """The log-prob part of every arc kind's weight at every source node.
 
     Args:
@@ -95,7 +116,6 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, log_softmax: boo
             or log-probabilities (both groups already normalised). With ``node_rows``:
             rows ``(N, V)`` of a packed or pruned layout.
         targets: ``(B, U)`` int64. ``blank``: a token id in ``[0, V_tok)``.
-        dtype: dtype of the row computations (default: that of ``logits``).
         node_rows: ``(B, T, U+1)`` int64, the row node ``(b, t, u)`` reads (``-1``: none,
             so every arc leaving it is ``-inf``), or None for padded logits.
 
@@ -106,9 +126,10 @@ def kind_log_probs(logits, targets, topo: Topology, blank: int, log_softmax: boo
         kind's class log-prob (blank, ``y[u]`` or ``class_id``), plus its duration
         log-prob, plus ``b(t, u+1)`` for ``plus_next_blank``; ``-inf`` where the source
         node is outside the region or ``u + du > u1``. The end-frame rule of ``arc_mask``
-        is not applied here (``lattice`` applies it).
+        is not applied here (``lattice`` applies it). All three are in the lattice dtype
+        (``lattice_dtype``): a log-prob is the float64 difference of its entry and ``lse``.
     """
-    x, rows = rows_view(logits if dtype is None else logits.to(dtype), node_rows)
+    x, rows = rows_view(logits, node_rows)
     B, T, U1 = rows.shape
     V = x.shape[-1]
     V_tok = topo.token_classes(V)
@@ -472,7 +493,8 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
         for g in reads[1:]:
             total = total + g
         lse_row = per_row(lse, NEG_INF)
-        p = torch.exp(x[:, :V_tok] - lse_row[:, None])
+        hi, lo = _split(lse_row, dt)                                       # lse in dt's digits
+        p = torch.exp((x[:, :V_tok] - hi[:, None]) - lo[:, None])
         p = torch.where(torch.isneginf(lse_row)[:, None], 0.0, p)         # an all -inf row has no mass
         tok = torch.where((total == 0)[:, None], 0.0, p * total[:, None])  # rows no arc reads
     else:
@@ -497,7 +519,8 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
             for _, g in dur_reads[1:]:
                 total = total + g
             lse_dur_row = per_row(lse_dur, NEG_INF)
-            q = torch.exp(x[:, V_tok:] - lse_dur_row[:, None])
+            hi, lo = _split(lse_dur_row, dt)
+            q = torch.exp((x[:, V_tok:] - hi[:, None]) - lo[:, None])
             q = torch.where(torch.isneginf(lse_dur_row)[:, None], 0.0, q)
             dur = torch.where((total == 0)[:, None], 0.0, q * total[:, None])
         else:
@@ -558,10 +581,9 @@ def costs_and_grad_unchecked(logits, targets, logit_lengths, target_lengths, top
     lattice. No check here, so no host synchronisation on CUDA."""
     with torch.no_grad():
         ends = Ends.of(logit_lengths, target_lengths, boundary)
-        ldt = lattice_dtype(logits.device)
         lse, lse_dur, lp = kind_log_probs(logits, targets, topo, blank, log_softmax, ends,
                                           node_rows=node_rows)
-        w = arc_weights(lp.to(ldt), topo, ends, sigma, delay_penalty)
+        w = arc_weights(lp, topo, ends, sigma, delay_penalty)
         lat = lattice(w, topo, ends)
         costs = (-lat.log_like).to(logits.dtype)
         if not need_grad:

@@ -73,12 +73,13 @@ class _Tiles:
     per-node results of ``reference.kind_log_probs`` gathered tile by tile, then the
     lattice."""
 
-    lse: torch.Tensor                  # (B, T, U+1), dtype of the rows
+    lse: torch.Tensor                  # (B, T, U+1), lattice dtype
     lse_dur: torch.Tensor | None       # (B, T, U+1), TDT only
     lp: torch.Tensor                   # (B, K, T, U+1)
     targets: torch.Tensor              # (B, U) int64
     ends: Ends
     blank: int
+    dtype: torch.dtype                 # the rows' (the costs')
     lat: Lattice | None = None         # after tile_lattice
 
 
@@ -91,9 +92,10 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
     if state is None:
         ends = Ends.of(logit_lengths, target_lengths, boundary)   # checked: prepare_call
         blank = opts.blank
-        full = lambda *shape: torch.empty(shape, dtype=rows.dtype, device=rows.device)  # noqa: E731
+        ldt = lattice_dtype(rows.device)
+        full = lambda *shape: torch.empty(shape, dtype=ldt, device=rows.device)  # noqa: E731
         state = _Tiles(full(B, T, U1), full(B, T, U1) if topo.n_durations else None,
-                       full(B, topo.K, T, U1), targets.to(torch.int64), ends, blank)
+                       full(B, topo.K, T, U1), targets.to(torch.int64), ends, blank, rows.dtype)
     lse, lse_dur, lp = kind_log_probs(rows, state.targets, topo, state.blank, opts.log_softmax,
                                       state.ends, node_rows=tile.node_rows)
     t, u = tile.box
@@ -107,12 +109,11 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
 def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
     """The lattice (``reference.arc_weights``, ``reference.lattice``) once over every node:
     costs ``-log P`` (B,) in the rows' dtype."""
-    w = arc_weights(state.lp.to(lattice_dtype(state.lp.device)), opts.topology, state.ends,
-                    opts.sigma, opts.delay_penalty)
+    w = arc_weights(state.lp, opts.topology, state.ends, opts.sigma, opts.delay_penalty)
     lat = lattice(w, opts.topology, state.ends)
     if need_grad:
         state.lat = lat
-    return (-lat.log_like).to(state.lp.dtype)
+    return (-lat.log_like).to(state.dtype)
 
 
 def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
@@ -132,8 +133,7 @@ def _weights(logits, targets, logit_lengths, target_lengths, opts: LossOptions, 
     topo = opts.topology
     ends = Ends.of(logit_lengths, target_lengths, boundary)   # checked: prepare_call
     _, _, lp = kind_log_probs(logits, targets, topo, opts.blank, opts.log_softmax, ends)
-    w = arc_weights(lp.to(lattice_dtype(logits.device)), topo, ends, opts.sigma,
-                    opts.delay_penalty)
+    w = arc_weights(lp, topo, ends, opts.sigma, opts.delay_penalty)
     return w, ends, topo
 
 
