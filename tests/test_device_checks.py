@@ -511,6 +511,39 @@ def test_k2_empty_lattice_keeps_the_nan_of_a_bad_boundary(device_checks, monkeyp
     assert asserts.failed == [_rules.device_message("lengths")]   # (the lengths read from it)
 
 
+@NO_TRITON
+def test_k2_px_py_paths_keep_the_nan_of_an_empty_lattice(device_checks, monkeypatch):
+    """compat.k2's losses computed from ``(px, py)`` (``return_grad``, ``use_hat_loss``):
+    a bad symbol in a sequence whose boundary starts at its end is NaN there, as on the
+    fused kernels' path. (Its ``(px, py)`` were NaN, but an empty lattice reads none of
+    them: the loss read k2's 0.)"""
+    g = torch.Generator().manual_seed(13)
+    B_, T_, S, C = 2, 4, 2, 5
+    x = torch.randn(B_, T_, S + 1, C, generator=g, dtype=torch.float64)
+    symbols = torch.tensor([[1, 2], [C + 3, 4]])                  # sequence 1: a bad symbol
+    boundary = torch.tensor([[0, 0, 2, 4], [1, 2, 1, 2]])        # sequence 1: start == end
+    ranges = torch.tensor([[[0, 1], [0, 1], [1, 2], [1, 2]]] * B_)
+    xp = torch.gather(x, 2, ranges[..., None].expand(B_, T_, 2, C))
+    calls = {
+        "rnnt_loss": lambda **kw: fast_rnnt.rnnt_loss(x, symbols, 0, boundary, reduction="none",
+                                                      **kw),
+        "rnnt_loss_pruned": lambda **kw: fast_rnnt.rnnt_loss_pruned(
+            xp, symbols, ranges, 0, boundary, reduction="none", **kw),
+    }
+    asserts = _Asserts(monkeypatch)
+    for name, call in calls.items():
+        ways = [{}, {"return_grad": True}] + ([{"use_hat_loss": True}]
+                                              if name == "rnnt_loss_pruned" else [])
+        for kw in ways:
+            asserts.failed.clear()
+            out = call(**kw)
+            costs = out[0] if isinstance(out, tuple) else out
+            assert torch.isfinite(costs[0]) and torch.isnan(costs[1]), (name, kw, costs)
+            # (the fused path's own loss asserts them as its targets)
+            assert len(asserts.failed) == 1 and any(w in asserts.failed[0] for w in (
+                "symbols[b, s]", "targets[b, u]")), (name, kw, asserts.failed)
+
+
 @pytest.mark.parametrize("what", list(BAD))
 def test_host_checks_name_the_argument(what):
     """The host path (the CPU default, and ``set_input_checks("host")`` on CUDA) raises a

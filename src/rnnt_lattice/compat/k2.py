@@ -70,7 +70,7 @@ import torch
 
 import rnnt_lattice as _lib          # the public API only, the value-check rule and the
 from rnnt_lattice._ops import reduce_costs          # the losses' reduction
-from rnnt_lattice._rules import assert_rules   # the device check's asserts, NaN rows
+from rnnt_lattice._rules import assert_rules, with_bad_rows   # the device check's asserts, NaN rows
 from rnnt_lattice._validate import (check_flag, check_float, check_int,   # the rules of ints,
                                     may_read_values)             # flags, floats, values
 from rnnt_lattice.topology import K2_TYPES, by_name
@@ -399,9 +399,11 @@ def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[
     return torch.cat([prods[:1] + offset, prods[1:]])                      # (N, B)
 
 
-def _px_py_loss(px, py, boundary, delay_penalty, reduction, return_grad):
+def _px_py_loss(px, py, nan_rows, boundary, delay_penalty, reduction, return_grad):
     """The RNN-T losses computed from ``(px, py)`` as k2 does: the delay penalty on ``px``,
-    the recursion, the reduction."""
+    the recursion, the reduction. ``nan_rows``: NaN on the losses of the sequences the
+    device check found bad (their ``(px, py)`` are NaN too, but an empty lattice reads
+    none of them)."""
     delay_penalty = _delay_penalty(delay_penalty)
     B, S, T1 = px.shape
     T = py.shape[2]
@@ -411,7 +413,7 @@ def _px_py_loss(px, py, boundary, delay_penalty, reduction, return_grad):
         px = px + delay_penalty * ((t_end[:, None, None] - 1) / 2 - t)    # earlier labels gain
     out = _recursion(px, py, boundary, T1 == T + 1, return_grad)
     scores, grads = out if return_grad else (out, None)
-    loss = _reduce(0.0 - scores, reduction)        # (0 - x: an empty path's 0 is +0, not -0)
+    loss = _reduce(with_bad_rows(0.0 - scores, nan_rows), reduction)        # (0 - x: an empty path's 0 is +0, not -0)
     return (loss, grads) if return_grad else loss
 
 
@@ -592,7 +594,13 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     ``boundary, modified``) and k2's ``rnnt_type, boundary`` are both accepted positionally,
     told apart by type."""
     boundary, rnnt_type = _positions(boundary, rnnt_type)
-    rnnt_type = _rnnt_type(rnnt_type, modified)
+    return _joint_px_py(logits, symbols, termination_symbol, boundary,
+                        _rnnt_type(rnnt_type, modified))[:2]
+
+
+def _joint_px_py(logits, symbols, termination_symbol, boundary, rnnt_type):
+    """:func:`get_rnnt_logprobs_joint`'s ``(px, py, nan_rows)``: ``nan_rows`` as
+    :func:`_pruned_px_py`'s."""
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     _float("logits", logits)
     S = S1 - 1
@@ -604,8 +612,8 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     px = torch.gather(logits[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))[..., 0]
     px = (px - norm[:, :, :S]).transpose(1, 2)                                 # (B, S, T)
     py = (logits[..., blank] - norm).transpose(1, 2)                           # (B, S+1, T)
-    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
-                   nan_rows)
+    return (*_finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
+                     nan_rows), nan_rows)
 
 
 def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundary,
@@ -642,8 +650,11 @@ def _pruned_args(logits, symbols, ranges, termination_symbol, rnnt_type, boundar
 
 
 def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat: bool):
-    """``(px, py)`` of window logits ``(B, T, R, C)``: the window rows' arc log-probs
-    scattered to their symbol positions, ``-inf`` outside the windows."""
+    """``(px, py, nan_rows)`` of window logits ``(B, T, R, C)``: the window rows' arc
+    log-probs scattered to their symbol positions, ``-inf`` outside the windows;
+    ``nan_rows`` ``(B,)`` (NaN for a sequence the device check found bad, else 0; None:
+    checked on the host) for a loss computed from them (:func:`_px_py_loss`), since an
+    empty lattice reads no entry of its NaN ``(px, py)``."""
     B, S, T, C, blank, y, boundary, ranges, checks = _pruned_args(
         logits, symbols, ranges, termination_symbol, rnnt_type, boundary)
     if hat and blank != 0:
@@ -665,8 +676,8 @@ def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_ty
     grid = logits.new_full((B, T, S + 1), NEG_INF)
     px = grid.scatter(2, ranges, label_w)[:, :, :S].transpose(1, 2)            # (B, S, T)
     py = grid.scatter(2, ranges, blank_w).transpose(1, 2)                      # (B, S+1, T)
-    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
-                   nan_rows)
+    return (*_finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
+                     nan_rows), nan_rows)
 
 
 def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
@@ -677,7 +688,7 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
     k]``); each window row's log-probs as :func:`get_rnnt_logprobs_joint`, every arc
     outside the windows ``-inf``."""
     return _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary,
-                         _rnnt_type(rnnt_type, modified), hat=False)
+                         _rnnt_type(rnnt_type, modified), hat=False)[:2]
 
 
 # ---------------------------------------------------------------------------------------
@@ -698,8 +709,10 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
     delay_penalty = _delay_penalty(delay_penalty)    # (host rules before any device assert)
     B, T, S1, C = _tensor("logits", logits, "(B, T, S+1, C)")
     if check_flag("return_grad", return_grad):
-        px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type)
-        return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
+        px, py, nan_rows = _joint_px_py(logits, symbols, termination_symbol,
+                                        *_positions(boundary, rnnt_type))
+        return _px_py_loss(px, py, nan_rows,
+                           boundary if boundary is None else boundary.to(torch.int64),
                            delay_penalty, reduction, True)
     _float("logits", logits)
     by_name(rnnt_type, K2_TYPES)
@@ -787,9 +800,10 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     use_hat_loss = check_flag("use_hat_loss", use_hat_loss)
     return_grad = check_flag("return_grad", return_grad)
     if use_hat_loss or return_grad:
-        px, py = _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
-                               hat=use_hat_loss)
-        return _px_py_loss(px, py, boundary if boundary is None else boundary.to(torch.int64),
+        px, py, nan_rows = _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary,
+                                         rnnt_type, hat=use_hat_loss)
+        return _px_py_loss(px, py, nan_rows,
+                           boundary if boundary is None else boundary.to(torch.int64),
                            delay_penalty, reduction, return_grad)
     # (own=False: on the device the library's loss checks the symbols and the windows.)
     B, S, T, C, blank, _, boundary, _, _ = _pruned_args(logits, symbols, ranges,
