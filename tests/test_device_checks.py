@@ -21,6 +21,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -494,6 +495,27 @@ def test_a_call_refused_on_the_host_queues_no_assert(device_checks, monkeypatch,
     with pytest.raises(ValueError):
         call()
     assert asserts.failed == [], asserts.failed
+
+
+@NO_TRITON
+def test_prune_ranges_warns_before_it_asserts(device_checks, monkeypatch):
+    """``prune_ranges``'s window warning (an error under ``-W error``) comes before its
+    device check: a call with bad lengths and a window too small, refused by the warning,
+    queues no assert; let through, it asserts."""
+    _, _, tl, ul = _batch()
+    g = torch.Generator().manual_seed(8)
+    occ = (torch.rand(B, T, U + 1, generator=g), torch.rand(B, T, U + 1, generator=g))
+    tl = tl.clone()
+    tl[1] = T + 1                                                   # beyond the occupations
+    asserts = _Asserts(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="cannot reach the end"):
+            rnnt_lattice.prune_ranges(occ, 1, logit_lengths=tl, target_lengths=ul)
+    assert asserts.failed == [], asserts.failed
+    with pytest.warns(RuntimeWarning, match="cannot reach the end"):
+        rnnt_lattice.prune_ranges(occ, 1, logit_lengths=tl, target_lengths=ul)
+    assert asserts.failed == [_rules.device_message("lengths")], asserts.failed
 
 
 @NO_TRITON

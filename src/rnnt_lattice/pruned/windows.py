@@ -147,9 +147,6 @@ def prune_ranges(
     check_occupation_lengths(gamma_blank, logit_lengths, target_lengths)
     B, T, U1 = gamma_blank.shape
     boundary = check_boundary(boundary, B, gamma_blank.device, logit_lengths, target_lengths)
-    if B and check_site(gamma_blank) == "device":       # no loss here: the asserts alone
-        device_value_check(None, logit_lengths, target_lengths, T=T, U=U1 - 1, V=0, blank=None,
-                           boundary=boundary)
     if boundary is None:
         t_end, u_end = logit_lengths, target_lengths
     else:
@@ -157,7 +154,12 @@ def prune_ranges(
     S = U1 - 1
     regular = rnnt_type == "regular"
 
+    # The window first: its warning is the last thing that may raise on the host (with
+    # warnings as errors), and a device assert queued before it would fire all the same.
     R_used = _window_size(R, t_end, u_end, S, regular, method)
+    if B and check_site(gamma_blank) == "device":       # no loss here: the asserts alone
+        device_value_check(None, logit_lengths, target_lengths, T=T, U=U1 - 1, V=0, blank=None,
+                           boundary=boundary)
     if method == "k2":
         s_begin = _backends.resolve("auto", gamma_blank.device).k2_starts(
             gamma_blank, gamma_label, t_end, u_end, R_used, R_used if regular else 2)
