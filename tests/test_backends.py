@@ -103,9 +103,10 @@ def test_auto_falls_back_to_torch_and_says_why(monkeypatch):
     monkeypatch.setattr(_backends, "load", load)
     monkeypatch.setattr(_backends, "_warned_fallback", set())
     import torch
-    with pytest.warns(RuntimeWarning, match=r"'triton' backend is not importable .*found 3\.2\.0"):
+    with pytest.warns(RuntimeWarning, match=r"'triton' backend is not importable .*found 3\.2\.0") as rec:
         impl = _backends.resolve("auto", torch.device("cuda"))
     assert impl.NAME == "torch"
+    assert rec[0].filename == __file__                     # the caller's line
 
 
 def test_with_blank_is_replace_for_every_field():

@@ -507,15 +507,27 @@ def test_prune_ranges_warns_before_it_asserts(device_checks, monkeypatch):
     occ = (torch.rand(B, T, U + 1, generator=g), torch.rand(B, T, U + 1, generator=g))
     tl = tl.clone()
     tl[1] = T + 1                                                   # beyond the occupations
+    boundary = torch.stack([0 * tl, 0 * tl, ul, tl], 1)
+    calls = {
+        "prune_ranges": lambda: rnnt_lattice.prune_ranges(occ, 1, logit_lengths=tl,
+                                                          target_lengths=ul),
+        # k2's, on (px_grad, py_grad) of the same occupations (its regular px: T+1 frames)
+        "k2 get_rnnt_prune_ranges": lambda: fast_rnnt.get_rnnt_prune_ranges(
+            torch.nn.functional.pad(occ[1][..., :U].transpose(1, 2), (0, 1)),
+            occ[0].transpose(1, 2), boundary, 1),
+    }
     asserts = _Asserts(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(RuntimeWarning, match="cannot reach the end"):
-            rnnt_lattice.prune_ranges(occ, 1, logit_lengths=tl, target_lengths=ul)
-    assert asserts.failed == [], asserts.failed
-    with pytest.warns(RuntimeWarning, match="cannot reach the end"):
-        rnnt_lattice.prune_ranges(occ, 1, logit_lengths=tl, target_lengths=ul)
-    assert asserts.failed == [_rules.device_message("lengths")], asserts.failed
+    for name, call in calls.items():
+        asserts.failed.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="cannot reach the end"):
+                call()
+        assert asserts.failed == [], (name, asserts.failed)
+        with pytest.warns(RuntimeWarning, match="cannot reach the end") as record:
+            call()
+        assert record[0].filename == __file__, (name, record[0].filename)   # the caller's line
+        assert asserts.failed, name
 
 
 @NO_TRITON

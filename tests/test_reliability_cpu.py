@@ -293,6 +293,7 @@ def test_a_damaged_cache_file_is_compiled_again(monkeypatch, tmp_path):
             warnings.simplefilter("always")
             kernel(x)
         said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+        assert all(w.filename == __file__ for w in seen), [w.filename for w in seen]
         return x.tolist(), said, sum(kernel.serial.stats.cache_hits.values())
 
     assert run() == ([1.0] * 3, [], 0)                      # compiled, cached

@@ -16,7 +16,7 @@ import torch
 
 from ._layout import Tile, packed_node_rows
 from ._types import ArcParts, Ends, Lattice, LossOptions, Smoothing
-from ._validate import OURS, Checked, Names, check_call, with_blank
+from ._validate import OURS, Checked, Names, check_call, user_stacklevel, with_blank
 from .topology import Topology
 
 BACKENDS = ("auto", "numba", "torch", "triton")
@@ -192,7 +192,7 @@ def resolve(backend: str, device) -> Backend:
                     f"rnnt_lattice: the {preferred!r} backend is not importable on this machine "
                     f"({why}); falling back to the pure-PyTorch backend (slower). Install "
                     f"{'numba' if preferred == 'numba' else 'triton'} (or a newer one) to use it.",
-                    RuntimeWarning, stacklevel=3)
+                    RuntimeWarning, stacklevel=user_stacklevel())
             preferred = "torch"
         return load(preferred)
     if backend == "numba" and kind != "cpu":

@@ -1242,3 +1242,20 @@ def check_joiner_output(x, want: tuple, enc_shape: tuple, pred_shape: tuple,
         raise ValueError(f"joiner(enc {enc_shape}, pred {pred_shape}) returned logits of shape "
                          f"{_shape(x)} on {x.device}: they must be on the device of enc and "
                          f"pred, {device}")
+
+
+# --------------------------------------------------------------------------- warnings
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by the function calling this one
+    that reports the first frame outside the package: the user's line, however many of the
+    package's frames (a compat wrapper, ``eager_under_compile``) lie between. Warning there
+    directly, rather than catching and warning again, keeps a warning that is an error
+    (``-W error``) in its place among the call's host rules."""
+    import sys
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level

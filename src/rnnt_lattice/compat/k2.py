@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -850,14 +849,10 @@ def _prune(gamma_blank, gamma_label, regular, boundary, s_range):
     B, T, S1 = gamma_blank.shape
     boundary = _boundary(boundary, B, S1 - 1, T, gamma_blank.device)
     T_b, S_b = _ends(boundary, B, S1 - 1, T, gamma_blank.device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ranges = _lib.prune_ranges((gamma_blank, gamma_label), s_range, method="k2",
-                                   logit_lengths=T_b, target_lengths=S_b, boundary=boundary,
-                                   rnnt_type="regular" if regular else "modified").ranges
-    for w in caught:            # a raised window, reported at the caller's line
-        warnings.warn(w.message, stacklevel=3)
-    return ranges
+    # (a raised window's warning names the caller's line: _validate.user_stacklevel)
+    return _lib.prune_ranges((gamma_blank, gamma_label), s_range, method="k2",
+                             logit_lengths=T_b, target_lengths=S_b, boundary=boundary,
+                             rnnt_type="regular" if regular else "modified").ranges
 
 
 def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):

@@ -48,6 +48,7 @@ from numba import njit
 from numba.core import event
 
 from .. import _fork
+from .._validate import user_stacklevel
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -73,7 +74,7 @@ def _cache_usable() -> bool:
             f"compiling them without the cache (every new process compiles them again). "
             f"Set NUMBA_CACHE_DIR to a writable directory to keep them, or "
             f"RNNT_LATTICE_NUMBA_CACHE=0 to silence this warning.",
-            RuntimeWarning, stacklevel=2)
+            RuntimeWarning, stacklevel=user_stacklevel())
         return False
     return True
 
@@ -207,7 +208,7 @@ def _uncached(dispatcher, err: BaseException) -> bool:
                   f"its on-disk cache of the CPU kernel {dispatcher.py_func.__qualname__} in "
                   f"{folder} ({type(err).__name__}: {err}); that kernel's cache was {done}. "
                   f"Deleting that folder's files is always safe (RNNT_LATTICE_NUMBA_CACHE=0 "
-                  f"turns the cache off).", RuntimeWarning, stacklevel=3)
+                  f"turns the cache off).", RuntimeWarning, stacklevel=user_stacklevel())
     return True
 
 

@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 from .. import _backends
 from .._ops import eager_under_compile
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
-                         check_pruning_args, check_site, device_value_check)
+                         check_pruning_args, check_site, device_value_check, user_stacklevel)
 from ..topology import K2_TYPES, by_name
 from .simple import ArcOccupations
 
@@ -205,7 +205,7 @@ def _window_size(R: int, t_end, u_end, S: int, regular: bool, method: str) -> in
     if R > asked:
         warnings.warn(f"prune_ranges: R={asked} cannot reach the end of every sequence "
                       f"(rnnt_type {'regular' if regular else 'modified/constrained'}, "
-                      f"U = {S}); using R={R}", RuntimeWarning, stacklevel=3)
+                      f"U = {S}); using R={R}", RuntimeWarning, stacklevel=user_stacklevel())
     return R
 
 
