@@ -602,6 +602,9 @@ ERRORS = [
     (lambda: k2.get_rnnt_prune_ranges(_x3[:, :3, :4], _x3[:, :4], None, 2.0), "s_range must be an int"),
     (lambda: k2.get_rnnt_prune_ranges(_x3[:, :3, :4].long(), _x3[:, :4].long(), None, 2),
      "px_grad must be floating point"),
+    # (torch's RuntimeError of a host read on the meta device)
+    (lambda: k2.get_rnnt_prune_ranges(_x3[:, :3, :4].to("meta"), _x3[:, :4].to("meta"), None, 2),
+     "get_rnnt_prune_ranges reads the sequences' ends .*: px_grad is on the meta device"),
     # a mix of dtypes among the terms (torch.stack promoted it, and blamed py)
     (lambda: k2.joint_mutual_information_recursion([_x3[:, :3, :4], _x3[:, :3, :4].double()],
                                                    [_x3[:, :4]] * 2),

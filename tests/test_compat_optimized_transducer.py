@@ -170,7 +170,11 @@ def test_dtypes_and_errors_name_the_argument():
                          (dict(one_sym_per_frame=None), "one_sym_per_frame must be a bool"),
                          (dict(targets=torch.cat([targets, targets[:, :1]], 1)),
                           r"max\(target_lengths\) = 2 columns"),
-                         (dict(logits=rows[:-1]), r"rows")):
+                         (dict(logits=rows[:-1]), r"rows"),
+                         # (torch's RuntimeError of a host read on the meta device)
+                         (dict(logits=rows.to("meta"), targets=targets.to("meta"),
+                               logit_lengths=tl.to("meta"), target_lengths=ul.to("meta")),
+                          "reads the lengths' values .* logits is on the meta device")):
         with pytest.raises(ValueError, match=pattern):
             optimized_transducer.transducer_loss(**(args | bad))
     bad_targets = targets.clone()

@@ -329,6 +329,9 @@ def test_errors_name_the_argument():
         call(rows, labs[:-1], tl, ul, compact=True)
     with pytest.raises(ValueError, match=r"rows"):
         call(rows[:-1], labs, tl, ul, compact=True)
+    meta = [t.to("meta") for t in (rows, labs, tl, ul)]         # (torch's NotImplementedError)
+    with pytest.raises(ValueError, match=r"labels_lengths is on the meta device"):
+        call(*meta, compact=True)
     with pytest.raises(ValueError, match=r"log_probs must have 4 dimensions"):
         call(rows, labels, tl, ul)
     # The binding's own checks, in warp-rnnt's words.

@@ -17,6 +17,7 @@ import torch
 import rnnt_lattice
 from rnnt_lattice.analysis.alignment import backtrack_arcs
 from support import backends, cases
+from support.sync import RecordOps, syncing
 
 BACKENDS = backends.CPU
 
@@ -281,6 +282,23 @@ def test_prune_coverage_of_a_nan_sequence_is_nan(backend):
     assert torch.isnan(cov.per_sequence[1]).all() and torch.isnan(cov.total).all()
     keep = [0, 2]
     assert torch.equal(cov.per_sequence[keep], clean.per_sequence[keep])
+
+
+def test_prune_coverage_reads_no_value_on_the_host():
+    """``prune_coverage`` on occupations computes without a host read: no synchronisation
+    on CUDA, and shapes on the meta device (its batch share was chosen by ``if total > 0``:
+    torch's RuntimeError there)."""
+    logits, targets, tl, ul, blank = _case("ragged_batch", seed=5)
+    occ = rnnt_lattice.occupancy(logits, targets, tl, ul, blank=blank)
+    with RecordOps() as rec:
+        cov = rnnt_lattice.prune_coverage(occ, 3)
+    # (lift_fresh: the Numba window DP's results come back through torch.from_numpy)
+    reads = [op for op in syncing(rec.ops) if "lift_fresh" not in op]
+    assert reads == [], reads
+    meta = rnnt_lattice.occupancy(logits.to("meta"), targets.to("meta"), tl.to("meta"),
+                                  ul.to("meta"), blank=blank)
+    on_meta = rnnt_lattice.prune_coverage(meta, 3)
+    assert on_meta.total.shape == cov.total.shape and on_meta.total.device.type == "meta"
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -182,6 +182,13 @@ def _entries():
                           "logit_lengths must be an int32/int64 tensor of shape (B,) = (2,)"),
         "prune_gamma_int": (lambda: R.prune_ranges(occ(as_int=True), 2),
                             "gamma_blank and gamma_label must be floating point, got torch.int64"),
+        # (torch's RuntimeError of a host read on the meta device)
+        "prune_meta": (lambda: R.prune_ranges(tuple(g.to("meta") for g in (occ().gamma_blank,
+                                                                           occ().gamma_label)),
+                                              2, logit_lengths=tl.to("meta"),
+                                              target_lengths=ul.to("meta")),
+                       "prune_ranges reads the lengths' values (the window's size, the ranges' "
+                       "shape): logit_lengths is on the meta device"),
         "pruning_type": (lambda: R.do_rnnt_pruning(am, lm, rng.tolist()), "ranges must be a torch.Tensor, got list"),
         "pruning_float": (lambda: R.do_rnnt_pruning(am, lm, rng.float()), "ranges must be int32 or int64, got torch.float32"),
         "pruning_shape": (lambda: R.do_rnnt_pruning(am, lm, rng[:, :2]),

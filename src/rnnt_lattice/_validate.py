@@ -822,10 +822,18 @@ def check_packed_args(logits, targets, logit_lengths, target_lengths,
     if logit_lengths.dtype not in _INTS or target_lengths.dtype not in _INTS:
         raise ValueError(f"{T_name} and {U_name} must be int32 or int64, got "
                          f"{logit_lengths.dtype} and {target_lengths.dtype}")
-    for name, x in ((names.logits, logits), (T_name, logit_lengths), (U_name, target_lengths)):
+    check_values_held("packed=True reads the lengths' values (the row layout depends on them)",
+                      (names.logits, logits), (T_name, logit_lengths), (U_name, target_lengths))
+
+
+def check_values_held(reads: str, *named, error: type = ValueError) -> None:
+    """A call that reads values on the host (a layout, a shape that depends on them):
+    ``error`` naming the first of the ``(name, tensor)`` pairs on the meta device (shapes
+    only), whose read would be torch's RuntimeError or NotImplementedError. ``reads``:
+    what the call reads and why."""
+    for name, x in named:
         if x.device.type == "meta":
-            raise ValueError(f"packed=True reads the lengths' values (the row layout depends "
-                             f"on them): {name} is on the meta device, which holds none")
+            raise error(f"{reads}: {name} is on the meta device, which holds none")
 
 
 def _packed_grid(logits, targets, logit_lengths, target_lengths, names: Names = OURS) -> tuple:
@@ -870,9 +878,9 @@ def check_pack_logits_args(logits, logit_lengths, target_lengths) -> None:
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if x.dtype not in _INTS:
             raise ValueError(f"pack_logits: {name} must be int32 or int64, got {x.dtype}")
-    if "meta" in (logits.device.type, logit_lengths.device.type, target_lengths.device.type):
-        raise ValueError("pack_logits reads the lengths' values (the packed rows' count is "
-                         "theirs): tensors on the meta device have none")
+    check_values_held("pack_logits reads the lengths' values (the packed rows' count is theirs)",
+                      ("logits", logits), ("logit_lengths", logit_lengths),
+                      ("target_lengths", target_lengths))
     if not tracing(logits):
         where = ("logits", logits)
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, where, where)

@@ -109,7 +109,8 @@ def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
     per_seq = torch.where(has_mass[:, None], covered / torch.where(has_mass, mass_b, 1.0)[:, None],
                           per_seq).clamp(max=1.0)
     total_mass = mass_b.sum()
-    total = covered.sum(0) / total_mass if total_mass > 0 else torch.ones(max_window, dtype=dt, device=dev)
+    some = total_mass > 0                                  # (a select: no host read)
+    total = torch.where(some, covered.sum(0) / torch.where(some, total_mass, 1.0), 1.0)
     total = total.clamp(max=1.0)
     # A window of R >= U_b + 1 holds the whole column: exactly 1, not 1 - rounding.
     whole = torch.arange(1, max_window + 1, device=dev)[None, :] >= (Ul + 1)[:, None]   # (B, R_max)

@@ -71,7 +71,7 @@ import rnnt_lattice as _lib          # the public API only, the value-check rule
 from rnnt_lattice._ops import reduce_costs          # the losses' reduction
 from rnnt_lattice._rules import assert_rules, with_bad_rows   # the device check's asserts, NaN rows
 from rnnt_lattice._validate import (check_flag, check_float, check_int,   # the rules of ints,
-                                    may_read_values)             # flags, floats, values
+                                    check_values_held, may_read_values)   # flags, floats, values
 from rnnt_lattice.topology import K2_TYPES, by_name
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
@@ -848,6 +848,9 @@ def _prune(gamma_blank, gamma_label, regular, boundary, s_range):
         raise ValueError(f"s_range must be >= 1 (the symbols per frame's window), got {s_range}")
     B, T, S1 = gamma_blank.shape
     boundary = _boundary(boundary, B, S1 - 1, T, gamma_blank.device)
+    check_values_held("get_rnnt_prune_ranges reads the sequences' ends (the window's size, the "
+                      "ranges' shape)", ("px_grad", gamma_label),
+                      *(() if boundary is None else (("boundary", boundary),)))
     T_b, S_b = _ends(boundary, B, S1 - 1, T, gamma_blank.device)
     # (a raised window's warning names the caller's line: _validate.user_stacklevel)
     return _lib.prune_ranges((gamma_blank, gamma_label), s_range, method="k2",

@@ -40,7 +40,7 @@ import torch
 
 from .. import rnnt_loss as lattice_rnnt_loss
 from .._ops import eager_under_compile
-from .._validate import check_flag, check_int, check_tensors
+from .._validate import check_flag, check_int, check_tensors, check_values_held
 
 __all__ = ["transducer_loss", "TransducerLoss"]
 
@@ -80,6 +80,9 @@ def _check(logits, targets, logit_lengths, target_lengths, blank, from_log_softm
     if not 0 <= blank < V:
         raise ValueError(f"blank must be an int in [0, V) = [0, {V}) for logits "
                          f"{tuple(logits.shape)}, got {blank!r}")
+    check_values_held("transducer_loss reads the lengths' values (the packed rows' layout "
+                      "depends on them)", ("logits", logits), ("logit_lengths", logit_lengths),
+                      ("target_lengths", target_lengths))
     if target_lengths.numel():
         U_max = int(target_lengths.max())          # one host read, as optimized_transducer's
         if targets.shape[1] != U_max:

@@ -16,7 +16,8 @@ from torch.autograd.function import once_differentiable
 from .. import _backends
 from .._ops import eager_under_compile
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
-                         check_pruning_args, check_site, device_value_check, user_stacklevel)
+                         check_pruning_args, check_site, check_values_held, device_value_check,
+                         user_stacklevel)
 from ..topology import K2_TYPES, by_name
 from .simple import ArcOccupations
 
@@ -147,6 +148,9 @@ def prune_ranges(
     check_occupation_lengths(gamma_blank, logit_lengths, target_lengths)
     B, T, U1 = gamma_blank.shape
     boundary = check_boundary(boundary, B, gamma_blank.device, logit_lengths, target_lengths)
+    check_values_held("prune_ranges reads the lengths' values (the window's size, the ranges' "
+                      "shape)", ("logit_lengths", logit_lengths), ("target_lengths", target_lengths),
+                      *(() if boundary is None else (("boundary", boundary),)))
     if boundary is None:
         t_end, u_end = logit_lengths, target_lengths
     else:

@@ -26,7 +26,7 @@ import torch
 from ... import functional
 from ..._ops import eager_under_compile
 from ..._rules import device_assert
-from ..._validate import Names, check_int, check_site
+from ..._validate import Names, check_int, check_site, check_values_held
 from ..._validate import check_tensors as check_types
 
 __all__ = ["rnnt_loss", "rnnt_loss_compact", "rnnt_loss_compact_backward"]
@@ -96,6 +96,8 @@ def padded_labels(ys: torch.Tensor, yn: torch.Tensor, names=("ys", "yn")) -> tor
     """Concatenated labels ``(SU,)`` -> ``(B, max_b U_b)`` (zeros past each ``U_b``). One
     host read (``max U_b`` and ``SU``), as warp-rnnt's compact layout needs too."""
     B = yn.shape[0]
+    check_values_held("the compact layout reads the labels' lengths (the padded labels' width)",
+                      (names[1], yn), error=ArgumentError)
     U, SU, lo = torch.stack([yn.max(), yn.sum(), yn.min()]).tolist() if B else (0, 0, 0)
     if lo < 0:
         raise ArgumentError(f"{names[1]} must be >= 0, got {yn.tolist()}")
