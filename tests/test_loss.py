@@ -230,6 +230,41 @@ def test_a_common_offset_costs_no_digits(loss, backend):
         assert rel_err(x.grad, want_grad * w[:, None, None, None]) <= TOL[torch.float32], offset
 
 
+@pytest.mark.parametrize("backend", backends.ALL)
+@pytest.mark.parametrize("inplace", [False, True], ids=["grad", "inplace"])
+@pytest.mark.parametrize("margin", [12.0, 20.0])
+def test_confident_rows_keep_their_digits(margin, inplace, backend):
+    """A confident model: every row favours its best path's class by ``margin`` nats, so
+    ``p = 1 / (1 + rest)`` with ``rest`` ~ V e^-margin. float32 losses of 1e-5 and the
+    gradient (relative to its own scale, itself ~ rest) match the oracle on the same
+    rounded values as closely as for an unsure model. (A float32 row sum ``1 + rest``
+    rounded ``rest`` away: at 20 nats the loss was off by 27% on the torch backend, 4% on
+    Triton, and the gradient entries ``p S - gamma`` by 2-5% of their scale.)"""
+    g = torch.Generator().manual_seed(23)
+    B, T, U, V = 2, 7, 3, 40
+    tl, ul = torch.tensor([7, 5]), torch.tensor([3, 2])
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    y = torch.randint(1, V, (B, U), generator=g)
+    x[..., 0] += margin                                            # blank, except ...
+    for b in range(B):
+        for u in range(int(ul[b])):                                # ... one label a frame
+            x[b, 2 * u, u, 0] -= margin
+            x[b, 2 * u, u, y[b, u]] += margin
+    x32 = x.float()
+    w = upstream_weights(B)
+    want_loss, want_grad = batch_grad(x32.double(), y, tl, ul, 0, True)
+    want_grad = want_grad * w[:, None, None, None]
+    z = x32.clone().requires_grad_()
+    costs = rnnt_lattice.rnnt_loss(z, y, tl, ul, 0, reduction="none", backend=backend,
+                                   inplace_grad=inplace)
+    (costs * w.to(costs.dtype)).sum().backward()
+    grad = z if inplace else z.grad          # (in place: the logits hold the gradient)
+    assert want_loss.max() < 1e-3 if margin > 15 else want_loss.max() < 0.1   # confident
+    assert ((costs.double() - want_loss).abs() / want_loss).max() <= TOL[torch.float32]
+    scale = want_grad.abs().max()
+    assert (grad.detach().double() - want_grad).abs().max() / scale <= TOL[torch.float32]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_half_precision(dtype, backend):

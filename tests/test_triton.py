@@ -327,10 +327,11 @@ def reference_lowp(batch: Batch, dtype, fused=True):
     x = batch.logits.to(dtype)
     targets, tl, ul = (batch.targets.long(), batch.logit_lengths.long(), batch.target_lengths.long())
     topo, ends = rnnt_lattice.topology.regular(), reference.Ends.of(tl, ul)
-    lse, _, lp = reference.kind_log_probs(x, targets, topo, batch.blank, fused, ends)
+    blank = batch.blank % x.shape[-1]                      # (reference's: in [0, V))
+    lse, _, lp = reference.kind_log_probs(x, targets, topo, blank, fused, ends)
     lse, lp = lse.to(dtype), lp.to(dtype)                  # (kind_log_probs gives float64)
     lat = reference.lattice(reference.arc_weights(lp, topo, ends), topo, ends)
-    grad = reference.grad(x, lse, None, lat, targets, topo, batch.blank, fused, ends)
+    grad = reference.grad(x, lse, None, lat, targets, topo, blank, fused, ends)
     return -lat.log_like, grad * batch.weights.to(dtype)[:, None, None, None]
 
 

@@ -72,18 +72,23 @@ def _row_lse(x: torch.Tensor, log_softmax: bool) -> torch.Tensor:
     """Log-normaliser of each row of one softmax group (math.md 8.1), in the lattice dtype:
     NaN if the row max is NaN or +inf; 0 in log-prob mode.
 
-    Computed as ``m + log sum_v exp(x_v - m)`` with ``m`` the row's max (one of its
-    entries): the sum is that of the shifted row, so it does not depend on a common offset
-    of the row, and the float64 sum ``m + log(..)`` keeps the offset's digits that a
-    float32 ``lse`` would round away (a row around 1e3 in float32: 6e-5 of every
-    log-prob and of the gradient)."""
+    Computed as ``m + log(ties + rest)`` with ``m`` the row's max (one of its entries),
+    ``ties`` the number of entries equal to it and ``rest`` the sum of ``exp(x_v - m)``
+    over the others: the sums are those of the shifted row, so they do not depend on a
+    common offset of the row, and the float64 ``m + log(..)`` keeps the offset's digits
+    that a float32 ``lse`` would round away (a row around 1e3 in float32: 6e-5 of every
+    log-prob and of the gradient). The ties are counted, not summed: a float32 sum ``1 +
+    rest`` rounds a confident row's ``rest`` (below 2^-24 it read ``log p_max = 0``)."""
     ldt = lattice_dtype(x.device)
     if not log_softmax:
         return torch.zeros(x.shape[:-1], dtype=ldt, device=x.device)
     row_max = x.amax(dim=-1)                                               # NaN if any NaN
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)            # all -inf: lse -inf
-    mass = torch.exp(x - shift[..., None]).sum(-1, dtype=torch.promote_types(x.dtype, torch.float32))
-    lse = shift.to(ldt) + torch.log(mass.to(ldt))
+    d = x - shift[..., None]
+    tie = d == 0
+    rest = torch.where(tie, 0.0, torch.exp(d)).sum(
+        -1, dtype=torch.promote_types(x.dtype, torch.float32))
+    lse = shift.to(ldt) + torch.log(tie.sum(-1).to(ldt) + rest.to(ldt))
     return torch.where(torch.isnan(row_max) | (row_max == float("inf")), float("nan"), lse)
 
 
@@ -97,14 +102,46 @@ def read_entry(entry: torch.Tensor, lse: torch.Tensor, log_softmax: bool) -> tor
     return torch.where(lse == NEG_INF, NEG_INF, entry - lse)
 
 
-def _split(lse: torch.Tensor, dtype: torch.dtype):
-    """A lattice-dtype ``lse`` as a ``dtype`` pair ``hi + lo``, so that ``(x - hi) - lo``
-    computed in ``dtype`` keeps the accuracy of ``x - lse`` (``x - hi`` rounds relative to
-    the difference, not to ``lse``). ``hi`` is clamped to the dtype's range (a float16 row
-    at its max has ``lse`` beyond it); a -inf ``lse`` gives a NaN ``lo`` (callers mask it)."""
-    big = torch.finfo(dtype).max
-    hi = lse.clamp(-big, big).to(dtype)
-    return hi, (lse - hi.to(lse.dtype)).to(dtype)
+def _softmax_mass(x: torch.Tensor, lse: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``p * total`` of rows ``x`` ``(N, n)``: ``p = exp(x - lse)`` under each row's
+    lattice-dtype log-normaliser ``lse`` ``(N,)``, ``total`` ``(N,)`` in ``x``'s dtype; 0 on
+    a row without mass (``lse = -inf``) and on a row no arc reads (``total = 0``).
+
+    With ``lse = hi + lo``, ``hi`` in ``x``'s dtype (clamped to its range: a float16 row at
+    its max has ``lse`` beyond it), this is ``exp(x - hi) * (total exp(-lo))``: ``x - hi``
+    rounds relative to the difference, not to ``lse``, so a common offset of the row costs
+    no digits, and ``exp(-lo)`` joins the per-row factor (no second pass over the row)."""
+    big = torch.finfo(x.dtype).max
+    hi = lse.clamp(-big, big).to(x.dtype)
+    lo = torch.where(torch.isinf(lse), 0.0, lse - hi.to(lse.dtype))
+    scale = (total.to(lse.dtype) * torch.exp(-lo)).to(x.dtype)
+    p = torch.exp(x - hi[:, None]) * scale[:, None]
+    return torch.where((torch.isneginf(lse) | (total == 0))[:, None], 0.0, p)
+
+
+def _group_grad(x: torch.Tensor, lse: torch.Tensor | None, cls: torch.Tensor,
+                read: torch.Tensor) -> torch.Tensor:
+    """One softmax group's gradient rows ``(N, n)`` in ``x``'s dtype:
+
+        d loss / d x_v = p_v S - sum_{reads r of class v} g_r,    S = sum_r g_r
+
+    for the reads ``r`` of each row: class ``cls (N, R)``, occupation ``read (N, R)`` (lattice
+    dtype). ``lse`` ``(N,)``: the group's log-normaliser; None in log-prob mode (``p`` taken
+    as 0). The bulk ``p_v S`` is computed in ``x``'s dtype (:func:`_softmax_mass`); the
+    entries the reads hit are then formed in the lattice dtype, ``p`` from ``x_v - lse``
+    there, and written over it: near ``p = 1`` (a confident row) ``p S - g`` cancels, and in
+    float32 it kept only the rounding of ``p`` and of ``S``."""
+    if lse is None:
+        return torch.zeros(x.shape, dtype=x.dtype, device=x.device).scatter_add_(
+            1, cls, (0.0 - read).to(x.dtype))
+    total = read.sum(1)                                                    # S (N,)
+    out = _softmax_mass(x, lse, total.to(x.dtype))
+    # every read's class gets p S minus all the reads of that class (a class read twice:
+    # both writes are the same value)
+    hits = (read[:, None, :] * (cls[:, :, None] == cls[:, None, :])).sum(-1)   # (N, R)
+    p = torch.exp(torch.gather(x, 1, cls).to(lse.dtype) - lse[:, None])
+    mass = torch.where((torch.isneginf(lse) | (total == 0))[:, None], 0.0, p * total[:, None])
+    return out.scatter_(1, cls, (mass - hits).to(x.dtype))
 
 
 def kind_log_probs(logits, targets, topo: Topology, blank: int, log_softmax: bool, ends: Ends,
@@ -481,52 +518,30 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
         """(B, T, U+1) per node -> (N,) per row; ``fill`` for a row no node reads."""
         return torch.where(has_node, node_values.reshape(-1)[rn], fill)
 
-    gamma = lat.gamma.to(dt)
+    # The occupations in the lattice dtype: the entries the arcs read are formed there
+    # (``_group_grad``), the bulk ``p S`` in the logits' dtype.
+    gamma = lat.gamma
     scaled = [gamma[:, k] * (1.0 + fastemit_lambda) if (k_.fastemit and fastemit_lambda) else gamma[:, k]
               for k, k_ in enumerate(topo.kinds)]
     next_blank = [_shift_down_u(gamma[:, k]) for k, k_ in enumerate(topo.kinds) if k_.plus_next_blank]
     reads = [per_row(g) for g in scaled + next_blank]                     # (N,) each
 
     # Token group: d/dz_v = p_v * S - [v = class read] * s gamma.
-    if log_softmax:
-        total = reads[0]
-        for g in reads[1:]:
-            total = total + g
-        lse_row = per_row(lse, NEG_INF)
-        hi, lo = _split(lse_row, dt)                                       # lse in dt's digits
-        p = torch.exp((x[:, :V_tok] - hi[:, None]) - lo[:, None])
-        p = torch.where(torch.isneginf(lse_row)[:, None], 0.0, p)         # an all -inf row has no mass
-        tok = torch.where((total == 0)[:, None], 0.0, p * total[:, None])  # rows no arc reads
-    else:
-        tok = torch.zeros((N, V_tok), dtype=dt, device=x.device)
     safe_targets = targets.clamp(0, V_tok - 1)
     label_idx = torch.nn.functional.pad(safe_targets, (0, 1), value=0)     # (B, U+1); no label arc at U
-    label_row = per_row(label_idx[:, None, :].expand(B, T, U1), 0)[:, None]   # (N, 1)
-    for k, g in zip(topo.kinds, reads):
-        if k.reads == "label":
-            tok.scatter_add_(1, label_row, -g[:, None])
-        else:
-            tok[:, blank if k.reads == "blank" else k.class_id] -= g
-    for g in reads[len(scaled):]:
-        tok[:, blank] -= g
+    label_row = per_row(label_idx[:, None, :].expand(B, T, U1), 0)         # (N,)
+    fixed = lambda c: torch.full((N,), c, dtype=torch.int64, device=x.device)  # noqa: E731
+    classes = [label_row if k.reads == "label" else fixed(blank if k.reads == "blank" else k.class_id)
+               for k in topo.kinds] + [fixed(blank)] * len(next_blank)
+    tok = _group_grad(x[:, :V_tok], per_row(lse, NEG_INF) if log_softmax else None,
+                      torch.stack(classes, 1), torch.stack(reads, 1))
 
     # Duration group (TDT): d/dz_i = q_i * sum_k gamma_k - sum_{k with duration i} gamma_k.
     if topo.n_durations:
-        dur_reads = [(k.duration, per_row(gamma[:, j])) for j, k in enumerate(topo.kinds)
-                     if k.duration >= 0]
-        if log_softmax:
-            total = dur_reads[0][1]
-            for _, g in dur_reads[1:]:
-                total = total + g
-            lse_dur_row = per_row(lse_dur, NEG_INF)
-            hi, lo = _split(lse_dur_row, dt)
-            q = torch.exp((x[:, V_tok:] - hi[:, None]) - lo[:, None])
-            q = torch.where(torch.isneginf(lse_dur_row)[:, None], 0.0, q)
-            dur = torch.where((total == 0)[:, None], 0.0, q * total[:, None])
-        else:
-            dur = torch.zeros((N, topo.n_durations), dtype=dt, device=x.device)
-        for i, g in dur_reads:
-            dur[:, i] -= g
+        kinds = [(k.duration, j) for j, k in enumerate(topo.kinds) if k.duration >= 0]
+        dur = _group_grad(x[:, V_tok:], per_row(lse_dur, NEG_INF) if log_softmax else None,
+                          torch.stack([fixed(i) for i, _ in kinds], 1),
+                          torch.stack([per_row(gamma[:, j]) for _, j in kinds], 1))
         grad = torch.cat([tok, dur], -1)
     else:
         grad = tok

@@ -161,12 +161,17 @@ def row_max(row):
 # Row sums: float32 partial sums over blocks of SUM_BLOCK elements (16-wide AVX-512
 # lanes), float64 across blocks. A float64 accumulator throughout would halve the vector
 # width; 256 float32 terms in [0, 1] lose < 256 * 2^-24 relative.
+#
+# The entries equal to the max (exp(0) = 1, exactly) are counted, not summed: s = ties +
+# rest, added in float64 at the end. In a float32 partial sum the 1 would round the others
+# away (a confident row, p_max = 1 / (1 + rest), rest < 2^-24: log p_max read 0, and every
+# gradient entry p S - gamma that cancels near p = 1 inherited the rounding).
 SUM_BLOCK = 256
 
 
 @njit(**JIT)
 def exp_sum(row, m):
-    """sum_v exp(row[v] - m)."""
+    """sum_v exp(row[v] - m) (the entries equal to ``m`` counted: see ``SUM_BLOCK``)."""
     return _exp_row(row, m, False)
 
 
@@ -180,16 +185,21 @@ def exp_store(row, m, out):
         # 2.5-4x slower; docs/benchmarks.md, "CPU kernels after the restructuring").
         return _exp_row(row, m, True)
     s = 0.0
+    ties = 0
+    zero = cast_like(row, 0.0)
     for v0 in range(0, row.shape[0], SUM_BLOCK):
         seg = row[v0:v0 + SUM_BLOCK]
         oseg = out[v0:v0 + SUM_BLOCK]
-        part = cast_like(row, 0.0)
+        part = zero
         for k in range(seg.shape[0]):
-            e = exp_nonpos(seg[k] - m)
+            d = seg[k] - m
+            e = exp_nonpos(d)
             oseg[k] = e
-            part += e
+            tie = d == zero
+            ties += tie
+            part += zero if tie else e
         s += part
-    return s
+    return s + ties
 
 
 @njit(**JIT)
@@ -197,16 +207,21 @@ def _exp_row(row, m, in_place):
     """sum_v exp(row[v] - m), the exps written over the row when ``in_place`` (a loop on
     one array: LLVM unswitches the flag and vectorises both versions)."""
     s = 0.0
+    ties = 0
+    zero = cast_like(row, 0.0)
     for v0 in range(0, row.shape[0], SUM_BLOCK):
         seg = row[v0:v0 + SUM_BLOCK]
-        part = cast_like(row, 0.0)
+        part = zero
         for k in range(seg.shape[0]):
-            e = exp_nonpos(seg[k] - m)
+            d = seg[k] - m
+            e = exp_nonpos(d)
             if in_place:
                 seg[k] = e
-            part += e
+            tie = d == zero
+            ties += tie
+            part += zero if tie else e
         s += part
-    return s
+    return s + ties
 
 
 # Inlined in Numba's IR: called as a function, its loop lost the caller's vectorisation

@@ -259,11 +259,28 @@ def _lse_chunk(m, s, x):
     max_v x_v)`` and ``s' = s * exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element
     (the rescaling is one exp per row and chunk); the chunk's own sum is an ACC tree
     reduction. A row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf``
-    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1)."""
+    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1). The entries equal
+    to the max (``exp(0) = 1``) are counted into ``s``, not summed in ACC (:func:`_exp_sum`)."""
     m_new = tl.maximum(m, tl.max(x, axis=1))
     shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-    chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
-    return m_new, s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
+    return m_new, s * tl.exp((m - shift).to(tl.float64)) + _exp_sum(x - shift[:, None], 1)
+
+
+@triton.jit
+def _exp_sum(d, axis: tl.constexpr):
+    """``sum exp(d)`` along ``axis`` (``d <= 0``), float64: the entries with ``d = 0``
+    (the max, ``exp(0) = 1``) counted, the others summed in ``d``'s dtype. A confident
+    row's ``1 + rest`` in float32 rounds ``rest`` (below 2^-24 the max's log-prob read 0,
+    and the gradient entries that cancel near ``p = 1`` kept only that rounding)."""
+    if d.dtype == tl.float64:                      # (1 + rest in float64 keeps rest)
+        return tl.sum(tl.exp(d), axis=axis)
+    tie = d == 0.0
+    rest = tl.sum(tl.where(tie, 0.0, tl.exp(d)), axis=axis)
+    if axis == 1:                # across a row's threads: one more float reduction
+        ties = tl.sum(tl.where(tie, 1.0, 0.0), axis=axis)
+    else:                        # within a thread (LANES): fewer registers as integers
+        ties = tl.sum(tie.to(tl.int32), axis=axis)
+    return ties.to(tl.float64) + rest.to(tl.float64)
 
 
 @triton.jit
@@ -286,15 +303,15 @@ def _lse_step(m, s, x, LANES: tl.constexpr):
     ``LANES`` > 0: a running max and sum per group of ``LANES`` adjacent entries (one
     thread's vector load: 16 bytes), ``m`` and ``s`` of shape ``[ROWS, BLOCK // LANES]``:
     ``m' = max(m, max_j x_j)``, ``s' = s exp(m - m') + sum_j exp(x_j - m')`` over the
-    group's entries j, with the rescaling in ACC and the sum kept in float64; nothing
-    crosses threads until :func:`_lse_done`. A group whose max is still -inf shifts by 0,
-    and a NaN or +inf entry turns its ``s`` into NaN, as in :func:`_lse_chunk`."""
+    group's entries j (the ties with the max counted: :func:`_exp_sum`), with the rescaling
+    in ACC and the sum kept in float64; nothing crosses threads until :func:`_lse_done`.
+    A group whose max is still -inf shifts by 0, and a NaN or +inf entry turns its ``s``
+    into NaN, as in :func:`_lse_chunk`."""
     if LANES > 0:
         x3 = tl.reshape(x, [x.shape[0], x.shape[1] // LANES, LANES])
         m_new = tl.maximum(m, tl.max(x3, axis=2))
         shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-        part = tl.sum(tl.exp(x3 - shift[:, :, None]), axis=2)
-        s = s * tl.exp(m - shift).to(tl.float64) + part.to(tl.float64)
+        s = s * tl.exp(m - shift).to(tl.float64) + _exp_sum(x3 - shift[:, :, None], 2)
         m = m_new
     else:
         m, s = _lse_chunk(m, s, x)
@@ -1228,19 +1245,50 @@ def _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, bound
 
 
 @triton.jit
-def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED: tl.constexpr):
+def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED: tl.constexpr,
+                ENTRIES: tl.constexpr = False):
     """The token group's gradient at the entries ``x [ROWS, BLOCK]`` of classes ``v``
     (``[1, BLOCK]``, or ``[ROWS, BLOCK]`` where each row's entries are other classes; ACC;
     -inf where a row is not read), before NaN, clamp and the upstream factor: ``p(v) S``
     (0 for a row without mass: ``p`` may be NaN there; log-prob mode: none) minus the
-    blank's and the label's reads at their classes."""
+    blank's and the label's reads ``gb_a``, ``gl_a`` at their classes; with ``ENTRIES``
+    (fused mode) ``gb_a`` and ``gl_a`` are those two classes' entries themselves
+    (:func:`_read_entries`), put in their place."""
     if FUSED:
         g = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None]) * mass[:, None]
         g = tl.where(no_mass[:, None], 0.0, g)
     else:
         g = tl.zeros_like(x)
+    if ENTRIES:
+        return tl.where(v == blank, gb_a[:, None], tl.where(v == y[:, None], gl_a[:, None], g))
     return (g - tl.where(v == blank, gb_a[:, None], 0.0)
             - tl.where(v == y[:, None], gl_a[:, None], 0.0))
+
+
+@triton.jit
+def _read_entries(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, n_nodes, o_lse,
+                  ACC: tl.constexpr):
+    """The blank's and the label's gradient entries of the rows (fused mode), formed in
+    float64 from the workspace's float64 ``lse``, ``S`` and reads and the two entries of
+    the row:
+
+        e_blank = p(blank) S - gamma_b - [y = blank] gamma_l
+        e_label = p(y) S - gamma_l - [y = blank] gamma_b,      p(c) = exp(x_c - lse)
+
+    (``p S`` taken as 0 on a row not ``live``). Near ``p = 1`` (a confident row: the max
+    class, which an arc reads) ``p S - gamma`` cancels: formed in ACC it kept only the
+    rounding of ``p`` and ``S`` (a blank 20 nats ahead gave a zero gradient). ACC out."""
+    lse = tl.load(ws_ptr + o_lse + node, mask=live, other=0.0)
+    s_tok = tl.load(reads, mask=keep, other=0.0)
+    gb = tl.load(reads + n_nodes, mask=keep, other=0.0)
+    gl = tl.load(reads + 2 * n_nodes, mask=keep, other=0.0)
+    x_b = tl.load(logits_ptr + row + blank, mask=live, other=NEG_INF).to(tl.float64)
+    x_y = tl.load(logits_ptr + row + tl.maximum(y, 0), mask=live & (y >= 0),
+                  other=NEG_INF).to(tl.float64)
+    both = y == blank
+    e_b = tl.where(live, tl.exp(x_b - lse) * s_tok, 0.0) - gb - tl.where(both, gl, 0.0)
+    e_l = tl.where(live, tl.exp(x_y - lse) * s_tok, 0.0) - gl - tl.where(both, gb, 0.0)
+    return e_b.to(ACC), e_l.to(ACC)
 
 
 @triton.jit
@@ -1248,9 +1296,10 @@ def _token_grad_store(x, v, out, dst, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a,
                       nan_row, clamp, write, w_up, K: tl.constexpr, READS: tl.constexpr,
                       CLASS_ID: tl.constexpr, FUSED: tl.constexpr, CLAMP: tl.constexpr):
     """Step 2 of ``_grad_kernel`` on a block: the token group's gradient at the entries
-    ``x`` of classes ``v`` (:func:`_token_grad`, :func:`_grad_out`) stored at ``dst`` where
-    ``out``, except the fixed classes' columns (step 1 writes them)."""
-    g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+    ``x`` of classes ``v`` (:func:`_token_grad`, :func:`_grad_out`; fused: ``gb_a`` and
+    ``gl_a`` the blank's and the label's entries) stored at ``dst`` where ``out``, except
+    the fixed classes' columns (step 1 writes them)."""
+    g = _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED, FUSED)
     g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
     for k in tl.static_range(K):
         if READS[k] == 2:
@@ -1447,6 +1496,15 @@ def _grad_kernel(
     y, live, lse_hi, lse_lo = _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr,
                                          target_lengths_ptr, boundary_ptr, node, inside, keep,
                                          mass, T, U1, o_lse, BOUNDARY, ACC)
+    if FUSED:
+        # Step 2's blank and label entries, formed in float64 (``_read_entries``). Their
+        # logits are read here by other threads than step 2's, which overwrite them in
+        # place: the barrier orders every read before any write.
+        rb, rl = _read_entries(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank,
+                               n_nodes, o_lse, ACC)
+        tl.debug_barrier()
+    else:
+        rb, rl = gb_a, gl_a
     # 1. The fixed classes' columns: p S minus every read of that class (the kinds that
     # read it, and the blank or the label where they are that class); then TDT's duration
     # group. First: nothing of them stays live through step 2's loop (multi-blank's pass
@@ -1512,7 +1570,7 @@ def _grad_kernel(
             x = tl.zeros([ROWS, BLOCK_V], ACC)
         # (inline, not ``_token_grad_store``: through it this pass took 58-60 registers
         # a thread on sm_90 with Triton 3.6, its mask made before g or after, 48 inline)
-        g = _token_grad(x, c, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED)
+        g = _token_grad(x, c, lse_hi, lse_lo, mass, no_mass, rb, rl, blank, y, FUSED, FUSED)
         g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED,
                       CLAMP)
         if CHECK > 0:
@@ -1556,7 +1614,7 @@ def _grad_kernel(
         else:
             x = tl.zeros([ROWS, 2 * SPAN], ACC)
         _token_grad_store(x, c, on, grad_ptr + row[:, None] + c, lse_hi, lse_lo, mass,
-                          no_mass, gb_a, gl_a, blank, y, nan_row, clamp, write, w_up,
+                          no_mass, rb, rl, blank, y, nan_row, clamp, write, w_up,
                           K, READS, CLASS_ID, FUSED, CLAMP)
         if CHECK > 0:
             total += tl.sum(_unfixed_p(x, c, lse_hi, lse_lo, K, READS, CLASS_ID), axis=1)
