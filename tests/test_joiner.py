@@ -644,6 +644,45 @@ def test_module_checks_and_forward():
                                      backend="triton")
 
 
+class _EverySecondFrame(torch.nn.Module):
+    """A projection that drops every other frame: its output is (B, T/2, H)."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, x):
+        return self.lin(x)[:, ::2]
+
+
+@pytest.mark.parametrize("how", ["out_wider", "enc_proj_wider", "projections_narrower",
+                                 "enc_proj_halves_T", "stale_out_features"])
+def test_kernel_path_refuses_parts_that_do_not_fit(how):
+    """A Joiner whose parts were replaced so that they no longer fit (the joiner's own call
+    fails, or a projection changes T, or ``out`` holds another vocabulary than its
+    ``out_features`` says) is a ValueError naming the parts on the kernel path, as on the
+    tile path. (The kernels took ``e``, ``p`` and ``W`` as they came: a finite, wrong loss
+    from reads past rows and frames, on CUDA an illegal address.)"""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    V = joiner.out.out_features
+    lin = lambda i, o: torch.nn.Linear(i, o, dtype=torch.float64)      # noqa: E731
+    if how == "out_wider":
+        joiner.out = lin(H + 3, V)
+    elif how == "enc_proj_wider":
+        joiner.enc_proj = lin(E, H + 3)
+    elif how == "projections_narrower":
+        joiner.enc_proj = torch.nn.Sequential(lin(E, H - 3))
+        joiner.pred_proj = torch.nn.Sequential(lin(P, H - 3))
+    elif how == "enc_proj_halves_T":
+        joiner.enc_proj = _EverySecondFrame(lin(E, H))
+    else:                                  # a new vocabulary under the old out_features
+        wider = lin(H, V + 3)
+        joiner.out.weight, joiner.out.bias = wider.weight, wider.bias
+    with pytest.raises(ValueError, match=r"joiner: the kernel path needs enc_proj\(enc\)"):
+        rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                     backend="triton")
+
+
 class IcefallJoiner(torch.nn.Module):
     """icefall's joiner (pruned_transducer_stateless7 and later): its parameter names."""
 

@@ -507,7 +507,27 @@ class _KernelCall:
         w, b = joiner.out.weight, joiner.out.bias                  # (V, H), (V,)
         if self.drop:
             w, b = w[:-self.drop], None if b is None else b[:-self.drop]
+        _check_projected(e, p, w, b, enc, pred, self.prep.chk.logits.shape[-1])
         return _JointLoss.apply(self, joiner.activation, e, p, w, b)
+
+
+def _check_projected(e, p, w, b, enc, pred, V: int) -> None:
+    """The kernel path's operands as its kernels index them: ``e`` ``(B, T, H)`` and ``p``
+    ``(B, U+1, H)`` of ``enc``'s and ``pred``'s first two sizes, ``w`` ``(V, H)``, ``b``
+    ``(V,)``, one H (the joiner's own call would fail on another; the kernels would read
+    past rows or frames without a word). A ValueError naming the joiner's parts."""
+    ok = (isinstance(e, torch.Tensor) and isinstance(p, torch.Tensor) and e.dim() == 3
+          and p.dim() == 3 and w.dim() == 2 and e.shape[:2] == enc.shape[:2]
+          and p.shape[:2] == pred.shape[:2] and e.shape[2] == p.shape[2] == w.shape[1]
+          and w.shape[0] == V and (b is None or tuple(b.shape) == (V,)))
+    if not ok:
+        shape = lambda x: tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__  # noqa: E731
+        raise ValueError(
+            f"joiner: the kernel path needs enc_proj(enc) (B, T, H) = ({enc.shape[0]}, "
+            f"{enc.shape[1]}, H), pred_proj(pred) (B, U+1, H) = ({pred.shape[0]}, "
+            f"{pred.shape[1]}, H), out.weight (V, H) = ({V}, H) and out.bias (V,) of one H, "
+            f"got {shape(e)}, {shape(p)}, {tuple(w.shape)} and "
+            f"{None if b is None else tuple(b.shape)} (V from out.out_features)")
 
 
 class _JointLoss(torch.autograd.Function):
