@@ -85,6 +85,20 @@ def test_matches_enumeration(dtype, bkey, rnnt_type, backend):
     assert occ.rnnt_type == rnnt_type
 
 
+@pytest.mark.parametrize("backend", backends.ALL)
+def test_a_plus_inf_weight_reads_as_nan(backend):
+    """A ``+inf`` log-weight on an arc of the lattice reads as NaN (math.md 8.1) on every
+    backend: loss and gradient NaN. (The torch backend summed it into ``log P = +inf``, a
+    cost of ``-inf`` with a zero gradient, where the kernels gave NaN.)"""
+    bw = torch.zeros(1, 2, 2, dtype=torch.float64)
+    lw = torch.zeros(1, 2, 2, dtype=torch.float64)
+    bw[0, 0, 1] = float("inf")
+    b, l = bw.clone().requires_grad_(), lw.clone().requires_grad_()
+    loss = rnnt_lattice.lattice_loss(b, l, torch.tensor([2]), torch.tensor([1]), backend=backend)
+    gb, _ = torch.autograd.grad(loss.sum(), (b, l))
+    assert torch.isnan(loss).all() and torch.isnan(gb[0, 0, 1])
+
+
 def test_rejects_bad_arguments():
     w = torch.zeros(2, 3, 4)
     lengths = torch.tensor([3, 3]), torch.tensor([3, 2])

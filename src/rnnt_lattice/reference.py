@@ -248,8 +248,11 @@ def terms_weights(b: torch.Tensor, e: torch.Tensor, topo: Topology, ends: Ends,
     label) whose arcs read the blank and label log-weights ``b, e (B, T, U+1)``: each
     kind's ``b`` or ``e``, plus ``b(t, u+1)`` for ``plus_next_blank``, plus the delay
     penalty, ``-inf`` off the arcs (:func:`stack_kinds`, :func:`arc_weights`). The weights
-    of ``pruned.simple``'s lattices (the backends' ``lattice_of_terms``)."""
+    of ``pruned.simple``'s lattices (the backends' ``lattice_of_terms``). A ``+inf`` log-weight
+    reads as NaN (math.md 8.1), as the kernels' recursions read it: the log-sum of a path
+    through it would be ``+inf``, a cost of ``-inf``."""
     lp = stack_kinds(topo, ends, lambda key: b if key == "blank" else e)
+    lp = torch.where(lp == float("inf"), float("nan"), lp)
     return arc_weights(lp, topo, ends, 0.0, delay_penalty)
 
 
