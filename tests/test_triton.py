@@ -1722,3 +1722,23 @@ def test_selfcheck_compile_on_the_gpu_backend():
     ctx = selfcheck.Context("cpu", "triton", selfcheck.plan_for("cpu", "smoke"), "smoke")
     line = selfcheck.check_compile(ctx, ctx.plan.tool_shape)
     assert "tdt grad err" in line and "the eager call's ValueError" in line, line
+
+
+def test_input_check_blocks_reach_the_kernel(monkeypatch):
+    """``gpu.INPUT_CHECK_BLOCK_B`` / ``_U`` set after a first call are the next launch's
+    blocks (its plan was cached without them: a sweep's setting never reached the kernel)."""
+    seen = []
+    launch = gpu.launch
+
+    def record(kernel, grid, *args, **kw):
+        if "BLOCK_B" in kw:
+            seen.append((kw["BLOCK_B"], kw["BLOCK_U"]))
+        return launch(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(gpu, "launch", record)
+    args = (torch.tensor([[1, 2]]), torch.tensor([3]), torch.tensor([2]), None)
+    gpu.input_check(*args, T=3, U=2, V=5, blank=0)
+    monkeypatch.setattr(gpu, "INPUT_CHECK_BLOCK_B", 2)
+    monkeypatch.setattr(gpu, "INPUT_CHECK_BLOCK_U", 4)
+    gpu.input_check(*args, T=3, U=2, V=5, blank=0)
+    assert seen[-1] == (2, 4) and seen[0] != (2, 4), seen

@@ -1027,7 +1027,7 @@ def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: 
     nan_rows = out[4:]
     labels = targets is not None and targets.numel() > 0
     grid, kw = _input_check_plan(labels, blank is not None, tuple(classes),
-                                 boundary is not None)
+                                 boundary is not None, INPUT_CHECK_BLOCK_B, INPUT_CHECK_BLOCK_U)
     with _device(out):
         launch(kernels._input_check_kernel, grid,
             targets.contiguous() if labels else logit_lengths, logit_lengths.contiguous(),
@@ -1038,9 +1038,12 @@ def input_check(targets, logit_lengths, target_lengths, boundary, *, T: int, U: 
 
 
 @functools.lru_cache(maxsize=64)
-def _input_check_plan(labels: bool, no_blank: bool, classes: tuple, boundary: bool):
+def _input_check_plan(labels: bool, no_blank: bool, classes: tuple, boundary: bool,
+                      block_b: int, block_u: int):
+    """(The blocks in the key, as the other plans' ``_tile_constants``: a sweep or a test
+    that sets them reaches the kernel.)"""
     return (1,), dict(LABELS=labels, NO_BLANK=no_blank, CLASSES=classes, BOUNDARY=boundary,
-                      BLOCK_B=INPUT_CHECK_BLOCK_B, BLOCK_U=INPUT_CHECK_BLOCK_U)
+                      BLOCK_B=block_b, BLOCK_U=block_u)
 
 
 # --------------------------------------------------------------------------- window choice
