@@ -201,6 +201,10 @@ def _entries():
                       "enc must be a floating tensor, got torch.int64"),
         "fused_batch": (lambda: R.fused_rnnt_loss(join, am, lm[:1], y, tl, ul, blank=0),
                         "batch sizes differ: enc (2, 4, 5) and pred (1, 4, 5)"),
+        "fused_multiblank_room": (lambda: R.fused_multiblank_rnnt_loss(
+            join, am, lm, y * 0 + 1, tl, ul, blank=1, big_blank_durations=[2, 3]),
+            "blank=1 leaves no room below it for the 2 big blank(s) of big_blank_durations, "
+            "classes blank - 1 - i, of the joiner's logits (2, 4, 4, 5)"),   # (not "logits")
         "fused_no_positions": (lambda: R.fused_rnnt_loss(join, am, lm[:, :0], y, tl, ul, blank=0),
                                "pred (2, 0, 5) must have U+1 >= 1 label positions"),
         # Flags that were read by truth value (the string "no" as True).

@@ -957,7 +957,8 @@ def fused_multiblank_rnnt_loss(
     blank = check_int("blank", blank)
 
     def topology(shape):                          # the blank's id: known with V
-        return multiblank(check_multiblank_blank_id(shape, blank, durations), durations)
+        return multiblank(check_multiblank_blank_id(shape, blank, durations,
+                                                    "the joiner's logits"), durations)
 
     return _fused_loss(joiner, enc, pred, targets, logit_lengths, target_lengths, blank,
                        topology, False, _params(joiner), tile=tile, clamp=clamp, reduction=reduction,
