@@ -512,7 +512,6 @@ def grad(logits, lse, lse_dur, lat: Lattice, targets, topo: Topology, blank: int
     B, T, U1 = rows.shape
     N, V = x.shape
     V_tok = topo.token_classes(V)
-    dt = logits.dtype
     row_node = row_nodes(rows, N) if node_rows is not None else torch.arange(N, device=x.device)
     has_node = row_node >= 0
     rn = row_node.clamp(min=0)
