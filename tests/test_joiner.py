@@ -683,6 +683,20 @@ def test_kernel_path_refuses_parts_that_do_not_fit(how):
                                      backend="triton")
 
 
+def test_kernel_path_refuses_a_hidden_dtype_its_out_refuses():
+    """Outside autocast a Joiner without projections on bfloat16 ``enc`` and ``pred`` (its
+    weights float32) fails in its own call (its ``out`` takes float32): a ValueError on the
+    kernel path too, which promoted them and gave a loss."""
+    _, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)
+    joiner = rnnt_lattice.Joiner(None, None, H, int(targets.max()) + 3)
+    e = torch.randn(*enc.shape[:2], H, dtype=torch.bfloat16)
+    p = torch.randn(*pred.shape[:2], H, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        joiner(e[:, :, None], p[:, None])
+    with pytest.raises(ValueError, match="act\\(enc_proj\\(enc\\) \\+ pred_proj\\(pred\\)\\) is torch.bfloat16"):
+        rnnt_lattice.fused_rnnt_loss(joiner, e, p, targets, tl, ul, blank=blank, backend="triton")
+
+
 class IcefallJoiner(torch.nn.Module):
     """icefall's joiner (pruned_transducer_stateless7 and later): its parameter names."""
 

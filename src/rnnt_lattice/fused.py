@@ -520,6 +520,13 @@ def _check_projected(e, p, w, b, enc, pred, V: int) -> None:
           and p.dim() == 3 and w.dim() == 2 and e.shape[:2] == enc.shape[:2]
           and p.shape[:2] == pred.shape[:2] and e.shape[2] == p.shape[2] == w.shape[1]
           and w.shape[0] == V and (b is None or tuple(b.shape) == (V,)))
+    if ok and not torch.is_autocast_enabled(e.device.type):
+        # The joiner's own out(act(e + p)) outside autocast: a Linear on another dtype fails.
+        hidden = torch.promote_types(e.dtype, p.dtype)
+        if hidden != w.dtype:
+            raise ValueError(f"joiner: act(enc_proj(enc) + pred_proj(pred)) is {hidden} and "
+                             f"out.weight {w.dtype}: the joiner's own out would refuse them "
+                             f"outside torch.autocast (cast enc and pred, or the joiner)")
     if not ok:
         shape = lambda x: tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__  # noqa: E731
         raise ValueError(
