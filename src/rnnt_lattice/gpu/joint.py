@@ -282,7 +282,7 @@ def _joint_row_kernel(
                           PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
         z = tl.where(v[None, :] < V_tok, z, NEG_INF)
         if FUSED:
-            m, s = _lse_chunk(m, s, z)
+            m, s = _lse_chunk(m, s, z, False)          # (plain sums: see _lse_chunk)
         if (v0 <= blank) & (blank < v0 + BLOCK_V):
             x_blank = tl.sum(tl.where(v[None, :] == blank, z, 0.0), axis=1)
         x_label += tl.sum(tl.where(v[None, :] == y[:, None], z, 0.0), axis=1)
@@ -304,7 +304,7 @@ def _joint_row_kernel(
         zd = tl.where(d[None, :] < N_DURATIONS, zd, NEG_INF)
         if FUSED:
             md, sd = _lse_chunk(tl.full([BLOCK_N], NEG_INF, ACC), tl.zeros([BLOCK_N], tl.float64),
-                                zd)
+                                zd, False)
             lse_dur = _lse_finish(md, sd)
         else:
             lse_dur = tl.zeros([BLOCK_N], tl.float64)

@@ -253,17 +253,23 @@ def _arc_weight(lp_k, nb_b, off, s_u, t, t1, ok, sigma, delay_penalty, none,
 
 
 @triton.jit
-def _lse_chunk(m, s, x):
+def _lse_chunk(m, s, x, TIES: tl.constexpr = True):
     """One chunk ``x [ROWS, BLOCK]`` (ACC) of an online log-normaliser per row: the running
     max ``m`` (ACC) and the float64 sum ``s`` of ``exp(x - m)`` so far become ``m' = max(m,
     max_v x_v)`` and ``s' = s * exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element
     (the rescaling is one exp per row and chunk); the chunk's own sum is an ACC tree
     reduction. A row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf``
-    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1). The entries equal
-    to the max (``exp(0) = 1``) are counted into ``s``, not summed in ACC (:func:`_exp_sum`)."""
+    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1). With ``TIES``
+    the entries equal to the max (``exp(0) = 1``) are counted into ``s``, not summed in ACC
+    (:func:`_exp_sum`); without (the joiner's kernel path: its row kernel, at its cap of
+    128 registers, spilled 72-152 bytes with them on sm_90) a plain ACC sum."""
     m_new = tl.maximum(m, tl.max(x, axis=1))
     shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-    return m_new, s * tl.exp((m - shift).to(tl.float64)) + _exp_sum(x - shift[:, None], 1)
+    if TIES:
+        chunk = _exp_sum(x - shift[:, None], 1)
+    else:
+        chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1).to(tl.float64)
+    return m_new, s * tl.exp((m - shift).to(tl.float64)) + chunk
 
 
 @triton.jit
