@@ -266,10 +266,9 @@ def _lse_chunk(m, s, x, TIES: tl.constexpr = True):
     m_new = tl.maximum(m, tl.max(x, axis=1))
     shift = tl.where(m_new == NEG_INF, 0.0, m_new)
     if TIES:
-        chunk = _exp_sum(x - shift[:, None], 1)
-    else:
-        chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1).to(tl.float64)
-    return m_new, s * tl.exp((m - shift).to(tl.float64)) + chunk
+        return m_new, s * tl.exp((m - shift).to(tl.float64)) + _exp_sum(x - shift[:, None], 1)
+    chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+    return m_new, s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
 
 
 @triton.jit
