@@ -2,15 +2,28 @@
 float64 result on the same (rounded) logits: docs/benchmarks.md, "Confident rows".
 
     python benchmarks/confident_rows.py [--margins 12 15 20] [--backends numba torch triton]
+                                        [--topologies regular multiblank tdt simple smoothed]
                                         [--src OTHER_CHECKOUT/src]
 
-Each row of a (2, 12, 4, 64) batch favours its class on one path (the blank, or one label
-a frame along a diagonal) by ``margin`` nats over N(0, 1) logits, so ``p_max = 1 / (1 +
-rest)`` with ``rest ~ V e^-margin``. Printed per margin and backend: the losses' largest
-relative error and the gradient's largest error over its largest entry (the gradient of
-``sum(w * loss)``, signed weights). The Triton backend runs under the interpreter on CPU
-tensors (``TRITON_INTERPRET=1`` is set here). ``--src``: the package of another checkout
-(e.g. ``git worktree add /tmp/base <commit>``), to see a change.
+Each row of a (2, 12, 4, 64) batch favours its class on one path by ``margin`` nats over
+N(0, 1) logits, so ``p_max = 1 / (1 + rest)`` with ``rest ~ V e^-margin``. The path takes
+its label at frame 2u + 1 and covers the other frames with the topology's blanks:
+
+- ``regular``: the blank, a frame at a time (``rnnt_loss``, blank 0);
+- ``multiblank``: the longest big blank (durations 2 and 4) that fits before the next
+  label's frame, else the blank (``multiblank_rnnt_loss``, NeMo's layout: blank last);
+- ``tdt``: the blank with the longest duration of (1, 2, 4) that fits, the labels with
+  duration 1; each arc's duration is favoured too (``tdt_loss``, durations 0, 1, 2, 4);
+- ``simple`` and ``smoothed`` (``rnnt_loss_simple``; ``rnnt_loss_smoothed`` with both
+  scales 0.1; k2's modified lattice, where a label takes its frame): am (B, T, V) favours
+  the blank, and the label at its frame; lm (B, U+1, V) is N(0, 1). The gradient's error
+  is the larger of am's and lm's, each over its own scale.
+
+Printed per topology, margin and backend: the losses' largest relative error and the
+gradient's largest error over its largest entry (the gradient of ``sum(w * loss)``,
+signed weights). The Triton backend runs under the interpreter on CPU tensors
+(``TRITON_INTERPRET=1`` is set here). ``--src``: the package of another checkout (e.g.
+``git worktree add /tmp/base <commit>``), to see a change.
 """
 from __future__ import annotations
 
@@ -18,21 +31,77 @@ import argparse
 import os
 import sys
 
+B, T, U, V_TOK = 2, 12, 4, 64
+BIG_BLANKS = [2, 4]                    # multi-blank: class blank - 1 - i has BIG_BLANKS[i]
+DURATIONS = [0, 1, 2, 4]               # TDT
 
-def batch(margin: float, torch):
-    """``(logits float64 (B, T, U+1, V), targets, logit_lengths, target_lengths)``."""
+
+def batch(topology: str, margin: float, torch):
+    """``(inputs, call)``: the float64 inputs (a tuple) and ``call(inputs, backend)`` ->
+    per-sequence costs."""
+    import rnnt_lattice
     g = torch.Generator().manual_seed(0)
-    B, T, U, V = 2, 12, 4, 64
     tl, ul = torch.tensor([T, T - 2]), torch.tensor([U, U - 1])
-    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
-    y = torch.randint(1, V, (B, U), generator=g)
-    x[..., 0] += margin                                   # the blank, except ...
+    if topology in ("simple", "smoothed"):
+        return simple_batch(topology, margin, torch, g, tl, ul)
+    V = V_TOK + (len(BIG_BLANKS) if topology == "multiblank" else 0)
+    n_dur = len(DURATIONS) if topology == "tdt" else 0
+    x = torch.randn(B, T, U + 1, V + n_dur, generator=g, dtype=torch.float64)
+    blank = 0 if topology == "regular" else V - 1
+    labels = [v for v in range(V) if v != blank and not (
+        topology == "multiblank" and blank - len(BIG_BLANKS) <= v < blank)]
+    y = torch.tensor(labels)[torch.randint(len(labels), (B, U), generator=g)]
+    blanks = {1: blank}                                   # duration -> class
+    if topology == "multiblank":
+        blanks.update({d: blank - 1 - i for i, d in enumerate(BIG_BLANKS)})
     for b in range(B):
-        for u in range(int(ul[b])):                       # ... a label at frame 2u + 1
-            t = min(T - 1, 2 * u + 1)
-            x[b, t, u, 0] -= margin
-            x[b, t, u, y[b, u]] += margin
-    return x, y, tl, ul
+        t, u, T_b, U_b = 0, 0, int(tl[b]), int(ul[b])
+        while t < T_b:
+            if u < U_b and t == 2 * u + 1:                # the label's frame
+                x[b, t, u, y[b, u]] += margin
+                if topology == "tdt":
+                    x[b, t, u, V + DURATIONS.index(1)] += margin
+                    t += 1
+                u += 1
+                continue
+            gap = (2 * u + 1 if u < U_b else T_b) - t     # frames before the next label
+            d = max(k for k in (blanks if topology != "tdt" else (1, 2, 4)) if k <= gap)
+            x[b, t, u, blanks.get(d, blank)] += margin
+            if topology == "tdt":
+                x[b, t, u, V + DURATIONS.index(d)] += margin
+            t += d if topology != "regular" else 1
+
+    def call(inputs, backend):
+        (z,) = inputs
+        kw = dict(reduction="none", backend=backend)
+        if topology == "regular":
+            return rnnt_lattice.rnnt_loss(z, y, tl, ul, blank, **kw)
+        if topology == "multiblank":
+            return rnnt_lattice.multiblank_rnnt_loss(z, y, tl, ul, blank=blank,
+                                                     big_blank_durations=BIG_BLANKS, **kw)
+        return rnnt_lattice.tdt_loss(z, y, tl, ul, blank=blank, durations=DURATIONS, **kw)
+    return (x,), call
+
+
+def simple_batch(topology: str, margin: float, torch, g, tl, ul):
+    """:func:`batch` of the simple losses: ``((lm, am), call)``."""
+    import rnnt_lattice
+    am = torch.randn(B, T, V_TOK, generator=g, dtype=torch.float64)
+    lm = torch.randn(B, U + 1, V_TOK, generator=g, dtype=torch.float64)
+    y = torch.randint(1, V_TOK, (B, U), generator=g)
+    am[..., 0] += margin                                  # the blank, except ...
+    for b in range(B):
+        for u in range(int(ul[b])):                       # ... the label at frame 2u + 1
+            am[b, 2 * u + 1, 0] -= margin
+            am[b, 2 * u + 1, y[b, u]] += margin
+    scales = dict(lm_only_scale=0.1, am_only_scale=0.1) if topology == "smoothed" else {}
+    fn = getattr(rnnt_lattice, f"rnnt_loss_{topology}")
+
+    def call(inputs, backend):
+        lm, am = inputs
+        return fn(lm, am, y, tl, ul, blank=0, rnnt_type="modified", reduction="none",
+                  backend=backend, **scales)
+    return (lm, am), call
 
 
 def main(argv=None) -> None:
@@ -40,34 +109,41 @@ def main(argv=None) -> None:
     ap.add_argument("--margins", type=float, nargs="+", default=[12.0, 15.0, 20.0])
     ap.add_argument("--backends", nargs="+", default=["numba", "torch", "triton"],
                     choices=["numba", "torch", "triton"])
+    ap.add_argument("--topologies", nargs="+", default=["regular"],
+                    choices=["regular", "multiblank", "tdt", "simple", "smoothed"])
     ap.add_argument("--src", help="another checkout's src/ to import rnnt_lattice from")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")       # (before triton is imported)
     if args.src:
         sys.path.insert(0, args.src)
+    import warnings
+
     import torch
     import rnnt_lattice
 
+    warnings.filterwarnings("ignore", category=RuntimeWarning)   # (the interpreter's log(0))
     print(f"rnnt_lattice from {os.path.dirname(rnnt_lattice.__file__)}")
-    print("| margin | backend | loss (B,) | loss: rel. error | grad: error / scale |")
-    print("|---|---|---|---|---|")
-    for margin in args.margins:
-        x, y, tl, ul = batch(margin, torch)
-        x32 = x.float()
-        w = torch.tensor([1.0, -0.7])
-        for backend in args.backends:
-            def run(z):
-                z = z.detach().clone().requires_grad_()
-                costs = rnnt_lattice.rnnt_loss(z, y, tl, ul, 0, reduction="none",
-                                               backend=backend)
-                (costs * w.to(costs.dtype)).sum().backward()
-                return costs.detach().double(), z.grad.double()
-            want, want_grad = run(x32.double())
-            got, grad = run(x32)
-            loss_err = float(((got - want).abs() / want.abs()).max())
-            grad_err = float((grad - want_grad).abs().max() / want_grad.abs().max())
-            print(f"| {margin:g} | {backend} | {', '.join(f'{v:.3g}' for v in want.tolist())} "
-                  f"| {loss_err:.2g} | {grad_err:.2g} |")
+    print("| topology | margin | backend | loss (B,) | loss: rel. error | grad: error / scale |")
+    print("|---|---|---|---|---|---|")
+    for topology in args.topologies:
+        for margin in args.margins:
+            inputs, call = batch(topology, margin, torch)
+            x32 = tuple(x.float() for x in inputs)
+            w = torch.tensor([1.0, -0.7])
+            for backend in args.backends:
+                def run(xs):
+                    zs = tuple(x.detach().clone().requires_grad_() for x in xs)
+                    costs = call(zs, backend)
+                    (costs * w.to(costs.dtype)).sum().backward()
+                    return costs.detach().double(), [z.grad.double() for z in zs]
+                want, want_grads = run(tuple(x.double() for x in x32))
+                got, grads = run(x32)
+                loss_err = float(((got - want).abs() / want.abs()).max())
+                grad_err = max(float((gr - wg).abs().max() / wg.abs().max())
+                               for gr, wg in zip(grads, want_grads))
+                print(f"| {topology} | {margin:g} | {backend} | "
+                      f"{', '.join(f'{v:.3g}' for v in want.tolist())} "
+                      f"| {loss_err:.2g} | {grad_err:.2g} |")
 
 
 if __name__ == "__main__":

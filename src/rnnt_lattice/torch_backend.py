@@ -298,9 +298,10 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     finite (a row of only ``-inf`` then gives ``ex = 0``: a dead row, lse ``-inf``); ``bad``
     the kept rows whose max is NaN or ``+inf`` (math.md 8.1: their lse is NaN); ``ex (B,
     N, V) = exp(x - shift)`` on the ok rows, 0 on the others; ``cols (B, N, J) = x[b, n,
-    idx]`` on the ok rows, 0 on the others. shift and ex in the lattice dtype (float64: an
-    exp of a float32 row, rounded to float32, would underflow 580 nats sooner), cols in
-    x's. The readable reference of the Triton kernel; the Numba backend runs it too."""
+    idx]`` on the ok rows, 0 on the others. All three in the lattice dtype: ex because an
+    exp of a float32 row, rounded to float32, would underflow 580 nats sooner; cols because
+    their gradients come back in their dtype, and a confident row's (``p`` near 1) is the
+    difference of its read and ``p`` times it (math.md 4.1), which float32 rounds away. The readable reference of the Triton kernel; the Numba backend runs it too."""
     ldt = lattice_dtype(x.device)
     row_max = x.detach().amax(-1)                                           # V >= 1
     ok = keep & (row_max < float("inf"))                    # False for NaN and +inf
@@ -308,7 +309,7 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     shift = torch.where(ok & (row_max > NEG_INF), row_max, 0.0).to(ldt)
     ex = x.detach().to(ldt, memory_format=torch.contiguous_format, copy=True)
     ex.masked_fill_(~ok[..., None], NEG_INF).sub_(shift[..., None]).exp_()
-    cols = torch.gather(x.detach(), 2, idx).masked_fill_(~ok[..., None], 0.0)
+    cols = torch.gather(x.detach(), 2, idx).to(ldt).masked_fill_(~ok[..., None], 0.0)
     return ok, shift, bad, ex, cols
 
 

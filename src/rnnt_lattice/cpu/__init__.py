@@ -542,7 +542,7 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     shift = np.empty((B, N))
     ex = np.empty((B, N, V))
     xa = np.ascontiguousarray(_np(x))
-    cols = np.empty((B, N, J), dtype=xa.dtype)
+    cols = np.empty((B, N, J))                       # float64 (torch_backend.simple_rows)
     simple.simple_rows_forward(xa, np.ascontiguousarray(_np(keep)),
                                np.ascontiguousarray(_np(idx)), ok, shift, bad, ex, cols)
     return (torch.from_numpy(ok), torch.from_numpy(shift), torch.from_numpy(bad),

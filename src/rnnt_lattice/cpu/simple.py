@@ -164,7 +164,7 @@ SUB_SCALE = 2.0 ** -512
 def simple_rows_forward(
     # data: rows x (B, N, V) float32/float64, the rows kept (B, N), the classes read (B, N, J)
     x, keep, idx,
-    # outputs: ok, shift, bad (B, N); ex (B, N, V) float64; cols (B, N, J) in x's dtype
+    # outputs: ok, shift, bad (B, N); ex (B, N, V), cols (B, N, J) float64
     ok, shift, bad, ex, cols,
 ):
     """Per row ``r = (b, n)``, one per prange iteration::

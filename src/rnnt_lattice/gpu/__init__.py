@@ -1187,7 +1187,7 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     bad = torch.empty((B, N), dtype=torch.bool, device=dev)
     shift = torch.empty((B, N), dtype=torch.float64, device=dev)
     ex = torch.empty((B, N, V), dtype=torch.float64, device=dev)
-    cols = torch.empty((B, N, J), dtype=x.dtype, device=dev)
+    cols = torch.empty((B, N, J), dtype=torch.float64, device=dev)   # (torch_backend's)
     if B * N and V:
         tiles = _rows_tiles(V, J)
         with _device(x):

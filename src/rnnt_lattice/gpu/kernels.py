@@ -1328,6 +1328,30 @@ def _fixed_reads(c, reads, keep, n_nodes, K: tl.constexpr, READS: tl.constexpr,
 
 
 @triton.jit
+def _class_entry(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, cls, n_nodes,
+                 o_lse, K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
+                 CLS_COL: tl.constexpr):
+    """The gradient entry of the fixed class ``cls`` (fused mode, step 1 of
+    ``_grad_kernel``) and its ``p``, both float64 [ROWS]:
+
+        e_c = p(c) S - sum_{kinds that read c} s_k gamma_k - [blank = c] gamma_b - [y = c] gamma_l
+
+    (``p S`` taken as 0 on a row not ``live``). Formed in float64 from the workspace's
+    ``lse``, ``S`` and reads, as :func:`_read_entries` forms the blank's and the label's: a
+    big blank that a confident model's path takes has ``p`` near 1, where ``p S - gamma``
+    cancels (math.md 4.1)."""
+    lse = tl.load(ws_ptr + o_lse + node, mask=live, other=0.0)
+    s_tok = tl.load(reads, mask=keep, other=0.0)
+    x = tl.load(logits_ptr + row + cls, mask=live, other=NEG_INF).to(tl.float64)
+    p = tl.exp(x - lse)
+    e = (tl.where(live, p * s_tok, 0.0)
+         - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, tl.float64))
+    e -= tl.where(blank == cls, tl.load(reads + n_nodes, mask=keep, other=0.0), 0.0)
+    e -= tl.where(y == cls, tl.load(reads + 2 * n_nodes, mask=keep, other=0.0), 0.0)
+    return e, p
+
+
+@triton.jit
 def _unfixed_p(x, c, lse_hi, lse_lo, K: tl.constexpr, READS: tl.constexpr,
                CLASS_ID: tl.constexpr):
     """``p(v) = exp(x_v - lse)`` of the entries ``x [ROWS, n]`` of classes ``c`` (ACC;
@@ -1361,7 +1385,8 @@ def _duration_terms(ws_ptr, node, reads, keep, n_nodes, o_dur, K: tl.constexpr,
     """TDT's duration group at the nodes: ``(g_dur [ROWS, BLOCK_DUR], s_dur, live_d, d_hi,
     d_lo)`` -- each duration's reads (the occupations of the kinds of that duration, never
     FastEmit-scaled), their sum S_dur (float64), the rows whose duration entries are read
-    and ``lse_dur`` as an ACC pair."""
+    and ``lse_dur`` as a pair ``d_hi + d_lo``; ``g_dur`` and the pair in ACC (float64: the
+    pair is ``lse_dur`` and 0, and :func:`_duration_grad` forms the entries in float64)."""
     didx = tl.arange(0, BLOCK_DUR)
     g_dur = tl.zeros([node.shape[0], BLOCK_DUR], ACC)
     for k in tl.static_range(K):
@@ -1380,8 +1405,8 @@ def _duration_terms(ws_ptr, node, reads, keep, n_nodes, o_dur, K: tl.constexpr,
 
 @triton.jit
 def _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED: tl.constexpr):
-    """The duration group's gradient at its entries ``x [ROWS, BLOCK_DUR]`` (ACC; -inf where
-    not read): ``q(i) S_dur - sum_{kinds of duration i} gamma_k``, NaN on a NaN sequence's
+    """The duration group's gradient at its entries ``x [ROWS, BLOCK_DUR]`` (ACC, or float64
+    with ``d_hi``, ``g_dur`` of :func:`_duration_terms` in float64; -inf where not read): ``q(i) S_dur - sum_{kinds of duration i} gamma_k``, NaN on a NaN sequence's
     rows (fused), times the upstream gradient on the rows ``write`` (no clamp: NeMo TDT)."""
     if FUSED:
         g = tl.exp((x - d_hi[:, None]) - d_lo[:, None]) * s_dur.to(x.dtype)[:, None]
@@ -1405,20 +1430,26 @@ def _duration_step(logits_ptr, grad_ptr, ws_ptr, row, node, reads, keep, has_row
     read and written at classes ``V_tok ..``, which the token group's steps neither read
     nor write (so that in place it may run before or after them); returns ``total`` with
     the group's deviation term (``CHECK``)."""
+    # The entries in float64: a confident model's duration has ``q`` near 1, where ``q S_dur
+    # - gamma`` cancels (math.md 4.1); ACC kept only the rounding of ``q``.
     didx = tl.arange(0, BLOCK_DUR)
     g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
-        ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, ACC,
+        ws_ptr, node, reads, keep, n_nodes, o_dur, K, DURATION, N_CLS, DUR_COL, tl.float64,
         BLOCK_DUR, FUSED)
     if FUSED:
         x_dur = tl.load(logits_ptr + row[:, None] + V_tok + didx[None, :],
                         mask=live_d[:, None] & (didx[None, :] < N_DURATIONS),
-                        other=NEG_INF).to(ACC)
+                        other=NEG_INF).to(tl.float64)
     else:
-        x_dur = tl.zeros([row.shape[0], BLOCK_DUR], ACC)
+        x_dur = tl.zeros([row.shape[0], BLOCK_DUR], tl.float64)
     if CHECK > 0:
-        total += tl.sum(tl.exp((x_dur - d_hi[:, None]) - d_lo[:, None]), axis=1) - tl.where(
-            live_d, 1.0, 0.0)
-    g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
+        # (in ACC: summed from the float64 q, the tile pass took 135 registers a thread on
+        # sm_90 against 128; Triton 3.9)
+        c_hi, c_lo = _split(d_hi, ACC)
+        q = tl.exp((x_dur.to(ACC) - c_hi[:, None]) - c_lo[:, None])
+        total += tl.sum(q, axis=1) - tl.where(live_d, 1.0, 0.0)
+    # (float64 -> ACC -> the logits' dtype: the interpreter casts float64 to bfloat16 wrong)
+    g_d = _duration_grad(x_dur, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED).to(ACC)
     tl.store(grad_ptr + row[:, None] + V_tok + didx[None, :], g_d.to(grad_ptr.dtype.element_ty),
              mask=has_row[:, None] & (didx[None, :] < N_DURATIONS))
     return total
@@ -1521,17 +1552,18 @@ def _grad_kernel(
     for k in tl.static_range(K):
         if READS[k] == 2:
             cls = CLASS_ID[k]
-            xk = tl.load(logits_ptr + row + cls, mask=live, other=NEG_INF).to(ACC)
             if FUSED:
-                pk = tl.exp((xk - lse_hi) - lse_lo)
-                gk = tl.where(no_mass, 0.0, pk * mass)
+                # formed in float64 (``_class_entry``), as step 2's blank and label entries
+                e64, pk = _class_entry(logits_ptr, ws_ptr, row, node, reads, keep, live, y,
+                                       blank, cls, n_nodes, o_lse, K, READS, CLASS_ID, CLS_COL)
+                gk = e64.to(ACC)
                 if CHECK > 0:
                     if CLS_FIRST[k]:                           # each class's entry once
-                        total += tl.where(live, pk, 0.0)
+                        total += tl.where(live, pk, 0.0).to(ACC)
             else:
-                gk = tl.zeros([ROWS], ACC)
-            gk = (gk - tl.where(blank == cls, gb_a, 0.0) - tl.where(y == cls, gl_a, 0.0)
-                  - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, ACC))
+                gk = (-tl.where(blank == cls, gb_a, 0.0) - tl.where(y == cls, gl_a, 0.0)
+                      - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL,
+                                     ACC))
             gk = _grad_out(gk, nan_row, clamp, write, w_up, FUSED, CLAMP)
             # (a vector compare: the interpreter refuses a vector & scalar mask)
             tl.store(grad_ptr + row + cls, gk.to(grad_ptr.dtype.element_ty),
@@ -2102,7 +2134,7 @@ def _arc_terms_cols_kernel(
 def _simple_rows_kernel(
     x_ptr, keep_ptr, idx_ptr,
     # out: ok, bad (B, N) uint8 (bool tensors' bytes), shift (B, N) float64, ex (B, N, V)
-    # float64, cols (B, N, J) in x's dtype
+    # float64, cols (B, N, J) float64 (torch_backend.simple_rows)
     row_ok_ptr, row_bad_ptr, shift_ptr, ex_ptr, cols_ptr,
     n_rows, N, V, J, s_xb, s_xn, s_xv, s_ib, s_in, s_ij,
     CONTIG: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_J: tl.constexpr,
@@ -2159,7 +2191,7 @@ def _simple_rows_kernel(
         ix = tl.load(idx_ptr + (b * s_ib + n * s_in)[:, None] + j[None, :].to(tl.int64) * s_ij,
                      mask=m, other=0)
         c = tl.load(x_ptr + base[:, None] + ix * s_xv, mask=m & ok[:, None], other=0.0)
-        tl.store(cols_ptr + r[:, None] * J + j[None, :], c, mask=m)
+        tl.store(cols_ptr + r[:, None] * J + j[None, :], c.to(tl.float64), mask=m)
 
 
 @triton.jit(do_not_specialize=("n_rows", "N", "J", "s_ib", "s_in", "s_ij"))

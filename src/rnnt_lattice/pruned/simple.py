@@ -96,7 +96,7 @@ class _JointMass(torch.autograd.Function):
 
         mass  (B, T, U+1) = ea @ el^T                 (the joint mass of node (t, u))
         am_uni (B, T)     = ea @ uni                  (smoothed loss only; else empty)
-        am_cols = am[b, t, am_idx[b, t, j]],  lm_cols = lm[b, u, lm_idx[b, u, j]]  (0 off ok)
+        am_cols = am[b, t, am_idx[b, t, j]],  lm_cols = lm[b, u, lm_idx[b, u, j]]  (0 off ok; ldt)
 
     ``mass`` is exact while it is above ``V * MASS_MIN``. Below, the products
     ``ea(t,v) el(u,v)`` have left the float range (the classes where am and lm peak differ,
@@ -326,7 +326,8 @@ class _ArcTerms(torch.autograd.Function):
         d lse_rescued  = d lse (rescued, not bad)
 
     ``am_cols (B, T, U+1)`` = ``[am(t, blank), am(t, y_0) ..]`` and ``lm_cols (B, U+1, 2)``
-    = ``[lm(u, blank), lm(u, y_u)]`` in the inputs' dtype; the gradients come back in it."""
+    = ``[lm(u, blank), lm(u, y_u)]`` in the lattice dtype (``simple_rows``), and so their
+    gradients, which ``_JointMass`` adds to the normaliser's in that dtype."""
 
     @staticmethod
     def forward(ctx, mass, lse_rescued, rescued, am_cols, lm_cols, shifts, mix, impl, *mix_terms):
