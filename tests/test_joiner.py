@@ -380,6 +380,37 @@ def test_the_kernel_path_builds_no_logits(monkeypatch, small_blocks):
     torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-10)
 
 
+def test_parametrized_weights_are_evaluated_once_a_call(monkeypatch, small_blocks):
+    """Weights under ``torch.nn.utils.parametrize`` (spectral norm on ``out`` and on a
+    projection: a step of power iteration at each evaluation in training) are evaluated
+    once a fused call on the kernel path, as the joiner's own call evaluates them, forward
+    and backward; and the loss is the materialised logits' (the weights not stepped
+    between the two: eval mode)."""
+    from torch.nn.utils import parametrizations
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    counts = {}
+    for name, m in (("out", joiner.out), ("enc_proj", joiner.enc_proj)):
+        parametrizations.spectral_norm(m)
+        norm = m.parametrizations.weight[0]
+        counts[name] = 0
+
+        def counted(*a, _f=norm.forward, _name=name):
+            counts[_name] += 1
+            return _f(*a)
+        monkeypatch.setattr(norm, "forward", counted)
+    launches = Launches(monkeypatch, small_blocks)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                        tile=13, backend="triton")
+    loss.backward()
+    assert launches.calls > 0 and counts == {"out": 1, "enc_proj": 1}
+    joiner.eval()
+    want = rnnt_lattice.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                  blank=blank, backend="torch")
+    got = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                       tile=13, backend="triton")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("why", ["dropout", "numba", "a_function"])
 def test_other_joiners_and_backends_take_the_tile_path(monkeypatch, small_blocks, why):
     """Dropout at work (replayed exactly by the tile path), another backend, or any other

@@ -477,15 +477,26 @@ def _logits_dtype(joiner: Joiner, enc: torch.Tensor, pred: torch.Tensor) -> torc
     """The dtype of a :class:`Joiner`'s logits on ``enc`` and ``pred`` (the probe's
     answer, without a call): the autocast dtype under autocast, else the promotion of the
     inputs' and the parameters' dtypes."""
-    dtype = joiner.out.weight.dtype
+    dtype = _weight_dtype(joiner.out)
     for proj, x in ((joiner.enc_proj, enc), (joiner.pred_proj, pred)):
         dtype = torch.promote_types(dtype, x.dtype)
         if isinstance(proj, torch.nn.Linear):
-            dtype = torch.promote_types(dtype, proj.weight.dtype)
+            dtype = torch.promote_types(dtype, _weight_dtype(proj))
     dev = enc.device.type
     if torch.is_autocast_enabled(dev) and dtype != torch.float64:
         return torch.get_autocast_dtype(dev)
     return dtype
+
+
+def _weight_dtype(linear: torch.nn.Linear) -> torch.dtype:
+    """The dtype of a Linear's weight, read without evaluating a parametrization of it
+    (``torch.nn.utils.parametrize``): spectral norm's takes a step of power iteration at
+    each evaluation in training, so the kernel path, which reads the weight once in the
+    joiner's call, would take two where the joiner's own call takes one."""
+    if torch.nn.utils.parametrize.is_parametrized(linear, "weight"):
+        held = linear.parametrizations["weight"]
+        return (held.original if hasattr(held, "original") else held.original0).dtype
+    return linear.weight.dtype
 
 
 class _KernelCall:
