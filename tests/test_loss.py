@@ -259,8 +259,8 @@ def confident(x, targets, tl, ul, topo, blank, margin):
 
 @pytest.mark.parametrize("backend", backends.ALL)
 @pytest.mark.parametrize("inplace", [False, True], ids=["grad", "inplace"])
-@pytest.mark.parametrize("margin", [12.0, 20.0])
-@pytest.mark.parametrize("topo_name", list(CONFIDENT))
+@pytest.mark.parametrize("topo_name, margin", [("regular", 12.0), ("regular", 20.0),
+                                               ("multiblank", 20.0), ("tdt012", 20.0)])
 def test_confident_rows_keep_their_digits(topo_name, margin, inplace, backend):
     """A confident model: every row of each sequence's best path favours the class (and
     TDT's duration) that the path reads by ``margin`` nats. float32 losses of 1e-5 and the
@@ -283,7 +283,7 @@ def test_confident_rows_keep_their_digits(topo_name, margin, inplace, backend):
                                            backend=backend, inplace_grad=inplace, **extra)
     (costs * w.to(costs.dtype)).sum().backward()
     grad = z if inplace else z.grad          # (in place: the logits hold the gradient)
-    assert want_loss.max() < 1e-3 if margin > 15 else want_loss.max() < 0.1   # confident
+    assert want_loss.max() < (1e-3 if margin > 15 else 0.1)      # confident
     assert ((costs.double() - want_loss).abs() / want_loss).max() <= TOL[torch.float32]
     scale = want_grad.abs().max()
     inside = ~torch.isnan(x32)                # (padding: NaN in place, 0 as a gradient)

@@ -301,7 +301,8 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     idx]`` on the ok rows, 0 on the others. All three in the lattice dtype: ex because an
     exp of a float32 row, rounded to float32, would underflow 580 nats sooner; cols because
     their gradients come back in their dtype, and a confident row's (``p`` near 1) is the
-    difference of its read and ``p`` times it (math.md 4.1), which float32 rounds away. The readable reference of the Triton kernel; the Numba backend runs it too."""
+    difference of its read and ``p`` times it (math.md 4.1), which float32 rounds away. The
+    readable reference of the Triton kernel; the Numba backend runs it too."""
     ldt = lattice_dtype(x.device)
     row_max = x.detach().amax(-1)                                           # V >= 1
     ok = keep & (row_max < float("inf"))                    # False for NaN and +inf

@@ -1334,7 +1334,7 @@ def _class_entry(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, cls
     """The gradient entry of the fixed class ``cls`` (fused mode, step 1 of
     ``_grad_kernel``) and its ``p``, both float64 [ROWS]:
 
-        e_c = p(c) S - sum_{kinds that read c} s_k gamma_k - [blank = c] gamma_b - [y = c] gamma_l
+        e_c = p(c) S - sum_{kinds reading c} s_k gamma_k - [blank = c] gamma_b - [y = c] gamma_l
 
     (``p S`` taken as 0 on a row not ``live``). Formed in float64 from the workspace's
     ``lse``, ``S`` and reads, as :func:`_read_entries` forms the blank's and the label's: a
@@ -1406,8 +1406,9 @@ def _duration_terms(ws_ptr, node, reads, keep, n_nodes, o_dur, K: tl.constexpr,
 @triton.jit
 def _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED: tl.constexpr):
     """The duration group's gradient at its entries ``x [ROWS, BLOCK_DUR]`` (ACC, or float64
-    with ``d_hi``, ``g_dur`` of :func:`_duration_terms` in float64; -inf where not read): ``q(i) S_dur - sum_{kinds of duration i} gamma_k``, NaN on a NaN sequence's
-    rows (fused), times the upstream gradient on the rows ``write`` (no clamp: NeMo TDT)."""
+    with ``d_hi``, ``g_dur`` of :func:`_duration_terms` in float64; -inf where not read):
+    ``q(i) S_dur - sum_{kinds of duration i} gamma_k``, NaN on a NaN sequence's rows
+    (fused), times the upstream gradient on the rows ``write`` (no clamp: NeMo TDT)."""
     if FUSED:
         g = tl.exp((x - d_hi[:, None]) - d_lo[:, None]) * s_dur.to(x.dtype)[:, None]
         g = tl.where((s_dur == 0.0)[:, None], 0.0, g)
