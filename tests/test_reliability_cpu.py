@@ -390,6 +390,36 @@ def test_first_compile_is_said_once_and_cache_loads_say_nothing(tmp_path):
     assert _last_json(again)["same"] and NOTICE not in again.stderr, again.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
+def test_a_forked_child_says_its_own_first_compile(tmp_path):
+    """A child forked after its parent said its first compile (a DataLoader worker) runs
+    the serial kernels, which the parent never compiled: it says its own compile, and names
+    ``warmup --serial``, which builds them. (The child inherited the parent's flag: seconds
+    of silence in each worker.)"""
+    src = _copy_package(tmp_path, with_cache=False)
+    script = """
+    import json, os
+    from rnnt_lattice.cpu import kernels
+    assert kernels.__file__.startswith(%r), kernels.__file__
+    occ = torch.rand(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    lengths = dict(logit_lengths=torch.tensor([5, 4]), target_lengths=torch.tensor([3, 2]))
+    want = rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                                      # the child: its serial kernels
+        got = rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist()
+        sys.stderr.flush()
+        os._exit(0 if got == want else 3)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"child": os.waitstatus_to_exitcode(status)}))
+    """ % str(src)
+    proc = _run(script, _env(src, True), 120, first="import sys\n")
+    assert _last_json(proc) == {"child": 0}
+    notices = _notices(proc)
+    assert len(notices) == 2 and "`rnnt-lattice warmup` compiles" in notices[0], proc.stderr
+    assert "`rnnt-lattice warmup --serial` compiles" in notices[1], proc.stderr
+
+
 # --------------------------------------------------------------------------- item 4: read-only
 def _unwritable_prefix():
     """The command prefix under which permission bits apply: none for a normal user; for

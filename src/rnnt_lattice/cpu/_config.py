@@ -139,6 +139,7 @@ def _after_fork_in_child() -> None:
     global FORKED, _launch_lock
     FORKED = True
     _launch_lock = threading.Lock()  # another thread of the parent may have held it
+    _CompileNotice.said = False      # the child's own first compile (its serial kernels)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -293,7 +294,9 @@ class _CompileNotice(event.Listener):
     where logging is not configured. A first compile takes seconds to tens of seconds, and
     without a word a first call looks hung. Numba triggers ``numba:compile`` only after its
     disk cache missed, so a process that loads the kernels from the cache says nothing;
-    nor does one while ``ON_COMPILE`` reports (``rnnt-lattice warmup``: a line a kernel)."""
+    nor does one while ``ON_COMPILE`` reports (``rnnt-lattice warmup``: a line a kernel).
+    A forked child (a DataLoader worker) says it again: it runs the serial kernels, which
+    the parent may never have compiled, and ``rnnt-lattice warmup --serial`` builds."""
 
     said = False
 
@@ -309,9 +312,11 @@ class _CompileNotice(event.Listener):
         _CompileNotice.said = True
         kept = ("cached on disk, so later processes load them in under a second" if CACHE
                 else "no on-disk cache here, so every process compiles them again")
+        ahead = ("`rnnt-lattice warmup --serial` compiles them all ahead of time, the serial "
+                 "ones that forked processes run too" if FORKED
+                 else "`rnnt-lattice warmup` compiles them all ahead of time")
         _log.warning("rnnt_lattice: compiling the CPU kernels this call needs with Numba "
-                     "(first use: seconds to tens of seconds; %s; `rnnt-lattice warmup` "
-                     "compiles them all ahead of time)", kept)
+                     "(first use: seconds to tens of seconds; %s; %s)", kept, ahead)
 
     def on_end(self, ev):
         pass
