@@ -670,9 +670,19 @@ def test_module_checks_and_forward():
     x = joiner(enc[:, :, None], pred[:, None])
     want = joiner.out(torch.tanh(joiner.enc_proj(enc)[:, :, None] + joiner.pred_proj(pred)[:, None]))
     torch.testing.assert_close(x, want)
-    with pytest.raises(ValueError, match=r"enc \(3, 5, 4\) must have 5 features"):
+    with pytest.raises(ValueError, match=r"enc \(3, 5, 4\) has 4 features \(its last axis\), "
+                       r"the joiner takes 5, its projection enc_proj takes"):
         rnnt_lattice.fused_rnnt_loss(joiner, enc[..., :4], pred, targets, tl, ul, blank=blank,
                                      backend="triton")
+    # (B, H, T) as NeMo's encoders give it, to a joiner without projections whose hidden
+    # width equals T: the message says which axis it read
+    bare = rnnt_lattice.Joiner(None, None, 5, joiner.out.out_features, dtype=torch.float64)
+    with pytest.raises(ValueError, match=re.escape(
+            "enc (3, 5, 7) has 7 features (its last axis), the joiner takes 5, its hidden "
+            "width (no projection: out.in_features): enc is (B, T, H_enc)")):
+        rnnt_lattice.fused_rnnt_loss(bare, torch.zeros(3, 5, 7, dtype=torch.float64),
+                                     torch.zeros(3, 4, 5, dtype=torch.float64), targets, tl,
+                                     ul, blank=blank, backend="triton")
 
 
 class _EverySecondFrame(torch.nn.Module):

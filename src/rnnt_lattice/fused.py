@@ -736,15 +736,16 @@ def _check_joiner_widths(joiner: Joiner, enc, pred) -> None:
     module in a projection's place says its own width when it runs."""
     for name, x, proj in (("enc", enc, joiner.enc_proj), ("pred", pred, joiner.pred_proj)):
         if isinstance(proj, torch.nn.Linear):
-            want = proj.in_features
+            want, what = proj.in_features, f"its projection {name}_proj takes (in_features)"
         elif isinstance(proj, torch.nn.Identity):
-            want = joiner.out.in_features
+            want, what = joiner.out.in_features, ("its hidden width (no projection: "
+                                                   "out.in_features)")
         else:
             continue
         if x.shape[-1] != want:
-            raise ValueError(f"{name} {tuple(x.shape)} must have {want} features, the width the "
-                             f"joiner's {'projection' if want != joiner.out.in_features else 'hidden layer'} "
-                             f"takes")
+            axes = "(B, T, H_enc)" if name == "enc" else "(B, U+1, H_pred)"
+            raise ValueError(f"{name} {tuple(x.shape)} has {x.shape[-1]} features (its last "
+                             f"axis), the joiner takes {want}, {what}: {name} is {axes}")
 
 
 def _fixed(topo: Topology) -> tuple:
