@@ -695,6 +695,16 @@ def test_messages_name_the_callers_tensors():
         call(joiner, enc, pred, targets, tl, ul + 9, blank=blank, tile=5)
     with pytest.raises(ValueError, match=re.escape(f"label positions of pred {tuple(pred.shape)}")):
         call(joiner, enc, pred, targets[:, :1], tl, ul, blank=blank, tile=5)
+    # a label the joiner's logits have no class for: V is named by where it comes from
+    B, T, U1 = enc.shape[0], enc.shape[1], pred.shape[1]
+    V = joiner(enc[:1, :1, None], pred[:1, None, :1]).shape[-1]
+    short = lambda e, p: joiner(e, p)[..., :V - 1]                       # noqa: E731
+    y = targets.clone()
+    y[0, 0] = V - 1
+    with pytest.raises(ValueError, match=re.escape(
+            f"targets[0, 0] = {V - 1} is outside [0, V) = [0, {V - 1}); V of the joiner's "
+            f"logits (B, T, U+1, V) = ({B}, {T}, {U1}, {V - 1})")):
+        call(short, enc, pred, y, tl, ul, blank=blank, tile=5)
 
 
 @pytest.mark.parametrize("cls, kw", [

@@ -397,7 +397,7 @@ def check_lattice_args(
         check_lengths(logit_lengths, target_lengths, T, U1 - 1, names.source("T", logits),
                       names.source("U", logits), names.lengths())
         check_targets(targets, target_lengths, blank, Vt, allow_blank_targets, what=what,
-                      name=names.targets)
+                      name=names.targets, of=names.spec)
 
     return targets, logit_lengths, target_lengths, blank
 
@@ -571,10 +571,12 @@ def check_lengths(logit_lengths, target_lengths, T: int, U: int, t_src, u_src,
 
 
 def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targets: bool,
-                  joint: bool = False, what: str = "V", name: str = "targets") -> None:
+                  joint: bool = False, what: str = "V", name: str = "targets",
+                  of: str | None = None) -> None:
     """Value check: every target before its length in ``[0, V)`` and, unless
     ``allow_blank_targets``, not the blank (``what``: the bound's name in the message,
-    ``"V_tok"`` for TDT's token classes; ``name``: the caller's name of the targets).
+    ``"V_tok"`` for TDT's token classes; ``name``: the caller's name of the targets;
+    ``of``: the logits that set V where the call has none, the fused losses' joiner's).
     ``joint``: one message for both rules (the simple losses'). The lengths are already
     checked (``0 <= U_b <= U``)."""
     U = targets.shape[1]
@@ -597,7 +599,8 @@ def check_targets(targets, target_lengths, blank: int, V: int, allow_blank_targe
     if out.any():
         b, u = (int(i) for i in np.argwhere(out)[0])
         raise ValueError(f"{name}[{b}, {u}] = {int(y[b, u])} is outside [0, {what}) = [0, {V})"
-                         + ("" if what == "V" else " (TDT: the token classes before the durations)"))
+                         + ("" if what == "V" else " (TDT: the token classes before the durations)")
+                         + ("" if of is None else f"; {what} of {of}"))
     raise ValueError(
         f"{name}[{b}, {u}] equals the blank id {blank}: a label cannot be the blank")
 
