@@ -330,6 +330,16 @@ def test_module_matches_function():
     a = crit(logits, targets, tl, ul)
     b = rnnt_lattice.rnnt_loss(logits, targets, tl, ul, blank, 0.5, "sum", fastemit_lambda=0.1)
     assert torch.equal(a, b)
+    # every option of the function, fixed at construction (allow_blank_targets was missing)
+    import inspect
+    options = set(inspect.signature(rnnt_lattice.rnnt_loss).parameters) - set(
+        inspect.signature(rnnt_lattice.RNNTLoss.forward).parameters)
+    assert options <= set(inspect.signature(rnnt_lattice.RNNTLoss).parameters)
+    y = targets.clone()
+    y[0, 0] = blank % logits.shape[-1]
+    a = rnnt_lattice.RNNTLoss(blank=blank, allow_blank_targets=True)(logits, y, tl, ul)
+    assert torch.equal(a, rnnt_lattice.rnnt_loss(logits, y, tl, ul, blank,
+                                                 allow_blank_targets=True))
 
 
 # --------------------------------------------------------------------------- larger lattices

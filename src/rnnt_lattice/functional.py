@@ -374,7 +374,8 @@ def check_options(**options) -> None:
         "big_blank_durations": lambda v: check_durations("big_blank_durations", v, minimum=2,
                                                          ascending=False),
         **{flag: (lambda v, flag=flag: check_flag(flag, v))
-           for flag in ("fused_log_softmax", "zero_infinity", "inplace_grad", "packed")},
+           for flag in ("fused_log_softmax", "zero_infinity", "inplace_grad", "packed",
+                        "allow_blank_targets")},
     }
     for name, value in options.items():
         if name in checks:

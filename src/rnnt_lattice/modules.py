@@ -33,13 +33,16 @@ class RNNTLoss(torch.nn.Module):
     def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean",
                  fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
                  zero_infinity: bool = False, backend: str = "auto", inplace_grad: bool = False,
-                 rnnt_type: str = "regular", delay_penalty: float = 0.0, packed: bool = False):
+                 rnnt_type: str = "regular", delay_penalty: float = 0.0, packed: bool = False,
+                 allow_blank_targets: bool = False):
         super().__init__()
         check_options(blank=blank, clamp=clamp, reduction=reduction, fastemit_lambda=fastemit_lambda,
                       backend=backend, rnnt_type=rnnt_type, delay_penalty=delay_penalty,
                       fused_log_softmax=fused_log_softmax, zero_infinity=zero_infinity,
-                      inplace_grad=inplace_grad, packed=packed)
+                      inplace_grad=inplace_grad, packed=packed,
+                      allow_blank_targets=allow_blank_targets)
         self.packed = packed
+        self.allow_blank_targets = allow_blank_targets
         self.rnnt_type = rnnt_type
         self.delay_penalty = delay_penalty
         self.blank = blank
@@ -57,7 +60,8 @@ class RNNTLoss(torch.nn.Module):
                          fastemit_lambda=self.fastemit_lambda, zero_infinity=self.zero_infinity,
                          backend=self.backend, inplace_grad=self.inplace_grad,
                          rnnt_type=self.rnnt_type, delay_penalty=self.delay_penalty,
-                         boundary=boundary, packed=self.packed)
+                         boundary=boundary, packed=self.packed,
+                         allow_blank_targets=self.allow_blank_targets)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
