@@ -89,6 +89,20 @@ def test_default_demo_learns(tmp_path):
     assert abs(metrics["heldout_ter"] - float(quoted.group(1))) <= 0.02
 
 
+def test_demo_says_the_threads_it_runs(monkeypatch):
+    """The demo's line names the threads as they are: Numba's where NUMBA_NUM_THREADS caps
+    them below the asked count, and a note where more are asked than the machine has."""
+    numba = pytest.importorskip("numba")
+    from rnnt_lattice._cli_util import threads_said
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 2)
+    assert threads_said(2) == "2 thread(s)"
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)
+    assert threads_said(2) == "2 thread(s) (Numba's: 1, NUMBA_NUM_THREADS)"
+    assert threads_said(8) == ("8 thread(s) (Numba's: 1, NUMBA_NUM_THREADS), more than the 2 "
+                               "core(s) here (they take turns: slower)")
+
+
 # --------------------------------------------------------------------------- plot
 def _save_example(path, **over):
     g = torch.Generator().manual_seed(0)

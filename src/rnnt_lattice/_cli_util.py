@@ -53,3 +53,21 @@ def set_threads(n: int) -> int:
         pass
     torch.set_num_threads(n)
     return n
+
+
+def threads_said(n: int) -> str:
+    """How many threads :func:`set_threads` gave, for a log line: ``"2 thread(s)"``, with
+    Numba's own count where ``NUMBA_NUM_THREADS`` capped it, and a note where ``n`` is more
+    than the machine's cores (the threads then take turns: slower, not faster)."""
+    words = f"{n} thread(s)"
+    try:
+        import numba
+        cap = numba.config.NUMBA_NUM_THREADS
+        if cap < n:
+            words += f" (Numba's: {cap}, NUMBA_NUM_THREADS)"
+    except ImportError:
+        pass
+    cores = os.cpu_count() or 1
+    if n > cores:
+        words += f", more than the {cores} core(s) here (they take turns: slower)"
+    return words

@@ -36,7 +36,7 @@ from torch import nn
 
 from . import (__version__, best_alignment, do_rnnt_pruning, fused_rnnt_loss, occupancy,
                prune_coverage, prune_ranges, rnnt_loss, rnnt_loss_pruned, rnnt_loss_simple)
-from ._cli_util import check_output_dir, set_threads
+from ._cli_util import check_output_dir, set_threads, threads_said
 from ._validate import check_tile
 from .plot import plot_occupancy, save
 
@@ -329,7 +329,7 @@ def run(cfg: Config, out: str, log=print, progress_stream=None) -> dict:
     evals = [evaluate(0)]
     log(TER_MEANING)
     log(f"held-out TER at initialisation {evals[0]['ter']:.3f} (chance {chance_ter:.3f}); "
-        f"training {cfg.steps} steps on {cfg.device} with {cfg.threads} thread(s)")
+        f"training {cfg.steps} steps on {cfg.device} with {threads_said(cfg.threads)}")
     history = []
     bar = Progress(cfg.steps, progress_stream)
     for step in range(1, cfg.steps + 1):
