@@ -107,6 +107,14 @@ def test_errors_and_zero_frames():
     zero[1] = 0.1                                  # 0.3 frames: rounds to 0
     loss, grad = loss_and_grad(sb.transducer_loss, logits, targets, zero, rel_U, blank, "none")
     assert loss[1] == math.inf and torch.all(grad[1] == 0) and torch.isfinite(grad).all()
+    # integer relative lengths, as SpeechBrain takes them (1: the whole padded size); the
+    # absolute lengths they may be by mistake are out of [0, 1]
+    full = torch.ones(2, dtype=torch.int64)
+    assert torch.equal(sb.transducer_loss(logits, targets, full, full, blank, "none"),
+                       sb.transducer_loss(logits, targets, full.float(), full.float(), blank,
+                                          "none"))
+    with pytest.raises(ValueError, match=r"input_lens\[0\] = 3.0"):
+        sb.transducer_loss(logits, targets, tl, rel_U, blank)
 
 
 def test_messages_name_speechbrains_arguments():

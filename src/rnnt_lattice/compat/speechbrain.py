@@ -126,11 +126,15 @@ def _describe(x) -> str:
 
 def _absolute(name: str, rel: torch.Tensor, size: int) -> torch.Tensor:
     """SpeechBrain's ``(rel * size).round().int()``; on CPU, a count outside ``[0, size]``
-    (a relative length off ``[0, 1]`` by more than the rounding) is a ``ValueError`` (on
-    CUDA the loss's device-side assert, naming the counts ``round(input_lens * T)``)."""
-    if not isinstance(rel, torch.Tensor) or not rel.is_floating_point():
-        raise ValueError(f"{name} must be a float tensor of relative lengths in [0, 1], got "
+    (a relative length off ``[0, 1]`` by more than the rounding: absolute lengths passed by
+    mistake, too) is a ``ValueError`` (on CUDA the loss's device-side assert, naming the
+    counts ``round(input_lens * T)``). An integer or bool tensor is taken as SpeechBrain
+    takes it (its 0s and 1s are relative lengths)."""
+    if not isinstance(rel, torch.Tensor) or rel.is_complex():
+        raise ValueError(f"{name} must be a tensor of relative lengths in [0, 1], got "
                          + (str(rel.dtype) if isinstance(rel, torch.Tensor) else type(rel).__name__))
+    if not rel.is_floating_point():
+        rel = rel.to(torch.float32)
     counts = (rel * size).round()
     if rel.numel() and may_read_values(rel):
         bad = ~((counts >= 0) & (counts <= size))          # NaN included
