@@ -6,6 +6,7 @@ scaled cost, the clamp; and its ``numba_utils``."""
 from __future__ import annotations
 
 import doctest
+import os
 
 import pytest
 import torch
@@ -118,6 +119,22 @@ def test_numba_utils_answer_for_this_module(monkeypatch):
         assert u.is_numba_compat_strict() is False
         assert u.numba_cpu_is_supported("0.53.0") and not u.numba_cuda_is_supported("0.53.0")
     assert u.is_numba_compat_strict() is True
+
+
+def test_numba_utils_has_the_peers_other_names():
+    """warprnnt-numba's other public names import and answer as there: the installation
+    hint, a class by its dotted path, and a library's version check (ok, message) -- None
+    for a library that is not installed, False for one without ``__version__``."""
+    import collections
+    import operator
+    u = wn.numba_utils
+    assert "numba" in u.NUMBA_INSTALLATION_MESSAGE
+    assert u.import_class_by_path("collections.OrderedDict") is collections.OrderedDict
+    assert u.import_class_by_path("os.path") is os.path
+    assert u.check_lib_version("torch", "1.0", operator.ge)[0] is True
+    assert u.check_lib_version("torch", "1000.0", operator.ge)[0] is False
+    assert u.check_lib_version("rnnt_lattice_no_such_lib", "1.0", operator.ge)[0] is None
+    assert u.check_lib_version("math", "1.0", operator.ge)[0] is False       # no __version__
 
 
 def test_docstring_example():

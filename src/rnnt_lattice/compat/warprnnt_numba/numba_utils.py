@@ -19,13 +19,65 @@ import torch
 __all__ = ["numba_cpu_is_supported", "numba_cuda_is_supported",
            "skip_numba_cuda_test_if_unsupported", "is_numba_compat_strict",
            "set_numba_compat_strictness", "with_numba_compat_strictness",
-           "__NUMBA_MINIMUM_VERSION__"]
+           "__NUMBA_MINIMUM_VERSION__", "NUMBA_INSTALLATION_MESSAGE", "import_class_by_path",
+           "check_lib_version"]
 
 # warprnnt-numba's names and values (NEMO_NUMBA_MINVER, as there, overrides the default).
 __NUMBA_DEFAULT_MINIMUM_VERSION__ = "0.53.0"
 __NUMBA_MINIMUM_VERSION__ = os.environ.get("NEMO_NUMBA_MINVER", __NUMBA_DEFAULT_MINIMUM_VERSION__)
 STRICT_NUMBA_COMPAT_CHECK = os.environ.get("STRICT_NUMBA_COMPAT_CHECK", "1").lower() in (
     "yes", "true", "t", "1")
+
+
+# warprnnt-numba's hint for a missing Numba; here Numba is optional (the losses run on the
+# PyTorch backend without it), so the hint says that too.
+NUMBA_INSTALLATION_MESSAGE = (
+    "Could not import `numba`. rnnt_lattice's losses run without it (on the PyTorch "
+    "backend, slower on CPU); for its CPU kernels: `pip install numba` (or `conda install "
+    "numba`).")
+
+
+def import_class_by_path(path: str):
+    """The attribute named by a dotted path, ``"package.module.Name"`` (warprnnt-numba's
+    helper): the module is imported and its attribute returned (a submodule is imported)."""
+    import importlib
+    module, _, name = path.rpartition(".")
+    parent = importlib.import_module(module)
+    try:
+        return getattr(parent, name)
+    except AttributeError:
+        return importlib.import_module(path)
+
+
+def _version(text: str) -> tuple:
+    """A version string's leading numbers, ``"0.58.1rc1"`` -> ``(0, 58, 1)``, for ordering
+    (``packaging.version.Version`` where it is installed)."""
+    try:
+        from packaging.version import Version
+        return Version(text)
+    except ImportError:
+        import re
+        return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def check_lib_version(lib_name: str, checked_version: str, operator):
+    """warprnnt-numba's check of an installed library's version: ``(ok, message)`` with
+    ``ok`` the result of ``operator(lib.__version__, checked_version)`` compared as
+    versions, False when the library has no ``__version__``, None when it is not
+    installed (``lib_name`` may be a dotted path: :func:`import_class_by_path`)."""
+    import importlib
+    try:
+        mod = (import_class_by_path(lib_name) if "." in lib_name
+               else importlib.import_module(lib_name))
+    except ImportError:
+        return None, f"{lib_name} is not installed"
+    have = getattr(mod, "__version__", None)
+    if have is None:
+        return False, f"{lib_name} has no __version__: its version cannot be checked"
+    if operator(_version(str(have)), _version(checked_version)):
+        return True, f"{lib_name} {have} satisfies {operator.__name__} {checked_version}"
+    return False, (f"{lib_name} {have} is not {operator.__name__} {checked_version}: upgrade "
+                   f"it with pip or conda")
 
 
 def numba_cpu_is_supported(min_version: str) -> bool:
