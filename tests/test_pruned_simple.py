@@ -723,6 +723,31 @@ def test_confident_am_keeps_its_digits(scales, backend, margin=20.0):
         assert (g.double() - w).abs().max() / w.abs().max() <= 64 * 2.0**-23, name
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")       # (the interpreter's masked lanes)
+@pytest.mark.parametrize("backend", backends.ALL)
+def test_an_lm_offset_costs_the_smoothed_loss_no_digits(backend):
+    """float32 lm rows around 1e4 (a common offset, which no softmax sees) give the smoothed
+    loss and both gradients of the float64 naive formula on the same rounded values. (The
+    lm-only normaliser was taken in lm's dtype: rounded to its ulp, 5e-4 at 1e4, it moved
+    every arc weight, and the gradients were 6e-5 of their scale off.)"""
+    if backend == "triton":
+        _kernel_backend(backend)
+    case = Case("offset", (9, 7), (3, 2), 40, 0, T=9, U=3)
+    lm, am, targets, T_b, U_b, blank = make_simple(case, seed=3, poison=False)
+    lm, am = (lm + 1e4).float(), am.float()
+    up = upstream_weights(case.B)
+    kw = dict(rnnt_type="modified", reduction="none")
+    got = _grads(lambda l, a: rnnt_lattice.rnnt_loss_smoothed(
+        l, a, targets, T_b, U_b, blank=blank, lm_only_scale=0.1, am_only_scale=0.1,
+        backend=backend, **kw), lm, am, up.float())
+    want = _grads(lambda l, a: rnnt_lattice.rnnt_loss(
+        _smoothed_naive(l, a, targets, blank, 0.1, 0.1), targets, T_b, U_b, blank,
+        fused_log_softmax=False, backend="torch", **kw), lm.double(), am.double(), up)
+    assert ((got[0].double() - want[0]).abs() / want[0]).max() <= 64 * 2.0**-23
+    for name, g, w in (("lm", got[1], want[1]), ("am", got[2], want[2])):
+        assert (g.double() - w).abs().max() / w.abs().max() <= 64 * 2.0**-23, name
+
+
 # --------------------------------------------------------------------------- backends
 # The lattice of the simple/smoothed losses runs on the backend's kernel (Numba's
 # kernels.lattice; Triton's _lattice_kernel, here through the interpreter that

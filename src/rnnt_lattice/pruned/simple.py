@@ -258,7 +258,9 @@ class _Mix(torch.autograd.Function):
         log_uni = torch.log(uni).to(ldt)
         R = an.mul_(-s_am)
         P = torch.add(R, log_uni[blank], alpha=s_am)
-        Q = torch.logsumexp(lm_s, -1).to(ldt).mul_(-s_lm)                      # (B, U+1)
+        # In ldt: rounded to lm's dtype, an lm around 1e4 moved every arc weight by 5e-4
+        # (the ulp of the normaliser), and gamma with them, am's gradient too.
+        Q = torch.logsumexp(lm_s.to(ldt), -1).mul_(-s_lm)                     # (B, U+1)
         S = torch.add(Q[:, :U], log_uni[y], alpha=s_am)
         ctx.save_for_backward(lm_s, am_uni, uni, am_ok, lm_ok, y)
         ctx.blank, ctx.s_lm, ctx.s_am = blank, s_lm, s_am
