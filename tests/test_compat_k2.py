@@ -661,3 +661,90 @@ def test_a_sequence_whose_start_is_its_end_costs_zero_on_every_path():
             torch.testing.assert_close(costs[0], want0, rtol=1e-12, atol=0)
             costs.sum().backward()
             assert not leaf.grad[1].any(), (name, kw)
+
+
+def _confident_joint(margin: float, B=2, T=7, S=3, C=40):
+    """float32 logits ``(B, T, S+1, C)`` whose rows on one path of the regular lattice favour
+    the class it reads by ``margin`` nats (the blank, the label ``u`` at frame ``2u``), the
+    symbols and the boundary."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(B, T, S + 1, C, generator=g, dtype=torch.float64)
+    y = torch.randint(1, C, (B, S), generator=g)
+    x[..., 0] += margin
+    for b in range(B):
+        for u in range(S):
+            x[b, 2 * u, u, 0] -= margin
+            x[b, 2 * u, u, y[b, u]] += margin
+    bnd = torch.tensor([[0, 0, S, T]] * B)
+    return x.float(), y, bnd
+
+
+@pytest.mark.parametrize("path", ["return_grad", "pruned_return_grad", "joint_mi", "simple_mi",
+                                  "smoothed_mi"])
+def test_px_py_paths_keep_confident_digits(path):
+    """The ``(px, py)`` paths on a confident float32 batch (20 nats): losses and gradients
+    of the library's own losses in float64 on the same rounded values, each gradient within
+    float32's rounding of its own (small) scale, and k2's dtypes (float32 losses and
+    ``px``/``py``). (The nodes' normalisers were float32, as k2 forms them: at 20 nats ``px``
+    read 0, the loss was 0 and the gradient wrong by its whole scale.)"""
+    w = torch.tensor([1.0, -0.7])
+    if path in ("simple_mi", "smoothed_mi"):
+        g = torch.Generator().manual_seed(5)
+        B, T, S, C = 2, 9, 3, 40
+        am = torch.randn(B, T, C, generator=g, dtype=torch.float64)
+        lm = 0.1 * torch.randn(B, S + 1, C, generator=g, dtype=torch.float64)
+        y = torch.randint(1, C, (B, S), generator=g)
+        am[..., 0] += 20.0
+        for b in range(B):
+            for u in range(S):                  # (modified: a label takes its frame)
+                am[b, 2 * u + 1, 0] -= 20.0
+                am[b, 2 * u + 1, y[b, u]] += 20.0
+        xs = [lm.float(), am.float()]
+        bnd = torch.tensor([[0, 0, S, T]] * B)
+        kw = dict(lm_only_scale=0.1, am_only_scale=0.1) if path == "smoothed_mi" else {}
+        getter = k2.get_rnnt_logprobs_smoothed if kw else k2.get_rnnt_logprobs
+        ref = k2.rnnt_loss_smoothed if kw else k2.rnnt_loss_simple
+
+        def got_fn(l_, a_):
+            px, py = (getter(l_, a_, y, 0, boundary=bnd, rnnt_type="modified", **kw))
+            assert px.dtype == py.dtype == l_.dtype
+            return -k2.mutual_information_recursion(px, py, bnd)
+
+        def want_fn(l_, a_):
+            return ref(l_, a_, y, 0, boundary=bnd, rnnt_type="modified", reduction="none",
+                       **kw)
+    else:
+        x, y, bnd = _confident_joint(20.0)
+        xs = [x]
+        S = y.shape[1]
+        ranges = torch.arange(S + 1).expand(x.shape[0], x.shape[1], S + 1).contiguous()
+
+        def got_fn(z):
+            if path == "return_grad":
+                loss, (px_grad, py_grad) = k2.rnnt_loss(z, y, 0, bnd, reduction="none",
+                                                         return_grad=True)
+            elif path == "pruned_return_grad":
+                loss, (px_grad, py_grad) = k2.rnnt_loss_pruned(z, y, ranges, 0, bnd,
+                                                                reduction="none",
+                                                                return_grad=True)
+            else:
+                px, py = k2.get_rnnt_logprobs_joint(z, y, 0, bnd)
+                assert px.dtype == py.dtype == z.dtype
+                return -k2.mutual_information_recursion(px, py, bnd)
+            assert loss.dtype == px_grad.dtype == py_grad.dtype == z.dtype
+            return loss
+
+        def want_fn(z):
+            return k2.rnnt_loss(z, y, 0, bnd, reduction="none")
+    runs = []
+    for fn, inputs in ((got_fn, xs), (want_fn, [t.double() for t in xs])):
+        zs = [t.detach().clone().requires_grad_() for t in inputs]
+        costs = fn(*zs)
+        (costs * w.to(costs.dtype)).sum().backward()
+        runs.append((costs.detach().double(), [z.grad.double() for z in zs]))
+    (got, got_grads), (want, want_grads) = runs
+    if path not in ("smoothed_mi",):
+        assert want.max() < 1e-4                                     # confident
+    assert ((got - want).abs() / want).max() <= 64 * 2.0**-23
+    for g_, w_ in zip(got_grads, want_grads):
+        assert (g_ - w_).abs().max() / w_.abs().max() <= 64 * 2.0**-23

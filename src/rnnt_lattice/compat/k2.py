@@ -29,7 +29,10 @@ float64; the losses without ``return_grad`` use the fused kernels of
 :func:`rnnt_lattice.rnnt_loss`, :func:`rnnt_lattice.rnnt_loss_pruned`,
 :func:`rnnt_lattice.rnnt_loss_simple` and :func:`rnnt_lattice.rnnt_loss_smoothed`; the
 others build ``(px, py)`` as k2 does and run :func:`rnnt_lattice.lattice_loss` on them
-(autograd through the ``(px, py)`` construction).
+(autograd through the ``(px, py)`` construction), with each node's normaliser and the
+entries it reads in float64 (:class:`_ReadLogProbs`; the simple joiner's pieces in
+float64), so that a confident row keeps its digits there too (math.md 4.1); ``px`` and
+``py`` come back in the inputs' dtype. HAT's (``use_hat_loss``) are formed as k2 forms them.
 
 Where k2 and fast_rnnt differ, both are accepted where it is unambiguous:
 ``get_rnnt_logprobs_joint`` takes ``boundary, rnnt_type`` (fast_rnnt) or ``rnnt_type,
@@ -398,11 +401,13 @@ def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[
     return torch.cat([prods[:1] + offset, prods[1:]])                      # (N, B)
 
 
-def _px_py_loss(px, py, nan_rows, boundary, delay_penalty, reduction, return_grad):
+def _px_py_loss(px, py, nan_rows, boundary, delay_penalty, reduction, return_grad,
+                dtype=None):
     """The RNN-T losses computed from ``(px, py)`` as k2 does: the delay penalty on ``px``,
     the recursion, the reduction. ``nan_rows``: NaN on the losses of the sequences the
     device check found bad (their ``(px, py)`` are NaN too, but an empty lattice reads
-    none of them)."""
+    none of them). ``dtype``: the loss's and the occupations' (the logits'; ``px``'s by
+    default), where ``px`` and ``py`` were formed in float64 (:class:`_ReadLogProbs`)."""
     delay_penalty = _delay_penalty(delay_penalty)
     B, S, T1 = px.shape
     T = py.shape[2]
@@ -413,6 +418,9 @@ def _px_py_loss(px, py, nan_rows, boundary, delay_penalty, reduction, return_gra
     out = _recursion(px, py, boundary, T1 == T + 1, return_grad)
     scores, grads = out if return_grad else (out, None)
     loss = _reduce(with_bad_rows(0.0 - scores, nan_rows), reduction)        # (0 - x: an empty path's 0 is +0, not -0)
+    if dtype is not None:
+        loss = loss.to(dtype)
+        grads = None if grads is None else tuple(g.to(dtype) for g in grads)
     return (loss, grads) if return_grad else loss
 
 
@@ -504,7 +512,11 @@ def _simple_args(lm, am, symbols, termination_symbol, rnnt_type, boundary, own: 
 
 def _simple_parts(lm, am, y, blank):
     """The simple joiner's pieces: ``norm (B, S+1, T)`` = log sum_c exp(am(t,c) + lm(s,c))
-    (k2's shifted matmul, ``+ tiny``), the shifted exps, and the entries the arcs read."""
+    (k2's shifted matmul, ``+ tiny``), the shifted exps, and the entries the arcs read; in
+    float64 (``am`` and ``lm`` are ``(B, T, C)`` and ``(B, S+1, C)``): a confident node's
+    ``1 + rest`` in float32 rounded ``rest`` away (math.md 4.1), and the gradients of the
+    entries read and of the normaliser, which cancel there, meet in float64."""
+    am, lm = am.to(torch.float64), lm.to(torch.float64)
     S = y.shape[1]
     am_max = am.amax(2, keepdim=True)                                          # (B, T, 1)
     lm_max = lm.amax(2, keepdim=True)                                          # (B, S+1, 1)
@@ -536,8 +548,9 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                                                           rnnt_type, boundary)
     nan_rows = assert_rules(*checks)
     norm, _, (px_am, px_lm, py_am, py_lm) = _simple_parts(lm, am, y, blank)
-    return _finish(px_am + px_lm - norm[:, :S], py_am + py_lm - norm, boundary, rnnt_type,
-                   _read_symbols(boundary, B, S, am.device), nan_rows)
+    px, py = _finish(px_am + px_lm - norm[:, :S], py_am + py_lm - norm, boundary, rnnt_type,
+                     _read_symbols(boundary, B, S, am.device), nan_rows)
+    return px.to(am.dtype), py.to(am.dtype)
 
 
 def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
@@ -577,8 +590,66 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
     s_am = am_only_scale if am_only_scale != 0 else 1e-20
     px = combined * px + s_lm * px_lmonly + s_am * px_amonly
     py = combined * py + s_lm * py_lmonly + s_am * py_amonly
-    return _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, am.device),
-                   nan_rows)
+    px, py = _finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, am.device),
+                     nan_rows)
+    return px.to(am.dtype), py.to(am.dtype)
+
+
+class _ReadLogProbs(torch.autograd.Function):
+    """The log-probs of two classes of each row of ``x (..., C)``, ``x_c - lse``, float64:
+    the label ``label (...)`` (int64 class ids) and the blank (an int), with
+
+        lse = m + log(ties + rest),   rest = sum_{v: x_v < m} exp(x_v - m)
+
+    (``m`` the row's max, ``ties`` the entries equal to it: a confident row's ``1 + rest``
+    in the inputs' dtype rounded ``rest`` away, and its log-prob read 0; math.md 4.1).
+    Backward, from ``g_l``, ``g_b`` (float64)::
+
+        d x_v = -(g_l + g_b) p_v + [v = label] g_l + [v = blank] g_b,   p_v = exp(x_v - lse)
+
+    the bulk ``-(g_l + g_b) p_v`` in ``x``'s dtype (float32 for half), the two read entries
+    formed in float64 (they cancel near ``p = 1``); 0 on a row neither read reaches. An all
+    ``-inf`` row has ``lse = -inf``, as ``torch.logsumexp`` gives it."""
+
+    @staticmethod
+    def forward(ctx, x, label, blank: int):
+        acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        xa = x.detach().to(acc)
+        m = xa.amax(-1, keepdim=True)
+        shift = torch.where(m == NEG_INF, 0.0, m)               # (an all -inf row: lse -inf)
+        d = xa - shift
+        tie = d == 0
+        rest = torch.exp(d).masked_fill_(tie, 0.0).sum(-1, dtype=torch.float64)
+        log_s = torch.log(tie.sum(-1).to(torch.float64) + rest)                # (...)
+        lse = shift[..., 0].to(torch.float64) + log_s
+        x_l = torch.gather(xa, -1, label[..., None])[..., 0].to(torch.float64)
+        x_b = xa[..., blank].to(torch.float64)
+        ctx.save_for_backward(xa, shift, log_s, label)
+        ctx.blank, ctx.dtype = blank, x.dtype
+        ctx.set_materialize_grads(False)
+        return x_l - lse, x_b - lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_l, g_b):
+        xa, shift, log_s, label = ctx.saved_tensors
+        blank = ctx.blank
+        zeros = torch.zeros(log_s.shape, dtype=torch.float64, device=log_s.device)
+        g_l = zeros if g_l is None else g_l.to(torch.float64)
+        g_b = zeros if g_b is None else g_b.to(torch.float64)
+        S = g_l + g_b
+        p = torch.exp((xa - shift) - log_s.to(xa.dtype)[..., None])
+        grad = torch.where((S == 0)[..., None], 0.0, p * -S.to(xa.dtype)[..., None])
+        both = label == blank
+
+        def entry(c, g, other):          # p_c S - g_c, in float64
+            x_c = torch.gather(xa, -1, c[..., None])[..., 0].to(torch.float64)
+            p_c = torch.exp((x_c - shift[..., 0].to(torch.float64)) - log_s)
+            e = g + torch.where(both, other, 0.0) - S * p_c
+            return torch.where(S == 0, 0.0, e)
+        grad.scatter_(-1, label[..., None], entry(label, g_l, g_b).to(xa.dtype)[..., None])
+        grad[..., blank] = entry(torch.full_like(label, blank), g_b, g_l).to(xa.dtype)
+        return grad.to(ctx.dtype), None, None
 
 
 def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
@@ -593,8 +664,9 @@ def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termina
     ``boundary, modified``) and k2's ``rnnt_type, boundary`` are both accepted positionally,
     told apart by type."""
     boundary, rnnt_type = _positions(boundary, rnnt_type)
-    return _joint_px_py(logits, symbols, termination_symbol, boundary,
-                        _rnnt_type(rnnt_type, modified))[:2]
+    px, py, _ = _joint_px_py(logits, symbols, termination_symbol, boundary,
+                             _rnnt_type(rnnt_type, modified))
+    return px.to(logits.dtype), py.to(logits.dtype)
 
 
 def _joint_px_py(logits, symbols, termination_symbol, boundary, rnnt_type):
@@ -607,10 +679,11 @@ def _joint_px_py(logits, symbols, termination_symbol, boundary, rnnt_type):
     y, boundary, checks = _symbols_and_boundary(symbols, boundary, B, S, T, C, logits.device)
     blank = _blank(termination_symbol, C)
     nan_rows = assert_rules(*checks)
-    norm = torch.logsumexp(logits, 3)                                          # (B, T, S+1)
-    px = torch.gather(logits[:, :, :S], 3, y[:, None, :, None].expand(B, T, S, 1))[..., 0]
-    px = (px - norm[:, :, :S]).transpose(1, 2)                                 # (B, S, T)
-    py = (logits[..., blank] - norm).transpose(1, 2)                           # (B, S+1, T)
+    # (float64, exact on confident rows: _ReadLogProbs; position S reads no label)
+    y_row = torch.nn.functional.pad(y, (0, 1), value=blank)[:, None, :].expand(B, T, S1)
+    label_w, blank_w = _ReadLogProbs.apply(logits, y_row.contiguous(), blank)  # (B, T, S+1)
+    px = label_w[:, :, :S].transpose(1, 2)                                     # (B, S, T)
+    py = blank_w.transpose(1, 2)                                               # (B, S+1, T)
     return (*_finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
                      nan_rows), nan_rows)
 
@@ -663,16 +736,15 @@ def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_ty
     R = ranges.shape[2]
     y_row = torch.nn.functional.pad(y, (0, 1), value=blank)          # position S reads no label
     y_row = torch.gather(y_row, 1, ranges.reshape(B, T * R)).view(B, T, R, 1)
-    x_label = torch.gather(logits, 3, y_row)[..., 0]                            # (B, T, R)
     if hat:
         # HAT: a Bernoulli blank, then a softmax over the other classes.
+        x_label = torch.gather(logits, 3, y_row)[..., 0]                        # (B, T, R)
         blank_w = torch.nn.functional.logsigmoid(logits[..., 0])
         label_w = (x_label - torch.logsumexp(logits[..., 1:], 3)
                    + torch.nn.functional.logsigmoid(-logits[..., 0]))
-    else:
-        norm = torch.logsumexp(logits, 3)
-        blank_w, label_w = logits[..., blank] - norm, x_label - norm
-    grid = logits.new_full((B, T, S + 1), NEG_INF)
+    else:                                # (float64, exact on confident rows: _ReadLogProbs)
+        label_w, blank_w = _ReadLogProbs.apply(logits, y_row[..., 0], blank)
+    grid = label_w.new_full((B, T, S + 1), NEG_INF)
     px = grid.scatter(2, ranges, label_w)[:, :, :S].transpose(1, 2)            # (B, S, T)
     py = grid.scatter(2, ranges, blank_w).transpose(1, 2)                      # (B, S+1, T)
     return (*_finish(px, py, boundary, rnnt_type, _read_symbols(boundary, B, S, logits.device),
@@ -686,8 +758,9 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
     ``ranges`` ``(B, T, R)`` (row ``k`` of frame ``t`` is symbol position ``ranges[b, t,
     k]``); each window row's log-probs as :func:`get_rnnt_logprobs_joint`, every arc
     outside the windows ``-inf``."""
-    return _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary,
-                         _rnnt_type(rnnt_type, modified), hat=False)[:2]
+    px, py, _ = _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary,
+                              _rnnt_type(rnnt_type, modified), hat=False)
+    return px.to(logits.dtype), py.to(logits.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -712,7 +785,7 @@ def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: i
                                         *_positions(boundary, rnnt_type))
         return _px_py_loss(px, py, nan_rows,
                            boundary if boundary is None else boundary.to(torch.int64),
-                           delay_penalty, reduction, True)
+                           delay_penalty, reduction, True, logits.dtype)
     _float("logits", logits)
     by_name(rnnt_type, K2_TYPES)
     # (own=False: on the device the library's loss checks the symbols, as its targets.)
@@ -803,7 +876,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
                                          rnnt_type, hat=use_hat_loss)
         return _px_py_loss(px, py, nan_rows,
                            boundary if boundary is None else boundary.to(torch.int64),
-                           delay_penalty, reduction, return_grad)
+                           delay_penalty, reduction, return_grad, logits.dtype)
     # (own=False: on the device the library's loss checks the symbols and the windows.)
     B, S, T, C, blank, _, boundary, _, _ = _pruned_args(logits, symbols, ranges,
                                                         termination_symbol, rnnt_type, boundary,
