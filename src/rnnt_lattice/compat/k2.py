@@ -619,7 +619,9 @@ class _ReadLogProbs(torch.autograd.Function):
         shift = torch.where(m == NEG_INF, 0.0, m)               # (an all -inf row: lse -inf)
         d = xa - shift
         tie = d == 0
-        rest = torch.exp(d).masked_fill_(tie, 0.0).sum(-1, dtype=torch.float64)
+        # (the rest summed in x's dtype, relative to itself: no float64 copy of the rows)
+        rest = torch.exp(d).masked_fill_(tie, 0.0).sum(-1).to(torch.float64)
+        del d
         log_s = torch.log(tie.sum(-1).to(torch.float64) + rest)                # (...)
         lse = shift[..., 0].to(torch.float64) + log_s
         x_l = torch.gather(xa, -1, label[..., None])[..., 0].to(torch.float64)
