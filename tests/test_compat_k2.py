@@ -680,13 +680,15 @@ def _confident_joint(margin: float, B=2, T=7, S=3, C=40):
 
 
 @pytest.mark.parametrize("path", ["return_grad", "pruned_return_grad", "joint_mi", "simple_mi",
-                                  "smoothed_mi"])
+                                  "smoothed_mi", "hat"])
 def test_px_py_paths_keep_confident_digits(path):
     """The ``(px, py)`` paths on a confident float32 batch (20 nats): losses and gradients
     of the library's own losses in float64 on the same rounded values, each gradient within
     float32's rounding of its own (small) scale, and k2's dtypes (float32 losses and
     ``px``/``py``). (The nodes' normalisers were float32, as k2 forms them: at 20 nats ``px``
-    read 0, the loss was 0 and the gradient wrong by its whole scale.)"""
+    read 0, the loss was 0 and the gradient wrong by its whole scale.) HAT (its blank a
+    Bernoulli: ``x_0`` +-20 on the path) against itself in float64, which the test above
+    holds to k2's formula."""
     w = torch.tensor([1.0, -0.7])
     if path in ("simple_mi", "smoothed_mi"):
         g = torch.Generator().manual_seed(5)
@@ -715,6 +717,9 @@ def test_px_py_paths_keep_confident_digits(path):
                        **kw)
     else:
         x, y, bnd = _confident_joint(20.0)
+        if path == "hat":                   # the Bernoulli blank: x_0 = -20 where a label is
+            for u in range(y.shape[1]):
+                x[:, 2 * u, u, 0] -= 20.0
         xs = [x]
         S = y.shape[1]
         ranges = torch.arange(S + 1).expand(x.shape[0], x.shape[1], S + 1).contiguous()
@@ -723,6 +728,9 @@ def test_px_py_paths_keep_confident_digits(path):
             if path == "return_grad":
                 loss, (px_grad, py_grad) = k2.rnnt_loss(z, y, 0, bnd, reduction="none",
                                                          return_grad=True)
+            elif path == "hat":
+                return k2.rnnt_loss_pruned(z, y, ranges, 0, bnd, reduction="none",
+                                           use_hat_loss=True)
             elif path == "pruned_return_grad":
                 loss, (px_grad, py_grad) = k2.rnnt_loss_pruned(z, y, ranges, 0, bnd,
                                                                 reduction="none",
@@ -735,6 +743,8 @@ def test_px_py_paths_keep_confident_digits(path):
             return loss
 
         def want_fn(z):
+            if path == "hat":
+                return got_fn(z)
             return k2.rnnt_loss(z, y, 0, bnd, reduction="none")
     runs = []
     for fn, inputs in ((got_fn, xs), (want_fn, [t.double() for t in xs])):

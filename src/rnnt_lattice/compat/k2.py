@@ -32,7 +32,7 @@ others build ``(px, py)`` as k2 does and run :func:`rnnt_lattice.lattice_loss` o
 (autograd through the ``(px, py)`` construction), with each node's normaliser and the
 entries it reads in float64 (:class:`_ReadLogProbs`; the simple joiner's pieces in
 float64), so that a confident row keeps its digits there too (math.md 4.1); ``px`` and
-``py`` come back in the inputs' dtype. HAT's (``use_hat_loss``) are formed as k2 forms them.
+``py`` come back in the inputs' dtype; HAT's (``use_hat_loss``) too.
 
 Where k2 and fast_rnnt differ, both are accepted where it is unambiguous:
 ``get_rnnt_logprobs_joint`` takes ``boundary, rnnt_type`` (fast_rnnt) or ``rnnt_type,
@@ -734,16 +734,23 @@ def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_ty
     if hat and blank != 0:
         raise ValueError(f"use_hat_loss=True needs termination_symbol = 0 (HAT's blank is the "
                          f"first class), got {termination_symbol}")
+    if hat and C < 2:
+        raise ValueError(f"use_hat_loss=True needs a label class besides the blank: logits "
+                         f"{tuple(logits.shape)} has C = {C}")
     nan_rows = assert_rules(*checks)
     R = ranges.shape[2]
     y_row = torch.nn.functional.pad(y, (0, 1), value=blank)          # position S reads no label
     y_row = torch.gather(y_row, 1, ranges.reshape(B, T * R)).view(B, T, R, 1)
     if hat:
-        # HAT: a Bernoulli blank, then a softmax over the other classes.
-        x_label = torch.gather(logits, 3, y_row)[..., 0]                        # (B, T, R)
-        blank_w = torch.nn.functional.logsigmoid(logits[..., 0])
-        label_w = (x_label - torch.logsumexp(logits[..., 1:], 3)
-                   + torch.nn.functional.logsigmoid(-logits[..., 0]))
+        # HAT: a Bernoulli blank, then a softmax over the other classes, whose log-probs
+        # are _ReadLogProbs' (float64, exact on confident rows) of the label and of class 1;
+        # a label equal to the blank (k2 reads x_0 there) is x_0 - x_1 + log p(1).
+        y = y_row[..., 0]
+        lp, lp1 = _ReadLogProbs.apply(logits[..., 1:], (y - 1).clamp(min=0), 0)
+        x0 = logits[..., 0]
+        lp = torch.where(y == 0, (x0 - logits[..., 1]).to(torch.float64) + lp1, lp)
+        blank_w = torch.nn.functional.logsigmoid(x0).to(torch.float64)
+        label_w = lp + torch.nn.functional.logsigmoid(-x0).to(torch.float64)
     else:                                # (float64, exact on confident rows: _ReadLogProbs)
         label_w, blank_w = _ReadLogProbs.apply(logits, y_row[..., 0], blank)
     grid = label_w.new_full((B, T, S + 1), NEG_INF)
