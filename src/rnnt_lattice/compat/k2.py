@@ -644,7 +644,7 @@ class _ReadLogProbs(torch.autograd.Function):
         grad = torch.where((S == 0)[..., None], 0.0, p * -S.to(xa.dtype)[..., None])
         both = label == blank
 
-        def entry(c, g, other):          # p_c S - g_c, in float64
+        def entry(c, g, other):          # the read class's d x_c = g_c - S p_c, in float64
             x_c = torch.gather(xa, -1, c[..., None])[..., 0].to(torch.float64)
             p_c = torch.exp((x_c - shift[..., 0].to(torch.float64)) - log_s)
             e = g + torch.where(both, other, 0.0) - S * p_c
