@@ -3,7 +3,7 @@ float64 result on the same (rounded) logits: docs/benchmarks.md, "Confident rows
 
     python benchmarks/confident_rows.py [--margins 12 15 20] [--backends numba torch triton]
                                         [--topologies regular multiblank tdt simple smoothed]
-                                        [--src OTHER_CHECKOUT/src]
+                                        [--src OTHER_CHECKOUT/src] [--device cuda]
 
 Each row of a (2, 12, 4, 64) batch favours its class on one path by ``margin`` nats over
 N(0, 1) logits, so ``p_max = 1 / (1 + rest)`` with ``rest ~ V e^-margin``. The path takes
@@ -22,8 +22,9 @@ its label at frame 2u + 1 and covers the other frames with the topology's blanks
 Printed per topology, margin and backend: the losses' largest relative error and the
 gradient's largest error over its largest entry (the gradient of ``sum(w * loss)``,
 signed weights). The Triton backend runs under the interpreter on CPU tensors
-(``TRITON_INTERPRET=1`` is set here). ``--src``: the package of another checkout (e.g.
-``git worktree add /tmp/base <commit>``), to see a change.
+(``TRITON_INTERPRET=1`` is set here), or with ``--device cuda`` on the GPU, where the
+torch backend runs on CUDA tensors too (Numba on CPU copies). ``--src``: the package of
+another checkout (e.g. ``git worktree add /tmp/base <commit>``), to see a change.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def batch(topology: str, margin: float, torch):
     blank = 0 if topology == "regular" else V - 1
     labels = [v for v in range(V) if v != blank and not (
         topology == "multiblank" and blank - len(BIG_BLANKS) <= v < blank)]
-    y = torch.tensor(labels)[torch.randint(len(labels), (B, U), generator=g)]
+    y = y0 = torch.tensor(labels)[torch.randint(len(labels), (B, U), generator=g)]
+    tl0, ul0 = tl, ul
     blanks = {1: blank}                                   # duration -> class
     if topology == "multiblank":
         blanks.update({d: blank - 1 - i for i, d in enumerate(BIG_BLANKS)})
@@ -73,6 +75,7 @@ def batch(topology: str, margin: float, torch):
 
     def call(inputs, backend):
         (z,) = inputs
+        y, tl, ul = (t.to(z.device) for t in (y0, tl0, ul0))
         kw = dict(reduction="none", backend=backend)
         if topology == "regular":
             return rnnt_lattice.rnnt_loss(z, y, tl, ul, blank, **kw)
@@ -99,12 +102,13 @@ def simple_batch(topology: str, margin: float, torch, g, tl, ul):
 
     def call(inputs, backend):
         lm, am = inputs
-        return fn(lm, am, y, tl, ul, blank=0, rnnt_type="modified", reduction="none",
+        y_, tl_, ul_ = (t.to(am.device) for t in (y, tl, ul))
+        return fn(lm, am, y_, tl_, ul_, blank=0, rnnt_type="modified", reduction="none",
                   backend=backend, **scales)
     return (lm, am), call
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--margins", type=float, nargs="+", default=[12.0, 15.0, 20.0])
     ap.add_argument("--backends", nargs="+", default=["numba", "torch", "triton"],
@@ -112,8 +116,11 @@ def main(argv=None) -> None:
     ap.add_argument("--topologies", nargs="+", default=["regular"],
                     choices=["regular", "multiblank", "tdt", "simple", "smoothed"])
     ap.add_argument("--src", help="another checkout's src/ to import rnnt_lattice from")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the torch and Triton backends on the GPU")
     args = ap.parse_args(argv)
-    os.environ.setdefault("TRITON_INTERPRET", "1")       # (before triton is imported)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # (before triton is imported)
     if args.src:
         sys.path.insert(0, args.src)
     import warnings
@@ -121,8 +128,11 @@ def main(argv=None) -> None:
     import torch
     import rnnt_lattice
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("confident_rows.py --device cuda needs a CUDA device", file=sys.stderr)
+        return 2
     warnings.filterwarnings("ignore", category=RuntimeWarning)   # (the interpreter's log(0))
-    print(f"rnnt_lattice from {os.path.dirname(rnnt_lattice.__file__)}")
+    print(f"rnnt_lattice from {os.path.dirname(rnnt_lattice.__file__)}, device {args.device}")
     print("| topology | margin | backend | loss (B,) | loss: rel. error | grad: error / scale |")
     print("|---|---|---|---|---|---|")
     for topology in args.topologies:
@@ -131,11 +141,13 @@ def main(argv=None) -> None:
             x32 = tuple(x.float() for x in inputs)
             w = torch.tensor([1.0, -0.7])
             for backend in args.backends:
+                dev = "cpu" if backend == "numba" else args.device
+
                 def run(xs):
-                    zs = tuple(x.detach().clone().requires_grad_() for x in xs)
+                    zs = tuple(x.detach().to(dev).requires_grad_() for x in xs)
                     costs = call(zs, backend)
-                    (costs * w.to(costs.dtype)).sum().backward()
-                    return costs.detach().double(), [z.grad.double() for z in zs]
+                    (costs * w.to(costs)).sum().backward()
+                    return costs.detach().double().cpu(), [z.grad.double().cpu() for z in zs]
                 want, want_grads = run(tuple(x.double() for x in x32))
                 got, grads = run(x32)
                 loss_err = float(((got - want).abs() / want.abs()).max())
@@ -144,7 +156,8 @@ def main(argv=None) -> None:
                 print(f"| {topology} | {margin:g} | {backend} | "
                       f"{', '.join(f'{v:.3g}' for v in want.tolist())} "
                       f"| {loss_err:.2g} | {grad_err:.2g} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -442,6 +442,19 @@ def test_gpu_passes_configs_and_settings(run, capsys):
     assert "CUDA device" in capsys.readouterr().err
 
 
+def test_confident_rows_step_of_the_gpu_session(capsys):
+    """benchmarks/confident_rows.py as the GPU session's ``confident`` step calls it: its
+    arguments parse, and without a GPU it exits with status 2 saying so."""
+    import confident_rows
+    script = (BENCH_DIR / "gpu_session.sh").read_text()
+    args = re.search(r"confident_rows\.py \\\n\s+(--device cuda[^;]*);;", script).group(1).split()
+    assert args[:2] == ["--device", "cuda"] and "tdt" in args and "smoothed" in args
+    if torch.cuda.is_available():                                      # pragma: no cover
+        pytest.skip("a CUDA device: the step would run")
+    assert confident_rows.main(args) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
 def test_fused_mode_preset_and_ways(run):
     """--preset issue34 gives issue 34's rows (narrowed by --shapes), with full, fused and
     joint; TDT rows never run the pruned way; the fused-mode options belong to it."""
