@@ -75,6 +75,7 @@ from rnnt_lattice._ops import reduce_costs          # the losses' reduction
 from rnnt_lattice._rules import assert_rules, with_bad_rows   # the device check's asserts, NaN rows
 from rnnt_lattice._validate import (check_flag, check_float, check_int,   # the rules of ints,
                                     check_values_held, may_read_values)   # flags, floats, values
+from rnnt_lattice import reference                  # the rows' normaliser and gradient
 from rnnt_lattice.topology import K2_TYPES, by_name
 
 __all__ = ["rnnt_loss", "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned",
@@ -596,62 +597,39 @@ def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torc
 
 
 class _ReadLogProbs(torch.autograd.Function):
-    """The log-probs of two classes of each row of ``x (..., C)``, ``x_c - lse``, float64:
-    the label ``label (...)`` (int64 class ids) and the blank (an int), with
+    """The log-probs of two classes of each row of ``x (..., C)``, ``x_c - lse`` in the
+    lattice dtype: the label ``label (...)`` (int64 class ids) and the blank (an int), with
+    the reference backend's row normaliser and gradient (``reference._row_lse``: the max's
+    ties counted apart from the rest; ``reference._group_grad``: the bulk in ``x``'s dtype,
+    the two read entries formed in the lattice dtype, since they cancel near ``p = 1``;
+    math.md 4.1). From ``g_l``, ``g_b``::
 
-        lse = m + log(ties + rest),   rest = sum_{v: x_v < m} exp(x_v - m)
+        d x_v = [v = label] g_l + [v = blank] g_b - (g_l + g_b) p_v,   p_v = exp(x_v - lse)
 
-    (``m`` the row's max, ``ties`` the entries equal to it: a confident row's ``1 + rest``
-    in the inputs' dtype rounded ``rest`` away, and its log-prob read 0; math.md 4.1).
-    Backward, from ``g_l``, ``g_b`` (float64)::
-
-        d x_v = -(g_l + g_b) p_v + [v = label] g_l + [v = blank] g_b,   p_v = exp(x_v - lse)
-
-    the bulk ``-(g_l + g_b) p_v`` in ``x``'s dtype (float32 for half), the two read entries
-    formed in float64 (they cancel near ``p = 1``); 0 on a row neither read reaches. An all
-    ``-inf`` row has ``lse = -inf``, as ``torch.logsumexp`` gives it."""
+    (the group gradient of the reads ``-g``). k2 takes ``torch.logsumexp`` in the inputs'
+    dtype, where a confident row's ``1 + rest`` rounded ``rest`` away."""
 
     @staticmethod
     def forward(ctx, x, label, blank: int):
-        acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-        xa = x.detach().to(acc)
-        m = xa.amax(-1, keepdim=True)
-        shift = torch.where(m == NEG_INF, 0.0, m)               # (an all -inf row: lse -inf)
-        d = xa - shift
-        tie = d == 0
-        # (the rest summed in x's dtype, relative to itself: no float64 copy of the rows)
-        rest = torch.exp(d).masked_fill_(tie, 0.0).sum(-1).to(torch.float64)
-        del d
-        log_s = torch.log(tie.sum(-1).to(torch.float64) + rest)                # (...)
-        lse = shift[..., 0].to(torch.float64) + log_s
-        x_l = torch.gather(xa, -1, label[..., None])[..., 0].to(torch.float64)
-        x_b = xa[..., blank].to(torch.float64)
-        ctx.save_for_backward(xa, shift, log_s, label)
-        ctx.blank, ctx.dtype = blank, x.dtype
+        x = x.detach()
+        lse = reference._row_lse(x, True)                                      # (...)
+        x_l = torch.gather(x, -1, label[..., None])[..., 0]
+        ctx.save_for_backward(x, lse, label)
+        ctx.blank = blank
         ctx.set_materialize_grads(False)
-        return x_l - lse, x_b - lse
+        return x_l.to(lse.dtype) - lse, x[..., blank].to(lse.dtype) - lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_l, g_b):
-        xa, shift, log_s, label = ctx.saved_tensors
-        blank = ctx.blank
-        zeros = torch.zeros(log_s.shape, dtype=torch.float64, device=log_s.device)
-        g_l = zeros if g_l is None else g_l.to(torch.float64)
-        g_b = zeros if g_b is None else g_b.to(torch.float64)
-        S = g_l + g_b
-        p = torch.exp((xa - shift) - log_s.to(xa.dtype)[..., None])
-        grad = torch.where((S == 0)[..., None], 0.0, p * -S.to(xa.dtype)[..., None])
-        both = label == blank
-
-        def entry(c, g, other):          # the read class's d x_c = g_c - S p_c, in float64
-            x_c = torch.gather(xa, -1, c[..., None])[..., 0].to(torch.float64)
-            p_c = torch.exp((x_c - shift[..., 0].to(torch.float64)) - log_s)
-            e = g + torch.where(both, other, 0.0) - S * p_c
-            return torch.where(S == 0, 0.0, e)
-        grad.scatter_(-1, label[..., None], entry(label, g_l, g_b).to(xa.dtype)[..., None])
-        grad[..., blank] = entry(torch.full_like(label, blank), g_b, g_l).to(xa.dtype)
-        return grad.to(ctx.dtype), None, None
+        x, lse, label = ctx.saved_tensors
+        zeros = torch.zeros(lse.shape, dtype=lse.dtype, device=lse.device)
+        g = torch.stack([zeros if v is None else v.to(lse.dtype) for v in (g_l, g_b)], -1)
+        cls = torch.stack([label, torch.full_like(label, ctx.blank)], -1)
+        C = x.shape[-1]
+        grad = reference._group_grad(x.reshape(-1, C), lse.reshape(-1), cls.reshape(-1, 2),
+                                     (0.0 - g).reshape(-1, 2))
+        return grad.view(x.shape), None, None
 
 
 def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,

@@ -49,7 +49,7 @@ def import_class_by_path(path: str):
         return importlib.import_module(path)
 
 
-def _version(text: str) -> tuple:
+def _version(text: str):
     """A version string's leading numbers, ``"0.58.1rc1"`` -> ``(0, 58, 1)``, for ordering
     (``packaging.version.Version`` where it is installed)."""
     try:
