@@ -1,7 +1,7 @@
 """The float32 error of a confident model's loss and gradient, every backend, against the
 float64 result on the same (rounded) logits: docs/benchmarks.md, "Confident rows".
 
-    python benchmarks/confident_rows.py [--margins 12 15 20] [--backends numba torch triton]
+    python benchmarks/confident_rows.py [--margins 12 15 20] [--backends numba torch triton joiner]
                                         [--topologies regular multiblank tdt simple smoothed]
                                         [--src OTHER_CHECKOUT/src] [--device cuda]
 
@@ -18,6 +18,12 @@ its label at frame 2u + 1 and covers the other frames with the topology's blanks
   scales 0.1; k2's modified lattice, where a label takes its frame): am (B, T, V) favours
   the blank, and the label at its frame; lm (B, U+1, V) is N(0, 1). The gradient's error
   is the larger of am's and lm's, each over its own scale.
+
+``joiner``: the fused losses (``fused_rnnt_loss`` & co.) with a :class:`rnnt_lattice.Joiner`
+whose logits are the batch's exactly (:func:`one_hot_joiner`; the values rounded to
+bfloat16's, so that every product is exact), on the Triton backend: the joiner's kernel
+path, whose logits are never in memory (regular, multi-blank and TDT; the gradient of the
+logits read from ``dW``).
 
 Printed per topology, margin and backend: the losses' largest relative error and the
 gradient's largest error over its largest entry (the gradient of ``sum(w * loss)``,
@@ -83,7 +89,49 @@ def batch(topology: str, margin: float, torch):
             return rnnt_lattice.multiblank_rnnt_loss(z, y, tl, ul, blank=blank,
                                                      big_blank_durations=BIG_BLANKS, **kw)
         return rnnt_lattice.tdt_loss(z, y, tl, ul, blank=blank, durations=DURATIONS, **kw)
+    call.targets = (y0, tl0, ul0)
     return (x,), call
+
+
+def one_hot_joiner(x, dtype, torch):
+    """``(joiner, enc, pred)``: a :class:`rnnt_lattice.Joiner` without projections whose
+    logits are ``x (B, T, U+1, V)`` exactly (values a bfloat16 holds: every product is
+    exact). ReLU over H = B T (U+1) hidden units, ``h(b,t,u) = 2`` at unit ``(b T + t)
+    (U+1) + u`` and 0 elsewhere, ``W`` the logits / 2, no bias: so ``dW``'s column of a node
+    is twice the gradient of its logits (:func:`logits_grad`)."""
+    import rnnt_lattice
+    B_, T_, U1, V = x.shape
+    j = torch.arange(B_ * T_ * U1)
+    enc = torch.where((j // U1)[None, None] == torch.arange(B_ * T_).view(B_, T_, 1), 1.0, -2.0)
+    pred = torch.where(((j % U1)[None, None] == torch.arange(U1).view(1, U1, 1))
+                       & ((j // (T_ * U1))[None, None] == torch.arange(B_).view(B_, 1, 1)),
+                       1.0, -2.0)
+    joiner = rnnt_lattice.Joiner(None, None, B_ * T_ * U1, V, "relu", dtype=dtype,
+                                 device=x.device)
+    with torch.no_grad():
+        joiner.out.weight.copy_(x.reshape(-1, V).t() / 2)
+        joiner.out.bias.zero_()
+    return (joiner, enc.to(x.device, dtype).requires_grad_(),
+            pred.to(x.device, dtype).requires_grad_())
+
+
+def logits_grad(joiner, shape):
+    """The gradient of the logits ``(B, T, U+1, V)`` of a :func:`one_hot_joiner`, from its
+    ``dW``."""
+    return joiner.out.weight.grad.t().reshape(shape) / 2
+
+
+def joiner_call(topology: str, torch):
+    """``fused(joiner, enc, pred, y, tl, ul)`` of :func:`batch`'s ``topology`` (its
+    arguments) on the Triton backend."""
+    import rnnt_lattice
+    kw = dict(reduction="none", backend="triton")
+    if topology == "regular":
+        return lambda *a: rnnt_lattice.fused_rnnt_loss(*a, blank=0, **kw)
+    if topology == "multiblank":
+        return lambda *a: rnnt_lattice.fused_multiblank_rnnt_loss(
+            *a, blank=V_TOK + len(BIG_BLANKS) - 1, big_blank_durations=BIG_BLANKS, **kw)
+    return lambda *a: rnnt_lattice.fused_tdt_loss(*a, blank=V_TOK - 1, durations=DURATIONS, **kw)
 
 
 def simple_batch(topology: str, margin: float, torch, g, tl, ul):
@@ -108,11 +156,32 @@ def simple_batch(topology: str, margin: float, torch, g, tl, ul):
     return (lm, am), call
 
 
+def joiner_errors(topology: str, x32, w, dev, torch) -> str:
+    """The table's last three cells for ``backend = "joiner"``: the kernel path on the
+    logits ``x32`` against the float64 loss of those logits (Numba)."""
+    _, call = batch(topology, 0.0, torch)            # (the targets and lengths)
+    y, tl, ul = (t.to(dev) for t in call.targets)
+    z = x32.double().requires_grad_()
+    want = call((z,), "numba")
+    (want * w.to(want)).sum().backward()
+    want = want.detach()
+    joiner, enc, pred = one_hot_joiner(x32.to(dev), torch.float32, torch)
+    got = joiner_call(topology, torch)(joiner, enc, pred, y, tl, ul)
+    (got * w.to(got)).sum().backward()
+    want_g, grad = z.grad, logits_grad(joiner, x32.shape).double().cpu()
+    inside = ~torch.isnan(want_g)
+    loss_err = float(((got.detach().double().cpu() - want).abs() / want.abs()).max())
+    grad_err = float((grad - want_g)[inside].abs().max() / want_g[inside].abs().max())
+    return (f"{', '.join(f'{v:.3g}' for v in want.tolist())} | {loss_err:.2g} "
+            f"| {grad_err:.2g}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--margins", type=float, nargs="+", default=[12.0, 15.0, 20.0])
-    ap.add_argument("--backends", nargs="+", default=["numba", "torch", "triton"],
-                    choices=["numba", "torch", "triton"])
+    ap.add_argument("--backends", nargs="+", default=["numba", "torch", "triton", "joiner"],
+                    choices=["numba", "torch", "triton", "joiner"],
+                    help="joiner: the fused losses with a Joiner, on the Triton backend")
     ap.add_argument("--topologies", nargs="+", default=["regular"],
                     choices=["regular", "multiblank", "tdt", "simple", "smoothed"])
     ap.add_argument("--src", help="another checkout's src/ to import rnnt_lattice from")
@@ -142,6 +211,12 @@ def main(argv=None) -> int:
             w = torch.tensor([1.0, -0.7])
             for backend in args.backends:
                 dev = "cpu" if backend == "numba" else args.device
+                if backend == "joiner":
+                    if topology in ("simple", "smoothed"):
+                        continue
+                    row = joiner_errors(topology, x32[0].bfloat16().float(), w, dev, torch)
+                    print(f"| {topology} | {margin:g} | joiner | {row} |")
+                    continue
 
                 def run(xs):
                     zs = tuple(x.detach().to(dev).requires_grad_() for x in xs)

@@ -27,7 +27,8 @@
 #   confident    benchmarks/confident_rows.py --device cuda: a confident model's float32
 #                errors (12-20 nats) on the GPU, every topology whose read entries are formed
 #                in float64 (regular, multi-blank's big blanks, TDT's durations, the simple
-#                losses), the torch and Triton backends on CUDA tensors
+#                losses), the torch and Triton backends on CUDA tensors, and the joiner's
+#                kernel path (its row sums' ties and its float64 entries)
 #   passes       benchmarks/gpu_passes.py: each pass alone, the step, the host's enqueue
 #                time, peak memory, torchaudio and NeMo's numba losses on the same logits
 #                (regular, TDT, multi-blank), the lattice pass's lane sweep at s5, and a
@@ -160,7 +161,7 @@ ab() {  # ab NAME SECONDS RUNS "NAME=VALUE ...": gpu_passes.py at s5 and big, ev
 for step in "$@"; do
   case "$step" in
     check) run check "${CHECK_LIMIT:-200}" python3 -m rnnt_lattice check --device cuda --json "$out/check.json" ;;
-    confident) run confident "${CONFIDENT_LIMIT:-60}" python3 benchmarks/confident_rows.py \
+    confident) run confident "${CONFIDENT_LIMIT:-90}" python3 benchmarks/confident_rows.py \
               --device cuda --topologies regular multiblank tdt simple smoothed ;;
     passes) run passes "${PASSES_LIMIT:-170}" python3 benchmarks/gpu_passes.py \
               --shapes s3 s5 big v5000 --variants regular tdt multiblank \

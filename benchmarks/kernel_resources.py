@@ -263,10 +263,10 @@ def joint_constants(topo, which: str, tile: dict, precision: str) -> dict:
     """The constexprs of the joiner's pass ``which`` ("row", "grad") for ``topo`` with the
     blocks of ``tile`` (``joint._tiles``: its launch options left out) and the products'
     ``precision`` ("ieee", "tf32"): tanh, a bias, the fused log-softmax, no boundary, clamp
-    on, float32 sums, as ``gpu.joint`` launches them."""
+    on, float32 sums, the row pass for a gradient, as ``gpu.joint`` launches them."""
     from rnnt_lattice import gpu
     from rnnt_lattice.gpu import joint
-    kinds = gpu._kernel_kinds(topo, which)
+    kinds = gpu._kernel_kinds(topo, f"joint_{which}")
     const = dict(kinds, ACT=0, HAS_BIAS=True, FUSED=True, BOUNDARY=False, ACC=tl.float32,
                  PRECISION=precision, DOT_F32=False, BLOCK_DUR=joint._block_dur(topo.n_durations),
                  **joint.block_constants(tile))
@@ -274,6 +274,7 @@ def joint_constants(topo, which: str, tile: dict, precision: str) -> dict:
         const["CLAMP"] = True
     else:
         const["WIDE"] = False
+        const["ENTRIES"] = True                # (a forward for a gradient)
     return const
 
 

@@ -10,6 +10,8 @@ module's checks and the weight mappings from icefall's joiner and NeMo's joint."
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +22,11 @@ from support import backends, cases
 from support.cases import upstream_weights
 from support.fused import OPTIONS, PUBLIC, assert_same, full_and_fused, quiet, run, with_option
 from support.sync import RecordOps, syncing
-from support.topologies import make_topo_inputs
+from support.oracle import topology_batch_grad
+from support.topologies import confident, make_topo_inputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from confident_rows import logits_grad, one_hot_joiner  # noqa: E402
 
 pytestmark = [backends.NO_TRITON, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -177,6 +183,34 @@ def test_float32_and_two_runs_bit_identical():
                                               tl, ul, blank=blank, reduction="none"),
                joiner, enc, pred, w)
     assert_same(full, first, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("topo_name", ["regular", "multiblank", "tdt012"])
+def test_confident_rows_keep_their_digits(topo_name):
+    """A confident model's float32 logits (the class, and TDT's duration, that each
+    sequence's best path reads 20 nats ahead; ``support.topologies.confident``) on the
+    kernel path: the loss and the logits' gradient (``dW``'s columns) match the oracle on
+    the same values as closely as for an unsure model, whichever softmax group the path
+    reads. (The row sums ``1 + rest`` in float32 rounded ``rest`` away and the read
+    entries ``p S - gamma`` cancelled: losses were 35-39% off and the gradient 52-62% of
+    its scale.)"""
+    case = cases.Case("confident", (7, 5), (3, 2), 40, 0, T=7, U=3)
+    x, y, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=23)
+    x = confident(x, y, tl, ul, topo, blank, 20.0).nan_to_num(0.0).bfloat16().double()
+    w = upstream_weights(case.B)
+    want_loss, want_grad = topology_batch_grad(x, y, tl, ul, topo, blank, True)
+    want_grad = want_grad * w[:, None, None, None]
+    # (a Joiner whose logits are x exactly: benchmarks/confident_rows.py's, which the GPU
+    # session's ``confident`` step runs on the device)
+    joiner, enc, pred = one_hot_joiner(x.float(), torch.float32, torch)
+    fused_name, _, extra = PUBLIC[topo_name]
+    loss, _ = run(lambda: getattr(rnnt_lattice, fused_name)(
+        joiner, enc, pred, y, tl, ul, blank=blank, tile=13, backend="triton",
+        reduction="none", **extra), joiner, enc, pred, w)
+    assert want_loss.max() < 1e-3                                  # confident
+    assert ((loss.double() - want_loss).abs() / want_loss).max() <= 1e-6
+    dz = logits_grad(joiner, x.shape).double()
+    assert (dz - want_grad).abs().max() <= 1e-6 * want_grad.abs().max()
 
 
 @pytest.mark.parametrize("kind", ["regular", "tdt012", "multiblank"])

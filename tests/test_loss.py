@@ -13,8 +13,8 @@ import rnnt_lattice
 from rnnt_lattice._types import LossOptions
 from support import backends
 from support.cases import TINY, Case, make_inputs, rel_err, upstream_weights
-from support.oracle import batch_grad, topology_batch_grad, topology_best_path
-from support.topologies import make_topo_inputs
+from support.oracle import batch_grad, topology_batch_grad
+from support.topologies import CONFIDENT, confident, make_topo_inputs
 
 BACKENDS = backends.CPU
 
@@ -228,33 +228,6 @@ def test_a_common_offset_costs_no_digits(loss, backend):
         (costs * w.to(costs.dtype)).sum().backward()
         assert rel_err(costs, want_loss) <= TOL[torch.float32], offset
         assert rel_err(x.grad, want_grad * w[:, None, None, None]) <= TOL[torch.float32], offset
-
-
-# The softmax groups a confident path can read, by topology (test_variants' spelling):
-# the blank and labels (regular), the big blanks' fixed classes (multi-blank), TDT's durations.
-CONFIDENT = {
-    "regular": ("rnnt_loss", dict()),
-    "multiblank": ("multiblank_rnnt_loss", dict(big_blank_durations=[2, 3])),
-    "tdt012": ("tdt_loss", dict(durations=[0, 1, 2])),
-}
-
-
-def confident(x, targets, tl, ul, topo, blank, margin):
-    """``x`` with every class that the oracle's best path of each sequence reads (its token,
-    and on TDT its duration) raised by ``margin`` nats: a confident model, whose rows on the
-    path have ``p = 1 / (1 + rest)``, ``rest`` ~ V e^-margin."""
-    x = x.clone()
-    V_tok = x.shape[-1] - topo.n_durations
-    for b in range(x.shape[0]):
-        _, arcs = topology_best_path(x[b], targets[b], topo, blank, True, (0, 0),
-                                     (int(tl[b]), int(ul[b])))
-        for t, u, k in arcs:
-            kind = topo.kinds[k]
-            cls = {"blank": blank, "class": kind.class_id}.get(kind.reads)
-            x[b, t, u, int(targets[b, u]) if cls is None else cls] += margin
-            if kind.duration >= 0:
-                x[b, t, u, V_tok + kind.duration] += margin
-    return x
 
 
 @pytest.mark.parametrize("backend", backends.ALL)

@@ -654,8 +654,8 @@ def variants(sm):
                                      ("multiblank", "ieee", fp32)):
         topo = topologies[tname]
         on = tname != "regular"
-        for which, kinds in (("row", gpu._kernel_kinds(topo, "row")),
-                             ("grad", gpu._kernel_kinds(topo, "grad"))):
+        for which, kinds in (("row", gpu._kernel_kinds(topo, "joint_row")),
+                             ("grad", gpu._kernel_kinds(topo, "joint_grad"))):
             for x, idt in dtypes:
                 tile = joint._tiles(which, half[x])
                 tiles, launched = joint.block_constants(tile), joint.launch_options(tile)
@@ -664,7 +664,7 @@ def variants(sm):
                 if which == "grad":
                     flags["CLAMP"] = True
                 else:
-                    flags["WIDE"] = on
+                    flags.update(WIDE=on, ENTRIES=True)    # (a forward for a gradient)
                 yield f"_joint_{which}_kernel", dict(kinds, **flags, **tiles), [(x, idt)], launched
     # the hidden pass of the products by cuBLAS (joint.CUBLAS_PRODUCTS, off until timed),
     # as launched: tanh in bfloat16, ReLU with the boundary in float32 and float64

@@ -8,6 +8,7 @@ import torch
 from rnnt_lattice import topology
 
 from .cases import Case, make_inputs
+from .oracle import topology_best_path
 
 TOPOLOGIES = {
     "regular": lambda V_tok, blank: (topology.regular(), blank),
@@ -67,3 +68,30 @@ def make_topo_inputs(case: Case, topo_name: str, dtype=torch.float64, seed: int 
         logits = torch.cat([torch.log_softmax(logits[..., :V_tok_], -1),
                             torch.log_softmax(logits[..., V_tok_:], -1)], -1)
     return logits.to(dtype), targets, tl, ul, topo, blank, bnd
+
+
+# The softmax groups a confident path can read, by topology (test_variants' spelling):
+# the blank and labels (regular), the big blanks' fixed classes (multi-blank), TDT's durations.
+CONFIDENT = {
+    "regular": ("rnnt_loss", dict()),
+    "multiblank": ("multiblank_rnnt_loss", dict(big_blank_durations=[2, 3])),
+    "tdt012": ("tdt_loss", dict(durations=[0, 1, 2])),
+}
+
+
+def confident(x, targets, tl, ul, topo, blank, margin):
+    """``x`` with every class that the oracle's best path of each sequence reads (its token,
+    and on TDT its duration) raised by ``margin`` nats: a confident model, whose rows on the
+    path have ``p = 1 / (1 + rest)``, ``rest`` ~ V e^-margin."""
+    x = x.clone()
+    V_tok = x.shape[-1] - topo.n_durations
+    for b in range(x.shape[0]):
+        _, arcs = topology_best_path(x[b], targets[b], topo, blank, True, (0, 0),
+                                     (int(tl[b]), int(ul[b])))
+        for t, u, k in arcs:
+            kind = topo.kinds[k]
+            cls = {"blank": blank, "class": kind.class_id}.get(kind.reads)
+            x[b, t, u, int(targets[b, u]) if cls is None else cls] += margin
+            if kind.duration >= 0:
+                x[b, t, u, V_tok + kind.duration] += margin
+    return x

@@ -435,6 +435,9 @@ _KERNEL_KINDS = {
     "grad": ("K", "READS", "CLASS_ID", "DURATION", "N_DURATIONS", "N_CLS", "CLS_COL",
              "DUR_COL", "CLS_FIRST"),
 }
+# the joiner's passes (``gpu.joint``): its row pass writes the entries its gradient pass reads
+_KERNEL_KINDS["joint_row"] = _KERNEL_KINDS["row"] + ("N_CLS", "CLS_COL")
+_KERNEL_KINDS["joint_grad"] = _KERNEL_KINDS["grad"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -457,7 +460,8 @@ class _Layout:
     "the workspace"): element offsets, each part starting 16-byte aligned (so Triton sees
     one pointer alignment whatever the shapes: one compiled variant), and the total.
     Parts a topology does not use (``lse_dur`` without durations, ``next_blank`` without
-    ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient) take no room.
+    ``plus_next_blank`` kinds, the gradient's ``reads`` without a gradient, the read
+    entries ``x`` but on the joiner's kernel path with a gradient) take no room.
     next_blank, lp, alpha and beta are skewed planes (``_skew``). The log P part has one
     cell more, after the B sequences' own: the lattice kernel's -inf cell (``kernels._gather``)."""
 
@@ -473,6 +477,7 @@ class _Layout:
     o_beta: int
     o_ll: int
     o_reads: int
+    o_x: int
     total: int
 
     def offsets(self, *names) -> tuple:
@@ -480,15 +485,19 @@ class _Layout:
 
 
 @functools.lru_cache(maxsize=512)
-def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool) -> _Layout:
+def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool,
+            entries: bool = False) -> _Layout:
     """The workspace of a ``(B, T, U+1)`` lattice of ``topo`` (with the gradient's
-    coefficients if ``reads``). Cached: a training run meets few shapes."""
+    coefficients if ``reads``; and with ``entries`` the logits its arcs read, which the
+    joiner's kernel path keeps for its gradient: ``gpu.joint``). Cached: a training run
+    meets few shapes."""
     kinds = _kinds(topo)
     n = B * T * U1
     plane = _skew(T, U1)[2]
     sizes = (n, n if kinds["N_DURATIONS"] else 0,
              B * plane if kinds["HAS_PLUS_NEXT_BLANK"] else 0, kinds["K"] * B * plane,
-             B * plane, B * plane, B + 1, kinds["NC"] * n if reads else 0)
+             B * plane, B * plane, B + 1, kinds["NC"] * n if reads else 0,
+             (2 + kinds["N_CLS"]) * n if reads and entries else 0)
     offsets, at = [], 0
     for size in sizes:
         offsets.append(at)

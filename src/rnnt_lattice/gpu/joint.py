@@ -11,18 +11,21 @@ forward   ``_joint_row_kernel``, ``BLOCK_N`` nodes per program:
                operand dtype: what the dot products read);
             2. for each block of ``BLOCK_V`` classes: ``z = h W_blk^T + b_blk`` (``tl.dot``
                over H in steps of ``BLOCK_H``, accumulated in float32, float64 for float64),
-               folded into an online log-sum-exp, and the entries the arc kinds read (the
-               blank, ``y[u]``, fixed classes) picked out; TDT's durations in one more block;
+               folded into an online log-sum-exp (the max's ties counted apart:
+               ``kernels._lse_chunk``), and the entries the arc kinds read (the blank,
+               ``y[u]``, fixed classes) picked out; TDT's durations in one more block;
             3. the lattice state of its nodes (``lse``, arc log-probs: ``kernels._row_state``,
-               the row pass's own writer).
+               the row pass's own writer) and, for a gradient, the entries read (the
+               workspace's ``x``).
           The logits exist one ``[BLOCK_N, BLOCK_V]`` block at a time, in registers. Then the
           backend's lattice and coefficient passes, unchanged (``gpu.tile_lattice``).
 backward  ``_joint_grad_kernel``: ``h`` again (into the chunk's ``h`` rows), ``z`` block by
           block as in the forward, and ``dz = upstream[b] * d cost_b / d z`` from the
           gradient pass's formula (``kernels._token_grad`` & co., clamp and FastEmit
-          included) written into the chunk's ``dz`` rows (the operand dtype); per program the
-          column sums of its ``dz`` (``db``'s share). Then the chunk's joiner gradients,
-          as matrix products on whole chunks (cuBLAS):
+          included; the entries the arcs read formed in float64 from ``x``, TDT's durations
+          from the recomputed block) written into the chunk's ``dz`` rows (the operand
+          dtype); per program the column sums of its ``dz`` (``db``'s share). Then the
+          chunk's joiner gradients, as matrix products on whole chunks (cuBLAS):
 
               dh = dz W                      (n, H)
               dW += dz^T h,  db += sum_rows dz
@@ -64,9 +67,10 @@ from . import (INTERPRETED, _State, _Tiles, _acc, _costs_dtype, _device, _f64_ca
                _nonempty, _or, _prepare, _pow2, check_device, tile_backward, tile_forward,
                tile_lattice)
 from . import _layout as _ws_layout
-from .kernels import (NEG_INF, _fixed_reads, _duration_grad, _duration_terms, _ends, _f64,
-                      _grad_out, _grad_rows, _grad_terms, _lse_chunk, _lse_finish,
-                      _node_coords, _row_node, _row_plane_at, _row_state, _token_grad)
+from .kernels import (NEG_INF, _class_entry_of, _duration_grad, _duration_terms, _ends,
+                      _entries, _f64, _fixed_reads, _grad_out, _grad_rows, _grad_terms,
+                      _lse_chunk, _lse_finish, _node_coords, _row_node, _row_plane_at,
+                      _row_state, _token_grad)
 from ._launch import launch
 
 __all__ = ["ACTIVATIONS", "JointState", "act_grad", "forward", "backward", "takes"]
@@ -94,6 +98,10 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # block before folds its logits, was timed on an H200 with the blocks before
 # (h200-0fd8b8d-joint_tiles.log): 22.30 ms flattened in the row pass, 22.62 in both, against
 # 21.86 nested. It lost, and is gone (docs/benchmarks.md, "A third H200 session").
+#
+# The two passes' products are the same (BLOCK_H, and the blocks of classes and nodes): the
+# gradient pass's TDT duration entries, formed in float64 from its recomputed block, are then
+# those of the forward's bits, which its ``lse_dur`` summed.
 TILES = {"row": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
                      maxnreg=128),
          "grad": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
@@ -142,7 +150,7 @@ HIDDEN = dict(BLOCK_N=16, BLOCK_H=128, num_warps=4)
 
 _JOINT_SHAPES = ("n_rows", "n_nodes", "T", "U1", "blank", "dz_stride", "upstream_stride", "box_t0",
                  "box_u0", "box_T", "box_U1", "o_lse", "o_dur", "o_nb", "o_lp", "o_ll",
-                 "o_reads")
+                 "o_reads", "o_x")
 
 
 # --------------------------------------------------------------------------- kernels
@@ -234,15 +242,17 @@ def _joint_row_kernel(
     enc_ptr, pred_ptr, w_ptr, bias_ptr, h_ptr, targets_ptr, logit_lengths_ptr,
     target_lengths_ptr, boundary_ptr, ws_ptr,
     # shapes: the chunk's rows (its box of the grid), the grid; the workspace parts written
-    n_rows, T, U1, V_tok, H, blank, box_t0, box_u0, box_T, box_U1, o_lse,
-    o_dur, o_nb, o_lp,
+    n_rows, n_nodes, T, U1, V_tok, H, blank, box_t0, box_u0, box_T, box_U1, o_lse,
+    o_dur, o_nb, o_lp, o_x,
     # arc kinds
     K: tl.constexpr, KP: tl.constexpr, DT: tl.constexpr, DU: tl.constexpr, READS: tl.constexpr,
     CLASS_ID: tl.constexpr, DURATION: tl.constexpr, PLUS_NEXT_BLANK: tl.constexpr,
     FASTEMIT: tl.constexpr, DELAY: tl.constexpr, MAY_END: tl.constexpr,
-    N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr,
+    N_DURATIONS: tl.constexpr, HAS_PLUS_NEXT_BLANK: tl.constexpr, N_CLS: tl.constexpr,
+    CLS_COL: tl.constexpr,
     # flags
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, BOUNDARY: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FUSED: tl.constexpr, ENTRIES: tl.constexpr,
+    BOUNDARY: tl.constexpr,
     ACC: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DUR: tl.constexpr, WIDE: tl.constexpr,
 ):
@@ -253,7 +263,12 @@ def _joint_row_kernel(
 
     TDT's ``lse_dur`` over its ``N_DURATIONS`` columns, and every kind's arc log-prob from
     the entries it reads, written by ``kernels._row_state`` exactly as ``_row_kernel``
-    writes them. A program whose nodes are all padding computes nothing."""
+    writes them; with ``ENTRIES`` (fused, for a gradient) those entries too (the blank's,
+    the label's, each fixed class kind's: the workspace's ``x``), from which the gradient
+    pass forms theirs in float64. A program whose nodes are all padding computes nothing.
+
+    The max's ties are counted in the sums (``_lse_chunk``), not summed in float32: a
+    confident row's ``1 + rest`` rounded ``rest`` away (math.md 4.1)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)    # [BLOCK_N], int64
     rows, node, inside, b, t, u, e_row, p_row = _joint_nodes(r, n_rows, T, U1, box_t0,
                                                               box_u0, box_T, box_U1, H)
@@ -282,7 +297,7 @@ def _joint_row_kernel(
                           PRECISION, ACC, DOT_F32, BLOCK_N, BLOCK_V, BLOCK_H)
         z = tl.where(v[None, :] < V_tok, z, NEG_INF)
         if FUSED:
-            m, s = _lse_chunk(m, s, z, False)          # (plain sums: see _lse_chunk)
+            m, s = _lse_chunk(m, s, z, 2)         # (the max's ties: see _lse_chunk)
         if (v0 <= blank) & (blank < v0 + BLOCK_V):
             x_blank = tl.sum(tl.where(v[None, :] == blank, z, 0.0), axis=1)
         x_label += tl.sum(tl.where(v[None, :] == y[:, None], z, 0.0), axis=1)
@@ -304,7 +319,7 @@ def _joint_row_kernel(
         zd = tl.where(d[None, :] < N_DURATIONS, zd, NEG_INF)
         if FUSED:
             md, sd = _lse_chunk(tl.full([BLOCK_N], NEG_INF, ACC), tl.zeros([BLOCK_N], tl.float64),
-                                zd, False)
+                                zd, 2)
             lse_dur = _lse_finish(md, sd)
         else:
             lse_dur = tl.zeros([BLOCK_N], tl.float64)
@@ -312,6 +327,16 @@ def _joint_row_kernel(
     else:
         lse_dur = lse
     live = valid & (lse != NEG_INF)          # NaN rows stay live: NaN flows on
+    if ENTRIES:
+        # the entries the arcs read, for the gradient pass (the workspace's ``x``)
+        x_at = ws_ptr + o_x + node
+        tl.store(x_at, x_blank.to(tl.float64), mask=inside)
+        tl.store(x_at + n_nodes, x_label.to(tl.float64), mask=inside)
+        kidx_x = tl.arange(0, KP)
+        for k in tl.static_range(K):
+            if READS[k] == 2:
+                xk = tl.sum(tl.where(kidx_x[None, :] == k, x_cls, 0.0), axis=1)
+                tl.store(x_at + (CLS_COL[k] - 1) * n_nodes, xk.to(tl.float64), mask=inside)
     at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
     _row_state(ws_ptr, node, inside, valid, live, valid & (lse_dur != NEG_INF), live & (u < u1),
                b, at, plane, u, u1, T, U1, lse, lse_dur,
@@ -327,7 +352,7 @@ def _joint_grad_kernel(
     logit_lengths_ptr, target_lengths_ptr, boundary_ptr, ws_ptr, upstream_ptr,
     # shapes and strides: the chunk's rows (its box), the grid; the workspace parts read
     n_rows, n_nodes, T, U1, V_tok, H, blank, dz_stride, upstream_stride, box_t0,
-    box_u0, box_T, box_U1, o_lse, o_dur, o_ll, o_reads,
+    box_u0, box_T, box_U1, o_lse, o_dur, o_ll, o_reads, o_x,
     # options: clamp, a float64 in three float32 parts
     clamp_hi, clamp_mid, clamp_lo,
     # arc kinds
@@ -346,8 +371,12 @@ def _joint_grad_kernel(
 
         dz(v) = p_g(v) S_g - sum_{reads of class v} s_k gamma_k,   p_g(v) = exp(z_v - lse_g)
 
-    the fixed classes' reads subtracted in the same pass (no entry is read twice here),
-    clamp on the token group. Writes ``h`` (0 on rows without a path), ``dz`` (0 on
+    clamp on the token group. In fused mode the entries the arcs read (the blank's, the
+    label's, the fixed classes', TDT's durations) are formed in float64, as the gradient
+    pass forms them (``kernels._entries``, ``_class_entry_of``, ``_duration_step``): from
+    the forward's entries (the workspace's ``x``), and TDT's from the recomputed duration
+    block; near ``p = 1`` (a confident model) ``p S - gamma`` cancels, and float32 kept
+    only the rounding of ``p``. Writes ``h`` (0 on rows without a path), ``dz`` (0 on
     padding, impossible sequences and a zero upstream gradient; NaN on a NaN sequence's
     rows) and the program's column sums of ``dz`` into ``db_ptr[program]``."""
     pid = tl.program_id(0)
@@ -362,6 +391,14 @@ def _joint_grad_kernel(
     y, live, lse_hi, lse_lo = _grad_rows(ws_ptr, targets_ptr, logit_lengths_ptr,
                                          target_lengths_ptr, boundary_ptr, node, inside, keep,
                                          mass, T, U1, o_lse, BOUNDARY, ACC)
+    x_at = ws_ptr + o_x + node
+    if FUSED:
+        # the blank's and the label's entries, in float64 from the forward's logits
+        rb, rl = _entries(tl.load(x_at, mask=live, other=NEG_INF),
+                          tl.load(x_at + n_nodes, mask=live & (y >= 0), other=NEG_INF),
+                          ws_ptr, node, reads, keep, live, y, blank, n_nodes, o_lse, ACC)
+    else:
+        rb, rl = gb_a, gl_a
     # 1. h of every row of the chunk (the product dW = dz^T h reads them all)
     _joint_hidden(enc_ptr, pred_ptr, h_ptr, rows, e_row, p_row, keep, H, H, ACT, ACC, BLOCK_N,
                   BLOCK_H)
@@ -381,19 +418,41 @@ def _joint_grad_kernel(
             x = tl.where(live[:, None] & (v[None, :] < V_tok), z, NEG_INF)
         else:
             x = tl.zeros([BLOCK_N, BLOCK_V], ACC)
-        g = _token_grad(x, v[None, :], lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y,
-                        FUSED)
-        for k in tl.static_range(K):
-            if CLS_FIRST[k]:                  # each fixed class once, whichever kinds read it
-                g -= tl.where(v[None, :] == CLASS_ID[k],
-                              _fixed_reads(CLASS_ID[k], reads, keep, n_nodes, K, READS,
-                                           CLASS_ID, CLS_COL, ACC)[:, None], 0.0)
+        g = _token_grad(x, v[None, :], lse_hi, lse_lo, mass, no_mass, rb, rl, blank, y,
+                        FUSED, FUSED)
         g = _grad_out(g, nan_row[:, None], clamp, write[:, None], w_up[:, None], FUSED, CLAMP)
         g = tl.where(v[None, :] < V_tok, g, 0.0)
+        out = v < V_tok
+        for k in tl.static_range(K):
+            if READS[k] == 2:                 # the fixed classes' columns are step 3's
+                out = out & (v != CLASS_ID[k])
         tl.store(dz_ptr + dz_row[:, None] + v[None, :], g.to(dz_ptr.dtype.element_ty),
-                 mask=on[:, None] & (v[None, :] < V_tok))
-        tl.store(db_ptr + pid.to(tl.int64) * V + v, tl.sum(g, axis=0), mask=v < V_tok)
-    # 3. TDT's duration group
+                 mask=on[:, None] & out[None, :])
+        tl.store(db_ptr + pid.to(tl.int64) * V + v, tl.sum(g, axis=0), mask=out)
+    # 3. The fixed classes' columns, each class once (whichever kinds read it): in fused
+    # mode their entries in float64 from the forward's logits (``kernels._class_entry_of``,
+    # as the gradient pass's step 1), after the loop (inside it or before it, the
+    # multi-blank pass spilled 176-280 bytes a thread on sm_90, Triton 3.6)
+    for k in tl.static_range(K):
+        if CLS_FIRST[k]:
+            if FUSED:
+                xk = tl.load(x_at + (CLS_COL[k] - 1) * n_nodes, mask=live, other=NEG_INF)
+                ek = _class_entry_of(xk, ws_ptr, node, reads, keep, live, y, blank,
+                                     CLASS_ID[k], n_nodes, o_lse, K, READS, CLASS_ID,
+                                     CLS_COL)[0].to(ACC)
+            else:
+                ek = (-tl.where(blank == CLASS_ID[k], gb_a, 0.0)
+                      - tl.where(y == CLASS_ID[k], gl_a, 0.0)
+                      - _fixed_reads(CLASS_ID[k], reads, keep, n_nodes, K, READS, CLASS_ID,
+                                     CLS_COL, ACC))
+            ek = _grad_out(ek, nan_row, clamp, write, w_up, FUSED, CLAMP)
+            ek = tl.where(on & (CLASS_ID[k] < V_tok), ek, 0.0)
+            # (a vector mask: the interpreter refuses a vector & scalar one)
+            tl.store(dz_ptr + dz_row + CLASS_ID[k], ek.to(dz_ptr.dtype.element_ty),
+                     mask=on & (rows * 0 + V_tok > CLASS_ID[k]))
+            tl.store(db_ptr + pid.to(tl.int64) * V + CLASS_ID[k], tl.sum(ek, axis=0),
+                     mask=V_tok > CLASS_ID[k])
+    # 4. TDT's duration group
     if N_DURATIONS > 0:
         d = tl.arange(0, BLOCK_DUR)
         g_dur, s_dur, live_d, d_hi, d_lo = _duration_terms(
@@ -406,6 +465,24 @@ def _joint_grad_kernel(
         else:
             x = tl.zeros([BLOCK_N, BLOCK_DUR], ACC)
         g = _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
+        if FUSED:
+            # Each duration's entry again in float64, in place of its ACC one
+            # (``_duration_grad`` of float64 terms, as ``kernels._duration_step`` forms
+            # them: a confident model's duration has ``q`` near 1, where ``q S_dur - gamma``
+            # cancels, math.md 4.1), a column at a time: Triton 3.6 does not compile this
+            # pass with a [BLOCK_N, BLOCK_DUR] float64 block, nor with these columns put in
+            # a block of zeros (``TritonGPURemoveLayoutConversions``).
+            lse_d = tl.load(ws_ptr + o_dur + node, mask=live_d, other=0.0)
+            for i in tl.static_range(N_DURATIONS):
+                xi = tl.sum(tl.where(d[None, :] == i, x, 0.0), axis=1).to(tl.float64)
+                gi = tl.zeros_like(lse_d)
+                for k in tl.static_range(K):
+                    if DURATION[k] == i:
+                        gi += tl.load(reads + DUR_COL[k] * n_nodes, mask=keep, other=0.0)
+                ei = _duration_grad(tl.where(live_d, xi, NEG_INF)[:, None], lse_d,
+                                    tl.zeros_like(lse_d), s_dur, gi[:, None], nan_row, write,
+                                    w_up, FUSED)
+                g = tl.where(d[None, :] == i, ei.to(ACC), g)
         g = tl.where(d[None, :] < N_DURATIONS, g, 0.0)
         tl.store(dz_ptr + dz_row[:, None] + V_tok + d[None, :], g.to(dz_ptr.dtype.element_ty),
                  mask=on[:, None] & (d[None, :] < N_DURATIONS))
@@ -586,7 +663,8 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
     _, targets, logit_lengths, target_lengths = _prepare(e[:0], targets, logit_lengths,
                                                          target_lengths)
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
-    st = _State.new(_ws_layout(B, T, U1, topo, need_grad), e.device)
+    entries = need_grad and opts.log_softmax      # the read entries, for the gradient pass
+    st = _State.new(_ws_layout(B, T, U1, topo, need_grad, entries), e.device)
     tiles = _Tiles(st, targets, logit_lengths, target_lengths, boundary, e.dtype)
     plan = _layout.tile_plan(B, T, U1, rows, False)
     state = JointState(tiles, plan, e.dtype, ACTIVATIONS[act])
@@ -608,10 +686,11 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
                 launch(_joint_row_kernel, (triton.cdiv(n, tile["BLOCK_N"]),),
                     e, p, w, _or(bias, w), h, _nonempty(targets, logit_lengths), logit_lengths,
                     target_lengths, _or(boundary, logit_lengths), st.ws,
-                    n, T, U1, V_tok, H, opts.blank, t0, u0, t1 - t0, u1 - u0,
-                    *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp"),
-                    **_kernel_kinds(topo, "row"),
+                    n, B * T * U1, T, U1, V_tok, H, opts.blank, t0, u0, t1 - t0, u1 - u0,
+                    *lay.offsets("o_lse", "o_dur", "o_nb", "o_lp", "o_x"),
+                    **_kernel_kinds(topo, "joint_row"),
                     ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
+                    ENTRIES=entries,
                     BOUNDARY=boundary is not None, ACC=_acc(e.dtype),
                     PRECISION=_precision(e.dtype), DOT_F32=_dot_f32(e.dtype),
                     BLOCK_DUR=_block_dur(n_dur), WIDE=U1 > T + 1, **tile)
@@ -663,7 +742,7 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
     # dz's rows start at multiples of 16 entries (vector stores; the products read the view)
     dz = torch.empty((n_max, -(-V // 16) * 16), dtype=state.dtype, device=dev)
     col_sums = torch.empty((progs_max, V), dtype=acc, device=dev)
-    kinds = _kernel_kinds(topo, "grad")
+    kinds = _kernel_kinds(topo, "joint_grad")
     for t0, t1, u0, u1 in plan:
         frames, labels = t1 - t0, u1 - u0
         n = B * frames * labels
@@ -674,7 +753,7 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
                 tiles.logit_lengths, tiles.target_lengths, _or(tiles.boundary, tiles.logit_lengths),
                 st.ws, upstream,
                 n, B * T * U1, T, U1, V - n_dur, H, opts.blank, dz.stride(0), upstream.stride(0), t0, u0,
-                frames, labels, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads"),
+                frames, labels, *lay.offsets("o_lse", "o_dur", "o_ll", "o_reads", "o_x"),
                 *_f64_cached(opts.clamp), **kinds,
                 ACT=state.act, HAS_BIAS=bias is not None, FUSED=opts.log_softmax,
                 CLAMP=opts.clamp > 0, BOUNDARY=tiles.boundary is not None, ACC=_acc(state.dtype),

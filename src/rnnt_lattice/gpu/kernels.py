@@ -253,22 +253,33 @@ def _arc_weight(lp_k, nb_b, off, s_u, t, t1, ok, sigma, delay_penalty, none,
 
 
 @triton.jit
-def _lse_chunk(m, s, x, TIES: tl.constexpr = True):
+def _lse_chunk(m, s, x, TIES: tl.constexpr = 1):
     """One chunk ``x [ROWS, BLOCK]`` (ACC) of an online log-normaliser per row: the running
     max ``m`` (ACC) and the float64 sum ``s`` of ``exp(x - m)`` so far become ``m' = max(m,
     max_v x_v)`` and ``s' = s * exp(m - m') + sum_v exp(x_v - m')`` -- one exp per element
     (the rescaling is one exp per row and chunk); the chunk's own sum is an ACC tree
     reduction. A row whose max is still -inf shifts by 0 instead, so that ``-inf - -inf``
-    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1). With ``TIES``
-    the entries equal to the max (``exp(0) = 1``) are counted into ``s``, not summed in ACC
-    (:func:`_exp_sum`); without (the joiner's kernel path: its row kernel, at its cap of
-    128 registers, spilled 72-152 bytes with them on sm_90) a plain ACC sum."""
+    never appears; a NaN or +inf entry turns ``s`` into NaN (math.md 8.1). The entries
+    whose exp is 1 (the max's ties) are counted into ``s``, not summed in ACC, where a
+    confident row's ``1 + rest`` rounds ``rest`` away (math.md 4.1):
+
+    ``TIES`` = 1: the entries equal to the max counted apart (:func:`_exp_sum`);
+    ``TIES`` = 2 (the joiner's row pass, ``gpu.joint``): the chunk's ACC sum ``total`` and
+    its sum ``rest`` without the entries whose exp is 1, their count ``round(total - rest)``
+    (an integer below 2^24, ``total - rest`` within ``BLOCK`` ulps of it). Two sums of one
+    exp: with :func:`_exp_sum`'s compare and count the joiner's row pass, at its cap of
+    128 registers, spilled 72-112 bytes a thread on sm_90 (Triton 3.6), with these none
+    on the regular loss. (An entry within 2^-25 of the max, whose exp rounds to 1, counts
+    as 1: its ACC exp is that 1 either way.)"""
     m_new = tl.maximum(m, tl.max(x, axis=1))
     shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-    if TIES:
-        return m_new, s * tl.exp((m - shift).to(tl.float64)) + _exp_sum(x - shift[:, None], 1)
-    chunk = tl.sum(tl.exp(x - shift[:, None]), axis=1)
-    return m_new, s * tl.exp((m - shift).to(tl.float64)) + chunk.to(tl.float64)
+    scale = tl.exp((m - shift).to(tl.float64))
+    if TIES == 1:
+        return m_new, s * scale + _exp_sum(x - shift[:, None], 1)
+    e = tl.exp(x - shift[:, None])
+    rest = tl.sum(tl.where(e == 1.0, 0.0, e), axis=1)
+    ones = (tl.sum(e, axis=1) - rest + 0.5).to(tl.int32)       # (NaN: s is NaN by rest)
+    return m_new, s * scale + (ones.to(tl.float64) + rest.to(tl.float64))
 
 
 @triton.jit
@@ -474,14 +485,17 @@ def _split(x, ACC: tl.constexpr):
 #     o_beta   beta (B, T+1, U+1)
 #     o_ll     log P (B,)
 #     o_reads  reads (NC, B T (U+1))      the gradient's per-node coefficients (``_reads_kernel``)
+#     o_x      x (2 + N_CLS, B T (U+1))   the logits the arcs read: the blank's, the label's, each
+#                                         fixed class kind's (the joiner's kernel path, whose
+#                                         logits are never in memory: ``gpu.joint``)
 #
 # next_blank, lp, alpha and beta are skewed (``_skew``): sequence b's plane (of kind k) starts
 # at ``(b K + k) plane`` (``b plane``), node (t, u) at ``t s_t + u s_u`` in it, so that the
-# nodes of one anti-diagonal are adjacent; lse, lse_dur and reads are in node order (the V
+# nodes of one anti-diagonal are adjacent; lse, lse_dur, reads and x are in node order (the V
 # passes read them a row at a time).
 #
 # A part a topology does not use has no room (its offset is never read).
-_WS = ("o_lse", "o_dur", "o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads")
+_WS = ("o_lse", "o_dur", "o_nb", "o_lp", "o_alpha", "o_beta", "o_ll", "o_reads", "o_x")
 
 
 # --------------------------------------------------------------------------- pass 1
@@ -1258,7 +1272,7 @@ def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED
     (0 for a row without mass: ``p`` may be NaN there; log-prob mode: none) minus the
     blank's and the label's reads ``gb_a``, ``gl_a`` at their classes; with ``ENTRIES``
     (fused mode) ``gb_a`` and ``gl_a`` are those two classes' entries themselves
-    (:func:`_read_entries`), put in their place."""
+    (:func:`_entries`), put in their place."""
     if FUSED:
         g = tl.exp((x - lse_hi[:, None]) - lse_lo[:, None]) * mass[:, None]
         g = tl.where(no_mass[:, None], 0.0, g)
@@ -1273,9 +1287,20 @@ def _token_grad(x, v, lse_hi, lse_lo, mass, no_mass, gb_a, gl_a, blank, y, FUSED
 @triton.jit
 def _read_entries(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, n_nodes, o_lse,
                   ACC: tl.constexpr):
+    """The blank's and the label's gradient entries of the rows (fused mode) from the two
+    entries of the row in the logits: :func:`_entries`."""
+    x_b = tl.load(logits_ptr + row + blank, mask=live, other=NEG_INF).to(tl.float64)
+    x_y = tl.load(logits_ptr + row + tl.maximum(y, 0), mask=live & (y >= 0),
+                  other=NEG_INF).to(tl.float64)
+    return _entries(x_b, x_y, ws_ptr, node, reads, keep, live, y, blank, n_nodes, o_lse, ACC)
+
+
+@triton.jit
+def _entries(x_b, x_y, ws_ptr, node, reads, keep, live, y, blank, n_nodes, o_lse,
+             ACC: tl.constexpr):
     """The blank's and the label's gradient entries of the rows (fused mode), formed in
-    float64 from the workspace's float64 ``lse``, ``S`` and reads and the two entries of
-    the row:
+    float64 from the workspace's float64 ``lse``, ``S`` and reads and the rows' entries
+    ``x_b``, ``x_y`` (float64; -inf where not ``live``):
 
         e_blank = p(blank) S - gamma_b - [y = blank] gamma_l
         e_label = p(y) S - gamma_l - [y = blank] gamma_b,      p(c) = exp(x_c - lse)
@@ -1287,9 +1312,6 @@ def _read_entries(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, n_
     s_tok = tl.load(reads, mask=keep, other=0.0)
     gb = tl.load(reads + n_nodes, mask=keep, other=0.0)
     gl = tl.load(reads + 2 * n_nodes, mask=keep, other=0.0)
-    x_b = tl.load(logits_ptr + row + blank, mask=live, other=NEG_INF).to(tl.float64)
-    x_y = tl.load(logits_ptr + row + tl.maximum(y, 0), mask=live & (y >= 0),
-                  other=NEG_INF).to(tl.float64)
     both = y == blank
     e_b = tl.where(live, tl.exp(x_b - lse) * s_tok, 0.0) - gb - tl.where(both, gl, 0.0)
     e_l = tl.where(live, tl.exp(x_y - lse) * s_tok, 0.0) - gl - tl.where(both, gb, 0.0)
@@ -1331,18 +1353,29 @@ def _fixed_reads(c, reads, keep, n_nodes, K: tl.constexpr, READS: tl.constexpr,
 def _class_entry(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, cls, n_nodes,
                  o_lse, K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
                  CLS_COL: tl.constexpr):
+    """The gradient entry of the fixed class ``cls`` and its ``p`` (:func:`_class_entry_of`)
+    from the row's entry in the logits."""
+    x = tl.load(logits_ptr + row + cls, mask=live, other=NEG_INF).to(tl.float64)
+    return _class_entry_of(x, ws_ptr, node, reads, keep, live, y, blank, cls, n_nodes, o_lse,
+                           K, READS, CLASS_ID, CLS_COL)
+
+
+@triton.jit
+def _class_entry_of(x, ws_ptr, node, reads, keep, live, y, blank, cls, n_nodes, o_lse,
+                    K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
+                    CLS_COL: tl.constexpr):
     """The gradient entry of the fixed class ``cls`` (fused mode, step 1 of
-    ``_grad_kernel``) and its ``p``, both float64 [ROWS]:
+    ``_grad_kernel``; the joiner's gradient pass) and its ``p``, both float64 [ROWS], from
+    the rows' entries ``x`` of that class (float64; -inf where not ``live``):
 
         e_c = p(c) S - sum_{kinds reading c} s_k gamma_k - [blank = c] gamma_b - [y = c] gamma_l
 
     (``p S`` taken as 0 on a row not ``live``). Formed in float64 from the workspace's
-    ``lse``, ``S`` and reads, as :func:`_read_entries` forms the blank's and the label's: a
+    ``lse``, ``S`` and reads, as :func:`_entries` forms the blank's and the label's: a
     big blank that a confident model's path takes has ``p`` near 1, where ``p S - gamma``
     cancels (math.md 4.1)."""
     lse = tl.load(ws_ptr + o_lse + node, mask=live, other=0.0)
     s_tok = tl.load(reads, mask=keep, other=0.0)
-    x = tl.load(logits_ptr + row + cls, mask=live, other=NEG_INF).to(tl.float64)
     p = tl.exp(x - lse)
     e = (tl.where(live, p * s_tok, 0.0)
          - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, tl.float64))
