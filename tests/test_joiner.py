@@ -334,6 +334,30 @@ def test_nan_padding_reaches_no_gradient(small_blocks, monkeypatch, products):
     assert_same(clean, poisoned, TOL[torch.float64])
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["kernels_then_cublas", "cublas_then_kernels"])
+def test_the_backward_takes_its_forwards_products(small_blocks, monkeypatch, first):
+    """``CUBLAS_PRODUCTS`` changed between a forward and its backward: the backward takes
+    the forward's path (whose workspace the forward wrote: the kernel path's read entries
+    are there only for its own backward), and the step's results are those of a step that
+    never changed it, to the bit."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, "multiblank")
+    w = upstream_weights(enc.shape[0])
+
+    def step(flip):
+        monkeypatch.setattr(small_blocks, "CUBLAS_PRODUCTS", first)
+        for x in (enc, pred, *joiner.parameters()):
+            x.grad = None
+        loss = rnnt_lattice.fused_multiblank_rnnt_loss(
+            joiner, enc, pred, targets, tl, ul, blank=blank, big_blank_durations=[2, 3],
+            tile=13, backend="triton", reduction="none")
+        if flip:
+            monkeypatch.setattr(small_blocks, "CUBLAS_PRODUCTS", not first)
+        (loss * w).sum().backward()
+        return loss.detach(), [x.grad.clone() for x in (enc, pred, *joiner.parameters())]
+    (want, want_grads), (got, grads) = step(False), step(True)
+    assert torch.equal(got, want) and all(map(torch.equal, grads, want_grads))
+
+
 def test_cublas_products_float32_two_runs_and_amp(cublas):
     """float32: two runs bit-identical, the full loss's to float32's rounding; bfloat16
     under autocast (backward outside): the full loss's to bfloat16's (the logits are

@@ -633,13 +633,16 @@ def _block_dur(n_durations: int) -> int:
 @dataclass
 class JointState:
     """What the backward needs of a forward: the lattice state of every node (``gpu``'s
-    tile state: the workspace, ids, lengths, boundary), the chunks, the operands' dtype and
-    the activation."""
+    tile state: the workspace, ids, lengths, boundary), the chunks, the operands' dtype,
+    the activation, and whether the chunks' logits are cuBLAS's (:data:`CUBLAS_PRODUCTS`
+    as the forward found it: the backward takes the same path, whose workspace the forward
+    wrote)."""
 
     tiles: _Tiles
     plan: list                 # chunks (t0, t1, u0, u1), in order
     dtype: torch.dtype         # of the operands e, p, W, b
     act: int                   # ACTIVATIONS
+    cublas: bool = False       # CUBLAS_PRODUCTS
 
 
 def _chunk_rows(plan, B: int) -> int:
@@ -663,12 +666,14 @@ def forward(e, p, w, bias, act: str, targets, logit_lengths, target_lengths,
     _, targets, logit_lengths, target_lengths = _prepare(e[:0], targets, logit_lengths,
                                                          target_lengths)
     boundary = None if boundary is None else boundary.to(torch.int64).contiguous()
-    entries = need_grad and opts.log_softmax      # the read entries, for the gradient pass
+    cublas = CUBLAS_PRODUCTS
+    # the read entries, for the gradient pass (the chunks by cuBLAS keep their logits)
+    entries = need_grad and opts.log_softmax and not cublas
     st = _State.new(_ws_layout(B, T, U1, topo, need_grad, entries), e.device)
     tiles = _Tiles(st, targets, logit_lengths, target_lengths, boundary, e.dtype)
     plan = _layout.tile_plan(B, T, U1, rows, False)
-    state = JointState(tiles, plan, e.dtype, ACTIVATIONS[act])
-    if plan and CUBLAS_PRODUCTS:
+    state = JointState(tiles, plan, e.dtype, ACTIVATIONS[act], cublas)
+    if plan and cublas:
         n_max = _chunk_rows(plan, B)
         h = torch.empty((n_max, H), dtype=e.dtype, device=e.device)
         z = torch.empty((n_max, w.shape[0]), dtype=e.dtype, device=e.device)
@@ -725,7 +730,7 @@ def backward(state: JointState, e, p, w, bias, upstream, opts: LossOptions):
     n_max = _chunk_rows(plan, B)
     h = torch.empty((n_max, H), dtype=state.dtype, device=dev)
     dh = torch.empty((n_max, H), dtype=state.dtype, device=dev)
-    if CUBLAS_PRODUCTS:
+    if state.cublas:
         z = torch.empty((n_max, V), dtype=state.dtype, device=dev)
         for box in plan:
             rows_h, rows_z = _cublas_logits(e, p, w, bias, tiles, box, state.act, h, z)
