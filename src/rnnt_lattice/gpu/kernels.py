@@ -266,7 +266,8 @@ def _lse_chunk(m, s, x, TIES: tl.constexpr = 1):
     ``TIES`` = 1: the entries equal to the max counted apart (:func:`_exp_sum`);
     ``TIES`` = 2 (the joiner's row pass, ``gpu.joint``): the chunk's ACC sum ``total`` and
     its sum ``rest`` without the entries whose exp is 1, their count ``round(total - rest)``
-    (an integer below 2^24, ``total - rest`` within ``BLOCK`` ulps of it). Two sums of one
+    (both sums are below ``BLOCK``, each within ``BLOCK`` of its ulps: far closer than 1/2
+    to the count). Two sums of one
     exp: with :func:`_exp_sum`'s compare and count the joiner's row pass, at its cap of
     128 registers, spilled 72-112 bytes a thread on sm_90 (Triton 3.6), with these none
     on the regular loss. (An entry within 2^-25 of the max, whose exp rounds to 1, counts
