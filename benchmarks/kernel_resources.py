@@ -14,6 +14,9 @@ gives
   memory; 0 without spills), from ``cuobjdump --dump-resource-usage`` on the cubin (Triton
   ships ``cuobjdump`` under ``triton/backends/nvidia/bin``; it reports no spill counts of
   its own);
+* where a kernel with a stack spills: its local loads and stores (``LDL``, ``STL``) inside
+  the loops of its SASS out of all of them (:func:`loop_spills`, ``nvdisasm``): a spill
+  outside the loops costs once a program, one in a loop every turn of it;
 * the global loads of the PTX by width: ``v4``/``v2`` vector loads against scalar ones
   (``ld.global`` without a vector suffix), which tells whether the rows of the logits are
   read with vector loads at that V.
@@ -163,6 +166,27 @@ def resources(cubin: bytes) -> tuple[int, int]:
     reg = int(re.search(r"REG:(\d+)", out).group(1))
     stack = int(re.search(r"STACK:(\d+)", out).group(1)) if "STACK:" in out else 0
     return reg, stack
+
+
+def loop_spills(cubin: bytes) -> str:
+    """Where a kernel's spills are (:func:`spills_in_loops` of its SASS)."""
+    from lattice_sass import sass_lines                 # (lattice_sass imports this module)
+    return spills_in_loops(sass_lines(cubin))
+
+
+def spills_in_loops(ins) -> str:
+    """The local loads and stores (``LDL``, ``STL``) of the SASS instructions ``ins``
+    (``(address, text)``, branch targets as addresses: ``lattice_sass.sass_lines``) inside a
+    loop (between a backward branch and its target) out of all of them, as ``LDL 2/8, STL
+    0/4``. A spill outside the loops costs once a program; one in a loop, every turn of it."""
+    from lattice_sass import _target
+    loops = [(t, a) for a, s in ins if (t := _target(s)) is not None and t < a]
+    counts = []
+    for op in ("LDL", "STL"):
+        at = [a for a, s in ins if re.search(rf"\b{op}\b", s)]
+        inside = sum(any(lo <= a <= hi for lo, hi in loops) for a in at)
+        counts.append(f"{op} {inside}/{len(at)}")
+    return ", ".join(counts)
 
 
 def loads(ptx: str) -> str:
@@ -417,8 +441,9 @@ def main(argv=None) -> int:
     print(f"triton {triton.__version__}, sm_{args.sm}, float32 logits (the joiner's kernel "
           f"path: the operands as stated)")
     print("| kernel | V / shape | num_warps | registers | stack (bytes: spills) "
+          "| spills in loops / all "
           "| global loads in the PTX |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     rows = ([(*v[:4], dict(num_warps=v[4], num_stages=v[5]), "fp32", v[6] if len(v) > 6 else {})
              for v in variants(args.V)]
             + list(joint_variants(args.joint_V, args.H)))
@@ -433,13 +458,15 @@ def main(argv=None) -> int:
         except Exception as err:        # every kernel is tried: a GPU's Triton may fail several
             last = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
             failed.append(f"{label} ({shape}): {type(err).__name__}: {last[0][:160]}")
-            print(f"| {label} | {shape} | {warps} | does not compile | - | - |", flush=True)
+            print(f"| {label} | {shape} | {warps} | does not compile | - | - | - |", flush=True)
             continue
         for hazard in thread_locality_hazards(compiled.asm["ttir"]):
             failed.append(f"{label} ({shape}): Triton 3.6 would not compile it: {hazard}")
         reg, stack = resources(compiled.asm["cubin"])
         width = loads(compiled.asm["ptx"])
-        print(f"| {label} | {shape} | {warps} | {reg} | {stack} | {width} |", flush=True)
+        where = loop_spills(compiled.asm["cubin"]) if stack else "-"
+        print(f"| {label} | {shape} | {warps} | {reg} | {stack} | {where} | {width} |",
+              flush=True)
     for line in failed:
         print(f"kernel_resources: {line}", file=sys.stderr)
     return 1 if failed else 0
