@@ -58,6 +58,10 @@ import triton.language as tl
 # checks every kernel's globals by Triton's own rule).
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
+# The exps a float32 block sum counts as the max's ties (``_lse_chunk``'s ``TIES`` = 2): 1
+# and the four floats below it, for a GPU's ``exp`` (``ex2.approx.f32``, within 2^-22 of
+# its value) need not give 1 for 0.
+ONE_ULPS = tl.constexpr(1.0 - 2.0 ** -22)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -265,20 +269,21 @@ def _lse_chunk(m, s, x, TIES: tl.constexpr = 1):
 
     ``TIES`` = 1: the entries equal to the max counted apart (:func:`_exp_sum`);
     ``TIES`` = 2 (the joiner's row pass, ``gpu.joint``): the chunk's ACC sum ``total`` and
-    its sum ``rest`` without the entries whose exp is 1, their count ``round(total - rest)``
-    (both sums are below ``BLOCK``, each within ``BLOCK`` of its ulps: far closer than 1/2
-    to the count). Two sums of one
-    exp: with :func:`_exp_sum`'s compare and count the joiner's row pass, at its cap of
-    128 registers, spilled 72-112 bytes a thread on sm_90 (Triton 3.6), with these none
-    on the regular loss. (An entry within 2^-25 of the max, whose exp rounds to 1, counts
-    as 1: its ACC exp is that 1 either way.)"""
+    its sum ``rest`` without the entries whose exp is within 2^-22 of 1 (:data:`ONE_ULPS`:
+    the max's, whose exp on a GPU is ``ex2.approx`` of 0), their count ``round(total -
+    rest)`` (both sums are below ``BLOCK``, each within ``BLOCK`` of its ulps: far closer
+    than 1/2 to the count). Two sums of one exp: with :func:`_exp_sum`'s compare and count
+    (or a compare of ``x`` with the max) the joiner's row pass, at its cap of 128
+    registers, spilled 72-112 (96-144) bytes a thread on sm_90 (Triton 3.6), with these
+    none on the regular loss. (An entry within 2^-22 of the max, which a float32 holds
+    only below 4 in magnitude, counts as 1: off by less than ``ex2.approx``'s own error.)"""
     m_new = tl.maximum(m, tl.max(x, axis=1))
     shift = tl.where(m_new == NEG_INF, 0.0, m_new)
     scale = tl.exp((m - shift).to(tl.float64))
     if TIES == 1:
         return m_new, s * scale + _exp_sum(x - shift[:, None], 1)
     e = tl.exp(x - shift[:, None])
-    rest = tl.sum(tl.where(e == 1.0, 0.0, e), axis=1)
+    rest = tl.sum(tl.where(e >= ONE_ULPS, 0.0, e), axis=1)
     ones = (tl.sum(e, axis=1) - rest + 0.5).to(tl.int32)       # (NaN: s is NaN by rest)
     return m_new, s * scale + (ones.to(tl.float64) + rest.to(tl.float64))
 
