@@ -497,7 +497,7 @@ def _layout(B: int, T: int, U1: int, topo: Topology, reads: bool,
     sizes = (n, n if kinds["N_DURATIONS"] else 0,
              B * plane if kinds["HAS_PLUS_NEXT_BLANK"] else 0, kinds["K"] * B * plane,
              B * plane, B * plane, B + 1, kinds["NC"] * n if reads else 0,
-             (2 + kinds["N_CLS"]) * n if reads and entries else 0)
+             (2 + kinds["N_CLS"] + kinds["N_DURATIONS"]) * n if reads and entries else 0)
     offsets, at = [], 0
     for size in sizes:
         offsets.append(at)

@@ -22,8 +22,8 @@ forward   ``_joint_row_kernel``, ``BLOCK_N`` nodes per program:
 backward  ``_joint_grad_kernel``: ``h`` again (into the chunk's ``h`` rows), ``z`` block by
           block as in the forward, and ``dz = upstream[b] * d cost_b / d z`` from the
           gradient pass's formula (``kernels._token_grad`` & co., clamp and FastEmit
-          included; the entries the arcs read formed in float64 from ``x``, TDT's durations
-          from the recomputed block) written into the chunk's ``dz`` rows (the operand
+          included; the entries the arcs read formed in float64 from ``x``) written into the
+          chunk's ``dz`` rows (the operand
           dtype); per program the column sums of its ``dz`` (``db``'s share). Then the
           chunk's joiner gradients, as matrix products on whole chunks (cuBLAS):
 
@@ -98,10 +98,6 @@ ACTIVATIONS = {"tanh": 0, "relu": 1}
 # block before folds its logits, was timed on an H200 with the blocks before
 # (h200-0fd8b8d-joint_tiles.log): 22.30 ms flattened in the row pass, 22.62 in both, against
 # 21.86 nested. It lost, and is gone (docs/benchmarks.md, "A third H200 session").
-#
-# The two passes' products are the same (BLOCK_H, and the blocks of classes and nodes): the
-# gradient pass's TDT duration entries, formed in float64 from its recomputed block, are then
-# those of the forward's bits, which its ``lse_dur`` summed.
 TILES = {"row": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
                      maxnreg=128),
          "grad": dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=64, num_warps=8, num_stages=3,
@@ -337,6 +333,10 @@ def _joint_row_kernel(
             if READS[k] == 2:
                 xk = tl.sum(tl.where(kidx_x[None, :] == k, x_cls, 0.0), axis=1)
                 tl.store(x_at + (CLS_COL[k] - 1) * n_nodes, xk.to(tl.float64), mask=inside)
+        didx_x = tl.arange(0, BLOCK_DUR)
+        for i in tl.static_range(N_DURATIONS):        # TDT's durations, a column at a time
+            xi = tl.sum(tl.where(didx_x[None, :] == i, x_dur, 0.0), axis=1)
+            tl.store(x_at + (2 + N_CLS + i) * n_nodes, xi.to(tl.float64), mask=inside)
     at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
     _row_state(ws_ptr, node, inside, valid, live, valid & (lse_dur != NEG_INF), live & (u < u1),
                b, at, plane, u, u1, T, U1, lse, lse_dur,
@@ -373,10 +373,11 @@ def _joint_grad_kernel(
 
     clamp on the token group. In fused mode the entries the arcs read (the blank's, the
     label's, the fixed classes', TDT's durations) are formed in float64, as the gradient
-    pass forms them (``kernels._entries``, ``_class_entry_of``, ``_duration_step``): from
-    the forward's entries (the workspace's ``x``), and TDT's from the recomputed duration
-    block; near ``p = 1`` (a confident model) ``p S - gamma`` cancels, and float32 kept
-    only the rounding of ``p``. Writes ``h`` (0 on rows without a path), ``dz`` (0 on
+    pass forms them (``kernels._entries``, ``_class_entry_of``, ``_duration_step``), from
+    the forward's entries (the workspace's ``x``: the values its ``lse`` and the lattice
+    saw, whatever bits this pass's products give): near ``p = 1`` (a confident model)
+    ``p S - gamma`` cancels, and float32 kept only the rounding of ``p``. Writes ``h`` (0
+    on rows without a path), ``dz`` (0 on
     padding, impossible sequences and a zero upstream gradient; NaN on a NaN sequence's
     rows) and the program's column sums of ``dz`` into ``db_ptr[program]``."""
     pid = tl.program_id(0)
@@ -474,12 +475,12 @@ def _joint_grad_kernel(
             # a block of zeros (``TritonGPURemoveLayoutConversions``).
             lse_d = tl.load(ws_ptr + o_dur + node, mask=live_d, other=0.0)
             for i in tl.static_range(N_DURATIONS):
-                xi = tl.sum(tl.where(d[None, :] == i, x, 0.0), axis=1).to(tl.float64)
+                xi = tl.load(x_at + (2 + N_CLS + i) * n_nodes, mask=live_d, other=NEG_INF)
                 gi = tl.zeros_like(lse_d)
                 for k in tl.static_range(K):
                     if DURATION[k] == i:
                         gi += tl.load(reads + DUR_COL[k] * n_nodes, mask=keep, other=0.0)
-                ei = _duration_grad(tl.where(live_d, xi, NEG_INF)[:, None], lse_d,
+                ei = _duration_grad(xi[:, None], lse_d,
                                     tl.zeros_like(lse_d), s_dur, gi[:, None], nan_row, write,
                                     w_up, FUSED)
                 g = tl.where(d[None, :] == i, ei.to(ACC), g)

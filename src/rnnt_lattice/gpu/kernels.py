@@ -491,9 +491,10 @@ def _split(x, ACC: tl.constexpr):
 #     o_beta   beta (B, T+1, U+1)
 #     o_ll     log P (B,)
 #     o_reads  reads (NC, B T (U+1))      the gradient's per-node coefficients (``_reads_kernel``)
-#     o_x      x (2 + N_CLS, B T (U+1))   the logits the arcs read: the blank's, the label's, each
-#                                         fixed class kind's (the joiner's kernel path, whose
-#                                         logits are never in memory: ``gpu.joint``)
+#     o_x      x (2 + N_CLS + N_DURATIONS, B T (U+1))   the logits the arcs read: the blank's,
+#                                         the label's, each fixed class kind's, each duration's
+#                                         (the joiner's kernel path, whose logits are never in
+#                                         memory: ``gpu.joint``)
 #
 # next_blank, lp, alpha and beta are skewed (``_skew``): sequence b's plane (of kind k) starts
 # at ``(b K + k) plane`` (``b plane``), node (t, u) at ``t s_t + u s_u`` in it, so that the
