@@ -467,12 +467,13 @@ def _joint_grad_kernel(
             x = tl.zeros([BLOCK_N, BLOCK_DUR], ACC)
         g = _duration_grad(x, d_hi, d_lo, s_dur, g_dur, nan_row, write, w_up, FUSED)
         if FUSED:
-            # Each duration's entry again in float64, in place of its ACC one
-            # (``_duration_grad`` of float64 terms, as ``kernels._duration_step`` forms
-            # them: a confident model's duration has ``q`` near 1, where ``q S_dur - gamma``
-            # cancels, math.md 4.1), a column at a time: Triton 3.6 does not compile this
-            # pass with a [BLOCK_N, BLOCK_DUR] float64 block, nor with these columns put in
-            # a block of zeros (``TritonGPURemoveLayoutConversions``).
+            # Each duration's entry again in float64, from the forward's (``x``), in place
+            # of its ACC one (``_duration_grad`` of float64 terms, as
+            # ``kernels._duration_step`` forms them: a confident model's duration has ``q``
+            # near 1, where ``q S_dur - gamma`` cancels, math.md 4.1), a column at a time:
+            # Triton 3.6 does not compile this pass with a [BLOCK_N, BLOCK_DUR] float64
+            # block, nor with these columns put in a block of zeros
+            # (``TritonGPURemoveLayoutConversions``).
             lse_d = tl.load(ws_ptr + o_dur + node, mask=live_d, other=0.0)
             for i in tl.static_range(N_DURATIONS):
                 xi = tl.load(x_at + (2 + N_CLS + i) * n_nodes, mask=live_d, other=NEG_INF)
