@@ -156,10 +156,10 @@ def simple_batch(topology: str, margin: float, torch, g, tl, ul):
     return (lm, am), call
 
 
-def joiner_errors(topology: str, x32, w, dev, torch) -> str:
+def joiner_errors(topology: str, call, x32, w, dev, torch) -> str:
     """The table's last three cells for ``backend = "joiner"``: the kernel path on the
-    logits ``x32`` against the float64 loss of those logits (Numba)."""
-    _, call = batch(topology, 0.0, torch)            # (the targets and lengths)
+    logits ``x32`` against the float64 loss of those logits (Numba; ``call``: :func:`batch`'s,
+    with its targets and lengths)."""
     y, tl, ul = (t.to(dev) for t in call.targets)
     z = x32.double().requires_grad_()
     want = call((z,), "numba")
@@ -214,7 +214,8 @@ def main(argv=None) -> int:
                 if backend == "joiner":
                     if topology in ("simple", "smoothed"):
                         continue
-                    row = joiner_errors(topology, x32[0].bfloat16().float(), w, dev, torch)
+                    row = joiner_errors(topology, call, x32[0].bfloat16().float(), w, dev,
+                                        torch)
                     print(f"| {topology} | {margin:g} | joiner | {row} |")
                     continue
 

@@ -67,10 +67,10 @@ from . import (INTERPRETED, _State, _Tiles, _acc, _costs_dtype, _device, _f64_ca
                _nonempty, _or, _prepare, _pow2, check_device, tile_backward, tile_forward,
                tile_lattice)
 from . import _layout as _ws_layout
-from .kernels import (NEG_INF, _class_entry_of, _duration_grad, _duration_terms, _ends,
-                      _entries, _f64, _fixed_reads, _grad_out, _grad_rows, _grad_terms,
-                      _lse_chunk, _lse_finish, _node_coords, _row_node, _row_plane_at,
-                      _row_state, _token_grad)
+from .kernels import (NEG_INF, _class_entry_of, _class_reads, _duration_grad,
+                      _duration_terms, _ends, _entries, _f64, _grad_out, _grad_rows,
+                      _grad_terms, _lse_chunk, _lse_finish, _node_coords, _row_node,
+                      _row_plane_at, _row_state, _token_grad)
 from ._launch import launch
 
 __all__ = ["ACTIVATIONS", "JointState", "act_grad", "forward", "backward", "takes"]
@@ -328,14 +328,13 @@ def _joint_row_kernel(
         x_at = ws_ptr + o_x + node
         tl.store(x_at, x_blank.to(tl.float64), mask=inside)
         tl.store(x_at + n_nodes, x_label.to(tl.float64), mask=inside)
-        kidx_x = tl.arange(0, KP)
         for k in tl.static_range(K):
             if READS[k] == 2:
-                xk = tl.sum(tl.where(kidx_x[None, :] == k, x_cls, 0.0), axis=1)
+                xk = tl.sum(tl.where(kidx[None, :] == k, x_cls, 0.0), axis=1)
                 tl.store(x_at + (CLS_COL[k] - 1) * n_nodes, xk.to(tl.float64), mask=inside)
-        didx_x = tl.arange(0, BLOCK_DUR)
+        didx = tl.arange(0, BLOCK_DUR)
         for i in tl.static_range(N_DURATIONS):        # TDT's durations, a column at a time
-            xi = tl.sum(tl.where(didx_x[None, :] == i, x_dur, 0.0), axis=1)
+            xi = tl.sum(tl.where(didx[None, :] == i, x_dur, 0.0), axis=1)
             tl.store(x_at + (2 + N_CLS + i) * n_nodes, xi.to(tl.float64), mask=inside)
     at, plane = _row_plane_at(node, b, t, u, T, U1, WIDE)
     _row_state(ws_ptr, node, inside, valid, live, valid & (lse_dur != NEG_INF), live & (u < u1),
@@ -442,10 +441,8 @@ def _joint_grad_kernel(
                                      CLASS_ID[k], n_nodes, o_lse, K, READS, CLASS_ID,
                                      CLS_COL)[0].to(ACC)
             else:
-                ek = (-tl.where(blank == CLASS_ID[k], gb_a, 0.0)
-                      - tl.where(y == CLASS_ID[k], gl_a, 0.0)
-                      - _fixed_reads(CLASS_ID[k], reads, keep, n_nodes, K, READS, CLASS_ID,
-                                     CLS_COL, ACC))
+                ek = -_class_reads(CLASS_ID[k], gb_a, gl_a, y, blank, reads, keep, n_nodes, K,
+                                   READS, CLASS_ID, CLS_COL, ACC)
             ek = _grad_out(ek, nan_row, clamp, write, w_up, FUSED, CLAMP)
             ek = tl.where(on & (CLASS_ID[k] < V_tok), ek, 0.0)
             # (a vector mask: the interpreter refuses a vector & scalar one)

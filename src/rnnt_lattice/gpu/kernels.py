@@ -1357,6 +1357,18 @@ def _fixed_reads(c, reads, keep, n_nodes, K: tl.constexpr, READS: tl.constexpr,
 
 
 @triton.jit
+def _class_reads(c, gb, gl, y, blank, reads, keep, n_nodes, K: tl.constexpr,
+                 READS: tl.constexpr, CLASS_ID: tl.constexpr, CLS_COL: tl.constexpr,
+                 DT: tl.constexpr):
+    """Every read of the fixed class ``c`` at the nodes, in ``DT``: the kinds that read it
+    (:func:`_fixed_reads`), and the blank's and the label's reads ``gb``, ``gl`` (``DT``)
+    where the blank or the node's label ``y`` is that class. (Log-prob mode: minus the
+    class's gradient entry.)"""
+    return (_fixed_reads(c, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, DT)
+            + tl.where(blank == c, gb, 0.0) + tl.where(y == c, gl, 0.0))
+
+
+@triton.jit
 def _class_entry(logits_ptr, ws_ptr, row, node, reads, keep, live, y, blank, cls, n_nodes,
                  o_lse, K: tl.constexpr, READS: tl.constexpr, CLASS_ID: tl.constexpr,
                  CLS_COL: tl.constexpr):
@@ -1384,10 +1396,11 @@ def _class_entry_of(x, ws_ptr, node, reads, keep, live, y, blank, cls, n_nodes, 
     lse = tl.load(ws_ptr + o_lse + node, mask=live, other=0.0)
     s_tok = tl.load(reads, mask=keep, other=0.0)
     p = tl.exp(x - lse)
+    gb = tl.load(reads + n_nodes, mask=keep, other=0.0)
+    gl = tl.load(reads + 2 * n_nodes, mask=keep, other=0.0)
     e = (tl.where(live, p * s_tok, 0.0)
-         - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL, tl.float64))
-    e -= tl.where(blank == cls, tl.load(reads + n_nodes, mask=keep, other=0.0), 0.0)
-    e -= tl.where(y == cls, tl.load(reads + 2 * n_nodes, mask=keep, other=0.0), 0.0)
+         - _class_reads(cls, gb, gl, y, blank, reads, keep, n_nodes, K, READS, CLASS_ID,
+                        CLS_COL, tl.float64))
     return e, p
 
 
@@ -1602,9 +1615,8 @@ def _grad_kernel(
                     if CLS_FIRST[k]:                           # each class's entry once
                         total += tl.where(live, pk, 0.0).to(ACC)
             else:
-                gk = (-tl.where(blank == cls, gb_a, 0.0) - tl.where(y == cls, gl_a, 0.0)
-                      - _fixed_reads(cls, reads, keep, n_nodes, K, READS, CLASS_ID, CLS_COL,
-                                     ACC))
+                gk = -_class_reads(cls, gb_a, gl_a, y, blank, reads, keep, n_nodes, K, READS,
+                                   CLASS_ID, CLS_COL, ACC)
             gk = _grad_out(gk, nan_row, clamp, write, w_up, FUSED, CLAMP)
             # (a vector compare: the interpreter refuses a vector & scalar mask)
             tl.store(grad_ptr + row + cls, gk.to(grad_ptr.dtype.element_ty),
