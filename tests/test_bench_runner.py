@@ -453,6 +453,17 @@ def test_kernel_resources_finds_the_spills_in_loops():
     assert spills_in_loops([(0x00, "LDL R3, [R1]"), (0x10, "EXIT")]) == "LDL 0/1, STL 0/0"
 
 
+def test_check_step_of_the_gpu_session():
+    """The GPU session's ``check`` step: ``rnnt-lattice check`` on CUDA in worker processes,
+    its arguments as the command line parses them (the script's defaults put in)."""
+    from rnnt_lattice import cli
+    script = (BENCH_DIR / "gpu_session.sh").read_text()
+    step = re.search(r"python3 -m rnnt_lattice check (.*?);;", script, flags=re.S).group(1)
+    step = re.sub(r'"\$\{(\w+):-([^}]*)\}"', r"\2", step.replace("\\\n", " "))
+    args = cli._build_parser().parse_args(["check"] + step.replace('$out/', "").replace('"', "").split())
+    assert args.device == "cuda" and args.jobs == 8 and args.json == "check.json"
+
+
 def test_confident_rows_step_of_the_gpu_session(capsys):
     """benchmarks/confident_rows.py as the GPU session's ``confident`` step calls it: its
     arguments parse, and without a GPU it exits with status 2 saying so."""

@@ -8,8 +8,10 @@ exit."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -60,6 +62,62 @@ def test_cpu_check_passes_and_writes_json(tmp_path):
     assert [c["status"] for c in data["checks"]] == statuses
     assert data["environment"]["device"] == "cpu" and data["environment"]["torch"] == torch.__version__
     assert data["timing"]["rnnt_lattice_s"] > 0 and data["timing"]["exp_s"] > 0
+
+
+def test_check_in_workers_says_the_same_checks(tmp_path):
+    """``--jobs 2``: the checks run by two worker processes, said in the plan's order with
+    the same statuses as one process gives (the quick tier on CPU), the report and the
+    JSON as ever."""
+    out_json = tmp_path / "check.json"
+    res = _run_cli("check", "--device", "cpu", "--quick", "--jobs", "2", "--json", str(out_json))
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    ctx = selfcheck.Context("cpu", "numba", selfcheck.plan_for("cpu", "quick"), "quick")
+    plan = selfcheck._checks(ctx, False)
+    lines = _check_lines(res.stdout)
+    total = len(plan)
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        f"[{i:>2}/{total}] {name}" for i, (name, _) in enumerate(plan, 1)]
+    statuses = [line.split(": ", 1)[1].split()[0] for line in lines]
+    assert statuses == ["SKIP" if fn is None else "INFO" if name == "timing" else "PASS"
+                        for name, fn in plan], lines
+    data = json.loads(out_json.read_text())
+    assert data["ok"] is True and data["jobs"] == 2 and len(data["checks"]) == total
+    assert "RESULT: PASS" in data["report"] and data["timing"]["rnnt_lattice_s"] > 0
+
+
+def test_a_worker_that_dies_fails_its_check_only():
+    """A check that ends its worker's process FAILs with the exit code; a new worker takes
+    the checks left, a check that raises FAILs with its error, the timing runs alone in
+    this process, and every check is said once, in order."""
+    from support.check_workers import dying_checks
+    said = []
+    ctx = selfcheck.Context("cpu", "numba", selfcheck.plan_for("cpu", "quick"), "quick",
+                            out=lambda line, **kw: said.append(line))
+    # (in a thread: a run that waited forever on the dead worker fails here, not CI)
+    run = threading.Thread(target=selfcheck._run_in_workers, args=(ctx, 2, False, dying_checks),
+                           daemon=True)
+    run.start()
+    run.join(timeout=300)
+    assert not run.is_alive(), f"the run still waits; said so far: {said}"
+    got = {r.name: r for r in ctx.results}
+    assert [r.name for r in ctx.results] == [name for name, _ in dying_checks(ctx, False)]
+    assert [line.split("] ", 1)[1].split(":")[0] for line in said] == list(got)
+    assert got["first"].status == "PASS" and got["first"].detail == "ok 1"
+    assert got["dies"].status == "FAIL" and "worker process died (exit code 7)" in got["dies"].detail
+    assert got["skipped"].status == "SKIP"
+    assert got["raises"].status == "FAIL" and "RuntimeError: planted error" in got["raises"].detail
+    assert got["after"].status == got["last"].status == "PASS"
+    workers = {got[n].detail for n in ("after", "last")}
+    assert f"ok in {os.getpid()}" not in workers           # run by workers
+    assert got["timing"].status == "INFO" and got["timing"].detail == f"alone in {os.getpid()}"
+
+
+def test_jobs_must_be_positive(capsys):
+    with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+        selfcheck.run("cpu", jobs=0)
+    with pytest.raises(SystemExit):
+        cli.main(["check", "--device", "cpu", "--jobs", "0"])
+    assert "argument --jobs: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_wrong_numbers_and_crashes_fail_the_check(monkeypatch, capsys, tmp_path):

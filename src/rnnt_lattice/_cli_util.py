@@ -39,6 +39,19 @@ def check_output_dir(path: str, option: str) -> None:
         raise ValueError(f"{option} {path!r}: the folder is not writable")
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (argparse says the option's name with the
+    message)."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+    return n
+
+
 def set_threads(n: int) -> int:
     """The one thread setter (the demo and benchmarks/): intra-op
     threads for Numba, if it is installed (capped at the pool it started with), and torch.

@@ -5,7 +5,7 @@
     rnnt-lattice warmup [--dtype float32 float64] [--serial] [--list] [--only CALL ...]
     rnnt-lattice plot FILE [--out PNG_OR_SVG] [--index B] [--blank K] [--log-probs]
                       [--rnnt-type regular|modified|constrained|one_sym_per_frame]
-    rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE]
+    rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE] [--jobs N]
 
 Errors in the user's input print one line ``rnnt-lattice: error: ...`` and exit with
 status 2, without a traceback.
@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from ._cli_util import check_output_file
+from ._cli_util import check_output_file, positive_int
 
 PLOT_FILE_HELP = """\
 FILE is a torch.save'd dict with the keys:
@@ -97,6 +97,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="float32 and one tiny shape only (seconds once the kernels are compiled)")
     c.add_argument("--json", default=None, metavar="FILE",
                    help="also write the results as JSON to FILE")
+    c.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                   help="run the checks in N worker processes at once (on a GPU a first "
+                        "run is mostly compiling, which they do side by side); the same lines, in "
+                        "the same order (default: 1, this process)")
     p.set_defaults(commands={"demo": d, "plot": pl, "warmup": w, "check": c})
     return p
 
@@ -349,7 +353,8 @@ def _cmd_check(args) -> int:
     if args.json is not None:
         check_output_file(args.json, "--json")
     from .selfcheck import run
-    return run(device, tier="quick" if args.quick else "default", json_path=args.json)
+    return run(device, tier="quick" if args.quick else "default", json_path=args.json,
+               jobs=args.jobs)
 
 
 def main(argv: list[str] | None = None) -> int:

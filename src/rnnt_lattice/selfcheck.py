@@ -1,6 +1,6 @@
 """``rnnt-lattice check``: the self-check a user runs on their own machine.
 
-    rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE]
+    rnnt-lattice check [--device cpu|cuda] [--quick] [--json FILE] [--jobs N]
 
 It prints the environment (versions, device, compute capability, FP64 class), then runs
 every kernel family of the device's backend (Numba on CPU, Triton on CUDA) against the
@@ -33,7 +33,11 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
                in the backward pass fails with the "recompute" message (a subprocess too)
 
 Each check prints one ``PASS`` / ``FAIL`` / ``SKIP`` line as it finishes; the run ends with
-a block to paste into a bug report and exits non-zero if any check failed.
+a block to paste into a bug report and exits non-zero if any check failed. ``--jobs N``
+runs the checks in N worker processes (spawned: each has its own CUDA context), a check
+at a time to whichever worker is free, and says them in the same order; on a GPU most of a
+first run is Triton compiling the kernels, which the workers do in parallel. A worker that
+dies fails the check it ran, and another takes its place.
 ``tests/cuda_checks.py`` runs the same checks at the benchmark shapes (``tier="full"``).
 
 Tolerances are tied to the logits' dtype (:func:`tolerance`): the lattice is float64 on
@@ -60,6 +64,7 @@ import torch
 import rnnt_lattice
 
 from . import _backends, torch_backend
+from ._cli_util import set_threads
 from .topology import tdt as tdt_topology
 
 __all__ = ["run", "environment", "tolerance", "CheckFailed"]
@@ -1283,28 +1288,164 @@ def _load_backend(ctx):
     return f"rnnt_lattice.{impl.__name__.rsplit('.', 1)[-1]}"
 
 
-def _run_one(ctx: Context, index: int, total: int, name: str, fn) -> Result:
-    head = f"[{index:>2}/{total}] {name}"
+def _outcome(name: str, fn) -> Result:
+    """One check run: PASS (INFO for the timing) with its line, FAIL with the error, or SKIP
+    where the check does not apply (``fn`` None)."""
     if fn is None:
-        res = Result(name, "SKIP", "not on the Triton interpreter" if name == "timing" else
-                     "the Triton backend only" if name.startswith("joiner kernels") else "CUDA only")
-    else:
-        t0 = time.perf_counter()
-        try:
-            detail = fn()
-            res = Result(name, "INFO" if name == "timing" else "PASS", detail or "")
-        except Exception as err:      # a wrong number, or a crash: either is a failure
-            msg = str(err).strip().splitlines()
-            detail = f"{type(err).__name__}: {msg[0] if msg else ''}"
-            if not isinstance(err, CheckFailed):
-                frames = traceback.extract_tb(err.__traceback__)
-                if frames:
-                    detail += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
-            res = Result(name, "FAIL", detail)
-        res.seconds = time.perf_counter() - t0
-    ctx.out(f"{head}: {res.status}  {res.detail}  [{res.seconds:.1f} s]".rstrip(), flush=True)
-    ctx.results.append(res)
+        return Result(name, "SKIP", "not on the Triton interpreter" if name == "timing" else
+                      "the Triton backend only" if name.startswith("joiner kernels") else
+                      "CUDA only")
+    t0 = time.perf_counter()
+    try:
+        detail = fn()
+        res = Result(name, "INFO" if name == "timing" else "PASS", detail or "")
+    except Exception as err:      # a wrong number, or a crash: either is a failure
+        msg = str(err).strip().splitlines()
+        detail = f"{type(err).__name__}: {msg[0] if msg else ''}"
+        if not isinstance(err, CheckFailed):
+            frames = traceback.extract_tb(err.__traceback__)
+            if frames:
+                detail += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+        res = Result(name, "FAIL", detail)
+    res.seconds = time.perf_counter() - t0
     return res
+
+
+def _say(ctx: Context, index: int, total: int, res: Result) -> None:
+    ctx.out(f"[{index:>2}/{total}] {res.name}: {res.status}  {res.detail}  "
+            f"[{res.seconds:.1f} s]".rstrip(), flush=True)
+    ctx.results.append(res)
+
+
+def _run_one(ctx: Context, index: int, total: int, name: str, fn) -> Result:
+    res = _outcome(name, fn)
+    _say(ctx, index, total, res)
+    return res
+
+
+# --------------------------------------------------------------------------- workers
+# The checks that run alone, in the calling process, after the workers' (``jobs > 1``): a
+# timing, and the lattice past 2**31 elements (about 27 GB of the device's memory).
+ALONE = ("timing", "offsets > 2**31")
+
+
+# First to a worker, whatever their place: the checks that start processes of their own
+# (their subprocesses compile what they run, the longest checks of a first run on a GPU).
+FIRST = ("bad input", "fused, a joiner that recomputes")
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    """What a worker process needs to build the same list of checks as its caller."""
+
+    device: str
+    backend: str
+    tier: str
+    big: bool
+    threads: int                  # torch's and Numba's threads in the worker
+    checks: Callable              # (ctx, big) -> [(name, fn)]: _checks (a module-level function)
+
+
+def _worker(spec: _WorkerSpec, todo, done, wid: int) -> None:
+    """A worker process (``run(..., jobs > 1)``): builds the run's checks as its caller
+    did, then runs each index it is given, until ``None``, and puts ``(wid, index, result)``
+    on ``done``."""
+    set_threads(spec.threads)     # the workers share the cores instead of each taking all
+    ctx = Context(spec.device, spec.backend, plan_for(spec.device, spec.tier), spec.tier,
+                  out=lambda *args, **kwargs: None)
+    checks = spec.checks(ctx, spec.big)
+    while (index := todo.get()) is not None:
+        name, fn = checks[index]
+        done.put((wid, index, asdict(_outcome(name, fn))))
+
+
+@dataclass
+class _Worker:
+    process: object
+    todo: object                  # its queue of indices (None: stop)
+    index: int | None = None      # the check it runs now
+
+
+def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = _checks) -> None:
+    """The checks run by ``jobs`` worker processes (each its own CUDA context; spawned, as
+    CUDA requires), a check at a time to whichever is free, and said in their order as
+    they complete; then the ``ALONE`` ones here. A worker that dies (a crash, or a
+    device-side assert that ends its CUDA context) fails the check it ran, and a new one
+    takes its place while checks remain. ``make_checks``: the function that lists the
+    checks, here and in each worker (``_checks``)."""
+    import multiprocessing
+    import queue
+    from collections import deque
+
+    checks = make_checks(ctx, big)
+    total = len(checks)
+    results: dict = {}
+    alone = [i for i, (name, fn) in enumerate(checks) if fn is not None and name.startswith(ALONE)]
+    pending = deque(sorted((i for i, (name, fn) in enumerate(checks)
+                            if fn is not None and not name.startswith(ALONE)),
+                           key=lambda i: (not checks[i][0].startswith(FIRST), i)))
+    for i, (name, fn) in enumerate(checks):
+        if fn is None:
+            results[i] = _outcome(name, None)
+    spawn = multiprocessing.get_context("spawn")
+    done = spawn.Queue()
+    spec = _WorkerSpec(ctx.device, ctx.backend, ctx.tier, big,
+                       max(1, (os.cpu_count() or 1) // jobs), make_checks)
+    workers: dict = {}
+    said = 0                                        # the checks said so far, in order
+    deaths = 0
+
+    def start() -> None:
+        wid = len(workers) + deaths
+        todo = spawn.Queue()
+        proc = spawn.Process(target=_worker, args=(spec, todo, done, wid), daemon=True,
+                             name=f"rnnt-lattice check worker {wid}")
+        proc.start()
+        workers[wid] = _Worker(proc, todo)
+        give(wid)
+
+    def give(wid: int) -> None:
+        w = workers[wid]
+        w.index = pending.popleft() if pending else None
+        w.todo.put(w.index)
+
+    def say_ready() -> None:
+        nonlocal said
+        while said < total and said in results:
+            _say(ctx, said + 1, total, results[said])
+            said += 1
+
+    for _ in range(min(jobs, len(pending))):
+        start()
+    while any(w.index is not None for w in workers.values()):
+        try:
+            wid, index, res = done.get(timeout=0.5)
+        except queue.Empty:
+            for wid, w in list(workers.items()):
+                if w.index is None or w.process.is_alive():
+                    continue
+                deaths += 1
+                results[w.index] = Result(
+                    checks[w.index][0], "FAIL",
+                    f"the check's worker process died (exit code {w.process.exitcode})")
+                del workers[wid]
+                if pending and deaths <= jobs:      # (workers that cannot even start: stop)
+                    start()
+            say_ready()
+            continue
+        results[index] = Result(**res)
+        if wid in workers:              # (not one that died once its result was sent)
+            give(wid)
+        say_ready()
+    for w in workers.values():
+        w.process.join(timeout=30)
+        if w.process.is_alive():
+            w.process.terminate()
+    for i in pending:                               # left when the workers kept dying
+        results[i] = Result(checks[i][0], "FAIL", "not run: the worker processes died")
+    for i in alone:
+        results[i] = _outcome(*checks[i])
+    say_ready()
 
 
 def report_block(env: dict, results: list, timing: dict) -> str:
@@ -1335,14 +1476,20 @@ def report_block(env: dict, results: list, timing: dict) -> str:
 
 
 def run(device: str, *, tier: str = "default", json_path: str | None = None,
-        backend: str | None = None, big: bool = False, out: Callable = print) -> int:
+        backend: str | None = None, big: bool = False, out: Callable = print,
+        jobs: int = 1) -> int:
     """Runs every check on ``device`` (``"cpu"`` or ``"cuda"``), printing a line per check
     and the report block; writes the results as JSON to ``json_path`` if given. Returns 0
     when every check passed, 1 otherwise. ``backend``: the backend checked (default: the
     device's, Numba on CPU, Triton on CUDA; ``"triton"`` on CPU runs the Triton kernels
-    under ``TRITON_INTERPRET=1``). ``big``: also the > 2**31-element lattice (CUDA, ~27 GB)."""
+    under ``TRITON_INTERPRET=1``). ``big``: also the > 2**31-element lattice (CUDA, ~27 GB).
+    ``jobs``: the checks run by that many worker processes at once (the kernels they use
+    compile in parallel: most of a first run's time on a GPU), said in the same order, with
+    the same results; the timing and the > 2**31 lattice run alone after them."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device cuda: no CUDA device is available to this torch "
                          f"({torch.__version__}, built with CUDA {torch.version.cuda}); "
@@ -1354,15 +1501,18 @@ def run(device: str, *, tier: str = "default", json_path: str | None = None,
     for key, value in env.items():
         out(f"  {key:18s} {value}", flush=True)
     ctx = Context(device, backend, plan_for(device, tier), tier, out=out)
-    checks = _checks(ctx, big)
-    for i, (name, fn) in enumerate(checks, 1):
-        _run_one(ctx, i, len(checks), name, fn)
+    if jobs > 1:
+        _run_in_workers(ctx, jobs, big)
+    else:
+        checks = _checks(ctx, big)
+        for i, (name, fn) in enumerate(checks, 1):
+            _run_one(ctx, i, len(checks), name, fn)
     block = report_block(env, ctx.results, ctx.timing)
     out(block, flush=True)
     failed = any(r.status == "FAIL" for r in ctx.results)
     if json_path is not None:
         with open(json_path, "w") as f:
-            json.dump({"ok": not failed, "tier": tier, "backend": backend,
+            json.dump({"ok": not failed, "tier": tier, "backend": backend, "jobs": jobs,
                        "seconds": round(time.perf_counter() - t_start, 2), "environment": env,
                        "checks": [asdict(r) for r in ctx.results], "timing": ctx.timing,
                        "report": block}, f, indent=2, default=str)
