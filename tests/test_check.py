@@ -112,6 +112,28 @@ def test_a_worker_that_dies_fails_its_check_only():
     assert got["timing"].status == "INFO" and got["timing"].detail == f"alone in {os.getpid()}"
 
 
+def test_no_worker_processes_run_the_checks_here(monkeypatch, tmp_path):
+    """Where worker processes cannot be made (no semaphores: a container without
+    /dev/shm), ``--jobs`` says so in a line and the checks run in this process."""
+    import multiprocessing.context
+
+    def no_semaphores(self, *args, **kwargs):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(multiprocessing.context.BaseContext, "Queue", no_semaphores)
+    monkeypatch.setattr(selfcheck, "_checks", lambda ctx, big: [("one", lambda: "ran here"),
+                                                                ("timing", None)])
+    said = []
+    out_json = tmp_path / "check.json"
+    assert selfcheck.run("cpu", tier="quick", jobs=2, json_path=str(out_json),
+                         out=lambda line, **kw: said.append(line)) == 0
+    note = [line for line in said if "--jobs 2: no worker processes here" in line]
+    assert note and "OSError" in note[0] and "the checks run in this process" in note[0]
+    assert [line for line in said if line.startswith("[")] == [
+        "[ 1/2] one: PASS  ran here  [0.0 s]", "[ 2/2] timing: SKIP  not on the Triton interpreter  [0.0 s]"]
+    assert json.loads(out_json.read_text())["jobs"] == 1
+
+
 def test_jobs_must_be_positive(capsys):
     with pytest.raises(ValueError, match="jobs must be an int >= 1"):
         selfcheck.run("cpu", jobs=0)

@@ -1334,6 +1334,10 @@ ALONE = ("timing", "offsets > 2**31")
 FIRST = ("bad input", "fused, a joiner that recomputes")
 
 
+class NoWorkers(RuntimeError):
+    """Worker processes cannot be started here (``_run_in_workers``, before any check ran)."""
+
+
 @dataclass(frozen=True)
 class _WorkerSpec:
     """What a worker process needs to build the same list of checks as its caller."""
@@ -1388,7 +1392,10 @@ def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = 
         if fn is None:
             results[i] = _outcome(name, None)
     spawn = multiprocessing.get_context("spawn")
-    done = spawn.Queue()
+    try:
+        done = spawn.Queue()
+    except (OSError, ImportError) as err:     # no semaphores here (e.g. no /dev/shm)
+        raise NoWorkers(f"{type(err).__name__}: {err}") from err
     spec = _WorkerSpec(ctx.device, ctx.backend, ctx.tier, big,
                        max(1, (os.cpu_count() or 1) // jobs), make_checks)
     workers: dict = {}
@@ -1415,8 +1422,13 @@ def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = 
             _say(ctx, said + 1, total, results[said])
             said += 1
 
-    for _ in range(min(jobs, len(pending))):
-        start()
+    try:
+        for _ in range(min(jobs, len(pending))):
+            start()
+    except (OSError, ImportError) as err:
+        for w in workers.values():
+            w.process.terminate()
+        raise NoWorkers(f"{type(err).__name__}: {err}") from err
     while any(w.index is not None for w in workers.values()):
         try:
             wid, index, res = done.get(timeout=0.5)
@@ -1502,8 +1514,13 @@ def run(device: str, *, tier: str = "default", json_path: str | None = None,
         out(f"  {key:18s} {value}", flush=True)
     ctx = Context(device, backend, plan_for(device, tier), tier, out=out)
     if jobs > 1:
-        _run_in_workers(ctx, jobs, big)
-    else:
+        try:
+            _run_in_workers(ctx, jobs, big)
+        except NoWorkers as err:
+            out(f"  --jobs {jobs}: no worker processes here ({err}); the checks run in this "
+                f"process", flush=True)
+            jobs = 1
+    if jobs == 1:
         checks = _checks(ctx, big)
         for i, (name, fn) in enumerate(checks, 1):
             _run_one(ctx, i, len(checks), name, fn)
