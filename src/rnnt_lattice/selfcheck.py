@@ -1405,7 +1405,9 @@ def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = 
     def start() -> None:
         wid = len(workers) + deaths
         todo = spawn.Queue()
-        proc = spawn.Process(target=_worker, args=(spec, todo, done, wid), daemon=True,
+        # Not daemonic: a check may start processes of its own (torch.compile's compile
+        # workers); the finally below ends every worker however this returns.
+        proc = spawn.Process(target=_worker, args=(spec, todo, done, wid),
                              name=f"rnnt-lattice check worker {wid}")
         proc.start()
         workers[wid] = _Worker(proc, todo)
@@ -1423,36 +1425,38 @@ def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = 
             said += 1
 
     try:
-        for _ in range(min(jobs, len(pending))):
-            start()
-    except (OSError, ImportError) as err:
-        for w in workers.values():
-            w.process.terminate()
-        raise NoWorkers(f"{type(err).__name__}: {err}") from err
-    while any(w.index is not None for w in workers.values()):
         try:
-            wid, index, res = done.get(timeout=0.5)
-        except queue.Empty:
-            for wid, w in list(workers.items()):
-                if w.index is None or w.process.is_alive():
-                    continue
-                deaths += 1
-                results[w.index] = Result(
-                    checks[w.index][0], "FAIL",
-                    f"the check's worker process died (exit code {w.process.exitcode})")
-                del workers[wid]
-                if pending and deaths <= jobs:      # (workers that cannot even start: stop)
-                    start()
+            for _ in range(min(jobs, len(pending))):
+                start()
+        except (OSError, ImportError) as err:
+            raise NoWorkers(f"{type(err).__name__}: {err}") from err
+        while any(w.index is not None for w in workers.values()):
+            try:
+                wid, index, res = done.get(timeout=0.5)
+            except queue.Empty:
+                for wid, w in list(workers.items()):
+                    if w.index is None or w.process.is_alive():
+                        continue
+                    deaths += 1
+                    results[w.index] = Result(
+                        checks[w.index][0], "FAIL",
+                        f"the check's worker process died (exit code {w.process.exitcode})")
+                    del workers[wid]
+                    if pending and deaths <= jobs:  # (workers that cannot even start: stop)
+                        with contextlib.suppress(OSError):
+                            start()
+                say_ready()
+                continue
+            results[index] = Result(**res)
+            if wid in workers:          # (not one that died once its result was sent)
+                give(wid)
             say_ready()
-            continue
-        results[index] = Result(**res)
-        if wid in workers:              # (not one that died once its result was sent)
-            give(wid)
-        say_ready()
-    for w in workers.values():
-        w.process.join(timeout=30)
-        if w.process.is_alive():
-            w.process.terminate()
+        for w in workers.values():
+            w.process.join(timeout=30)
+    finally:
+        for w in workers.values():
+            if w.process.is_alive():
+                w.process.terminate()
     for i in pending:                               # left when the workers kept dying
         results[i] = Result(checks[i][0], "FAIL", "not run: the worker processes died")
     for i in alone:
