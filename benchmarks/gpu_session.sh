@@ -65,7 +65,7 @@
 #   joint_tiles_fp32  joint_tiles.py at j1 with float32 inputs and IEEE products: the kernel
 #                path forced (joint.IEEE_FLOAT32), to hold against joint_fp32's tile path
 #   cuda_checks  tests/cuda_checks.py --big: the check at the benchmark shapes, offsets
-#                past 2**31
+#                past 2**31 (alone, after the others' CHECK_JOBS workers)
 #   fused        benchmarks/run.py --device cuda --mode fused: the joiner's training step
 #   pruned       benchmarks/run.py --device cuda --mode pruned at pg1, R = 5
 #   pruned_profile  benchmarks/pruned_profile.py at pg1, R = 5: each stage of that step
@@ -201,7 +201,8 @@ for step in "$@"; do
               --out-dir "$out" --stem cuda-joint-j1-fp32 ;;
     joint_tiles_fp32) run joint_tiles_fp32 "${JOINT_TILES_FP32_LIMIT:-150}" python3 benchmarks/joint_tiles.py \
               --shape j1 --hidden 512 --precision fp32 --reps 1 --json "$out/joint_tiles_fp32.json" ;;
-    cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big ;;
+    cuda_checks) run cuda_checks "${CUDA_CHECKS_LIMIT:-200}" python3 tests/cuda_checks.py --big \
+              --jobs "${CHECK_JOBS:-8}" ;;
     fused) run fused 150 python3 benchmarks/run.py --device cuda --mode fused --out-dir "$out" ;;
     pruned) run pruned "${PRUNED_LIMIT:-90}" python3 benchmarks/run.py --device cuda --mode pruned --shapes pg1 \
               --windows 5 --reps 5 --out-dir "$out" ;;

@@ -5,7 +5,8 @@ shapes (``tier="full"``).
 Run by ``tests/test_triton.py::test_cuda_native`` in a subprocess without
 ``TRITON_INTERPRET`` (that test module sets it for its own process), or by hand on a GPU
 machine: ``python tests/cuda_checks.py`` (add ``--big`` for the > 2**31-element case,
-about 27 GB of GPU memory). ``--smoke`` runs the quick checks, on a smaller lattice, of
+about 27 GB of GPU memory, and ``--jobs N`` for N worker processes, as ``rnnt-lattice
+check --jobs``). ``--smoke`` runs the quick checks, on a smaller lattice, of
 the Triton kernels on the CPU through the Triton interpreter (set ``TRITON_INTERPRET=1``),
 which checks the self-check's code paths of the Triton backend without a GPU.
 
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--big", action="store_true", help="also the > 2**31-element lattice")
     ap.add_argument("--smoke", action="store_true", help="the quick checks on the CPU through "
                     "the Triton interpreter (TRITON_INTERPRET=1)")
+    ap.add_argument("--jobs", type=int, default=1, help="on CUDA, the checks in this many "
+                    "worker processes at once (rnnt-lattice check --jobs)")
     args = ap.parse_args()
     if args.smoke:
         from support import interpreter         # (tests/support: as the suite runs it)
@@ -42,7 +45,7 @@ def main():
     else:
         if not torch.cuda.is_available():
             sys.exit("cuda_checks.py needs a CUDA device (or --smoke)")
-        rc = selfcheck.run("cuda", tier="full", big=args.big)
+        rc = selfcheck.run("cuda", tier="full", big=args.big, jobs=args.jobs)
     if rc:
         sys.exit(rc)
     print("OK")
