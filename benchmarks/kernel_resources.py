@@ -52,6 +52,8 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from sass import sass_lines, spills_in_loops  # noqa: E402
+
 # the joiner kernels' operands (gpu/joint.py) are in the input dtype too, their sums in
 # the costs' (float32; float64 for float64)
 INPUT_PTRS = {"logits_ptr", "grad_ptr", "am_ptr", "lm_ptr", "enc_ptr", "pred_ptr", "w_ptr",
@@ -169,24 +171,8 @@ def resources(cubin: bytes) -> tuple[int, int]:
 
 
 def loop_spills(cubin: bytes) -> str:
-    """Where a kernel's spills are (:func:`spills_in_loops` of its SASS)."""
-    from lattice_sass import sass_lines                 # (lattice_sass imports this module)
+    """Where a kernel's spills are (``sass.spills_in_loops`` of its SASS)."""
     return spills_in_loops(sass_lines(cubin))
-
-
-def spills_in_loops(ins) -> str:
-    """The local loads and stores (``LDL``, ``STL``) of the SASS instructions ``ins``
-    (``(address, text)``, branch targets as addresses: ``lattice_sass.sass_lines``) inside a
-    loop (between a backward branch and its target) out of all of them, as ``LDL 2/8, STL
-    0/4``. A spill outside the loops costs once a program; one in a loop, every turn of it."""
-    from lattice_sass import _target
-    loops = [(t, a) for a, s in ins if (t := _target(s)) is not None and t < a]
-    counts = []
-    for op in ("LDL", "STL"):
-        at = [a for a, s in ins if re.search(rf"\b{op}\b", s)]
-        inside = sum(any(lo <= a <= hi for lo, hi in loops) for a in at)
-        counts.append(f"{op} {inside}/{len(at)}")
-    return ", ".join(counts)
 
 
 def loads(ptx: str) -> str:

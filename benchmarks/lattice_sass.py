@@ -43,15 +43,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)      # compiled kernels, not interpreted
 
 import triton  # noqa: E402
 
 import kernel_resources as kr  # noqa: E402
+from sass import branch_target, sass_lines  # noqa: E402
 
 LATENCY = {"dp": 8, "alu": 4, "wide": 5, "mufu": 20, "load": 400, "bar": 30}
 DP_OPS = ("DFMA", "DADD", "DMUL", "DSETP", "DMNMX", "F2F.F64", "F2I.F64", "I2F.F64",
@@ -59,42 +58,12 @@ DP_OPS = ("DFMA", "DADD", "DMUL", "DSETP", "DMNMX", "F2F.F64", "F2I.F64", "I2F.F
 _REG = re.compile(r"\b(U?R\d+|U?P\d)\b(\.64)?")
 
 
-def sass_lines(cubin: bytes) -> list[tuple[int, str]]:
-    """``(address, instruction)`` of a cubin's one kernel (``nvdisasm``), branch targets
-    as addresses."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    ins, labels, pending = [], {}, []
-    for line in text.splitlines():
-        label = re.match(r"\s*(\.L_x_\d+):", line)
-        if label:
-            pending.append(label.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            addr = int(m.group(1), 16)
-            labels.update({p: addr for p in pending})
-            pending = []
-            ins.append((addr, m.group(2).strip()))
-    return [(a, re.sub(r"`\((\.L_x_\d+)\)", lambda m: hex(labels[m.group(1)]), s))
-            for a, s in ins]
-
-
-def _target(s: str) -> int | None:
-    m = re.search(r"\bBRA\s+(?:\S+\s+)?0x([0-9a-f]+)", s)
-    return int(m.group(1), 16) if m else None
-
-
 def diagonal_loops(ins) -> list[tuple[int, int]]:
     """``(first, last)`` addresses of the loops that hold a barrier: the two directions'
     diagonal loops, in code order."""
     loops = []
     for a, s in ins:
-        tgt = _target(s)
+        tgt = branch_target(s)
         if tgt is not None and tgt < a and any(x.startswith("BAR") for b, x in ins
                                                if tgt <= b <= a):
             loops = [(lo, hi) for lo, hi in loops if not (tgt <= lo and hi <= a)]
@@ -109,7 +78,7 @@ def common_path(ins, lo: int, hi: int) -> list[str]:
     i, out = index[lo], []
     while i < len(ins) and ins[i][0] < hi:
         a, s = ins[i]
-        tgt = _target(s)
+        tgt = branch_target(s)
         if tgt is not None and tgt > a:
             skipped = [x for _, x in ins[i + 1:index[tgt]]]
             if s.startswith("@") and any("MUFU" in x for x in skipped):

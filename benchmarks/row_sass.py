@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import kernel_resources as kr  # noqa: E402
-from lattice_sass import _target, sass_lines  # noqa: E402
+from sass import branch_target, sass_lines  # noqa: E402
 
 
 def smallest_loop(ins, *needles) -> list[str]:
@@ -54,7 +54,7 @@ def smallest_loop(ins, *needles) -> list[str]:
     containing each of ``needles``; [] if none does."""
     best = None
     for a, s in ins:
-        tgt = _target(s)
+        tgt = branch_target(s)
         if tgt is None or tgt >= a:
             continue
         body = [x for b, x in ins if tgt <= b <= a]

@@ -442,10 +442,10 @@ def test_gpu_passes_configs_and_settings(run, capsys):
     assert "CUDA device" in capsys.readouterr().err
 
 
-def test_kernel_resources_finds_the_spills_in_loops():
-    """``kernel_resources.spills_in_loops``: the local loads and stores between a backward
-    branch and its target (a loop, nested or not), out of all of them."""
-    from kernel_resources import spills_in_loops
+def test_sass_finds_the_spills_in_loops():
+    """``sass.spills_in_loops`` (kernel_resources.py's column): the local loads and stores
+    between a backward branch and its target (a loop, nested or not), out of all of them."""
+    from sass import spills_in_loops     # (not kernel_resources: it sets the environment)
     ins = [(0x00, "STL [R1], R2"), (0x10, "LDL R3, [R1]"), (0x20, "@!P0 LDL.64 R4, [R1+0x8]"),
            (0x30, "@P1 BRA 0x20"), (0x40, "@P0 BRA 0x10"), (0x50, "LDL R5, [R1]"),
            (0x60, "STL [R1+0x4], R6"), (0x70, "BRA 0x80"), (0x80, "EXIT")]
