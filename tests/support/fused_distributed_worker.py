@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import sys
 from dataclasses import dataclass
 
@@ -233,11 +234,16 @@ def main(out: str, ids: list) -> None:
     if rank == 0:
         torch.save(res, out)
     if not failed:
-        # Both ranks reach the end before either tears gloo down: on a loaded machine a
-        # rank that left first made the other's teardown abort ("terminate called without
-        # an active exception").
+        # Both ranks reach the end before either leaves: on a loaded machine a rank that
+        # left first made the other's teardown abort ("terminate called without an active
+        # exception").
         dist.barrier()
-    dist.destroy_process_group()
+    # And gloo's teardown itself can abort a rank on a loaded machine, after the barrier
+    # and the results (a fresh-clone CI run, 2026-11-30): each rank leaves without it, its
+    # output flushed; the system closes the sockets.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
