@@ -28,6 +28,7 @@ import sys
 import torch
 
 from rnnt_lattice import selfcheck
+from rnnt_lattice._cli_util import positive_int
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
     ap.add_argument("--big", action="store_true", help="also the > 2**31-element lattice")
     ap.add_argument("--smoke", action="store_true", help="the quick checks on the CPU through "
                     "the Triton interpreter (TRITON_INTERPRET=1)")
-    ap.add_argument("--jobs", type=int, default=1, help="on CUDA, the checks in this many "
+    ap.add_argument("--jobs", type=positive_int, default=1, help="on CUDA, the checks in this many "
                     "worker processes at once (rnnt-lattice check --jobs)")
     args = ap.parse_args()
     if args.smoke:

@@ -666,7 +666,6 @@ def check_bad_input(ctx):
     subprocess: a device-side assert ends the process's CUDA context); and
     ``set_input_checks("host")`` gives the CPU's ValueError, in this process."""
     from ._rules import device_message
-    from ._validate import set_input_checks
     env = dict(os.environ)
     device_path = ctx.cuda or ctx.backend == "triton"
     if not ctx.cuda:               # CPU tensors under the Triton interpreter: force the device path
@@ -1377,6 +1376,7 @@ def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = 
     device-side assert that ends its CUDA context) fails the check it ran, and a new one
     takes its place while checks remain. ``make_checks``: the function that lists the
     checks, here and in each worker (``_checks``)."""
+    import itertools
     import multiprocessing
     import queue
     from collections import deque
@@ -1401,9 +1401,10 @@ def _run_in_workers(ctx: Context, jobs: int, big: bool, make_checks: Callable = 
     workers: dict = {}
     said = 0                                        # the checks said so far, in order
     deaths = 0
+    wids = itertools.count()
 
     def start() -> None:
-        wid = len(workers) + deaths
+        wid = next(wids)
         todo = spawn.Queue()
         # Not daemonic: a check may start processes of its own (torch.compile's compile
         # workers); the finally below ends every worker however this returns.
