@@ -188,3 +188,52 @@ def test_package_imports_form_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def _oldest_python() -> tuple:
+    """The oldest Python that pyproject.toml's ``requires-python`` admits, ``(3, minor)``."""
+    spec = re.search(r'^requires-python\s*=\s*">=\s*3\.(\d+)"', (ROOT / "pyproject.toml").read_text(),
+                     flags=re.M)
+    assert spec, "pyproject.toml should state requires-python as \">=3.N\""
+    return 3, int(spec.group(1))
+
+
+def _evaluated_unions(tree: ast.Module) -> list:
+    """The lines of annotations written ``X | Y`` that Python evaluates when the module is
+    imported (a function's arguments and return, a module's or class's ``name: X``): each
+    needs Python 3.10, unless the module starts with ``from __future__ import annotations``."""
+    if any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+           and any(a.name == "annotations" for a in n.names) for n in tree.body):
+        return []
+    notes = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            notes += [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs,
+                                             *(v for v in (a.vararg, a.kwarg) if v))
+                      if x.annotation is not None]
+            notes += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            notes.append(node.annotation)
+    return sorted({n.lineno for note in notes for n in ast.walk(note)
+                   if isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr)})
+
+
+def test_the_package_reads_on_the_oldest_python_it_declares():
+    """pyproject.toml admits Python 3.9: every module of the package parses with that
+    version's grammar, and none evaluates an ``X | Y`` annotation at import (Python 3.10's
+    unions: on 3.9 that is a TypeError at the first use of the CPU backend, as
+    ``cpu/_config.py`` once was). The suite itself runs on 3.11 in CI; README, "Install",
+    gives the Pythons it was run on."""
+    oldest = _oldest_python()
+    bad = []
+    for path in sorted((ROOT / "src" / "rnnt_lattice").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        try:
+            tree = ast.parse(path.read_text(), filename=name, feature_version=oldest)
+        except SyntaxError as err:
+            bad.append(f"{name}:{err.lineno}: not Python {oldest[0]}.{oldest[1]} syntax: {err.msg}")
+            continue
+        bad += [f"{name}:{line}: an X | Y annotation evaluated at import (add "
+                "'from __future__ import annotations')" for line in _evaluated_unions(tree)]
+    assert not bad, "\n".join(bad)

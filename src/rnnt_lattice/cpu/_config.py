@@ -35,6 +35,8 @@ Reliability (docs/api.md, "Reliability"):
 - A child forked after ``import rnnt_lattice`` (the package's ``_fork`` hook, which loads
   no Numba) counts as forked even where this module was first imported in the child.
 """
+from __future__ import annotations
+
 import hashlib
 import logging
 import math
