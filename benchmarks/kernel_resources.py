@@ -119,12 +119,14 @@ def compile_as_launched(fn, const, warps: int, stages: int, sm: int = 90, x: str
     """``fn`` compiled for ``sm`` as a launch on CUDA tensors specialises it: every pointer
     16-byte aligned (``do_not_specialize`` covers the shape integers only), and the
     specialised ints of ``ints`` (name -> value) divisible by 16 where they are; ``maxnreg``
-    the launch's cap on registers a thread, if it has one."""
+    the launch's cap on registers a thread, if it has one; floating-point fusion as every
+    launch states it (``gpu._launch.FP_FUSION``)."""
+    from rnnt_lattice.gpu._launch import FP_FUSION
     sig = signature(fn, const, x)
     ints = ints or {}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (p, t) in enumerate(sig.items())
              if t.startswith("*") or ints.get(p, 1) % 16 == 0}
-    options = dict(num_warps=warps, num_stages=stages)
+    options = dict(num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION)
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
     return triton.compile(ASTSource(fn, sig, const, attrs=attrs),

@@ -218,6 +218,31 @@ def test_the_launcher_gets_what_triton_would_bind(calls):
             assert a is b or (not isinstance(a, torch.Tensor) and a == b), (twin.fn.__name__, a, b)
 
 
+def test_stated_fp_fusion_compiles_what_tritons_default_compiled(calls, monkeypatch):
+    """Every launch states ``enable_fp_fusion=True`` (``_launch.FP_FUSION``): for every
+    recorded launch, the options Triton compiles with are those of the launch without it
+    under the default the kernels were checked and timed with (fusion on: Triton 3.5 to 3.8,
+    and 3.9 with ``TRITON_DEFAULT_FP_FUSION=1``), so the same code; with fusion off
+    (Triton 3.10's default) they differ."""
+    from rnnt_lattice.gpu import _launch
+    assert _launch.FP_FUSION is True
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    tjit, backend = _triton()
+    binders = {}
+
+    def compiled_with(twin, args, kw):
+        if id(twin) not in binders:
+            binders[id(twin)] = twin, tjit.create_function_from_signature(
+                twin.signature, twin.params, backend)
+        return backend.parse_options(binders[id(twin)][1](*args, **kw)[2])
+
+    for kernel, grid, args, kw in calls:
+        twin = _twin(kernel)
+        stated = compiled_with(twin, args, dict(kw, enable_fp_fusion=_launch.FP_FUSION))
+        assert stated == compiled_with(twin, args, kw), twin.fn.__name__
+        assert stated != compiled_with(twin, args, dict(kw, enable_fp_fusion=False))
+
+
 def test_a_register_cap_is_a_launch_option_of_its_own_class(calls):
     """The joiner's blocks may cap registers a thread (``maxnreg``, ``joint.LAUNCH_OPTIONS``):
     Triton's binder takes it as an option, not as an argument (the bound arguments are the
@@ -292,6 +317,7 @@ def test_a_class_compiles_once_then_launches_directly(fake_kernel, calls):
     _, bound = _Keys()(twin, args, kw)
     assert _launch.launch(twin, grid, *args, **kw) is compiled
     assert len(slow) == 1 and not compiled.launches
+    assert slow[0][2] == dict(kw, enable_fp_fusion=True)        # stated: _launch.FP_FUSION
     for _ in range(3):
         assert _launch.launch(twin, grid, *args, **kw) is compiled
     assert len(slow) == 1 and len(compiled.launches) == 3
@@ -327,7 +353,7 @@ def test_other_calls_take_tritons_path(fake_kernel, calls, monkeypatch, why):
     for _ in range(2):
         _launch.launch(kernel, grid, *args, **kw)
     if why != "interpreted":
-        assert len(slow) == 2
+        assert len(slow) == 2 and all(k == dict(kw, enable_fp_fusion=True) for _, _, k in slow)
     assert not compiled.launches and not _launch._classes
 
 

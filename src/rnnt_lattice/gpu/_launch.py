@@ -47,6 +47,11 @@ from triton.runtime.jit import JITFunction
 
 ENABLED = os.environ.get("RNNT_LATTICE_FAST_LAUNCH", "1") != "0"
 
+# Every launch states floating-point fusion (``a * b + c`` as one FMA) rather than taking
+# Triton's default: on by default from Triton 3.5 to 3.8, as the kernels were checked and
+# timed; Triton 3.9 warns at a kernel's first compile that its default goes off in 3.10.
+FP_FUSION = True
+
 # The end of ``JITFunction.run`` that the fast path repeats, as Triton 3.6 and 3.9 write it
 # (``supported``): with another Triton every call takes Triton's own path.
 _RUN_ENDS_WITH = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, "
@@ -130,8 +135,10 @@ def supported(source: str | None = None) -> bool:
 
 def launch(kernel, grid, *args, **kw):
     """``kernel[grid](*args, **kw)``, through the launch class's compiled kernel once
-    Triton has compiled it (module docstring)."""
+    Triton has compiled it (module docstring), with ``enable_fp_fusion=FP_FUSION`` unless
+    ``kw`` says otherwise."""
     global _device, _stream, ENABLED
+    kw.setdefault("enable_fp_fusion", FP_FUSION)
     if not ENABLED or type(kernel) is not JITFunction or type(grid) is not tuple:
         return kernel[grid](*args, **kw)
     if _device is None:
