@@ -50,7 +50,7 @@ os.environ.pop("TRITON_INTERPRET", None)      # compiled kernels, not interprete
 import triton  # noqa: E402
 
 import kernel_resources as kr  # noqa: E402
-from sass import branch_target, sass_lines  # noqa: E402
+from sass import branch_target, loop_spills, sass_lines  # noqa: E402
 
 LATENCY = {"dp": 8, "alu": 4, "wide": 5, "mufu": 20, "load": 400, "bar": 30}
 DP_OPS = ("DFMA", "DADD", "DMUL", "DSETP", "DMNMX", "F2F.F64", "F2I.F64", "I2F.F64",
@@ -160,7 +160,7 @@ def modelled_cycles(path: list[str], load_latency: int, ahead: bool = False) -> 
 
 def analyse(sm: int, U1_list, load_latency: int, onchip: bool = False):
     """Rows ``(topology, U+1, loop (1 or 2, code order), loads first, loads, instructions, float64 ops,
-    modelled cycles, registers, stack)``: the workspace pass, or with ``onchip`` compiled
+    modelled cycles, registers, stack, spills in loops)``: the workspace pass, or with ``onchip`` compiled
     with ``ONCHIP`` (the state in registers, where the grid's U + 1 fits one block of
     lanes), whose loads are the next diagonal's (``modelled_cycles``'s ``ahead``)."""
     from rnnt_lattice.gpu import kernels
@@ -176,7 +176,8 @@ def analyse(sm: int, U1_list, load_latency: int, onchip: bool = False):
             first, total = loads_first(path)
             dp = sum(_parse(s)[1] == "dp" for s in path)
             yield (label.split()[1], shape.split("=")[1], loop, first, total, len(path), dp,
-                   modelled_cycles(path, load_latency, ahead=onchip), reg, stack)
+                   modelled_cycles(path, load_latency, ahead=onchip), reg, stack,
+                   loop_spills(ins))
 
 
 def main(argv=None) -> int:
@@ -194,12 +195,12 @@ def main(argv=None) -> int:
           f"(model: a load {args.load_latency} cycles"
           f"{'; ONCHIP: the loads are the next diagonal' + chr(39) + 's' if args.onchip else ''})")
     print("| topology | U+1 | loop | loads first / loads | instructions (float64) "
-          "| modelled cycles a diagonal | registers | stack |")
-    print("|---|---|---|---|---|---|---|---|")
-    for topo, U1, loop, first, total, n, dp, cycles, reg, stack in analyse(
+          "| modelled cycles a diagonal | registers | stack | spills in loops |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for topo, U1, loop, first, total, n, dp, cycles, reg, stack, spills in analyse(
             args.sm, args.U1, args.load_latency, args.onchip):
         print(f"| {topo} | {U1} | {loop} | {first} / {total} | {n} ({dp}) | {cycles} "
-              f"| {reg} | {stack} |", flush=True)
+              f"| {reg} | {stack} | {spills} |", flush=True)
     return 0
 
 

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import kernel_resources as kr  # noqa: E402
-from sass import branch_target, sass_lines  # noqa: E402
+from sass import branch_target, loop_spills, sass_lines  # noqa: E402
 
 
 def smallest_loop(ins, *needles) -> list[str]:
@@ -71,8 +71,8 @@ def chunk_loop(ins) -> list[str]:
 
 
 def analyse(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
-    """Rows ``(topology, V, lanes, registers, stack, loop instructions, loop shuffles,
-    loop barriers, instructions in all)``."""
+    """Rows ``(topology, V, lanes, registers, stack, spills in loops, loop instructions,
+    loop shuffles, loop barriers, instructions in all)``."""
     from rnnt_lattice.gpu import kernels
     for label, V, name, const, warps, stages, *_ in kr.variants(V_list):
         if name != "_row_kernel" or label.split()[1] not in topologies:
@@ -83,7 +83,7 @@ def analyse(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
             reg, stack = kr.resources(c.asm["cubin"])
             ins = sass_lines(c.asm["cubin"])
             loop = chunk_loop(ins)
-            yield (label.split()[1], V, lanes, reg, stack, len(loop),
+            yield (label.split()[1], V, lanes, reg, stack, loop_spills(ins), len(loop),
                    sum("SHFL" in x for x in loop), sum(x.startswith("BAR") for x in loop),
                    len(ins))
 
@@ -95,8 +95,8 @@ def store_loop(ins) -> list[str]:
 
 
 def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
-    """Rows ``(topology, V, SPAN_GRAD, DUR_LAST, "ROWSxBLOCK_V", registers, stack, loop
-    instructions, "LDG 16-byte/all", "STG 16-byte/all", instructions in all, loop
+    """Rows ``(topology, V, SPAN_GRAD, DUR_LAST, "ROWSxBLOCK_V", registers, stack, spills in
+    loops, loop instructions, "LDG 16-byte/all", "STG 16-byte/all", instructions in all, loop
     instructions per 32 classes a warp, once-a-program instructions a row a warp)`` of the
     gradient pass (the topology ``NAME,CHECK``: a fused tile's, its recomputation checked in
     the pass); ``DUR_LAST`` (TDT's duration group after the token group's loop,
@@ -127,7 +127,8 @@ def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
                                        f"{sum(op in x for x in loop)}")
                     shown = topo + (",CHECK" if const.get("CHECK") else "")   # a fused tile's
                     yield (shown, V, int(grad_span), int(dur_last) if topo == "tdt" else "-",
-                           f"{rows}x{block_v}", reg, stack, len(loop), wide("LDG"), wide("STG"),
+                           f"{rows}x{block_v}", reg, stack, loop_spills(ins), len(loop),
+                           wide("LDG"), wide("STG"),
                            len(ins), round(len(loop) * 32 * warps / (rows * block_v), 1),
                            round((len(ins) - len(loop)) * warps / rows))
     finally:
@@ -135,9 +136,9 @@ def analyse_grad(sm: int, V_list, topologies=("regular", "tdt", "multiblank")):
 
 
 def analyse_early(sm: int, V_list, topologies=("regular", "tdt", "multiblank"), tiles=None):
-    """Rows ``(topology, V, "ROWSxBLOCK_V", prefetch, early, registers, stack, loop
-    instructions, global loads before the loop, after it)`` of the row pass with its reads
-    ahead or not (``gpu.ROW_EARLY``: the entries besides the token group's read before its
+    """Rows ``(topology, V, "ROWSxBLOCK_V", prefetch, early, registers, stack, spills in
+    loops, loop instructions, global loads before the loop, after it)`` of the row pass
+    with its reads ahead or not (``gpu.ROW_EARLY``: the entries besides the token group's read before its
     loop; the chunks' prefetch, ``gpu.ROW_PREFETCH`` for aligned rows and
     ``gpu.SPAN_PREFETCH`` for the span's), on ``tiles`` (``[(ROWS, BLOCK_V), ...]``; None:
     16, 8 and 4 rows of 128 for the span's rows, the launched tile for aligned rows); aligned
@@ -162,7 +163,7 @@ def analyse_early(sm: int, V_list, topologies=("regular", "tdt", "multiblank"), 
                 lo = next(i for i, (_, x) in enumerate(ins) if x == loop[0]) if loop else 0
                 loads = [i for i, (_, x) in enumerate(ins) if "LDG" in x]
                 yield (topo, V, f"{rows}x{block_v}", int(prefetch), int(early), reg, stack,
-                       len(loop), sum(i < lo for i in loads),
+                       loop_spills(ins), len(loop), sum(i < lo for i in loads),
                        sum(i >= lo + len(loop) for i in loads))
 
 
@@ -182,26 +183,26 @@ def main(argv=None) -> int:
         print(f"triton {triton.__version__}, sm_{args.sm}, the row pass's reads ahead "
               "(prefetch: the chunks' loads ahead; early: the entries besides the token "
               "group's before its loop)")
-        print("| topology | V | tile | prefetch | early | registers | stack | loop instructions "
-              "| global loads before the loop | after it |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| topology | V | tile | prefetch | early | registers | stack | spills in loops "
+              "| loop instructions | global loads before the loop | after it |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for row in analyse_early(args.sm, args.V, tiles=tiles):
             print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
         return 0
     print(f"triton {triton.__version__}, sm_{args.sm}, the row pass's chunk loop "
           "(LANES 0: reduced across the row every chunk; 4: once a row)")
-    print("| topology | V | LANES | registers | stack | loop instructions | loop shuffles "
-          "| loop barriers | instructions in all |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| topology | V | LANES | registers | stack | spills in loops | loop instructions "
+          "| loop shuffles | loop barriers | instructions in all |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in analyse(args.sm, args.V):
         print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
     print(f"\ntriton {triton.__version__}, sm_{args.sm}, the gradient pass's chunk loop "
           "(SPAN_GRAD 1: the row's whole 16-byte groups; 0: an entry a load, for rows that "
           "start anywhere; DUR_LAST 1: TDT's duration group after the loop)")
-    print("| topology | V | SPAN_GRAD | DUR_LAST | tile | registers | stack | loop instructions "
-          "| loop LDG 16-byte/all | loop STG 16-byte/all | instructions in all "
-          "| loop a warp per 32 classes | once a program, a row a warp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| topology | V | SPAN_GRAD | DUR_LAST | tile | registers | stack | spills in loops "
+          "| loop instructions | loop LDG 16-byte/all | loop STG 16-byte/all "
+          "| instructions in all | loop a warp per 32 classes | once a program, a row a warp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in analyse_grad(args.sm, args.V):
         print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
     return 0

@@ -43,15 +43,26 @@ def branch_target(s: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def spills_in_loops(ins) -> str:
-    """The local loads and stores (``LDL``, ``STL``) of the SASS instructions ``ins``
-    (``(address, text)``, branch targets as addresses: :func:`sass_lines`) inside a
-    loop (between a backward branch and its target) out of all of them, as ``LDL 2/8, STL
-    0/4``. A spill outside the loops costs once a program; one in a loop, every turn of it."""
+def _local_accesses(ins) -> dict:
+    """``{op: (inside a loop, all)}`` of the local loads and stores (``LDL``, ``STL``) of the
+    SASS instructions ``ins`` (``(address, text)``, branch targets as addresses:
+    :func:`sass_lines`); a loop is the span between a backward branch and its target."""
     loops = [(t, a) for a, s in ins if (t := branch_target(s)) is not None and t < a]
-    counts = []
+    counts = {}
     for op in ("LDL", "STL"):
         at = [a for a, s in ins if re.search(rf"\b{op}\b", s)]
-        inside = sum(any(lo <= a <= hi for lo, hi in loops) for a in at)
-        counts.append(f"{op} {inside}/{len(at)}")
-    return ", ".join(counts)
+        counts[op] = (sum(any(lo <= a <= hi for lo, hi in loops) for a in at), len(at))
+    return counts
+
+
+def spills_in_loops(ins) -> str:
+    """The local loads and stores of ``ins`` inside a loop out of all of them, as ``LDL 2/8,
+    STL 0/4``. A spill outside the loops costs once a program; one in a loop, every turn of it."""
+    return ", ".join(f"{op} {inside}/{every}" for op, (inside, every) in _local_accesses(ins).items())
+
+
+def loop_spills(ins) -> int:
+    """How many local loads and stores of ``ins`` lie inside a loop: 0 where a kernel has no
+    stack frame, or one that costs once a program (a register saved across a call, a spill
+    before or after the loops)."""
+    return sum(inside for inside, _ in _local_accesses(ins).values())

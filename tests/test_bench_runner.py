@@ -444,13 +444,15 @@ def test_gpu_passes_configs_and_settings(run, capsys):
 
 def test_sass_finds_the_spills_in_loops():
     """``sass.spills_in_loops`` (kernel_resources.py's column): the local loads and stores
-    between a backward branch and its target (a loop, nested or not), out of all of them."""
-    from sass import spills_in_loops     # (not kernel_resources: it sets the environment)
+    between a backward branch and its target (a loop, nested or not), out of all of them;
+    ``sass.loop_spills`` (the SASS tests' and row_sass.py's, lattice_sass.py's): their count."""
+    from sass import loop_spills, spills_in_loops   # (not kernel_resources: it sets the env)
     ins = [(0x00, "STL [R1], R2"), (0x10, "LDL R3, [R1]"), (0x20, "@!P0 LDL.64 R4, [R1+0x8]"),
            (0x30, "@P1 BRA 0x20"), (0x40, "@P0 BRA 0x10"), (0x50, "LDL R5, [R1]"),
            (0x60, "STL [R1+0x4], R6"), (0x70, "BRA 0x80"), (0x80, "EXIT")]
     assert spills_in_loops(ins) == "LDL 2/3, STL 0/2"
     assert spills_in_loops([(0x00, "LDL R3, [R1]"), (0x10, "EXIT")]) == "LDL 0/1, STL 0/0"
+    assert loop_spills(ins) == 2 and loop_spills([(0x00, "LDL R3, [R1]"), (0x10, "EXIT")]) == 0
 
 
 def test_check_step_of_the_gpu_session():
