@@ -33,9 +33,9 @@ Anything else takes Triton's own path: the Triton interpreter (CPU tensors in th
 stand-in that is not a ``JITFunction`` (``benchmarks/launch_stubs.py``), a callable grid, an
 argument of another type, a compile in progress, every call with a Triton whose
 ``JITFunction.run`` does not end with the launch repeated here (``supported``: checked on
-its source once, at the first launch; Triton 3.6 and 3.9 do), and every call when the
-environment sets ``RNNT_LATTICE_FAST_LAUNCH=0`` (read at import; for an A/B of the two
-paths).
+its source once, at the first launch; Triton 3.5.1, 3.6.0, 3.7.1, 3.8.0 and 3.9.0 do), and
+every call when the environment sets ``RNNT_LATTICE_FAST_LAUNCH=0`` (read at import; for
+an A/B of the two paths).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ ENABLED = os.environ.get("RNNT_LATTICE_FAST_LAUNCH", "1") != "0"
 # timed; Triton 3.9 warns at a kernel's first compile that its default goes off in 3.10.
 FP_FUSION = True
 
-# The end of ``JITFunction.run`` that the fast path repeats, as Triton 3.6 and 3.9 write it
+# The end of ``JITFunction.run`` that the fast path repeats, as Triton 3.5.1 to 3.9.0 write it
 # (``supported``): with another Triton every call takes Triton's own path.
 _RUN_ENDS_WITH = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, "
                   "kernel.packed_metadata, launch_metadata,",
