@@ -67,12 +67,19 @@ class _Keys:
         self.tjit, self.backend = _triton()
         self.binders = {}
 
-    def __call__(self, twin, args, kw):
+    def _bind(self, twin, args, kw):
         if id(twin) not in self.binders:     # (hashing a JITFunction hashes its source)
             self.binders[id(twin)] = twin, self.tjit.create_function_from_signature(
                 twin.signature, twin.params, self.backend)
-        bound, spec, options = self.binders[id(twin)][1](*args, **kw)
+        return self.binders[id(twin)][1](*args, **kw)
+
+    def __call__(self, twin, args, kw):
+        bound, spec, options = self._bind(twin, args, kw)
         return self.tjit.compute_cache_key({}, spec, options), tuple(bound.values())
+
+    def options(self, twin, args, kw):
+        """The options Triton compiles the launch with (its backend's parsed options)."""
+        return self.backend.parse_options(self._bind(twin, args, kw)[2])
 
 
 B, T, U, V, H = 2, 5, 3, 7, 4
@@ -227,15 +234,7 @@ def test_stated_fp_fusion_compiles_what_tritons_default_compiled(calls, monkeypa
     from rnnt_lattice.gpu import _launch
     assert _launch.FP_FUSION is True
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
-    tjit, backend = _triton()
-    binders = {}
-
-    def compiled_with(twin, args, kw):
-        if id(twin) not in binders:
-            binders[id(twin)] = twin, tjit.create_function_from_signature(
-                twin.signature, twin.params, backend)
-        return backend.parse_options(binders[id(twin)][1](*args, **kw)[2])
-
+    compiled_with = _Keys().options
     for kernel, grid, args, kw in calls:
         twin = _twin(kernel)
         stated = compiled_with(twin, args, dict(kw, enable_fp_fusion=_launch.FP_FUSION))
