@@ -29,6 +29,10 @@ _MODULES = {
 _loaded: dict[str, Any] = {}
 _warned_fallback: set[str] = set()
 
+# ``backend="auto"``: the backend of each device type; any other type (MPS, XPU, ...) runs
+# the pure-PyTorch backend.
+AUTO = {"cpu": "numba", "cuda": "triton"}
+
 
 class Backend(Protocol):
     """What every backend module provides. Shapes: logits ``(B, T, U+1, V)`` (or rows
@@ -183,7 +187,7 @@ def resolve(backend: str, device) -> Backend:
     check_name(backend)
     kind = "cpu" if device is None else device.type
     if backend == "auto":
-        preferred = {"cpu": "numba", "cuda": "triton"}.get(kind, "torch")
+        preferred = AUTO.get(kind, "torch")
         why = None if preferred == "torch" else _unavailable(preferred)
         if why is not None:
             if preferred not in _warned_fallback:

@@ -35,9 +35,17 @@ from .topology import Topology, check_topology
 NEG_INF = float("-inf")
 
 
+# Device types without float64 (Apple's MPS): the torch backend's lattice runs in float32
+# there, and nothing on that path may make a float64 tensor on the device (every such
+# tensor takes its dtype from :func:`lattice_dtype`). tests/test_no_float64.py checks it on
+# the CPU, with "cpu" added here and every float64 op refused.
+DEVICES_WITHOUT_FLOAT64 = frozenset({"mps"})
+
+
 def lattice_dtype(device: torch.device) -> torch.dtype:
-    """The dtype the recursion runs in: float64 wherever the device has it."""
-    return torch.float32 if device.type == "mps" else torch.float64
+    """The dtype the recursion runs in: float64 wherever the device has it
+    (:data:`DEVICES_WITHOUT_FLOAT64`: float32)."""
+    return torch.float32 if device.type in DEVICES_WITHOUT_FLOAT64 else torch.float64
 
 
 # ---------------------------------------------------------------------------------------

@@ -251,35 +251,38 @@ RESCUE_ELEMENTS = 1 << 22
 
 
 def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-    """``(B, T, U+1)`` float64: ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need``
-    marks, -inf elsewhere (the simple losses' normaliser of the nodes beyond the float64
-    matmul's range): only those nodes, found on the host, by chunks of rows."""
+    """``(B, T, U+1)`` in the lattice dtype (float64; ``lattice_dtype``):
+    ``logsumexp_v am(t,v) + lm(u,v)`` at the nodes ``need`` marks, -inf elsewhere (the
+    simple losses' normaliser of the nodes beyond the matmul's range): only those nodes,
+    found on the host, by chunks of rows."""
     B, T, V = am.shape
-    lse = torch.full((B, T, lm.shape[1]), NEG_INF, dtype=torch.float64, device=am.device)
+    ldt = lattice_dtype(am.device)
+    lse = torch.full((B, T, lm.shape[1]), NEG_INF, dtype=ldt, device=am.device)
     if need.device.type == "meta" or not bool(need.any()):     # (meta: shapes, no values)
         return lse
     b, t, u = need.nonzero().unbind(1)
     step = max(1, RESCUE_ELEMENTS // max(V, 1))
     for i in range(0, b.shape[0], step):
         j = slice(i, i + step)
-        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
+        x = am[b[j], t[j]].to(ldt) + lm[b[j], u[j]].to(ldt)                      # (n, V)
         lse[b[j], t[j], u[j]] = torch.logsumexp(x, -1)
     return lse
 
 
 def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     """Adds ``g p`` of the nodes ``need`` marks into ``grad_am`` rows t and ``grad_lm`` rows
-    u (float64; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``; dead nodes
-    (lse ``-inf``) add nothing."""
+    u (the lattice dtype; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``;
+    dead nodes (lse ``-inf``) add nothing."""
     if need.device.type == "meta" or not bool(need.any()):
         return
+    ldt = lattice_dtype(am.device)
     b, t, u = (need & (lse > NEG_INF)).nonzero().unbind(1)
-    g = g[b, t, u].to(torch.float64)
+    g = g[b, t, u].to(ldt)
     lse = lse[b, t, u]
     step = max(1, RESCUE_ELEMENTS // max(am.shape[2], 1))
     for i in range(0, b.shape[0], step):
         j = slice(i, i + step)
-        x = am[b[j], t[j]].to(torch.float64) + lm[b[j], u[j]].to(torch.float64)   # (n, V)
+        x = am[b[j], t[j]].to(ldt) + lm[b[j], u[j]].to(ldt)                      # (n, V)
         p = torch.exp(x - lse[j, None]).mul_(g[j, None])
         if grad_am is not None:
             grad_am.index_put_((b[j], t[j]), p, accumulate=True)

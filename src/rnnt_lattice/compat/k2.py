@@ -516,8 +516,10 @@ def _simple_parts(lm, am, y, blank):
     (k2's shifted matmul, ``+ tiny``), the shifted exps, and the entries the arcs read; in
     float64 (``am`` and ``lm`` are ``(B, T, C)`` and ``(B, S+1, C)``): a confident node's
     ``1 + rest`` in float32 rounded ``rest`` away (math.md 4.1), and the gradients of the
-    entries read and of the normaliser, which cancel there, meet in float64."""
-    am, lm = am.to(torch.float64), lm.to(torch.float64)
+    entries read and of the normaliser, which cancel there, meet in float64. (In float32 on
+    a device without float64: ``reference.lattice_dtype``.)"""
+    ldt = reference.lattice_dtype(am.device)
+    am, lm = am.to(ldt), lm.to(ldt)
     S = y.shape[1]
     am_max = am.amax(2, keepdim=True)                                          # (B, T, 1)
     lm_max = lm.amax(2, keepdim=True)                                          # (B, S+1, 1)
@@ -726,9 +728,10 @@ def _pruned_px_py(logits, symbols, ranges, termination_symbol, boundary, rnnt_ty
         y = y_row[..., 0]
         lp, lp1 = _ReadLogProbs.apply(logits[..., 1:], (y - 1).clamp(min=0), 0)
         x0 = logits[..., 0]
-        lp = torch.where(y == 0, (x0 - logits[..., 1]).to(torch.float64) + lp1, lp)
-        blank_w = torch.nn.functional.logsigmoid(x0).to(torch.float64)
-        label_w = lp + torch.nn.functional.logsigmoid(-x0).to(torch.float64)
+        ldt = lp.dtype                   # the lattice dtype (reference.lattice_dtype)
+        lp = torch.where(y == 0, (x0 - logits[..., 1]).to(ldt) + lp1, lp)
+        blank_w = torch.nn.functional.logsigmoid(x0).to(ldt)
+        label_w = lp + torch.nn.functional.logsigmoid(-x0).to(ldt)
     else:                                # (float64, exact on confident rows: _ReadLogProbs)
         label_w, blank_w = _ReadLogProbs.apply(logits, y_row[..., 0], blank)
     grid = label_w.new_full((B, T, S + 1), NEG_INF)

@@ -98,7 +98,7 @@ class _JointMass(torch.autograd.Function):
         am_uni (B, T)     = ea @ uni                  (smoothed loss only; else empty)
         am_cols = am[b, t, am_idx[b, t, j]],  lm_cols = lm[b, u, lm_idx[b, u, j]]  (0 off ok; ldt)
 
-    ``mass`` is exact while it is above ``V * MASS_MIN``. Below, the products
+    ``mass`` is exact while it is above ``V * MASS_MIN`` (of its dtype). Below, the products
     ``ea(t,v) el(u,v)`` have left the float range (the classes where am and lm peak differ,
     by more than ~650 nats in all): those nodes (``rescued``) get their lse from the log
     domain, ``lse_rescued = logsumexp_v (am(t,v) + lm(u,v))``, over their two rows only
@@ -165,18 +165,22 @@ class _JointMass(torch.autograd.Function):
 # A node's float64 mass is exact (relative error below 2^-60) while it is at least
 # V * MASS_MIN: each of its V products then carries an absolute error of at most 2^-1074
 # (the subnormal spacing). Below, the node is recomputed in the log domain (``_rescue``).
-MASS_MIN = 2.0 ** -1000
+# In a float32 lattice (a device without float64, ``lattice_dtype``) the same bound is
+# 2^-100: products then err by at most 2^-149 each, 2^-49 of the mass, far below float32's
+# own rounding (2^-1000 would round to 0 there and rescue nothing).
+MASS_MIN = {torch.float64: 2.0 ** -1000, torch.float32: 2.0 ** -100}
 
 
 def _rescue(impl, am, lm, am_ok, lm_ok, mass):
-    """``(rescued (B, T, U+1) bool, lse_rescued (B, T, U+1) float64)``: the nodes of ``ok``
-    rows whose ``mass`` is below ``V * MASS_MIN``, and their exact lse, ``logsumexp_v
-    (am(t,v) + lm(u,v))`` in float64 (``-inf`` elsewhere), from the backend's
-    ``simple_rescue`` (CPU: only those nodes, found on the host; CUDA: a Triton kernel
-    whose programs, 256 nodes each, return at once where none of theirs is marked: no host
-    synchronisation). (Never traced: the simple losses run eagerly under ``torch.compile``.)"""
+    """``(rescued (B, T, U+1) bool, lse_rescued (B, T, U+1))``, lse in the lattice dtype
+    (float64 where the device has it): the nodes of ``ok`` rows whose ``mass`` is below ``V
+    * MASS_MIN``, and their exact lse, ``logsumexp_v (am(t,v) + lm(u,v))`` (``-inf``
+    elsewhere), from the backend's ``simple_rescue`` (CPU: only those nodes, found on the
+    host; CUDA: a Triton kernel whose programs, 256 nodes each, return at once where none
+    of theirs is marked: no host synchronisation). (Never traced: the simple losses run
+    eagerly under ``torch.compile``.)"""
     V = am.shape[2]
-    need = (mass < V * MASS_MIN) & am_ok[:, :, None] & lm_ok[:, None, :]
+    need = (mass < V * MASS_MIN[mass.dtype]) & am_ok[:, :, None] & lm_ok[:, None, :]
     return need, impl.simple_rescue(am, lm, need)
 
 

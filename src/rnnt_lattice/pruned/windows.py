@@ -18,6 +18,7 @@ from .._ops import eager_under_compile
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
                          check_pruning_args, check_site, check_values_held, device_value_check,
                          user_stacklevel)
+from ..reference import lattice_dtype
 from ..topology import K2_TYPES, by_name
 from .simple import ArcOccupations
 
@@ -217,7 +218,7 @@ def _exact_starts(node, t_end, u_end, R: int, regular: bool):
     """The DP of math.md section 10 (:func:`best_window_starts`)."""
     B, T, U1 = node.shape
     n = U1 - R + 1
-    mass = torch.nan_to_num(node.to(torch.float64), nan=0.0)
+    mass = torch.nan_to_num(node.to(lattice_dtype(node.device)), nan=0.0)   # float64 if it can
     cum = torch.nn.functional.pad(mass.cumsum(-1), (1, 0))
     starts = torch.arange(n, device=node.device)
     window_mass = cum[..., starts + R] - cum[..., starts]           # (B, T, n)
