@@ -316,7 +316,7 @@ def test_sync_check_catches_python_values():
     """The recorder behind the two tests above sees the patterns that synchronise."""
     x = torch.zeros(3)
     with _RecordOps() as rec:
-        x[1] = 1.5                                  # a Python number into a (device) tensor
+        x += torch.tensor([0.0, 1.5, 0.0])          # a tensor of Python numbers, copied over
         float(x.sum())                              # a host read
     assert {"aten.lift_fresh.default", "aten._local_scalar_dense.default"} <= set(_syncing(rec.ops))
 
