@@ -68,11 +68,13 @@ class Alignment:
     logit_lengths: torch.Tensor
     target_lengths: torch.Tensor
     targets: torch.Tensor
-    arc_frames: torch.Tensor | None = None
-    arc_positions: torch.Tensor | None = None
-    arc_kinds: torch.Tensor | None = None
-    n_arcs: torch.Tensor | None = None
-    label_durations: torch.Tensor | None = None
+    # None: built from emit_frames (a regular alignment, __post_init__); tensors for every
+    # reader
+    arc_frames: torch.Tensor = None  # type: ignore[assignment]
+    arc_positions: torch.Tensor = None  # type: ignore[assignment]
+    arc_kinds: torch.Tensor = None  # type: ignore[assignment]
+    n_arcs: torch.Tensor = None  # type: ignore[assignment]
+    label_durations: torch.Tensor = None  # type: ignore[assignment]
     topology: Topology = field(default_factory=regular)
 
     def __post_init__(self):

@@ -50,7 +50,8 @@ class Occupancy:
     log_likelihood: torch.Tensor
     logit_lengths: torch.Tensor
     target_lengths: torch.Tensor
-    gamma: torch.Tensor | None = None
+    # None: built from the regular fields (__post_init__); a tensor for every reader
+    gamma: torch.Tensor = None  # type: ignore[assignment]
     topology: Topology = field(default_factory=regular)
 
     def __post_init__(self):
