@@ -284,3 +284,32 @@ def test_the_simulated_device_refuses_float64(monkeypatch):
             torch.zeros(2).double()
         with pytest.raises(TypeError, match="float64"):
             torch.zeros(2, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("has_fp64", [True, False])
+def test_an_intel_gpu_is_asked_whether_it_has_float64(has_fp64, monkeypatch):
+    """XPUs differ (the Arc A-series has no float64, newer ones have): the lattice dtype
+    follows the device's ``has_fp64`` (``torch.xpu.get_device_properties``, stubbed here:
+    no XPU runs CI), asked once per device; MPS never has float64, CPU and CUDA always."""
+    asked = []
+
+    class Props:
+        pass
+
+    def properties(index=None):
+        asked.append(index)
+        props = Props()
+        props.has_fp64 = has_fp64
+        return props
+    monkeypatch.setattr(torch.xpu, "get_device_properties", properties)
+    reference._xpu_has_float64.cache_clear()
+    want = torch.float64 if has_fp64 else torch.float32
+    try:
+        assert reference.lattice_dtype(torch.device("xpu", 1)) == want
+        assert reference.lattice_dtype(torch.device("xpu", 1)) == want
+        assert asked == [1]
+    finally:
+        reference._xpu_has_float64.cache_clear()
+    assert reference.lattice_dtype(torch.device("mps")) == torch.float32
+    assert reference.lattice_dtype(torch.device("cpu")) == torch.float64
+    assert reference.lattice_dtype(torch.device("cuda", 0)) == torch.float64

@@ -38,14 +38,27 @@ NEG_INF = float("-inf")
 # Device types without float64 (Apple's MPS): the torch backend's lattice runs in float32
 # there, and nothing on that path may make a float64 tensor on the device (every such
 # tensor takes its dtype from :func:`lattice_dtype`). tests/test_no_float64.py checks it on
-# the CPU, with "cpu" added here and every float64 op refused.
+# the CPU, with "cpu" added here and every float64 op refused. An Intel GPU (XPU) is asked
+# (:func:`_xpu_has_float64`): the Arc A-series has none.
 DEVICES_WITHOUT_FLOAT64 = frozenset({"mps"})
 
 
 def lattice_dtype(device: torch.device) -> torch.dtype:
     """The dtype the recursion runs in: float64 wherever the device has it
-    (:data:`DEVICES_WITHOUT_FLOAT64`: float32)."""
-    return torch.float32 if device.type in DEVICES_WITHOUT_FLOAT64 else torch.float64
+    (:data:`DEVICES_WITHOUT_FLOAT64`, an XPU without it: float32)."""
+    if device.type in DEVICES_WITHOUT_FLOAT64:
+        return torch.float32
+    if device.type == "xpu" and not _xpu_has_float64(device.index):
+        return torch.float32
+    return torch.float64
+
+
+@functools.lru_cache(maxsize=None)
+def _xpu_has_float64(index) -> bool:
+    """Whether XPU ``index`` (None: the current one) computes in float64: its properties'
+    ``has_fp64`` (False on the Arc A-series, whose float64 kernels raise "Required aspect
+    fp64 is not supported on the device"); True where torch does not say."""
+    return bool(getattr(torch.xpu.get_device_properties(index), "has_fp64", True))
 
 
 # ---------------------------------------------------------------------------------------
