@@ -48,16 +48,18 @@ def lattice_dtype(device: torch.device) -> torch.dtype:
     (:data:`DEVICES_WITHOUT_FLOAT64`, an XPU without it: float32)."""
     if device.type in DEVICES_WITHOUT_FLOAT64:
         return torch.float32
-    if device.type == "xpu" and not _xpu_has_float64(device.index):
-        return torch.float32
+    if device.type == "xpu":
+        index = device.index if device.index is not None else torch.xpu.current_device()
+        if not _xpu_has_float64(index):
+            return torch.float32
     return torch.float64
 
 
 @functools.lru_cache(maxsize=None)
-def _xpu_has_float64(index) -> bool:
-    """Whether XPU ``index`` (None: the current one) computes in float64: its properties'
-    ``has_fp64`` (False on the Arc A-series, whose float64 kernels raise "Required aspect
-    fp64 is not supported on the device"); True where torch does not say."""
+def _xpu_has_float64(index: int) -> bool:
+    """Whether XPU ``index`` computes in float64: its properties' ``has_fp64`` (False on the
+    Arc A-series, whose float64 kernels raise "Required aspect fp64 is not supported on the
+    device"); True where torch does not say."""
     return bool(getattr(torch.xpu.get_device_properties(index), "has_fp64", True))
 
 
