@@ -271,11 +271,11 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
 
 def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     """Adds ``g p`` of the nodes ``need`` marks into ``grad_am`` rows t and ``grad_lm`` rows
-    u (the lattice dtype; either may be None), ``p(v) = exp(am(t,v) + lm(u,v) - lse)``;
-    dead nodes (lse ``-inf``) add nothing."""
+    u (the lattice dtype, ``lse``'s: :func:`simple_rescue`'s; either may be None), ``p(v) =
+    exp(am(t,v) + lm(u,v) - lse)``; dead nodes (lse ``-inf``) add nothing."""
     if need.device.type == "meta" or not bool(need.any()):
         return
-    ldt = lattice_dtype(am.device)
+    ldt = lse.dtype
     b, t, u = (need & (lse > NEG_INF)).nonzero().unbind(1)
     g = g[b, t, u].to(ldt)
     lse = lse[b, t, u]
