@@ -13,8 +13,10 @@ import os
 # need the compiled kernels (test_triton.py::test_cuda_native) start a subprocess without it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ["TRITON_INTERPRET"] == "1":
-    # Without the interpreter's redundant re-patching of triton.language at each call of a
-    # @triton.jit helper (the same builtins run; about 30% of its time): support/interpreter.py
+    # Without the interpreter's redundant work (re-patching triton.language at each call of
+    # a @triton.jit helper, overflow checks it never asserts, a dtype table rebuilt at each
+    # operation, broadcasts of a block to its own shape; the same values): about a third of
+    # its time left, support/interpreter.py
     from support import interpreter as _interpreter
     _interpreter.install()
 

@@ -1222,6 +1222,77 @@ def test_interpreter_patches_the_language_once_a_launch(monkeypatch):
     assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
 
 
+@triton.jit
+def _wrapping_int32_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i)
+    tl.store(out_ptr + i, x * x + x - 7)           # int32: wraps past 2^31
+
+
+def _interpreted_work():
+    """Losses and gradients through the interpreter that exercise the shortcuts: int32
+    offsets, every dtype table entry the kernels read, blocks of one shape and of two."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 6 + 2, generator=g)
+    y, tl_, ul = torch.tensor([[1, 2], [3, 0]]), torch.tensor([5, 4]), torch.tensor([2, 1])
+    out = []
+    for kind in ("regular", "tdt"):
+        xx = x.clone().requires_grad_() if kind == "tdt" else x[..., :6].clone().requires_grad_()
+        if kind == "tdt":
+            loss = rnnt_lattice.tdt_loss(xx, y, tl_, ul, blank=5, durations=[0, 1],
+                                         backend="triton", reduction="none")
+        else:
+            loss = rnnt_lattice.rnnt_loss(xx, y, tl_, ul, blank=0, backend="triton",
+                                          reduction="none")
+        (loss * torch.tensor([1.0, -0.5])).sum().backward()
+        out += [loss.detach(), xx.grad]
+    joiner = rnnt_lattice.Joiner(4, 4, 8, 6)
+    torch.manual_seed(1)
+    for p in joiner.parameters():
+        torch.nn.init.normal_(p)
+    enc = torch.randn(2, 5, 4, generator=g, requires_grad=True)
+    pred = torch.randn(2, 3, 4, generator=g, requires_grad=True)
+    loss = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, y, tl_, ul, blank=0,
+                                        backend="triton")
+    loss.backward()
+    out += [loss.detach(), enc.grad, pred.grad, *(p.grad for p in joiner.parameters())]
+    ints = torch.tensor([2 ** 20, -(2 ** 20) - 3, 46341, 5], dtype=torch.int32)
+    wrapped = torch.empty_like(ints)
+    _wrapping_int32_kernel[(1,)](ints, wrapped, BLOCK=4)
+    return out + [wrapped]
+
+
+def test_interpreter_shortcuts_change_no_value(monkeypatch):
+    """The suite's interpreter also skips what Triton's interpreter computes and drops or
+    already has (``support/interpreter.py``): the integer overflow checks (``debug`` off:
+    never asserted), the NumPy dtype table rebuilt at each operation, the broadcast of two
+    blocks of one shape. Each is in effect, and losses, gradients (regular, TDT, the
+    joiner's kernels: matrix products and broadcasts of two shapes) and an int32 product
+    that wraps past 2^31 are bit for bit those of Triton's own ways."""
+    import dataclasses
+
+    from triton.runtime import interpreter as itp
+
+    from support import interpreter
+    assert interpreter.install()
+    builder, semantic = itp.interpreter_builder, itp.interpreter_semantic
+    assert builder.options.debug is False and builder.options.sanitize_overflow is False
+    assert hasattr(itp._get_np_dtype, "_rnnt_lattice_original")
+    assert "broadcast_impl_value" in vars(semantic)
+    fast = _interpreted_work()
+    monkeypatch.setattr(builder, "options",
+                        dataclasses.replace(builder.options, sanitize_overflow=True))
+    monkeypatch.setattr(itp, "_get_np_dtype", itp._get_np_dtype._rnnt_lattice_original)
+    monkeypatch.delattr(semantic, "broadcast_impl_value")
+    slow = _interpreted_work()
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    want = [(v * v + v - 7 + 2 ** 31) % 2 ** 32 - 2 ** 31
+            for v in (2 ** 20, -(2 ** 20) - 3, 46341, 5)]
+    assert fast[-1].tolist() == want
+
+
 def test_cuda_checks_script_under_the_interpreter():
     """The CUDA check script itself, on tiny lattices through the interpreter: a GPU run
     must not be the first time it executes."""
