@@ -63,6 +63,25 @@ def _xpu_has_float64(index: int) -> bool:
     return bool(getattr(torch.xpu.get_device_properties(index), "has_fp64", True))
 
 
+def cumsum_last(x: torch.Tensor) -> torch.Tensor:
+    """``x.cumsum(-1)``, except for a floating ``x`` under
+    ``torch.use_deterministic_algorithms(True)``: CUDA has no deterministic kernel for a
+    floating cumsum (torch raises ``RuntimeError`` there; a warning with ``warn_only``), so
+    then the sums are a scan of elementwise adds, the same on every device::
+
+        s_0 = x;   s_{k+1}[..., i] = s_k[..., i] + s_k[..., i - 2^k]   (i >= 2^k)
+
+    for ``ceil(log2 n)`` steps (each entry a sum of the same terms as the cumsum's, in
+    another order: rounded differently, by as little)."""
+    if not (x.is_floating_point() and torch.are_deterministic_algorithms_enabled()):
+        return x.cumsum(-1)
+    n, d = x.shape[-1], 1
+    while d < n:
+        x = torch.cat([x[..., :d], x[..., d:] + x[..., :-d]], -1)
+        d *= 2
+    return x
+
+
 # ---------------------------------------------------------------------------------------
 # Start and end nodes, arc masks
 # ---------------------------------------------------------------------------------------

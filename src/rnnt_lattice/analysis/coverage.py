@@ -14,6 +14,7 @@ import torch
 
 from .._validate import check_int
 from ..pruned.windows import best_window_starts
+from ..reference import cumsum_last
 from .occupancy import Occupancy
 
 NEG_INF = float("-inf")
@@ -93,7 +94,7 @@ def prune_coverage(occ: Occupancy, max_window: int = 8) -> PruneCoverage:
     per_seq = torch.ones((B, max_window), dtype=dt, device=dev)
     covered = torch.zeros((B, max_window), dtype=dt, device=dev)
     s_begin = torch.zeros((B, T), dtype=torch.int64, device=dev)
-    cum = torch.nn.functional.pad(node.cumsum(-1), (1, 0))                   # (B, T, U+2)
+    cum = torch.nn.functional.pad(cumsum_last(node), (1, 0))                 # (B, T, U+2)
     for R in range(1, max_window + 1):
         if B == 0 or T == 0:
             break

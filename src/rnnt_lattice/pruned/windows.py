@@ -18,7 +18,7 @@ from .._ops import eager_under_compile
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
                          check_pruning_args, check_site, check_values_held, device_value_check,
                          user_stacklevel)
-from ..reference import lattice_dtype
+from ..reference import cumsum_last, lattice_dtype
 from ..topology import K2_TYPES, by_name
 from .simple import ArcOccupations
 
@@ -219,7 +219,7 @@ def _exact_starts(node, t_end, u_end, R: int, regular: bool):
     B, T, U1 = node.shape
     n = U1 - R + 1
     mass = torch.nan_to_num(node.to(lattice_dtype(node.device)), nan=0.0)   # float64 if it can
-    cum = torch.nn.functional.pad(mass.cumsum(-1), (1, 0))
+    cum = torch.nn.functional.pad(cumsum_last(mass), (1, 0))        # (deterministic mode)
     starts = torch.arange(n, device=node.device)
     window_mass = cum[..., starts + R] - cum[..., starts]           # (B, T, n)
     last = (u_end - R + 1).clamp(min=0)
