@@ -19,6 +19,9 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
                chunk's logits by cuBLAS (``gpu.joint.CUBLAS_PRODUCTS``)
     tools      occupancy / best_alignment (regular and TDT), the window DP
                (prune_ranges method="exact", prune_coverage)
+    determinism  under torch.use_deterministic_algorithms(True): rnnt_loss, occupancy,
+               prune_ranges and prune_coverage run (CUDA refuses ops without a
+               deterministic kernel there), twice the same bits
     cuda       no host synchronisation in the hot calls (sync debug mode "error"), a CUDA
                graph of forward+backward replayed equal to eager, peak memory of the
                gradient (about 1x the logits; none extra with inplace_grad)
@@ -869,6 +872,52 @@ def check_window_dp(ctx, shape):
             f"{exact.covered.mean().item():.4f} >= k2's {k2.covered.mean().item():.4f}; coverage -> 1 at R = U+1")
 
 
+def check_deterministic(ctx, shape):
+    """``torch.use_deterministic_algorithms(True)``, a reproducible training script's setting:
+    on CUDA torch refuses, under it, the ops that have no deterministic kernel (a floating
+    ``cumsum``: ``prune_ranges(method="exact")`` and ``prune_coverage`` summed with one), so
+    every call here must run under it; then the loss and its gradient, the occupations,
+    windows and coverage are the same bits twice, and the values of the calls without the
+    mode. (The simple losses and a Joiner's projections multiply matrices with cuBLAS, which
+    the mode allows on CUDA only with ``CUBLAS_WORKSPACE_CONFIG`` set, torch's rule: not here.)"""
+    B, T, U, V = shape
+    x, y, tl, ul, w = inputs(B, T, U, V, torch.float32, ctx.device)
+    names = ("loss", "gradient", "occupations", "windows", "coverage")
+
+    def run():
+        xx = x.clone().requires_grad_()
+        loss = rnnt_lattice.rnnt_loss(xx, y, tl, ul, blank=0, reduction="none",
+                                      backend=ctx.backend)
+        (loss * w).sum().backward()
+        occ = rnnt_lattice.occupancy(x, y, tl, ul, blank=0, backend=ctx.backend)
+        win = rnnt_lattice.prune_ranges((occ.node, occ.node), 3, logit_lengths=tl,
+                                        target_lengths=ul)
+        cover = rnnt_lattice.prune_coverage(occ, U + 1)
+        return [loss.detach(), xx.grad, occ.node, win.ranges, cover.total]
+
+    want = run()
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = run(), run()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    errs = []
+    for name, a, b, c in zip(names, first, second, want):
+        if not torch.equal(a, b):
+            raise CheckFailed(f"deterministic mode: the {name} differ between two runs")
+        if not c.is_floating_point():
+            if not torch.equal(a, c):
+                raise CheckFailed(f"deterministic mode: other {name} than without the mode")
+            continue
+        errs.append(_err(a, c))
+        if errs[-1] > 1e-6:
+            raise CheckFailed(f"deterministic mode: {name} err {errs[-1]:.1e} against the "
+                              f"calls without the mode")
+    return (f"rnnt_loss, occupancy, prune_ranges exact, prune_coverage: twice the same bits; "
+            f"against the calls without the mode err {max(errs):.1e}")
+
+
 # --------------------------------------------------------------------------- CUDA only
 @contextlib.contextmanager
 def no_sync():
@@ -1268,6 +1317,7 @@ def _checks(ctx: Context, big: bool) -> list:
                        _bind(check_tools, ctx, t, dtype, kind)))
     cs.append((f"window DP, prune_ranges exact, prune_coverage {t}", _bind(check_window_dp, ctx, t)))
     cs.append((f"do_rnnt_pruning's lm gradient {t}", _bind(check_pruning_rows, ctx, t)))
+    cs.append((f"torch.use_deterministic_algorithms(True) {t}", _bind(check_deterministic, ctx, t)))
     cuda_checks = [("no host synchronisation", check_no_sync), ("CUDA graph replay", check_cuda_graph),
                    ("peak memory", check_peak_memory)]
     if big:
