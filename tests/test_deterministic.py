@@ -43,8 +43,9 @@ REFUSED_ON_CUDA = {
     aten.nll_loss_forward: lambda a, k: True,
     aten.nll_loss2d_forward: lambda a, k: True,
     aten._ctc_loss_backward: lambda a, k: True,
-    aten.embedding_bag: lambda a, k: True,
-    aten._embedding_bag: lambda a, k: True,
+    # its backward, with mode "max" (2)
+    aten.embedding_bag: lambda a, k: (a[4] if len(a) > 4 else k.get("mode", 0)) == 2,
+    aten._embedding_bag: lambda a, k: (a[4] if len(a) > 4 else k.get("mode", 0)) == 2,
 }
 
 
@@ -63,13 +64,14 @@ class RefuseNondeterministicOnCuda(TorchDispatchMode):
 @contextlib.contextmanager
 def deterministic():
     """``torch.use_deterministic_algorithms(True)`` and the refusing mode, restored after."""
-    before = torch.are_deterministic_algorithms_enabled()
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True)
     try:
         with RefuseNondeterministicOnCuda():
             yield
     finally:
-        torch.use_deterministic_algorithms(before)
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 # float32 values: the same kernels, only the summing order of the windows' occupations
