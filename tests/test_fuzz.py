@@ -1,4 +1,4 @@
-"""Property-based fuzzing of ``rnnt_loss`` across backends (hypothesis).
+"""Property-based fuzzing of the losses across backends (hypothesis).
 
 Every drawn call either raises a ``ValueError`` naming the bad argument, on every backend
 alike, or all backends agree: the per-sequence losses (values, and which are NaN / +inf)
@@ -7,10 +7,18 @@ dtype. The draws cover shapes (B = 0, V = 1, U = 0, T = 0 included), dtypes, rag
 lengths, targets, blank (negative ids too), the three reductions, clamp, FastEmit,
 zero_infinity, log-prob mode, signed and zero upstream gradients, NaN / -NaN / +-inf
 logits anywhere (padding included), all -inf rows and classes, strided (non-contiguous)
-logits and targets, in-place gradients and second backward passes. The rules they check are docs/math.md section 8.
+logits and targets, in-place gradients and second backward passes. The rules they check
+are docs/math.md section 8, and padding's (never read: a gradient of exactly 0).
 
-Budget: a fixed seed and a bounded number of examples in CI (600 draws for the CPU
-backends, 100 for the interpreted Triton backend; under a minute on two cores);
+``rnnt_loss`` (the regular lattice) is drawn by ``loss_calls``; every other lattice
+(k2's modified and constrained with delay penalty and boundary, one_sym_per_frame, TDT,
+multi-blank in NeMo's and ESPnet's layouts) by ``topology_calls``, through its public
+function; and the fused losses, which take a joiner and its inputs, are held to the same
+loss on the joiner's materialised logits (``fused_calls``: random joiners and tiles, the
+Triton backend's kernel path for ``rnnt_lattice.Joiner``).
+
+Budget: a fixed seed and a bounded number of examples in CI (about 1000 draws for the CPU
+backends, 100 for the interpreted Triton backend; about a minute on two cores);
 ``pytest --slow tests/test_fuzz.py`` explores many more with a random seed (the profiles
 are in conftest.py). A failure prints the shrunk example and a
 ``@reproduce_failure`` blob.
@@ -25,6 +33,7 @@ import torch
 
 import rnnt_lattice
 from support import backends
+from support import fused as fused_support
 
 hypothesis = pytest.importorskip("hypothesis")
 
@@ -84,8 +93,19 @@ def loss_calls(draw):
     for b in range(B):
         for u in range(U_lens[b]):
             targets[b, u] = draw(st.sampled_from(others))
-    # Special values: single entries (mostly inside a lattice, else anywhere: padding),
-    # whole rows of -inf, whole classes of -inf.
+    _special_values(draw, x, T_lens, U_lens)
+    x, targets = _layouts(draw, x.to(dtype), targets)
+    upstream, kwargs = _reduction_and_options(draw, B)
+    kwargs.update(blank=blank, fused_log_softmax=fused)
+    _maybe_inplace(draw, x, kwargs)
+    return (x, targets, torch.tensor(T_lens, dtype=torch.int64),
+            torch.tensor(U_lens, dtype=torch.int64), kwargs, upstream)
+
+
+def _special_values(draw, x, T_lens, U_lens) -> None:
+    """Special values in ``x`` (float64, in place): single entries (mostly inside a
+    lattice, else anywhere: padding), whole rows of -inf, whole classes of -inf."""
+    B, T, U1, V = x.shape
     n_special = draw(st.sampled_from([0, 1, 2, 3, 1, 2])) if x.numel() else 0
     for _ in range(n_special):
         kind = draw(st.sampled_from(["entry", "entry", "entry", "entry", "row", "class"]))
@@ -94,27 +114,36 @@ def loss_calls(draw):
         if T_lens[b] > 0 and draw(st.integers(0, 4)) > 0:
             t, u = draw(st.integers(0, T_lens[b] - 1)), draw(st.integers(0, U_lens[b]))
         else:
-            t, u = draw(st.integers(0, T - 1)), draw(st.integers(0, U))
+            t, u = draw(st.integers(0, T - 1)), draw(st.integers(0, U1 - 1))
         if kind == "entry":
             x[b, t, u, draw(st.integers(0, V - 1))] = value
         elif kind == "row":
             x[b, t, u, :] = -INF
         else:
             x[b, :, :, draw(st.integers(0, V - 1))] = -INF
-    x = x.to(dtype)
-    # Strides: contiguous, frames and label positions swapped in memory, or a slice of a
-    # wider vocabulary.
+
+
+def _layouts(draw, x, targets):
+    """Strides: contiguous, frames and label positions swapped in memory, or a slice of a
+    wider vocabulary; targets int64 or int32, contiguous or not."""
+    B, T, U1, V = x.shape
     layout = draw(st.sampled_from(["contiguous", "contiguous", "transposed", "sliced"]))
     if layout == "transposed":
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     elif layout == "sliced":
-        wide = torch.full((B, T, U + 1, V + 3), NAN, dtype=dtype)
+        wide = torch.full((B, T, U1, V + 3), NAN, dtype=x.dtype)
         wide[..., 1:V + 1] = x
         x = wide[..., 1:V + 1]
     if draw(st.booleans()):
         targets = targets.to(torch.int32)
-    if U > 0 and draw(st.booleans()):
+    if U1 > 1 and draw(st.booleans()):
         targets = torch.stack([targets, targets], -1)[..., 0]    # non-contiguous, same values
+    return x, targets
+
+
+def _reduction_and_options(draw, B):
+    """The upstream gradient (signed, zero on some sequences) of a drawn reduction, and the
+    options every loss takes."""
     reduction = draw(st.sampled_from(["none", "sum", "mean"]))
     if reduction == "none":
         upstream = torch.tensor([draw(st.sampled_from([0.0, 0.0, 1.0, -0.5, 2.5])) for _ in range(B)],
@@ -122,26 +151,26 @@ def loss_calls(draw):
     else:
         upstream = torch.tensor(draw(st.sampled_from([1.0, -2.0, 0.0])), dtype=torch.float64)
     kwargs = dict(
-        blank=blank,
         clamp=draw(st.sampled_from([-1.0, -1.0, 0.0, 0.05, 0.5, 2.0])),
         reduction=reduction,
-        fused_log_softmax=fused,
         fastemit_lambda=draw(st.sampled_from([0.0, 0.0, 0.01, 0.5, -0.3])),
         zero_infinity=draw(st.booleans()),
     )
-    if x.is_contiguous() and dtype in (torch.float32, torch.float64) and draw(st.booleans()):
+    return upstream, kwargs
+
+
+def _maybe_inplace(draw, x, kwargs) -> None:
+    if x.is_contiguous() and x.dtype in (torch.float32, torch.float64) and draw(st.booleans()):
         kwargs["inplace_grad"] = True                 # the gradient is written over the logits
-    return (x, targets, torch.tensor(T_lens, dtype=torch.int64),
-            torch.tensor(U_lens, dtype=torch.int64), kwargs, upstream)
 
 
-def _run(backend, x, targets, tl, ul, kwargs, upstream):
-    """(output, gradient w.r.t. the logits) of one call; the upstream gradient is applied
-    with backward(), so a 0 weights a sequence exactly as ``loss[mask].sum()`` does. Without
-    ``inplace_grad``, a second backward of the same graph (which recomputes what the first
-    one was handed) must give the same gradient, bit for bit."""
+def _run(loss, backend, x, targets, tl, ul, kwargs, upstream):
+    """(output, gradient w.r.t. the logits) of one call of ``loss``; the upstream gradient
+    is applied with backward(), so a 0 weights a sequence exactly as ``loss[mask].sum()``
+    does. Without ``inplace_grad``, a second backward of the same graph (which recomputes
+    what the first one was handed) must give the same gradient, bit for bit."""
     xx = x.detach().clone().requires_grad_()
-    out = rnnt_lattice.rnnt_loss(xx, targets, tl, ul, backend=backend, **kwargs)
+    out = loss(xx, targets, tl, ul, backend=backend, **kwargs)
     up = upstream.to(out.dtype)
     if kwargs.get("inplace_grad"):
         out.backward(up)
@@ -175,13 +204,16 @@ FAST = tuple(b for b in BACKENDS if b != "triton")
 INTERPRETED = tuple(b for b in BACKENDS if b == "triton")
 
 
-def _agree(call, backends):
+def _agree(call, backends, loss=rnnt_lattice.rnnt_loss):
     """Every backend of ``backends`` against the last one: losses and gradients (values,
-    NaN and inf patterns), then the rules of math.md section 8 on each one's gradient."""
+    NaN and inf patterns), then the rules of math.md section 8 on each one's gradient, and
+    padding's (entries past a sequence's ``T_b`` frames or ``U_b + 1`` positions are never
+    read: exactly 0)."""
     x, targets, tl, ul, kwargs, upstream = call
-    note(f"x {tuple(x.shape)} {x.dtype} strides {x.stride()}; lengths {tl.tolist()} {ul.tolist()}; "
-         f"targets {targets.tolist()}; {kwargs}; upstream {upstream.tolist()}")
-    results = {b: _run(b, x, targets, tl, ul, kwargs, upstream) for b in backends}
+    note(f"{loss.__name__}: x {tuple(x.shape)} {x.dtype} strides {x.stride()}; lengths "
+         f"{tl.tolist()} {ul.tolist()}; targets {targets.tolist()}; {kwargs}; upstream "
+         f"{upstream.tolist()}")
+    results = {b: _run(loss, b, x, targets, tl, ul, kwargs, upstream) for b in backends}
     ref_name = backends[-1]
     ref_out, ref_grad = results[ref_name]
     for name, (out, grad) in results.items():
@@ -189,11 +221,14 @@ def _agree(call, backends):
         _assert_agree(f"{name} vs {ref_name} loss", out, ref_out, x.dtype)
         _assert_agree(f"{name} vs {ref_name} gradient", grad, ref_grad, x.dtype)
     # Rules that hold on every backend (math.md section 8), checked on each.
-    costs = rnnt_lattice.rnnt_loss(x, targets, tl, ul, backend=ref_name,
-                                   **dict(kwargs, reduction="none"))
-    B = x.shape[0]
+    costs = loss(x, targets, tl, ul, backend=ref_name,
+                 **dict(kwargs, reduction="none", inplace_grad=False))
+    B, T, U1, _ = x.shape
     ups = upstream.expand(B) if upstream.dim() == 0 else upstream
+    padding = ((torch.arange(T)[None, :, None] >= tl[:, None, None])
+               | (torch.arange(U1)[None, None, :] > ul[:, None, None]))
     for name, (_, grad) in results.items():
+        assert (grad[padding] == 0).all(), f"{name}: padding's gradient not exactly 0"
         for b in range(B):
             g = grad[b]
             if ups[b] == 0 or torch.isinf(costs[b]):
@@ -218,6 +253,189 @@ def test_backends_agree(call):
 @given(call=loss_calls())
 def test_triton_agrees(call):
     _agree(call, INTERPRETED + FAST[-1:])
+
+
+# ----------------------------------------------------------------- the other topologies
+# The same agreement and rules for every lattice besides the regular one (math.md section
+# 9), through their public functions: k2's modified and constrained lattices and
+# optimized_transducer's one_sym_per_frame (with k2's delay penalty and boundary), TDT
+# (durations with and without 0, sigma) and multi-blank (NeMo's layout, blank last, and
+# ESPnet's, blank after the big blanks), with NaN-poisoned padding besides the specials.
+
+TDT_DURATIONS = ([0, 1, 2], [1, 2], [0, 1], [1], [0, 2, 3], [2, 4], [0, 1, 2, 3, 4])
+BIG_BLANKS = ([2], [2, 4], [3, 2], [4, 8])
+
+
+@st.composite
+def topology_calls(draw):
+    """``(loss, call)``: one of the public losses of the other topologies and valid
+    arguments for it, as :func:`loss_calls` draws them."""
+    dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.float32, torch.float16,
+                                  torch.bfloat16]))
+    name = draw(st.sampled_from(["modified", "constrained", "one_sym_per_frame", "regular",
+                                 "tdt", "tdt", "multiblank", "multiblank"]))
+    B = draw(st.sampled_from([1, 2, 3, 1, 2, 3, 0]))
+    T = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 0]))
+    U = draw(st.integers(0, 4))
+    kwargs = {}
+    if name == "tdt":
+        loss, fused = rnnt_lattice.tdt_loss, True
+        durations = draw(st.sampled_from(TDT_DURATIONS))
+        V_tok = draw(st.sampled_from([2, 3, 5]))
+        V = V_tok + len(durations)
+        blank = draw(st.sampled_from([V_tok - 1, -1]))
+        labels = list(range(V_tok - 1))
+        kwargs.update(durations=durations, sigma=draw(st.sampled_from([0.0, 0.05, 1.0])))
+    elif name == "multiblank":
+        loss, fused = rnnt_lattice.multiblank_rnnt_loss, True
+        big = draw(st.sampled_from(BIG_BLANKS))
+        n_labels = draw(st.sampled_from([1, 2, 4]))
+        V = n_labels + len(big) + 1
+        if draw(st.booleans()):                       # ESPnet: big blanks, blank, labels
+            blank, labels = len(big), list(range(len(big) + 1, V))
+        else:                                         # NeMo: labels, big blanks, blank
+            blank, labels = draw(st.sampled_from([V - 1, -1])), list(range(n_labels))
+        kwargs.update(big_blank_durations=big, sigma=draw(st.sampled_from([0.0, 0.05, 1.0])))
+    else:
+        loss, fused = rnnt_lattice.rnnt_loss, draw(st.booleans())
+        V = draw(st.sampled_from([2, 3, 5, 8]))
+        blank = draw(st.integers(-V, V - 1))
+        labels = [v for v in range(V) if v != blank % V]
+        kwargs.update(rnnt_type=name, fused_log_softmax=fused,
+                      delay_penalty=draw(st.sampled_from([0.0, 0.0, 0.25, 2.0])))
+    T_lens = [draw(st.sampled_from([T, T, max(T - 1, 0), max(T - 3, 0), 0])) for _ in range(B)]
+    U_lens = draw(st.lists(st.integers(0, U), min_size=B, max_size=B))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = draw(st.sampled_from([0.5, 1.0, 4.0, 30.0])) * torch.randn(B, T, U + 1, V, generator=g,
+                                                                   dtype=torch.float64)
+    if not fused and draw(st.booleans()):
+        x = torch.log_softmax(x, -1)
+    targets = torch.full((B, U), -7, dtype=torch.int64)
+    for b in range(B):
+        for u in range(U_lens[b]):
+            targets[b, u] = draw(st.sampled_from(labels))
+        x[b, T_lens[b]:] = NAN                        # padding: never read
+        x[b, :, U_lens[b] + 1:] = NAN
+    if name in ("regular", "modified", "constrained") and B and draw(st.booleans()):
+        # k2's boundary: [begin_symbol, begin_frame, end_symbol, end_frame] within the lengths
+        kwargs["boundary"] = torch.tensor(
+            [[draw(st.integers(0, U_lens[b])), 0, U_lens[b], T_lens[b]] for b in range(B)])
+        for b in range(B):
+            kwargs["boundary"][b, 1] = draw(st.integers(0, T_lens[b]))
+    _special_values(draw, x, T_lens, U_lens)
+    x, targets = _layouts(draw, x.to(dtype), targets)
+    upstream, options = _reduction_and_options(draw, B)
+    kwargs.update(options, blank=blank)
+    _maybe_inplace(draw, x, kwargs)
+    return loss, (x, targets, torch.tensor(T_lens, dtype=torch.int64),
+                  torch.tensor(U_lens, dtype=torch.int64), kwargs, upstream)
+
+
+@pytest.mark.skipif(len(FAST) < 2, reason="fewer than two CPU backends to compare")
+@settings(max_examples=settings.default.max_examples)
+@given(drawn=topology_calls())
+def test_topologies_backends_agree(drawn):
+    loss, call = drawn
+    _agree(call, FAST, loss)
+
+
+@pytest.mark.skipif(not INTERPRETED or not FAST, reason="needs triton under TRITON_INTERPRET=1")
+@settings(max_examples=max(10, settings.default.max_examples // 12))
+@given(drawn=topology_calls())
+def test_topologies_triton_agrees(drawn):
+    loss, call = drawn
+    _agree(call, INTERPRETED + FAST[-1:], loss)
+
+
+# ------------------------------------------------------------------------- the fused losses
+# The fused losses (the joiner run tile by tile, or the kernel path of rnnt_lattice.Joiner)
+# against the same loss on the joiner's materialised logits, on the same backend: the loss
+# and the gradients of enc, pred and every parameter, for every topology and option, random
+# tiles, ragged lengths with garbage padding in enc and pred.
+
+
+class _Joint(torch.nn.Module):
+    """A joiner the kernels do not know (the tile path on every backend)."""
+
+    def __init__(self, enc_dim, pred_dim, hidden, vocab, activation, bias):
+        super().__init__()
+        self.enc = torch.nn.Linear(enc_dim, hidden) if enc_dim else torch.nn.Identity()
+        self.pred = torch.nn.Linear(pred_dim, hidden) if pred_dim else torch.nn.Identity()
+        self.act = {"tanh": torch.tanh, "relu": torch.relu}[activation]
+        self.out = torch.nn.Linear(hidden, vocab, bias=bias)
+
+    def forward(self, e, p):
+        return self.out(self.act(self.enc(e) + self.pred(p)))
+
+
+FUSED = {rnnt_lattice.rnnt_loss: rnnt_lattice.fused_rnnt_loss,
+         rnnt_lattice.tdt_loss: rnnt_lattice.fused_tdt_loss,
+         rnnt_lattice.multiblank_rnnt_loss: rnnt_lattice.fused_multiblank_rnnt_loss}
+
+
+@st.composite
+def fused_calls(draw, kernel_joiner=False):
+    """``(loss, joiner, enc, pred, targets, tl, ul, kwargs, upstream, tile)``: a topology's
+    loss as :func:`topology_calls` draws it, its logits from a drawn joiner (an
+    ``rnnt_lattice.Joiner`` or not, when ``kernel_joiner``) on enc and pred."""
+    loss, (x, targets, tl, ul, kwargs, upstream) = draw(topology_calls())
+    B, T, U1, V = x.shape
+    assume(B > 0 and T > 0 and x.dtype in (torch.float64, torch.float32))
+    for k in ("inplace_grad", "fused_log_softmax"):
+        kwargs.pop(k, None)
+    if kwargs.get("rnnt_type") is not None and draw(st.booleans()):
+        kwargs["fused_log_softmax"] = False           # the joiner's output read as log-probs
+    enc_dim, pred_dim = draw(st.sampled_from([(3, 2), (8, 8), (None, None)]))
+    hidden = draw(st.sampled_from([4, 8]))
+    if enc_dim is None:
+        enc_dim = pred_dim = hidden
+        projections = (None, None)
+    else:
+        projections = (enc_dim, pred_dim)
+    activation, bias = draw(st.sampled_from(["tanh", "relu"])), draw(st.booleans())
+    torch.manual_seed(draw(st.integers(0, 2**31 - 1)))
+    if kernel_joiner and draw(st.integers(0, 3)):
+        joiner = rnnt_lattice.Joiner(*projections, hidden, V, activation, bias=bias)
+    else:
+        joiner = _Joint(*projections, hidden, V, activation, bias)
+    scale = draw(st.sampled_from([0.5, 2.0, 8.0]))
+    enc = scale * torch.randn(B, T, enc_dim, dtype=torch.float64)
+    pred = scale * torch.randn(B, U1, pred_dim, dtype=torch.float64)
+    for b in range(B):                                # padding: garbage, never read
+        enc[b, tl[b]:] = 1e3
+        pred[b, ul[b] + 1:] = -1e3
+    joiner = joiner.to(x.dtype)
+    enc, pred = enc.to(x.dtype).requires_grad_(), pred.to(x.dtype).requires_grad_()
+    tile = draw(st.sampled_from([None, 1, 2, 3, 5, 8, 13]))
+    return loss, joiner, enc, pred, targets, tl, ul, kwargs, upstream, tile
+
+
+def _fused_equals_full(call, backend):
+    loss, joiner, enc, pred, targets, tl, ul, kwargs, upstream, tile = call
+    note(f"{loss.__name__} with {type(joiner).__name__} on {backend}: enc {tuple(enc.shape)} pred "
+         f"{tuple(pred.shape)} {enc.dtype}; lengths {tl.tolist()} {ul.tolist()}; targets "
+         f"{targets.tolist()}; {kwargs}; upstream {upstream.tolist()}; tile {tile}")
+    full = fused_support.run(lambda: loss(joiner(enc[:, :, None], pred[:, None]), targets, tl, ul,
+                                          backend=backend, **kwargs), joiner, enc, pred, upstream)
+    fused = fused_support.run(lambda: FUSED[loss](joiner, enc, pred, targets, tl, ul, tile=tile,
+                                                  backend=backend, **kwargs),
+                              joiner, enc, pred, upstream)
+    fused_support.assert_same(full, fused, {torch.float64: 1e-10, torch.float32: 2e-5}[enc.dtype])
+
+
+@pytest.mark.parametrize("backend", FAST)
+@settings(max_examples=max(20, settings.default.max_examples // 3))
+@given(call=fused_calls())
+def test_fused_losses_equal_the_loss_of_their_logits(backend, call):
+    _fused_equals_full(call, backend)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="needs triton under TRITON_INTERPRET=1")
+@settings(max_examples=max(6, settings.default.max_examples // 50))
+@given(call=fused_calls(kernel_joiner=True))
+def test_fused_losses_equal_the_loss_of_their_logits_triton(call):
+    """The kernel path (three draws in four take a Joiner) and the tile path."""
+    _fused_equals_full(call, "triton")
 
 
 BAD_CASES = {
