@@ -33,8 +33,12 @@ def exp_nonpos(x):
 
 # No "reassoc" here: it would fold the two-part ln 2 subtraction below into one and lose
 # the exactness it exists for (~1e-14 relative error at x ~ -700 in float64). The caller's
-# reduction keeps its own flags.
-@overload(exp_nonpos, jit_options=dict(fastmath=FASTMATH - {"reassoc"}))
+# reduction keeps its own flags. NumPy's error model: Python's checks a division for a
+# zero divisor and raises, a branch that kept every float64 row loop calling this (the
+# rational approximation divides) from vectorising; its divisor q - p is > 0 here. With
+# it the float64 exp loops run 8 lanes wide (AVX-512), and a float64 forward+backward
+# took a third of its time (docs/benchmarks.md, "float64 rows vectorised").
+@overload(exp_nonpos, jit_options=dict(fastmath=FASTMATH - {"reassoc"}, error_model="numpy"))
 def _exp_nonpos_impl(x):
     if x == types.float32:
         # exp(x) = 2^n * exp(r),  n = round(x / ln 2),  r = x - n ln 2 in [-ln2/2, ln2/2].
@@ -165,7 +169,11 @@ def row_max(row):
 # The entries equal to the max (exp(0) = 1, exactly) are counted, not summed: s = ties +
 # rest, added in float64 at the end. In a float32 partial sum the 1 would round the others
 # away (a confident row, p_max = 1 / (1 + rest), rest < 2^-24: log p_max read 0, and every
-# gradient entry p S - gamma that cancels near p = 1 inherited the rounding).
+# gradient entry p S - gamma that cancels near p = 1 inherited the rounding). The count
+# is kept in the row's float type too (exact: at most SUM_BLOCK ones), in the lanes of
+# the sum: an int64 counter took twice the vector registers, and the exp loop took 20%
+# longer than without the count (docs/benchmarks.md, "The row sums' tie count in the
+# row's float type").
 SUM_BLOCK = 256
 
 
@@ -185,20 +193,23 @@ def exp_store(row, m, out):
         # 2.5-4x slower; docs/benchmarks.md, "CPU kernels after the restructuring").
         return _exp_row(row, m, True)
     s = 0.0
-    ties = 0
+    ties = 0.0
     zero = cast_like(row, 0.0)
+    one = cast_like(row, 1.0)
     for v0 in range(0, row.shape[0], SUM_BLOCK):
         seg = row[v0:v0 + SUM_BLOCK]
         oseg = out[v0:v0 + SUM_BLOCK]
         part = zero
+        count = zero
         for k in range(seg.shape[0]):
             d = seg[k] - m
             e = exp_nonpos(d)
             oseg[k] = e
             tie = d == zero
-            ties += tie
+            count += one if tie else zero
             part += zero if tie else e
         s += part
+        ties += count
     return s + ties
 
 
@@ -207,20 +218,23 @@ def _exp_row(row, m, in_place):
     """sum_v exp(row[v] - m), the exps written over the row when ``in_place`` (a loop on
     one array: LLVM unswitches the flag and vectorises both versions)."""
     s = 0.0
-    ties = 0
+    ties = 0.0
     zero = cast_like(row, 0.0)
+    one = cast_like(row, 1.0)
     for v0 in range(0, row.shape[0], SUM_BLOCK):
         seg = row[v0:v0 + SUM_BLOCK]
         part = zero
+        count = zero
         for k in range(seg.shape[0]):
             d = seg[k] - m
             e = exp_nonpos(d)
             if in_place:
                 seg[k] = e
             tie = d == zero
-            ties += tie
+            count += one if tie else zero
             part += zero if tie else e
         s += part
+        ties += count
     return s + ties
 
 
