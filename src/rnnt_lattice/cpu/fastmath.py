@@ -37,7 +37,7 @@ def exp_nonpos(x):
 # zero divisor and raises, a branch that kept every float64 row loop calling this (the
 # rational approximation divides) from vectorising; its divisor q - p is > 0 here. With
 # it the float64 exp loops run 8 lanes wide (AVX-512), and a float64 forward+backward
-# took a third of its time (docs/benchmarks.md, "float64 rows vectorised").
+# took a third of its time (docs/benchmarks.md, "CPU row loops vectorised in full").
 @overload(exp_nonpos, jit_options=dict(fastmath=FASTMATH - {"reassoc"}, error_model="numpy"))
 def _exp_nonpos_impl(x):
     if x == types.float32:
@@ -172,8 +172,8 @@ def row_max(row):
 # gradient entry p S - gamma that cancels near p = 1 inherited the rounding). The count
 # is kept in the row's float type too (exact: at most SUM_BLOCK ones), in the lanes of
 # the sum: an int64 counter took twice the vector registers, and the exp loop took 20%
-# longer than without the count (docs/benchmarks.md, "The row sums' tie count in the
-# row's float type").
+# longer than without the count (docs/benchmarks.md, "CPU row loops vectorised in
+# full").
 SUM_BLOCK = 256
 
 
