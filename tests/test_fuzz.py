@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import rnnt_lattice
+from rnnt_lattice._layout import node_mask
 from support import backends
 from support import fused as fused_support
 
@@ -225,8 +226,7 @@ def _agree(call, backends, loss=rnnt_lattice.rnnt_loss):
                  **dict(kwargs, reduction="none", inplace_grad=False))
     B, T, U1, _ = x.shape
     ups = upstream.expand(B) if upstream.dim() == 0 else upstream
-    padding = ((torch.arange(T)[None, :, None] >= tl[:, None, None])
-               | (torch.arange(U1)[None, None, :] > ul[:, None, None]))
+    padding = ~node_mask(tl, ul, T, U1)
     for name, (_, grad) in results.items():
         assert (grad[padding] == 0).all(), f"{name}: padding's gradient not exactly 0"
         for b in range(B):
@@ -319,9 +319,8 @@ def topology_calls(draw):
     if name in ("regular", "modified", "constrained") and B and draw(st.booleans()):
         # k2's boundary: [begin_symbol, begin_frame, end_symbol, end_frame] within the lengths
         kwargs["boundary"] = torch.tensor(
-            [[draw(st.integers(0, U_lens[b])), 0, U_lens[b], T_lens[b]] for b in range(B)])
-        for b in range(B):
-            kwargs["boundary"][b, 1] = draw(st.integers(0, T_lens[b]))
+            [[draw(st.integers(0, U_lens[b])), draw(st.integers(0, T_lens[b])), U_lens[b], T_lens[b]]
+             for b in range(B)])
     _special_values(draw, x, T_lens, U_lens)
     x, targets = _layouts(draw, x.to(dtype), targets)
     upstream, options = _reduction_and_options(draw, B)
