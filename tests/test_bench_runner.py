@@ -707,3 +707,21 @@ def test_timeline_puts_each_idle_gap_down_to_its_cause(capsys):
     for spec in specs:
         args = timeline.parser().parse_args(spec.split() + ["--json", "x.json"])
         assert (args.loss or args.joint) in shapes.SHAPES
+
+
+def test_page_faults_runs_both_ways_of_allocating(monkeypatch):
+    """``page_faults.py``'s case (its child process, here in this one) on s2, whose lattice
+    arrays are above the workspaces' threshold, in a ``kept`` loop: both ways of allocating
+    report their figures per step, the workspaces' threshold is restored afterwards, and
+    the two blocks a training loop alternates are kept (``anew`` takes none)."""
+    import page_faults
+    from rnnt_lattice import cpu
+    default = cpu._Workspaces.MIN_BYTES
+    cpu.empty_cache()
+    out = page_faults.child("s2", "regular", "kept", 1, 2)
+    assert set(out) == {"workspaces", "anew"}
+    for got in out.values():
+        assert set(got) == {"faults", "cpu_ms", "wall_ms"} and got["cpu_ms"] > 0
+    assert cpu._Workspaces.MIN_BYTES == default
+    assert len(cpu._workspaces.blocks) == 2
+    cpu.empty_cache()

@@ -144,7 +144,7 @@ import torch  # noqa: E402
 
 import rnnt_lattice  # noqa: E402
 from rnnt_lattice import cpu  # noqa: E402
-from support.cases import Case, make_inputs  # noqa: E402
+from support.cases import Case, make_inputs, upstream_weights  # noqa: E402
 
 # 2 * 64 * 33 * 256 float32 = 4.3 MB: above the cache's MIN_BYTES.
 BIG = Case("big", (64, 50), (32, 20), 256, 0)
@@ -197,6 +197,154 @@ def test_gradient_buffer_reuse_can_be_turned_off(monkeypatch):
     rnnt_lattice.empty_cache()
     g = _step(logits, targets, tl, ul, blank)
     assert cpu._buffers.array is None and torch.isfinite(g).all()
+
+
+# --------------------------------------------------------------------------- workspaces
+# The calls whose O(B*T*(U+1)) arrays come from ``cpu._workspaces``, through the public
+# functions with the default backend: the regular fast path, the generic passes (TDT, with
+# a k2 boundary; packed rows), the pruned loss's rows and the fused loss's tiles.
+def _ws_regular(x, targets, tl, ul, blank):
+    return rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, reduction="none")
+
+
+def _ws_tdt(x, targets, tl, ul, blank):
+    # the last 3 of the V = 6 classes are the durations; the blank is the last token (2)
+    targets = torch.where(targets >= 0, targets % 2, targets)
+    return rnnt_lattice.tdt_loss(x, targets, tl, ul, blank=2, durations=[0, 1, 2],
+                                 reduction="none", sigma=0.05)
+
+
+def _ws_constrained_boundary(x, targets, tl, ul, blank):
+    boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), ul, tl], 1)
+    return rnnt_lattice.rnnt_loss(x, targets, tl, ul, blank, rnnt_type="constrained",
+                                  boundary=boundary, reduction="none")
+
+
+def _ws_packed(x, targets, tl, ul, blank):
+    rows = rnnt_lattice.pack_logits(x, tl, ul)
+    return rnnt_lattice.rnnt_loss(rows, targets, tl, ul, blank, packed=True, reduction="none")
+
+
+def _ws_pruned(x, targets, tl, ul, blank):
+    B, T, U1, V = x.shape
+    s_begin = torch.clamp(torch.arange(T) // 2, max=U1 - 2)            # windows of 2
+    ranges = (s_begin[:, None] + torch.arange(2)).expand(B, T, 2).contiguous()
+    rows = torch.gather(x, 2, ranges[..., None].expand(B, T, 2, V))
+    return rnnt_lattice.rnnt_loss_pruned(rows, targets, ranges, tl, ul, blank=blank,
+                                         reduction="none")
+
+
+def _ws_fused(x, targets, tl, ul, blank):
+    # the "logits" are the encoder output; the joiner adds a prediction of zeros
+    B, T, U1, V = x.shape
+    enc = x[:, :, 0, :]
+    pred = torch.zeros(B, U1, V, dtype=x.dtype)
+    return rnnt_lattice.fused_rnnt_loss(lambda e, p: e + p, enc, pred, targets, tl, ul,
+                                        blank=blank, reduction="none", tile=7)
+
+
+WORKSPACE_CALLS = {"regular": _ws_regular, "tdt": _ws_tdt,
+                   "constrained_boundary": _ws_constrained_boundary, "packed": _ws_packed,
+                   "pruned": _ws_pruned, "fused": _ws_fused}
+# B = 3, T = 5, U = 3, V = 6 and B = 2, T = 7, U = 4, V = 6: calls of two sizes
+WS_CASES = [Case("ws_a", (5, 3, 4), (3, 1, 2), 6, 0), Case("ws_b", (7, 6), (4, 2), 6, 0)]
+
+
+@pytest.fixture
+def workspaces(monkeypatch):
+    """Every call's arrays from the workspaces (the tests' lattices are below MIN_BYTES),
+    none kept before and after; ``made`` records, per claim, whether the block was new
+    (kept or not) and whether it is kept."""
+    monkeypatch.setattr(cpu._Workspaces, "MIN_BYTES", 0)
+    rnnt_lattice.empty_cache()
+    made = []
+    claim = cpu._Workspaces._claim
+
+    def spy(self, nbytes):
+        before = [id(b) for b in self.blocks]       # ids only: a reference would be a user
+        block = claim(self, nbytes)
+        made.append((id(block) not in before, any(b is block for b in self.blocks)))
+        return block
+
+    monkeypatch.setattr(cpu._Workspaces, "_claim", spy)
+    yield made
+    rnnt_lattice.empty_cache()
+
+
+def _ws_inputs(case, seed):
+    logits, targets, tl, ul, blank = make_inputs(case, torch.float64, seed=seed)
+    return logits, targets, tl, ul, blank
+
+
+def _ws_step(call, inputs, weights):
+    """Per-sequence losses and the gradient of ``sum(weights * losses)``; the loss tensor is
+    returned too, so that its graph (and its workspace block) can be kept alive."""
+    logits, targets, tl, ul, blank = inputs
+    x = logits.clone().requires_grad_()
+    loss = call(x, targets, tl, ul, blank)
+    return loss, x, weights.to(loss.dtype)
+
+
+@pytest.mark.parametrize("name", list(WORKSPACE_CALLS))
+def test_workspaces_alternate_in_a_training_loop(name, workspaces, monkeypatch):
+    """A training loop binds the next step's loss while the previous graph is alive: the
+    first two steps make their blocks (one per claim: the fused loss claims two, its
+    scratch free after the forward), every later step takes blocks the steps before left
+    free (no new block), and every step's losses and gradients are bit for bit those of
+    arrays allocated anew."""
+    call = WORKSPACE_CALLS[name]
+    inputs = _ws_inputs(WS_CASES[0], 0)
+    weights = upstream_weights(3)
+    got, loss = [], None
+    for _ in range(5):
+        loss, x, w = _ws_step(call, inputs, weights)   # the previous loss is bound until here
+        (loss * w).sum().backward()
+        got.append((loss.detach(), x.grad))
+    claims = len(workspaces) // 5
+    assert claims == (2 if name == "fused" else 1) and len(workspaces) == 5 * claims
+    assert workspaces[0][0] and workspaces[claims][0], workspaces        # new blocks
+    assert not any(new for new, _ in workspaces[2 * claims:]), workspaces
+    assert all(kept for _, kept in workspaces)
+    monkeypatch.setattr(cpu._config, "CACHE_GRAD", False)
+    del loss
+    loss, x, w = _ws_step(call, inputs, weights)
+    (loss * w).sum().backward()
+    for l, g in got:
+        assert torch.equal(l, loss.detach()) and torch.equal(g, x.grad)
+
+
+@pytest.mark.parametrize("name", list(WORKSPACE_CALLS))
+def test_workspaces_in_use_are_never_handed_out(name, workspaces, monkeypatch):
+    """Five graphs alive at once (more than the kept blocks), of two sizes in turn (a small
+    call in a large free block, a large one replacing a small free block); each backward,
+    in reverse order, gives the gradients of the same call alone with arrays allocated
+    anew, bit for bit."""
+    call = WORKSPACE_CALLS[name]
+    calls = [(_ws_inputs(WS_CASES[i % 2], i), upstream_weights(WS_CASES[i % 2].B))
+             for i in range(5)]
+    alive = [_ws_step(call, inputs, weights) for inputs, weights in calls]
+    # more graphs than kept blocks: the last calls' blocks are not kept
+    assert len(cpu._workspaces.blocks) == cpu._Workspaces.SLOTS
+    assert not all(kept for _, kept in workspaces) and not workspaces[-1][1]
+    got = [None] * len(calls)
+    for i in reversed(range(len(calls))):
+        loss, x, w = alive[i]
+        (loss * w).sum().backward()
+        got[i] = (loss.detach(), x.grad)
+    del alive, loss, x
+    # all free now, one call at a time: each takes a free block that fits, or replaces one
+    for (inputs, weights), (l, g) in zip(calls, got):
+        loss, x, w = _ws_step(call, inputs, weights)
+        (loss * w).sum().backward()
+        assert torch.equal(l, loss.detach()) and torch.equal(g, x.grad)
+    assert len(cpu._workspaces.blocks) == cpu._Workspaces.SLOTS
+    monkeypatch.setattr(cpu._config, "CACHE_GRAD", False)
+    for (inputs, weights), (l, g) in zip(calls, got):
+        loss, x, w = _ws_step(call, inputs, weights)
+        (loss * w).sum().backward()
+        assert torch.equal(l, loss.detach()) and torch.equal(g, x.grad)
+    rnnt_lattice.empty_cache()
+    assert cpu._workspaces.blocks == []
 
 
 @pytest.mark.parametrize("mix", [False, True], ids=["simple", "smoothed"])

@@ -89,21 +89,34 @@ def warm_kernels():
 
 
 # --------------------------------------------------------------------------- item 1: threads
-def test_gradient_buffer_check_and_claim_is_atomic():
-    """Thread A is stopped at each line of ``_BufferCache.empty`` in turn while thread B
-    takes a buffer from the same cache; the two buffers handed out must never share
-    memory. (Before the fix, stopping A between the reference-count check and the claim
-    handed B the same array as A.)"""
-    cache = cpu._BufferCache()
-    shape, dtype = (cache.MIN_BYTES // 4,), np.float32
-    cache.empty(shape, dtype)                 # a free array now sits in the cache
-    code = cpu._BufferCache.empty.__code__
+# cache -> (a new one, one buffer of at least its MIN_BYTES taken as a NumPy array, the
+# functions of the check and the claim)
+CACHES = {
+    "gradient_buffer": (cpu._BufferCache,
+                        lambda c: c.empty((c.MIN_BYTES // 4,), np.float32).numpy(),
+                        (cpu._BufferCache.empty,)),
+    "workspaces": (cpu._Workspaces,
+                   lambda c: c.arrays([((c.MIN_BYTES // 4,), np.float32)] * 2)[1],
+                   (cpu._Workspaces.arrays, cpu._Workspaces._claim)),
+}
+
+
+@pytest.mark.parametrize("kind", list(CACHES))
+def test_buffer_check_and_claim_is_atomic(kind):
+    """Thread A is stopped at each line of the cache's check and claim in turn while
+    thread B takes a buffer from the same cache; the two buffers handed out must never
+    share memory. (Before the fix, stopping A between the reference-count check and the
+    claim handed B the gradient buffer A had.)"""
+    new, take, functions = CACHES[kind]
+    cache = new()
+    take(cache)                               # a free buffer now sits in the cache
+    codes = tuple(f.__code__ for f in functions)
 
     def count_lines():
         n = [0]
 
         def tracer(frame, event, arg):
-            if frame.f_code is not code:
+            if frame.f_code not in codes:
                 return None
 
             def local(frame, event, arg):
@@ -113,7 +126,7 @@ def test_gradient_buffer_check_and_claim_is_atomic():
         old = sys.gettrace()
         sys.settrace(tracer)
         try:
-            t = cache.empty(shape, dtype)
+            t = take(cache)
         finally:
             sys.settrace(old)
         del t
@@ -123,11 +136,11 @@ def test_gradient_buffer_check_and_claim_is_atomic():
     assert n_lines >= 3
     for stop_at in range(1, n_lines + 1):
         got = {}
-        b = threading.Thread(target=lambda: got.setdefault("b", cache.empty(shape, dtype)))
+        b = threading.Thread(target=lambda: got.setdefault("b", take(cache)))
         seen = [0]
 
         def tracer(frame, event, arg):
-            if frame.f_code is not code:
+            if frame.f_code not in codes:
                 return None
 
             def local(frame, event, arg):
@@ -141,20 +154,21 @@ def test_gradient_buffer_check_and_claim_is_atomic():
         old = sys.gettrace()
         sys.settrace(tracer)
         try:
-            a = cache.empty(shape, dtype)
+            a = take(cache)
         finally:
             sys.settrace(old)
         b.join(10)
         assert not b.is_alive()
-        a_np, b_np = a.numpy(), got["b"].numpy()
+        a_np, b_np = a, got["b"]
         assert not np.shares_memory(a_np, b_np), f"same buffer handed out twice (stop at line {stop_at})"
         del a, got, a_np, b_np
 
 
 def test_threads_get_their_own_gradients(monkeypatch, warm_kernels):
-    """4 threads, each with its own inputs, fast thread switching, every buffer size
-    cached: every gradient equals the one computed alone (bounded to ~3 s)."""
+    """4 threads, each with its own inputs, fast thread switching, every gradient buffer
+    and workspace kept: every gradient equals the one computed alone (bounded to ~3 s)."""
     monkeypatch.setattr(cpu._BufferCache, "MIN_BYTES", 0)
+    monkeypatch.setattr(cpu._Workspaces, "MIN_BYTES", 0)
     rnnt_lattice.empty_cache()
     step = warm_kernels["loss_and_grad"]
     want = [step(seed) for seed in range(4)]

@@ -457,14 +457,16 @@ def pack_logits(logits: torch.Tensor, logit_lengths: torch.Tensor,
 
 
 def empty_cache() -> None:
-    """Release the gradient buffer that the CPU backend keeps for reuse.
+    """Release the gradient buffer and the workspaces that the CPU backend keeps for reuse.
 
     The Numba backend hands the same large gradient buffer out again once nothing uses it
     any more, so a training loop does not pay the page faults of a fresh buffer in every
-    step (like PyTorch's CUDA caching allocator). Between steps that buffer stays
-    allocated: call this to return it to the system (it is freed as soon as no tensor
-    uses it), or set ``RNNT_LATTICE_CACHE_GRAD=0`` before the first call to turn the reuse
-    off. Safe to call at any time; a no-op when the CPU backend was never used.
+    step (like PyTorch's CUDA caching allocator); so it does with a few blocks (at most
+    three) for the lattice's own arrays (row statistics, arc weights, alpha, beta,
+    occupations). Between steps they stay allocated: call this to return them to the
+    system (each is freed as soon as nothing uses it), or set ``RNNT_LATTICE_CACHE_GRAD=0``
+    before the first call to turn the reuse off. Safe to call at any time; a no-op when the
+    CPU backend was never used.
     """
     _backends.empty_cache()
 

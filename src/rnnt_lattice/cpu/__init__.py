@@ -35,8 +35,12 @@ buffer touched in 4 KiB pages costs as much in page faults as the exp pass itsel
 out again once nothing references it any more (autograd and the joiner's backward have
 dropped it, the user kept no ``.grad``): a training loop then reuses one buffer instead
 of faulting a new one in every step. That buffer stays allocated between calls, like a
-block of PyTorch's CUDA caching allocator; ``rnnt_lattice.empty_cache()`` releases it and
-``RNNT_LATTICE_CACHE_GRAD=0`` turns the reuse off (``_config``).
+block of PyTorch's CUDA caching allocator. The O(B*T*(U+1)) arrays of a call (row
+statistics, arc weights, alpha, beta, occupations: a few MB at training shapes, which
+glibc hands back to the system when they are freed) come from one kept block as well
+(``_Workspaces``: at most three, as a training loop alternates two).
+``rnnt_lattice.empty_cache()`` releases them and ``RNNT_LATTICE_CACHE_GRAD=0`` turns the
+reuse off (``_config``).
 
 Threads: the buffer is checked and claimed under a lock, so two threads are never handed
 the same one; the kernels release the GIL. How the parallel kernels behave under threads
@@ -136,14 +140,86 @@ class _BufferCache:
         self.lock = threading.Lock()    # another thread of the parent may have held it
 
 
+class _Workspaces:
+    """Blocks kept for the O(B*T*(U+1)) arrays of a loss call: the row statistics, arc
+    weights, alpha, beta and occupations (``_row_specs``, ``_lattice_specs``), 30-250
+    bytes a node with the kinds.
+
+    Allocated anew in every call, these arrays are fresh pages: glibc gives blocks beyond
+    its mmap threshold back to the system when freed, and returns the top of its heap once
+    more than twice that is free, so a call whose arrays total a few MB faults every 4 KiB
+    page of them in again (docs/benchmarks.md, "Page faults"). So a call claims one block
+    and carves all its arrays from it (:meth:`arrays`, 64-byte aligned); the block is free
+    again once no array carved from it is alive, which a reference count tells, as for
+    ``_BufferCache`` (views of views keep the block alive: NumPy's ``base`` is the block).
+
+    In a training loop the previous step's graph holds its block until the loss is
+    rebound, after the next forward: two blocks alternate. At most :data:`SLOTS` are kept
+    (a free block that is too small is replaced); with all of them busy, or below
+    :data:`MIN_BYTES` (allocations glibc serves from its heap), a call allocates as before.
+    Claim and check happen under one lock, as in ``_BufferCache``."""
+
+    MIN_BYTES = 256 << 10
+    SLOTS = 3
+    ALIGN = 64
+
+    def __init__(self):
+        self.blocks: list = []
+        self.lock = threading.Lock()
+
+    def arrays(self, specs) -> list:
+        """Uninitialised C-contiguous arrays ``[(shape, dtype), ...]``, from one block."""
+        offsets, total = [], 0
+        for shape, dtype in specs:
+            offsets.append(total)
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            total += -(-nbytes // self.ALIGN) * self.ALIGN
+        if not _config.CACHE_GRAD or total < self.MIN_BYTES:
+            return [np.empty(shape, dtype=dtype) for shape, dtype in specs]
+        with self.lock:
+            block = self._claim(total + self.ALIGN)
+            start = -block.ctypes.data % self.ALIGN
+            # The views exist before the lock is released: the block is busy for others.
+            return [np.ndarray(shape, dtype=dtype, buffer=block, offset=start + off)
+                    for (shape, dtype), off in zip(specs, offsets)]
+
+    def _claim(self, nbytes: int) -> np.ndarray:
+        """The smallest free block of at least ``nbytes`` (under the lock): a kept one, a
+        new one in a free slot or in place of the smallest free block, else an untracked
+        one."""
+        blocks = self.blocks
+        # getrefcount sees the list's reference and its own argument: 2 means nobody else.
+        free = [i for i in range(len(blocks)) if sys.getrefcount(blocks[i]) == 2]
+        fits = [i for i in free if blocks[i].size >= nbytes]
+        if fits:
+            return blocks[min(fits, key=lambda i: blocks[i].size)]
+        block = np.empty(nbytes, dtype=np.uint8)
+        if len(blocks) < self.SLOTS:
+            blocks.append(block)
+        elif free:
+            blocks[min(free, key=lambda i: blocks[i].size)] = block
+        return block
+
+    def clear(self) -> None:
+        with self.lock:
+            self.blocks = []
+
+    def _after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()    # another thread of the parent may have held it
+
+
 _buffers = _BufferCache()
+_workspaces = _Workspaces()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_buffers._after_fork_in_child)
+    os.register_at_fork(after_in_child=_workspaces._after_fork_in_child)
 
 
 def empty_cache() -> None:
-    """Release the kept gradient buffer (its memory returns once no tensor uses it)."""
+    """Release the kept gradient buffer and workspaces (their memory returns once no
+    tensor or array uses them)."""
     _buffers.clear()
+    _workspaces.clear()
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
@@ -183,11 +259,14 @@ def _ends(logit_lengths, target_lengths, boundary, T: int, U1: int):
     return tuple(_ids(x) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
 
 
-def _node_rows(node_rows, B: int, T: int, U1: int) -> np.ndarray:
+def _node_rows(node_rows, B: int, T: int, U1: int, out=None) -> np.ndarray:
     """(B, T, U+1) int64 row of each node: the given map, or the identity of the padded
-    layout ``(B, T, U+1, V)`` viewed as ``(B*T*(U+1), V)``."""
+    layout ``(B, T, U+1, V)`` viewed as ``(B*T*(U+1), V)`` (into ``out`` when given)."""
     if node_rows is None:
-        return np.arange(B * T * U1, dtype=np.int64).reshape(B, T, U1)
+        if out is None:
+            return np.arange(B * T * U1, dtype=np.int64).reshape(B, T, U1)
+        out.reshape(-1)[:] = np.arange(B * T * U1, dtype=np.int64)
+        return out
     return np.ascontiguousarray(_np(node_rows).astype(np.int64, copy=False))
 
 
@@ -220,31 +299,46 @@ def _upstream(upstream: torch.Tensor, infinite) -> np.ndarray:
             else up)
 
 
-def _lattice(w, nan_row, kinds, ends):
-    """Pass 2 (``kernels.lattice``): ``(alpha, beta, log_like, gamma)``."""
+def _lattice_specs(B: int, K: int, T: int, U1: int) -> list:
+    """``(shape, dtype)`` of the arrays pass 2 writes besides log P: alpha, beta, gamma."""
+    return [((B, T + 1, U1), np.float64)] * 2 + [((B, K, T, U1), np.float64)]
+
+
+def _lattice(w, nan_row, kinds, ends, out=None):
+    """Pass 2 (``kernels.lattice``): ``(alpha, beta, log_like, gamma)``; alpha, beta and
+    gamma are ``out`` (``_lattice_specs``, uninitialised) when given, else new arrays."""
     B, K, T, U1 = w.shape
-    alpha = np.full((B, T + 1, U1), -np.inf)
-    beta = np.full((B, T + 1, U1), -np.inf)
+    alpha, beta, gamma = out if out is not None else (np.empty(shape, dtype) for shape, dtype
+                                                      in _lattice_specs(B, K, T, U1))
+    alpha.fill(-np.inf)
+    beta.fill(-np.inf)
+    gamma.fill(0.0)
     log_like = np.empty(B)
-    gamma = np.zeros((B, K, T, U1))
     kernels.lattice(w, nan_row, *ends, kinds, alpha, beta, log_like, gamma)
     return alpha, beta, log_like, gamma
 
 
-def _row_outputs(B: int, T: int, U1: int, kinds, dtype, store: bool):
+def _row_specs(B: int, T: int, U1: int, kinds, dtype, store: bool) -> list:
+    """``(shape, dtype)`` of the arrays pass 1 writes (``_row_outputs``)."""
+    K = kinds.shape[1]
+    n_reads = len(set(kinds[kernels.CLASS_ID].tolist())) + 1 if store else 0
+    return ([((B, T, U1), dtype), ((B, T, U1), np.float64)] * 2
+            + [((B, T, U1, n_reads) if n_reads else (0, 0, 0, 0), dtype),
+               ((B, K, T, U1), np.float64), ((B, T), np.uint8)])
+
+
+def _row_outputs(B: int, T: int, U1: int, kinds, dtype, store: bool, arrays=None):
     """The arrays pass 1 writes, uninitialised: ``((shift, inv_sum, shift_d, inv_sum_d,
     e_read), w, nan_row)`` (``kernels.row_pass``); ``e_read`` is empty unless ``store``.
     The stored exp of each class a node reads (one column per distinct class of the kinds,
     + the blank of plus_next_blank arcs): the gradient pass needs them before it
-    overwrites the row, and reading them from the row costs it a memory latency per node."""
-    K = kinds.shape[1]
-    shift, shift_d = (np.empty((B, T, U1), dtype=dtype) for _ in range(2))
-    inv_sum, inv_sum_d = (np.empty((B, T, U1)) for _ in range(2))
-    n_reads = len(set(kinds[kernels.CLASS_ID].tolist())) + 1 if store else 0
-    e_read = np.empty((B, T, U1, n_reads) if n_reads else (0, 0, 0, 0), dtype=dtype)
-    w = np.empty((B, K, T, U1))
-    nan_row = np.empty((B, T), dtype=np.uint8)
-    return (shift, inv_sum, shift_d, inv_sum_d, e_read), w, nan_row
+    overwrites the row, and reading them from the row costs it a memory latency per node.
+    ``arrays``: those of ``_row_specs`` (from a workspace), else new ones."""
+    if arrays is None:
+        arrays = [np.empty(shape, dtype=dt)
+                  for shape, dt in _row_specs(B, T, U1, kinds, dtype, store)]
+    *stats, w, nan_row = arrays
+    return tuple(stats), w, nan_row
 
 
 def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: LossOptions, buf,
@@ -267,17 +361,22 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
     return stats, w, nan_row
 
 
+def _regular_row_specs(B: int, T: int, U1: int, dtype) -> list:
+    """``(shape, dtype)`` of the arrays the regular row pass writes: shift, inv_sum, w,
+    nan_row."""
+    return [((B, T, U1), dtype), ((B, T, U1), np.float64), ((B, 2, T, U1), np.float64),
+            ((B, T), np.uint8)]
+
+
 def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opts: LossOptions,
-                      buf):
+                      buf, arrays):
     """Pass 1 of the regular fast path (``regular.regular_row_pass``) on padded logits:
     ``(stats, w, nan_row)`` as :func:`_row_pass` returns them, the stats ``(shift,
-    inv_sum)``; the exps go into ``buf`` unless None (it may be ``logits`` itself)."""
-    B, T, U1, V = logits.shape
+    inv_sum)``, written into ``arrays`` (``_regular_row_specs``); the exps go into ``buf``
+    unless None (it may be ``logits`` itself)."""
+    B, T = logits.shape[:2]
     x = _np(logits)
-    shift = np.empty((B, T, U1), dtype=x.dtype)
-    inv_sum = np.empty((B, T, U1))
-    w = np.empty((B, 2, T, U1))
-    nan_row = np.empty((B, T), dtype=np.uint8)
+    shift, inv_sum, w, nan_row = arrays
     regular.regular_row_pass(x, _ids(targets), _ids(logit_lengths), _ids(target_lengths),
                              blank,
                              opts.log_softmax, buf is not None,
@@ -306,16 +405,27 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     B, T, U1 = shape[:3] if node_rows is None else tuple(node_rows.shape)
     ends = _ends(logit_lengths, target_lengths, boundary, T, U1)
     kinds = kernels.kind_table(topo, blank)
-    if uses_regular_fast_path(opts, boundary, node_rows):
+    # Every O(B*T*(U+1)) array of the call from one workspace block (``_Workspaces``).
+    dtype = _NP_FLOATS[logits.dtype]
+    fast = uses_regular_fast_path(opts, boundary, node_rows)
+    row_specs = (_regular_row_specs(B, T, U1, dtype) if fast
+                 else _row_specs(B, T, U1, kinds, dtype, buf is not None))
+    node_specs = [((B, T, U1), np.int64)] if node_rows is None and not fast else []
+    arrays = _workspaces.arrays(row_specs + _lattice_specs(B, kinds.shape[1], T, U1)
+                                + node_specs)
+    n_row = len(row_specs)
+    if fast:
         nodes = None
         stats, w, nan_row = _regular_row_pass(logits, targets, logit_lengths, target_lengths,
-                                              blank, opts, buf)
+                                              blank, opts, buf, arrays[:n_row])
     else:
-        nodes = _node_rows(node_rows, B, T, U1)
+        nodes = _node_rows(node_rows, B, T, U1, *arrays[n_row + 3:])
         stats, w, nan_row = _row_pass(logits.view(-1, V), targets, ends, nodes, kinds, blank,
                                       topo.n_durations, opts,
-                                      None if buf is None else buf.view(-1, V))
-    _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends)
+                                      None if buf is None else buf.view(-1, V),
+                                      out=_row_outputs(B, T, U1, kinds, dtype, buf is not None,
+                                                       arrays[:n_row]))
+    _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends, arrays[n_row:n_row + 3])
     cost_values = (-log_like).astype(_NP_FLOATS[logits.dtype])
     costs = with_bad_rows(torch.from_numpy(cost_values), nan_rows)
     if not need_grad:
@@ -392,6 +502,7 @@ class _Tiles:
     blank: int
     n_durations: int
     dtype: torch.dtype            # of the rows: the costs' dtype
+    lattice_out: Optional[tuple] = None   # alpha, beta, gamma for tile_lattice to write
     gamma: Optional[np.ndarray] = None    # (B, K, T, U+1), after tile_lattice
     log_like: Optional[np.ndarray] = None  # (B,)
     infinite: Optional[np.ndarray] = None  # (B,) bool: the cost is infinite in its dtype
@@ -409,12 +520,18 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
         blank = opts.blank
         kinds = kernels.kind_table(topo, blank)
         dtype = _np(rows[:0]).dtype
-        acc = _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax)
+        # From workspace blocks (``_Workspaces``): acc and the lattice's arrays from one,
+        # held until the backward ends; the scratch from another, free after the forward.
+        specs = _row_specs(B, T, U1, kinds, dtype, opts.log_softmax)
+        n = len(specs)
+        arrays = _workspaces.arrays(specs + _lattice_specs(B, kinds.shape[1], T, U1))
+        acc = _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax, arrays[:n])
         acc[2].fill(0)                            # nan_row: or-ed over label tiles
-        state = _Tiles(acc, _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax),
+        state = _Tiles(acc, _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax,
+                                         _workspaces.arrays(specs)),
                        targets.to(torch.int64).contiguous(),
                        _ends(logit_lengths, target_lengths, boundary, T, U1), kinds, blank,
-                       topo.n_durations, rows.dtype)
+                       topo.n_durations, rows.dtype, tuple(arrays[n:]))
     stats, w, nan_row = _row_pass(rows, state.targets, state.ends, _np(tile.node_rows),
                                   state.kinds, state.blank, state.n_durations, opts,
                                   rows if opts.log_softmax else None, out=state.scratch)
@@ -432,7 +549,8 @@ def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
     rows' dtype."""
     state.scratch = None
     _, w, nan_row = state.acc
-    _, _, log_like, gamma = _lattice(w, nan_row, state.kinds, state.ends)
+    _, _, log_like, gamma = _lattice(w, nan_row, state.kinds, state.ends, state.lattice_out)
+    state.lattice_out = None
     costs = torch.from_numpy(-log_like).to(state.dtype)
     if need_grad:
         state.gamma, state.log_like = gamma, log_like
