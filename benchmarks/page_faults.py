@@ -22,7 +22,7 @@ next step (a loop inside a function), and ``kept``, the previous loss still boun
 the next forward runs (a loop that rebinds ``loss``: its graph holds the previous step's
 arrays). ``--threads 1`` runs the serial kernels (``RNNT_LATTICE_NUMBA_PARALLEL=0``).
 Prints the medians per step and the ratio workspaces / anew; writes
-``results/cpu-page-faults-<commit>.{csv,json,md}``.
+``results/page_faults/cpu-page-faults-<commit>-t<threads>.{csv,json,md}``.
 """
 from __future__ import annotations
 
@@ -138,9 +138,9 @@ def main(argv=None) -> int:
     md = common.md_table(header, table)
     print(md)
     meta = dict(common.machine_info(), threads=args.threads)
-    stem = f"cpu-page-faults-{meta['git_commit']}"
+    stem = f"cpu-page-faults-{meta['git_commit']}-t{args.threads}"
     paths = common.write_results(stem, meta, rows, md,
-                                 **({"out_dir": args.out_dir} if args.out_dir else {}))
+                                 out_dir=args.out_dir or common.RESULTS / "page_faults")
     print("wrote", ", ".join(paths.values()))
     return 0
 
