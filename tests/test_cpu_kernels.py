@@ -271,11 +271,6 @@ def workspaces(monkeypatch):
     rnnt_lattice.empty_cache()
 
 
-def _ws_inputs(case, seed):
-    logits, targets, tl, ul, blank = make_inputs(case, torch.float64, seed=seed)
-    return logits, targets, tl, ul, blank
-
-
 def _ws_step(call, inputs, weights):
     """Per-sequence losses and the gradient of ``sum(weights * losses)``; the loss tensor is
     returned too, so that its graph (and its workspace block) can be kept alive."""
@@ -293,7 +288,7 @@ def test_workspaces_alternate_in_a_training_loop(name, workspaces, monkeypatch):
     free (no new block), and every step's losses and gradients are bit for bit those of
     arrays allocated anew."""
     call = WORKSPACE_CALLS[name]
-    inputs = _ws_inputs(WS_CASES[0], 0)
+    inputs = make_inputs(WS_CASES[0], torch.float64, seed=0)
     weights = upstream_weights(3)
     got, loss = [], None
     for _ in range(5):
@@ -320,7 +315,8 @@ def test_workspaces_in_use_are_never_handed_out(name, workspaces, monkeypatch):
     in reverse order, gives the gradients of the same call alone with arrays allocated
     anew, bit for bit."""
     call = WORKSPACE_CALLS[name]
-    calls = [(_ws_inputs(WS_CASES[i % 2], i), upstream_weights(WS_CASES[i % 2].B))
+    calls = [(make_inputs(WS_CASES[i % 2], torch.float64, seed=i),
+              upstream_weights(WS_CASES[i % 2].B))
              for i in range(5)]
     alive = [_ws_step(call, inputs, weights) for inputs, weights in calls]
     # more graphs than kept blocks: the last calls' blocks are not kept

@@ -140,6 +140,11 @@ class _BufferCache:
         self.lock = threading.Lock()    # another thread of the parent may have held it
 
 
+def _new_arrays(specs) -> list:
+    """Uninitialised arrays ``[(shape, dtype), ...]``, each allocated anew."""
+    return [np.empty(shape, dtype=dtype) for shape, dtype in specs]
+
+
 class _Workspaces:
     """Blocks kept for the O(B*T*(U+1)) arrays of a loss call: the row statistics, arc
     weights, alpha, beta and occupations (``_row_specs``, ``_lattice_specs``): 60 bytes a
@@ -175,7 +180,7 @@ class _Workspaces:
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             total += -(-nbytes // self.ALIGN) * self.ALIGN
         if not _config.CACHE_GRAD or total < self.MIN_BYTES:
-            return [np.empty(shape, dtype=dtype) for shape, dtype in specs]
+            return _new_arrays(specs)
         with self.lock:
             block = self._claim(total + self.ALIGN)
             start = -block.ctypes.data % self.ALIGN
@@ -308,8 +313,7 @@ def _lattice(w, nan_row, kinds, ends, out=None):
     """Pass 2 (``kernels.lattice``): ``(alpha, beta, log_like, gamma)``; alpha, beta and
     gamma are ``out`` (``_lattice_specs``, uninitialised) when given, else new arrays."""
     B, K, T, U1 = w.shape
-    alpha, beta, gamma = out if out is not None else (np.empty(shape, dtype) for shape, dtype
-                                                      in _lattice_specs(B, K, T, U1))
+    alpha, beta, gamma = out if out is not None else _new_arrays(_lattice_specs(B, K, T, U1))
     alpha.fill(-np.inf)
     beta.fill(-np.inf)
     gamma.fill(0.0)
@@ -327,16 +331,13 @@ def _row_specs(B: int, T: int, U1: int, kinds, dtype, store: bool) -> list:
                ((B, K, T, U1), np.float64), ((B, T), np.uint8)])
 
 
-def _row_outputs(B: int, T: int, U1: int, kinds, dtype, store: bool, arrays=None):
-    """The arrays pass 1 writes, uninitialised: ``((shift, inv_sum, shift_d, inv_sum_d,
-    e_read), w, nan_row)`` (``kernels.row_pass``); ``e_read`` is empty unless ``store``.
-    The stored exp of each class a node reads (one column per distinct class of the kinds,
-    + the blank of plus_next_blank arcs): the gradient pass needs them before it
-    overwrites the row, and reading them from the row costs it a memory latency per node.
-    ``arrays``: those of ``_row_specs`` (from a workspace), else new ones."""
-    if arrays is None:
-        arrays = [np.empty(shape, dtype=dt)
-                  for shape, dt in _row_specs(B, T, U1, kinds, dtype, store)]
+def _row_outputs(arrays):
+    """The arrays pass 1 writes (``arrays``: those of ``_row_specs``, uninitialised) as
+    ``kernels.row_pass`` takes them: ``((shift, inv_sum, shift_d, inv_sum_d, e_read), w,
+    nan_row)``; ``e_read`` is empty unless ``store``. The stored exp of each class a node
+    reads (one column per distinct class of the kinds, + the blank of plus_next_blank
+    arcs): the gradient pass needs them before it overwrites the row, and reading them
+    from the row costs it a memory latency per node."""
     *stats, w, nan_row = arrays
     return tuple(stats), w, nan_row
 
@@ -349,8 +350,8 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
     (``_row_outputs``), else new ones."""
     B, T, U1 = node_rows.shape
     x = _np(rows)
-    stats, w, nan_row = out if out is not None else _row_outputs(B, T, U1, kinds, x.dtype,
-                                                                 buf is not None)
+    stats, w, nan_row = out if out is not None else _row_outputs(
+        _new_arrays(_row_specs(B, T, U1, kinds, x.dtype, buf is not None)))
     kernels.row_pass(x, node_rows, _ids(targets), *ends,
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
@@ -423,10 +424,9 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
         stats, w, nan_row = _row_pass(logits.view(-1, V), targets, ends, nodes, kinds, blank,
                                       topo.n_durations, opts,
                                       None if buf is None else buf.view(-1, V),
-                                      out=_row_outputs(B, T, U1, kinds, dtype, buf is not None,
-                                                       arrays[:n_row]))
+                                      out=_row_outputs(arrays[:n_row]))
     _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends, arrays[n_row:n_row + 3])
-    cost_values = (-log_like).astype(_NP_FLOATS[logits.dtype])
+    cost_values = (-log_like).astype(dtype)
     costs = with_bad_rows(torch.from_numpy(cost_values), nan_rows)
     if not need_grad:
         return costs, (), None
@@ -525,10 +525,9 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
         specs = _row_specs(B, T, U1, kinds, dtype, opts.log_softmax)
         n = len(specs)
         arrays = _workspaces.arrays(specs + _lattice_specs(B, kinds.shape[1], T, U1))
-        acc = _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax, arrays[:n])
+        acc = _row_outputs(arrays[:n])
         acc[2].fill(0)                            # nan_row: or-ed over label tiles
-        state = _Tiles(acc, _row_outputs(B, T, U1, kinds, dtype, opts.log_softmax,
-                                         _workspaces.arrays(specs)),
+        state = _Tiles(acc, _row_outputs(_workspaces.arrays(specs)),
                        targets.to(torch.int64).contiguous(),
                        _ends(logit_lengths, target_lengths, boundary, T, U1), kinds, blank,
                        topo.n_durations, rows.dtype, tuple(arrays[n:]))
