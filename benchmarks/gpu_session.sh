@@ -26,6 +26,8 @@
 #                reference, no synchronisation, CUDA graph, memory, AMP recipe, bad input),
 #                in CHECK_JOBS (8) worker processes: a first run is mostly Triton compiling
 #                (150 s in one process on the last H200), which the workers do side by side
+#                (with CUBLAS_WORKSPACE_CONFIG=:4096:8, so that the deterministic-mode check
+#                runs the simple losses too: torch's rule for cuBLAS under the mode)
 #   confident    benchmarks/confident_rows.py --device cuda: a confident model's float32
 #                errors (12-20 nats) on the GPU, every topology whose read entries are formed
 #                in float64 (regular, multi-blank's big blanks, TDT's durations, the simple
@@ -162,8 +164,9 @@ ab() {  # ab NAME SECONDS RUNS "NAME=VALUE ...": gpu_passes.py at s5 and big, ev
 
 for step in "$@"; do
   case "$step" in
-    check) run check "${CHECK_LIMIT:-200}" python3 -m rnnt_lattice check --device cuda \
-              --jobs "${CHECK_JOBS:-8}" --json "$out/check.json" ;;
+    check) run check "${CHECK_LIMIT:-200}" env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+              python3 -m rnnt_lattice check --device cuda --jobs "${CHECK_JOBS:-8}" \
+              --json "$out/check.json" ;;
     confident) run confident "${CONFIDENT_LIMIT:-90}" python3 benchmarks/confident_rows.py \
               --device cuda --topologies regular multiblank tdt simple smoothed ;;
     passes) run passes "${PASSES_LIMIT:-170}" python3 benchmarks/gpu_passes.py \

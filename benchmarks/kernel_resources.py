@@ -241,14 +241,21 @@ def variants(V_list):
             yield (f"_simple_rescue_kernel {'bwd' if backward else 'fwd'}", V,
                    "_simple_rescue_kernel",
                    dict(BACKWARD=backward, BLOCK_NODES=gpu.RESCUE_BLOCK_NODES,
-                        BLOCK_V=gpu._pow2(V, 1024)), 4, 3)
+                        BLOCK_V=gpu._pow2(V, gpu.RESCUE_BLOCK_V)), 4, 3)
+        for am in (True, False):           # its backward in a fixed order (deterministic mode)
+            yield (f"_simple_rescue_rows_kernel {'am' if am else 'lm'}", V,
+                   "_simple_rescue_rows_kernel",
+                   dict(AM=am, BLOCK_K=gpu._pow2(101 if am else 400, gpu.RESCUE_ROWS_BLOCK_K),
+                        BLOCK_V=gpu._pow2(V, gpu.RESCUE_BLOCK_V)), 4, 3)
     for V in V_list:                           # the simple losses' rows
         tiles = gpu._rows_tiles(V, 101)
         # V specialised as a launch specialises it (the 7th field: the ints' values)
         yield ("_simple_rows_kernel", V, "_simple_rows_kernel", dict(tiles, CONTIG=True), 4, 3,
                {"V": V})
-        yield ("_simple_rows_grad_kernel", V, "_simple_rows_grad_kernel",
-               dict(tiles, UNI=True, COLS=True), 4, 3, {"V": V})
+        for ordered in (False, True):      # the entries with atomics, or in order
+            yield (f"_simple_rows_grad_kernel{' ordered' if ordered else ''}", V,
+                   "_simple_rows_grad_kernel", dict(tiles, UNI=True, COLS=True, ORDERED=ordered),
+                   4, 3, {"V": V})
     # do_rnnt_pruning's backward on a contiguous gradient (a launch specialises a unit
     # stride to the constant 1)
     yield ("_rows_sum_kernel", "D=1024", "_rows_sum_kernel",

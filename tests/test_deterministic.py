@@ -136,3 +136,41 @@ def test_cumsum_last_scans_in_deterministic_mode(n, dtype):
     eps = torch.finfo(dtype).eps
     assert ((got - want)[ok].abs() <= want[ok].abs() * eps * (n.bit_length() + 1)).all()
     assert torch.equal(ints, torch.arange(n).cumsum(0))
+
+
+@pytest.mark.skipif("triton" not in backends.names(), reason="needs the Triton backend (its interpreter)")
+@pytest.mark.parametrize("name", ["rnnt_loss_simple, rows 500x apart (rescue)",
+                                  "rnnt_loss_smoothed", "compat.k2 smoothed"])
+def test_the_simple_losses_add_in_order_under_the_mode(name, monkeypatch):
+    """The two places where the simple losses' backward adds float64 terms in an order a GPU
+    may change between runs (the entries of a class read twice by a row, the log-domain
+    rescue's nodes sharing a row) launch their kernels in a fixed order under the mode, and
+    with atomics without it: ``_simple_rows_grad_kernel`` with ``ORDERED``, the rescue's
+    backward as ``_simple_rescue_rows_kernel`` (a launch a side) instead of
+    ``_simple_rescue_kernel(BACKWARD=True)``. (The interpreter runs atomics in order, so the
+    values cannot tell the two apart: ``test_triton.py``'s compile for sm_90 finds no atomic
+    instruction in the ordered variants, and the values are the reference's there.)"""
+    from rnnt_lattice import gpu
+    monkeypatch.setattr(_backends, "AUTO", {"cpu": "triton"})
+    launched = []
+    real = gpu.launch
+
+    def record(kernel, grid, *args, **kw):
+        launched.append((kernel.fn.__name__, kw))
+        return real(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(gpu, "launch", record)
+    rescue = "rescue" in name
+    for mode in (contextlib.nullcontext, deterministic):
+        launched.clear()
+        CASES[name](mode)
+        ordered = mode is deterministic
+        rows = [kw["ORDERED"] for k, kw in launched
+                if k == "_simple_rows_grad_kernel" and kw["COLS"]]
+        assert rows and set(rows) == {ordered}, (mode, rows)
+        atomic = [kw for k, kw in launched if k == "_simple_rescue_kernel" and kw["BACKWARD"]]
+        sides = sorted(kw["AM"] for k, kw in launched if k == "_simple_rescue_rows_kernel")
+        assert not (ordered and atomic) and (ordered or not sides), (mode, atomic, sides)
+        if rescue:
+            assert len(atomic) == (0 if ordered else 1), (mode, atomic)
+            assert sides == ([False, True] if ordered else []), (mode, sides)

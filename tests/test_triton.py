@@ -13,6 +13,7 @@ module uses Triton: torch.compile on CPU generates C++). On a CUDA machine the i
 would also run these tests (it copies CUDA tensors to the host); ``test_cuda_native``
 runs the compiled kernels in a subprocess without the variable.
 """
+import contextlib
 import itertools
 import math
 import os
@@ -509,7 +510,7 @@ def _compile_env() -> dict:
 
 
 COMPILE_SCRIPT = """
-import inspect, sys
+import inspect, re, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -626,6 +627,9 @@ def variants(sm):
     for backward in (False, True):                             # the simple losses' rescue
         yield ("_simple_rescue_kernel", dict(BACKWARD=backward, BLOCK_NODES=256, BLOCK_V=1024),
                [("fp32", "i64"), ("fp64", "i64")])
+    for am in (True, False):                # its backward in a fixed order, a side a launch
+        yield ("_simple_rescue_rows_kernel", dict(AM=am, BLOCK_K=1024, BLOCK_V=1024),
+               [("fp32", "i64"), ("fp64", "i64")])
     for mix in (False, True):                                  # the simple losses' arc terms
         tiles = dict(MIX=mix, BLOCK_T=4, BLOCK_U=128)
         simple = [("fp32", "i64"), ("fp64", "i64")]
@@ -637,8 +641,9 @@ def variants(sm):
     rows = dict(ROWS=2, BLOCK_V=1024, BLOCK_J=128)                 # the simple losses' rows
     for contig in (True, False):
         yield "_simple_rows_kernel", dict(rows, CONTIG=contig), [("fp32", "i64"), ("fp64", "i64")]
-    yield ("_simple_rows_grad_kernel", dict(rows, UNI=True, COLS=True),
-           [("fp32", "i64"), ("fp64", "i64")])
+    for ordered in (False, True):           # the entries with atomics, or one at a time
+        yield ("_simple_rows_grad_kernel", dict(rows, UNI=True, COLS=True, ORDERED=ordered),
+               [("fp32", "i64"), ("fp64", "i64")])
     # the joiner's kernel path (gpu/joint.py), with the blocks it launches: the row and
     # gradient passes of the regular topology in every dtype it runs in on a GPU (float64
     # takes the tile path there: fused._kernel_path), float32 also with TF32 products, TDT
@@ -690,6 +695,11 @@ LAUNCH = {"_row_kernel": dict(num_warps=gpu.NUM_WARPS_V),
           "_arc_terms_kernel": dict(num_warps=gpu.ARC_WARPS),
           "_arc_terms_grad_kernel": dict(num_warps=gpu.ARC_WARPS)}
 
+# The kernels whose PTX must hold atomic instructions (True) or none (False), by constexprs
+ATOMICS = {"_simple_rows_grad_kernel": lambda c: not c["ORDERED"],
+           "_simple_rescue_kernel": lambda c: c["BACKWARD"],
+           "_simple_rescue_rows_kernel": lambda c: False}
+
 n = 0
 shard, shards = map(int, sys.argv[1].split("/"))   # this process compiles every shards-th
 i = 0
@@ -732,6 +742,12 @@ for sm in map(int, sys.argv[2:]):
             # what Triton 3.6 (the H100's) would not compile
             hazards = thread_locality_hazards(compiled.asm["ttir"])
             assert not hazards, (name, sm, x, const, hazards)
+            # the simple losses' sums: atomics where they add in any order, none in the
+            # kernels that add in a fixed order (torch.use_deterministic_algorithms)
+            if name in ATOMICS:
+                atoms = [ln for ln in compiled.asm["ptx"].splitlines()
+                         if re.match(r"\\s*(@!?%p\\d+\\s+)?(atom|red)\\.", ln)]
+                assert bool(atoms) == ATOMICS[name](const), (name, sm, x, const, atoms[:3])
             n += 1
 print("compiled", n)
 """
@@ -1308,14 +1324,30 @@ def test_cuda_checks_script_under_the_interpreter():
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.realpath(rnnt_lattice.__file__)), "")
 
 
+@contextlib.contextmanager
+def _deterministic(on: bool):
+    """``torch.use_deterministic_algorithms(on)``, restored after."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.parametrize("order", ["atomics", "ordered"])
 @pytest.mark.parametrize("block", [8, None], ids=["block8", "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_simple_rescue_kernel(dtype, block, monkeypatch):
+def test_simple_rescue_kernel(dtype, block, order, monkeypatch):
     """The simple losses' log-domain rescue on the Triton kernel (what CUDA runs) against
     logsumexp and its autograd gradient: the marked nodes only (others -inf, no gradient),
     strided am (a Conv1d head's transpose), logits 500 nats apart; programs of 8 nodes
     (two of them with no marked node, the last one partly past the nodes) or the
-    default's one program."""
+    default's one program. The backward with atomics, or under
+    ``torch.use_deterministic_algorithms(True)`` a program per row of a side, its nodes
+    in order (``_simple_rescue_rows_kernel``: rows with no marked node, a dead one, the
+    marks read 2 at a time and the classes 4 at a time with the smaller block), and with one side not wanted (None)."""
     if block:
         monkeypatch.setattr(gpu, "RESCUE_BLOCK_NODES", block)
     g = torch.Generator().manual_seed(0)
@@ -1327,10 +1359,12 @@ def test_simple_rescue_kernel(dtype, block, monkeypatch):
     need[0, 0, 0] = need[1, 5, 4] = True                               # the last node
     lm[0, 0] = float("-inf")                                           # a dead marked node
     up = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
+    need[1, 2] = False                                                 # an am row, none
+    need[0, :, 3] = False                                              # an lm row, none
+    if block:
+        monkeypatch.setattr(gpu, "RESCUE_ROWS_BLOCK_K", 2)           # marks 2 at a time
+        monkeypatch.setattr(gpu, "RESCUE_BLOCK_V", 4)                # classes 4 at a time
     lse = gpu.simple_rescue(am, lm, need)
-    grad_am = torch.zeros(am.shape, dtype=torch.float64)
-    grad_lm = torch.zeros(lm.shape, dtype=torch.float64)
-    gpu.simple_rescue_backward(am, lm, need, lse, up, grad_am, grad_lm)
     x = am.double()[:, :, None] + lm.double()[:, None]                 # (B, T, U+1, V)
     want = torch.logsumexp(x, -1)
     live = need & (want > float("-inf"))
@@ -1339,8 +1373,15 @@ def test_simple_rescue_kernel(dtype, block, monkeypatch):
     assert lse[0, 0, 0] == float("-inf")
     tol = 64 * torch.finfo(torch.float64).eps * 500
     torch.testing.assert_close(lse[need], want[need], rtol=tol, atol=tol)
-    torch.testing.assert_close(grad_am, p.sum(2), rtol=tol, atol=tol)
-    torch.testing.assert_close(grad_lm, p.sum(1), rtol=tol, atol=tol)
+    base = (torch.randn(am.shape, generator=g, dtype=torch.float64),
+            torch.randn(lm.shape, generator=g, dtype=torch.float64))
+    for wanted in ((True, True), (True, False), (False, True)):
+        grads = [b.clone() if w else None for b, w in zip(base, wanted)]
+        with _deterministic(order == "ordered"):
+            gpu.simple_rescue_backward(am, lm, need, lse, up, *grads)
+        for grad, b, sums in zip(grads, base, (p.sum(2), p.sum(1))):
+            if grad is not None:
+                torch.testing.assert_close(grad, b + sums, rtol=tol, atol=tol)
 
 
 class _RecordSyncSites(_RecordOps):
@@ -1726,18 +1767,22 @@ def test_arc_terms_kernels_are_the_reference(mix, dtype, tiles, U1, monkeypatch)
     check_arc_terms(gpu, dtype, U1, mix, absent=tiles == "one")
 
 
+@pytest.mark.parametrize("order", ["atomics", "ordered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("tiles", ["one", "many"])
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
-def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, monkeypatch):
+def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, order, monkeypatch):
     """The simple losses' rows and their backward on the Triton kernels (``gpu.simple_rows``)
     against the reference (``support.simple_parts.check_simple_rows``), in one step of a
-    row's classes and entries, and in many (2 rows of 4 classes, entries 2 at a time)."""
+    row's classes and entries, and in many (2 rows of 4 classes, entries 2 at a time); the
+    entries' gradients added with atomics, or under ``torch.use_deterministic_algorithms``
+    one entry of a row at a time (``ORDERED``)."""
     if tiles == "many":
         monkeypatch.setattr(gpu, "ROWS_TILE", 12)
         monkeypatch.setattr(gpu, "ROWS_MAX_BLOCK_V", 4)
         monkeypatch.setattr(gpu, "ROWS_BLOCK_J", 2)
-    check_simple_rows(gpu, dtype, contiguous)
+    with _deterministic(order == "ordered"):
+        check_simple_rows(gpu, dtype, contiguous)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -21,7 +21,9 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
                (prune_ranges method="exact", prune_coverage)
     determinism  under torch.use_deterministic_algorithms(True): rnnt_loss, occupancy,
                prune_ranges and prune_coverage run (CUDA refuses ops without a
-               deterministic kernel there), twice the same bits
+               deterministic kernel there), and the simple and smoothed losses with a
+               repeated label and rescued nodes (on CUDA where CUBLAS_WORKSPACE_CONFIG
+               allows their matrix products), twice the same bits
     cuda       no host synchronisation in the hot calls (sync debug mode "error"), a CUDA
                graph of forward+backward replayed equal to eager, peak memory of the
                gradient (about 1x the logits; none extra with inplace_grad)
@@ -878,11 +880,23 @@ def check_deterministic(ctx, shape):
     ``cumsum``: ``prune_ranges(method="exact")`` and ``prune_coverage`` summed with one), so
     every call here must run under it; then the loss and its gradient, the occupations,
     windows and coverage are the same bits twice, and the values of the calls without the
-    mode. (The simple losses and a Joiner's projections multiply matrices with cuBLAS, which
-    the mode allows on CUDA only with ``CUBLAS_WORKSPACE_CONFIG`` set, torch's rule: not here.)"""
+    mode. The simple and smoothed losses too, with a repeated label and nodes rescued in the
+    log domain (where their backward adds terms in a fixed order under the mode, atomics
+    otherwise), where the mode allows their matrix products: on CUDA only with
+    ``CUBLAS_WORKSPACE_CONFIG`` set to ``:4096:8`` or ``:16:8`` before the process starts
+    (torch's rule for cuBLAS; without it they are left out, and the result says so)."""
     B, T, U, V = shape
     x, y, tl, ul, w = inputs(B, T, U, V, torch.float32, ctx.device)
-    names = ("loss", "gradient", "occupations", "windows", "coverage")
+    names = ["loss", "gradient", "occupations", "windows", "coverage"]
+    simple = not ctx.cuda or os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8")
+    if simple:
+        am, lm, ys, tls, uls, ws = _simple_inputs((B, T, max(U, 2), V), torch.float32,
+                                                  ctx.device)
+        ys[0, 1] = ys[0, 0]                                    # a class read twice by a row
+        am[0, :, 1] += 1000.0                                  # nodes beyond float64's range:
+        lm[0, :, 2] += 1000.0                                  # the rescue
+        names += [f"{n} {k}" for n in ("simple", "smoothed") for k in ("loss", "grad lm",
+                                                                        "grad am")]
 
     def run():
         xx = x.clone().requires_grad_()
@@ -893,7 +907,13 @@ def check_deterministic(ctx, shape):
         win = rnnt_lattice.prune_ranges((occ.node, occ.node), 3, logit_lengths=tl,
                                         target_lengths=ul)
         cover = rnnt_lattice.prune_coverage(occ, U + 1)
-        return [loss.detach(), xx.grad, occ.node, win.ranges, cover.total]
+        out = [loss.detach(), xx.grad, occ.node, win.ranges, cover.total]
+        for fn in (rnnt_lattice.rnnt_loss_simple, rnnt_lattice.rnnt_loss_smoothed)[:2 * simple]:
+            lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+            cost = fn(lm_, am_, ys, tls, uls, blank=0, reduction="none", backend=ctx.backend)
+            (cost * ws.to(cost.dtype)).sum().backward()
+            out += [cost.detach(), lm_.grad, am_.grad]
+        return out
 
     want = run()
     before = (torch.are_deterministic_algorithms_enabled(),
@@ -915,8 +935,11 @@ def check_deterministic(ctx, shape):
         if errs[-1] > 1e-6:
             raise CheckFailed(f"deterministic mode: {name} err {errs[-1]:.1e} against the "
                               f"calls without the mode")
-    return (f"rnnt_loss, occupancy, prune_ranges exact, prune_coverage: twice the same bits; "
-            f"against the calls without the mode err {max(errs):.1e}")
+    losses = ("rnnt_loss, occupancy, prune_ranges exact, prune_coverage"
+              + (", the simple and smoothed losses (a repeated label, rescued nodes)" if simple
+                 else "; the simple losses not run (CUBLAS_WORKSPACE_CONFIG is not :4096:8 "
+                      "or :16:8)"))
+    return f"{losses}: twice the same bits; against the calls without the mode err {max(errs):.1e}"
 
 
 # --------------------------------------------------------------------------- CUDA only

@@ -190,6 +190,11 @@ BLOCK_NODES = 512  # lattice nodes per program of the occupation kernel (lattice
 # Nodes per program of the simple losses' rescue (``simple_rescue``): one vector load of
 # their marks, and nothing more where none is set (the usual case).
 RESCUE_BLOCK_NODES = 256
+# Marks read a vector load at a time by the rescue's backward in a fixed order
+# (``_simple_rescue_rows_kernel``, under torch.use_deterministic_algorithms): a program per
+# row of a side, its U+1 or T nodes' marks.
+RESCUE_ROWS_BLOCK_K = 1024
+RESCUE_BLOCK_V = 1024          # classes a chunk of the rescue's logsumexp and gradient
 # Lanes of the lattice kernel's wavefront per thread (``_lattice_warps``): with one, each
 # thread's loads of a diagonal all issue before the first is used (sm_90 SASS: TDT's nine
 # kinds in 62 registers; two lanes a thread took 126 and interleaved loads with the max).
@@ -1125,17 +1130,33 @@ def simple_rescue(am: torch.Tensor, lm: torch.Tensor, need: torch.Tensor) -> tor
             launch(kernels._simple_rescue_kernel, _rescue_grid(lse.numel()),
                 am, lm, flags, lse, lse, lse, lse, lse.numel(), T, U1, V, *am.stride(),
                 *lm.stride(), BACKWARD=False, BLOCK_NODES=RESCUE_BLOCK_NODES,
-                BLOCK_V=_pow2(V, 1024))
+                BLOCK_V=_pow2(V, RESCUE_BLOCK_V))
     return lse
 
 
 def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     """Adds ``g p`` of the nodes ``need`` marks, ``p(v) = exp(am(t,v) + lm(u,v) - lse)``,
     into ``grad_am (B, T, V)`` and ``grad_lm (B, U+1, V)`` (float64, contiguous; either may
-    be None: not wanted) with atomics (the backward of :func:`simple_rescue`)."""
+    be None: not wanted) with atomics (the backward of :func:`simple_rescue`); under
+    ``torch.use_deterministic_algorithms(True)`` in a fixed order instead
+    (``kernels._simple_rescue_rows_kernel``, a launch a side wanted)."""
     check_device(am)
     B, T, V = am.shape
     U1 = lm.shape[1]
+    if torch.are_deterministic_algorithms_enabled():
+        if lse.numel() and V:
+            flags = need.contiguous().view(torch.uint8)
+            lse, g = lse.contiguous(), g.to(torch.float64).contiguous()
+            for grad, side in ((grad_am, True), (grad_lm, False)):
+                if grad is not None:
+                    n_rows = B * (T if side else U1)
+                    with _device(am):
+                        launch(kernels._simple_rescue_rows_kernel, (n_rows,),
+                            am, lm, flags, lse, g, grad, n_rows, T, U1, V, *am.stride(),
+                            *lm.stride(), AM=side,
+                            BLOCK_K=_pow2(U1 if side else T, RESCUE_ROWS_BLOCK_K),
+                            BLOCK_V=_pow2(V, RESCUE_BLOCK_V))
+        return
     # The kernel writes both: a scratch buffer for the one not wanted.
     grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
     grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
@@ -1145,7 +1166,7 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
             launch(kernels._simple_rescue_kernel, _rescue_grid(lse.numel()),
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
                 grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
-                BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, 1024))
+                BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, RESCUE_BLOCK_V))
 
 
 def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int,
@@ -1210,7 +1231,9 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
 def simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols) -> None:
     """The backward of :func:`simple_rows` in place on ``grad (B, N, V)`` float64
     (``torch_backend.simple_rows_backward``: the reference), one launch of
-    ``kernels._simple_rows_grad_kernel`` (the entries' gradients added with atomics)."""
+    ``kernels._simple_rows_grad_kernel`` (the entries' gradients added with atomics; under
+    ``torch.use_deterministic_algorithms(True)`` one entry of a row at a time, in order:
+    ``ORDERED``)."""
     check_device(grad)
     B, N, V = grad.shape
     J = idx.shape[2]
@@ -1223,7 +1246,8 @@ def simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols) -> None:
     with _device(grad):
         launch(kernels._simple_rows_grad_kernel, (triton.cdiv(B * N, tiles["ROWS"]),),
             grad, ex, ok.view(torch.uint8), g_uni, uni if has_uni else grad, idx, g_cols,
-            B * N, N, V, J, *idx.stride(), UNI=has_uni, COLS=has_cols, **tiles, num_warps=4)
+            B * N, N, V, J, *idx.stride(), UNI=has_uni, COLS=has_cols, **tiles,
+            ORDERED=has_cols and torch.are_deterministic_algorithms_enabled(), num_warps=4)
 
 
 def _arc_tiles(T: int, U1: int) -> tuple[int, int]:

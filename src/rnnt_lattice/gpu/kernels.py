@@ -1974,6 +1974,76 @@ def _simple_rescue_kernel(
                         tl.store(lse_ptr + node, tl.where(s > 0.0, m + tl.log(s), NEG_INF))
 
 
+@triton.jit(do_not_specialize=("n_rows", "T", "U1", "V", "s_ab", "s_at", "s_lb", "s_lu"))
+def _simple_rescue_rows_kernel(
+    # data: the gradient of one side, grad_am (B, T, V) or grad_lm (B, U+1, V), float64,
+    # contiguous
+    am_ptr, lm_ptr, need_ptr, lse_ptr, g_ptr, grad_side_ptr,
+    # shapes: the rows of the gradient (the grid), the nodes B T (U+1)
+    n_rows, T, U1, V,
+    # strides, in elements: am (B, T, V), lm (B, U+1, V)
+    s_ab, s_at, s_av, s_lb, s_lu, s_lv,
+    AM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """The backward of the log-domain rescue (``_simple_rescue_kernel``'s) in a fixed order,
+    under ``torch.use_deterministic_algorithms(True)``: a program per row of one side's
+    gradient, ``AM``: row ``(b, t)`` of ``grad_am``, its nodes ``u = 0..U`` in order; else
+    row ``(b, u)`` of ``grad_lm``, its nodes ``t = 0..T-1`` in order::
+
+        grad(row, v) = (...((grad(row, v) + g_k1 p_k1(v)) + g_k2 p_k2(v)) ...)
+
+    over the row's marked live nodes ``k1 < k2 < ...``, ``p_k(v) = exp(am(t,v) + lm(u,v) -
+    lse_k)``: the sum held in registers a chunk of ``BLOCK_V`` classes at a time and
+    written once. No atomics: two runs give the same bits, the order of the reference's
+    ``index_put_`` on the CPU. A program reads its row's marks ``BLOCK_K`` at a time and
+    returns when none is set (two launches, one a side, where the atomic kernel takes
+    one). Offsets in int64."""
+    row = tl.program_id(0).to(tl.int64)
+    if AM:
+        b = row // T
+        fixed = row - b * T                        # t
+        K = U1
+        first = row * U1                           # node (b, t, 0)
+        step = tl.full((), 1, tl.int64)
+    else:
+        b = row // U1
+        fixed = row - b * U1                       # u
+        K = T
+        first = b * T * U1 + fixed                 # node (b, 0, u)
+        step = tl.full((), 1, tl.int64) * U1
+    found = tl.zeros((), tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        marks = tl.load(need_ptr + first + k.to(tl.int64) * step, mask=k < K, other=0)
+        found = tl.maximum(found, tl.max(marks.to(tl.int32), axis=0))
+    if found != 0:
+        out = grad_side_ptr + row * V
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            acc = tl.load(out + cols, mask=cols < V, other=0.0)
+            # node k's rows: the fixed one and row k of the other side, a step along it
+            node = first
+            if AM:
+                a_row = am_ptr + b * s_ab + fixed * s_at
+                l_row = lm_ptr + b * s_lb
+            else:
+                a_row = am_ptr + b * s_ab
+                l_row = lm_ptr + b * s_lb + fixed * s_lu
+            for _ in range(0, K):
+                if tl.load(need_ptr + node) != 0:
+                    lse = tl.load(lse_ptr + node)
+                    if lse > NEG_INF:
+                        g = tl.load(g_ptr + node)
+                        on, x = _rescue_chunk(a_row, l_row, cols, V, s_av, s_lv)
+                        acc += tl.where(on, tl.exp(x - lse) * g, 0.0)
+                node += step
+                if AM:
+                    l_row += s_lu
+                else:
+                    a_row += s_at
+            tl.store(out + cols, acc, mask=cols < V)
+
+
 # The flags of a node that the arc terms' backward reads (``_arc_terms_kernel``'s ``code``).
 ARC_FIN = tl.constexpr(1)      # lse is not -inf: the node's b and e read their entries
 ARC_LIVE = tl.constexpr(2)     # lse came from the mass (not on a bad row)
@@ -2252,7 +2322,7 @@ def _simple_rows_grad_kernel(
     g_ptr, ex_ptr, row_ok_ptr, g_uni_ptr, uni_ptr, idx_ptr, g_cols_ptr,
     n_rows, N, V, J, s_ib, s_in, s_ij,
     UNI: tl.constexpr, COLS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_J: tl.constexpr,
+    BLOCK_J: tl.constexpr, ORDERED: tl.constexpr,
 ):
     """The backward of ``_simple_rows_kernel``'s ``ex`` and ``cols``, in place on ``grad (B,
     N, V)`` float64 (``torch_backend.simple_rows_backward`` is the reference), ``ROWS``
@@ -2262,9 +2332,13 @@ def _simple_rows_grad_kernel(
                      + sum_{j: idx(r, j) = v} g_cols(r, j)           (COLS)
                      on ok rows, 0 elsewhere
 
-    the entries' gradients added with float64 atomics after the row's products are written
-    (a barrier between): a class read twice by one row (a repeated label) gets its two
-    terms in either order."""
+    the entries' gradients added after the row's products are written (a barrier between):
+    with float64 atomics, where a class read twice by one row (a repeated label) gets its
+    two terms in either order; ``ORDERED`` (under ``torch.use_deterministic_algorithms``),
+    one entry of each row at a time in the order of j, the order of the reference's
+    ``scatter_add_`` on the CPU, a barrier after each (the next entry's load sees this
+    one's store, whichever thread of the program holds the row): no atomics, two runs give
+    the same bits."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     on = r < n_rows
     ok = tl.load(row_ok_ptr + r, mask=on, other=0) != 0
@@ -2284,13 +2358,26 @@ def _simple_rows_grad_kernel(
         tl.debug_barrier()                 # every product is written before the entries add
         b = r // N
         n = r - b * N
-        for j0 in range(0, J, BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            m = (on & ok)[:, None] & (j < J)[None, :]
-            ix = tl.load(idx_ptr + (b * s_ib + n * s_in)[:, None] + j[None, :].to(tl.int64)
-                         * s_ij, mask=m, other=0)
-            gc = tl.load(g_cols_ptr + r[:, None] * J + j[None, :], mask=m, other=0.0)
-            tl.atomic_add(g_ptr + r[:, None] * V + ix, gc.to(tl.float64), mask=m)
+        if ORDERED:
+            live = on & ok
+            ix_at = idx_ptr + b * s_ib + n * s_in          # entry j of each row
+            gc_at = g_cols_ptr + r * J
+            for j in range(0, J):
+                ix = tl.load(ix_at, mask=live, other=0)
+                gc = tl.load(gc_at, mask=live, other=0.0)
+                at = g_ptr + r * V + ix
+                tl.store(at, tl.load(at, mask=live, other=0.0) + gc.to(tl.float64), mask=live)
+                tl.debug_barrier()             # entry j is written before entry j+1 reads
+                ix_at += s_ij
+                gc_at += 1
+        else:
+            for j0 in range(0, J, BLOCK_J):
+                j = j0 + tl.arange(0, BLOCK_J)
+                m = (on & ok)[:, None] & (j < J)[None, :]
+                ix = tl.load(idx_ptr + (b * s_ib + n * s_in)[:, None] + j[None, :].to(tl.int64)
+                             * s_ij, mask=m, other=0)
+                gc = tl.load(g_cols_ptr + r[:, None] * J + j[None, :], mask=m, other=0.0)
+                tl.atomic_add(g_ptr + r[:, None] * V + ix, gc.to(tl.float64), mask=m)
 
 
 # --------------------------------------------------------------------------- pruning
