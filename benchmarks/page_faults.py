@@ -21,6 +21,12 @@ Two ways of running the loop (``--loops``): ``freed``, each step's loss dropped 
 next step (a loop inside a function), and ``kept``, the previous loss still bound while
 the next forward runs (a loop that rebinds ``loss``: its graph holds the previous step's
 arrays). ``--threads 1`` runs the serial kernels (``RNNT_LATTICE_NUMBA_PARALLEL=0``).
+The variant ``pruned`` (on the pruned shapes: ``--shapes p1 p2 --variants pruned --loops
+freed``) is k2's recipe, ``pruned_pipeline.py``'s step with R = 5 (the smoothed loss, the
+windows, ``do_rnnt_pruning``, the joiner ``am + lm``, the pruned loss, one backward); it
+adds ``do_rnnt_pruning``'s rows of lm to the kept blocks (``anew``: PyTorch's
+``index_select``, as before they were kept). Its step runs its own backward, so its two
+loops differ only by the step's detached record.
 Prints the medians per step and the ratio workspaces / anew; writes
 ``results/page_faults/cpu-page-faults-<commit>-t<threads>.{csv,json,md}``.
 """
@@ -41,33 +47,47 @@ sys.path.insert(0, str(HERE))
 
 MODES = ("workspaces", "anew")
 LOOPS = ("freed", "kept")
+PRUNED_R = 5                   # the windows of the pruned variant's step
 
 
-def child(shape: str, variant: str, loop: str, rounds: int, steps: int) -> dict:
+def child(shape: str, variant: str, loop: str, rounds: int, steps: int,
+          anew: str = "all") -> dict:
     """One case in this process, both ways of allocating in turn: ``{mode: {"faults": per
     step, "cpu_ms": median, "wall_ms": median}}``."""
     import shapes as registry
-    from rnnt_lattice import cpu
+    from rnnt_lattice import cpu, torch_backend
 
-    inp = registry.make_inputs(registry.SHAPES[shape], variant=variant)
-    x = inp.logits.clone().requires_grad_(True)
     held = []
+    if variant == "pruned":
+        import pruned_pipeline
+        joint = registry.make_joiner_inputs(registry.SHAPES[shape])
+        am, lm = pruned_pipeline.leaves(joint)
+        pipeline = pruned_pipeline.PIPELINES["rnnt_lattice (k2)"].load()
 
-    def step():
-        loss = registry.variant_loss(variant, x, inp.targets, inp.logit_lengths,
-                                     inp.target_lengths, inp.blank)
-        loss.sum().backward()
-        x.grad = None
-        held[:] = [loss] if loop == "kept" else []
+        def step():
+            out = pruned_pipeline.run_step(pipeline, joint, PRUNED_R, am, lm)
+            held[:] = [out] if loop == "kept" else []
+    else:
+        inp = registry.make_inputs(registry.SHAPES[shape], variant=variant)
+        x = inp.logits.clone().requires_grad_(True)
 
-    default = cpu._Workspaces.MIN_BYTES
+        def step():
+            loss = registry.variant_loss(variant, x, inp.targets, inp.logit_lengths,
+                                         inp.target_lengths, inp.blank)
+            loss.sum().backward()
+            x.grad = None
+            held[:] = [loss] if loop == "kept" else []
+
+    default, kept_rows = cpu._Workspaces.MIN_BYTES, cpu.rows_select
     samples = {m: {"faults": 0, "cpu_s": [], "wall_s": []} for m in MODES}
     try:
         for _ in range(3):
             step()
         for _ in range(rounds):
             for mode in MODES:
-                cpu._Workspaces.MIN_BYTES = default if mode == "workspaces" else float("inf")
+                off = mode == "anew"
+                cpu._Workspaces.MIN_BYTES = float("inf") if off and anew == "all" else default
+                cpu.rows_select = torch_backend.rows_select if off else kept_rows
                 step()
                 step()
                 got = samples[mode]
@@ -79,7 +99,7 @@ def child(shape: str, variant: str, loop: str, rounds: int, steps: int) -> dict:
                     got["cpu_s"].append(time.process_time() - p)
                 got["faults"] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     finally:
-        cpu._Workspaces.MIN_BYTES = default
+        cpu._Workspaces.MIN_BYTES, cpu.rows_select = default, kept_rows
     return {m: {"faults": got["faults"] / len(got["wall_s"]),
                 "cpu_ms": 1e3 * statistics.median(got["cpu_s"]),
                 "wall_ms": 1e3 * statistics.median(got["wall_s"])}
@@ -91,7 +111,7 @@ def run_child(args, shape: str, variant: str, loop: str) -> dict:
     if args.threads == 1:
         env["RNNT_LATTICE_NUMBA_PARALLEL"] = "0"
     p = subprocess.run([sys.executable, __file__, "--child", shape, variant, loop,
-                        str(args.rounds), str(args.steps)], env=env, capture_output=True,
+                        str(args.rounds), str(args.steps), args.anew], env=env, capture_output=True,
                        text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{shape} {variant} {loop}: {p.stderr.strip()[-2000:]}")
@@ -109,12 +129,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10, help="turns of each way of allocating")
     ap.add_argument("--steps", type=int, default=5, help="steps counted per turn")
     ap.add_argument("--out-dir", type=Path, default=None)
-    ap.add_argument("--child", nargs=5, metavar=("SHAPE", "VARIANT", "LOOP", "ROUNDS", "STEPS"),
+    ap.add_argument("--anew", choices=["all", "rows"], default="all",
+                    help="what the 'anew' mode allocates anew: every kept array, or only "
+                         "do_rnnt_pruning's rows (the pruned variant's)")
+    ap.add_argument("--child", nargs=6,
+                    metavar=("SHAPE", "VARIANT", "LOOP", "ROUNDS", "STEPS", "ANEW"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        shape, variant, loop, rounds, steps = args.child
-        print(json.dumps(child(shape, variant, loop, int(rounds), int(steps))))
+        shape, variant, loop, rounds, steps, anew = args.child
+        print(json.dumps(child(shape, variant, loop, int(rounds), int(steps), anew)))
         return 0
 
     import common
@@ -137,8 +161,10 @@ def main(argv=None) -> int:
               "wall ms a step (median)", f"CPU ms a step (median, {args.threads} thread(s))"]
     md = common.md_table(header, table)
     print(md)
-    meta = dict(common.machine_info(), threads=args.threads)
+    meta = dict(common.machine_info(), threads=args.threads, anew=args.anew)
     stem = f"cpu-page-faults-{meta['git_commit']}-t{args.threads}"
+    if "pruned" in args.variants:
+        stem += f"-pruned-anew-{args.anew}"
     paths = common.write_results(stem, meta, rows, md,
                                  out_dir=args.out_dir or common.RESULTS / "page_faults")
     print("wrote", ", ".join(paths.values()))

@@ -725,3 +725,21 @@ def test_page_faults_runs_both_ways_of_allocating(monkeypatch):
     assert cpu._Workspaces.MIN_BYTES == default
     assert len(cpu._workspaces.blocks) == 2
     cpu.empty_cache()
+
+
+def test_page_faults_runs_the_pruned_step_both_ways():
+    """``page_faults.py``'s pruned variant (k2's recipe at p1, R = 5) with ``--anew rows``:
+    both ways report their figures, the CPU backend's ``rows_select`` is put back, and
+    do_rnnt_pruning's rows of lm (B T R Dl float32, 12 MB) took a kept block."""
+    import page_faults
+    from rnnt_lattice import cpu
+    rows_select = cpu.rows_select
+    cpu.empty_cache()
+    out = page_faults.child("p1", "pruned", "freed", 1, 1, "rows")
+    assert set(out) == {"workspaces", "anew"}
+    for got in out.values():
+        assert set(got) == {"faults", "cpu_ms", "wall_ms"} and got["cpu_ms"] > 0
+    assert cpu.rows_select is rows_select
+    B, T, R, Dl = 8, 150, page_faults.PRUNED_R, 500
+    assert any(b.size >= B * T * R * Dl * 4 for b in cpu._workspaces.blocks)
+    cpu.empty_cache()

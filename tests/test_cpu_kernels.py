@@ -243,9 +243,24 @@ def _ws_fused(x, targets, tl, ul, blank):
                                         blank=blank, reduction="none", tile=7)
 
 
+def _ws_do_rnnt_pruning(x, targets, tl, ul, blank):
+    # k2's recipe: am (B, T, V) and lm (B, U+1, V) from the logits, their windows' rows
+    # (do_rnnt_pruning's lm rows: a block of their own, free once the sum is formed)
+    B, T, U1, V = x.shape
+    s_begin = torch.clamp(torch.arange(T) // 2, max=U1 - 2)            # windows of 2
+    ranges = (s_begin[:, None] + torch.arange(2)).expand(B, T, 2).contiguous()
+    am_p, lm_p = rnnt_lattice.do_rnnt_pruning(x[:, :, 0], x[:, 0], ranges)
+    return rnnt_lattice.rnnt_loss_pruned(am_p + lm_p, targets, ranges, tl, ul, blank=blank,
+                                         reduction="none")
+
+
 WORKSPACE_CALLS = {"regular": _ws_regular, "tdt": _ws_tdt,
                    "constrained_boundary": _ws_constrained_boundary, "packed": _ws_packed,
-                   "pruned": _ws_pruned, "fused": _ws_fused}
+                   "pruned": _ws_pruned, "fused": _ws_fused,
+                   "do_rnnt_pruning": _ws_do_rnnt_pruning}
+# Claims a call makes: the fused loss's whole-lattice arrays and tile scratch; the lm rows
+# and the pruned loss's arrays; the others one block of arrays.
+WORKSPACE_CLAIMS = {"fused": 2, "do_rnnt_pruning": 2}
 # B = 3, T = 5, U = 3, V = 6 and B = 2, T = 7, U = 4, V = 6: calls of two sizes
 WS_CASES = [Case("ws_a", (5, 3, 4), (3, 1, 2), 6, 0), Case("ws_b", (7, 6), (4, 2), 6, 0)]
 
@@ -283,10 +298,11 @@ def _ws_step(call, inputs, weights):
 @pytest.mark.parametrize("name", list(WORKSPACE_CALLS))
 def test_workspaces_alternate_in_a_training_loop(name, workspaces, monkeypatch):
     """A training loop binds the next step's loss while the previous graph is alive: the
-    first two steps make their blocks (one per claim: the fused loss claims two, its
-    scratch free after the forward), every later step takes blocks the steps before left
-    free (no new block), and every step's losses and gradients are bit for bit those of
-    arrays allocated anew."""
+    first step makes a block per claim (the fused loss claims two, its scratch free after
+    the forward; do_rnnt_pruning's rows another, free once the joiner has used them), the
+    second at least one more (the first step's graph holds its arrays), every later step
+    takes blocks the steps before left free (no new block), and every step's losses and
+    gradients are bit for bit those of arrays allocated anew."""
     call = WORKSPACE_CALLS[name]
     inputs = make_inputs(WS_CASES[0], torch.float64, seed=0)
     weights = upstream_weights(3)
@@ -296,8 +312,9 @@ def test_workspaces_alternate_in_a_training_loop(name, workspaces, monkeypatch):
         (loss * w).sum().backward()
         got.append((loss.detach(), x.grad))
     claims = len(workspaces) // 5
-    assert claims == (2 if name == "fused" else 1) and len(workspaces) == 5 * claims
-    assert workspaces[0][0] and workspaces[claims][0], workspaces        # new blocks
+    assert claims == WORKSPACE_CLAIMS.get(name, 1) and len(workspaces) == 5 * claims
+    assert all(new for new, _ in workspaces[:claims]), workspaces                # new blocks
+    assert any(new for new, _ in workspaces[claims:2 * claims]), workspaces
     assert not any(new for new, _ in workspaces[2 * claims:]), workspaces
     assert all(kept for _, kept in workspaces)
     monkeypatch.setattr(cpu._config, "CACHE_GRAD", False)
@@ -340,6 +357,34 @@ def test_workspaces_in_use_are_never_handed_out(name, workspaces, monkeypatch):
         (loss * w).sum().backward()
         assert torch.equal(l, loss.detach()) and torch.equal(g, x.grad)
     rnnt_lattice.empty_cache()
+    assert cpu._workspaces.blocks == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_rows_select_reuses_its_block_once_free(dtype):
+    """``cpu.rows_select`` (do_rnnt_pruning's rows of lm, 300 KiB and more: a workspace
+    block) gives ``index_select``'s values bit for bit in every dtype, from strided rows
+    too; its block comes back once the result and its views are gone, never while one is
+    alive (a second result elsewhere, the first one unchanged); small results are new
+    tensors; ``empty_cache`` releases the block."""
+    cpu.empty_cache()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2 * 512, generator=g).to(dtype)[:, ::2]        # (40, 512), strided
+    index = torch.randint(0, 40, (600,), generator=g)
+    want = x.index_select(0, index)
+    first = cpu.rows_select(x, index)
+    assert first.dtype == dtype and torch.equal(first, want)
+    ptr = first.data_ptr()
+    view = first[3:].view(-1)                            # a view keeps the block busy
+    del first
+    second = cpu.rows_select(x, index)
+    assert second.data_ptr() != ptr and torch.equal(view, want[3:].view(-1))
+    assert torch.equal(second, want)
+    del view, second                                     # both free: reused
+    assert cpu.rows_select(x, index).data_ptr() == ptr
+    small = cpu.rows_select(x, index[:4])
+    assert torch.equal(small, want[:4]) and small.data_ptr() != ptr
+    cpu.empty_cache()
     assert cpu._workspaces.blocks == []
 
 

@@ -143,6 +143,10 @@ class Backend(Protocol):
                            g_e: torch.Tensor | None, mix: Smoothing | None,
                            dtypes: tuple) -> tuple: ...
 
+    # ``x.index_select(0, index)`` ``(N, D)`` (``do_rnnt_pruning``'s rows of lm), in memory
+    # the backend may reuse once the result is no longer referenced (the CPU's kept blocks).
+    def rows_select(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor: ...
+
     # The backward of ``x.index_select(0, index)`` (``do_rnnt_pruning``'s rows of lm):
     # ``out (n_out, D)``, ``out[j] = sum_{i: index[i] = j} grad[i]``, in the order of i;
     # the i of group g (``groups`` equal parts of N) point into part g of the n_out rows.

@@ -398,6 +398,13 @@ def arc_terms_backward(saved: tuple, g_b: torch.Tensor | None, g_e: torch.Tensor
 
 
 # --------------------------------------------------------------------------- pruning
+def rows_select(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)`` ``(N, D)`` for ``x (n, D)`` and ``index (N,)`` int64 in
+    ``[0, n)``: ``do_rnnt_pruning``'s rows of lm (a new tensor; on CUDA from PyTorch's
+    caching allocator)."""
+    return x.index_select(0, index)
+
+
 def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int,
              groups: int = 1) -> torch.Tensor:
     """``out (n_out, D)`` with ``out[j] = sum_{i: index[i] = j} grad[i]`` for ``grad (N, D)``

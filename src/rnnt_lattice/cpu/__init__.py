@@ -68,7 +68,7 @@ from . import _config, kernels, regular, simple, windows
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts", "simple_rescue",
            "simple_rescue_backward", "simple_rows", "simple_rows_backward", "arc_terms",
-           "arc_terms_backward", "rows_sum", "empty_cache"]
+           "arc_terms_backward", "rows_select", "rows_sum", "empty_cache"]
 
 NAME = "numba"
 NATIVE_LOW_PRECISION = False      # float16/bfloat16 logits are promoted to float32 first
@@ -179,7 +179,7 @@ class _Workspaces:
             offsets.append(total)
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             total += -(-nbytes // self.ALIGN) * self.ALIGN
-        if not _config.CACHE_GRAD or total < self.MIN_BYTES:
+        if not self.keeps(total):
             return _new_arrays(specs)
         with self.lock:
             block = self._claim(total + self.ALIGN)
@@ -187,6 +187,11 @@ class _Workspaces:
             # The views exist before the lock is released: the block is busy for others.
             return [np.ndarray(shape, dtype=dtype, buffer=block, offset=start + off)
                     for (shape, dtype), off in zip(specs, offsets)]
+
+    def keeps(self, nbytes: int) -> bool:
+        """Whether a claim of ``nbytes`` comes from the kept blocks (else it is allocated
+        anew): the reuse on (``RNNT_LATTICE_CACHE_GRAD``) and at least :data:`MIN_BYTES`."""
+        return _config.CACHE_GRAD and nbytes >= self.MIN_BYTES
 
     def _claim(self, nbytes: int) -> np.ndarray:
         """The smallest free block of at least ``nbytes`` (under the lock): a kept one, a
@@ -225,6 +230,24 @@ def empty_cache() -> None:
     tensor or array uses them)."""
     _buffers.clear()
     _workspaces.clear()
+
+
+def rows_select(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)`` ``(N, D)`` (``torch_backend.rows_select``: the reference)
+    written into a kept workspace block: ``do_rnnt_pruning``'s rows of lm, ``(B, T, R, Dl)``
+    a step (64 MB at B=16, T=200, R=5, Dl=1000). PyTorch allocates such a tensor from glibc,
+    which maps blocks beyond 32 MB afresh and unmaps them when freed, so a new one faults
+    in every page in every step (docs/benchmarks.md, "Page faults"). The block is free
+    again once the tensor and every view of it are gone (``_Workspaces``); carved as bytes,
+    so every dtype takes it. Where no block is kept (the reuse off, or under
+    ``_Workspaces.MIN_BYTES``), ``index_select`` itself."""
+    n, D = index.shape[0], x.shape[1]
+    nbytes = n * D * x.element_size()
+    if not _workspaces.keeps(nbytes):
+        return x.index_select(0, index)
+    (raw,) = _workspaces.arrays([((nbytes,), np.uint8)])
+    out = torch.from_numpy(raw).view(x.dtype).view(n, D)
+    return torch.index_select(x, 0, index, out=out)
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:

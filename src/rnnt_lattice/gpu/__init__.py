@@ -99,7 +99,8 @@ from ._launch import launch  # noqa: E402
 __all__ = ["loss_forward", "loss_backward", "tile_forward", "tile_lattice", "tile_backward",
            "occupancy", "viterbi", "lattice_of_terms", "window_dp", "k2_starts",
            "simple_rescue", "simple_rescue_backward", "simple_rows", "simple_rows_backward",
-           "arc_terms", "arc_terms_backward", "rows_sum", "input_check", "empty_cache"]
+           "arc_terms", "arc_terms_backward", "rows_select", "rows_sum", "input_check",
+           "empty_cache"]
 
 NAME = "triton"
 
@@ -1167,6 +1168,10 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
                 am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
                 grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
                 BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, RESCUE_BLOCK_V))
+
+
+# do_rnnt_pruning's rows of lm: index_select, its output from PyTorch's caching allocator.
+rows_select = torch_backend.rows_select
 
 
 def rows_sum(grad: torch.Tensor, index: torch.Tensor, n_out: int,

@@ -17,7 +17,7 @@ from .. import _backends
 from .._ops import eager_under_compile
 from .._validate import (check_boundary, check_occupation_lengths, check_occupations,
                          check_pruning_args, check_site, check_values_held, device_value_check,
-                         user_stacklevel)
+                         tracing, user_stacklevel)
 from ..reference import cumsum_last, lattice_dtype
 from ..topology import K2_TYPES, by_name
 from .simple import ArcOccupations
@@ -272,18 +272,21 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor):
 
 
 class _SelectRows(torch.autograd.Function):
-    """``x.index_select(0, index)`` ``(N, D)`` whose backward is the backend's ``rows_sum``
-    (``d x[j] = sum_{i: index[i] = j} g[i]``, each sum in the order of i: on CUDA a Triton
+    """``x.index_select(0, index)`` ``(N, D)`` by the backend's ``rows_select`` (on CPU into
+    a kept block: no page faults a step), whose backward is the backend's ``rows_sum`` (``d
+    x[j] = sum_{i: index[i] = j} g[i]``, each sum in the order of i: on CUDA a Triton
     kernel where ``index_add_`` adds with contended atomics in any order; on CPU
     ``index_add_`` itself). ``groups``: the index's equal parts, part g pointing into part g
-    of x's rows (a sequence's windows into its own rows of lm). The backend is resolved in
-    the backward: a forward alone imports no kernel library."""
+    of x's rows (a sequence's windows into its own rows of lm). While TorchDynamo traces,
+    ``index_select`` itself (the compiled graph's memory is the compiler's)."""
 
     @staticmethod
     def forward(ctx, x, index, groups):
         ctx.save_for_backward(index)
         ctx.n, ctx.groups = x.shape[0], groups
-        return x.index_select(0, index)
+        if tracing(x):
+            return x.index_select(0, index)
+        return _backends.resolve("auto", x.device).rows_select(x, index)
 
     @staticmethod
     @once_differentiable
