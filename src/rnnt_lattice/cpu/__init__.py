@@ -38,8 +38,9 @@ of faulting a new one in every step. That buffer stays allocated between calls, 
 block of PyTorch's CUDA caching allocator. The O(B*T*(U+1)) arrays of a call (row
 statistics, arc weights, alpha, beta, occupations: a few MB at training shapes, which
 glibc hands back to the system when they are freed) come from one kept block as well
-(``_Workspaces``: at most three, as a training loop alternates two).
-``rnnt_lattice.empty_cache()`` releases them and ``RNNT_LATTICE_CACHE_GRAD=0`` turns the
+(``_Workspaces``: at most three, as a training loop alternates two), and so do
+``do_rnnt_pruning``'s rows of lm (``rows_select``: tens of MB a step, which glibc maps
+afresh every time). ``rnnt_lattice.empty_cache()`` releases them and ``RNNT_LATTICE_CACHE_GRAD=0`` turns the
 reuse off (``_config``).
 
 Threads: the buffer is checked and claimed under a lock, so two threads are never handed

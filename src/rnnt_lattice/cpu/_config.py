@@ -4,7 +4,8 @@ order in which their prange loops visit the rows (``spread_stride``).
 Environment overrides (read once, at first use of the CPU backend):
     RNNT_LATTICE_NUMBA_CACHE=0     do not cache compiled kernels on disk
     RNNT_LATTICE_NUMBA_PARALLEL=0  run the serial (no prange threading) variant of each kernel
-    RNNT_LATTICE_CACHE_GRAD=0      allocate every gradient buffer and lattice workspace anew
+    RNNT_LATTICE_CACHE_GRAD=0      allocate every gradient buffer and workspace (the lattice's
+                                   arrays, do_rnnt_pruning's rows) anew
                                    (no reuse, see cpu/__init__)
 The thread count is Numba's: ``numba.set_num_threads`` or ``NUMBA_NUM_THREADS``.
 
