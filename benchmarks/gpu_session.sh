@@ -72,6 +72,9 @@
 #   pruned       benchmarks/run.py --device cuda --mode pruned at pg1, R = 5
 #   pruned_profile  benchmarks/pruned_profile.py at pg1, R = 5: each stage of that step
 #                timed alone, and the kernels with the most device time
+#   pruned_det   the same under torch.use_deterministic_algorithms(True)
+#                (CUBLAS_WORKSPACE_CONFIG=:4096:8): what the simple losses' ordered sums
+#                cost, its backward stage against pruned_profile's
 #   pruned_base  the same with the package in .ab/old/ (as passes_base), for an A/B of the
 #                pruned step on the same machine
 #   row_lanes    the row pass's reductions once a row (gpu.ROW_LANES, off by default until
@@ -212,6 +215,9 @@ for step in "$@"; do
     pruned_profile) run pruned_profile "${PRUNED_PROFILE_LIMIT:-90}" python3 \
               benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \
               --json "$out/pruned_profile.json" ;;
+    pruned_det) run pruned_det "${PRUNED_DET_LIMIT:-90}" env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+              python3 benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 \
+              --reps 5 --deterministic --json "$out/pruned_det.json" ;;
     pruned_base) run pruned_base "${PRUNED_PROFILE_LIMIT:-90}" env \
               PYTHONPATH="$PWD/.ab/old/src:$PWD/.ab/old/benchmarks:/tmp/site" python3 \
               .ab/old/benchmarks/pruned_profile.py --device cuda --shape pg1 --window 5 --reps 5 \

@@ -3,6 +3,7 @@ step (ours, public API) timed alone, then the kernels of whole steps under the p
 
     python benchmarks/pruned_profile.py [--device cuda] [--shape pg1] [--window 5]
                                         [--method k2] [--reps 5] [--top 25] [--json FILE]
+                                        [--deterministic]
     python benchmarks/pruned_profile.py --count-ops [--shape pg1]      # no GPU needed
     python benchmarks/pruned_profile.py --host --shape s1 [--profile 30]  # no GPU needed
     python benchmarks/pruned_profile.py --host --shape s1 --vs OTHER_CHECKOUT [--pairs 10]
@@ -28,6 +29,11 @@ that would each be a kernel launch on a GPU (views and allocations left out) and
 launches, with the functions that issue the most: the step's structure, which sets a floor
 on its time wherever the tensors are small (a launch costs the host microseconds and the
 device at least one kernel's latency).
+
+``--deterministic`` times the step under ``torch.use_deterministic_algorithms(True)``,
+where the simple losses' backward adds in a fixed order rather than with atomics
+(docs/api.md, "Reproducibility"): its ``backward`` stage against a run without it is what
+the order costs.
 
 ``--host`` times that same path at a small shape: the host's own work per step, which is
 what a GPU waits on when the step is host-bound (the pruned step at pg1 on an H200: 7.8 ms
@@ -242,7 +248,24 @@ def main(argv=None) -> dict:
                    help="with --host, an A/B: this checkout's package against CHECKOUT's src/, "
                         "fresh processes in turn (common.paired_ab)")
     p.add_argument("--pairs", type=int, default=10, help="pairs of runs of --vs")
+    p.add_argument("--deterministic", action="store_true",
+                   help="time the step under torch.use_deterministic_algorithms(True) (the "
+                        "simple losses' sums in a fixed order; on CUDA set "
+                        "CUBLAS_WORKSPACE_CONFIG=:4096:8 before the process starts)")
     args = p.parse_args(argv)
+    if not args.deterministic:
+        return run(args)
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True)
+    try:
+        return run(args)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def run(args) -> dict:
+    """What ``main``'s arguments ask for (its docstring)."""
     if args.host and args.vs:
         from pathlib import Path
         from common import host_step_us, paired_ab, print_ab
@@ -288,7 +311,8 @@ def main(argv=None) -> dict:
     B, T, U, V = (x.am.shape[0], x.am.shape[1], x.lm.shape[1] - 1, x.am.shape[-1])
     print(f"{args.shape} (B={B} T={T} U={U} V={V}) R={args.window} method={args.method} on "
           f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}: step "
-          f"{total:.3f} ms (median of {args.reps})")
+          f"{total:.3f} ms (median of {args.reps})"
+          f"{', deterministic mode' if args.deterministic else ''}")
     for name in STAGES:
         print(f"  {name:9s} {med[name]:8.3f} ms  {100 * med[name] / total:5.1f}%")
     activities = [torch.profiler.ProfilerActivity.CPU]

@@ -527,6 +527,25 @@ def test_pruned_profile_stages_add_up_to_the_step(capsys, tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["R"] == 5
 
 
+def test_pruned_profile_deterministic_restores_the_mode(capsys, monkeypatch):
+    """``pruned_profile.py --deterministic`` (gpu_session.sh's pruned_det step) on the CPU at
+    s1: the step runs under ``torch.use_deterministic_algorithms(True)`` (seen from inside
+    it), says so, and the mode is off again afterwards."""
+    import pruned_profile
+    seen = []
+    step = pruned_profile.step
+
+    def spy(*args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(pruned_profile, "step", spy)
+    out = pruned_profile.main(["--device", "cpu", "--shape", "s1", "--reps", "1", "--top", "1",
+                               "--deterministic"])
+    assert seen and all(seen) and not torch.are_deterministic_algorithms_enabled()
+    assert out["step_ms"] > 0 and "deterministic mode" in capsys.readouterr().out
+
+
 @NO_TRITON
 def test_pruned_profile_times_the_gpu_paths_host_work(capsys):
     """``pruned_profile.py --host`` (no GPU): the host's microseconds of a pruned step on
