@@ -149,7 +149,8 @@ def _new_arrays(specs) -> list:
 class _Workspaces:
     """Blocks kept for the O(B*T*(U+1)) arrays of a loss call: the row statistics, arc
     weights, alpha, beta and occupations (``_row_specs``, ``_lattice_specs``): 60 bytes a
-    node for the regular loss, about 200 for TDT's 9 arc kinds.
+    node for the regular loss, about 200 for TDT's 9 arc kinds; and for
+    ``do_rnnt_pruning``'s rows of lm (:func:`rows_select`).
 
     Allocated anew in every call, these arrays are fresh pages: glibc gives blocks beyond
     its mmap threshold back to the system when freed, and returns the top of its heap once
