@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rnnt_lattice import _backends, reference
 from support import backends
 from support.cases import rel_err
+from support.determinism import deterministic_algorithms
 from support.public_calls import CASES
 
 aten = torch.ops.aten
@@ -64,14 +65,8 @@ class RefuseNondeterministicOnCuda(TorchDispatchMode):
 @contextlib.contextmanager
 def deterministic():
     """``torch.use_deterministic_algorithms(True)`` and the refusing mode, restored after."""
-    before = (torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(True)
-    try:
-        with RefuseNondeterministicOnCuda():
-            yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    with deterministic_algorithms(), RefuseNondeterministicOnCuda():
+        yield
 
 
 # float32 values: the same kernels, only the summing order of the windows' occupations

@@ -13,7 +13,6 @@ module uses Triton: torch.compile on CPU generates C++). On a CUDA machine the i
 would also run these tests (it copies CUDA tensors to the host); ``test_cuda_native``
 runs the compiled kernels in a subprocess without the variable.
 """
-import contextlib
 import itertools
 import math
 import os
@@ -42,6 +41,7 @@ import rnnt_lattice  # noqa: E402
 from rnnt_lattice import _layout, gpu, reference, torch_backend  # noqa: E402
 from rnnt_lattice._types import LossOptions  # noqa: E402
 from support.sync import SYNCING_OPS, RecordOps as _RecordOps, syncing as _syncing  # noqa: E402
+from support.determinism import deterministic_algorithms  # noqa: E402
 from support.simple_parts import check_arc_terms, check_simple_rows  # noqa: E402
 from support.triton_probes import skew_probe  # noqa: E402
 
@@ -1324,18 +1324,6 @@ def test_cuda_checks_script_under_the_interpreter():
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.realpath(rnnt_lattice.__file__)), "")
 
 
-@contextlib.contextmanager
-def _deterministic(on: bool):
-    """``torch.use_deterministic_algorithms(on)``, restored after."""
-    before = (torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
 @pytest.mark.parametrize("order", ["atomics", "ordered"])
 @pytest.mark.parametrize("block", [8, None], ids=["block8", "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -1347,9 +1335,12 @@ def test_simple_rescue_kernel(dtype, block, order, monkeypatch):
     default's one program. The backward with atomics, or under
     ``torch.use_deterministic_algorithms(True)`` a program per row of a side, its nodes
     in order (``_simple_rescue_rows_kernel``: rows with no marked node, a dead one, the
-    marks read 2 at a time and the classes 4 at a time with the smaller block), and with one side not wanted (None)."""
+    marks read 2 at a time and the classes 4 at a time with the smaller block), and with
+    one side not wanted (None)."""
     if block:
         monkeypatch.setattr(gpu, "RESCUE_BLOCK_NODES", block)
+        monkeypatch.setattr(gpu, "RESCUE_ROWS_BLOCK_K", 2)           # marks 2 at a time
+        monkeypatch.setattr(gpu, "RESCUE_BLOCK_V", 4)                # classes 4 at a time
     g = torch.Generator().manual_seed(0)
     am = (500 * torch.randn(2, 7, 6, generator=g, dtype=torch.float64)).to(dtype)
     am = am.transpose(1, 2)                                            # (B, T, V), strided
@@ -1357,13 +1348,10 @@ def test_simple_rescue_kernel(dtype, block, order, monkeypatch):
     need = torch.rand(2, 6, 5, generator=g) < 0.5
     need.view(-1)[24:40] = False                                       # two blocks of 8
     need[0, 0, 0] = need[1, 5, 4] = True                               # the last node
-    lm[0, 0] = float("-inf")                                           # a dead marked node
-    up = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
     need[1, 2] = False                                                 # an am row, none
     need[0, :, 3] = False                                              # an lm row, none
-    if block:
-        monkeypatch.setattr(gpu, "RESCUE_ROWS_BLOCK_K", 2)           # marks 2 at a time
-        monkeypatch.setattr(gpu, "RESCUE_BLOCK_V", 4)                # classes 4 at a time
+    lm[0, 0] = float("-inf")                                           # a dead marked node
+    up = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
     lse = gpu.simple_rescue(am, lm, need)
     x = am.double()[:, :, None] + lm.double()[:, None]                 # (B, T, U+1, V)
     want = torch.logsumexp(x, -1)
@@ -1377,7 +1365,7 @@ def test_simple_rescue_kernel(dtype, block, order, monkeypatch):
             torch.randn(lm.shape, generator=g, dtype=torch.float64))
     for wanted in ((True, True), (True, False), (False, True)):
         grads = [b.clone() if w else None for b, w in zip(base, wanted)]
-        with _deterministic(order == "ordered"):
+        with deterministic_algorithms(order == "ordered"):
             gpu.simple_rescue_backward(am, lm, need, lse, up, *grads)
         for grad, b, sums in zip(grads, base, (p.sum(2), p.sum(1))):
             if grad is not None:
@@ -1781,7 +1769,7 @@ def test_simple_rows_kernels_are_the_reference(dtype, tiles, contiguous, order, 
         monkeypatch.setattr(gpu, "ROWS_TILE", 12)
         monkeypatch.setattr(gpu, "ROWS_MAX_BLOCK_V", 4)
         monkeypatch.setattr(gpu, "ROWS_BLOCK_J", 2)
-    with _deterministic(order == "ordered"):
+    with deterministic_algorithms(order == "ordered"):
         check_simple_rows(gpu, dtype, contiguous)
 
 

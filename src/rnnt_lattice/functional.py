@@ -463,10 +463,10 @@ def empty_cache() -> None:
     any more, so a training loop does not pay the page faults of a fresh buffer in every
     step (like PyTorch's CUDA caching allocator); so it does with a few blocks (at most
     three) for the lattice's own arrays (row statistics, arc weights, alpha, beta,
-    occupations) and for ``do_rnnt_pruning``'s rows of lm. Between steps they stay allocated: call this to return them to the
-    system (each is freed as soon as nothing uses it), or set ``RNNT_LATTICE_CACHE_GRAD=0``
-    before the first call to turn the reuse off. Safe to call at any time; a no-op when the
-    CPU backend was never used.
+    occupations) and for ``do_rnnt_pruning``'s rows of lm. Between steps they stay
+    allocated: call this to return them to the system (each is freed as soon as nothing
+    uses it), or set ``RNNT_LATTICE_CACHE_GRAD=0`` before the first call to turn the reuse
+    off. Safe to call at any time; a no-op when the CPU backend was never used.
     """
     _backends.empty_cache()
 

@@ -40,8 +40,8 @@ statistics, arc weights, alpha, beta, occupations: a few MB at training shapes, 
 glibc hands back to the system when they are freed) come from one kept block as well
 (``_Workspaces``: at most three, as a training loop alternates two), and so do
 ``do_rnnt_pruning``'s rows of lm (``rows_select``: tens of MB a step, which glibc maps
-afresh every time). ``rnnt_lattice.empty_cache()`` releases them and ``RNNT_LATTICE_CACHE_GRAD=0`` turns the
-reuse off (``_config``).
+afresh every time). ``rnnt_lattice.empty_cache()`` releases them and
+``RNNT_LATTICE_CACHE_GRAD=0`` turns the reuse off (``_config``).
 
 Threads: the buffer is checked and claimed under a lock, so two threads are never handed
 the same one; the kernels release the GIL. How the parallel kernels behave under threads
@@ -246,7 +246,7 @@ def rows_select(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     n, D = index.shape[0], x.shape[1]
     nbytes = n * D * x.element_size()
     if not _workspaces.keeps(nbytes):
-        return x.index_select(0, index)
+        return torch_backend.rows_select(x, index)
     (raw,) = _workspaces.arrays([((nbytes,), np.uint8)])
     out = torch.from_numpy(raw).view(x.dtype).view(n, D)
     return torch.index_select(x, 0, index, out=out)

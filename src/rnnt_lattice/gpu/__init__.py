@@ -1144,30 +1144,28 @@ def simple_rescue_backward(am, lm, need, lse, g, grad_am, grad_lm) -> None:
     check_device(am)
     B, T, V = am.shape
     U1 = lm.shape[1]
+    if not (lse.numel() and V):
+        return
+    flags = need.contiguous().view(torch.uint8)                # a view: no copy
+    lse, g = lse.contiguous(), g.to(torch.float64).contiguous()
+    block_v = _pow2(V, RESCUE_BLOCK_V)
     if torch.are_deterministic_algorithms_enabled():
-        if lse.numel() and V:
-            flags = need.contiguous().view(torch.uint8)
-            lse, g = lse.contiguous(), g.to(torch.float64).contiguous()
-            for grad, side in ((grad_am, True), (grad_lm, False)):
-                if grad is not None:
-                    n_rows = B * (T if side else U1)
-                    with _device(am):
-                        launch(kernels._simple_rescue_rows_kernel, (n_rows,),
-                            am, lm, flags, lse, g, grad, n_rows, T, U1, V, *am.stride(),
-                            *lm.stride(), AM=side,
-                            BLOCK_K=_pow2(U1 if side else T, RESCUE_ROWS_BLOCK_K),
-                            BLOCK_V=_pow2(V, RESCUE_BLOCK_V))
+        for grad, side in ((grad_am, True), (grad_lm, False)):
+            if grad is not None:
+                n_rows = B * (T if side else U1)
+                with _device(am):
+                    launch(kernels._simple_rescue_rows_kernel, (n_rows,),
+                        am, lm, flags, lse, g, grad, n_rows, T, U1, V, *am.stride(),
+                        *lm.stride(), AM=side,
+                        BLOCK_K=_pow2(U1 if side else T, RESCUE_ROWS_BLOCK_K), BLOCK_V=block_v)
         return
     # The kernel writes both: a scratch buffer for the one not wanted.
     grad_am = am.new_zeros((B, T, V), dtype=torch.float64) if grad_am is None else grad_am
     grad_lm = lm.new_zeros(lm.shape, dtype=torch.float64) if grad_lm is None else grad_lm
-    if lse.numel() and V:
-        flags = need.contiguous().view(torch.uint8)            # a view: no copy
-        with _device(am):
-            launch(kernels._simple_rescue_kernel, _rescue_grid(lse.numel()),
-                am, lm, flags, lse.contiguous(), g.to(torch.float64).contiguous(), grad_am,
-                grad_lm, lse.numel(), T, U1, V, *am.stride(), *lm.stride(), BACKWARD=True,
-                BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=_pow2(V, RESCUE_BLOCK_V))
+    with _device(am):
+        launch(kernels._simple_rescue_kernel, _rescue_grid(lse.numel()),
+            am, lm, flags, lse, g, grad_am, grad_lm, lse.numel(), T, U1, V, *am.stride(),
+            *lm.stride(), BACKWARD=True, BLOCK_NODES=RESCUE_BLOCK_NODES, BLOCK_V=block_v)
 
 
 # do_rnnt_pruning's rows of lm: index_select, its output from PyTorch's caching allocator.
