@@ -762,3 +762,32 @@ def test_page_faults_runs_the_pruned_step_both_ways():
     B, T, R, Dl = 8, 150, page_faults.PRUNED_R, 500
     assert any(b.size >= B * T * R * Dl * 4 for b in cpu._workspaces.blocks)
     cpu.empty_cache()
+
+
+def test_cpu_passes_times_each_pass_of_each_topology(capsys):
+    """``cpu_passes.py`` at s1: a line per case with the three passes and the total (the
+    regular loss runs the fast path's row and gradient passes, TDT the generic ones: both
+    sets are timed, every pass is > 0), the passes within the call's time, and the
+    backend's functions put back afterwards; ``figure_of`` reads a case's figure back from
+    the printed lines (what ``--vs`` compares)."""
+    import cpu_passes
+    from rnnt_lattice.cpu import kernels, regular
+    before = (kernels.row_pass, kernels.lattice, kernels.grad_rows, regular.regular_row_pass,
+              regular.regular_grad_rows)
+    n = torch.get_num_threads()
+    try:
+        rows = cpu_passes.main(["--shapes", "s1", "--variants", "regular", "tdt", "--reps",
+                                "2", "--threads", "1"])
+    finally:
+        set_threads(n)
+    assert [r["case"] for r in rows] == ["s1 regular", "s1 tdt"]
+    for r in rows:
+        assert all(r["min"][p] > 0 for p in cpu_passes.PASSES)
+        assert sum(r["min"][p] for p in cpu_passes.PASSES) <= r["median"]["total"]
+    assert (kernels.row_pass, kernels.lattice, kernels.grad_rows, regular.regular_row_pass,
+            regular.regular_grad_rows) == before
+    out = capsys.readouterr().out
+    got = cpu_passes.figure_of("s1 tdt", "row")(out)
+    assert got == pytest.approx(rows[1]["min"]["row"], abs=0.006)
+    with pytest.raises(RuntimeError, match="no grad of 's1 modified'"):
+        cpu_passes.figure_of("s1 modified", "grad")(out)

@@ -199,17 +199,20 @@ def test_impossible_alignments(topo_name, T, U):
     assert torch.isfinite(loss[1]) and (grad[1] != 0).any()
 
 
+@pytest.mark.parametrize("poison", ["nan", "inf"])
 @pytest.mark.parametrize("topo_name", ["constrained", "multiblank", "tdt012"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprob"])
-def test_nan_rules(topo_name, fused):
+def test_nan_rules(topo_name, fused, poison):
     """math.md 8.1: a NaN read by an arc makes that sequence NaN (fused: every region row;
     log-prob: its arc entries), the other sequence is untouched, and a zero upstream
-    gives an exactly zero gradient even for the NaN sequence."""
+    gives an exactly zero gradient even for the NaN sequence. A +inf is read as a NaN
+    (fused: its row's softmax is undefined; log-prob: an invalid log-prob)."""
     case = Case("nan", (4, 3), (2, 2), 6, 0)
     logits, targets, tl, ul, topo, blank, _ = make_topo_inputs(case, topo_name, seed=9, fused=fused)
     x = logits.clone()
     x[0, 1, 1, blank] = float("nan")
     want_loss, want_grad = reference_loss(x, targets, tl, ul, topo, blank, fused)
+    x[0, 1, 1, blank] = float(poison)
     loss, grad = numba_loss(x, targets, tl, ul, topo, blank, fused)
     assert torch.isnan(loss[0]) and torch.isfinite(loss[1])
     assert torch.equal(torch.isnan(grad), torch.isnan(want_grad))

@@ -220,16 +220,53 @@ def _duration_stats(dx, dex, d_row, n, store, buf, V_tok, shift_d, inv_sum_d, lp
 @njit(**JIT)
 def _read_entries(row, cls, slo, shi, u, y, V_tok, n_durations, has_plus_next_blank, blank, xc,
                   xd):
-    """The entries node u reads, in float64: ``xc[j]`` of each class slot whose span holds
-    u (class -1: the label ``y``), ``xd`` the durations; returns the blank's entry
-    (-inf unless ``has_plus_next_blank``)."""
+    """The entries node u reads: ``xc[j, u]`` that of each class slot j whose span holds u
+    (class -1: the label ``y``), in the row's dtype (the log-probs are formed a slot at a
+    time along its span: ``_class_lps``), ``xd`` the durations in float64; returns the
+    blank's entry in float64 (-inf unless ``has_plus_next_blank``)."""
     for j in range(cls.shape[0]):
         if u >= slo[j] and u <= shi[j]:
             c = cls[j]
-            xc[j] = np.float64(row[y if c < 0 else c])
+            xc[j, u] = row[y if c < 0 else c]
     for j in range(n_durations):
         xd[j] = np.float64(row[V_tok + j])
     return np.float64(row[blank]) if has_plus_next_blank else NEG_INF
+
+
+@njit(**JIT)
+def _gather_entries(rows, node_rows, y, cls, slo, shi, xc):
+    """Out of place, after the frame's nodes were streamed (their rows are still in the
+    cache): ``xc[j, u]`` = the entry of class slot j (class -1: the label ``y[u]``) of each
+    node with a row along the slot's span ``slo[j] <= u <= shi[j]``, a slot at a time (read
+    per node, a loop over the slots with a span test each, the multi-blank row pass took
+    6-8% longer at s3 and s4)."""
+    for j in range(cls.shape[0]):
+        c = cls[j]
+        for u in range(slo[j], shi[j] + 1):
+            r = node_rows[u]
+            if r >= 0:
+                xc[j, u] = rows[r, (y[u] if u < y.shape[0] else 0) if c < 0 else c]
+
+
+@njit(**JIT)
+def _class_lps(xc, lse_u, slo, shi, fused, lpc):
+    """``lpc[j, u] = _read_lp(xc[j, u], lse_u[u])`` along each class slot's span ``slo[j]
+    <= u <= shi[j]`` (the other entries stay -inf), in loops over the nodes that
+    vectorise; in log-prob mode a +inf entry is read as NaN (math.md 8.1)."""
+    for j in range(xc.shape[0]):
+        a = slo[j]
+        n = shi[j] - a + 1
+        if n <= 0:
+            continue
+        x_row = xc[j, a:a + n]
+        l_row = lse_u[a:a + n]
+        o_row = lpc[j, a:a + n]
+        for u in range(n):
+            x = np.float64(x_row[u])
+            if not fused:
+                x = np.nan if x == np.inf else x
+            lse = l_row[u]
+            o_row[u] = NEG_INF if lse == NEG_INF else x - lse
 
 
 # --------------------------------------------------------------------------- pass 1
@@ -277,12 +314,14 @@ def row_pass(
     Only arc entries are read before the row is overwritten (in-place mode); in log-prob
     mode only arc entries are read at all, a +inf one as NaN (math.md 8.1).
 
-    Per row (b, t), two loops: over the nodes, the group statistics and the log-prob of
-    each distinct class read (``_class_slots``) and of each duration; then over the kinds,
-    the weights along each kind's span of nodes (``_arc_spans``). Out of place, the entries are read after
-    the exps, from the row they just streamed into the cache (read before, an entry far
-    from the row's start waits a full memory latency: TDT's and multi-blank's blanks are
-    the last tokens; measured 15-20% of this pass at V = 512).
+    Per row (b, t): a loop over the nodes, the group statistics (and in place or in
+    log-prob mode the entries each node reads); then loops along each class slot's span of
+    nodes (``_class_slots``, ``_frame_spans``), the entries out of place and the log-prob
+    of each class read; the duration group's; then over the kinds, the weights along each
+    kind's span of nodes (``_arc_spans``). Out of place, the entries are read after the
+    exps, from the rows they just streamed into the cache (read before, an entry far from
+    the row's start waits a full memory latency: TDT's and multi-blank's blanks are the
+    last tokens; measured 15-20% of this pass at V = 512).
     """
     B, T, U1, K, V_tok, cls, slot, nc, nd = _sizes(node_rows, kinds, rows.shape[1], n_durations)
     has_plus_next_blank = False
@@ -300,15 +339,17 @@ def row_pass(
         lo, hi = ispan[:K], ispan[K:2 * K]
         slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:]
         U2 = U1 + 1
-        fscr = np.empty((nc + nd + 1) * U2 + nc + nd)
+        fscr = np.empty((nc + nd + 2) * U2 + nd)
         lpc = fscr[:nc * U2].reshape(nc, U2)          # log-prob of each slot's class
         lpd = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
         blank_lp = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]   # b(t, u) (plus_next_blank)
-        xc = fscr[(nc + nd + 1) * U2:(nc + nd + 1) * U2 + nc]
-        xd = fscr[(nc + nd + 1) * U2 + nc:]
+        lse_u = fscr[(nc + nd + 1) * U2:(nc + nd + 2) * U2]  # the token group's lse
+        xd = fscr[(nc + nd + 2) * U2:]
+        xc = np.empty((nc, U2), dtype=rows.dtype)     # the entry of each slot's class
         lpc[:, :] = NEG_INF
         lpd[:, :] = 0.0
         blank_lp[:] = NEG_INF
+        lse_u[:] = NEG_INF                            # (a node without a row: no arc)
         # The duration group of every node of the row (fused): entries, exps, row index.
         nu_d = U1 if fused and n_durations > 0 else 0
         dx = np.empty((nd, nu_d), dtype=rows.dtype)
@@ -337,8 +378,10 @@ def row_pass(
             out = buf[r] if store else row            # (never written unless store)
             y = targets[b, u] if u < targets.shape[1] else 0
             # In place the exps overwrite the row: read the arc entries first. Otherwise
-            # after the exps, from the row they just streamed into the cache: a read far
-            # ahead of that stream waits a full memory latency.
+            # the classes' after the frame's nodes (``_gather_entries``), from the rows they
+            # streamed into the cache: a read far ahead of that stream waits a full memory
+            # latency.
+            x_blank = NEG_INF
             if read_first:
                 x_blank = _read_entries(row, cls, slo, shi, u, y, V_tok, n_durations,
                                         has_plus_next_blank, blank, xc, xd)
@@ -365,9 +408,8 @@ def row_pass(
                         s = exp_sum(seg, m)
                     inv_sum[b, t, u] = 1.0 / s
                     lse = np.float64(m) + math.log(s)
-                if not read_first:
-                    x_blank = _read_entries(row, cls, slo, shi, u, y, V_tok, n_durations,
-                                            has_plus_next_blank, blank, xc, xd)
+                if not read_first and has_plus_next_blank:
+                    x_blank = np.float64(row[blank])
                 if store:                             # the exps the gradient pass reads
                     for j in range(nc):
                         c = cls[j]
@@ -383,20 +425,20 @@ def row_pass(
             else:                                     # a log-prob of +inf is invalid: NaN
                 if x_blank == np.inf:
                     x_blank = np.nan
-                for j in range(nc):
-                    if xc[j] == np.inf:
-                        xc[j] = np.nan
                 for j in range(n_durations):
                     if xd[j] == np.inf:
                         xd[j] = np.nan
             blank_lp[u] = _read_lp(x_blank, lse)
-            for j in range(nc):
-                if u >= slo[j] and u <= shi[j]:
-                    lpc[j, u] = _read_lp(xc[j], lse)
+            lse_u[u] = lse
             if not fused:
                 for j in range(n_durations):
                     lpd[j, u] = _read_lp(xd[j], lse_d)
-        # 4. The duration group of the row's nodes, in loops over the nodes.
+        # 4. The log-probs of the classes read, slot by slot along its span; the duration
+        # group of the row's nodes; both in loops over the nodes.
+        if in_t:
+            if not read_first:
+                _gather_entries(rows, node_rows[b, t], targets[b], cls, slo, shi, xc)
+            _class_lps(xc, lse_u, slo, shi, fused, lpc)
         if fused and n_durations > 0:
             _duration_stats(dx, dex, d_row, n_durations, store, buf, V_tok, shift_d[b, t],
                             inv_sum_d[b, t], lpd)
