@@ -4,11 +4,14 @@ forward+backward calls of the public losses, for the topologies side by side.
     python benchmarks/cpu_passes.py [--shapes s3 s4] [--variants regular multiblank tdt]
                                     [--threads 2] [--reps 15] [--inplace] [--json FILE]
     python benchmarks/cpu_passes.py --vs OTHER_CHECKOUT [--pairs 3] [--figure row]   # A/B
+    python benchmarks/cpu_passes.py --shapes p1 p2 --variants pruned      # k2's pruned loss
 
 The passes (``cpu/kernels.py``): ``row`` (``kernels.row_pass``, or the regular fast path's
 ``regular.regular_row_pass``), ``lattice`` (``kernels.lattice``) and ``grad``
 (``kernels.grad_rows`` / ``regular.regular_grad_rows``); ``total`` is the whole call with
-its ``backward()``, the Python around the passes included. Each pass is timed by
+its ``backward()``, the Python around the passes included (``pruned``: the pruned
+loss alone, ``rnnt_loss_pruned`` on the windows and logits of k2's recipe made once
+beforehand). Each pass is timed by
 wrapping the module's function, so the calls take the library's own path. The cases run
 in turn, call by call (the machine's drift hits them alike), and each figure is the
 minimum over ``--reps`` calls (the least disturbed one) with the median beside it.
@@ -29,12 +32,44 @@ import statistics                 # noqa: E402
 import time                       # noqa: E402
 from pathlib import Path          # noqa: E402
 
+import torch                      # noqa: E402
 
 import shapes                     # noqa: E402
 from rnnt_lattice._cli_util import set_threads  # noqa: E402
 
 PASSES = ("row", "lattice", "grad")
 FIGURES = PASSES + ("total",)
+PRUNED = "pruned"          # the pruned loss alone (``rnnt_loss_pruned``), R = PRUNED_R
+PRUNED_R = 5
+VARIANTS = sorted(shapes.VARIANTS) + [PRUNED]
+
+
+class _Case:
+    """One case's inputs and its loss call (``loss(logits)`` -> per-sequence costs)."""
+
+    def __init__(self, shape, variant: str):
+        import rnnt_lattice
+        self.name = f"{shape.name} {variant}"
+        if variant != PRUNED:
+            x = shapes.make_inputs(shape, variant=variant)
+            self.logits = x.logits.detach().clone()
+            self.loss = lambda z, **kw: shapes.variant_loss(
+                variant, z, x.targets, x.logit_lengths, x.target_lengths, x.blank, **kw)
+            return
+        # k2's recipe up to the pruned loss (pruned_pipeline's scales), its windows and
+        # logits made once: am_p + lm_p (B, T, R, V) at the windows of prune_ranges.
+        x = shapes.make_joiner_inputs(shape)
+        from pruned_pipeline import SCALES
+        with torch.no_grad():
+            _, occ = rnnt_lattice.rnnt_loss_smoothed(
+                x.lm, x.am, x.targets, x.logit_lengths, x.target_lengths, blank=x.blank,
+                reduction="sum", return_occupations=True, **SCALES)
+            ranges = rnnt_lattice.prune_ranges(occ, PRUNED_R).ranges
+            am_p, lm_p = rnnt_lattice.do_rnnt_pruning(x.am, x.lm, ranges)
+            self.logits = (am_p + lm_p).contiguous()
+        self.loss = lambda z, **kw: rnnt_lattice.rnnt_loss_pruned(
+            z, x.targets, ranges, x.logit_lengths, x.target_lengths, blank=x.blank,
+            reduction="none", **kw)
 
 
 def _timed_passes(spent: dict):
@@ -66,34 +101,31 @@ def _timed_passes(spent: dict):
 def measure(shape_names, variants, reps: int, inplace: bool) -> list:
     """``[{"case", "min": {figure: ms}, "median": {figure: ms}}]`` for each shape x
     variant, the cases run in turn call by call (2 warm-up rounds)."""
-    cases = []
-    for shape in shapes.resolve(shape_names):
-        for variant in variants:
-            x = shapes.make_inputs(shape, variant=variant)
-            cases.append((f"{shape.name} {variant}", variant, x,
-                          x.logits.detach().clone().requires_grad_()))
+    cases = [_Case(shape, variant) for shape in shapes.resolve(shape_names)
+             for variant in variants]
+    for case in cases:
+        case.logits.requires_grad_()
     spent: dict = {}
-    runs: dict = {name: [] for name, *_ in cases}
+    runs: dict = {case.name: [] for case in cases}
     restore = _timed_passes(spent)
     try:
         for rep in range(reps + 2):
-            for name, variant, x, logits in cases:
+            for case in cases:
                 spent.clear()
                 t0 = time.perf_counter()
-                costs = shapes.variant_loss(variant, logits, x.targets, x.logit_lengths,
-                                            x.target_lengths, x.blank, inplace_grad=inplace)
-                costs.sum().backward()
+                case.loss(case.logits, inplace_grad=inplace).sum().backward()
                 total = time.perf_counter() - t0
-                logits.grad = None
+                case.logits.grad = None
                 if rep >= 2:
-                    runs[name].append({**{p: spent.get(p, 0.0) for p in PASSES},
-                                       "total": total})
+                    runs[case.name].append({**{p: spent.get(p, 0.0) for p in PASSES},
+                                            "total": total})
     finally:
         restore()
-    return [{"case": name,
-             "min": {f: 1e3 * min(r[f] for r in runs[name]) for f in FIGURES},
-             "median": {f: 1e3 * statistics.median(r[f] for r in runs[name]) for f in FIGURES}}
-            for name, *_ in cases]
+    return [{"case": case.name,
+             "min": {f: 1e3 * min(r[f] for r in runs[case.name]) for f in FIGURES},
+             "median": {f: 1e3 * statistics.median(r[f] for r in runs[case.name])
+                        for f in FIGURES}}
+            for case in cases]
 
 
 def case_line(row: dict) -> str:
@@ -116,7 +148,9 @@ def main(argv=None) -> list:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["s3", "s4"])
     p.add_argument("--variants", nargs="+", default=["regular", "multiblank", "tdt"],
-                   choices=sorted(shapes.VARIANTS))
+                   choices=VARIANTS, help=f"loss topologies (shapes.VARIANTS), or {PRUNED!r}: "
+                   f"rnnt_loss_pruned alone on k2's windows (R = {PRUNED_R}) of the "
+                   "shape's joiner inputs (use the pruned shapes, p1 p2 pv5000)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--inplace", action="store_true", help="inplace_grad=True")

@@ -791,3 +791,23 @@ def test_cpu_passes_times_each_pass_of_each_topology(capsys):
     assert got == pytest.approx(rows[1]["min"]["row"], abs=0.006)
     with pytest.raises(RuntimeError, match="no grad of 's1 modified'"):
         cpu_passes.figure_of("s1 modified", "grad")(out)
+
+
+def test_cpu_passes_times_the_pruned_loss_alone():
+    """``cpu_passes.py``'s ``pruned`` case: ``rnnt_loss_pruned`` on the (B, T, R, V) logits
+    of k2's windows (made once, before the timed calls), its three passes the generic ones
+    (node_rows), each > 0."""
+    import cpu_passes
+    from rnnt_lattice.cpu import kernels
+    calls = []
+    row_pass = kernels.row_pass
+    kernels.row_pass = lambda *args: calls.append(args[1].shape) or row_pass(*args)
+    n = torch.get_num_threads()
+    try:
+        (row,) = cpu_passes.measure(["s1"], [cpu_passes.PRUNED], 1, False)
+    finally:
+        kernels.row_pass = row_pass
+        set_threads(n)
+    assert row["case"] == "s1 pruned" and all(row["min"][p] > 0 for p in cpu_passes.PASSES)
+    B, T, U1 = 1, 50, 11                      # s1's lattice: node_rows (B, T, U+1)
+    assert calls and set(calls) == {(B, T, U1)}

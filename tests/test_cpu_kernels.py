@@ -407,3 +407,62 @@ def test_simple_rows_kernels_are_the_reference(dtype, contiguous):
     exponentials too, which the vectorised exp flushes and the kernel computes apart)."""
     from support.simple_parts import check_simple_rows
     check_simple_rows(cpu, dtype, contiguous)
+
+
+# --------------------------------------------------------------------------- lattice spans
+def _skip_topology():
+    """A topology whose kind of dt = 2 moves u only (label (2, 1)) beside the blank (1, 0)
+    and the label (0, 1): its arcs from two frames back may land left of every arc of the
+    frame before (``kernels._term_span``'s source u - 1)."""
+    from rnnt_lattice.topology import ArcKind, Topology
+    return Topology("skip", (ArcKind("blank", 1, 0, "blank", may_end=True),
+                             ArcKind("label", 0, 1, "label"),
+                             ArcKind("label2", 2, 1, "label")))
+
+
+@pytest.mark.parametrize("topo_name", ["regular", "modified", "constrained", "multiblank",
+                                       "tdt012", "tdt13", "skip"])
+@pytest.mark.parametrize("layout", ["dense", "windows", "scattered"])
+def test_lattice_rows_over_their_arcs(topo_name, layout):
+    """``kernels.lattice`` runs each row of alpha and beta over the nodes where a value may
+    be finite (``_frame_arcs``, ``_alpha_span``) and the occupations over the nodes with an
+    arc; elsewhere they keep -inf and 0. Against the float64 reference
+    (``reference.lattice``) on the same weights, with a k2 boundary on one sequence:
+    alpha, beta, log P and the occupations, for arcs on every node of the region (dense),
+    on windows of R nodes a frame moving right by 0-2 positions (the pruned loss's layout:
+    a complete path exists), and on windows anywhere (scattered: left of the frame
+    before's too, so that a du = 1 arc from two frames back lands left of every other)."""
+    from rnnt_lattice import reference
+    from rnnt_lattice.cpu import kernels
+    from rnnt_lattice._types import Ends
+    from support.topologies import TOPOLOGIES
+    topo, blank = (_skip_topology(), 0) if topo_name == "skip" else TOPOLOGIES[topo_name](6, 0)
+    g = torch.Generator().manual_seed(len(topo_name) + 7 * len(layout))
+    B, T, U1, R = 3, 14, 10, 3
+    K = len(topo.kinds)
+    ends = Ends(torch.tensor([0, 0, 2]), torch.tensor([0, 0, 1]), torch.tensor([14, 11, 13]),
+                torch.tensor([9, 7, 8]), True)
+    w = torch.randn(B, K, T, U1, generator=g, dtype=torch.float64) - 1.0
+    w = torch.where(reference.arc_mask(topo, ends, T, U1), w, float("-inf"))
+    if layout != "dense":
+        keep = torch.zeros(B, T, U1, dtype=torch.bool)
+        for b in range(B):
+            t0, u0, t1, u1 = (int(x[b]) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
+            for t in range(t0, t1):
+                if layout == "windows":   # from u0 to u1 - R + 1 in steps of 0..2
+                    s = u0 + -(-(t - t0) * (u1 - R + 1 - u0) // (t1 - 1 - t0))
+                else:
+                    s = int(torch.randint(u0, u1 - R + 2, (1,), generator=g))
+                keep[b, t, s:s + R] = True
+        w = torch.where(keep[:, None], w, float("-inf"))
+    want = reference.lattice(w, topo, ends)
+    if layout != "scattered":
+        assert torch.isfinite(want.log_like).all()
+    kinds = kernels.kind_table(topo, blank)
+    nan_row = np.zeros((B, T), dtype=np.uint8)
+    np_ends = tuple(np.ascontiguousarray(x.numpy()) for x in (ends.t0, ends.u0, ends.t1, ends.u1))
+    alpha, beta, log_like, gamma = cpu._lattice(np.ascontiguousarray(w.numpy()), nan_row, kinds,
+                                                np_ends)
+    torch.testing.assert_close(torch.from_numpy(log_like), want.log_like, rtol=1e-12, atol=0)
+    for got, ref in ((alpha, want.alpha), (beta, want.beta), (gamma, want.gamma)):
+        torch.testing.assert_close(torch.from_numpy(got), ref, rtol=1e-11, atol=1e-300)

@@ -239,7 +239,7 @@ def _gather_entries(rows, node_rows, y, cls, slo, shi, xc):
     cache): ``xc[j, u]`` = the entry of class slot j (class -1: the label ``y[u]``) of each
     node with a row along the slot's span ``slo[j] <= u <= shi[j]``, a slot at a time (read
     per node, a loop over the slots with a span test each, the multi-blank row pass took
-    6-8% longer at s3 and s4)."""
+    6-11% longer at s3 and s4)."""
     for j in range(cls.shape[0]):
         c = cls[j]
         for u in range(slo[j], shi[j] + 1):
@@ -514,7 +514,11 @@ def lattice(
     so their terms are summed for the whole row in loops over u that vectorise; only the
     kinds with dt = 0 (du = 1: a step along the row) leave a serial recursion, carried as
     (max, scaled sum) so that its exps and the log of each node stay off the dependency
-    chain. Alpha (rows ascending) and beta (rows descending) alternate row by row.
+    chain. Alpha (rows ascending) and beta (rows descending) alternate row by row. Where
+    the arcs leave only part of some frame (the pruned loss's windows of R nodes), each
+    row runs over the nodes whose value may be finite: beta's, the frame's nodes with an
+    arc (``_frame_arcs``); alpha's, the hull of the nodes the arcs into the row land on
+    (``_alpha_span``); the occupations over the nodes with an arc.
     """
     B, K, T, U1 = w.shape
     for b in prange(B):
@@ -522,22 +526,33 @@ def lattice(
         if t1 <= t0:                                  # no frame, no path
             log_like[b] = NEG_INF
             continue
-        # 1. alpha (rows ascending) and beta (rows descending), alternating row by row.
+        # 1. alpha (rows ascending) and beta (rows descending), alternating row by row,
+        # each row over the nodes where its values may be finite (``_frame_arcs``): the
+        # others keep their -inf.
         nu = u1 - u0 + 1
         am, asum, bm, bsum = np.empty(nu), np.empty(nu), np.empty(nu), np.empty(nu)
         w0 = np.empty(nu)                             # the dt = 0 kinds of a row, lae'd
+        flo, fhi = _frame_arcs(w, kinds, b, t0, t1, u0, u1)
+        full = True                                   # arcs across every frame: whole rows
+        for i in range(t1 - t0):
+            full = full and flo[i] == u0 and fhi[i] == u1
         for i in range(t1 - t0 + 1):
             t = t0 + i
-            _row_terms(w, kinds, b, t, t0, t1, u0, nu, alpha, am, asum, False)
-            n0 = _row_w0(w, kinds, b, t, t1, u0, nu, w0)
-            _row_chain(alpha[b, t, u0:u0 + nu], am, asum, w0, n0, i == 0, False)
+            a, z = (u0, u1) if full else _alpha_span(kinds, t, t0, t1, u0, u1, flo, fhi)
+            if a <= z:
+                _row_terms(w, kinds, b, t, t0, t1, a, z - a + 1, u0, u1, alpha, am, asum,
+                           False)
+                n0 = _row_w0(w, kinds, b, t, t1, a, z - a + 1, w0)
+                _row_chain(alpha[b, t, a:z + 1], am, asum, w0, n0, i == 0, False)
             t = t1 - i
             if i == 0:                                # the end frame has no outgoing arc
                 beta[b, t, u1] = 0.0
                 continue
-            _row_terms(w, kinds, b, t, t0, t1, u0, nu, beta, bm, bsum, True)
-            n0 = _row_w0(w, kinds, b, t, t1, u0, nu, w0)
-            _row_chain(beta[b, t, u0:u0 + nu], bm, bsum, w0, n0, False, True)
+            a, z = (u0, u1) if full else (flo[t - t0], fhi[t - t0])   # the nodes with an arc
+            if a <= z:
+                _row_terms(w, kinds, b, t, t0, t1, a, z - a + 1, u0, u1, beta, bm, bsum, True)
+                n0 = _row_w0(w, kinds, b, t, t1, a, z - a + 1, w0)
+                _row_chain(beta[b, t, a:z + 1], bm, bsum, w0, n0, False, True)
         # 2. log P.
         ll = _log_p(beta[b, t0, u0], nan_row, b, t0, t1)
         log_like[b] = ll
@@ -561,12 +576,15 @@ def lattice(
         for k in range(K):
             dt = kinds[DT, k]
             du = kinds[DU, k]
-            n = nu - du
             for t in range(t0, min(t1, t1 - dt + 1)):
-                a_row = alpha[b, t, u0:u0 + n]
-                w_row = w[b, k, t, u0:u0 + n]
-                n_row = beta[b, t + dt, u0 + du:u0 + du + n]
-                g_row = gamma[b, k, t, u0:u0 + n]
+                a = flo[t - t0]                       # (w is -inf off the frame's arcs)
+                n = min(fhi[t - t0], u1 - du) - a + 1
+                if n <= 0:
+                    continue
+                a_row = alpha[b, t, a:a + n]
+                w_row = w[b, k, t, a:a + n]
+                n_row = beta[b, t + dt, a + du:a + du + n]
+                g_row = gamma[b, k, t, a:a + n]
                 if huge:
                     for u in range(n):
                         z = a_row[u] + w_row[u] + n_row[u] - ll
@@ -577,11 +595,81 @@ def lattice(
 
 
 @njit(**JIT)
-def _row_terms(w, kinds, b, t, t0, t1, u0, nu, node, m, s, backward):
+def _frame_arcs(w, kinds, b, t0, t1, u0, u1):
+    """``(lo, hi)``, each ``(t1 - t0,)``: per region frame t the first and last node u0
+    <= u <= u1 with an arc (a weight of some kind that is not -inf; NaN counts), lo > hi
+    where there is none. A scan from each end: a few reads a frame where the arcs span
+    the frame (the padded layout), the gap where they do not (the pruned loss's windows
+    of R nodes)."""
+    K = kinds.shape[1]
+    n = max(t1 - t0, 0)
+    lo = np.full(n, u1 + 1, dtype=np.int64)
+    hi = np.full(n, u0 - 1, dtype=np.int64)
+    for i in range(n):
+        t = t0 + i
+        for u in range(u0, u1 + 1):
+            if _has_arc(w, K, b, t, u):
+                lo[i] = u
+                break
+        if lo[i] > u1:
+            continue
+        for u in range(u1, lo[i] - 1, -1):
+            if _has_arc(w, K, b, t, u):
+                hi[i] = u
+                break
+    return lo, hi
+
+
+@njit(**JIT)
+def _has_arc(w, K, b, t, u):
+    """Whether a weight of node (t, u) is not -inf (an arc; NaN counts)."""
+    for k in range(K):
+        if not w[b, k, t, u] == NEG_INF:
+            return True
+    return False
+
+
+@njit(**JIT)
+def _alpha_span(kinds, t, t0, t1, u0, u1, flo, fhi):
+    """``(a, z)``: the nodes of row t whose alpha may be finite, the hull of the nodes
+    the arcs of the frames before it reach (kind k from frame t - dt_k: ``flo + du_k ..
+    fhi + du_k``; ``_frame_arcs``), and the start node on t0; a > z: none. Elsewhere no arc
+    arrives and alpha stays -inf."""
+    a = u0 if t == t0 else u1 + 1
+    z = u0 if t == t0 else u0 - 1
+    for k in range(kinds.shape[1]):
+        src = t - kinds[DT, k]
+        if src < t0 or src >= t1:
+            continue
+        lo, hi = flo[src - t0], fhi[src - t0]
+        if lo <= hi:
+            du = kinds[DU, k]
+            a = min(a, lo + du)
+            z = max(z, hi + du)
+    return max(a, u0), min(z, u1)
+
+
+@njit(**JIT)
+def _term_span(du, a, nu, r0, u1, backward):
+    """``(src, j0, n)``: the nodes ``src .. src + n - 1`` an arc of a kind with ``du``
+    leaves, into (alpha) or out of (beta) the nodes ``a + j0 .. `` of the span ``a <= u <
+    a + nu`` of a row, within the region's positions ``r0 .. u1``. Beta: the span's nodes
+    whose arc lands at most on u1. Alpha: the span's nodes' sources u - du, from u0 - 1 for
+    du = 1 when that is a region node (the span starts where the first arc lands)."""
+    if backward:
+        return a, 0, min(nu, u1 + 1 - du - a)
+    src = max(a - du, r0)
+    j0 = src + du - a
+    return src, j0, nu - j0
+
+
+@njit(**JIT)
+def _row_terms(w, kinds, b, t, t0, t1, a, nu, r0, u1, node, m, s, backward):
     """The arcs of the kinds with dt >= 1 into (alpha: ``backward`` False) or out of
-    (beta) the nodes of row t, whose other ends lie in finished rows of ``node``: per node
-    j = u - u0 their max ``m[j]`` (-inf: none; NaN wins) and ``s[j] = sum exp(x - m)``
-    (``m`` read as 0 where it is -inf, so that s is 0 there)."""
+    (beta) the nodes ``a <= u < a + nu`` of row t (``_term_span``), whose other ends lie
+    in finished rows of ``node``: per node j = u - a their max ``m[j]`` (-inf: none; NaN
+    wins) and ``s[j] = sum exp(x - m)`` (``m`` read as 0 where it is -inf, so that s is 0
+    there). ``r0 .. u1``: the region's positions."""
     K = kinds.shape[1]
     for j in range(nu):
         m[j] = NEG_INF
@@ -589,43 +677,32 @@ def _row_terms(w, kinds, b, t, t0, t1, u0, nu, node, m, s, backward):
     for k in range(K):
         dt = kinds[DT, k]
         du = kinds[DU, k]
-        if dt == 0:
+        if dt == 0 or (t + dt > t1 if backward else t - dt < t0):
             continue
-        n = nu - du
+        src, j0, n = _term_span(du, a, nu, r0, u1, backward)
         if backward:                                  # w_k(t,u) + beta(t+dt, u+du)
-            if t + dt > t1:
-                continue
-            xa = w[b, k, t, u0:u0 + n]
-            xb = node[b, t + dt, u0 + du:u0 + du + n]
-            mm = m[0:n]
+            xa = w[b, k, t, src:src + n]
+            xb = node[b, t + dt, src + du:src + du + n]
         else:                                         # alpha(t-dt, u-du) + w_k(t-dt, u-du)
-            if t - dt < t0:
-                continue
-            xa = w[b, k, t - dt, u0:u0 + n]
-            xb = node[b, t - dt, u0:u0 + n]
-            mm = m[du:du + n]
+            xa = w[b, k, t - dt, src:src + n]
+            xb = node[b, t - dt, src:src + n]
+        mm = m[j0:j0 + n]
         for j in range(n):
             mm[j] = nan_max(mm[j], xa[j] + xb[j])
     for k in range(K):
         dt = kinds[DT, k]
         du = kinds[DU, k]
-        if dt == 0:
+        if dt == 0 or (t + dt > t1 if backward else t - dt < t0):
             continue
-        n = nu - du
+        src, j0, n = _term_span(du, a, nu, r0, u1, backward)
         if backward:
-            if t + dt > t1:
-                continue
-            xa = w[b, k, t, u0:u0 + n]
-            xb = node[b, t + dt, u0 + du:u0 + du + n]
-            mm = m[0:n]
-            ss = s[0:n]
+            xa = w[b, k, t, src:src + n]
+            xb = node[b, t + dt, src + du:src + du + n]
         else:
-            if t - dt < t0:
-                continue
-            xa = w[b, k, t - dt, u0:u0 + n]
-            xb = node[b, t - dt, u0:u0 + n]
-            mm = m[du:du + n]
-            ss = s[du:du + n]
+            xa = w[b, k, t - dt, src:src + n]
+            xb = node[b, t - dt, src:src + n]
+        mm = m[j0:j0 + n]
+        ss = s[j0:j0 + n]
         for j in range(n):
             mj = mm[j]
             mr = 0.0 if mj == NEG_INF else mj
