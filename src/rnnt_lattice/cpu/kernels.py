@@ -654,8 +654,9 @@ def _term_span(du, a, nu, r0, u1, backward):
     """``(src, j0, n)``: the nodes ``src .. src + n - 1`` an arc of a kind with ``du``
     leaves, into (alpha) or out of (beta) the nodes ``a + j0 .. `` of the span ``a <= u <
     a + nu`` of a row, within the region's positions ``r0 .. u1``. Beta: the span's nodes
-    whose arc lands at most on u1. Alpha: the span's nodes' sources u - du, from u0 - 1 for
-    du = 1 when that is a region node (the span starts where the first arc lands)."""
+    whose arc lands at most on u1. Alpha: the sources u - du of the span's nodes, from
+    a - 1 for du = 1 where that is a region node (>= r0): the span starts where the first
+    arc lands, which may leave the node left of it on an earlier frame."""
     if backward:
         return a, 0, min(nu, u1 + 1 - du - a)
     src = max(a - du, r0)
