@@ -265,8 +265,7 @@ def _class_lps(xc, lse_u, slo, shi, fused, lpc):
             x = np.float64(x_row[u])
             if not fused:
                 x = np.nan if x == np.inf else x
-            lse = l_row[u]
-            o_row[u] = NEG_INF if lse == NEG_INF else x - lse
+            o_row[u] = _read_lp(x, l_row[u])
 
 
 # --------------------------------------------------------------------------- pass 1
