@@ -466,3 +466,109 @@ def test_lattice_rows_over_their_arcs(topo_name, layout):
     torch.testing.assert_close(torch.from_numpy(log_like), want.log_like, rtol=1e-12, atol=0)
     for got, ref in ((alpha, want.alpha), (beta, want.beta), (gamma, want.gamma)):
         torch.testing.assert_close(torch.from_numpy(got), ref, rtol=1e-11, atol=1e-300)
+
+
+# --------------------------------------------------------------------------- frame ranges
+def _frame_costs(t0s, u0s, t1s, u1s, node_rows, T, U1):
+    """Each frame's work in memory order, as ``_config.frame_ranges`` states it: a node with
+    a row costs 1 in its sequence's region and ``PAD_COST`` outside it."""
+    from rnnt_lattice.cpu._config import PAD_COST
+    B = len(t0s)
+    t = np.arange(T)[None, :, None]
+    u = np.arange(U1)[None, None, :]
+    inside = ((t >= t0s[:, None, None]) & (t < t1s[:, None, None])
+              & (u >= u0s[:, None, None]) & (u <= u1s[:, None, None]))
+    has_row = np.ones((B, T, U1), dtype=bool) if node_rows.shape[0] == 0 else node_rows >= 0
+    return (has_row * np.where(inside, 1.0, PAD_COST)).sum(-1).reshape(-1)
+
+
+def _frame_layouts():
+    """``{name: (t0s, u0s, t1s, u1s, node_rows, T, U1)}``: the padded layout (every node a
+    row) even and ragged, packed rows (none in the padding), the pruned loss's windows of 2
+    rows a frame, one tile's rows (a few frames of one sequence), no rows at all."""
+    T, U1 = 8, 4
+    i64 = lambda *v: np.array(v, dtype=np.int64)             # noqa: E731
+    zeros = i64(0, 0, 0, 0)
+    none = np.empty((0, 0, 0), dtype=np.int64)
+    rag = (zeros, zeros, i64(8, 1, 1, 1), i64(3, 3, 3, 3))    # one long sequence, three short
+    t = np.arange(T)[None, :, None]
+    u = np.arange(U1)[None, None, :]
+    inside = (t < rag[2][:, None, None]) & (u <= rag[3][:, None, None])
+    packed = np.where(inside, 1, -1).astype(np.int64)
+    windows = np.where(inside & (u >= (t // 3)) & (u < (t // 3) + 2), 1, -1).astype(np.int64)
+    tile = np.full((4, T, U1), -1, dtype=np.int64)
+    tile[0, 2:5] = 1
+    return {"padded": (zeros, zeros, i64(8, 8, 8, 8), i64(3, 3, 3, 3), none, T, U1),
+            "padded_ragged": (*rag, none, T, U1),
+            "packed": (*rag, packed, T, U1),
+            "windows": (*rag, windows, T, U1),
+            "tile": (*rag, tile, T, U1),
+            "no_rows": (*rag, np.full((4, T, U1), -1, dtype=np.int64), T, U1)}
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 8, 1000])
+@pytest.mark.parametrize("layout", list(_frame_layouts()))
+def test_frame_ranges_split_the_frames_in_order_by_their_work(layout, parts):
+    """``_config.frame_ranges``: min(parts, B T) ranges of frames in memory order that cover
+    every frame once, each within one frame's work of an even share (a split by frame
+    counts misses that on the ragged layouts: the long sequence's frames weigh 4 nodes,
+    the padding's 1)."""
+    from rnnt_lattice.cpu._config import frame_ranges
+    args = _frame_layouts()[layout]
+    bounds = frame_ranges(parts, *args)
+    cost = _frame_costs(*args)
+    n = min(parts, cost.size)
+    assert bounds.dtype == np.int64 and bounds.shape == (n + 1,)
+    assert bounds[0] == 0 and bounds[-1] == cost.size and (np.diff(bounds) >= 0).all()
+    work = [cost[bounds[p]:bounds[p + 1]].sum() for p in range(n)]
+    assert max(work) <= cost.sum() / n + cost.max() + 1e-9, (bounds, work)
+
+
+def test_row_parts_is_the_parallel_launch_thread_count(monkeypatch):
+    """A row kernel runs one range of frames a thread: ``row_parts`` is Numba's thread count
+    of the calling thread (``numba.set_num_threads``), 1 where the serial variants run."""
+    from rnnt_lattice.cpu import _config
+    x, y, T_b, U_b, blank = make_inputs(Case("c", (3, 2), (1, 2), 5, 0), torch.float32)
+    rnnt_lattice.rnnt_loss(x, y, T_b, U_b, blank)            # the pool is started
+    before = numba.get_num_threads()
+    try:
+        for k in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+            numba.set_num_threads(k)
+            assert _config.row_parts() == k
+    finally:
+        numba.set_num_threads(before)
+    monkeypatch.setattr(_config, "PARALLEL", False)
+    assert _config.row_parts() == 1
+    monkeypatch.setattr(_config, "PARALLEL", True)
+    monkeypatch.setattr(_config, "FORKED", True)
+    assert _config.row_parts() == 1
+
+
+@pytest.mark.parametrize("name", ["rnnt_loss", "rnnt_loss log-prob mode",
+                                  "rnnt_loss clamp, FastEmit", "rnnt_loss constrained, boundary",
+                                  "tdt_loss", "multiblank_rnnt_loss", "packed",
+                                  "pruned pipeline, k2's windows", "fused_rnnt_loss, Joiner"])
+def test_any_split_of_the_frames_gives_the_same_bits(name, monkeypatch):
+    """The row and gradient passes give every frame the same work whichever thread takes it
+    and however the frames are split (``_config.row_parts`` ranges): the public calls on the
+    CPU backend (the regular fast path, the generic kernels, packed rows, windows, the
+    fused loss's tiles) give the same bits with 1, 2, 3 and 7 ranges (more ranges than
+    threads: the threads take several in turn)."""
+    import contextlib
+    from rnnt_lattice.cpu import _config
+    from support.public_calls import CASES
+
+    def split(k):
+        @contextlib.contextmanager
+        def on():
+            with monkeypatch.context() as m:
+                m.setattr(_config, "row_parts", lambda: k)
+                yield
+        return on
+
+    want = CASES[name](split(1))
+    for k in (2, 3, 7):
+        got = CASES[name](split(k))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)

@@ -381,7 +381,7 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
                      opts.log_softmax, buf is not None,
-                     _config.spread_stride(B * T),
+                     _config.row_parts(),
                      np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
                      *stats, w, nan_row)
     return stats, w, nan_row
@@ -406,7 +406,7 @@ def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opt
     regular.regular_row_pass(x, _ids(targets), _ids(logit_lengths), _ids(target_lengths),
                              blank,
                              opts.log_softmax, buf is not None,
-                             _config.spread_stride(B * T),
+                             _config.row_parts(),
                              np.empty((0, 0, 0, 0), dtype=x.dtype) if buf is None else _np(buf),
                              shift, inv_sum, w, nan_row)
     return (shift, inv_sum), w, nan_row
@@ -488,8 +488,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
     src = dst if logits is None else logits
     up = _upstream(upstream, st.infinite)
     fastemit_scale = 1.0 + float(opts.fastemit_lambda)   # FastEmit (math.md section 6)
-    B, T = st.gamma.shape[0], st.gamma.shape[2]
-    spread = _config.spread_stride(B * T)
+    parts = _config.row_parts()
     if st.node_rows is None:                  # the regular fast path
         shift, inv_sum = st.stats
         regular.regular_grad_rows(_np(src), _np(dst), _ids(targets), _ids(logit_lengths),
@@ -498,7 +497,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
                                   shift, inv_sum, st.gamma,
                                   fastemit_scale, float(opts.clamp), up,
                                   opts.log_softmax, from_logits,
-                                  spread)
+                                  parts)
         return dst
     V = st.shape[-1]
     kernels.grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), st.node_rows,
@@ -507,7 +506,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
                       *st.stats, st.gamma, st.log_like,
                       fastemit_scale, float(opts.clamp), up,
                       opts.log_softmax, from_logits,
-                      spread)
+                      parts)
     return dst
 
 
@@ -589,7 +588,6 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     V = rows.shape[-1]
     if not opts.log_softmax:
         _np(out).fill(0)                          # log-prob mode writes the read entries only
-    B, T = state.gamma.shape[0], state.gamma.shape[2]
     kernels.grad_rows(_np(rows).reshape(-1, V), _np(out).reshape(-1, V), _np(tile.node_rows),
                       _np(state.targets), *state.ends,
                       state.kinds, state.blank, state.n_durations,
@@ -597,7 +595,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
                       1.0 + float(opts.fastemit_lambda), float(opts.clamp),
                       _upstream(upstream, state.infinite),
                       opts.log_softmax, opts.log_softmax,
-                      _config.spread_stride(B * T))
+                      _config.row_parts())
     return out
 
 

@@ -1,5 +1,5 @@
 """Numba settings for every CPU kernel, in one place, how the kernels are compiled, and the
-order in which their prange loops visit the rows (``spread_stride``).
+order in which their prange loops visit the rows (``frame_ranges``).
 
 Environment overrides (read once, at first use of the CPU backend):
     RNNT_LATTICE_NUMBA_CACHE=0     do not cache compiled kernels on disk
@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import threading
 import types
 import warnings
 
+import numba
+import numpy as np
 import torch
 from numba import njit
 from numba.core import event
@@ -131,7 +132,6 @@ _launch_serialised = None          # None: not known yet; then True (workqueue) 
 
 def _layer_thread_safe():
     """True/False for the threading layer Numba started, None if none is started yet."""
-    import numba
     try:
         layer = numba.threading_layer()
     except ValueError:
@@ -340,21 +340,76 @@ def pjit(fn=None, *, strict=False):
 
 
 # --------------------------------------------------------------------------- row order
-def spread_stride(n: int) -> int:
-    """A stride coprime to ``n`` near n / golden ratio. prange hands each thread one
-    contiguous block of iterations; visiting rows (b, t) in the order ``i * stride mod n``
-    gives every thread a similar mix of long and short (ragged, padded) sequences."""
-    if n <= 2:
+# The row kernels (the row and gradient passes) visit the frames (b, t) in memory order,
+# i = b T + t, one contiguous range of frames a thread (``frame_ranges``): each thread
+# then streams through its part of the logits and of the gradient from start to end. A
+# visit in a spread order (row i * stride mod B T, which balanced ragged batches the same
+# way) jumped to another frame's rows after each frame, and the hardware prefetcher
+# restarted at every jump: the regular loss's row pass took 5.4 ms at s3 against 3.9 in
+# memory order, its gradient pass 2.0 against 1.0-1.6 (docs/benchmarks.md, "The row
+# kernels in memory order").
+
+# What a node the kernel only zero-fills (padding) costs, in nodes it reads in full.
+PAD_COST = 0.25
+
+
+def row_parts() -> int:
+    """How many contiguous ranges of frames (``frame_ranges``) a row kernel's prange loop
+    runs: the thread count of its parallel launch, whose static schedule hands each
+    thread one of them; 1 for the serial variants (``ParallelKernel``). Before the first
+    parallel launch the count is Numba's default: asking Numba would start its threads
+    here, outside ``_launch``."""
+    if not PARALLEL or FORKED:
         return 1
-    p = max(1, int(n * 0.6180339887498949)) | 1
-    while math.gcd(p, n) != 1:
-        p += 2
-    return p
+    if _launch_serialised is None:
+        try:
+            numba.threading_layer()
+        except ValueError:                  # not started: it starts with the default count
+            return max(1, numba.config.NUMBA_NUM_THREADS)
+    return numba.get_num_threads()
 
 
 @njit(**JIT)
-def spread_row(i, spread, B, T):
-    """The row ``(b, t)`` that prange iteration ``i`` visits (see ``spread_stride``)."""
-    bt = (i * spread) % (B * T)
-    b = bt // T
-    return b, bt - b * T
+def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1):
+    """``bounds`` (n + 1,) int64, n = min(parts, B T) >= 1: range p of the frames in memory
+    order, ``bounds[p] <= i < bounds[p + 1]`` (frame (b, t) = (i // T, i % T)), the ranges
+    in order and covering every frame, with about equal work. A frame's work: each node
+    with a row costs 1 in the region ``t0 <= t < t1, u0 <= u <= u1`` and ``PAD_COST``
+    outside it (zero-filled); ``node_rows`` (B, T, U+1), -1 where a node has no row (the
+    packed layout, the pruned loss's windows, a tile), or empty ``(0, 0, 0)`` where every
+    node has one (the padded layout). Which thread takes which frame changes no value."""
+    B = t0s.shape[0]
+    nf = B * T
+    n = max(1, min(parts, nf))
+    bounds = np.empty(n + 1, dtype=np.int64)
+    cost = np.empty(nf)
+    total = 0.0
+    rows = node_rows.shape[0] > 0
+    for b in range(B):
+        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+        for t in range(T):
+            if rows:
+                c = 0.0
+                fr = node_rows[b, t]
+                for u in range(U1):
+                    if fr[u] >= 0:
+                        c += 1.0 if t >= t0 and t < t1 and u >= u0 and u <= u1 else PAD_COST
+            elif t >= t0 and t < t1 and u1 >= u0:
+                c = (u1 - u0 + 1) + PAD_COST * (U1 - (u1 - u0 + 1))
+            else:
+                c = PAD_COST * U1
+            cost[b * T + t] = c
+            total += c
+    # Range p ends after the frame where the work so far reaches p / n of the total.
+    bounds[0] = 0
+    p = 1
+    acc = 0.0
+    for i in range(nf):
+        acc += cost[i]
+        while p < n and acc >= total * p / n:
+            bounds[p] = i + 1
+            p += 1
+    while p <= n:
+        bounds[p] = nf
+        p += 1
+    return bounds

@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..topology import Topology
-from ._config import JIT, pjit, spread_row
+from ._config import JIT, frame_ranges, pjit
 from .fastmath import (NEG_INF, clip, exp64, exp_nonpos, exp_store, exp_sum, lae, log64,
                        nan_max, row_max, scale_row)
 
@@ -280,7 +280,7 @@ def row_pass(
     # flags
     fused, store,
     # schedule
-    spread,
+    parts,
     # outputs
     buf, shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row,
 ):
@@ -295,7 +295,8 @@ def row_pass(
         sigma, delay_penalty: the per-arc terms.
         fused: raw scores (else log-probs). store: write exp(x - m) of each group into
             ``buf`` (N, V) (zeros in padding rows); ``buf`` may be ``rows`` (in-place mode).
-        spread: an int coprime to B*T (``_config.spread_stride``).
+        parts: how many contiguous ranges of frames the prange loop runs, one a thread
+            (``_config.row_parts``, ``_config.frame_ranges``).
     Outputs, written on every node:
         shift, shift_d (B, T, U+1) dtype of rows: token / duration group row max.
         inv_sum, inv_sum_d (B, T, U+1) float64: 1 / sum exp(x - m) of each group.
@@ -328,148 +329,151 @@ def row_pass(
         if kinds[PLUS_NEXT_BLANK, k] != 0:
             has_plus_next_blank = True
     read_first = not fused or (store and buf.ctypes.data == rows.ctypes.data)
-    for i in prange(B * T):
-        b, t = spread_row(i, spread, B, T)
-        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
-        in_t = t >= t0 and t < t1
-        delay_term = delay_penalty * ((t1 - 1) / 2.0 - t)
-        # 1. Scratch of the row: spans (int) and per-node log-probs (float64).
-        ispan = np.empty(2 * K + 2 * nc, dtype=np.int64)
-        lo, hi = ispan[:K], ispan[K:2 * K]
-        slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:]
-        U2 = U1 + 1
-        fscr = np.empty((nc + nd + 2) * U2 + nd)
-        lpc = fscr[:nc * U2].reshape(nc, U2)          # log-prob of each slot's class
-        lpd = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
-        blank_lp = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]   # b(t, u) (plus_next_blank)
-        lse_u = fscr[(nc + nd + 1) * U2:(nc + nd + 2) * U2]  # the token group's lse
-        xd = fscr[(nc + nd + 2) * U2:]
-        xc = np.empty((nc, U2), dtype=rows.dtype)     # the entry of each slot's class
-        lpc[:, :] = NEG_INF
-        lpd[:, :] = 0.0
-        blank_lp[:] = NEG_INF
-        lse_u[:] = NEG_INF                            # (a node without a row: no arc)
-        # The duration group of every node of the row (fused): entries, exps, row index.
-        nu_d = U1 if fused and n_durations > 0 else 0
-        dx = np.empty((nd, nu_d), dtype=rows.dtype)
-        dex = np.empty((nd, nu_d), dtype=rows.dtype)
-        d_row = np.full(nu_d, -1, dtype=np.int64)
-        # 2. Where each kind, and each class slot, is an arc on this frame.
-        if in_t:
-            _frame_spans(kinds, slot, t, u0, t1, u1, lo, hi, slo, shi)
-        else:
-            for k in range(K):
-                lo[k], hi[k] = 0, -1
-        # 3. The nodes: group statistics, exps stored, log-probs of the classes read.
-        for u in range(U1):
-            shift[b, t, u] = 0.0
-            shift_d[b, t, u] = 0.0
-            inv_sum[b, t, u] = 0.0
-            inv_sum_d[b, t, u] = 0.0
-            r = node_rows[b, t, u]
-            if r < 0:
-                continue
-            if not (in_t and u >= u0 and u <= u1):   # padding: never read, gradient 0
-                if store:
-                    buf[r, :] = 0.0
-                continue
-            row = rows[r]
-            out = buf[r] if store else row            # (never written unless store)
-            y = targets[b, u] if u < targets.shape[1] else 0
-            # In place the exps overwrite the row: read the arc entries first. Otherwise
-            # the classes' after the frame's nodes (``_gather_entries``), from the rows they
-            # streamed into the cache: a read far ahead of that stream waits a full memory
-            # latency.
-            x_blank = NEG_INF
-            if read_first:
-                x_blank = _read_entries(row, cls, slo, shi, u, y, V_tok, n_durations,
-                                        has_plus_next_blank, blank, xc, xd)
-            lse = 0.0                                 # log-prob mode: rows are normalised
-            lse_d = 0.0
-            if fused:
-                # The token group inline (as a call, the exp loop runs ~30% slower).
-                seg = row[:V_tok]
-                m = row_max(seg)
-                shift[b, t, u] = m
-                if m == NEG_INF:                      # every class masked: no arc leaves
-                    lse = NEG_INF
+    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1)
+    for p in prange(bounds.shape[0] - 1):
+        for i in range(bounds[p], bounds[p + 1]):
+            b = i // T
+            t = i - b * T
+            t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+            in_t = t >= t0 and t < t1
+            delay_term = delay_penalty * ((t1 - 1) / 2.0 - t)
+            # 1. Scratch of the row: spans (int) and per-node log-probs (float64).
+            ispan = np.empty(2 * K + 2 * nc, dtype=np.int64)
+            lo, hi = ispan[:K], ispan[K:2 * K]
+            slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:]
+            U2 = U1 + 1
+            fscr = np.empty((nc + nd + 2) * U2 + nd)
+            lpc = fscr[:nc * U2].reshape(nc, U2)          # log-prob of each slot's class
+            lpd = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
+            blank_lp = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]   # b(t, u) (plus_next_blank)
+            lse_u = fscr[(nc + nd + 1) * U2:(nc + nd + 2) * U2]  # the token group's lse
+            xd = fscr[(nc + nd + 2) * U2:]
+            xc = np.empty((nc, U2), dtype=rows.dtype)     # the entry of each slot's class
+            lpc[:, :] = NEG_INF
+            lpd[:, :] = 0.0
+            blank_lp[:] = NEG_INF
+            lse_u[:] = NEG_INF                            # (a node without a row: no arc)
+            # The duration group of every node of the row (fused): entries, exps, row index.
+            nu_d = U1 if fused and n_durations > 0 else 0
+            dx = np.empty((nd, nu_d), dtype=rows.dtype)
+            dex = np.empty((nd, nu_d), dtype=rows.dtype)
+            d_row = np.full(nu_d, -1, dtype=np.int64)
+            # 2. Where each kind, and each class slot, is an arc on this frame.
+            if in_t:
+                _frame_spans(kinds, slot, t, u0, t1, u1, lo, hi, slo, shi)
+            else:
+                for k in range(K):
+                    lo[k], hi[k] = 0, -1
+            # 3. The nodes: group statistics, exps stored, log-probs of the classes read.
+            for u in range(U1):
+                shift[b, t, u] = 0.0
+                shift_d[b, t, u] = 0.0
+                inv_sum[b, t, u] = 0.0
+                inv_sum_d[b, t, u] = 0.0
+                r = node_rows[b, t, u]
+                if r < 0:
+                    continue
+                if not (in_t and u >= u0 and u <= u1):   # padding: never read, gradient 0
                     if store:
-                        out[:V_tok] = 0.0
-                elif not m < np.inf:                  # a NaN or +inf: its softmax is
-                    lse = np.nan                      # undefined, the arcs are NaN
-                    inv_sum[b, t, u] = np.nan
-                    if store:
-                        out[:V_tok] = 0.0
-                else:
-                    if store:
-                        s = exp_store(seg, m, out[:V_tok])
+                        buf[r, :] = 0.0
+                    continue
+                row = rows[r]
+                out = buf[r] if store else row            # (never written unless store)
+                y = targets[b, u] if u < targets.shape[1] else 0
+                # In place the exps overwrite the row: read the arc entries first. Otherwise
+                # the classes' after the frame's nodes (``_gather_entries``), from the rows they
+                # streamed into the cache: a read far ahead of that stream waits a full memory
+                # latency.
+                x_blank = NEG_INF
+                if read_first:
+                    x_blank = _read_entries(row, cls, slo, shi, u, y, V_tok, n_durations,
+                                            has_plus_next_blank, blank, xc, xd)
+                lse = 0.0                                 # log-prob mode: rows are normalised
+                lse_d = 0.0
+                if fused:
+                    # The token group inline (as a call, the exp loop runs ~30% slower).
+                    seg = row[:V_tok]
+                    m = row_max(seg)
+                    shift[b, t, u] = m
+                    if m == NEG_INF:                      # every class masked: no arc leaves
+                        lse = NEG_INF
+                        if store:
+                            out[:V_tok] = 0.0
+                    elif not m < np.inf:                  # a NaN or +inf: its softmax is
+                        lse = np.nan                      # undefined, the arcs are NaN
+                        inv_sum[b, t, u] = np.nan
+                        if store:
+                            out[:V_tok] = 0.0
                     else:
-                        s = exp_sum(seg, m)
-                    inv_sum[b, t, u] = 1.0 / s
-                    lse = np.float64(m) + math.log(s)
-                if not read_first and has_plus_next_blank:
-                    x_blank = np.float64(row[blank])
-                if store:                             # the exps the gradient pass reads
-                    for j in range(nc):
-                        c = cls[j]
-                        if c < 0:
-                            c = y if y >= 0 and y < V_tok else 0   # (no label read: any)
-                        e_read[b, t, u, j] = out[c]
-                    if has_plus_next_blank:
-                        e_read[b, t, u, nc] = out[blank]
-                if n_durations > 0:                   # (its statistics: step 4)
-                    d_row[u] = r
+                        if store:
+                            s = exp_store(seg, m, out[:V_tok])
+                        else:
+                            s = exp_sum(seg, m)
+                        inv_sum[b, t, u] = 1.0 / s
+                        lse = np.float64(m) + math.log(s)
+                    if not read_first and has_plus_next_blank:
+                        x_blank = np.float64(row[blank])
+                    if store:                             # the exps the gradient pass reads
+                        for j in range(nc):
+                            c = cls[j]
+                            if c < 0:
+                                c = y if y >= 0 and y < V_tok else 0   # (no label read: any)
+                            e_read[b, t, u, j] = out[c]
+                        if has_plus_next_blank:
+                            e_read[b, t, u, nc] = out[blank]
+                    if n_durations > 0:                   # (its statistics: step 4)
+                        d_row[u] = r
+                        for j in range(n_durations):
+                            dx[j, u] = row[V_tok + j]
+                else:                                     # a log-prob of +inf is invalid: NaN
+                    if x_blank == np.inf:
+                        x_blank = np.nan
                     for j in range(n_durations):
-                        dx[j, u] = row[V_tok + j]
-            else:                                     # a log-prob of +inf is invalid: NaN
-                if x_blank == np.inf:
-                    x_blank = np.nan
-                for j in range(n_durations):
-                    if xd[j] == np.inf:
-                        xd[j] = np.nan
-            blank_lp[u] = _read_lp(x_blank, lse)
-            lse_u[u] = lse
-            if not fused:
-                for j in range(n_durations):
-                    lpd[j, u] = _read_lp(xd[j], lse_d)
-        # 4. The log-probs of the classes read, slot by slot along its span; the duration
-        # group of the row's nodes; both in loops over the nodes.
-        if in_t:
-            if not read_first:
-                _gather_entries(rows, node_rows[b, t], targets[b], cls, slo, shi, xc)
-            _class_lps(xc, lse_u, slo, shi, fused, lpc)
-        if fused and n_durations > 0:
-            _duration_stats(dx, dex, d_row, n_durations, store, buf, V_tok, shift_d[b, t],
-                            inv_sum_d[b, t], lpd)
-        # 5. The weights, kind by kind along its span (a node without a row: -inf).
-        bad = 0
-        for k in range(K):
-            w[b, k, t, :] = NEG_INF
-            n = hi[k] - lo[k] + 1
-            if n <= 0:
-                continue
-            a = lo[k]
-            d = kinds[DURATION, k]
-            delay = kinds[DELAY, k] != 0
-            plus_next_blank = kinds[PLUS_NEXT_BLANK, k] != 0
-            c_row = lpc[slot[k], a:a + n]
-            d_row = lpd[max(d, 0), a:a + n]
-            nb_row = blank_lp[a + 1:a + 1 + n]
-            r_row = node_rows[b, t, a:a + n]
-            w_row = w[b, k, t, a:a + n]
-            for u in range(n):
-                x = c_row[u]
-                if d >= 0:
-                    x += d_row[u]
-                x -= sigma
-                if delay:
-                    x += delay_term
-                if plus_next_blank:
-                    x += nb_row[u]
-                x = x if r_row[u] >= 0 else NEG_INF
-                w_row[u] = x
-                bad |= x != x
-        nan_row[b, t] = bad
+                        if xd[j] == np.inf:
+                            xd[j] = np.nan
+                blank_lp[u] = _read_lp(x_blank, lse)
+                lse_u[u] = lse
+                if not fused:
+                    for j in range(n_durations):
+                        lpd[j, u] = _read_lp(xd[j], lse_d)
+            # 4. The log-probs of the classes read, slot by slot along its span; the duration
+            # group of the row's nodes; both in loops over the nodes.
+            if in_t:
+                if not read_first:
+                    _gather_entries(rows, node_rows[b, t], targets[b], cls, slo, shi, xc)
+                _class_lps(xc, lse_u, slo, shi, fused, lpc)
+            if fused and n_durations > 0:
+                _duration_stats(dx, dex, d_row, n_durations, store, buf, V_tok, shift_d[b, t],
+                                inv_sum_d[b, t], lpd)
+            # 5. The weights, kind by kind along its span (a node without a row: -inf).
+            bad = 0
+            for k in range(K):
+                w[b, k, t, :] = NEG_INF
+                n = hi[k] - lo[k] + 1
+                if n <= 0:
+                    continue
+                a = lo[k]
+                d = kinds[DURATION, k]
+                delay = kinds[DELAY, k] != 0
+                plus_next_blank = kinds[PLUS_NEXT_BLANK, k] != 0
+                c_row = lpc[slot[k], a:a + n]
+                d_row = lpd[max(d, 0), a:a + n]
+                nb_row = blank_lp[a + 1:a + 1 + n]
+                r_row = node_rows[b, t, a:a + n]
+                w_row = w[b, k, t, a:a + n]
+                for u in range(n):
+                    x = c_row[u]
+                    if d >= 0:
+                        x += d_row[u]
+                    x -= sigma
+                    if delay:
+                        x += delay_term
+                    if plus_next_blank:
+                        x += nb_row[u]
+                    x = x if r_row[u] >= 0 else NEG_INF
+                    w_row[u] = x
+                    bad |= x != x
+            nan_row[b, t] = bad
 
 
 # --------------------------------------------------------------------------- pass 2
@@ -864,7 +868,7 @@ def grad_rows(
     # flags
     fused, from_logits,
     # schedule
-    spread,
+    parts,
 ):
     """Pass 3 for any topology: ``dst`` (N, V) = ``upstream[b] * d loss_b / d rows`` (math.md
     4-6 and 9; ``reference.grad``).
@@ -892,113 +896,116 @@ def grad_rows(
     multiply, an entry far from the row's start waits a full memory latency.
     """
     B, T, U1, K, V_tok, cls, slot, nc, nd = _sizes(node_rows, kinds, dst.shape[1], n_durations)
-    for i in prange(B * T):
-        b, t = spread_row(i, spread, B, T)
-        t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
-        wu = upstream[b]
-        ll = log_like[b]
-        in_t = t >= t0 and t < t1
-        # 1. Scratch of the row: spans (int), per-node sums of occupations (float64).
-        ispan = np.empty(2 * K + 2 * nc + 2 * K + 2, dtype=np.int64)
-        lo, hi = ispan[:K], ispan[K:2 * K]
-        slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:2 * K + 2 * nc]
-        rcls = ispan[2 * K + 2 * nc:]                 # classes read at the node ...
-        U2 = U1 + 1
-        fscr = np.zeros((nc + nd + 3) * U2 + 2 * (2 * K + 2))
-        sub = fscr[:nc * U2].reshape(nc, U2)          # scaled occupation of each slot
-        dsub = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
-        s_tok = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]       # S
-        s_dur = fscr[(nc + nd + 1) * U2:(nc + nd + 2) * U2]   # S_d
-        s_next_blank = fscr[(nc + nd + 2) * U2:(nc + nd + 3) * U2]   # blank read from u-1
-        rsub = fscr[(nc + nd + 3) * U2:(nc + nd + 3) * U2 + 2 * K + 2]   # ... their sums
-        ev = fscr[(nc + nd + 3) * U2 + 2 * K + 2:]    # ... and their exps
-        # 2. The occupations each node's row is read with, gathered kind by kind.
-        plo, phi = 0, -1
-        if in_t and wu != 0.0:
-            _frame_spans(kinds, slot, t, u0, t1, u1, lo, hi, slo, shi)
-            plo, phi = _union_spans(kinds, slot, -1, PLUS_NEXT_BLANK, lo, hi)
-            for k in range(K):
-                n = hi[k] - lo[k] + 1
-                if n <= 0:
+    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1)
+    for p in prange(bounds.shape[0] - 1):
+        for i in range(bounds[p], bounds[p + 1]):
+            b = i // T
+            t = i - b * T
+            t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
+            wu = upstream[b]
+            ll = log_like[b]
+            in_t = t >= t0 and t < t1
+            # 1. Scratch of the row: spans (int), per-node sums of occupations (float64).
+            ispan = np.empty(2 * K + 2 * nc + 2 * K + 2, dtype=np.int64)
+            lo, hi = ispan[:K], ispan[K:2 * K]
+            slo, shi = ispan[2 * K:2 * K + nc], ispan[2 * K + nc:2 * K + 2 * nc]
+            rcls = ispan[2 * K + 2 * nc:]                 # classes read at the node ...
+            U2 = U1 + 1
+            fscr = np.zeros((nc + nd + 3) * U2 + 2 * (2 * K + 2))
+            sub = fscr[:nc * U2].reshape(nc, U2)          # scaled occupation of each slot
+            dsub = fscr[nc * U2:(nc + nd) * U2].reshape(nd, U2)   # ... of each duration
+            s_tok = fscr[(nc + nd) * U2:(nc + nd + 1) * U2]       # S
+            s_dur = fscr[(nc + nd + 1) * U2:(nc + nd + 2) * U2]   # S_d
+            s_next_blank = fscr[(nc + nd + 2) * U2:(nc + nd + 3) * U2]   # blank read from u-1
+            rsub = fscr[(nc + nd + 3) * U2:(nc + nd + 3) * U2 + 2 * K + 2]   # ... their sums
+            ev = fscr[(nc + nd + 3) * U2 + 2 * K + 2:]    # ... and their exps
+            # 2. The occupations each node's row is read with, gathered kind by kind.
+            plo, phi = 0, -1
+            if in_t and wu != 0.0:
+                _frame_spans(kinds, slot, t, u0, t1, u1, lo, hi, slo, shi)
+                plo, phi = _union_spans(kinds, slot, -1, PLUS_NEXT_BLANK, lo, hi)
+                for k in range(K):
+                    n = hi[k] - lo[k] + 1
+                    if n <= 0:
+                        continue
+                    a = lo[k]
+                    d = kinds[DURATION, k]
+                    scale = fastemit_scale if kinds[FASTEMIT, k] != 0 else 1.0
+                    g_row = gamma[b, k, t, a:a + n]
+                    c_row = sub[slot[k], a:a + n]
+                    s_row = s_tok[a:a + n]
+                    for u in range(n):
+                        sg = g_row[u] * scale
+                        c_row[u] += sg
+                        s_row[u] += sg
+                    if d >= 0:
+                        d_row = dsub[d, a:a + n]
+                        sd_row = s_dur[a:a + n]
+                        for u in range(n):
+                            d_row[u] += g_row[u]
+                            sd_row[u] += g_row[u]
+                    if kinds[PLUS_NEXT_BLANK, k] != 0:    # the arc from (t, u) reads b(t, u+1)
+                        p_row = s_next_blank[a + 1:a + 1 + n]
+                        sn_row = s_tok[a + 1:a + 1 + n]
+                        for u in range(n):
+                            p_row[u] += g_row[u]
+                            sn_row[u] += g_row[u]
+            # 3. The nodes' rows.
+            for u in range(U1):
+                r = node_rows[b, t, u]
+                if r < 0:
                     continue
-                a = lo[k]
-                d = kinds[DURATION, k]
-                scale = fastemit_scale if kinds[FASTEMIT, k] != 0 else 1.0
-                g_row = gamma[b, k, t, a:a + n]
-                c_row = sub[slot[k], a:a + n]
-                s_row = s_tok[a:a + n]
-                for u in range(n):
-                    sg = g_row[u] * scale
-                    c_row[u] += sg
-                    s_row[u] += sg
-                if d >= 0:
-                    d_row = dsub[d, a:a + n]
-                    sd_row = s_dur[a:a + n]
-                    for u in range(n):
-                        d_row[u] += g_row[u]
-                        sd_row[u] += g_row[u]
-                if kinds[PLUS_NEXT_BLANK, k] != 0:    # the arc from (t, u) reads b(t, u+1)
-                    p_row = s_next_blank[a + 1:a + 1 + n]
-                    sn_row = s_tok[a + 1:a + 1 + n]
-                    for u in range(n):
-                        p_row[u] += g_row[u]
-                        sn_row[u] += g_row[u]
-        # 3. The nodes' rows.
-        for u in range(U1):
-            r = node_rows[b, t, u]
-            if r < 0:
-                continue
-            row = dst[r]
-            if not (in_t and u >= u0 and u <= u1) or wu == 0.0:
-                # A select, not a product: 0 * NaN would be NaN (math.md 8.1).
-                if wu == 0.0 or (fused and from_logits):
-                    row[:] = 0.0
-                continue
-            if fused and ll != ll:                    # a NaN sequence: NaN everywhere
-                row[:] = np.nan
-                continue
-            # 3a. The classes the node reads, merged by class.
-            n = 0
-            for j in range(nc):
-                if u >= slo[j] and u <= shi[j]:
-                    c = cls[j]
-                    n = _add_read(rcls, rsub, ev, n, targets[b, u] if c < 0 else c, sub[j, u],
-                                  e_read[b, t, u, j] if fused else 0.0)
-            if u > u0 and u - 1 >= plo and u - 1 <= phi:
-                n = _add_read(rcls, rsub, ev, n, blank, s_next_blank[u],
-                              e_read[b, t, u, nc] if fused else 0.0)
-            if not fused:
-                for j in range(n):
-                    row[rcls[j]] = clip(-rsub[j], clamp) * wu
-                for j in range(n_durations):
-                    row[V_tok + j] = -dsub[j, u] * wu
-                continue
-            # 3b. The exps (recomputed without the stored buffer), then the token group.
-            tok = row[:V_tok]
-            if from_logits:
-                if inv_sum[b, t, u] > 0.0:
-                    exp_store(src[r, :V_tok], shift[b, t, u], tok)
-                else:                                 # dead or NaN group: stored as zeros
+                row = dst[r]
+                if not (in_t and u >= u0 and u <= u1) or wu == 0.0:
+                    # A select, not a product: 0 * NaN would be NaN (math.md 8.1).
+                    if wu == 0.0 or (fused and from_logits):
+                        row[:] = 0.0
+                    continue
+                if fused and ll != ll:                    # a NaN sequence: NaN everywhere
+                    row[:] = np.nan
+                    continue
+                # 3a. The classes the node reads, merged by class.
+                n = 0
+                for j in range(nc):
+                    if u >= slo[j] and u <= shi[j]:
+                        c = cls[j]
+                        n = _add_read(rcls, rsub, ev, n, targets[b, u] if c < 0 else c, sub[j, u],
+                                      e_read[b, t, u, j] if fused else 0.0)
+                if u > u0 and u - 1 >= plo and u - 1 <= phi:
+                    n = _add_read(rcls, rsub, ev, n, blank, s_next_blank[u],
+                                  e_read[b, t, u, nc] if fused else 0.0)
+                if not fused:
+                    for j in range(n):
+                        row[rcls[j]] = clip(-rsub[j], clamp) * wu
+                    for j in range(n_durations):
+                        row[V_tok + j] = -dsub[j, u] * wu
+                    continue
+                # 3b. The exps (recomputed without the stored buffer), then the token group.
+                tok = row[:V_tok]
+                if from_logits:
+                    if inv_sum[b, t, u] > 0.0:
+                        exp_store(src[r, :V_tok], shift[b, t, u], tok)
+                    else:                                 # dead or NaN group: stored as zeros
+                        tok[:] = 0.0
+                    if n_durations > 0:
+                        if inv_sum_d[b, t, u] > 0.0:
+                            exp_store(src[r, V_tok:], shift_d[b, t, u], row[V_tok:])
+                        else:
+                            row[V_tok:] = 0.0
+                st = s_tok[u]
+                if st == 0.0:                             # no arc reads the row (or no path)
                     tok[:] = 0.0
+                else:
+                    c = st * inv_sum[b, t, u]         # d/dx_v = exp(x_v - m) inv_sum S - ...
+                    scale_row(tok, c, wu, clamp)
+                    # The read classes in float64: p S - s gamma cancels when p ~ 1.
+                    for j in range(n):
+                        tok[rcls[j]] = clip(ev[j] * c - rsub[j], clamp) * wu
+                # 3c. The duration group: d/dx_{V_tok+i} = q_i S_d - gamma_i.
                 if n_durations > 0:
-                    if inv_sum_d[b, t, u] > 0.0:
-                        exp_store(src[r, V_tok:], shift_d[b, t, u], row[V_tok:])
-                    else:
-                        row[V_tok:] = 0.0
-            st = s_tok[u]
-            if st == 0.0:                             # no arc reads the row (or no path)
-                tok[:] = 0.0
-            else:
-                c = st * inv_sum[b, t, u]             # d/dx_v = exp(x_v - m) * inv_sum * S - ...
-                scale_row(tok, c, wu, clamp)
-                # The read classes in float64: p S - s gamma cancels when p ~ 1.
-                for j in range(n):
-                    tok[rcls[j]] = clip(ev[j] * c - rsub[j], clamp) * wu
-            # 3c. The duration group: d/dx_{V_tok+i} = q_i S_d - gamma_i.
-            if n_durations > 0:
-                sd = s_dur[u]
-                cd = sd * inv_sum_d[b, t, u]
-                for j in range(n_durations):
-                    q = np.float64(row[V_tok + j]) * cd if sd != 0.0 else 0.0
-                    row[V_tok + j] = (q - dsub[j, u]) * wu
+                    sd = s_dur[u]
+                    cd = sd * inv_sum_d[b, t, u]
+                    for j in range(n_durations):
+                        q = np.float64(row[V_tok + j]) * cd if sd != 0.0 else 0.0
+                        row[V_tok + j] = (q - dsub[j, u]) * wu
 

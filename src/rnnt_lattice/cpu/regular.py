@@ -24,11 +24,20 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._config import JIT, pjit, spread_row
+from ._config import JIT, frame_ranges, pjit
 from .fastmath import NEG_INF, clip, exp_store, exp_sum, row_max, scale_row
 
 # The kinds of ``topology.regular()``, in its order: the plane of each in ``w`` and ``gamma``.
 BLANK, LABEL = 0, 1
+
+
+@njit(**JIT)
+def _frame_ranges(parts, logit_lengths, target_lengths, T, U1):
+    """``_config.frame_ranges`` of the regular lattice: the region ``t < T_b, u <= U_b``,
+    a row at every node (padded logits)."""
+    zero = np.zeros_like(logit_lengths)
+    return frame_ranges(parts, zero, zero, logit_lengths, target_lengths,
+                        np.empty((0, 0, 0), dtype=np.int64), T, U1)
 
 
 @pjit
@@ -40,7 +49,7 @@ def regular_row_pass(
     # flags
     fused, store,
     # schedule
-    spread,
+    parts,
     # outputs
     buf, shift, inv_sum, w, nan_row,
 ):
@@ -52,7 +61,8 @@ def regular_row_pass(
         blank: blank id in [0, V). fused: logits are raw scores (else log-probs).
         store: write exp(logits - m) into ``buf`` (and zeros into its padding rows); ``buf``
             may be ``logits`` itself (in-place mode).
-        spread: an int coprime to B*T (``_config.spread_stride``).
+        parts: how many contiguous ranges of frames the prange loop runs, one a thread
+            (``_config.row_parts``, ``_config.frame_ranges``).
         buf: (B, T, U+1, V) like logits (unused unless ``store``).
     Outputs, written on every node (padding: shift 0, inv_sum 0, weights -inf):
         shift (B, T, U+1), dtype of logits: row max m.
@@ -66,61 +76,64 @@ def regular_row_pass(
     in log-prob mode a +inf arc entry is read as NaN.
     """
     B, T, U1, V = logits.shape
-    for i in prange(B * T):
-        b, t = spread_row(i, spread, B, T)
-        T_b = logit_lengths[b]
-        U_b = target_lengths[b]
-        bad = 0
-        for u in range(U1):
-            shift[b, t, u] = 0.0
-            inv_sum[b, t, u] = 0.0
-            w[b, BLANK, t, u] = NEG_INF
-            w[b, LABEL, t, u] = NEG_INF
-            if t >= T_b or u > U_b:                  # padding: never read, gradient 0
-                if store:
-                    buf[b, t, u, :] = 0.0
-                continue
-            # 1. The two arc entries, read first: in in-place mode buf is logits and the
-            # exps below overwrite the row.
-            row = logits[b, t, u]
-            x_blank = np.float64(row[blank])
-            x_label = np.float64(row[targets[b, u]]) if u < U_b else NEG_INF
-            # 2. The row's log-normaliser (fused mode), the exps stored on the way.
-            lse = 0.0                                 # log-prob mode: rows are normalised
-            if fused:
-                m = row_max(row)
-                if m == NEG_INF:                      # every class masked: no arc leaves
+    bounds = _frame_ranges(parts, logit_lengths, target_lengths, T, U1)
+    for p in prange(bounds.shape[0] - 1):
+        for i in range(bounds[p], bounds[p + 1]):
+            b = i // T
+            t = i - b * T
+            T_b = logit_lengths[b]
+            U_b = target_lengths[b]
+            bad = 0
+            for u in range(U1):
+                shift[b, t, u] = 0.0
+                inv_sum[b, t, u] = 0.0
+                w[b, BLANK, t, u] = NEG_INF
+                w[b, LABEL, t, u] = NEG_INF
+                if t >= T_b or u > U_b:                  # padding: never read, gradient 0
                     if store:
                         buf[b, t, u, :] = 0.0
                     continue
-                if not m < np.inf:                    # a NaN or +inf in the row: its softmax
-                    shift[b, t, u] = m                # is undefined, both arcs are NaN
-                    inv_sum[b, t, u] = np.nan         # (math.md section 8)
-                    lse = np.nan
-                    if store:
-                        buf[b, t, u, :] = 0.0
-                else:
-                    if store:
-                        s = exp_store(row, m, buf[b, t, u])
+                # 1. The two arc entries, read first: in in-place mode buf is logits and the
+                # exps below overwrite the row.
+                row = logits[b, t, u]
+                x_blank = np.float64(row[blank])
+                x_label = np.float64(row[targets[b, u]]) if u < U_b else NEG_INF
+                # 2. The row's log-normaliser (fused mode), the exps stored on the way.
+                lse = 0.0                                 # log-prob mode: rows are normalised
+                if fused:
+                    m = row_max(row)
+                    if m == NEG_INF:                      # every class masked: no arc leaves
+                        if store:
+                            buf[b, t, u, :] = 0.0
+                        continue
+                    if not m < np.inf:                    # a NaN or +inf in the row: its softmax
+                        shift[b, t, u] = m                # is undefined, both arcs are NaN
+                        inv_sum[b, t, u] = np.nan         # (math.md section 8)
+                        lse = np.nan
+                        if store:
+                            buf[b, t, u, :] = 0.0
                     else:
-                        s = exp_sum(row, m)
-                    shift[b, t, u] = m
-                    inv_sum[b, t, u] = 1.0 / s
-                    lse = np.float64(m) + math.log(s)
-            else:                                     # a log-prob of +inf is invalid: NaN
-                x_blank = np.nan if x_blank == np.inf else x_blank
-                x_label = np.nan if x_label == np.inf else x_label
-            # 3. The arc weights: a blank leaves every node but those of the last frame
-            # below U_b (only the final blank ends a path); a label leaves u < U_b.
-            if t < T_b - 1 or u == U_b:
-                x = x_blank - lse
-                w[b, BLANK, t, u] = x
-                bad |= x != x
-            if u < U_b:
-                y = x_label - lse
-                w[b, LABEL, t, u] = y
-                bad |= y != y
-        nan_row[b, t] = bad
+                        if store:
+                            s = exp_store(row, m, buf[b, t, u])
+                        else:
+                            s = exp_sum(row, m)
+                        shift[b, t, u] = m
+                        inv_sum[b, t, u] = 1.0 / s
+                        lse = np.float64(m) + math.log(s)
+                else:                                     # a log-prob of +inf is invalid: NaN
+                    x_blank = np.nan if x_blank == np.inf else x_blank
+                    x_label = np.nan if x_label == np.inf else x_label
+                # 3. The arc weights: a blank leaves every node but those of the last frame
+                # below U_b (only the final blank ends a path); a label leaves u < U_b.
+                if t < T_b - 1 or u == U_b:
+                    x = x_blank - lse
+                    w[b, BLANK, t, u] = x
+                    bad |= x != x
+                if u < U_b:
+                    y = x_label - lse
+                    w[b, LABEL, t, u] = y
+                    bad |= y != y
+            nan_row[b, t] = bad
 
 
 @njit(**JIT)
@@ -163,7 +176,7 @@ def regular_grad_rows(
     # flags
     fused, from_logits,
     # schedule
-    spread,
+    parts,
 ):
     """Write ``upstream[b] * clip(d loss_b / d logits)`` into ``dst`` (B, T, U+1, V).
 
@@ -177,29 +190,32 @@ def regular_grad_rows(
     is 0 gets exactly 0, even where its gradient is NaN (math.md section 8).
     """
     B, T, U1, V = dst.shape
-    for i in prange(B * T):
-        b, t = spread_row(i, spread, B, T)
-        T_b = logit_lengths[b]
-        U_b = target_lengths[b]
-        w = upstream[b]
-        if w == 0.0:
-            # A select, not a product: 0 * NaN or 0 * inf would be NaN, and a sequence
-            # masked out by a zero upstream gradient must not poison the weights.
-            dst[b, t] = 0.0
-            continue
-        for u in range(U1):
-            if t >= T_b or u > U_b:
-                if fused and from_logits:
-                    dst[b, t, u, :] = 0.0
+    bounds = _frame_ranges(parts, logit_lengths, target_lengths, T, U1)
+    for p in prange(bounds.shape[0] - 1):
+        for i in range(bounds[p], bounds[p + 1]):
+            b = i // T
+            t = i - b * T
+            T_b = logit_lengths[b]
+            U_b = target_lengths[b]
+            w = upstream[b]
+            if w == 0.0:
+                # A select, not a product: 0 * NaN or 0 * inf would be NaN, and a sequence
+                # masked out by a zero upstream gradient must not poison the weights.
+                dst[b, t] = 0.0
                 continue
-            row = dst[b, t, u]
-            if fused and from_logits:
-                if not inv_sum[b, t, u] > 0.0:        # all -inf (0) or NaN row (see the row
-                    row[:] = 0.0                      # pass): the stored buffer holds zeros
-                else:
-                    exp_store(src[b, t, u], shift[b, t, u], row)
-            has_label = u < U_b
-            y = targets[b, u] if has_label else 0
-            _finish_row(row, blank, y, has_label, gamma[b, BLANK, t, u],
-                        gamma[b, LABEL, t, u] * fastemit_scale, inv_sum[b, t, u], w, clamp,
-                        fused)
+            for u in range(U1):
+                if t >= T_b or u > U_b:
+                    if fused and from_logits:
+                        dst[b, t, u, :] = 0.0
+                    continue
+                row = dst[b, t, u]
+                if fused and from_logits:
+                    if not inv_sum[b, t, u] > 0.0:        # all -inf (0) or NaN row (see the row
+                        row[:] = 0.0                      # pass): the stored buffer holds zeros
+                    else:
+                        exp_store(src[b, t, u], shift[b, t, u], row)
+                has_label = u < U_b
+                y = targets[b, u] if has_label else 0
+                _finish_row(row, blank, y, has_label, gamma[b, BLANK, t, u],
+                            gamma[b, LABEL, t, u] * fastemit_scale, inv_sum[b, t, u], w, clamp,
+                            fused)
