@@ -345,9 +345,9 @@ def pjit(fn=None, *, strict=False):
 # then streams through its part of the logits and of the gradient from start to end. A
 # visit in a spread order (row i * stride mod B T, which balanced ragged batches the same
 # way) jumped to another frame's rows after each frame, and the hardware prefetcher
-# restarted at every jump: the regular loss's row pass took 5.4 ms at s3 against 3.9 in
-# memory order, its gradient pass 2.0 against 1.0-1.6 (docs/benchmarks.md, "The row
-# kernels in memory order").
+# restarted at every jump: the regular loss's row pass took 4.8-5.4 ms at s3 against 3.9
+# in memory order, its gradient pass 1.7-2.0 against 1.0-1.6 (docs/benchmarks.md, "The
+# row kernels in memory order").
 
 # What a node the kernel only zero-fills (padding) costs, in nodes it reads in full.
 PAD_COST = 0.25
