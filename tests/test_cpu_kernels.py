@@ -469,9 +469,10 @@ def test_lattice_rows_over_their_arcs(topo_name, layout):
 
 
 # --------------------------------------------------------------------------- frame ranges
-def _frame_costs(t0s, u0s, t1s, u1s, node_rows, T, U1):
+def _frame_costs(t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1):
     """Each frame's work in memory order, as ``_config.frame_ranges`` states it: a node with
-    a row costs 1 in its sequence's region and ``PAD_COST`` outside it."""
+    a row costs 1 in its sequence's region and ``PAD_COST`` outside it; the frames ``f0 <= t
+    < f1`` of each sequence."""
     from rnnt_lattice.cpu._config import PAD_COST
     B = len(t0s)
     t = np.arange(T)[None, :, None]
@@ -479,13 +480,14 @@ def _frame_costs(t0s, u0s, t1s, u1s, node_rows, T, U1):
     inside = ((t >= t0s[:, None, None]) & (t < t1s[:, None, None])
               & (u >= u0s[:, None, None]) & (u <= u1s[:, None, None]))
     has_row = np.ones((B, T, U1), dtype=bool) if node_rows.shape[0] == 0 else node_rows >= 0
-    return (has_row * np.where(inside, 1.0, PAD_COST)).sum(-1).reshape(-1)
+    return (has_row * np.where(inside, 1.0, PAD_COST)).sum(-1)[:, f0:f1].reshape(-1)
 
 
 def _frame_layouts():
-    """``{name: (t0s, u0s, t1s, u1s, node_rows, T, U1)}``: the padded layout (every node a
-    row) even and ragged, packed rows (none in the padding), the pruned loss's windows of 2
-    rows a frame, one tile's rows (a few frames of one sequence), no rows at all."""
+    """``{name: (t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)}``: the padded layout (every
+    node a row) even and ragged, packed rows (none in the padding), the pruned loss's
+    windows of 2 rows a frame, one tile's rows (frames 2-4 of every sequence) over its
+    frames and over all, no rows at all."""
     T, U1 = 8, 4
     i64 = lambda *v: np.array(v, dtype=np.int64)             # noqa: E731
     zeros = i64(0, 0, 0, 0)
@@ -497,22 +499,23 @@ def _frame_layouts():
     packed = np.where(inside, 1, -1).astype(np.int64)
     windows = np.where(inside & (u >= (t // 3)) & (u < (t // 3) + 2), 1, -1).astype(np.int64)
     tile = np.full((4, T, U1), -1, dtype=np.int64)
-    tile[0, 2:5] = 1
-    return {"padded": (zeros, zeros, i64(8, 8, 8, 8), i64(3, 3, 3, 3), none, T, U1),
-            "padded_ragged": (*rag, none, T, U1),
-            "packed": (*rag, packed, T, U1),
-            "windows": (*rag, windows, T, U1),
-            "tile": (*rag, tile, T, U1),
-            "no_rows": (*rag, np.full((4, T, U1), -1, dtype=np.int64), T, U1)}
+    tile[:, 2:5] = 1
+    return {"padded": (zeros, zeros, i64(8, 8, 8, 8), i64(3, 3, 3, 3), none, T, U1, 0, T),
+            "padded_ragged": (*rag, none, T, U1, 0, T),
+            "packed": (*rag, packed, T, U1, 0, T),
+            "windows": (*rag, windows, T, U1, 0, T),
+            "tile": (*rag, tile, T, U1, 2, 5),
+            "tile_all_frames": (*rag, tile, T, U1, 0, T),
+            "no_rows": (*rag, np.full((4, T, U1), -1, dtype=np.int64), T, U1, 0, T)}
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 8, 1000])
 @pytest.mark.parametrize("layout", list(_frame_layouts()))
 def test_frame_ranges_split_the_frames_in_order_by_their_work(layout, parts):
-    """``_config.frame_ranges``: min(parts, B T) ranges of frames in memory order that cover
-    every frame once, each within one frame's work of an even share (a split by frame
-    counts misses that on the ragged layouts: the long sequence's frames weigh 4 nodes,
-    the padding's 1)."""
+    """``_config.frame_ranges``: min(parts, B W) ranges of the window's W frames a sequence
+    in memory order that cover each of them once, each within one frame's work of an even
+    share (a split by frame counts misses that on the ragged layouts: the long sequence's
+    frames weigh 4 nodes, the padding's 1)."""
     from rnnt_lattice.cpu._config import frame_ranges
     args = _frame_layouts()[layout]
     bounds = frame_ranges(parts, *args)

@@ -368,12 +368,14 @@ def _row_outputs(arrays):
 
 
 def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: LossOptions, buf,
-              out=None):
+              out=None, frames=None):
     """Pass 1 (``kernels.row_pass``) on logits rows ``(N, V)``: ``(stats, w, nan_row)``
     with the arc weights ``w (B, K, T, U+1)``; the exps go into ``buf`` (N, V) unless None
     (it may be ``rows`` itself: in-place mode). ``out``: the arrays to write
-    (``_row_outputs``), else new ones."""
+    (``_row_outputs``), else new ones. ``frames``: ``(f0, f1)``, only the frames ``f0 <= t
+    < f1`` of each sequence are run and written (a fused tile's), else every frame."""
     B, T, U1 = node_rows.shape
+    f0, f1 = (0, T) if frames is None else frames
     x = _np(rows)
     stats, w, nan_row = out if out is not None else _row_outputs(
         _new_arrays(_row_specs(B, T, U1, kinds, x.dtype, buf is not None)))
@@ -381,7 +383,7 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
                      opts.log_softmax, buf is not None,
-                     _config.row_parts(),
+                     _config.row_parts(), f0, f1,
                      np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
                      *stats, w, nan_row)
     return stats, w, nan_row
@@ -506,7 +508,7 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
                       *st.stats, st.gamma, st.log_like,
                       fastemit_scale, float(opts.clamp), up,
                       opts.log_softmax, from_logits,
-                      parts)
+                      parts, 0, st.gamma.shape[2])
     return dst
 
 
@@ -537,7 +539,8 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
     """Pass 1 on one tile's rows ``(n, V)`` (``tile.node_rows``: the box's nodes read rows
     0..n-1, every other node none), its exps stored over ``rows`` with log_softmax (the
     caller discards the tile: this is the in-place mode, no buffer), its statistics, arc
-    weights and stored exps of the read classes copied into the whole lattice's arrays."""
+    weights and stored exps of the read classes copied into the whole lattice's arrays.
+    The pass runs the tile's frames only: the copy reads nothing of the others."""
     B, T, U1 = tile.node_rows.shape
     if state is None:
         topo = opts.topology
@@ -557,7 +560,8 @@ def tile_forward(rows, tile, targets, logit_lengths, target_lengths, opts: LossO
                        topo.n_durations, rows.dtype, tuple(arrays[n:]))
     stats, w, nan_row = _row_pass(rows, state.targets, state.ends, _np(tile.node_rows),
                                   state.kinds, state.blank, state.n_durations, opts,
-                                  rows if opts.log_softmax else None, out=state.scratch)
+                                  rows if opts.log_softmax else None, out=state.scratch,
+                                  frames=(tile.t0, tile.t1))
     t, u = tile.box
     acc_stats, acc_w, acc_nan = state.acc
     for a, x in zip(acc_stats, stats):
@@ -582,9 +586,9 @@ def tile_lattice(state: _Tiles, opts: LossOptions, need_grad: bool):
 
 
 def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
-    """Pass 3 on one tile (``kernels.grad_rows`` with the tile's ``node_rows``): ``out (n,
-    V) = upstream[b] * d cost_b / d rows``, the exps recomputed from ``rows`` with the
-    forward's shifts (``out`` may be ``rows``)."""
+    """Pass 3 on one tile (``kernels.grad_rows`` with the tile's ``node_rows``, over its
+    frames): ``out (n, V) = upstream[b] * d cost_b / d rows``, the exps recomputed from
+    ``rows`` with the forward's shifts (``out`` may be ``rows``)."""
     V = rows.shape[-1]
     if not opts.log_softmax:
         _np(out).fill(0)                          # log-prob mode writes the read entries only
@@ -595,7 +599,7 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
                       1.0 + float(opts.fastemit_lambda), float(opts.clamp),
                       _upstream(upstream, state.infinite),
                       opts.log_softmax, opts.log_softmax,
-                      _config.row_parts())
+                      _config.row_parts(), tile.t0, tile.t1)
     return out
 
 

@@ -370,16 +370,19 @@ def row_parts() -> int:
 
 
 @njit(**JIT)
-def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1):
-    """``bounds`` (n + 1,) int64, n = min(parts, B T) >= 1: range p of the frames in memory
-    order, ``bounds[p] <= i < bounds[p + 1]`` (frame (b, t) = (i // T, i % T)), the ranges
-    in order and covering every frame, with about equal work. A frame's work: each node
-    with a row costs 1 in the region ``t0 <= t < t1, u0 <= u <= u1`` and ``PAD_COST``
-    outside it (zero-filled); ``node_rows`` (B, T, U+1), -1 where a node has no row (the
-    packed layout, the pruned loss's windows, a tile), or empty ``(0, 0, 0)`` where every
-    node has one (the padded layout). Which thread takes which frame changes no value."""
+def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1):
+    """``bounds`` (n + 1,) int64, n = min(parts, B W) >= 1, over the frames ``f0 <= t < f1``
+    of every sequence (W = f1 - f0; a fused tile's frames, else 0 and T): range p of them in
+    memory order, ``bounds[p] <= i < bounds[p + 1]`` (frame (b, t) = (i // W, f0 + i % W)),
+    the ranges in order and covering every frame of the window, with about equal work. A
+    frame's work: each node with a row costs 1 in the region ``t0 <= t < t1, u0 <= u <=
+    u1`` and ``PAD_COST`` outside it (zero-filled); ``node_rows`` (B, T, U+1), -1 where a
+    node has no row (the packed layout, the pruned loss's windows, a tile), or empty ``(0,
+    0, 0)`` where every node has one (the padded layout). Which thread takes which frame
+    changes no value."""
     B = t0s.shape[0]
-    nf = B * T
+    W = max(0, f1 - f0)
+    nf = B * W
     n = max(1, min(parts, nf))
     bounds = np.empty(n + 1, dtype=np.int64)
     cost = np.empty(nf)
@@ -387,7 +390,7 @@ def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1):
     rows = node_rows.shape[0] > 0
     for b in range(B):
         t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
-        for t in range(T):
+        for t in range(f0, f0 + W):
             if rows:
                 c = 0.0
                 fr = node_rows[b, t]
@@ -398,7 +401,7 @@ def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1):
                 c = (u1 - u0 + 1) + PAD_COST * (U1 - (u1 - u0 + 1))
             else:
                 c = PAD_COST * U1
-            cost[b * T + t] = c
+            cost[b * W + t - f0] = c
             total += c
     # Range p ends after the frame where the work so far reaches p / n of the total.
     bounds[0] = 0

@@ -280,7 +280,7 @@ def row_pass(
     # flags
     fused, store,
     # schedule
-    parts,
+    parts, f0, f1,
     # outputs
     buf, shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row,
 ):
@@ -296,7 +296,9 @@ def row_pass(
         fused: raw scores (else log-probs). store: write exp(x - m) of each group into
             ``buf`` (N, V) (zeros in padding rows); ``buf`` may be ``rows`` (in-place mode).
         parts: how many contiguous ranges of frames the prange loop runs, one a thread
-            (``_config.row_parts``, ``_config.frame_ranges``).
+            (``_config.row_parts``, ``_config.frame_ranges``); f0, f1: the frames ``f0 <=
+            t < f1`` of every sequence it runs (a fused tile's; else 0 and T: every frame,
+            each of whose nodes gets its outputs).
     Outputs, written on every node:
         shift, shift_d (B, T, U+1) dtype of rows: token / duration group row max.
         inv_sum, inv_sum_d (B, T, U+1) float64: 1 / sum exp(x - m) of each group.
@@ -329,11 +331,12 @@ def row_pass(
         if kinds[PLUS_NEXT_BLANK, k] != 0:
             has_plus_next_blank = True
     read_first = not fused or (store and buf.ctypes.data == rows.ctypes.data)
-    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1)
+    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)
+    W = max(0, f1 - f0)
     for p in prange(bounds.shape[0] - 1):
         for i in range(bounds[p], bounds[p + 1]):
-            b = i // T
-            t = i - b * T
+            b = i // W
+            t = f0 + i - b * W
             t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
             in_t = t >= t0 and t < t1
             delay_term = delay_penalty * ((t1 - 1) / 2.0 - t)
@@ -868,7 +871,7 @@ def grad_rows(
     # flags
     fused, from_logits,
     # schedule
-    parts,
+    parts, f0, f1,
 ):
     """Pass 3 for any topology: ``dst`` (N, V) = ``upstream[b] * d loss_b / d rows`` (math.md
     4-6 and 9; ``reference.grad``).
@@ -888,6 +891,8 @@ def grad_rows(
     sequence (log P NaN) gets NaN on every entry of its region rows. Log-prob mode: ``dst``
     comes in zero-filled and only the read entries are written (``p`` taken as 0).
     Padding rows get 0, and so does every row of a sequence whose upstream is exactly 0.
+    The frames run are ``f0 <= t < f1`` of each sequence (a fused tile's, else 0 and T),
+    one range of them a thread (``parts``, ``_config.frame_ranges``).
 
     Per row (b, t) the sums S, S_d and the occupation of each distinct class read
     (``_class_slots``) and each duration are first gathered kind by kind along each kind's
@@ -896,11 +901,12 @@ def grad_rows(
     multiply, an entry far from the row's start waits a full memory latency.
     """
     B, T, U1, K, V_tok, cls, slot, nc, nd = _sizes(node_rows, kinds, dst.shape[1], n_durations)
-    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1)
+    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)
+    W = max(0, f1 - f0)
     for p in prange(bounds.shape[0] - 1):
         for i in range(bounds[p], bounds[p + 1]):
-            b = i // T
-            t = i - b * T
+            b = i // W
+            t = f0 + i - b * W
             t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
             wu = upstream[b]
             ll = log_like[b]

@@ -37,7 +37,7 @@ def _frame_ranges(parts, logit_lengths, target_lengths, T, U1):
     a row at every node (padded logits)."""
     zero = np.zeros_like(logit_lengths)
     return frame_ranges(parts, zero, zero, logit_lengths, target_lengths,
-                        np.empty((0, 0, 0), dtype=np.int64), T, U1)
+                        np.empty((0, 0, 0), dtype=np.int64), T, U1, 0, T)
 
 
 @pjit
