@@ -416,3 +416,12 @@ def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1):
         bounds[p] = nf
         p += 1
     return bounds
+
+
+@njit(**JIT)
+def frame_at(i, f0, f1):
+    """The frame ``(b, t)`` at position ``i`` of the window ``f0 <= t < f1`` of every
+    sequence in memory order (``frame_ranges``' ranges index these positions)."""
+    W = f1 - f0
+    b = i // W
+    return b, f0 + i - b * W

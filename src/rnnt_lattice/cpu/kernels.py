@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..topology import Topology
-from ._config import JIT, frame_ranges, pjit
+from ._config import JIT, frame_at, frame_ranges, pjit
 from .fastmath import (NEG_INF, clip, exp64, exp_nonpos, exp_store, exp_sum, lae, log64,
                        nan_max, row_max, scale_row)
 
@@ -332,11 +332,9 @@ def row_pass(
             has_plus_next_blank = True
     read_first = not fused or (store and buf.ctypes.data == rows.ctypes.data)
     bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)
-    W = max(0, f1 - f0)
     for p in prange(bounds.shape[0] - 1):
         for i in range(bounds[p], bounds[p + 1]):
-            b = i // W
-            t = f0 + i - b * W
+            b, t = frame_at(i, f0, f1)
             t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
             in_t = t >= t0 and t < t1
             delay_term = delay_penalty * ((t1 - 1) / 2.0 - t)
@@ -902,11 +900,9 @@ def grad_rows(
     """
     B, T, U1, K, V_tok, cls, slot, nc, nd = _sizes(node_rows, kinds, dst.shape[1], n_durations)
     bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)
-    W = max(0, f1 - f0)
     for p in prange(bounds.shape[0] - 1):
         for i in range(bounds[p], bounds[p + 1]):
-            b = i // W
-            t = f0 + i - b * W
+            b, t = frame_at(i, f0, f1)
             t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
             wu = upstream[b]
             ll = log_like[b]

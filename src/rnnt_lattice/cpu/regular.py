@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._config import JIT, frame_ranges, pjit
+from ._config import JIT, frame_at, frame_ranges, pjit
 from .fastmath import NEG_INF, clip, exp_store, exp_sum, row_max, scale_row
 
 # The kinds of ``topology.regular()``, in its order: the plane of each in ``w`` and ``gamma``.
@@ -79,8 +79,7 @@ def regular_row_pass(
     bounds = _frame_ranges(parts, logit_lengths, target_lengths, T, U1)
     for p in prange(bounds.shape[0] - 1):
         for i in range(bounds[p], bounds[p + 1]):
-            b = i // T
-            t = i - b * T
+            b, t = frame_at(i, 0, T)
             T_b = logit_lengths[b]
             U_b = target_lengths[b]
             bad = 0
@@ -193,8 +192,7 @@ def regular_grad_rows(
     bounds = _frame_ranges(parts, logit_lengths, target_lengths, T, U1)
     for p in prange(bounds.shape[0] - 1):
         for i in range(bounds[p], bounds[p + 1]):
-            b = i // T
-            t = i - b * T
+            b, t = frame_at(i, 0, T)
             T_b = logit_lengths[b]
             U_b = target_lengths[b]
             w = upstream[b]
