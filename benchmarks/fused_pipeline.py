@@ -34,7 +34,8 @@ plus the simple loss).
 Time: the median of interleaved steps (one of each way per round, so that a load on the
 machine falls on all ways alike). Memory on CPU: a fresh subprocess per row (this file,
 ``--mem-child``) warms up on a small shape, makes the inputs, resets its RSS high-water
-mark and runs one step: ``VmHWM - VmRSS`` at the reset. On CUDA: ``max_memory_allocated``
+mark and runs one step: ``VmHWM - VmRSS`` at the reset; ``--mem-procs N`` such processes
+a way (default 3), the table giving the largest. On CUDA: ``max_memory_allocated``
 above what was allocated before the step.
 """
 from __future__ import annotations
@@ -264,14 +265,24 @@ def cuda_memory(x: Inputs, way: str, tile, prec: str = "fp32") -> dict:
 
 
 def cpu_memory(way: str, shape: str, H: int, seed: int, tile, loss: str = "rnnt",
-               prec: str = "fp32") -> dict:
-    """Peak RSS of one step in a fresh subprocess (this file, ``--mem-child``)."""
+               prec: str = "fp32", procs: int = 1) -> dict:
+    """Peak RSS of one step in each of ``procs`` fresh subprocesses (this file,
+    ``--mem-child``), run one after the other: ``peak_extra_mb`` the largest, every one in
+    ``peak_extra_mb_procs``. One process is a sample: where glibc puts the blocks a step
+    frees differs from process to process, and the same step has read 45 MB in one and
+    380 MB in the next (docs/benchmarks.md, "The fused step's resident memory")."""
     cmd = [sys.executable, str(Path(__file__)), "--mem-child", way, shape, str(H), str(seed),
            str(tile or ""), loss, prec]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        return {"mem_note": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return {"peak_extra_mb": json.loads(p.stdout.strip().splitlines()[-1])["extra_kb"] / 1024}
+    peaks = []
+    for _ in range(procs):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if p.returncode != 0:
+            return {"mem_note": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        peaks.append(json.loads(p.stdout.strip().splitlines()[-1])["extra_kb"] / 1024)
+    out = {"peak_extra_mb": max(peaks)}
+    if procs > 1:
+        out["peak_extra_mb_procs"] = peaks
+    return out
 
 
 def mem_child(way: str, shape: str, H: int, seed: int, tile, loss: str = "rnnt",
@@ -338,7 +349,8 @@ def run(shape_list, device, args, meta) -> list:
                    "reps": args.reps}
             if not args.no_memory:
                 row.update(cuda_memory(x, w, args.tile, prec) if device.name == "cuda"
-                           else cpu_memory(w, shape.name, H, args.seed, args.tile, loss, prec))
+                           else cpu_memory(w, shape.name, H, args.seed, args.tile, loss, prec,
+                                           args.mem_procs or 3))
             if w in checked:
                 row.update(way_agreement(agree, w))
             rows.append(row)
@@ -377,6 +389,7 @@ def markdown(rows, device_name: str, ctx: dict) -> str:
     mem = "peak extra MB (RSS)" if device_name == "cpu" else "peak MiB"
     ways = [w for w in WAYS if any(r["way"] == w for r in rows)]
     extra = any("precision" in r for r in rows)
+    procs = max((len(r.get("peak_extra_mb_procs", ())) for r in rows), default=0)
     out = [f"Medians of {ctx['reps']} interleaved steps (forward + loss + backward) after "
            f"{ctx['warmup']} warm-up ({'wall clock' if device_name == 'cpu' else 'CUDA events'}); "
            f"joiner out(tanh(enc_proj(enc) + pred_proj(pred))); reduction sum; pruned: icefall's "
@@ -388,6 +401,8 @@ def markdown(rows, device_name: str, ctx: dict) -> str:
               "autocast, backward outside); loss rnnt or tdt (durations 0..4)." if extra else "")
            + (" joint_cublas: the same with each chunk's logits by cuBLAS "
               "(gpu.joint.CUBLAS_PRODUCTS)." if "joint_cublas" in ways else "")
+           + (f" Memory: the largest peak of {procs} fresh processes a way (glibc's heap "
+              "differs from process to process)." if procs > 1 else "")
            + f" Agreement: {' and '.join(w for w in ways if w in CHECKED)} against "
            "full, relative differences of the loss and of the gradients of enc, pred and "
            "out.weight.\n"]

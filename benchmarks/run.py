@@ -659,6 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--agree-max-elems", type=float, default=None,
                     help="* skip the float64 reference above this many logit elements")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--mem-procs", type=int, default=None, metavar="N",
+                    help="fused, cpu: fresh processes measuring each way's peak RSS (default "
+                         "3; the table gives the largest: glibc's heap differs between "
+                         "processes)")
     ap.add_argument("--no-forward", action="store_true")
     ap.add_argument("--thp-compare", action="store_true",
                     help="cpu: re-measure each case in a subprocess with THP_MEM_ALLOC_ENABLE=1")
@@ -710,6 +714,8 @@ def parse(argv=None):
     if args.mode != "fused" and (args.ways or args.preset or args.loss != "rnnt"
                                  or args.precision != "fp32"):
         ap.error("--ways, --preset, --loss and --precision are --mode fused's")
+    if args.mem_procs is not None and (args.mode != "fused" or args.mem_procs < 1):
+        ap.error(f"--mem-procs is --mode fused's, at least 1, got {args.mem_procs}")
     if args.preset and args.shapes is None:
         args.shapes = ["joint_gpu"]                 # the preset's shapes, narrowed by --shapes
     if args.mode == "pruned":

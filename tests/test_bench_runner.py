@@ -359,6 +359,34 @@ def test_fused_mode_end_to_end(run, tmp_path):
     assert (tmp_path / "f.md").read_text() == md
 
 
+
+def test_fused_mode_memory_of_several_processes(run, monkeypatch):
+    """--mem-procs N: each way's CPU peak measured in N fresh processes, the row holding the
+    largest and all N; the table says so. It is --mode fused's and at least 1."""
+    import fused_pipeline
+    assert run.parse(["--mode", "fused"])[1].mem_procs is None      # 3 when run
+    for bad in (["--mode", "fused", "--mem-procs", "0"], ["--mode", "floor", "--mem-procs", "2"]):
+        with pytest.raises(SystemExit):
+            run.parse(bad)
+    peaks = iter([45.0, 380.0, 50.0])
+
+    class Done:
+        returncode = 0
+        stdout = ""
+
+    def fake_run(cmd, **kw):
+        assert "--mem-child" in cmd
+        d = Done()
+        d.stdout = json.dumps({"extra_kb": next(peaks) * 1024}) + "\n"
+        return d
+
+    monkeypatch.setattr(fused_pipeline.subprocess, "run", fake_run)
+    m = fused_pipeline.cpu_memory("fused", "s1", 16, 0, None, procs=3)
+    assert m == {"peak_extra_mb": 380.0, "peak_extra_mb_procs": [45.0, 380.0, 50.0]}
+    row = dict(shape="s1", shape_desc="B=1", H=16, device="cpu", way="fused", fwd_bwd_s=1.0, **m)
+    md = fused_pipeline.markdown([row], "cpu", dict(reps=1, warmup=1))
+    assert "the largest peak of 3 fresh processes" in md and "| 380 |" in md
+
 @NO_TRITON
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_joint_tiles_needs_a_gpu(run, capsys):

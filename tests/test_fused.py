@@ -746,6 +746,31 @@ def test_at_most_one_tile_of_logits_alive():
     assert len(tracked.outputs) > 4
 
 
+@pytest.mark.parametrize("tile", [1, 13, "1KiB"])
+def test_row_sums_kept_for_the_backward_are_one_block(tile):
+    """The forward's row sums of every tile (the recomputation check's, kept until the
+    backward) are slices of one block made before the first tile, in the plan's order, not
+    an allocation per tile: on the CPU such small blocks outliving their tile pinned each
+    tile's freed logits in glibc's heap, which then grew by a tile per tile (fused.py,
+    ``_fingerprints``). The slices hold each tile's row sums."""
+    joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
+    costs = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
+                                         tile=tile, reduction="none")
+    ctx = costs.grad_fn
+    plan, prints = ctx.call.plan, ctx.prints
+    assert len(plan) == len(prints) > 2
+    assert len({p.untyped_storage().data_ptr() for p in prints}) == 1
+    offsets = [p.storage_offset() for p in prints]
+    sizes = [enc.shape[0] * (t1 - t0) * (u1 - u0) for t0, t1, u0, u1 in plan]
+    assert [p.numel() for p in prints] == sizes
+    assert offsets == [sum(sizes[:i]) for i in range(len(sizes))]
+    with torch.no_grad():
+        for (t0, t1, u0, u1), p in zip(plan, prints):
+            x = joiner(enc[:, t0:t1, None], pred[:, None, u0:u1])
+            torch.testing.assert_close(p, x.reshape(p.numel(), -1).sum(-1, dtype=torch.float32))
+    costs.sum().backward()                        # the check passes on these sums
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graph capture)")
 def test_cuda_graph_capture_is_refused_with_a_clear_error():
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE, dtype=torch.float32)

@@ -212,14 +212,32 @@ def _storages(tensors):
             pass
 
 
-def _fingerprint(rows: torch.Tensor) -> torch.Tensor:
-    """Per-row sums ``(n,)`` float32 of a tile's rows: the forward's and the recomputation's
-    must agree (a deterministic joiner), :func:`_check_same`. The dtype is explicit and
-    autocast is off: the forward runs under the caller's autocast and the check in the
-    backward outside it, and CUDA's autocast runs ``sum`` in float32 (CPU's does not), so an
-    implicit dtype would differ between the two passes on CUDA alone."""
+def _fingerprint(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-row sums ``(n,)`` float32 of a tile's rows (into ``out`` when given): the
+    forward's and the recomputation's must agree (a deterministic joiner),
+    :func:`_check_same`. The dtype is explicit and autocast is off: the forward runs under
+    the caller's autocast and the check in the backward outside it, and CUDA's autocast runs
+    ``sum`` in float32 (CPU's does not), so an implicit dtype would differ between the two
+    passes on CUDA alone."""
     with _no_autocast(rows.device):
-        return rows.sum(-1, dtype=torch.float32)
+        if out is None:
+            return rows.sum(-1, dtype=torch.float32)
+        return torch.sum(rows, -1, dtype=torch.float32, out=out)
+
+
+def _fingerprints(plan, B: int, device, sums: bool) -> list:
+    """The forward's row sums, one slice per tile of ``plan`` (``(n,)``, n = the tile's
+    nodes), all views of one float32 block made before the first tile (None each without
+    ``sums``). One block, not one allocation per tile, because these outlive the forward:
+    on the CPU each small allocation kept until the backward lands just above that tile's
+    freed logits in glibc's heap, which then cannot give that block to the next tile, so
+    the heap grew by a tile per tile (f2, H = 512: 375-390 MB of resident memory in 9
+    processes of 10 against 35-53 MB; docs/benchmarks.md, "The fused step's resident
+    memory")."""
+    if not sums:
+        return [None] * len(plan)
+    sizes = [B * (t1 - t0) * (u1 - u0) for t0, t1, u0, u1 in plan]
+    return list(torch.empty(sum(sizes), dtype=torch.float32, device=device).split(sizes))
 
 
 def _check_same(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype, V: int) -> None:
@@ -275,9 +293,9 @@ class _FusedLoss(torch.autograd.Function):
         ctx.rng = _Rng(dev)
         ctx.amp = _autocast_of(dev)
         state = None
-        prints = []
+        prints = _fingerprints(call.plan, B, dev, sums)
         with torch.no_grad(), _autocast(ctx.amp):          # (no cast cached: _autocast_of)
-            for box in call.plan:
+            for box, fp in zip(call.plan, prints):
                 t0, t1, u0, u1 = box
                 tile = tile_node_rows(B, T, U1, *box, dev)
                 e, p = enc[:, t0:t1, None], pred[:, None, u0:u1]
@@ -287,7 +305,8 @@ class _FusedLoss(torch.autograd.Function):
                 rows = x.reshape(-1, call.V).to(call.dtype).contiguous()
                 if _storage(rows) in call.inputs:
                     rows = rows.clone()           # a view of an input: the pass writes over it
-                prints.append(_fingerprint(rows) if sums else None)
+                if fp is not None:
+                    _fingerprint(rows, out=fp)
                 with _no_autocast(dev):
                     state = prep.impl.tile_forward(rows, tile, chk.targets, chk.logit_lengths,
                                                    chk.target_lengths, opts, prep.boundary, state)
