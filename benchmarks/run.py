@@ -31,7 +31,7 @@ ours against fast_rnnt's, at each ``--windows`` R, with the full losses for scal
 full, pruned (R=5), ``fused_rnnt_loss`` and its kernel path (``rnnt_lattice.Joiner``, CUDA),
 with their peak memory, at each ``--hidden`` H (``fused_pipeline.py``; shapes: ``fused_cpu``
 / ``fused_gpu``; ``--ways``, ``--precision``, ``--loss``; ``--preset issue34``: issue 34's
-table).
+table; on CPU each way's peak is the largest of ``--mem-procs`` fresh processes, 3 by default).
 
 Threads are fixed (2 by default, RNNT_BENCH_THREADS) for torch, Numba and OpenMP.
 Results: benchmarks/results/<stem>.{csv,json,md} (default stem ``<device>-<mode>-<date>``),

@@ -750,9 +750,9 @@ def test_at_most_one_tile_of_logits_alive():
 def test_row_sums_kept_for_the_backward_are_one_block(tile):
     """The forward's row sums of every tile (the recomputation check's, kept until the
     backward) are slices of one block made before the first tile, in the plan's order, not
-    an allocation per tile: on the CPU such small blocks outliving their tile pinned each
-    tile's freed logits in glibc's heap, which then grew by a tile per tile (fused.py,
-    ``_fingerprints``). The slices hold each tile's row sums."""
+    an allocation per tile: on the CPU, with a small block a tile outliving it, glibc's
+    heap mostly stopped reusing the tiles' freed logits and grew by a tile per tile
+    (fused.py, ``_fingerprints``). The slices hold each tile's row sums."""
     joiner, enc, pred, targets, tl, ul, blank, _ = make(CASE)
     costs = rnnt_lattice.fused_rnnt_loss(joiner, enc, pred, targets, tl, ul, blank=blank,
                                          tile=tile, reduction="none")

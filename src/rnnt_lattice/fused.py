@@ -229,11 +229,10 @@ def _fingerprints(plan, B: int, device, sums: bool) -> list:
     """The forward's row sums, one slice per tile of ``plan`` (``(n,)``, n = the tile's
     nodes), all views of one float32 block made before the first tile (None each without
     ``sums``). One block, not one allocation per tile, because these outlive the forward:
-    on the CPU each small allocation kept until the backward lands just above that tile's
-    freed logits in glibc's heap, which then cannot give that block to the next tile, so
-    the heap grew by a tile per tile (f2, H = 512: 375-390 MB of resident memory in 9
-    processes of 10 against 35-53 MB; docs/benchmarks.md, "The fused step's resident
-    memory")."""
+    on the CPU, with one small block a tile kept until the backward, glibc's heap mostly
+    stopped handing the last tile's freed logits to the next tile, and grew by a tile per
+    tile (f2, H = 512: 248-382 MB of resident memory in 10 processes of 10, against 47-59
+    MB; docs/benchmarks.md, "The fused step's resident memory")."""
     if not sums:
         return [None] * len(plan)
     sizes = [B * (t1 - t0) * (u1 - u0) for t0, t1, u0, u1 in plan]
