@@ -125,10 +125,16 @@ def host_step_us(stdout: str) -> float:
     return float(re.search(r": ([0-9.]+) us of host time a step", stdout)[1])
 
 
+def _fig(x: float) -> str:
+    """A time with four figures down to 1 (12345.6, 152.9, 12.30, 1.234), three decimals
+    below (0.235): s1's sub-millisecond passes keep their digits."""
+    return f"{x:.{1 if x >= 100 else 2 if x >= 10 else 3}f}"
+
+
 def print_ab(out: dict, unit: str, tree_b) -> None:
     """``paired_ab``'s result, a line a pair and the ratios' median and range."""
     for i, (a, b, r) in enumerate(zip(out["a"], out["b"], out["ratios"])):
-        print(f"  pair {i + 1}: A {a:.1f} {unit}, B {b:.1f} {unit}, A/B {r:.3f}")
+        print(f"  pair {i + 1}: A {_fig(a)} {unit}, B {_fig(b)} {unit}, A/B {r:.3f}")
     print(f"A (this checkout) / B ({tree_b}): median {out['median']:.3f} over "
           f"{len(out['ratios'])} pairs (min {out['min']:.3f}, max {out['max']:.3f})")
 
