@@ -269,8 +269,8 @@ def cpu_memory(way: str, shape: str, H: int, seed: int, tile, loss: str = "rnnt"
     """Peak RSS of one step in each of ``procs`` fresh subprocesses (this file,
     ``--mem-child``), run one after the other: ``peak_extra_mb`` the largest, every one in
     ``peak_extra_mb_procs``. One process is a sample: where glibc puts the blocks a step
-    frees differs from process to process, and the same step has read 45 MB in one and
-    380 MB in the next (docs/benchmarks.md, "The fused step's resident memory")."""
+    frees differs from process to process, and the same fused step once read 382 MB in one
+    and 44 MB in the next (docs/benchmarks.md, "The fused step's resident memory")."""
     cmd = [sys.executable, str(Path(__file__)), "--mem-child", way, shape, str(H), str(seed),
            str(tile or ""), loss, prec]
     peaks = []
