@@ -335,6 +335,63 @@ def test_a_damaged_cache_file_is_compiled_again(monkeypatch, tmp_path):
     assert len(reads) == 2
 
 
+def _doubled(x, out):
+    for i in numba.prange(x.shape[0]):
+        out[i] = x[i] * 2
+
+
+def test_concurrent_compiles_of_two_specialisations_keep_their_own_files(monkeypatch,
+                                                                          tmp_path):
+    """Two processes compile one kernel for two argument types at once on an empty cache:
+    both read the kernel's index before either writes it. Here, in one process, a kernel
+    for int64 saves in full; then one for float64 saves as it would have, having read the
+    index before that save, and its index write lost to the int64 one's. With Numba's own
+    file naming both took ``.1.nbc``, the float64 machine code was written last under the
+    int64 key, and every later process read int64 arrays as float64 (the same size: no
+    error; float32 logits against float64 raised ``TypeError`` in every call). Each key
+    has its own file: the next process computes both right, loading int64 and compiling
+    the float64 one the race dropped from the index. Then an index entry made to name the
+    other key's file (a folder merged by hand) is a miss, not the other machine code."""
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_config, "CACHE", True)
+    monkeypatch.setattr(_config, "PARALLEL", False)
+    ints, floats = np.arange(1, 5, dtype=np.int64), np.arange(1, 5, dtype=np.float64) + 0.5
+
+    def call(kernel, x):
+        out = np.zeros(len(x))
+        kernel(x, out)
+        return out.tolist()
+
+    def hits(kernel):
+        return sum(kernel.serial.stats.cache_hits.values())
+
+    assert call(_config.ParallelKernel(_doubled), ints) == [2.0, 4.0, 6.0, 8.0]
+    late = _config.ParallelKernel(_doubled)
+    files = late.serial._cache._cache_file
+    monkeypatch.setattr(files, "_load_index", lambda: {})    # read before the int64 save
+    monkeypatch.setattr(files, "_save_index", lambda overloads: None)  # written over by it
+    assert call(late, floats) == [3.0, 5.0, 7.0, 9.0]
+    monkeypatch.undo()
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_config, "CACHE", True)
+    monkeypatch.setattr(_config, "PARALLEL", False)
+
+    fresh = _config.ParallelKernel(_doubled)
+    assert call(fresh, ints) == [2.0, 4.0, 6.0, 8.0] and hits(fresh) == 1      # loaded
+    assert call(fresh, floats) == [3.0, 5.0, 7.0, 9.0] and hits(fresh) == 1    # compiled
+    assert len(list(tmp_path.rglob("*_doubled__serial*.nbc"))) == 2
+
+    files = fresh.serial._cache._cache_file
+    index = files._load_index()
+    assert len(index) == 2 and len(set(index.values())) == 2
+    (k_int, n_int), (k_float, n_float) = sorted(index.items(), key=lambda kv: "float" in
+                                                str(kv[0]))
+    files._save_index({k_int: n_float, k_float: n_int})
+    swapped = _config.ParallelKernel(_doubled)
+    assert call(swapped, ints) == [2.0, 4.0, 6.0, 8.0]
+    assert call(swapped, floats) == [3.0, 5.0, 7.0, 9.0] and hits(swapped) == 0
+
+
 # --------------------------------------------------------------------------- item 3: parallel flag
 def _copy_package(dst: Path, with_cache: bool) -> Path:
     """A copy of the package under ``dst``/src; ``copy2`` keeps the source timestamps, so

@@ -25,6 +25,9 @@ Reliability (docs/api.md, "Reliability"):
 - A forked child process runs the serial variants: GNU OpenMP (Numba's ``omp`` layer on
   Linux, and PyTorch's own) cannot run a parallel region in a child forked from a process
   that has used it, and the child gets one thread of its parent anyway.
+- A specialisation's cache file is named after its key (``_KernelCacheFile``), so that
+  processes compiling one kernel for different types at once cannot write one file for
+  two keys, and a loaded file is used only for the signature it was built for.
 - When no cache directory is writable (read-only install, no writable HOME), the kernels
   are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
 - A cache file that cannot be read (truncated, damaged) or written (a full disk) does not
@@ -50,7 +53,7 @@ import numba
 import numpy as np
 import torch
 from numba import njit
-from numba.core import event
+from numba.core import caching, event, sigutils
 
 from .. import _fork
 from .._validate import user_stacklevel
@@ -217,6 +220,53 @@ def _uncached(dispatcher, err: BaseException) -> bool:
     return True
 
 
+class _KernelCacheFile(caching.IndexDataCacheFile):
+    """Numba's index and data files of one kernel, each specialisation's data file named
+    after its key (signature, CPU, bytecode) instead of the next number free in the index.
+
+    Numba's own naming lets two processes that compile different specialisations of one
+    kernel at once (two dtypes, an empty cache: pytest-xdist workers, ``rnnt-lattice warmup``
+    beside a training run) both read the index, both take ``<kernel>.1.nbc``, and leave one
+    key in the index pointing at the other one's machine code: every later process then
+    loaded it for the wrong types (float32 logits raised ``TypeError: can't unbox array``
+    in every call until the files were deleted; a same-size type would have been read as
+    the wrong one). Here the two write different files, the data before the index entry
+    that names it (a reader never finds an entry without its file), and the worst a race
+    does is drop one key from the index: that specialisation is compiled again once.
+    (docs/benchmarks.md, "Concurrent first compiles".)"""
+
+    def __init__(self, cache_path, filename_base, source_stamp):
+        super().__init__(cache_path, filename_base, source_stamp)
+        self._base = filename_base
+
+    def save(self, key, data):
+        name = f"{self._base}.{hashlib.sha256(repr(key).encode()).hexdigest()[:20]}.nbc"
+        self._save_data(name, data)
+        overloads = self._load_index()
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+
+
+class _KernelCache(caching.FunctionCache):
+    """Numba's cache of one function, with ``_KernelCacheFile``'s files, and a loaded
+    specialisation used only if it is the one asked for (else compiled again): a cache
+    folder filled by an older version of this class, or merged by hand, can hold a key that
+    names another key's file."""
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        self._cache_file = _KernelCacheFile(self._cache_path, self._impl.filename_base,
+                                            self._impl.locator.get_source_stamp())
+
+    def _load_overload(self, sig, target_context):
+        cres = super()._load_overload(sig, target_context)
+        if cres is not None and tuple(cres.signature.args) != \
+                tuple(sigutils.normalize_signature(sig)[0]):
+            return None
+        return cres
+
+
 def _variant(fn, suffix: str):
     """A copy of ``fn`` with its own qualified name: Numba names the cache files of a
     function after its module and qualname, so each variant, and each version of the
@@ -240,6 +290,9 @@ class ParallelKernel:
         jit = JIT if jit is None else jit
         self.parallel = njit(**jit, cache=CACHE, parallel=True)(_variant(fn, "parallel"))
         self.serial = njit(**jit, cache=CACHE, parallel=False)(_variant(fn, "serial"))
+        if CACHE:
+            for d in (self.parallel, self.serial):
+                d._cache = _KernelCache(d.py_func)
         self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
         self.__doc__, self.__module__ = fn.__doc__, fn.__module__
 
