@@ -411,6 +411,49 @@ def test_warmup_covers_every_kernel():
     assert "compiled" not in out.stdout and "loaded" not in out.stdout
 
 
+def test_warmup_in_worker_processes():
+    """``--jobs 2``: the two variants of one call in two spawned processes; each unit's
+    lines together, both units, the total naming the processes."""
+    pytest.importorskip("numba")
+    out = _run_cli("warmup", "--only", "prune_ranges", "--serial", "--jobs", "2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    blocks = sorted(zip(lines[0:4:2], lines[1:4:2]))
+    assert [b[0] for b in blocks] == ["prune_ranges (any dtype) ...",
+                                      "prune_ranges (any dtype, serial) ..."]
+    assert blocks[0][1].startswith("  window_dp (parallel): ")
+    assert blocks[1][1].startswith("  window_dp (serial): ")
+    assert lines[-1].startswith("warmup done in ") and ", 2 processes (" in lines[-1]
+    assert len(lines) == 5
+    assert _run_cli("warmup", "--jobs", "0").returncode == 2
+
+
+def test_warmup_jobs_do_not_compile_a_kernel_twice_at_once():
+    """The order units start in beside running ones: a unit waits while a running one
+    makes one of its kernels (same dtype and variant), and the next free unit starts."""
+    pytest.importorskip("numba")
+    import argparse
+    args = argparse.Namespace(serial=False, dtype=["float32", "float64"], only=None)
+    units = cli._warmup_units(args)
+    calls = [c for c, _ in cli.WARMUP_CALLS]
+    assert [u[2] for u in units] == calls + [c for c in calls if c not in
+                                             cli.DTYPE_FREE_CALLS]
+    assert [u[1] for u in units] == ["float32"] * len(calls) + ["float64"] * (len(calls) - 1)
+    one = [u for u in units if u[1] == "float32"]
+    first = cli._warmup_next(one, [])
+    assert first[2] == "rnnt_loss"
+    rest = [u for u in one if u != first]
+    # tdt_loss and the simple losses need rnnt_loss's lattice: best_alignment goes first
+    assert cli._warmup_next(rest, [first])[2] == "best_alignment"
+    left = [u for u in rest if u[2] in ("tdt_loss", "rnnt_loss_smoothed")]
+    assert cli._warmup_next(left, [first]) is None
+    assert cli._warmup_next(left, [])[2] == "tdt_loss"
+    # another dtype, another specialisation: no wait
+    f64 = [u for u in units if u[1] == "float64" and u[2] == "tdt_loss"]
+    assert cli._warmup_next(f64, [first]) == f64[0]
+    assert cli._warmup_next([], [first]) is None
+
+
 def test_warmup_reports_each_kernel(capsys):
     """A fresh process (the kernel is loaded from the disk cache, or compiled): one progress
     line for the call, one per kernel made, both variants with --serial, then the total."""
