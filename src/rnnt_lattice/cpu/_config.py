@@ -232,8 +232,8 @@ class _KernelCacheFile(caching.IndexDataCacheFile):
     in every call until the files were deleted; a same-size type would have been read as
     the wrong one). Here the two write different files, the data before the index entry
     that names it (a reader never finds an entry without its file), and the worst a race
-    does is drop one key from the index: that specialisation is compiled again once.
-    (docs/benchmarks.md, "Concurrent first compiles".)"""
+    does is drop one key from the index: that specialisation is compiled again once
+    (docs/api.md, "Compiled-kernel cache")."""
 
     def __init__(self, cache_path, filename_base, source_stamp):
         super().__init__(cache_path, filename_base, source_stamp)
