@@ -392,6 +392,52 @@ def test_concurrent_compiles_of_two_specialisations_keep_their_own_files(monkeyp
     assert call(swapped, floats) == [3.0, 5.0, 7.0, 9.0] and hits(swapped) == 0
 
 
+def test_kernels_a_warmup_left_are_read_and_never_written(monkeypatch, tmp_path):
+    """``SHIPPED`` (the folder a warm-up filled, read-only at run time) under the place
+    Numba writes to: what that place lacks is loaded from it, what neither has is compiled
+    into the writable place; with no writable place (``CACHE`` off) it is still read, and
+    nothing is written anywhere; a damaged file there is a warning and a compile."""
+    monkeypatch.setattr(_config, "PARALLEL", False)
+    ints, floats = np.arange(1, 5, dtype=np.int64), np.arange(1, 5, dtype=np.float64) + 0.5
+
+    def call(x, cache_dir, cache, shipped):
+        monkeypatch.setattr(numba.config, "CACHE_DIR", str(cache_dir))
+        monkeypatch.setattr(_config, "CACHE", cache)
+        monkeypatch.setattr(_config, "SHIPPED", shipped)
+        kernel = _config.ParallelKernel(_doubled)
+        out = np.zeros(len(x))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            kernel(x, out)
+        said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+        return out.tolist(), sum(kernel.serial.stats.cache_hits.values()), said, kernel
+
+    def files(folder):
+        return sorted(f.name for f in folder.rglob("*.nbc"))
+
+    halves, doubled = [3.0, 5.0, 7.0, 9.0], [2.0, 4.0, 6.0, 8.0]
+    _, hits, said, kernel = call(floats, tmp_path / "image", True, None)   # the warm-up
+    shipped = kernel.serial._cache._cache_path
+    assert hits == 0 and said == [] and len(files(tmp_path / "image")) == 1
+    before = files(tmp_path / "image")
+    # a writable place beside it: loaded from the image, the other type compiled there
+    assert call(floats, tmp_path / "home", True, shipped)[:3] == (halves, 1, [])
+    assert files(tmp_path / "home") == []
+    assert call(ints, tmp_path / "home", True, shipped)[:3] == (doubled, 0, [])
+    assert len(files(tmp_path / "home")) == 1
+    # no writable place: read, never written
+    assert call(floats, tmp_path / "none", False, shipped)[:3] == (halves, 1, [])
+    assert call(ints, tmp_path / "none", False, shipped)[:3] == (doubled, 0, [])
+    assert files(tmp_path / "image") == before and files(tmp_path / "none") == []
+    # a damaged file in the image: one warning naming the folder, then compiled
+    for f in (tmp_path / "image").rglob("*.nbc"):
+        f.write_bytes(b"garbage")
+    out, hits, said, _ = call(floats, tmp_path / "home2", True, shipped)
+    assert out == halves and hits == 0 and len(said) == 1
+    assert said[0].startswith(f"rnnt_lattice: Numba could not read the CPU kernel cache in "
+                              f"{shipped}")
+
+
 # --------------------------------------------------------------------------- item 3: parallel flag
 def _copy_package(dst: Path, with_cache: bool) -> Path:
     """A copy of the package under ``dst``/src; ``copy2`` keeps the source timestamps, so
@@ -556,3 +602,53 @@ def test_read_only_install_without_writable_home(tmp_path):
     assert _notices(proc) == [NOTICE + " with Numba (first use: seconds to tens of seconds; no "
                               "on-disk cache here, so every process compiles them again; "
                               "`rnnt-lattice warmup` compiles them all ahead of time)"], proc.stderr
+
+
+@pytest.mark.parametrize("home_writable", [False, True], ids=["no_writable_home", "home"])
+def test_a_read_only_install_loads_the_kernels_a_warmup_left(warm_kernels, tmp_path,
+                                                              home_writable):
+    """The package on a read-only path with the kernels that a warm-up compiled next to it
+    (a container image built with ``rnnt-lattice warmup``, an install by another user):
+    Numba reads only cache folders it can write, so each process compiled everything
+    again (in memory, or into a writable HOME's cache). The kernels are loaded from the
+    read-only folder: no compile, no warning, nothing written to HOME, the same values."""
+    prefix = _unwritable_prefix()
+    src = _copy_package(tmp_path, with_cache=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    paths = [*([] if home_writable else [home]), *src.rglob("*"), src]
+    for p in paths:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    script = """
+    import json, os, warnings
+    pkg = os.path.join(%r, "rnnt_lattice", "cpu")
+    try:                                      # the condition under test must be real
+        open(os.path.join(pkg, "__pycache__", "probe"), "w").close()
+        writable = True
+    except OSError:
+        writable = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss, grad = loss_and_grad(0)
+        ref, ref_grad = loss_and_grad(0, backend="torch")
+    from rnnt_lattice.cpu import _config, regular
+    print(json.dumps({
+        "writable": writable, "cache": _config.CACHE, "shipped": _config.SHIPPED,
+        "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+        "hits": sum(regular.regular_row_pass.serial.stats.cache_hits.values()),
+        "ok": bool(torch.allclose(loss, ref) and torch.allclose(grad, ref_grad, atol=1e-6))}))
+    """ % str(src)
+    env = _env(src, drop_cache_dir=True, HOME=str(home), RNNT_LATTICE_NUMBA_PARALLEL="0")
+    env.pop("XDG_CACHE_HOME", None)
+    try:
+        proc = _run(script, env, timeout=150, prefix=prefix)
+        out = _last_json(proc)
+    finally:
+        for p in paths:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    assert not out["writable"], "could not make the package read-only"
+    assert out["shipped"] == str(src / "rnnt_lattice" / "cpu" / "__pycache__")
+    assert out["cache"] is home_writable
+    assert out["ok"] and out["warnings"] == [] and out["hits"] == 1
+    assert _notices(proc) == [], proc.stderr                   # nothing compiled
+    assert not [f for f in home.rglob("*") if f.suffix in (".nbi", ".nbc")]

@@ -420,6 +420,10 @@ def _cmd_warmup(args) -> int:
 def _cache_place(_config) -> str:
     """Where Numba keeps the compiled kernels: the folder its locator chose for them."""
     if not _config.CACHE:
+        if _config.SHIPPED:
+            return (f"read-only: kernels are loaded from {_config.SHIPPED}, nothing was "
+                    f"kept, and the next process compiles again those it lacks; no writable "
+                    f"folder (NUMBA_CACHE_DIR sets one)")
         return ("off: nothing was kept, the next process compiles again; "
                 "RNNT_LATTICE_NUMBA_CACHE=0, or no writable folder for it")
     from .cpu import kernels

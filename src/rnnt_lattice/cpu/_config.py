@@ -28,8 +28,12 @@ Reliability (docs/api.md, "Reliability"):
 - A specialisation's cache file is named after its key (``_KernelCacheFile``), so that
   processes compiling one kernel for different types at once cannot write one file for
   two keys, and a loaded file is used only for the signature it was built for.
+- Kernels that a warm-up left in the ``__pycache__`` next to these modules (``SHIPPED``)
+  are loaded from there where this process cannot write it (a container image, an install
+  by another user): Numba itself reads only folders it can write to.
 - When no cache directory is writable (read-only install, no writable HOME), the kernels
-  are compiled without the on-disk cache and one ``RuntimeWarning`` says so.
+  are compiled without the on-disk cache (but for ``SHIPPED``'s) and one
+  ``RuntimeWarning`` says so where there is no ``SHIPPED``.
 - A cache file that cannot be read (truncated, damaged) or written (a full disk) does not
   fail the call: the kernel's index is emptied (``Cache.flush``, rewritten at the next
   save) or its cache turned off for the process, the call compiles it again, and one
@@ -63,8 +67,9 @@ def _flag(name: str, default: bool) -> bool:
     return os.environ.get(name, "1" if default else "0").strip().lower() not in ("0", "false", "no", "")
 
 
-def _cache_usable() -> bool:
-    """Whether Numba finds a writable cache location for the kernels of this package.
+def _cache_error_text():
+    """None where Numba finds a writable cache location for the kernels of this package,
+    else the error that says why not.
 
     Numba looks for one when a ``cache=True`` function is created: ``NUMBA_CACHE_DIR`` if
     set, then ``__pycache__`` next to the source, then the user cache dir
@@ -77,20 +82,17 @@ def _cache_usable() -> bool:
     try:
         njit(cache=True)(_probe)
     except RuntimeError as err:
-        warnings.warn(
-            f"rnnt_lattice: Numba cannot write its on-disk cache for the CPU kernels ({err}); "
-            f"compiling them without the cache (every new process compiles them again). "
-            f"Set NUMBA_CACHE_DIR to a writable directory to keep them, or "
-            f"RNNT_LATTICE_NUMBA_CACHE=0 to silence this warning.",
-            RuntimeWarning, stacklevel=user_stacklevel())
-        return False
-    return True
+        return str(err)
+    return None
 
 
 # Compiled kernels go to NUMBA_CACHE_DIR if set, else __pycache__ next to their modules, else
 # Numba's user cache dir (~/.cache/numba), so a second process does not recompile; without
-# any writable place they are compiled in memory only (one RuntimeWarning).
-CACHE = _flag("RNNT_LATTICE_NUMBA_CACHE", True) and _cache_usable()
+# any writable place they are compiled in memory only, but for those that a warm-up left in
+# the read-only ``__pycache__`` next to their modules (``SHIPPED``, below).
+_WANT_CACHE = _flag("RNNT_LATTICE_NUMBA_CACHE", True)
+_NO_PLACE = _cache_error_text() if _WANT_CACHE else None
+CACHE = _WANT_CACHE and _NO_PLACE is None
 PARALLEL = _flag("RNNT_LATTICE_NUMBA_PARALLEL", True)
 CACHE_GRAD = _flag("RNNT_LATTICE_CACHE_GRAD", True)
 
@@ -119,6 +121,30 @@ def sources_hash(package_dir: str) -> str:
 
 
 SOURCES = sources_hash(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _shipped_dir():
+    """The ``__pycache__`` next to the kernel modules where it holds kernel indexes of
+    these sources (a warm-up's, ``rnnt-lattice warmup``), else None. Where this process
+    cannot write it (a read-only install, a container image, an install by another user),
+    Numba itself never reads it: ``_KernelCache`` loads from it."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    tag = f"_{SOURCES}-" if SOURCES else "__"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    return folder if any(n.endswith(".nbi") and tag in n for n in names) else None
+
+
+SHIPPED = _shipped_dir() if _WANT_CACHE else None
+if _NO_PLACE is not None and SHIPPED is None:
+    warnings.warn(
+        f"rnnt_lattice: Numba cannot write its on-disk cache for the CPU kernels "
+        f"({_NO_PLACE}); compiling them without the cache (every new process compiles them "
+        f"again). Set NUMBA_CACHE_DIR to a writable directory to keep them, or "
+        f"RNNT_LATTICE_NUMBA_CACHE=0 to silence this warning.",
+        RuntimeWarning, stacklevel=user_stacklevel())
 
 
 # --------------------------------------------------------------------------- threads, fork
@@ -248,23 +274,76 @@ class _KernelCacheFile(caching.IndexDataCacheFile):
             self._save_index(overloads)
 
 
+_IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+
+
+class _ShippedLocator(_IN_TREE):
+    """``SHIPPED``, the ``__pycache__`` next to the kernels' modules, as a place to read
+    only: Numba's own in-tree locator refuses a folder it cannot write to. (Numba's in-tree
+    file names and source stamp: the warm-up wrote them there.)"""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return cls(py_func, py_file) if SHIPPED is not None else None
+
+    def get_cache_path(self):
+        return SHIPPED
+
+    def ensure_cache_path(self):
+        pass                                        # never written
+
+
+class _ShippedImpl(caching.FunctionCache._impl_class):
+    _locator_classes = [_ShippedLocator]
+
+
 class _KernelCache(caching.FunctionCache):
-    """Numba's cache of one function, with ``_KernelCacheFile``'s files, and a loaded
-    specialisation used only if it is the one asked for (else compiled again): a cache
-    folder filled by an older version of this class, or merged by hand, can hold a key that
-    names another key's file."""
+    """Numba's cache of one function, with ``_KernelCacheFile``'s files; then, where the
+    place Numba writes to is not ``SHIPPED``, a specialisation that place lacks is loaded
+    from ``SHIPPED`` (never written). A loaded specialisation is used only if it is the one
+    asked for (else compiled again): a cache folder filled by an older version of this
+    class, or merged by hand, can hold a key that names another key's file."""
+
+    read_only = False
 
     def __init__(self, py_func):
         super().__init__(py_func)
-        self._cache_file = _KernelCacheFile(self._cache_path, self._impl.filename_base,
-                                            self._impl.locator.get_source_stamp())
+        stamp, base = self._impl.locator.get_source_stamp(), self._impl.filename_base
+        self._cache_file = _KernelCacheFile(self._cache_path, base, stamp)
+        self._shipped = None
+        if not self.read_only and SHIPPED is not None and \
+                os.path.realpath(SHIPPED) != os.path.realpath(self._cache_path):
+            self._shipped = _KernelCacheFile(SHIPPED, base, stamp)
 
     def _load_overload(self, sig, target_context):
         cres = super()._load_overload(sig, target_context)
+        if cres is None and self._enabled and self._shipped is not None:
+            try:
+                data = self._shipped.load(self._index_key(sig, target_context.codegen()))
+                if data is not None:
+                    cres = self._impl.rebuild(target_context, data)
+            except Exception as err:                   # noqa: BLE001  (read only: compile)
+                warnings.warn(f"rnnt_lattice: Numba could not read the CPU kernel cache in "
+                              f"{SHIPPED} ({type(err).__name__}: {err}); compiling the "
+                              f"kernel {self._py_func.__qualname__} instead.", RuntimeWarning,
+                              stacklevel=user_stacklevel())
+                self._shipped = None
         if cres is not None and tuple(cres.signature.args) != \
                 tuple(sigutils.normalize_signature(sig)[0]):
             return None
         return cres
+
+    def _save_overload(self, sig, data):
+        if not self.read_only:
+            super()._save_overload(sig, data)
+
+
+class _ShippedKernelCache(_KernelCache):
+    """``_KernelCache`` where no place is writable: it reads ``SHIPPED`` and writes
+    nothing (a kernel missing there is compiled in memory, in every process)."""
+
+    _impl_class = _ShippedImpl
+    read_only = True
 
 
 def _variant(fn, suffix: str):
@@ -290,9 +369,10 @@ class ParallelKernel:
         jit = JIT if jit is None else jit
         self.parallel = njit(**jit, cache=CACHE, parallel=True)(_variant(fn, "parallel"))
         self.serial = njit(**jit, cache=CACHE, parallel=False)(_variant(fn, "serial"))
-        if CACHE:
+        cache = _KernelCache if CACHE else _ShippedKernelCache if SHIPPED else None
+        if cache is not None:
             for d in (self.parallel, self.serial):
-                d._cache = _KernelCache(d.py_func)
+                d._cache = cache(d.py_func)
         self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
         self.__doc__, self.__module__ = fn.__doc__, fn.__module__
 
@@ -368,7 +448,9 @@ class _CompileNotice(event.Listener):
             return
         _CompileNotice.said = True
         kept = ("cached on disk, so later processes load them in under a second" if CACHE
-                else "no on-disk cache here, so every process compiles them again")
+                else f"not in the read-only cache {SHIPPED} and no writable place for one, "
+                     f"so every process compiles them again (NUMBA_CACHE_DIR sets one)"
+                if SHIPPED else "no on-disk cache here, so every process compiles them again")
         ahead = ("`rnnt-lattice warmup --serial` compiles them all ahead of time, the serial "
                  "ones that forked processes run too" if FORKED
                  else "`rnnt-lattice warmup` compiles them all ahead of time")
