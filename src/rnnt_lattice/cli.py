@@ -340,13 +340,13 @@ def _warmup_unit_lines(unit) -> list:
 
 def _warmup_next(pending: list, running: list):
     """The unit of ``pending`` to start next beside the ``running`` ones: the first that
-    compiles none of their kernels (the same kernel, dtype and variant), else None: it
-    waits, and loads that kernel from the cache once it is there, instead of compiling it
-    a second time at once."""
+    runs none of their kernels (in the same variant), else None: it waits, and loads what
+    they made from the cache once it is there, instead of compiling it a second time at
+    once. (Whatever the dtypes: several kernels, ``lattice`` among them, read float64
+    whatever the logits, so the same specialisation serves both.)"""
     def keys(unit) -> set:
-        parallel, dtype, call = unit
-        return {(k, "any" if call in DTYPE_FREE_CALLS else dtype, parallel)
-                for k in dict(WARMUP_CALLS)[call]}
+        parallel, _, call = unit
+        return {(k, parallel) for k in dict(WARMUP_CALLS)[call]}
 
     busy = set().union(*map(keys, running))
     return next((u for u in pending if not keys(u) & busy), None)
@@ -355,12 +355,12 @@ def _warmup_next(pending: list, running: list):
 def _warmup_in_workers(units: list, jobs: int, say) -> None:
     """The units run by ``jobs`` spawned processes, which share the disk cache (each
     specialisation its own file: docs/api.md, "Compiled-kernel cache"). A unit's lines are
-    said together when it is done. A unit does not start beside a running one that makes
-    one of its kernels (same kernel, dtype and variant, ``_warmup_next``): it loads that
-    kernel from the cache later instead of compiling it a second time (``lattice``,
-    shared by ``rnnt_loss``, ``tdt_loss`` and the simple losses, is the longest of them).
+    said together when it is done. A unit does not start beside a running one that runs
+    one of its kernels (in the same variant, ``_warmup_next``): it loads that kernel from
+    the cache later instead of compiling it a second time (``lattice``, shared by
+    ``rnnt_loss``, ``tdt_loss`` and the simple losses, is the longest of them).
     On 2 cores, with an empty cache, 2 processes took 36.5 s where one took 50.3, and
-    67.7 s where one took 103.4 with ``--dtype float32 float64 --serial``."""
+    57.6 s where one took 103.4 with ``--dtype float32 float64 --serial``."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
