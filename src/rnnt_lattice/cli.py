@@ -342,8 +342,9 @@ def _warmup_next(pending: list, running: list):
     """The unit of ``pending`` to start next beside the ``running`` ones: the first that
     runs none of their kernels (in the same variant), else None: it waits, and loads what
     they made from the cache once it is there, instead of compiling it a second time at
-    once. (Whatever the dtypes: several kernels, ``lattice`` among them, read float64
-    whatever the logits, so the same specialisation serves both.)"""
+    once. (Whatever the dtypes: ``lattice``, ``viterbi`` and three of the simple losses'
+    kernels take float64 arguments whatever the logits, so one specialisation serves
+    both.)"""
     def keys(unit) -> set:
         parallel, _, call = unit
         return {(k, parallel) for k in dict(WARMUP_CALLS)[call]}
