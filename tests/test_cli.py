@@ -411,13 +411,12 @@ def test_warmup_covers_every_kernel():
     assert "compiled" not in out.stdout and "loaded" not in out.stdout
 
 
-def test_warmup_in_worker_processes():
+def test_warmup_in_worker_processes(capsys):
     """``--jobs 2``: the two variants of one call in two spawned processes; each unit's
     lines together, both units, the total naming the processes."""
     pytest.importorskip("numba")
-    out = _run_cli("warmup", "--only", "prune_ranges", "--serial", "--jobs", "2")
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    assert cli.main(["warmup", "--only", "prune_ranges", "--serial", "--jobs", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     blocks = sorted(zip(lines[0:4:2], lines[1:4:2]))
     assert [b[0] for b in blocks] == ["prune_ranges (any dtype) ...",
                                       "prune_ranges (any dtype, serial) ..."]
@@ -425,7 +424,9 @@ def test_warmup_in_worker_processes():
     assert blocks[1][1].startswith("  window_dp (serial): ")
     assert lines[-1].startswith("warmup done in ") and ", 2 processes (" in lines[-1]
     assert len(lines) == 5
-    assert _run_cli("warmup", "--jobs", "0").returncode == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["warmup", "--jobs", "0"])
+    assert exc.value.code == 2
 
 
 def test_warmup_jobs_do_not_compile_a_kernel_twice_at_once():
