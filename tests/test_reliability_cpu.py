@@ -550,6 +550,23 @@ def _unwritable_prefix():
     pytest.skip("running as root without user namespaces: no way to make a path read-only")
 
 
+def _run_read_only(script: str, src: Path, home: Path, home_writable: bool, prefix):
+    """``script`` in a subprocess with the package copy ``src`` (and ``home``, unless
+    ``home_writable``) made read-only, HOME = ``home``, no NUMBA_CACHE_DIR, the serial
+    kernels; the write bits are put back afterwards. The process and its last JSON line."""
+    paths = [*([] if home_writable else [home]), *src.rglob("*"), src]
+    for p in paths:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    env = _env(src, drop_cache_dir=True, HOME=str(home), RNNT_LATTICE_NUMBA_PARALLEL="0")
+    env.pop("XDG_CACHE_HOME", None)
+    try:
+        proc = _run(script, env, timeout=150, prefix=prefix)
+        return proc, _last_json(proc)
+    finally:
+        for p in paths:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
 def test_read_only_install_without_writable_home(tmp_path):
     """Package on a read-only path, HOME read-only, no NUMBA_CACHE_DIR: the loss works
     (``backend="auto"`` and ``"numba"``), with one RuntimeWarning about the cache.
@@ -561,9 +578,6 @@ def test_read_only_install_without_writable_home(tmp_path):
     src = _copy_package(tmp_path, with_cache=False)
     home = tmp_path / "home"
     home.mkdir()
-    paths = [home, *src.rglob("*"), src]
-    for p in paths:
-        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     script = """
     import json, os, warnings
     pkg = os.path.join(%r, "rnnt_lattice", "cpu")
@@ -584,14 +598,7 @@ def test_read_only_install_without_writable_home(tmp_path):
         "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
         "auto_ok": bool(torch.allclose(auto, ref)), "numba_ok": bool(torch.allclose(numba_, ref))}))
     """ % str(src)
-    env = _env(src, drop_cache_dir=True, HOME=str(home), RNNT_LATTICE_NUMBA_PARALLEL="0")
-    env.pop("XDG_CACHE_HOME", None)
-    try:
-        proc = _run(script, env, timeout=150, prefix=prefix)
-        out = _last_json(proc)
-    finally:
-        for p in paths:
-            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    proc, out = _run_read_only(script, src, home, False, prefix)
     assert not out["writable"], "could not make the package read-only"
     assert out["file"].startswith(str(src))
     assert out["auto_ok"] and out["numba_ok"]
@@ -616,9 +623,6 @@ def test_a_read_only_install_loads_the_kernels_a_warmup_left(warm_kernels, tmp_p
     src = _copy_package(tmp_path, with_cache=True)
     home = tmp_path / "home"
     home.mkdir()
-    paths = [*([] if home_writable else [home]), *src.rglob("*"), src]
-    for p in paths:
-        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     script = """
     import json, os, warnings
     pkg = os.path.join(%r, "rnnt_lattice", "cpu")
@@ -638,14 +642,7 @@ def test_a_read_only_install_loads_the_kernels_a_warmup_left(warm_kernels, tmp_p
         "hits": sum(regular.regular_row_pass.serial.stats.cache_hits.values()),
         "ok": bool(torch.allclose(loss, ref) and torch.allclose(grad, ref_grad, atol=1e-6))}))
     """ % str(src)
-    env = _env(src, drop_cache_dir=True, HOME=str(home), RNNT_LATTICE_NUMBA_PARALLEL="0")
-    env.pop("XDG_CACHE_HOME", None)
-    try:
-        proc = _run(script, env, timeout=150, prefix=prefix)
-        out = _last_json(proc)
-    finally:
-        for p in paths:
-            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    proc, out = _run_read_only(script, src, home, home_writable, prefix)
     assert not out["writable"], "could not make the package read-only"
     assert out["shipped"] == str(src / "rnnt_lattice" / "cpu" / "__pycache__")
     assert out["cache"] is home_writable
