@@ -67,7 +67,7 @@ def test_numba_kernels_read_int64_ids_only():
                                   tl, ul, **kw).backward()
     found = [(name, str(sig)) for mod in (kernels, regular) for name, f in vars(mod).items()
              if isinstance(f, _config.ParallelKernel)
-             for var in (f.parallel, f.serial) for sig in var.signatures
+             for sig in f.serial.signatures
              if any("int32" in str(a) for a in sig)]
     assert not found, found
 

@@ -412,18 +412,19 @@ def test_warmup_covers_every_kernel():
 
 
 def test_warmup_in_worker_processes(capsys):
-    """``--jobs 2``: the two variants of one call in two spawned processes; each unit's
-    lines together, both units, the total naming the processes."""
+    """``--jobs 2``: two calls in two spawned processes; each unit's lines together (a line
+    a kernel it compiled or loaded), both units, the total naming the processes."""
     pytest.importorskip("numba")
-    assert cli.main(["warmup", "--only", "prune_ranges", "--serial", "--jobs", "2"]) == 0
+    assert cli.main(["warmup", "--only", "best_alignment", "prune_ranges", "--jobs", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    blocks = sorted(zip(lines[0:4:2], lines[1:4:2]))
-    assert [b[0] for b in blocks] == ["prune_ranges (any dtype) ...",
-                                      "prune_ranges (any dtype, serial) ..."]
-    assert blocks[0][1].startswith("  window_dp (parallel): ")
-    assert blocks[1][1].startswith("  window_dp (serial): ")
+    starts = [i for i, line in enumerate(lines) if line.endswith(" ...")]
+    blocks = {lines[i]: lines[i + 1:j] for i, j in zip(starts, starts[1:] + [len(lines) - 1])}
+    assert sorted(blocks) == ["best_alignment (float32) ...", "prune_ranges (any dtype) ..."]
+    assert [b.split(" (")[0].strip() for b in blocks["best_alignment (float32) ..."]] == \
+        ["row_pass", "viterbi"]
+    assert [b.split(" (")[0].strip() for b in blocks["prune_ranges (any dtype) ..."]] == \
+        ["window_dp"]
     assert lines[-1].startswith("warmup done in ") and ", 2 processes (" in lines[-1]
-    assert len(lines) == 5
     with pytest.raises(SystemExit) as exc:
         cli.main(["warmup", "--jobs", "0"])
     assert exc.value.code == 2
@@ -431,8 +432,7 @@ def test_warmup_in_worker_processes(capsys):
 
 def test_warmup_jobs_do_not_compile_a_kernel_twice_at_once():
     """The order units start in beside running ones: a unit waits while a running one
-    runs one of its kernels (in the same variant, whatever the dtype), and the next free
-    unit starts."""
+    runs one of its kernels (whatever the dtype), and the next free unit starts."""
     pytest.importorskip("numba")
     import argparse
     args = argparse.Namespace(serial=False, dtype=["float32", "float64"], only=None)
@@ -452,26 +452,24 @@ def test_warmup_jobs_do_not_compile_a_kernel_twice_at_once():
     assert cli._warmup_next(left, [first]) is None
     assert cli._warmup_next(left, [])[2] == "tdt_loss"
     # another dtype: the same wait (lattice reads float64 whatever the logits: one
-    # specialisation for both); the serial variant is another kernel
+    # specialisation for both)
     f64 = [u for u in units if u[1] == "float64" and u[2] in ("tdt_loss", "best_alignment")]
     assert cli._warmup_next(f64, [first]) == f64[1]
-    serial = [(False, "float32", "tdt_loss")]
-    assert cli._warmup_next(serial, [first]) == serial[0]
     assert cli._warmup_next([], [first]) is None
 
 
 def test_warmup_reports_each_kernel(capsys):
     """A fresh process (the kernel is loaded from the disk cache, or compiled): one progress
-    line for the call, one per kernel made, both variants with --serial, then the total."""
+    line for the call, one per kernel made, then the total; ``--serial`` is taken and
+    changes nothing (the runs without threads use the same builds)."""
     pytest.importorskip("numba")
-    out = _run_cli("warmup", "--only", "prune_ranges", "--serial")
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
-    assert lines[0] == "prune_ranges (any dtype) ..."
-    assert lines[1].startswith("  window_dp (parallel): ")
-    assert lines[2] == "prune_ranges (any dtype, serial) ..."
-    assert lines[3].startswith("  window_dp (serial): ")
-    assert lines[-1].startswith("warmup done in ") and len(lines) == 5
+    for extra in ((), ("--serial",)):
+        out = _run_cli("warmup", "--only", "prune_ranges", *extra)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.strip().splitlines()
+        assert lines[0] == "prune_ranges (any dtype) ..."
+        assert lines[1].startswith("  window_dp (parallel): ")
+        assert lines[-1].startswith("warmup done in ") and len(lines) == 3
     place = lines[-1].split("kernel cache: ")[1].rstrip(")")
     assert place == "off" or os.path.isdir(place), lines[-1]
     with pytest.raises(SystemExit):

@@ -127,8 +127,8 @@ def test_kernel_cache_follows_every_kernel_module(tmp_path):
     from rnnt_lattice.cpu import _config, kernels
     here = Path(_config.__file__).parent
     assert len(_config.SOURCES) == 12 and _config.SOURCES == _config.sources_hash(str(here))
-    for variant in (kernels.row_pass.parallel, kernels.row_pass.serial):
-        assert variant.py_func.__qualname__.endswith("_" + _config.SOURCES)
+    for build in (kernels.row_pass.serial, _config._LAUNCHER, _config.frame_ranges):
+        assert build.py_func.__qualname__.endswith("_" + _config.SOURCES)
     for p in here.glob("*.py"):
         shutil.copy(p, tmp_path / p.name)
     assert _config.sources_hash(str(tmp_path)) == _config.SOURCES

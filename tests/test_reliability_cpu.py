@@ -286,8 +286,8 @@ def test_fork_before_the_cpu_backend_loads_and_torch_threads(warm_kernels):
     assert out == {"loaded_at_import": False, "child_forked": True, "torch_threads": [1, 1]}
 
 
-def _add_one(x):
-    for i in numba.prange(x.shape[0]):
+def _add_one(c0, c1, x):
+    for i in numba.prange(c0, c1):
         x[i] += 1.0
 
 
@@ -305,7 +305,7 @@ def test_a_damaged_cache_file_is_compiled_again(monkeypatch, tmp_path):
         x = np.zeros(3)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            kernel(x)
+            kernel(len(x), x)
         said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
         assert all(w.filename == __file__ for w in seen), [w.filename for w in seen]
         return x.tolist(), said, sum(kernel.serial.stats.cache_hits.values())
@@ -335,9 +335,61 @@ def test_a_damaged_cache_file_is_compiled_again(monkeypatch, tmp_path):
     assert len(reads) == 2
 
 
-def _doubled(x, out):
-    for i in numba.prange(x.shape[0]):
+def _doubled(c0, c1, x, out):
+    for i in numba.prange(c0, c1):
         out[i] = x[i] * 2
+
+
+def _chunks(c0, c1, n_chunks, seen):
+    for i in numba.prange(c0, c1):
+        seen[i] = c0                                # the chunk's first iteration
+        if n_chunks[0] < 0:
+            raise ValueError("a kernel that fails")
+    n_chunks[0] += 0
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_one_build_runs_every_way_and_is_loaded_from_the_cache(monkeypatch, tmp_path, parts):
+    """A kernel has one build (``serial``), cached; a call of ``n`` iterations runs them as
+    ``min(n, row_parts())`` contiguous chunks on Numba's threads (``_run_chunks``, cached
+    per argument types), or as one chunk in this thread where there is one (1 part,
+    ``RNNT_LATTICE_NUMBA_PARALLEL=0``, a forked child). A fresh dispatcher (a new process)
+    loads both from the cache and compiles nothing. A chunk that fails on a thread is a
+    RuntimeError naming the kernel (the exception itself stays in the thread); in this
+    thread, the kernel's own exception."""
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_config, "CACHE", True)
+    # (row_parts' own rule, 1 in a forked child, is test_cpu_kernels.py's to check; here
+    # ``parts`` threads, more than this machine may have)
+    monkeypatch.setattr(_config, "row_parts", lambda: 1 if _config.FORKED else parts)
+
+    def run(n, forked=False):
+        monkeypatch.setattr(_config, "FORKED", forked)
+        kernel = _config.ParallelKernel(_chunks)
+        monkeypatch.setattr(_config, "_LAUNCHER", _config._build(
+            _config._run_chunks, dict(nogil=True), "launch", parallel=True))
+        seen = np.full(n, -1, dtype=np.int64)
+        kernel(n, np.zeros(1, dtype=np.int64), seen)
+        return seen.tolist(), kernel.serial, _config._LAUNCHER
+
+    for n in (1, 5, 7):
+        k = min(n, parts)
+        want = [c * n // k for c in range(k) for _ in range(c * n // k, (c + 1) * n // k)]
+        seen, build, launch = run(n)
+        assert seen == want, (n, parts)
+        assert len(build.overloads) == 1 and len(launch.overloads) == (k > 1)
+        assert run(n, forked=True)[0] == [0] * n            # one chunk, this thread
+    seen, build, launch = run(7)                             # a new process's dispatchers
+    assert sum(build.stats.cache_hits.values()) == 1 and not build.stats.cache_misses
+    assert sum(launch.stats.cache_hits.values()) == (parts > 1)
+    assert not list(tmp_path.rglob("*_chunks__parallel*"))
+    assert len(list(tmp_path.rglob("*_chunks__serial*.nbi"))) == 1
+    fails = np.array([-1], dtype=np.int64)
+    kernel = _config.ParallelKernel(_chunks)
+    with pytest.raises(RuntimeError if parts > 1 else ValueError,
+                       match="CPU kernel _chunks failed in 2 of the 2 chunks" if parts == 2
+                       else "failed in 3 of the 3" if parts == 3 else "a kernel that fails"):
+        kernel(7, fails, np.zeros(7, dtype=np.int64))
 
 
 def test_concurrent_compiles_of_two_specialisations_keep_their_own_files(monkeypatch,
@@ -359,7 +411,7 @@ def test_concurrent_compiles_of_two_specialisations_keep_their_own_files(monkeyp
 
     def call(kernel, x):
         out = np.zeros(len(x))
-        kernel(x, out)
+        kernel(len(x), x, out)
         return out.tolist()
 
     def hits(kernel):
@@ -408,7 +460,7 @@ def test_kernels_a_warmup_left_are_read_and_never_written(monkeypatch, tmp_path)
         out = np.zeros(len(x))
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            kernel(x, out)
+            kernel(len(x), x, out)
         said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
         return out.tolist(), sum(kernel.serial.stats.cache_hits.values()), said, kernel
 
@@ -508,11 +560,12 @@ def test_first_compile_is_said_once_and_cache_loads_say_nothing(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
-def test_a_forked_child_says_its_own_first_compile(tmp_path):
-    """A child forked after its parent said its first compile (a DataLoader worker) runs
-    the serial kernels, which the parent never compiled: it says its own compile, and names
-    ``warmup --serial``, which builds them. (The child inherited the parent's flag: seconds
-    of silence in each worker.)"""
+def test_a_forked_child_runs_its_parents_kernels_and_says_its_own_first_compile(tmp_path):
+    """A child forked after its parent compiled a kernel (a DataLoader worker) runs that
+    kernel in its one thread with the parent's build: nothing to compile, nothing said
+    (before, the child ran serial variants of its own, compiled in each worker with
+    seconds of silence). A kernel the parent never used, the child compiles and says so:
+    it does not inherit the parent's "said" flag."""
     src = _copy_package(tmp_path, with_cache=False)
     script = """
     import json, os
@@ -521,20 +574,30 @@ def test_a_forked_child_says_its_own_first_compile(tmp_path):
     occ = torch.rand(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     lengths = dict(logit_lengths=torch.tensor([5, 4]), target_lengths=torch.tensor([3, 2]))
     want = rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist()
+    x = torch.randn(2, 5, 4, 6, generator=torch.Generator().manual_seed(1))
+    args = (torch.tensor([[1, 2, 3], [4, 5, 0]]), lengths["logit_lengths"],
+            lengths["target_lengths"])
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:                                      # the child: its serial kernels
-        got = rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist()
-        sys.stderr.flush()
-        os._exit(0 if got == want else 3)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"child": os.waitstatus_to_exitcode(status)}))
+    for child_runs in ("prune_ranges", "best_alignment"):
+        pid = os.fork()
+        if pid == 0:                                  # the child: one thread
+            if child_runs == "prune_ranges":
+                got = rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths)
+                ok = got.ranges.tolist() == want
+            else:
+                ok = rnnt_lattice.best_alignment(x, *args, blank=0).log_prob.isfinite().all()
+            sys.stderr.write("CHILD %%s DONE\\n" %% child_runs)
+            sys.stderr.flush()
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, child_runs
+    print(json.dumps({"children": "ok"}))
     """ % str(src)
     proc = _run(script, _env(src, True), 120, first="import sys\n")
-    assert _last_json(proc) == {"child": 0}
-    notices = _notices(proc)
-    assert len(notices) == 2 and "`rnnt-lattice warmup` compiles" in notices[0], proc.stderr
-    assert "`rnnt-lattice warmup --serial` compiles" in notices[1], proc.stderr
+    assert _last_json(proc) == {"children": "ok"}
+    said = [ln for ln in proc.stderr.splitlines() if NOTICE in ln or "DONE" in ln]
+    assert len(said) == 4 and NOTICE in said[0] and NOTICE in said[2], proc.stderr
+    assert said[1] == "CHILD prune_ranges DONE" and said[3] == "CHILD best_alignment DONE"
 
 
 # --------------------------------------------------------------------------- item 4: read-only

@@ -1,5 +1,6 @@
 """Whether this process is a child forked after ``import rnnt_lattice``: the CPU backend runs
-its serial kernels there (``cpu/_config.py``). GNU OpenMP, Numba's ``omp`` threading layer on
+its kernels in the calling thread there, without a launch on Numba's threads
+(``cpu/_config.py``). GNU OpenMP, Numba's ``omp`` threading layer on
 Linux and PyTorch's own, cannot run a parallel region in a child forked from a process that
 has used it: the child's first parallel kernel waits for good (a DataLoader worker forked
 after the model's first step, where the CPU backend had not been loaded). The hook is

@@ -70,14 +70,15 @@ def _build_parser() -> argparse.ArgumentParser:
                                       "training step does not wait for it",
                        description="Compile (or load from Numba's disk cache) every CPU kernel "
                                    "of the public functions, with a line per kernel as it is "
-                                   "done. With an empty cache this takes about 50 s on 2 "
+                                   "done. With an empty cache this takes about 30 s on 2 "
                                    "cores; later processes load the kernels in a second or two.")
     w.add_argument("--dtype", nargs="+", choices=("float32", "float64"), default=["float32"],
                    help="logits dtypes to compile for (default float32; float16 and bfloat16 "
                         "run the float32 kernels)")
     w.add_argument("--serial", action="store_true",
-                   help="also the serial variants (RNNT_LATTICE_NUMBA_PARALLEL=0, forked "
-                        "DataLoader workers)")
+                   help="no effect, kept for scripts: the runs without threads "
+                        "(RNNT_LATTICE_NUMBA_PARALLEL=0, forked DataLoader workers) use the "
+                        "same compiled kernels")
     w.add_argument("--only", nargs="+", choices=[c for c, _ in WARMUP_CALLS], default=None,
                    metavar="CALL", help="only these calls: " + ", ".join(c for c, _ in WARMUP_CALLS))
     w.add_argument("--list", action="store_true",
@@ -300,11 +301,10 @@ def _warmup_units(args) -> list:
     runs it: each variant, each dtype, each call (a dtype-free call once)."""
     from .cpu import _config
     units = []
-    for parallel in ([True, False] if args.serial else [_config.PARALLEL]):
-        for i, dtype in enumerate(args.dtype):
-            units += [(parallel, dtype, call) for call, _ in WARMUP_CALLS
-                      if (args.only is None or call in args.only)
-                      and not (i and call in DTYPE_FREE_CALLS)]
+    for i, dtype in enumerate(args.dtype):
+        units += [(_config.PARALLEL, dtype, call) for call, _ in WARMUP_CALLS
+                  if (args.only is None or call in args.only)
+                  and not (i and call in DTYPE_FREE_CALLS)]
     return units
 
 
@@ -340,14 +340,12 @@ def _warmup_unit_lines(unit) -> list:
 
 def _warmup_next(pending: list, running: list):
     """The unit of ``pending`` to start next beside the ``running`` ones: the first that
-    runs none of their kernels (in the same variant), else None: it waits, and loads what
-    they made from the cache once it is there, instead of compiling it a second time at
-    once. (Whatever the dtypes: ``lattice``, ``viterbi`` and three of the simple losses'
-    kernels take float64 arguments whatever the logits, so one specialisation serves
-    both.)"""
+    runs none of their kernels, else None: it waits, and loads what they made from the
+    cache once it is there, instead of compiling it a second time at once. (Whatever the
+    dtypes: ``lattice``, ``viterbi`` and three of the simple losses' kernels take float64
+    arguments whatever the logits, so one specialisation serves both.)"""
     def keys(unit) -> set:
-        parallel, _, call = unit
-        return {(k, parallel) for k in dict(WARMUP_CALLS)[call]}
+        return set(dict(WARMUP_CALLS)[unit[2]])
 
     busy = set().union(*map(keys, running))
     return next((u for u in pending if not keys(u) & busy), None)
@@ -357,11 +355,11 @@ def _warmup_in_workers(units: list, jobs: int, say) -> None:
     """The units run by ``jobs`` spawned processes, which share the disk cache (each
     specialisation its own file: docs/api.md, "Compiled-kernel cache"). A unit's lines are
     said together when it is done. A unit does not start beside a running one that runs
-    one of its kernels (in the same variant, ``_warmup_next``): it loads that kernel from
+    one of its kernels (``_warmup_next``): it loads that kernel from
     the cache later instead of compiling it a second time (``lattice``, shared by
     ``rnnt_loss``, ``tdt_loss`` and the simple losses, is the longest of them).
-    On 2 cores, with an empty cache, 2 processes took 36.5 s where one took 50.3, and
-    57.6 s where one took 103.4 with ``--dtype float32 float64 --serial``."""
+    On 2 cores, with an empty cache, 2 processes took 21.1 s where one took 29.3, and
+    32.6 s where one took 41.5 with ``--dtype float32 float64``."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -429,7 +427,7 @@ def _cache_place(_config) -> str:
                 "RNNT_LATTICE_NUMBA_CACHE=0, or no writable folder for it")
     from .cpu import kernels
     try:                    # Numba's cache object of one kernel (not a public attribute)
-        return kernels.row_pass.parallel._cache._cache_path
+        return kernels.row_pass.serial._cache._cache_path
     except AttributeError:
         return "on disk (NUMBA_CACHE_DIR, else next to the package, else ~/.cache/numba)"
 

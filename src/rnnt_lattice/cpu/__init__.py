@@ -11,7 +11,7 @@ The modules, by concept:
   regular loss, with the generic lattice pass in between (``uses_regular_fast_path``).
 - ``fastmath``: the exp, log, row max and row sums the kernels share.
 - ``windows``: the window DP of the pruned losses' window choice.
-- ``_config``: Numba settings, the parallel/serial variants, threads and the row order.
+- ``_config``: Numba settings, how the kernels are compiled and run on threads, the row order.
 
 Importing this module imports Numba (that is how ``_backends`` detects it); the kernels
 compile on first use and are cached on disk (``_config.CACHE``).
@@ -316,6 +316,7 @@ class _State:
     kinds: np.ndarray             # kernels.kind_table
     blank: int
     n_durations: int
+    bounds: np.ndarray            # the row pass's ranges of frames, the gradient pass's too
     node_rows: Optional[np.ndarray] = None
     infinite: Optional[np.ndarray] = None   # (B,) bool: the cost is infinite in its dtype
 
@@ -327,6 +328,22 @@ def _upstream(upstream: torch.Tensor, infinite) -> np.ndarray:
     up = np.ascontiguousarray(_np(upstream), dtype=np.float64)
     return (np.where(infinite, 0.0, up) if infinite is not None and np.count_nonzero(infinite)
             else up)
+
+
+def _frame_ranges(ends, node_rows, f0: int, f1: int, shape=None) -> np.ndarray:
+    """The ranges of frames ``f0 <= t < f1`` that the row kernels run, one a thread
+    (``_config.frame_ranges``, ``row_parts``): ``ends`` the lattices' ``(t0s, u0s, t1s,
+    u1s)``, ``node_rows`` (B, T, U+1), or None where every node has a row (the regular
+    kernels' padded logits, ``shape`` their ``(T, U+1)``)."""
+    if node_rows is None:
+        T, U1 = shape
+        node_rows = _EVERY_NODE
+    else:
+        _, T, U1 = node_rows.shape
+    return _config.frame_ranges(_config.row_parts(), *ends, node_rows, T, U1, f0, f1)
+
+
+_EVERY_NODE = np.empty((0, 0, 0), dtype=np.int64)    # frame_ranges' node_rows: a row a node
 
 
 def _lattice_specs(B: int, K: int, T: int, U1: int) -> list:
@@ -343,7 +360,7 @@ def _lattice(w, nan_row, kinds, ends, out=None):
     beta.fill(-np.inf)
     gamma.fill(0.0)
     log_like = np.empty(B)
-    kernels.lattice(w, nan_row, *ends, kinds, alpha, beta, log_like, gamma)
+    kernels.lattice(B, w, nan_row, *ends, kinds, alpha, beta, log_like, gamma)
     return alpha, beta, log_like, gamma
 
 
@@ -368,7 +385,7 @@ def _row_outputs(arrays):
 
 
 def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: LossOptions, buf,
-              out=None, frames=None):
+              out=None, frames=None, bounds=None):
     """Pass 1 (``kernels.row_pass``) on logits rows ``(N, V)``: ``(stats, w, nan_row)``
     with the arc weights ``w (B, K, T, U+1)``; the exps go into ``buf`` (N, V) unless None
     (it may be ``rows`` itself: in-place mode). ``out``: the arrays to write
@@ -379,11 +396,13 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
     x = _np(rows)
     stats, w, nan_row = out if out is not None else _row_outputs(
         _new_arrays(_row_specs(B, T, U1, kinds, x.dtype, buf is not None)))
-    kernels.row_pass(x, node_rows, _ids(targets), *ends,
+    if bounds is None:
+        bounds = _frame_ranges(ends, node_rows, f0, f1)
+    kernels.row_pass(len(bounds) - 1, x, node_rows, _ids(targets), *ends,
                      kinds, blank, n_durations,
                      float(opts.sigma), float(opts.delay_penalty),
                      opts.log_softmax, buf is not None,
-                     _config.row_parts(), f0, f1,
+                     bounds, f0, f1,
                      np.empty((0, 0), dtype=x.dtype) if buf is None else _np(buf),
                      *stats, w, nan_row)
     return stats, w, nan_row
@@ -397,18 +416,18 @@ def _regular_row_specs(B: int, T: int, U1: int, dtype) -> list:
 
 
 def _regular_row_pass(logits, targets, logit_lengths, target_lengths, blank, opts: LossOptions,
-                      buf, arrays):
+                      buf, arrays, bounds):
     """Pass 1 of the regular fast path (``regular.regular_row_pass``) on padded logits:
     ``(stats, w, nan_row)`` as :func:`_row_pass` returns them, the stats ``(shift,
     inv_sum)``, written into ``arrays`` (``_regular_row_specs``); the exps go into ``buf``
     unless None (it may be ``logits`` itself)."""
-    B, T = logits.shape[:2]
     x = _np(logits)
     shift, inv_sum, w, nan_row = arrays
-    regular.regular_row_pass(x, _ids(targets), _ids(logit_lengths), _ids(target_lengths),
+    regular.regular_row_pass(len(bounds) - 1, x, _ids(targets), _ids(logit_lengths),
+                             _ids(target_lengths),
                              blank,
                              opts.log_softmax, buf is not None,
-                             _config.row_parts(),
+                             bounds,
                              np.empty((0, 0, 0, 0), dtype=x.dtype) if buf is None else _np(buf),
                              shift, inv_sum, w, nan_row)
     return (shift, inv_sum), w, nan_row
@@ -442,16 +461,20 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     arrays = _workspaces.arrays(row_specs + _lattice_specs(B, kinds.shape[1], T, U1)
                                 + node_specs)
     n_row = len(row_specs)
+    # The ranges of frames the row kernels run, one a thread: the gradient pass reads the
+    # same ones (any split gives the same bits).
     if fast:
         nodes = None
+        bounds = _frame_ranges(ends, None, 0, T, (T, U1))
         stats, w, nan_row = _regular_row_pass(logits, targets, logit_lengths, target_lengths,
-                                              blank, opts, buf, arrays[:n_row])
+                                              blank, opts, buf, arrays[:n_row], bounds)
     else:
         nodes = _node_rows(node_rows, B, T, U1, *arrays[n_row + 3:])
+        bounds = _frame_ranges(ends, nodes, 0, T)
         stats, w, nan_row = _row_pass(logits.view(-1, V), targets, ends, nodes, kinds, blank,
                                       topo.n_durations, opts,
                                       None if buf is None else buf.view(-1, V),
-                                      out=_row_outputs(arrays[:n_row]))
+                                      out=_row_outputs(arrays[:n_row]), bounds=bounds)
     _, _, log_like, gamma = _lattice(w, nan_row, kinds, ends, arrays[n_row:n_row + 3])
     cost_values = (-log_like).astype(dtype)
     costs = with_bad_rows(torch.from_numpy(cost_values), nan_rows)
@@ -460,7 +483,7 @@ def loss_forward(logits, targets, logit_lengths, target_lengths, opts: LossOptio
     # In-place mode keeps no logits (they are overwritten); its buffer is the logits.
     saved = (targets, logit_lengths, target_lengths) + (() if inplace else (logits,))
     state = _State(logits if inplace else buf, inplace, shape, stats, gamma, log_like, ends,
-                   kinds, blank, topo.n_durations, nodes, np.isinf(cost_values))
+                   kinds, blank, topo.n_durations, bounds, nodes, np.isinf(cost_values))
     return costs, saved, state
 
 
@@ -490,25 +513,25 @@ def loss_backward(saved, state: _State, upstream, opts: LossOptions):
     src = dst if logits is None else logits
     up = _upstream(upstream, st.infinite)
     fastemit_scale = 1.0 + float(opts.fastemit_lambda)   # FastEmit (math.md section 6)
-    parts = _config.row_parts()
     if st.node_rows is None:                  # the regular fast path
         shift, inv_sum = st.stats
-        regular.regular_grad_rows(_np(src), _np(dst), _ids(targets), _ids(logit_lengths),
-                                  _ids(target_lengths),
+        regular.regular_grad_rows(len(st.bounds) - 1, _np(src), _np(dst), _ids(targets),
+                                  _ids(logit_lengths), _ids(target_lengths),
                                   st.blank,
                                   shift, inv_sum, st.gamma,
                                   fastemit_scale, float(opts.clamp), up,
                                   opts.log_softmax, from_logits,
-                                  parts)
+                                  st.bounds)
         return dst
     V = st.shape[-1]
-    kernels.grad_rows(_np(src).reshape(-1, V), _np(dst).reshape(-1, V), st.node_rows,
-                      _ids(targets), *st.ends,
+    T = st.gamma.shape[2]
+    kernels.grad_rows(len(st.bounds) - 1, _np(src).reshape(-1, V), _np(dst).reshape(-1, V),
+                      st.node_rows, _ids(targets), *st.ends,
                       st.kinds, st.blank, st.n_durations,
                       *st.stats, st.gamma, st.log_like,
                       fastemit_scale, float(opts.clamp), up,
                       opts.log_softmax, from_logits,
-                      parts, 0, st.gamma.shape[2])
+                      st.bounds, 0, T)
     return dst
 
 
@@ -592,14 +615,16 @@ def tile_backward(rows, tile, state: _Tiles, upstream, opts: LossOptions, out):
     V = rows.shape[-1]
     if not opts.log_softmax:
         _np(out).fill(0)                          # log-prob mode writes the read entries only
-    kernels.grad_rows(_np(rows).reshape(-1, V), _np(out).reshape(-1, V), _np(tile.node_rows),
-                      _np(state.targets), *state.ends,
+    node_rows = _np(tile.node_rows)
+    bounds = _frame_ranges(state.ends, node_rows, tile.t0, tile.t1)
+    kernels.grad_rows(len(bounds) - 1, _np(rows).reshape(-1, V), _np(out).reshape(-1, V),
+                      node_rows, _np(state.targets), *state.ends,
                       state.kinds, state.blank, state.n_durations,
                       *state.acc[0], state.gamma, state.log_like,
                       1.0 + float(opts.fastemit_lambda), float(opts.clamp),
                       _upstream(upstream, state.infinite),
                       opts.log_softmax, opts.log_softmax,
-                      _config.row_parts(), tile.t0, tile.t1)
+                      bounds, tile.t0, tile.t1)
     return out
 
 
@@ -645,7 +670,7 @@ def viterbi(logits, targets, logit_lengths, target_lengths, opts: LossOptions, b
         alpha = np.full((B, T + 1, U1), -np.inf)
         best_kind = np.full((B, T + 1, U1), -1, dtype=np.int8)
         log_prob = np.empty(B)
-        kernels.viterbi(w, nan_row, *ends, kinds, alpha, best_kind, log_prob)
+        kernels.viterbi(B, w, nan_row, *ends, kinds, alpha, best_kind, log_prob)
         return torch.from_numpy(alpha), torch.from_numpy(best_kind), torch.from_numpy(log_prob)
 
 
@@ -687,7 +712,7 @@ def simple_rows(x: torch.Tensor, keep: torch.Tensor, idx: torch.Tensor):
     ex = np.empty((B, N, V))
     xa = np.ascontiguousarray(_np(x))
     cols = np.empty((B, N, J))                       # float64 (torch_backend.simple_rows)
-    simple.simple_rows_forward(xa, np.ascontiguousarray(_np(keep)),
+    simple.simple_rows_forward(B * N, xa, np.ascontiguousarray(_np(keep)),
                                np.ascontiguousarray(_np(idx)), ok, shift, bad, ex, cols)
     return (torch.from_numpy(ok), torch.from_numpy(shift), torch.from_numpy(bad),
             torch.from_numpy(ex), torch.from_numpy(cols))
@@ -705,7 +730,7 @@ def simple_rows_backward(grad, ex, ok, g_uni, uni, idx, g_cols) -> None:
     un = np.ascontiguousarray(_np(uni), dtype=np.float64) if has_uni else none1
     gc = (np.ascontiguousarray(_np(g_cols), dtype=np.float64) if has_cols
           else np.empty((0, 0, 0)))
-    simple.simple_rows_backward(_np(grad), np.ascontiguousarray(_np(ex)),
+    simple.simple_rows_backward(B * N, _np(grad), np.ascontiguousarray(_np(ex)),
                                 np.ascontiguousarray(_np(ok)), has_uni, gu, un,
                                 np.ascontiguousarray(_np(idx)), has_cols, gc)
 
@@ -731,7 +756,7 @@ def arc_terms(parts, mix):
         parts.P, parts.Q, parts.R, parts.S)]
     b, e = np.empty((B, T, U1)), np.empty((B, T, U1))
     code = np.empty((B, T, U1), dtype=np.int8)
-    simple.arc_terms_forward(*a, *terms, *_scales(mix), b, e, code)
+    simple.arc_terms_forward(B, *a, *terms, *_scales(mix), b, e, code)
     return torch.from_numpy(b), torch.from_numpy(e), (mass, torch.from_numpy(code))
 
 
@@ -749,7 +774,7 @@ def arc_terms_backward(saved: tuple, g_b, g_e, mix, dtypes: tuple):
     g_am = torch.empty((B, T, U1), dtype=dtypes[0])
     g_lm = torch.empty((B, U1, 2), dtype=dtypes[1])
     dP, dR, dQ, dS = np.empty((B, T)), np.empty((B, T)), np.empty((B, U1)), np.empty((B, U1 - 1))
-    simple.arc_terms_backward(_np(code), np.ascontiguousarray(_np(mass)), *g, *_scales(mix),
+    simple.arc_terms_backward(B, _np(code), np.ascontiguousarray(_np(mass)), *g, *_scales(mix),
                               g_mass, g_resc, g_am.numpy(), g_lm.numpy(), dP, dR, dQ, dS)
     mix_grads = () if mix is None else tuple(torch.from_numpy(x) for x in (dP, dQ, dR, dS))
     return torch.from_numpy(g_mass), torch.from_numpy(g_resc), g_am, g_lm, mix_grads
@@ -765,5 +790,5 @@ def window_dp(mass: torch.Tensor, max_step: int):
         return torch_backend.window_dp(mass, max_step)      # no start at all: nothing to run
     total = np.empty(B)
     starts = np.empty((B, T), dtype=np.int64)
-    windows.window_dp(x, int(max_step), total, starts, np.empty((B, T, S), dtype=np.int64))
+    windows.window_dp(B, x, int(max_step), total, starts, np.empty((B, T, S), dtype=np.int64))
     return torch.from_numpy(total), torch.from_numpy(starts)

@@ -1,9 +1,11 @@
-"""Numba settings for every CPU kernel, in one place, how the kernels are compiled, and the
-order in which their prange loops visit the rows (``frame_ranges``).
+"""Numba settings for every CPU kernel, in one place, how the kernels are compiled and
+launched on threads, and the order in which the row kernels visit the rows
+(``frame_ranges``).
 
 Environment overrides (read once, at first use of the CPU backend):
     RNNT_LATTICE_NUMBA_CACHE=0     do not cache compiled kernels on disk
-    RNNT_LATTICE_NUMBA_PARALLEL=0  run the serial (no prange threading) variant of each kernel
+    RNNT_LATTICE_NUMBA_PARALLEL=0  run every kernel in the calling thread (no launch on
+                                   Numba's threads)
     RNNT_LATTICE_CACHE_GRAD=0      allocate every gradient buffer and workspace (the lattice's
                                    arrays, do_rnnt_pruning's rows) anew
                                    (no reuse, see cpu/__init__)
@@ -11,20 +13,26 @@ The thread count is Numba's: ``numba.set_num_threads`` or ``NUMBA_NUM_THREADS``.
 
 Reliability (docs/api.md, "Reliability"):
 
-- Every prange kernel is compiled as two separate functions (``ParallelKernel``): a
-  parallel and a serial variant, each with its own on-disk cache file, so that
-  ``RNNT_LATTICE_NUMBA_PARALLEL`` picks the variant at call time and a cached build of one
-  can never be loaded for the other (Numba's cache does not key on ``parallel=``).
-- Only those kernels are cached, under names that carry a hash of this package's kernel
+- Every kernel is compiled once, without ``parallel=True`` (``ParallelKernel``: its outer
+  loop runs the iterations ``[c0, c1)`` it is given), and one small parallel function,
+  ``_run_chunks``, runs a kernel's iterations as chunks on Numba's threads, calling the
+  kernel's build through its address. ``RNNT_LATTICE_NUMBA_PARALLEL=0`` and forked
+  children call the same build in their one thread: nothing of their own to compile.
+  (Compiled with ``parallel=True``, each kernel took twice as long to compile, Numba's
+  parfor passes running over its whole body, and a second, serial variant had to be
+  compiled for the forked children.)
+- Only the kernels, ``_run_chunks`` and the helpers called from Python
+  (``frame_ranges``) are cached, under names that carry a hash of this package's kernel
   modules (``SOURCES``): Numba keys a cached function on its own source file, so a kernel
   cached before a change to a helper of another module (``fastmath``...) would keep
-  running the old helper. The helpers (``@njit(**JIT)``) are compiled into each kernel
-  and not cached on their own.
+  running the old helper. The other helpers (``@njit(**JIT)``) are compiled into each
+  kernel and not cached on their own.
 - Parallel launches are serialised by a lock when the threading layer Numba picked is not
   thread-safe (``workqueue``); with ``omp`` and ``tbb`` threads launch concurrently.
-- A forked child process runs the serial variants: GNU OpenMP (Numba's ``omp`` layer on
-  Linux, and PyTorch's own) cannot run a parallel region in a child forked from a process
-  that has used it, and the child gets one thread of its parent anyway.
+- A forked child process runs the kernels in its one thread, without a launch: GNU OpenMP
+  (Numba's ``omp`` layer on Linux, and PyTorch's own) cannot run a parallel region in a
+  child forked from a process that has used it, and the child gets one thread of its
+  parent anyway.
 - A specialisation's cache file is named after its key (``_KernelCacheFile``), so that
   processes compiling one kernel for different types at once cannot write one file for
   two keys, and a loaded file is used only for the signature it was built for.
@@ -56,8 +64,10 @@ import warnings
 import numba
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, prange
+from numba import types as nb_types
 from numba.core import caching, event, sigutils
+from numba.extending import intrinsic
 
 from .. import _fork
 from .._validate import user_stacklevel
@@ -149,8 +159,8 @@ if _NO_PLACE is not None and SHIPPED is None:
 
 # --------------------------------------------------------------------------- threads, fork
 # Set in a forked child (os.register_at_fork below; or before this module was imported,
-# by the package's own hook, which ``import rnnt_lattice`` registers): run the serial
-# variants there.
+# by the package's own hook, which ``import rnnt_lattice`` registers): the kernels run in
+# the calling thread there.
 FORKED = _fork.FORKED
 
 # Serialises parallel launches while the threading layer is unknown (before the first
@@ -348,7 +358,7 @@ class _ShippedKernelCache(_KernelCache):
 
 def _variant(fn, suffix: str):
     """A copy of ``fn`` with its own qualified name: Numba names the cache files of a
-    function after its module and qualname, so each variant, and each version of the
+    function after its module and qualname, so each build, and each version of the
     package's kernel sources (``SOURCES``), gets its own files."""
     g = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
                            fn.__closure__)
@@ -359,59 +369,173 @@ def _variant(fn, suffix: str):
     return g
 
 
+def _build(fn, jit, suffix: str, parallel: bool = False):
+    """``fn`` as a Numba function with this package's on-disk cache (``_KernelCache``, or
+    ``_ShippedKernelCache`` where no place is writable), under ``_variant``'s name."""
+    d = njit(**jit, cache=CACHE, parallel=parallel)(_variant(fn, suffix))
+    cache = _KernelCache if CACHE else _ShippedKernelCache if SHIPPED else None
+    if cache is not None:
+        d._cache = cache(d.py_func)
+    return d
+
+
+def cached(fn):
+    """A helper that is also called from Python (``frame_ranges``): compiled with the
+    kernels' settings and cached on disk like them (a plain ``@njit`` helper is compiled
+    into each kernel that calls it, and from Python in every process)."""
+    return _build(fn, JIT, "helper")
+
+
+@intrinsic
+def _call_at(typingctx, address, c0, c1, args):
+    """``f(c0, c1, *args)`` for the Numba function ``f`` compiled at ``address`` (int64:
+    ``_entry``) for exactly these argument types, called with Numba's own calling
+    convention, as Numba calls a first-class function through its JIT address: 1 if the
+    call ended in an error (an exception: the kernels raise none of their own, but an
+    array they cannot allocate raises MemoryError), else 0."""
+    types_ = (c0, c1) + tuple(args.types)
+
+    def codegen(context, builder, signature, llargs):
+        address_v, c0_v, c1_v, args_v = llargs
+        values = [c0_v, c1_v] + [builder.extract_value(args_v, i)
+                                 for i in range(len(args.types))]
+        fnty = context.call_conv.get_function_type(nb_types.none, types_).as_pointer()
+        status, _ = context.call_conv.call_function(
+            builder, builder.inttoptr(address_v, fnty), nb_types.none, types_, values)
+        return builder.zext(status.is_error, context.get_value_type(nb_types.int64))
+    return nb_types.int64(address, c0, c1, args), codegen
+
+
+def _run_chunks(address, n, k, *args):
+    """The one parallel launch of every kernel: the iterations ``[0, n)`` of a kernel's
+    outer loop as ``k`` contiguous chunks, one a prange iteration (Numba's static schedule
+    gives each thread one, or several in turn when ``k`` exceeds its threads), each a call
+    ``f(c0, c1, *args)`` of the kernel's one build (``ParallelKernel``) at ``address``.
+
+    The kernel is called through its address (``_call_at``): its code is not compiled
+    into this function, which therefore compiles in about 0.7 s for a kernel's argument
+    types, 1.2 s more for the first in a process (a kernel compiled with ``parallel=True`` took twice its serial
+    compile time: Numba's parfor passes and the outlined copy of its whole body,
+    docs/benchmarks.md, "First use"), and an int64 is all the launch unboxes (Numba's
+    first-class functions call back into Python twice a launch to unbox theirs: 5-15 us
+    more at small shapes). Returns how many chunks ended in an error (``_call_at``)."""
+    failed = 0
+    for c in prange(k):
+        failed += _call_at(address, c * n // k, (c + 1) * n // k, args)
+    return failed
+
+
+def _entry(dispatcher, sig) -> int:
+    """The address of ``dispatcher``'s native function for the argument types ``sig``
+    (Numba's calling convention; what Numba calls a first-class function's JIT address)."""
+    cres = dispatcher.overloads[sig]
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
+
+def _type_key(args) -> tuple:
+    """What Numba's type of each argument depends on, read without Numba: an array's
+    dtype, dimensions and flags (contiguity, alignment, writeable), a scalar's Python type
+    (the kernels' ints, floats and bools; an ndarray subclass, its class). Two calls with
+    one key have one signature: the key is never coarser than Numba's type (its flags
+    hold more, OWNDATA: a second key, made once, for the same signature). (Numba's own
+    fingerprints, twice as fast, see neither the alignment nor the class.)"""
+    return tuple([(a.dtype, a.ndim, a.flags.num) if type(a) is np.ndarray else type(a)
+                  for a in args])
+
+
 class ParallelKernel:
-    """A prange kernel compiled as two Numba functions: ``parallel`` (prange threads) and
-    ``serial`` (prange as range), with separate cache files. A call runs the parallel one
-    unless ``RNNT_LATTICE_NUMBA_PARALLEL=0`` or the process is a forked child."""
+    """A kernel whose outer loop ``for p in prange(c0, c1)`` runs iterations that do not
+    depend on each other: the Numba function ``fn(c0, c1, *args)``, compiled once (as
+    ``serial``: ``prange`` is ``range`` there) and cached. ``kernel(n, *args)`` runs the
+    iterations ``[0, n)``: in ``row_parts()`` contiguous chunks on Numba's threads through
+    ``_run_chunks`` (one launch, the chunks run by the same build), or in the calling
+    thread as ``serial(0, n, *args)`` where one chunk is all there is, with
+    ``RNNT_LATTICE_NUMBA_PARALLEL=0`` and in a forked child.
+
+    One build serves both ways: the serial runs (forked DataLoader workers) load or compile
+    nothing of their own, and the parallel launch compiles only ``_run_chunks`` for the
+    kernel's signature."""
 
     def __init__(self, fn, jit=None):
         self.py_func = fn
-        jit = JIT if jit is None else jit
-        self.parallel = njit(**jit, cache=CACHE, parallel=True)(_variant(fn, "parallel"))
-        self.serial = njit(**jit, cache=CACHE, parallel=False)(_variant(fn, "serial"))
-        cache = _KernelCache if CACHE else _ShippedKernelCache if SHIPPED else None
-        if cache is not None:
-            for d in (self.parallel, self.serial):
-                d._cache = cache(d.py_func)
+        self.serial = _build(fn, JIT if jit is None else jit, "serial")
+        self._entries: dict = {}                 # _type_key -> _entry address
         self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
         self.__doc__, self.__module__ = fn.__doc__, fn.__module__
 
-    def __call__(self, *args):
+    def __call__(self, n, *args):
         if ON_COMPILE is not None:
-            return self._watched(args)
-        serial = not PARALLEL or FORKED
+            return self._watched(n, args)
+        return self._run(n, args)
+
+    def _run(self, n, args):
+        k = min(n, row_parts())
+        if k <= 1:
+            return self._call(self.serial, (0, n) + args)
+        key = _type_key(args)
+        address = self._entries.get(key)
+        if address is None:
+            address = self._build_for(args, key)
+        failed = self._call(_LAUNCHER, (address, n, k) + args)
+        if failed:
+            # (Numba keeps no exception from a thread: the type is not known here.)
+            raise RuntimeError(
+                f"rnnt_lattice: the CPU kernel {self.__name__} failed in {failed} of the {k} "
+                f"chunks it ran on threads: it raises nothing of its own, so most likely it "
+                f"could not allocate its scratch arrays (out of memory); its outputs are "
+                f"incomplete")
+
+    def _build_for(self, args, key) -> int:
+        """The ``_entry`` of this call's argument types: the build compiled (or loaded from
+        the disk cache) for them, as a call of ``serial`` would; kept under ``key``."""
+        sig = tuple(self.serial.typeof_pyval(a) for a in (0, 0) + args)
+        for attempt in range(2):
+            try:
+                self.serial.compile(sig)
+                break
+            except Exception as err:
+                if attempt or not _uncached(self.serial, err):
+                    raise
+        address = _entry(self.serial, sig)
+        self._entries[key] = address
+        return address
+
+    @staticmethod
+    def _call(dispatcher, args):
         try:
-            return self.serial(*args) if serial else _launch(self.parallel, args)
+            return dispatcher(*args) if dispatcher is not _LAUNCHER else _launch(dispatcher, args)
         except Exception as err:
             # (A call that fails before any kernel runs leaves the arguments as they were.)
-            if not _uncached(self.serial if serial else self.parallel, err):
+            if not _uncached(dispatcher, err):
                 raise
         # Once: a second failure (of the cache turned off, or emptied and failing again)
         # is raised as it is.
-        return self.serial(*args) if serial else _launch(self.parallel, args)
+        return dispatcher(*args) if dispatcher is not _LAUNCHER else _launch(dispatcher, args)
 
-    def _watched(self, args):
-        """The call, reporting to ``ON_COMPILE`` when it made a new specialisation."""
+    def _watched(self, n, args):
+        """The call, reporting to ``ON_COMPILE`` when it made a new specialisation (of the
+        kernel's build or of its launch: compiled, or loaded from the disk cache)."""
         import time
-        serial = not PARALLEL or FORKED
-        fn = self.serial if serial else self.parallel
-        n, hits = len(fn.overloads), sum(fn.stats.cache_hits.values())
+        fns = (self.serial, _LAUNCHER)
+        sizes = [len(f.overloads) for f in fns]
+        hits = [sum(f.stats.cache_hits.values()) for f in fns]
         start = time.perf_counter()
-        try:
-            out = fn(*args) if serial else _launch(fn, args)
-        except Exception as err:
-            if not _uncached(fn, err):
-                raise
-            out = fn(*args) if serial else _launch(fn, args)
-        if len(fn.overloads) > n:
+        out = self._run(n, args)
+        new = sum(len(f.overloads) - m for f, m in zip(fns, sizes))
+        if new:
+            loaded = sum(sum(f.stats.cache_hits.values()) - h for f, h in zip(fns, hits))
             dtype = getattr(args[0], "dtype", type(args[0]).__name__)
-            ON_COMPILE(self.__name__, "serial" if serial else "parallel", str(dtype),
-                       time.perf_counter() - start,
-                       sum(fn.stats.cache_hits.values()) > hits)
+            ON_COMPILE(self.__name__, "serial" if not PARALLEL or FORKED else "parallel",
+                       str(dtype), time.perf_counter() - start, loaded >= new)
         return out
 
     def __repr__(self):
         return f"<ParallelKernel {self.__module__}.{self.__qualname__}>"
+
+
+# The launch of every kernel's chunks (compiled, and cached, once per argument types:
+# kernels with the same argument types share one).
+_LAUNCHER = _build(_run_chunks, dict(nogil=True), "launch", parallel=True)
 
 
 # ``on_compile(kernel, variant, dtype, seconds, from_cache)``, called after a kernel call
@@ -432,8 +556,8 @@ class _CompileNotice(event.Listener):
     without a word a first call looks hung. Numba triggers ``numba:compile`` only after its
     disk cache missed, so a process that loads the kernels from the cache says nothing;
     nor does one while ``ON_COMPILE`` reports (``rnnt-lattice warmup``: a line a kernel).
-    A forked child (a DataLoader worker) says it again: it runs the serial kernels, which
-    the parent may never have compiled, and ``rnnt-lattice warmup --serial`` builds."""
+    A forked child (a DataLoader worker) says its own: it runs the parent's builds, but a
+    kernel the parent never ran it compiles."""
 
     said = False
 
@@ -451,11 +575,9 @@ class _CompileNotice(event.Listener):
                 else f"not in the read-only cache {SHIPPED} and no writable place for one, "
                      f"so every process compiles them again (NUMBA_CACHE_DIR sets one)"
                 if SHIPPED else "no on-disk cache here, so every process compiles them again")
-        ahead = ("`rnnt-lattice warmup --serial` compiles them all ahead of time, the serial "
-                 "ones that forked processes run too" if FORKED
-                 else "`rnnt-lattice warmup` compiles them all ahead of time")
         _log.warning("rnnt_lattice: compiling the CPU kernels this call needs with Numba "
-                     "(first use: seconds to tens of seconds; %s; %s)", kept, ahead)
+                     "(first use: seconds to tens of seconds; %s; `rnnt-lattice warmup` "
+                     "compiles them all ahead of time)", kept)
 
     def on_end(self, ev):
         pass
@@ -489,11 +611,12 @@ PAD_COST = 0.25
 
 
 def row_parts() -> int:
-    """How many contiguous ranges of frames (``frame_ranges``) a row kernel's prange loop
-    runs: the thread count of its parallel launch, whose static schedule hands each
-    thread one of them; 1 for the serial variants (``ParallelKernel``). Before the first
-    parallel launch the count is Numba's default: asking Numba would start its threads
-    here, outside ``_launch``."""
+    """The thread count of a kernel's parallel launch (``ParallelKernel``): the most
+    chunks it cuts a kernel's iterations into, and how many contiguous ranges of frames
+    (``frame_ranges``) the row kernels' callers cut the frames into, one a chunk; 1 where
+    the kernels run in the calling thread (``RNNT_LATTICE_NUMBA_PARALLEL=0``, a forked
+    child). Before the first parallel launch the count is Numba's default: asking Numba
+    would start its threads here, outside ``_launch``."""
     if not PARALLEL or FORKED:
         return 1
     if _launch_serialised is None:
@@ -504,7 +627,7 @@ def row_parts() -> int:
     return numba.get_num_threads()
 
 
-@njit(**JIT)
+@cached
 def frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1):
     """``bounds`` (n + 1,) int64, n = min(parts, B W) >= 1, over the frames ``f0 <= t < f1``
     of every sequence (W = f1 - f0; a fused tile's frames, else 0 and T): range p of them in

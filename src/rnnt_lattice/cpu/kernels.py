@@ -16,11 +16,13 @@ Three passes, as in docs/math.md:
 the best incoming kind of every node for the alignment's backtrack. The plain regular loss runs its own passes 1 and 3 (``regular``) and this
 pass 2; the fast math they share is ``fastmath``.
 
-Compilation: the prange kernels are ``@pjit`` (``_config.ParallelKernel``): each is
-compiled as a parallel and a serial variant with separate cache files, and every call
-picks one (the serial one under ``RNNT_LATTICE_NUMBA_PARALLEL=0`` and in forked children).
-The helpers are ``@njit(**JIT)`` and get compiled into both. Each kernel is compiled once
-per logits dtype (ids arrive as int64); ``rnnt-lattice warmup`` compiles them all ahead
+Compilation: the kernels are ``@pjit`` (``_config.ParallelKernel``): each is compiled
+once, without ``parallel=True``, and runs the iterations ``c0 <= p < c1`` of its outer
+``prange`` loop (independent iterations: sequences, ranges of frames, rows) that it is
+given; ``_config`` runs a call's iterations as chunks on Numba's threads, or in the calling
+thread (``RNNT_LATTICE_NUMBA_PARALLEL=0``, forked children, a single chunk). The helpers
+are ``@njit(**JIT)`` and get compiled into each kernel. Each kernel is compiled once per
+logits dtype (ids arrive as int64); ``rnnt-lattice warmup`` compiles them all ahead
 (docs/benchmarks.md, "First use").
 
 The arc kinds are the ``(N_FIELDS, K)`` int64 table of :func:`kind_table`, one row per
@@ -51,7 +53,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..topology import Topology
-from ._config import JIT, frame_at, frame_ranges, pjit
+from ._config import JIT, frame_at, pjit
 from .fastmath import (NEG_INF, clip, exp64, exp_nonpos, exp_store, exp_sum, lae, log64,
                        nan_max, row_max, scale_row)
 
@@ -271,6 +273,8 @@ def _class_lps(xc, lse_u, slo, shi, fused, lpc):
 # --------------------------------------------------------------------------- pass 1
 @pjit
 def row_pass(
+    # the chunk: the ranges of frames c0 <= p < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data
     rows, node_rows, targets, t0s, u0s, t1s, u1s,
     # arc kinds
@@ -279,8 +283,8 @@ def row_pass(
     sigma, delay_penalty,
     # flags
     fused, store,
-    # schedule
-    parts, f0, f1,
+    # schedule: the ranges of frames (``_config.frame_ranges``), the window of frames
+    bounds, f0, f1,
     # outputs
     buf, shift, inv_sum, shift_d, inv_sum_d, e_read, w, nan_row,
 ):
@@ -295,10 +299,10 @@ def row_pass(
         sigma, delay_penalty: the per-arc terms.
         fused: raw scores (else log-probs). store: write exp(x - m) of each group into
             ``buf`` (N, V) (zeros in padding rows); ``buf`` may be ``rows`` (in-place mode).
-        parts: how many contiguous ranges of frames the prange loop runs, one a thread
-            (``_config.row_parts``, ``_config.frame_ranges``); f0, f1: the frames ``f0 <=
-            t < f1`` of every sequence it runs (a fused tile's; else 0 and T: every frame,
-            each of whose nodes gets its outputs).
+        bounds: contiguous ranges of frames in memory order (``_config.frame_ranges``
+            over the frames ``f0 <= t < f1`` of every sequence: a fused tile's; else 0 and
+            T, every frame, each of whose nodes gets its outputs); the call runs the ranges
+            ``c0 <= p < c1`` (``_config.ParallelKernel``: a chunk of them a thread).
     Outputs, written on every node:
         shift, shift_d (B, T, U+1) dtype of rows: token / duration group row max.
         inv_sum, inv_sum_d (B, T, U+1) float64: 1 / sum exp(x - m) of each group.
@@ -331,8 +335,7 @@ def row_pass(
         if kinds[PLUS_NEXT_BLANK, k] != 0:
             has_plus_next_blank = True
     read_first = not fused or (store and buf.ctypes.data == rows.ctypes.data)
-    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)
-    for p in prange(bounds.shape[0] - 1):
+    for p in prange(c0, c1):
         for i in range(bounds[p], bounds[p + 1]):
             b, t = frame_at(i, f0, f1)
             t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
@@ -490,6 +493,8 @@ def _log_p(x, nan_row, b, t0, t1):
 
 @pjit
 def lattice(
+    # the chunk: the sequences c0 <= b < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data
     w, nan_row, t0s, u0s, t1s, u1s,
     # arc kinds
@@ -525,7 +530,7 @@ def lattice(
     (``_alpha_span``); the occupations over the nodes with an arc.
     """
     B, K, T, U1 = w.shape
-    for b in prange(B):
+    for b in prange(c0, c1):
         t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
         if t1 <= t0:                                  # no frame, no path
             log_like[b] = NEG_INF
@@ -791,6 +796,8 @@ def _alpha_source(kinds, k, t, u, t0, u0, t1):
 # --------------------------------------------------------------------------- max-plus
 @pjit
 def viterbi(
+    # the chunk: the sequences c0 <= b < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data
     w, nan_row, t0s, u0s, t1s, u1s,
     # arc kinds
@@ -813,7 +820,7 @@ def viterbi(
     arrives); log_prob (B,): -inf without a path or frame, NaN when an arc weight of the
     sequence is NaN (``nan_row``, as ``lattice``'s log P)."""
     B, K, T, U1 = w.shape
-    for b in prange(B):
+    for b in prange(c0, c1):
         t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]
         if t1 <= t0:                                  # no frame, no path
             log_prob[b] = NEG_INF
@@ -858,6 +865,8 @@ def _add_read(cls, sub, ev, n, c, g, e):
 # --------------------------------------------------------------------------- pass 3
 @pjit
 def grad_rows(
+    # the chunk: the ranges of frames c0 <= p < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data: dst (N, V) is the output
     src, dst, node_rows, targets, t0s, u0s, t1s, u1s,
     # arc kinds
@@ -868,8 +877,8 @@ def grad_rows(
     fastemit_scale, clamp, upstream,
     # flags
     fused, from_logits,
-    # schedule
-    parts, f0, f1,
+    # schedule: the ranges of frames (``_config.frame_ranges``), the window of frames
+    bounds, f0, f1,
 ):
     """Pass 3 for any topology: ``dst`` (N, V) = ``upstream[b] * d loss_b / d rows`` (math.md
     4-6 and 9; ``reference.grad``).
@@ -890,7 +899,8 @@ def grad_rows(
     comes in zero-filled and only the read entries are written (``p`` taken as 0).
     Padding rows get 0, and so does every row of a sequence whose upstream is exactly 0.
     The frames run are ``f0 <= t < f1`` of each sequence (a fused tile's, else 0 and T),
-    one range of them a thread (``parts``, ``_config.frame_ranges``).
+    cut into the ranges ``bounds`` (``_config.frame_ranges``), of which the call runs ``c0
+    <= p < c1`` (``_config.ParallelKernel``: a chunk of them a thread).
 
     Per row (b, t) the sums S, S_d and the occupation of each distinct class read
     (``_class_slots``) and each duration are first gathered kind by kind along each kind's
@@ -899,8 +909,7 @@ def grad_rows(
     multiply, an entry far from the row's start waits a full memory latency.
     """
     B, T, U1, K, V_tok, cls, slot, nc, nd = _sizes(node_rows, kinds, dst.shape[1], n_durations)
-    bounds = frame_ranges(parts, t0s, u0s, t1s, u1s, node_rows, T, U1, f0, f1)
-    for p in prange(bounds.shape[0] - 1):
+    for p in prange(c0, c1):
         for i in range(bounds[p], bounds[p + 1]):
             b, t = frame_at(i, f0, f1)
             t0, u0, t1, u1 = t0s[b], u0s[b], t1s[b], u1s[b]

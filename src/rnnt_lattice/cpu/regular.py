@@ -24,32 +24,25 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._config import JIT, frame_at, frame_ranges, pjit
+from ._config import JIT, frame_at, pjit
 from .fastmath import NEG_INF, clip, exp_store, exp_sum, row_max, scale_row
 
 # The kinds of ``topology.regular()``, in its order: the plane of each in ``w`` and ``gamma``.
 BLANK, LABEL = 0, 1
 
 
-@njit(**JIT)
-def _frame_ranges(parts, logit_lengths, target_lengths, T, U1):
-    """``_config.frame_ranges`` of the regular lattice: the region ``t < T_b, u <= U_b``,
-    a row at every node (padded logits)."""
-    zero = np.zeros_like(logit_lengths)
-    return frame_ranges(parts, zero, zero, logit_lengths, target_lengths,
-                        np.empty((0, 0, 0), dtype=np.int64), T, U1, 0, T)
-
-
 @pjit
 def regular_row_pass(
+    # the chunk: the ranges of frames c0 <= p < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data
     logits, targets, logit_lengths, target_lengths,
     # arc kinds: the blank reads class ``blank``, the label y[u]
     blank,
     # flags
     fused, store,
-    # schedule
-    parts,
+    # schedule: the ranges of frames (``_config.frame_ranges`` over every node)
+    bounds,
     # outputs
     buf, shift, inv_sum, w, nan_row,
 ):
@@ -61,8 +54,10 @@ def regular_row_pass(
         blank: blank id in [0, V). fused: logits are raw scores (else log-probs).
         store: write exp(logits - m) into ``buf`` (and zeros into its padding rows); ``buf``
             may be ``logits`` itself (in-place mode).
-        parts: how many contiguous ranges of frames the prange loop runs, one a thread
-            (``_config.row_parts``, ``_config.frame_ranges``).
+        bounds: contiguous ranges of frames in memory order (``_config.frame_ranges``
+            over the region t < T_b, u <= U_b of each sequence, a row at every node); the call
+            runs the ranges ``c0 <= p < c1`` (``_config.ParallelKernel``: a chunk of them a
+            thread).
         buf: (B, T, U+1, V) like logits (unused unless ``store``).
     Outputs, written on every node (padding: shift 0, inv_sum 0, weights -inf):
         shift (B, T, U+1), dtype of logits: row max m.
@@ -76,8 +71,7 @@ def regular_row_pass(
     in log-prob mode a +inf arc entry is read as NaN.
     """
     B, T, U1, V = logits.shape
-    bounds = _frame_ranges(parts, logit_lengths, target_lengths, T, U1)
-    for p in prange(bounds.shape[0] - 1):
+    for p in prange(c0, c1):
         for i in range(bounds[p], bounds[p + 1]):
             b, t = frame_at(i, 0, T)
             T_b = logit_lengths[b]
@@ -164,6 +158,8 @@ def _finish_row(row, blank, y, has_label, gb, gl, inv_s, w, clamp, fused):
 
 @pjit
 def regular_grad_rows(
+    # the chunk: the ranges of frames c0 <= p < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data: dst (B, T, U+1, V) is the output
     src, dst, targets, logit_lengths, target_lengths,
     # arc kinds: the blank reads class ``blank``, the label y[u]
@@ -174,8 +170,8 @@ def regular_grad_rows(
     fastemit_scale, clamp, upstream,
     # flags
     fused, from_logits,
-    # schedule
-    parts,
+    # schedule: the ranges of frames (``_config.frame_ranges`` over every node)
+    bounds,
 ):
     """Write ``upstream[b] * clip(d loss_b / d logits)`` into ``dst`` (B, T, U+1, V).
 
@@ -189,8 +185,7 @@ def regular_grad_rows(
     is 0 gets exactly 0, even where its gradient is NaN (math.md section 8).
     """
     B, T, U1, V = dst.shape
-    bounds = _frame_ranges(parts, logit_lengths, target_lengths, T, U1)
-    for p in prange(bounds.shape[0] - 1):
+    for p in prange(c0, c1):
         for i in range(bounds[p], bounds[p + 1]):
             b, t = frame_at(i, 0, T)
             T_b = logit_lengths[b]

@@ -33,6 +33,8 @@ ARC_RESC = 4     # lse came from the rescue (not on a bad row)
 
 @pjit(strict=True)
 def arc_terms_forward(
+    # the chunk: the sequences c0 <= b < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # the normaliser's parts (``_types.ArcParts``): float64 but for the columns (the
     # inputs' dtype); the smoothing's terms (empty arrays without ``mix``)
     mass, lse_r, rescued, am_cols, lm_cols, am_shift, lm_shift, am_bad, lm_bad, P, Q, R, S,
@@ -53,7 +55,7 @@ def arc_terms_forward(
     and ``code``: ``ARC_FIN | ARC_LIVE | ARC_RESC`` for :func:`arc_terms_backward`."""
     B, T, U1 = mass.shape
     U = U1 - 1
-    for b in prange(B):
+    for b in prange(c0, c1):
         for t in range(T):
             a_sh = am_shift[b, t]
             a_bad = am_bad[b, t]
@@ -96,6 +98,8 @@ def arc_terms_forward(
 
 @pjit(strict=True)
 def arc_terms_backward(
+    # the chunk: the sequences c0 <= b < c1 (``_config.ParallelKernel``)
+    c0, c1,
     code, mass, g_b, g_e,
     # the smoothing: on or off, its scales
     mix, c, s_am, s_lm,
@@ -115,7 +119,7 @@ def arc_terms_backward(
     (``c = 1`` and no ``s`` terms without ``mix``; e's gradient is read for u < U only)."""
     B, T, U1 = mass.shape
     U = U1 - 1
-    for b in prange(B):
+    for b in prange(c0, c1):
         col_gb = np.zeros(U1)
         col_ge = np.zeros(U1)
         col_Gb = np.zeros(U1)
@@ -162,6 +166,8 @@ SUB_SCALE = 2.0 ** -512
 
 @pjit
 def simple_rows_forward(
+    # the chunk: the rows c0 <= r < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data: rows x (B, N, V) float32/float64, the rows kept (B, N), the classes read (B, N, J)
     x, keep, idx,
     # outputs: ok, shift, bad (B, N); ex (B, N, V), cols (B, N, J) float64
@@ -178,7 +184,7 @@ def simple_rows_forward(
     the subnormal range too (``SUB_SHIFT``), as the reference's exp does."""
     B, N, V = x.shape
     J = idx.shape[2]
-    for r in prange(B * N):
+    for r in prange(c0, c1):
         b = r // N
         n = r - b * N
         row = x[b, n]
@@ -212,6 +218,8 @@ def simple_rows_forward(
 
 @pjit
 def simple_rows_backward(
+    # the chunk: the rows c0 <= r < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # in/out: the gradient w.r.t. ex (B, N, V) float64, then w.r.t. x; ex, ok of the forward
     grad, ex, ok,
     # the uni term (float64; empty arrays without), the entries' gradient (float64)
@@ -224,7 +232,7 @@ def simple_rows_backward(
                      on ok rows, 0 elsewhere"""
     B, N, V = grad.shape
     J = idx.shape[2]
-    for r in prange(B * N):
+    for r in prange(c0, c1):
         b = r // N
         n = r - b * N
         g = grad[b, n]

@@ -10,6 +10,8 @@ from ._config import pjit
 
 @pjit
 def window_dp(
+    # the chunk: the sequences c0 <= b < c1 (``_config.ParallelKernel``)
+    c0, c1,
     # data
     mass,
     # options
@@ -31,7 +33,7 @@ def window_dp(
     (B,) float64, starts (B, T) int64; arg (B, T, S) int64 scratch (the best s' of each
     (t, s))."""
     B, T, S = mass.shape
-    for b in prange(B):
+    for b in prange(c0, c1):
         f = np.empty(S)
         g = np.empty(S)
         for s in range(S):
