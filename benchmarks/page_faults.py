@@ -20,7 +20,8 @@ every array allocated in every call (the blocks' size threshold raised above any
 Two ways of running the loop (``--loops``): ``freed``, each step's loss dropped before the
 next step (a loop inside a function), and ``kept``, the previous loss still bound while
 the next forward runs (a loop that rebinds ``loss``: its graph holds the previous step's
-arrays). ``--threads 1`` runs the serial kernels (``RNNT_LATTICE_NUMBA_PARALLEL=0``).
+arrays). ``--threads 1`` runs the kernels in the calling thread
+(``RNNT_LATTICE_NUMBA_PARALLEL=0``).
 The variant ``pruned`` (on the pruned shapes: ``--shapes p1 p2 --variants pruned --loops
 freed``) is k2's recipe, ``pruned_pipeline.py``'s step with R = 5 (the smoothed loss, the
 windows, ``do_rnnt_pruning``, the joiner ``am + lm``, the pruned loss, one backward); it
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="+", default=["regular", "tdt", "multiblank"])
     ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS))
     ap.add_argument("--threads", type=int, choices=[1, 2], default=2,
-                    help="1: the serial kernels; 2: the parallel ones (Numba's default threads)")
+                    help="1: the kernels in the calling thread; 2: on Numba's threads (its default)")
     ap.add_argument("--rounds", type=int, default=10, help="turns of each way of allocating")
     ap.add_argument("--steps", type=int, default=5, help="steps counted per turn")
     ap.add_argument("--out-dir", type=Path, default=None)

@@ -182,7 +182,8 @@ def _after_fork_in_child() -> None:
     global FORKED, _launch_lock
     FORKED = True
     _launch_lock = threading.Lock()  # another thread of the parent may have held it
-    _CompileNotice.said = False      # the child's own first compile (its serial kernels)
+    _CompileNotice.said = False      # the child's own first compile (a kernel the parent
+                                     # never ran)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

@@ -11,7 +11,7 @@ the generic kernels (``kernels``) and the regular fast path (``regular``).
 - ``lae``, ``nan_max``, ``clip``, ``cast_like``: scalar pieces.
 
 Every helper is ``@njit(**JIT)`` (or a Numba overload) and compiles into each kernel that
-calls it, in both its parallel and serial variants (``_config``).
+calls it (``_config``: each kernel is compiled once).
 """
 from __future__ import annotations
 
