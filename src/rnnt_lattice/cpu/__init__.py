@@ -390,7 +390,8 @@ def _row_pass(rows, targets, ends, node_rows, kinds, blank, n_durations, opts: L
     with the arc weights ``w (B, K, T, U+1)``; the exps go into ``buf`` (N, V) unless None
     (it may be ``rows`` itself: in-place mode). ``out``: the arrays to write
     (``_row_outputs``), else new ones. ``frames``: ``(f0, f1)``, only the frames ``f0 <= t
-    < f1`` of each sequence are run and written (a fused tile's), else every frame."""
+    < f1`` of each sequence are run and written (a fused tile's), else every frame.
+    ``bounds``: their ranges (``_frame_ranges``), computed here unless given."""
     B, T, U1 = node_rows.shape
     f0, f1 = (0, T) if frames is None else frames
     x = _np(rows)
