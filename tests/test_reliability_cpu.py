@@ -74,8 +74,9 @@ def _last_json(proc: subprocess.CompletedProcess):
 
 @pytest.fixture(scope="module")
 def warm_kernels():
-    """Compile (or load) both variants of the kernels in this process, so that the
-    subprocesses below find them in the on-disk cache instead of compiling."""
+    """Compile (or load) the kernels in this process, with and without their launch on
+    threads, so that the subprocesses below find them in the on-disk cache instead of
+    compiling."""
     ns = {}
     exec(PROBLEM, ns)
     ns["loss_and_grad"](0)
@@ -544,7 +545,7 @@ def test_first_compile_is_said_once_and_cache_loads_say_nothing(tmp_path):
     occ = torch.rand(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     lengths = dict(logit_lengths=torch.tensor([5, 4]), target_lengths=torch.tensor([3, 2]))
     got = [rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist()]
-    _config.PARALLEL = False              # the serial variant: a second compile, no second line
+    _config.PARALLEL = False              # in this thread: the same build, no second line
     got.append(rnnt_lattice.prune_ranges((occ, occ.flip(1)), 2, **lengths).ranges.tolist())
     print(json.dumps({"same": got[0] == got[1]}))
     """ % str(src)
@@ -684,6 +685,13 @@ def test_a_read_only_install_loads_the_kernels_a_warmup_left(warm_kernels, tmp_p
     read-only folder: no compile, no warning, nothing written to HOME, the same values."""
     prefix = _unwritable_prefix()
     src = _copy_package(tmp_path, with_cache=True)
+    # The image's build step: a warm-up into the copy's own __pycache__ (it loads what the
+    # suite's process left there, warm_kernels; where that process keeps its kernels
+    # elsewhere, NUMBA_CACHE_DIR, it compiles them).
+    warmup = subprocess.run([sys.executable, "-m", "rnnt_lattice", "warmup", "--only",
+                             "rnnt_loss"], env=_env(src, True), capture_output=True,
+                            text=True, timeout=300)
+    assert warmup.returncode == 0, warmup.stderr
     home = tmp_path / "home"
     home.mkdir()
     script = """
