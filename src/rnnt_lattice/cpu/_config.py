@@ -415,9 +415,9 @@ def _run_chunks(address, n, k, *args):
 
     The kernel is called through its address (``_call_at``): its code is not compiled
     into this function, which therefore compiles in about 0.7 s for a kernel's argument
-    types, 1.2 s more for the first in a process (a kernel compiled with ``parallel=True`` took twice its serial
-    compile time: Numba's parfor passes and the outlined copy of its whole body,
-    docs/benchmarks.md, "First use"), and an int64 is all the launch unboxes (Numba's
+    types, 1.2 s more for the first in a process (a kernel compiled with ``parallel=True``
+    took twice its serial compile time: Numba's parfor passes and the outlined copy of its
+    whole body, docs/benchmarks.md, "First use"), and an int64 is all the launch unboxes (Numba's
     first-class functions call back into Python twice a launch to unbox theirs: 5-15 us
     more at small shapes). Returns how many chunks ended in an error (``_call_at``)."""
     failed = 0
@@ -472,12 +472,12 @@ class ParallelKernel:
     def _run(self, n, args):
         k = min(n, row_parts())
         if k <= 1:
-            return self._call(self.serial, (0, n) + args)
+            return self._call(self.serial, self.serial, 0, n, *args)
         key = _type_key(args)
         address = self._entries.get(key)
         if address is None:
             address = self._build_for(args, key)
-        failed = self._call(_LAUNCHER, (address, n, k) + args)
+        failed = self._call(_LAUNCHER, _launch, _LAUNCHER, (address, n, k) + args)
         if failed:
             # (Numba keeps no exception from a thread: the type is not known here.)
             raise RuntimeError(
@@ -490,28 +490,24 @@ class ParallelKernel:
         """The ``_entry`` of this call's argument types: the build compiled (or loaded from
         the disk cache) for them, as a call of ``serial`` would; kept under ``key``."""
         sig = tuple(self.serial.typeof_pyval(a) for a in (0, 0) + args)
-        for attempt in range(2):
-            try:
-                self.serial.compile(sig)
-                break
-            except Exception as err:
-                if attempt or not _uncached(self.serial, err):
-                    raise
+        self._call(self.serial, self.serial.compile, sig)
         address = _entry(self.serial, sig)
         self._entries[key] = address
         return address
 
     @staticmethod
-    def _call(dispatcher, args):
+    def _call(dispatcher, run, *args):
+        """``run(*args)``: a call of ``dispatcher`` (direct, ``_launch``) or its compile;
+        once more where Numba failed to read or write its disk cache (``_uncached``)."""
         try:
-            return dispatcher(*args) if dispatcher is not _LAUNCHER else _launch(dispatcher, args)
+            return run(*args)
         except Exception as err:
             # (A call that fails before any kernel runs leaves the arguments as they were.)
             if not _uncached(dispatcher, err):
                 raise
         # Once: a second failure (of the cache turned off, or emptied and failing again)
         # is raised as it is.
-        return dispatcher(*args) if dispatcher is not _LAUNCHER else _launch(dispatcher, args)
+        return run(*args)
 
     def _watched(self, n, args):
         """The call, reporting to ``ON_COMPILE`` when it made a new specialisation (of the
