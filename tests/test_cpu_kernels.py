@@ -105,7 +105,9 @@ def test_row_exp_loops_are_vectorised(helper):
     zero-divisor branch in exp_nonpos's division), and float32 rows ran half their lanes
     (the tie count in int64 lanes beside float32 ones). The vector types of the compiled
     function's LLVM IR: float (double) vectors of at least 4 lanes (2 for double: any
-    SIMD x86-64 machine), and for float32 rows no 64-bit integer vector."""
+    SIMD x86-64 machine), and for float32 rows no 64-bit integer vector. On every Numba the
+    package allows (CI's floor run has the oldest): the LLVM of Numba 0.59-0.61 left the
+    loop scalar while the tie count was a second select (``fastmath.TIES_AS_FLOATS``)."""
     for dtype, name, lanes in ((np.float32, "float", 4), (np.float64, "double", 2)):
         row = np.zeros(300, dtype)
         args = (row, dtype(0)) + ((row.copy(),) if helper is _row_store else ())

@@ -125,13 +125,27 @@ def _pytest_commands(text: str) -> list[str]:
             if line.strip().startswith("python -m pytest")]
 
 
-def test_ci_runs_the_readmes_test_command():
-    """CI (``.ci/run``) runs the test command the README's Test section gives a new user,
-    word for word: the suite's time and its worker settings are the ones users get."""
+def test_ci_runs_the_readmes_test_commands():
+    """CI (``.ci/run``) runs the test commands the README's Test section gives a new user,
+    word for word and in order: the suite (its time and worker settings are the ones users
+    get), then the floor run, the CPU kernels' tests on the oldest Numba that
+    ``pyproject.toml`` allows, installed with the same pins and kernel cache in both."""
     section = README.read_text().split("\n## Test\n", 1)[1].split("\n## ", 1)[0]
+    ci = (ROOT / ".ci" / "run").read_text()
     readme = _pytest_commands(section)
-    assert len(readme) == 1, f"the README's Test section should give one test command: {readme}"
-    assert _pytest_commands((ROOT / ".ci" / "run").read_text()) == readme
+    assert len(readme) == 2, f"the README's Test section should give two test commands: {readme}"
+    assert _pytest_commands(ci) == readme
+
+    def pins(text):
+        return re.findall(r'"(numba|numpy)==([\d.]+)"', text)
+
+    def exports(text):
+        return [line.strip() for line in text.splitlines() if line.startswith("export ")]
+    assert pins(section) == pins(ci) and len(pins(ci)) == 2
+    assert exports(section) == exports(ci) == ["export NUMBA_CACHE_DIR=.venv-floor/numba-cache"]
+    floor = re.search(r'"numba>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    pinned = dict(pins(ci))["numba"]
+    assert pinned.split(".")[:2] == floor.split(".")[:2], (pinned, floor)
 
 
 def _package_imports() -> dict:

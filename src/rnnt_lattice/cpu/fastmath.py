@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite.binding import llvm_version_info
 from numba import njit, types
 from numba.extending import overload
 
@@ -176,6 +177,14 @@ def row_max(row):
 # full").
 SUM_BLOCK = 256
 
+# The tie count as a select (+1 or +0) beside the sum's own select on the same
+# comparison: the LLVM 14 and 15 of Numba 0.59-0.61 leave such a loop scalar (the CPU
+# losses ran 4-6x slower there), so there the count adds the comparison converted to a
+# float instead. LLVM 20 (Numba 0.62 on) vectorises both forms, the selects 8% faster on
+# float64 rows (docs/benchmarks.md, "The row loops on Numba 0.59-0.61"). A constant: the
+# branch on it is folded at compile time.
+TIES_AS_FLOATS = llvm_version_info < (20,)
+
 
 @njit(**JIT)
 def exp_sum(row, m):
@@ -206,7 +215,10 @@ def exp_store(row, m, out):
             e = exp_nonpos(d)
             oseg[k] = e
             tie = d == zero
-            count += one if tie else zero
+            if TIES_AS_FLOATS:
+                count += cast_like(row, tie)
+            else:
+                count += one if tie else zero
             part += zero if tie else e
         s += part
         ties += count
@@ -231,7 +243,10 @@ def _exp_row(row, m, in_place):
             if in_place:
                 seg[k] = e
             tie = d == zero
-            count += one if tie else zero
+            if TIES_AS_FLOATS:
+                count += cast_like(row, tie)
+            else:
+                count += one if tie else zero
             part += zero if tie else e
         s += part
         ties += count
