@@ -179,7 +179,7 @@ SUM_BLOCK = 256
 
 # The tie count as a select (+1 or +0) beside the sum's own select on the same
 # comparison: the LLVM 14 and 15 of Numba 0.59-0.61 leave such a loop scalar (the CPU
-# losses ran 4-6x slower there), so there the count adds the comparison converted to a
+# losses ran 3-4x slower there), so there the count adds the comparison converted to a
 # float instead. LLVM 20 (Numba 0.62 on) vectorises both forms, the selects 8% faster on
 # float64 rows (docs/benchmarks.md, "The row loops on Numba 0.59-0.61"). A constant: the
 # branch on it is folded at compile time.
