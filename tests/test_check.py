@@ -48,7 +48,8 @@ def test_cpu_check_passes_and_writes_json(tmp_path):
     for family in ("rnnt_loss regular", "rnnt_loss modified", "rnnt_loss constrained",
                    "rnnt_loss one_sym_per_frame", "tdt", "multiblank", "packed",
                    "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned", "fused rnnt",
-                   "fused tdt", "fused multiblank", "occupancy/best_alignment", "window DP"):
+                   "fused tdt", "fused multiblank", "occupancy/best_alignment", "window DP",
+                   "CPU row loops vectorised"):
         assert any(line.split("] ", 1)[1].startswith(family) and ": PASS" in line
                    for line in lines), family
     block = res.stdout[res.stdout.index(REPORT_HEAD):].strip()
@@ -194,6 +195,31 @@ def test_a_wrong_gradient_fails(monkeypatch):
         selfcheck.check_packed(ctx, shape, torch.float32)
     monkeypatch.setattr(impl, "loss_backward", real_backward)
     assert "grad err" in selfcheck.check_loss(ctx, shape, torch.float32, "regular", "plain")
+
+
+def test_scalar_row_loops_fail_the_check(monkeypatch):
+    """The row loops' check reads the vector types of the compiled loops
+    (``fastmath.row_loop_vectors``): a scalar loop, one narrower than a SIMD register of any
+    x86-64 machine, or float32 lanes beside 64-bit integer ones each fail it by name, with
+    the Numba and LLVM versions; the loops this Numba compiles pass, with their widths."""
+    from rnnt_lattice.cpu import fastmath
+    ctx = selfcheck.Context("cpu", "numba", selfcheck.plan_for("cpu", "quick"), "quick")
+    passed = selfcheck.check_cpu_vectors(ctx)
+    assert passed.startswith("float32 rows ") and " LLVM " in passed, passed
+    vectors = {(loop, dt): {(16, "float"), (8, "double")}
+               for loop in ("exp_sum", "exp_store", "exp_store_in_place")
+               for dt in ("float32", "float64")}
+    vectors["exp_sum", "float32"] = set()
+    vectors["exp_store", "float64"] = {(1, "double")}
+    vectors["exp_store_in_place", "float32"] = {(8, "float"), (8, "i64")}
+    monkeypatch.setattr(fastmath, "row_loop_vectors", lambda: vectors)
+    with pytest.raises(selfcheck.CheckFailed) as err:
+        selfcheck.check_cpu_vectors(ctx)
+    msg = str(err.value)
+    assert "exp_sum on float32 rows is scalar" in msg
+    assert "exp_store on float64 rows is 1 wide (at least 2 wanted)" in msg
+    assert "exp_store_in_place on float32 rows holds 64-bit integer vectors" in msg
+    assert f"Numba {selfcheck._version('numba')} (LLVM " in msg and "please report" in msg
 
 
 def test_device_cuda_without_cuda_is_one_line_error(monkeypatch, capsys):

@@ -2,14 +2,11 @@
 the row max, the row exps stored in place; the gradient buffer's reuse."""
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
 numba = pytest.importorskip("numba")
 from rnnt_lattice.cpu import fastmath  # noqa: E402
-from rnnt_lattice.cpu._config import JIT as _JIT  # noqa: E402
 
 
 @numba.njit(cache=False)
@@ -78,46 +75,30 @@ def test_exp_store_in_place(dtype):
     assert abs(got - want) <= fastmath.SUM_BLOCK * np.finfo(dtype).eps * want
 
 
-@numba.njit(cache=False, **_JIT)
-def _row_sum(row, m):
-    return fastmath.exp_sum(row, m)
+@pytest.fixture(scope="module")
+def row_loop_vectors():
+    return fastmath.row_loop_vectors()
 
 
-@numba.njit(cache=False, **_JIT)
-def _row_store(row, m, out):
-    return fastmath.exp_store(row, m, out)
-
-
-@numba.njit(cache=False, **_JIT)
-def _row_store_in_place(row, m):
-    return fastmath.exp_store(row, m, row)
-
-
-_VECTORS = re.compile(r"<(\d+) x (float|double|i64)>")
-
-
-@pytest.mark.parametrize("helper", [_row_sum, _row_store, _row_store_in_place],
-                         ids=["exp_sum", "exp_store", "exp_store_in_place"])
-def test_row_exp_loops_are_vectorised(helper):
+@pytest.mark.parametrize("loop", ["exp_sum", "exp_store", "exp_store_in_place"])
+def test_row_exp_loops_are_vectorised(loop, row_loop_vectors):
     """The loops over V that every CPU loss runs (a row's exps and their sum, the
     fastmath helpers the kernels call) are vectorised by LLVM for both row dtypes, as the
     helpers' comments require: float64 rows were once scalar (Python's error model put a
     zero-divisor branch in exp_nonpos's division), and float32 rows ran half their lanes
     (the tie count in int64 lanes beside float32 ones). The vector types of the compiled
-    function's LLVM IR: float (double) vectors of at least 4 lanes (2 for double: any
-    SIMD x86-64 machine), and for float32 rows no 64-bit integer vector. On every Numba the
-    package allows (CI's floor run has the oldest): the LLVM of Numba 0.59-0.61 left the
-    loop scalar while the tie count was a second select (``fastmath.TIES_AS_FLOATS``)."""
-    for dtype, name, lanes in ((np.float32, "float", 4), (np.float64, "double", 2)):
-        row = np.zeros(300, dtype)
-        args = (row, dtype(0)) + ((row.copy(),) if helper is _row_store else ())
-        helper(*args)
-        sig = next(s for s in helper.signatures if s[0].dtype == numba.from_dtype(dtype))
-        found = {(int(n), t) for n, t in _VECTORS.findall(helper.inspect_llvm(sig))}
+    function's LLVM IR (``fastmath.row_loop_vectors``, which ``rnnt-lattice check`` reads
+    too): float (double) vectors of at least 4 lanes (2 for double: any SIMD x86-64
+    machine), and for float32 rows no 64-bit integer vector. On every Numba the package
+    allows (CI's floor run has the oldest): the LLVM of Numba 0.59-0.61 left the loop
+    scalar while the tie count was a second select (``fastmath.TIES_AS_FLOATS``)."""
+    for dtype, name, lanes in (("float32", "float", 4), ("float64", "double", 2)):
+        found = row_loop_vectors[loop, dtype]
         widths = [n for n, t in found if t == name]
-        assert widths and max(widths) >= lanes, (dtype.__name__, sorted(found))
-        if dtype is np.float32:
+        assert widths and max(widths) >= lanes, (dtype, sorted(found))
+        if dtype == "float32":
             assert not any(t == "i64" for _, t in found), sorted(found)
+
 
 def test_kernel_cache_follows_every_kernel_module(tmp_path):
     """Numba keys a cached kernel on its own file only: the cache names carry a hash of

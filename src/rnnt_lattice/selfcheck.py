@@ -37,6 +37,10 @@ float64 pure-PyTorch backend on the same (rounded) numbers, losses and gradients
                gives the ValueError; a fused loss's joiner that recomputes other logits
                in the backward pass fails with the "recompute" message (a subprocess too)
 
+On CPU, first: the row loops (a row's exps and their sum, where the CPU losses spend most
+of their time) as this Numba's LLVM compiled them, vector widths per dtype; a scalar loop
+fails (right values, several times slower).
+
 Each check prints one ``PASS`` / ``FAIL`` / ``SKIP`` line as it finishes; the run ends with
 a block to paste into a bug report and exits non-zero if any check failed. ``--jobs N``
 runs the checks in N worker processes (spawned: each has its own CUDA context), a check
@@ -1205,6 +1209,38 @@ def check_timing(ctx):
     return line
 
 
+def check_cpu_vectors(ctx):
+    """The CPU backend's row loops (a row's exps and their sum, where the CPU losses spend
+    most of their time) compiled by this Numba's LLVM into vector code, for float32 and
+    float64 rows (``cpu.fastmath.row_loop_vectors``). A scalar loop gives right values
+    several times slower: the LLVM of Numba 0.59-0.61 did that to an earlier form of the
+    loop, so a Numba this package has not seen may too."""
+    from .cpu import fastmath
+    found = fastmath.row_loop_vectors()
+    bad, lanes = [], {}
+    for (loop, dtype), kinds in found.items():
+        name, want = ("float", 4) if dtype == "float32" else ("double", 2)
+        widest = max((n for n, t in kinds if t == name), default=0)
+        lanes[dtype] = min(lanes.get(dtype, widest), widest)
+        if widest < want:
+            bad.append(f"{loop} on {dtype} rows is "
+                       + (f"{widest} wide (at least {want} wanted)" if widest else "scalar"))
+        elif dtype == "float32" and any(t == "i64" for _, t in kinds):
+            bad.append(f"{loop} on float32 rows holds 64-bit integer vectors (half its lanes)")
+    llvm = ".".join(map(str, _llvm_version()))
+    if bad:
+        raise CheckFailed(f"the CPU row loops compiled by Numba {_version('numba')} (LLVM {llvm}): "
+                          + "; ".join(bad) + ". The CPU losses are right but run several times "
+                          "slower than they should: please report it with the block below")
+    return (f"float32 rows {lanes['float32']} lanes, float64 rows {lanes['float64']} lanes "
+            f"(Numba {_version('numba')}, LLVM {llvm})")
+
+
+def _llvm_version() -> tuple:
+    from llvmlite.binding import llvm_version_info
+    return tuple(llvm_version_info)
+
+
 # --------------------------------------------------------------------------- environment
 def _version(module: str) -> str:
     try:
@@ -1244,7 +1280,7 @@ def environment(device: str, backend: str | None = None) -> dict:
     env = {"rnnt_lattice": rnnt_lattice.__version__, "python": platform.python_version(),
            "platform": platform.platform(), "torch": torch.__version__,
            "numpy": _version("numpy"), "numba": _version("numba"),
-           "triton": _version("triton"),
+           "llvmlite": _version("llvmlite"), "triton": _version("triton"),
            "torchaudio": _version("torchaudio"),
            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "torch_cuda": torch.version.cuda, "device": device}
@@ -1258,6 +1294,11 @@ def environment(device: str, backend: str | None = None) -> dict:
     else:
         env.update(cpu=platform.processor() or platform.machine(), fp64=fp64_class(None))
     env["backend"] = backend or ("triton" if device == "cuda" else "numba")
+    if env["backend"] == "numba":
+        try:
+            env["llvm"] = ".".join(map(str, _llvm_version()))
+        except Exception:             # no llvmlite: the Numba backend does not load either
+            env["llvm"] = "?"
     if env["backend"] == "triton":
         env["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "") or "0"
     return env
@@ -1271,6 +1312,8 @@ def _checks(ctx: Context, big: bool) -> list:
     low = [f32] + [d for d in p.dtypes[-1:] if d != f32]             # float32, the half type
     f64 = [f32] + [d for d in p.dtypes if d == torch.float64]       # float32, float64
     cs.append((f"backend {ctx.backend} loads", lambda: _load_backend(ctx)))
+    cs.append(("CPU row loops vectorised", _bind(check_cpu_vectors, ctx)
+               if ctx.backend == "numba" else None))
     for shape in p.loss_shapes:
         for dtype in p.dtypes:
             options = LOSS_OPTIONS if dtype == f32 else {"plain": {}}
@@ -1369,6 +1412,7 @@ def _outcome(name: str, fn) -> Result:
     if fn is None:
         return Result(name, "SKIP", "not on the Triton interpreter" if name == "timing" else
                       "the Triton backend only" if name.startswith("joiner kernels") else
+                      "the Numba backend only" if name.startswith("CPU row loops") else
                       "CUDA only")
     t0 = time.perf_counter()
     try:

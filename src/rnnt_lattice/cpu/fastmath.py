@@ -253,6 +253,43 @@ def _exp_row(row, m, in_place):
     return s + ties
 
 
+def row_loop_vectors() -> dict:
+    """The vector types in the compiled LLVM IR of the row loops, per loop and row dtype:
+    ``{(loop, dtype name): {(lanes, "float" | "double" | "i64"), ...}}`` for ``exp_sum``,
+    ``exp_store`` and ``exp_store`` in place (``exp_store_in_place``) on float32 and float64
+    rows; an empty set is a scalar loop. Compiles three small functions with this Numba
+    (about a second, not cached): for ``rnnt-lattice check`` and the tests."""
+    import re
+
+    def with_jit(fn):
+        return njit(cache=False, **JIT)(fn)
+
+    @with_jit
+    def sum_(row, m):
+        return exp_sum(row, m)
+
+    @with_jit
+    def store(row, m, out):
+        return exp_store(row, m, out)
+
+    @with_jit
+    def in_place(row, m):
+        return exp_store(row, m, row)
+
+    vectors = re.compile(r"<(\d+) x (float|double|i64)>")
+    found = {}
+    for dtype, nb_type in ((np.float32, types.float32), (np.float64, types.float64)):
+        row = np.zeros(300, dtype)
+        for name, fn, args in (("exp_sum", sum_, (row, dtype(0))),
+                               ("exp_store", store, (row, dtype(0), row.copy())),
+                               ("exp_store_in_place", in_place, (row.copy(), dtype(0)))):
+            fn(*args)
+            sig = next(s for s in fn.signatures if s[0].dtype == nb_type)
+            found[name, np.dtype(dtype).name] = {
+                (int(n), t) for n, t in vectors.findall(fn.inspect_llvm(sig))}
+    return found
+
+
 # Inlined in Numba's IR: called as a function, its loop lost the caller's vectorisation
 # and the regular gradient pass took 25% longer (2.3 -> 2.9 ms at s3, 1 thread).
 @njit(inline="always", **JIT)
