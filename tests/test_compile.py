@@ -568,6 +568,21 @@ def test_compiled_steps_warn_nothing():
     assert "Graph break" not in out.stderr and "lru_cache" not in out.stderr, out.stderr[-4000:]
 
 
+def test_the_prepared_call_has_no_defaults_for_dynamo():
+    """TorchDynamo inlines ``_backends.Prepared``'s ``__init__`` in every traced loss. The
+    Dynamo of torch 2.4 to 2.6 cannot hold a default of that ``__init__`` that is an object of ours
+    (``names: Names = OURS`` made every ``torch.compile`` of a loss ``Unsupported:
+    Unexpected type in sourceless builder``, also where the call passed the field): the
+    torch this suite runs on traces it, so the rule is held here as it stands."""
+    import dataclasses
+
+    from rnnt_lattice import _backends
+    defaults = [f.name for f in dataclasses.fields(_backends.Prepared)
+                if f.default is not dataclasses.MISSING
+                or f.default_factory is not dataclasses.MISSING]
+    assert not defaults, defaults
+
+
 def test_memo_computes_symbolic_sizes_directly():
     """A trace that TorchDynamo does not run itself (is_compiling() False) may hand a
     memoised function a symbolic size, which no cache can hash: compat.torchaudio's op under

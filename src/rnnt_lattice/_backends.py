@@ -213,18 +213,23 @@ def resolve(backend: str, device) -> Backend:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One call after :func:`prepare_call`: the plan every backend is handed, and trusts."""
+    """One call after :func:`prepare_call`: the plan every backend is handed, and trusts.
+
+    No field has a default: TorchDynamo inlines this class's ``__init__`` while
+    ``torch.compile`` traces a loss, and the Dynamo of torch 2.4 to 2.6 cannot hold a
+    default that is an object of ours (``Unsupported: Unexpected type in sourceless
+    builder``, even where the call passes the field)."""
 
     impl: Any                          # the backend module (None while tracing: resolved in the op)
     chk: Checked                       # the tensors the kernels read (logits promoted, ids
                                        # normalised), the boundary and the device check's NaN rows
     opts: LossOptions                  # blank in [0, V_tok), checked against the topology
-    node_rows: Optional[torch.Tensor] = None  # (B, T, U+1) int64 node -> row map of a rows
-                                       # layout (packed, pruned), None for padded logits
+    node_rows: Optional[torch.Tensor]  # (B, T, U+1) int64 node -> row map of a rows layout
+                                       # (packed, pruned), None for padded logits
     # What the custom op needs to prepare the call again when it runs (impl None): the
     # rules that read values had none while tracing.
-    allow_blank_targets: bool = False
-    names: Names = OURS
+    allow_blank_targets: bool
+    names: Names
 
     @property
     def boundary(self) -> Optional[torch.Tensor]:
